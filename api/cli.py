@@ -1,0 +1,145 @@
+"""The `tributary` command line (typer + rich).
+
+Every command takes `--config PATH` and, on failure, exits non-zero with one clear line on stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from api.config import ConfigError, Settings, load_settings
+from api.embedded_pg import EmbeddedPostgres, PgError
+
+__all__ = ["app", "main"]
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="Config file (default ./tributary.toml, else built-in defaults)."),
+]
+
+app = typer.Typer(
+    name="tributary",
+    help=(
+        "Change-data capture and event sourcing on PostgreSQL.\n\n"
+        "Start here: `tributary pg up` (a local Postgres with wal2json), `tributary init`, "
+        "`tributary capture`, then `tributary log cat <topic>`. Or just `tributary demo`."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+pg_app = typer.Typer(help="The embedded PostgreSQL (wal2json, wal_level=logical) for demos and tests.", no_args_is_help=True)
+app.add_typer(pg_app, name="pg")
+
+
+class UserError(Exception):
+    """An error meant for the user: printed as one line, exit status 1."""
+
+
+def settings_from(config: Path | None) -> Settings:
+    return load_settings(config)
+
+
+def _embedded(settings: Settings, data_dir: Path | None) -> EmbeddedPostgres:
+    return EmbeddedPostgres(data_dir or settings.pg_data_dir)
+
+
+DataDirOption = Annotated[
+    Path | None, typer.Option("--data-dir", help="Cluster directory (default .tributary/pg).")
+]
+
+
+@pg_app.command("up")
+def pg_up(
+    config: ConfigOption = None,
+    data_dir: DataDirOption = None,
+    port: Annotated[int | None, typer.Option(help="TCP port on 127.0.0.1 (default 5433 or a free one).")] = None,
+) -> None:
+    """Start (initialising on first use) the embedded cluster and print its DSN."""
+    cluster = _embedded(settings_from(config), data_dir)
+    typer.echo(cluster.up(port=port))
+
+
+@pg_app.command("down")
+def pg_down(config: ConfigOption = None, data_dir: DataDirOption = None) -> None:
+    """Stop the embedded cluster (its data stays)."""
+    stopped = _embedded(settings_from(config), data_dir).down()
+    typer.echo("stopped" if stopped else "not running", err=not stopped)
+
+
+@pg_app.command("dsn")
+def pg_dsn(config: ConfigOption = None, data_dir: DataDirOption = None) -> None:
+    """Print the embedded cluster's DSN (fails if it is not running)."""
+    cluster = _embedded(settings_from(config), data_dir)
+    if not cluster.is_running():
+        raise UserError(f"the embedded cluster in {cluster.data_dir} is not running: run `tributary pg up`")
+    typer.echo(cluster.dsn())
+
+
+def service_dsn(settings: Settings) -> str:
+    """The service database: `[service] dsn`, else the running embedded cluster."""
+    if settings.service.dsn:
+        return settings.service.dsn
+    cluster = EmbeddedPostgres(settings.pg_data_dir)
+    if not cluster.is_running():
+        raise UserError(
+            "no service database: set [service] dsn in tributary.toml or start one with `tributary pg up`"
+        )
+    return cluster.dsn()
+
+
+def _register_subcommands() -> None:
+    """Import the command modules that register themselves on `app` (kept apart by concern)."""
+    import importlib
+
+    for name in ("api.cli_log", "api.cli_capture", "api.cli_service", "api.cli_project", "api.cli_demo"):
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue
+            raise
+        if hasattr(module, "log_app"):
+            app.add_typer(module.log_app, name="log")
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(app)
+
+
+_register_subcommands()
+
+_USER_ERRORS: tuple[type[BaseException], ...] = (UserError, ConfigError, PgError)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Every package's error root: these print as one line instead of a traceback."""
+    roots: list[type[BaseException]] = list(_USER_ERRORS)
+    for mod, name in (
+        ("capture.log", "LogError"),
+        ("capture.errors", "CaptureError"),
+        ("eventstore.errors", "EventStoreError"),
+        ("projections.errors", "ProjectionError"),
+    ):
+        try:
+            module = __import__(mod, fromlist=[name])
+        except ImportError:
+            continue
+        root = getattr(module, name, None)
+        if isinstance(root, type) and issubclass(root, BaseException):
+            roots.append(root)
+    return tuple(roots)
+
+
+def main() -> None:
+    """Console-script entry: run the app; our errors become one line on stderr and exit 1."""
+    try:
+        app()
+    except user_errors() as exc:
+        print(f"tributary: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)

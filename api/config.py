@@ -1,0 +1,178 @@
+"""Configuration: `tributary.toml` + `TRIBUTARY_<SECTION>__<KEY>` environment overrides.
+
+Frozen at the edge (the CLI loads it once) and passed down as plain values; nothing deeper reads
+the environment. Key names are a contract (DESIGN.md "Configuration"): add keys, rename none.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+__all__ = [
+    "ApiSettings",
+    "CaptureSettings",
+    "ConfigError",
+    "LogSettings",
+    "ProjectionSettings",
+    "ServiceSettings",
+    "Settings",
+    "SourceSettings",
+    "load_settings",
+]
+
+DEFAULT_CONFIG = Path("tributary.toml")
+
+
+class ConfigError(Exception):
+    """A configuration problem, phrased for the user (names the key and the file)."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ServiceSettings(_Section):
+    """The service's own database: event store, checkpoints, views."""
+
+    dsn: str | None = Field(
+        default=None,
+        description="DSN of the service database; unset = the embedded cluster (`tributary pg up`).",
+    )
+
+
+class LogSettings(_Section):
+    root: Path = Field(default=Path(".tributary/log"), description="Directory of the log.")
+    partitions: int = Field(default=4, ge=1, le=1024, description="Default partitions per topic.")
+    segment_bytes: int = Field(default=134_217_728, ge=4096, description="Segment roll size.")
+    linger_ms: int = Field(default=5, ge=0, description="Group-commit linger (like linger.ms).")
+    batch_records: int = Field(default=10_000, ge=1, description="Commit at most this many records at once.")
+    delete_retention_ms: int = Field(
+        default=86_400_000, ge=0, description="How long compaction keeps tombstones."
+    )
+
+
+class SourceSettings(_Section):
+    """One captured database; `name` is the topic prefix."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Topic prefix.")
+    dsn: str = Field(description="DSN of the captured database (a role that may replicate).")
+    slot: str | None = Field(default=None, description="Replication slot; default tributary_<name>.")
+    include: tuple[str, ...] = Field(default=("public.*",), description="schema.table globs.")
+    exclude: tuple[str, ...] = Field(default=(), description="schema.table globs to leave out.")
+    snapshot: Literal["initial", "never", "when_needed"] = Field(
+        default="initial", description="Initial snapshot policy."
+    )
+    partitions: int | None = Field(default=None, ge=1, le=1024, description="Partitions per topic.")
+
+    @property
+    def slot_name(self) -> str:
+        return self.slot or f"tributary_{self.name}"
+
+
+class CaptureSettings(_Section):
+    status_interval_s: float = Field(default=5.0, gt=0, le=60, description="Standby status period.")
+    capture_eventstore: bool = Field(
+        default=True, description="Also capture eventstore.events into events.<stream_type>."
+    )
+    max_backoff_s: float = Field(default=30.0, gt=0, description="Reconnect backoff ceiling.")
+
+
+class ProjectionSettings(_Section):
+    spark_master: str = Field(default="local[*]", description="Spark master URL.")
+    modules: tuple[str, ...] = Field(default=(), description="Projection files or modules.")
+    schema_: str = Field(default="views", alias="schema", description="Schema of derived tables.")
+    mirror: tuple[str, ...] = Field(default=(), description="Captured topics to mirror as tables.")
+
+
+class ApiKey(_Section):
+    key: str
+    scopes: tuple[Literal["read", "write", "admin"], ...] = ("read",)
+
+
+class ApiSettings(_Section):
+    host: str = Field(default="127.0.0.1", description="Bind address.")
+    port: int = Field(default=8000, ge=0, le=65535, description="Bind port.")
+    keys: tuple[ApiKey, ...] = Field(default=(), description="API keys with scopes.")
+    max_body_bytes: int = Field(default=1_048_576, ge=1024, description="Larger bodies get 413.")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TRIBUTARY_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+        populate_by_name=True,
+    )
+
+    service: ServiceSettings = ServiceSettings()
+    log: LogSettings = LogSettings()
+    sources: tuple[SourceSettings, ...] = ()
+    capture: CaptureSettings = CaptureSettings()
+    projections: ProjectionSettings = ProjectionSettings()
+    api: ApiSettings = ApiSettings()
+    pg_data_dir: Path = Field(
+        default=Path(".tributary/pg"), description="Data directory of the embedded cluster."
+    )
+
+    @field_validator("sources")
+    @classmethod
+    def _unique_sources(cls, sources: tuple[SourceSettings, ...]) -> tuple[SourceSettings, ...]:
+        names = [s.name for s in sources]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate source name(s): {', '.join(dupes)}")
+        return sources
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment wins over the file (passed as init kwargs), as DESIGN.md asks.
+        return (env_settings, init_settings)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config error in {path}: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+
+
+def _describe(exc: ValidationError, origin: str) -> str:
+    first = exc.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "(root)"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"config error in {origin}: {key}: {first['msg']}{more}"
+
+
+def load_settings(path: Path | None = None) -> Settings:
+    """Load and validate settings; `path=None` means ./tributary.toml if present, else defaults."""
+    explicit = path is not None
+    path = path if path is not None else DEFAULT_CONFIG
+    data: dict[str, Any] = {}
+    if path.exists():
+        data = _read_toml(path)
+    elif explicit:
+        raise ConfigError(f"config file not found: {path}")
+    origin = str(path) if path.exists() else "built-in defaults"
+    if any(k.startswith("TRIBUTARY_") for k in os.environ):
+        origin += " + TRIBUTARY_* environment"
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, origin)) from None

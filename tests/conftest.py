@@ -1,0 +1,31 @@
+"""Shared fixtures: a real PostgreSQL (with wal2json) for the whole session, fresh databases per test."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.pg import PgServer, fresh_database, start_server
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """One real server per test session (TRIBUTARY_TEST_PG=embedded|docker|<dsn>)."""
+    mode = os.environ.get("TRIBUTARY_TEST_PG", "embedded")
+    workdir = Path(tempfile.mkdtemp(prefix="tributary-test-"))
+    server = start_server(mode, workdir)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def fresh_db(pg_server: PgServer) -> Iterator[str]:
+    """DSN of a new, empty database, dropped (with its replication slots) after the test."""
+    with fresh_database(pg_server) as dsn:
+        yield dsn
