@@ -1,0 +1,136 @@
+"""What the source database holds: tables to capture, their keys, replica identity and size.
+
+Read from pg_catalog with plain SQL; used by `init` (checks) and by the snapshot (what to copy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+__all__ = ["Column", "ServerFacts", "TableInfo", "list_tables", "probe_wal2json", "server_facts"]
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    type: str  # format_type(oid, typmod): the same spelling wal2json uses with include-typmod
+    typeoid: int
+
+
+@dataclass(frozen=True, slots=True)
+class TableInfo:
+    schema: str
+    table: str
+    columns: tuple[Column, ...]
+    primary_key: tuple[str, ...]
+    replica_identity: str  # d(efault) n(othing) f(ull) i(ndex)
+    identity_columns: tuple[str, ...]  # PK, or the REPLICA IDENTITY USING INDEX columns
+    estimated_rows: int
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @property
+    def loses_updates(self) -> bool:
+        """Trap 4: without a key or FULL identity, wal2json silently drops UPDATE and DELETE."""
+        return self.replica_identity != "f" and not self.identity_columns
+
+
+_TABLES = """
+SELECT n.nspname, c.relname, c.oid, c.relreplident, GREATEST(c.reltuples, 0)::bigint
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+  AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%'
+ORDER BY 1, 2
+"""
+_COLUMNS = """
+SELECT attrelid, attname, format_type(atttypid, atttypmod), atttypid
+FROM pg_attribute WHERE attrelid = ANY(%s) AND attnum > 0 AND NOT attisdropped ORDER BY attrelid, attnum
+"""
+_KEYS = """
+SELECT i.indrelid, i.indisprimary, i.indisreplident, array_agg(a.attname ORDER BY k.ord)
+FROM pg_index i
+CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = ANY(%s) AND (i.indisprimary OR i.indisreplident)
+GROUP BY i.indrelid, i.indexrelid, i.indisprimary, i.indisreplident
+"""
+
+
+def list_tables(conn: psycopg.Connection[Any], matches: Any) -> list[TableInfo]:
+    """Tables for which `matches(schema, table)` is true, with columns and keys."""
+    rows = [r for r in conn.execute(_TABLES).fetchall() if matches(r[0], r[1])]
+    oids = [r[2] for r in rows]
+    columns: dict[int, list[Column]] = {oid: [] for oid in oids}
+    for relid, name, typ, typeoid in conn.execute(_COLUMNS, (oids,)).fetchall():
+        columns[relid].append(Column(name, typ, typeoid))
+    pks: dict[int, tuple[str, ...]] = {}
+    replident_idx: dict[int, tuple[str, ...]] = {}
+    for relid, is_pk, is_ri, cols in conn.execute(_KEYS, (oids,)).fetchall():
+        if is_pk:
+            pks[relid] = tuple(cols)
+        if is_ri:
+            replident_idx[relid] = tuple(cols)
+    out = []
+    for schema, table, oid, ident, est in rows:
+        ident = ident if isinstance(ident, str) else bytes(ident).decode()
+        pk = pks.get(oid, ())
+        identity = replident_idx.get(oid, ()) if ident == "i" else (pk if ident == "d" else ())
+        out.append(TableInfo(schema, table, tuple(columns[oid]), pk, ident, identity, int(est)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ServerFacts:
+    version_num: int
+    wal_level: str
+    max_replication_slots: int
+    max_wal_senders: int
+    output_plugin_libraries: str | None  # Debian 15.18's allow-list, None where the GUC does not exist
+    is_superuser: bool
+    can_replicate: bool
+    database: str
+
+
+def server_facts(conn: psycopg.Connection[Any]) -> ServerFacts:
+    def setting(name: str) -> str | None:
+        row = conn.execute("SELECT setting FROM pg_settings WHERE name = %s", (name,)).fetchone()
+        return None if row is None else str(row[0])
+
+    role = conn.execute(
+        "SELECT rolsuper, rolreplication FROM pg_roles WHERE rolname = current_user"
+    ).fetchone()
+    assert role is not None
+    return ServerFacts(
+        version_num=int(setting("server_version_num") or 0),
+        wal_level=setting("wal_level") or "",
+        max_replication_slots=int(setting("max_replication_slots") or 0),
+        max_wal_senders=int(setting("max_wal_senders") or 0),
+        output_plugin_libraries=setting("output_plugin_libraries"),
+        is_superuser=bool(role[0]),
+        can_replicate=bool(role[0] or role[1]),
+        database=str(conn.info.dbname),
+    )
+
+
+def probe_wal2json(conn: psycopg.Connection[Any]) -> str | None:
+    """Create and drop a temporary wal2json slot; None if it works, else the server's reason.
+
+    wal2json is a plain shared library (no extension row), so trying it is the only real check:
+    it covers the library being installed, Debian's output-plugin allow-list and the privilege.
+    """
+    import uuid
+
+    name = f"tributary_probe_{uuid.uuid4().hex[:8]}"
+    try:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'wal2json', true)", (name,))
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+    except psycopg.Error as exc:
+        diag = exc.diag
+        hint = f" ({diag.message_hint})" if diag.message_hint else ""
+        return f"{diag.message_primary or exc}{hint}"
+    return None

@@ -1,0 +1,152 @@
+"""`tributary init` for one source: check what capture needs, fix what we are allowed to, report.
+
+Each check yields a `Finding` (ok / fixed / problem) with one line a user can act on. A source
+with any problem cannot work, and init exits non-zero.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from capture.catalog import list_tables, probe_wal2json, server_facts
+from capture.replication import ReplicationConnection, connect_options, translate_connect_error
+from capture.routing import TableFilter
+from capture.source import SourceSpec
+
+__all__ = ["Finding", "Outcome", "SourceReport", "check_source"]
+
+
+class Outcome(str, enum.Enum):
+    OK = "ok"
+    FIXED = "fixed"
+    WARNING = "warning"
+    PROBLEM = "problem"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    outcome: Outcome
+    message: str
+
+
+@dataclass
+class SourceReport:
+    name: str
+    findings: list[Finding] = field(default_factory=list)
+    tables: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(f.outcome is not Outcome.PROBLEM for f in self.findings)
+
+    def add(self, outcome: Outcome, message: str) -> None:
+        self.findings.append(Finding(outcome, message))
+
+
+def check_source(
+    spec: SourceSpec,
+    *,
+    replica_identity_full: bool = False,
+    allow_without_key: Iterable[str] = (),
+    create_slot: bool = True,
+) -> SourceReport:
+    """Check (and where allowed, fix) one source; never raises for a problem it can describe."""
+    report = SourceReport(spec.name)
+    try:
+        conn = psycopg.connect(spec.dsn, autocommit=True, connect_timeout=10, **connect_options())
+    except psycopg.OperationalError as exc:
+        report.add(Outcome.PROBLEM, str(translate_connect_error(exc, "cannot connect")))
+        return report
+    with conn:
+        _check_server(conn, report)
+        if report.ok:
+            _check_tables(conn, spec, report, replica_identity_full, set(allow_without_key))
+        if report.ok and create_slot:
+            _ensure_slot(conn, spec, report)
+    return report
+
+
+def _check_server(conn: psycopg.Connection[Any], report: SourceReport) -> None:
+    facts = server_facts(conn)
+    if facts.version_num < 100000:
+        report.add(Outcome.PROBLEM, f"PostgreSQL {facts.version_num} is too old (10+ needed, 15+ tested)")
+    if facts.wal_level != "logical":
+        report.add(
+            Outcome.PROBLEM,
+            f"wal_level is {facts.wal_level!r}, must be 'logical': ALTER SYSTEM SET wal_level = logical; then restart the server",
+        )
+    else:
+        report.add(Outcome.OK, "wal_level = logical")
+    if not facts.can_replicate:
+        report.add(Outcome.PROBLEM, "this role may not replicate: ALTER ROLE <role> REPLICATION (or use a superuser)")
+    else:
+        report.add(Outcome.OK, "role may replicate")
+    if facts.wal_level == "logical" and facts.can_replicate:
+        reason = probe_wal2json(conn)
+        if reason is None:
+            report.add(Outcome.OK, "wal2json loads as an output plugin")
+        elif "may not be used as an output plugin" in reason:
+            report.add(
+                Outcome.PROBLEM,
+                "wal2json is not in output_plugin_libraries: add it in postgresql.conf "
+                "(output_plugin_libraries = 'pgoutput, test_decoding, wal2json') and reload",
+            )
+        elif "could not access file" in reason:
+            report.add(Outcome.PROBLEM, "wal2json is not installed on the server: apt-get install postgresql-15-wal2json")
+        else:
+            report.add(Outcome.PROBLEM, f"wal2json cannot be used: {reason}")
+
+
+def _check_tables(
+    conn: psycopg.Connection[Any], spec: SourceSpec, report: SourceReport, set_full: bool, allowed: set[str]
+) -> None:
+    tables = list_tables(conn, TableFilter(spec.include, spec.exclude).matches)
+    report.tables = [t.qualified for t in tables]
+    if not tables:
+        report.add(Outcome.WARNING, f"no table matches include={list(spec.include)} exclude={list(spec.exclude)}")
+    unreadable = [
+        t.qualified
+        for t in tables
+        if not conn.execute("SELECT has_table_privilege(%s, 'SELECT')", (f'"{t.schema}"."{t.table}"',)).fetchone()[0]  # type: ignore[index]
+    ]
+    if unreadable:
+        report.add(Outcome.PROBLEM, f"no SELECT privilege on: {', '.join(unreadable)} (GRANT SELECT ON … TO <role>)")
+    for table in (t for t in tables if t.loses_updates):
+        name = table.qualified
+        if set_full:
+            conn.execute(
+                sql.SQL("ALTER TABLE {}.{} REPLICA IDENTITY FULL").format(sql.Identifier(table.schema), sql.Identifier(table.table))
+            )
+            report.add(Outcome.FIXED, f"{name}: no primary key; set REPLICA IDENTITY FULL")
+        elif name in allowed:
+            report.add(Outcome.WARNING, f"{name}: no primary key or replica identity; its UPDATEs and DELETEs will be lost (allowed)")
+        else:
+            report.add(
+                Outcome.PROBLEM,
+                f"{name}: no primary key or replica identity, so its UPDATEs and DELETEs would be silently lost; "
+                f"add a primary key, run init with --replica-identity-full, or allow it with --allow-without-key {name}",
+            )
+    if tables and not any(f.message.startswith(t.qualified) for t in tables for f in report.findings):
+        report.add(Outcome.OK, f"{len(tables)} table(s) to capture, each with a key")
+
+
+def _ensure_slot(conn: psycopg.Connection[Any], spec: SourceSpec, report: SourceReport) -> None:
+    row = conn.execute(
+        "SELECT plugin, database, wal_status FROM pg_replication_slots WHERE slot_name = %s", (spec.slot,)
+    ).fetchone()
+    if row is None:
+        with ReplicationConnection(spec.dsn, label=spec.name) as repl:
+            info = repl.create_slot(spec.slot, export_snapshot=False)
+        report.add(Outcome.FIXED, f"created replication slot {spec.slot} at {info.consistent_point}")
+    elif row[0] != "wal2json" or row[1] != conn.info.dbname:
+        report.add(Outcome.PROBLEM, f"slot {spec.slot} exists but is a {row[0]} slot of database {row[1]}: choose another slot name")
+    elif row[2] == "lost":
+        report.add(Outcome.PROBLEM, f"slot {spec.slot} was invalidated (WAL it needed is gone): drop it, or set snapshot = \"when_needed\"")
+    else:
+        report.add(Outcome.OK, f"replication slot {spec.slot} exists ({row[2]})")

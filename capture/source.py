@@ -1,0 +1,323 @@
+"""One captured database: its slot, snapshot, replication stream, and the records it appends.
+
+The session turns wal2json messages into log appends and remembers, per source transaction, the
+LSN that the next durable commit will cover. It never commits or confirms by itself: the daemon's
+commit protocol (capture/daemon.py) decides when records become durable and only then lets the
+session confirm the LSN to the server.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from capture import envelope as env
+from capture import wal2json
+from capture.catalog import TableInfo, list_tables
+from capture.errors import SlotLost, SlotMissing, SourceMisconfigured
+from capture.log import Log, TopicConfig
+from capture.lsn import Lsn
+from capture.replication import Keepalive, ReplicationConnection, XLogData, connect_options, translate_connect_error
+from capture.routing import TableFilter, topic_name
+from capture.schema_tracker import SchemaTracker
+from capture.snapshot import SnapshotReader
+from capture.status import SourceState, SourceStatus
+
+__all__ = ["SourceSession", "SourceSpec"]
+
+log = logging.getLogger(__name__)
+
+_FLUSH_RECORDS = 5_000  # bound memory inside one huge source transaction
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSpec:
+    name: str
+    dsn: str
+    slot: str
+    include: tuple[str, ...]
+    exclude: tuple[str, ...]
+    snapshot: str  # initial | never | when_needed
+    partitions: int
+    router: Callable[[Any], list[env.Output]] | None = None  # outbox routing instead of envelopes
+
+
+class SourceSession:
+    """Appends one source's changes to the log, transaction by transaction."""
+
+    def __init__(self, spec: SourceSpec, log_: Log, *, clock: Callable[[], float] = time.time) -> None:
+        self.spec = spec
+        self.log = log_
+        self.clock = clock
+        self.filter = TableFilter(spec.include, spec.exclude)
+        self.status = SourceStatus(name=spec.name, slot=spec.slot)
+        self.schemas = SchemaTracker()
+        self.conn: ReplicationConnection | None = None
+        self.durable: Lsn = Lsn.ZERO  # covered by the committed manifest
+        self.boundary: Lsn | None = None  # end of the last whole transaction appended, not yet durable
+        self.idle_lsn: Lsn = Lsn.ZERO  # a position past which nothing of ours is pending
+        self.in_transaction = False
+        self._skip_tx = False
+        self._tx: dict[str, Any] = {}
+        self._pending: dict[tuple[str, int], list[tuple[bytes | None, bytes | None, int, bytes | None]]] = defaultdict(list)
+        self._pending_count = 0
+        self._topics: set[str] = set()
+        self._db = ""
+        self.last_tx_changes = 0
+        self.rate_base = 0  # status.changes at the start of the current rate window
+
+    # -- start-up ------------------------------------------------------------------
+    def open(self, *, on_progress: Callable[[SourceStatus], None] | None = None) -> None:
+        """Connect; take the initial snapshot if the log holds no position; start streaming."""
+        self.status.state = SourceState.STARTING
+        position = self.log.positions().get(self.spec.name)
+        slot = self._slot_state()
+        start: Lsn
+        if position is not None and slot is not None and slot != "lost":
+            start = Lsn.parse(position)
+        elif position is not None and self.spec.snapshot != "when_needed":
+            what = "was invalidated (wal_status = lost)" if slot == "lost" else "does not exist"
+            err = SlotLost if slot == "lost" else SlotMissing
+            raise err(
+                f"source {self.spec.name!r}: slot {self.spec.slot!r} {what}, so changes since "
+                f"{position} may be gone; set snapshot = \"when_needed\" to re-snapshot, or recreate it"
+            )
+        else:
+            if position is not None:
+                log.warning("source %s: slot %s %s; taking a new snapshot", self.spec.name, self.spec.slot, slot or "missing")
+                self.status.warnings.append(f"slot {self.spec.slot} was {slot or 'missing'}: re-snapshotted")
+            start = self._snapshot_then_slot(slot, on_progress)
+        self.durable = self.idle_lsn = start
+        self.status.confirmed_lsn = str(start)
+        self.conn = ReplicationConnection(self.spec.dsn, label=self.spec.name)
+        options = dict(wal2json.WAL2JSON_OPTIONS)
+        options.update(self.filter.wal2json_options())
+        self.conn.start(self.spec.slot, start, options)
+        self.status.state = SourceState.STREAMING
+
+    def _sql(self) -> psycopg.Connection[Any]:
+        try:
+            return psycopg.connect(self.spec.dsn, autocommit=True, connect_timeout=10, **connect_options())
+        except psycopg.OperationalError as exc:
+            raise translate_connect_error(exc, f"source {self.spec.name!r}") from None
+
+    def _slot_state(self) -> str | None:
+        """None = missing, 'lost' = invalidated, else the slot's wal_status."""
+        with self._sql() as conn:
+            self._db = str(conn.info.dbname)
+            row = conn.execute(
+                "SELECT plugin, wal_status, database FROM pg_replication_slots WHERE slot_name = %s",
+                (self.spec.slot,),
+            ).fetchone()
+        if row is None:
+            return None
+        plugin, wal_status, database = row
+        if plugin != "wal2json" or database != self._db:
+            raise SourceMisconfigured(
+                f"source {self.spec.name!r}: slot {self.spec.slot!r} exists but is not a wal2json slot of database {self._db!r}"
+            )
+        return "lost" if wal_status == "lost" else str(wal_status)
+
+    def _snapshot_then_slot(self, slot_state: str | None, on_progress: Callable[[SourceStatus], None] | None) -> Lsn:
+        """(Re)create the slot; if asked, copy every table inside its exported snapshot.
+
+        The snapshot's records are appended but not committed here: the daemon commits them in
+        one go with the slot's consistent point, so a crash mid-snapshot leaves nothing visible
+        and the next start snapshots again from scratch.
+        """
+        with ReplicationConnection(self.spec.dsn, label=self.spec.name) as repl:
+            if slot_state is not None:
+                repl.drop_slot(self.spec.slot)
+            take = self.spec.snapshot != "never"
+            info = repl.create_slot(self.spec.slot, export_snapshot=take)
+            if take:
+                assert info.snapshot_name is not None
+                self.status.state = SourceState.SNAPSHOTTING
+                with SnapshotReader(self.spec.dsn, info.snapshot_name, label=self.spec.name) as reader:
+                    # The exported snapshot lives until `repl` runs its next command; imported now.
+                    with self._sql() as conn:
+                        tables = list_tables(conn, self.filter.matches)
+                    self._copy_tables(reader, tables, info.consistent_point, on_progress)
+        self.boundary = info.consistent_point
+        self.status.last_lsn = str(info.consistent_point)
+        return info.consistent_point
+
+    def _copy_tables(
+        self, reader: SnapshotReader, tables: list[TableInfo], lsn: Lsn, on_progress: Callable[[SourceStatus], None] | None
+    ) -> None:
+        self.status.snapshot_rows_total = sum(max(t.estimated_rows, 0) for t in tables)
+        now_ms = int(self.clock() * 1000)
+        previous: tuple[TableInfo, tuple[str | None, ...]] | None = None
+        for table in tables:
+            self.status.snapshot_table = table.qualified
+            self._observe_schema(table.schema, table.table, [(c.name, c.type, c.typeoid) for c in table.columns], now_ms)
+            for row in reader.rows(table):
+                if previous is not None:
+                    self._snapshot_row(*previous, lsn, "true", now_ms)
+                previous = (table, row)
+                self.status.snapshot_rows_done += 1
+                if on_progress is not None and self.status.snapshot_rows_done % 10_000 == 0:
+                    on_progress(self.status)
+        if previous is not None:
+            self._snapshot_row(*previous, lsn, "last", now_ms)
+        self._flush()
+        self.status.snapshot_table = None
+        self.status.snapshot_rows_total = self.status.snapshot_rows_done
+        if on_progress is not None:
+            on_progress(self.status)
+
+    def _snapshot_row(self, table: TableInfo, row: tuple[str | None, ...], lsn: Lsn, marker: str, now_ms: int) -> None:
+        outputs = env.snapshot_envelope(
+            schema=table.schema,
+            table=table.table,
+            columns=[(c.name, c.type, c.typeoid) for c in table.columns],
+            values=row,
+            primary_key=table.identity_columns,
+            source_name=self.spec.name,
+            db=self._db,
+            lsn=lsn,
+            snapshot=marker,
+            now_ms=now_ms,
+        )
+        self._stage(outputs, now_ms)
+
+    # -- streaming -------------------------------------------------------------------
+    def handle(self, message: XLogData | Keepalive) -> bool:
+        """Apply one replication message; True when it closed a transaction (a commit point)."""
+        if isinstance(message, Keepalive):
+            if not self.in_transaction and message.wal_end > self.idle_lsn:
+                self.idle_lsn = message.wal_end
+            return False
+        parsed = wal2json.parse_message(message.payload)
+        if isinstance(parsed, wal2json.Begin):
+            self.in_transaction = True
+            # A transaction that ends at or before the durable position is already in the log.
+            self._skip_tx = parsed.nextlsn <= self.durable
+            self._tx = {"xid": parsed.xid, "ts_ms": parsed.timestamp_ms, "lsn": parsed.lsn, "changes": 0}
+            return False
+        if isinstance(parsed, wal2json.Commit):
+            self.in_transaction = False
+            end = parsed.nextlsn
+            if self._skip_tx:
+                self._skip_tx = False
+                return False
+            if self._tx.get("changes", 0) == 0:
+                # Nothing of ours in it (another table, a DDL): advance without forcing a commit.
+                if self.boundary is None:
+                    self.idle_lsn = max(self.idle_lsn, end)
+                else:
+                    self.boundary = end
+                return False
+            self._flush()
+            self.last_tx_changes = self._tx.get("changes", 0)
+            self.boundary = end
+            self.status.last_lsn = str(end)
+            self.status.transactions += 1
+            return True
+        if self._skip_tx:
+            return False
+        now_ms = int(self.clock() * 1000)
+        if isinstance(parsed, wal2json.Change):
+            if not self.filter.matches(parsed.schema, parsed.table):
+                return False
+            self._observe_schema(parsed.schema, parsed.table, parsed.column_types(), now_ms)
+            outputs = (self.spec.router or self._envelopes)(parsed)
+            self._stage(outputs, now_ms)
+            self._tx["changes"] = self._tx.get("changes", 0) + 1
+            self.status.changes += 1
+        elif isinstance(parsed, wal2json.Truncate):
+            if self.filter.matches(parsed.schema, parsed.table):
+                outputs = env.truncate_envelope(parsed, **self._context())
+                topic = topic_name(self.spec.name, parsed.schema, parsed.table)
+                self._ensure_topic(topic)
+                for partition in range(self.log.topics()[topic].partitions):
+                    for out in outputs:
+                        self._pending[(out.topic, partition)].append((out.key, out.value, now_ms, None))
+                        self._pending_count += 1
+                self._tx["changes"] = self._tx.get("changes", 0) + 1
+        elif isinstance(parsed, wal2json.LogicalMessage):
+            self._stage(env.message_envelope(parsed, **self._context()), now_ms)
+            self._tx["changes"] = self._tx.get("changes", 0) + 1
+        if self._pending_count >= _FLUSH_RECORDS:
+            self._flush()
+        return False
+
+    def _context(self) -> dict[str, Any]:
+        return {
+            "source_name": self.spec.name,
+            "db": self._db,
+            "lsn": self._tx.get("lsn"),
+            "tx_id": self._tx.get("xid"),
+            "commit_ts_ms": self._tx.get("ts_ms"),
+            "now_ms": int(self.clock() * 1000),
+        }
+
+    def _envelopes(self, change: Any) -> list[env.Output]:
+        return env.envelopes_for(change, **self._context())
+
+    def _observe_schema(self, schema: str, table: str, columns: Iterable[Any], now_ms: int) -> None:
+        record = self.schemas.observe(self.spec.name, schema, table, list(columns))
+        if record is not None:
+            self._stage([record], now_ms)
+
+    # -- staging into the log -------------------------------------------------------------
+    def _ensure_topic(self, topic: str) -> None:
+        if topic in self._topics:
+            return
+        if topic not in self.log.topics():
+            policy = "delete" if topic.endswith(".messages") else "compact"
+            if topic.startswith("events."):
+                policy = "none"
+            self.log.create_topic(topic, TopicConfig(partitions=self.spec.partitions, policy=policy))
+        self._topics.add(topic)
+
+    def _stage(self, outputs: Iterable[env.Output], now_ms: int) -> None:
+        for out in outputs:
+            self._ensure_topic(out.topic)
+            partition = self.log.partition_for(out.topic, out.key)
+            self._pending[(out.topic, partition)].append((out.key, out.value, now_ms, out.headers))
+            self._pending_count += 1
+
+    def _flush(self) -> None:
+        """Write staged records to the log's files (not yet committed: the daemon decides)."""
+        for (topic, partition), records in self._pending.items():
+            if records:
+                self.log.append(topic, partition, records)
+        self._pending.clear()
+        self._pending_count = 0
+
+    # -- after a durable commit ---------------------------------------------------------------
+    @property
+    def has_boundary(self) -> bool:
+        return self.boundary is not None
+
+    def committed(self) -> None:
+        """The daemon made everything up to `boundary` durable."""
+        if self.boundary is not None:
+            self.durable = self.boundary
+            self.idle_lsn = max(self.idle_lsn, self.boundary)
+            self.boundary = None
+
+    def confirmable(self) -> Lsn:
+        """The LSN the slot may be advanced to: durable, or further while nothing of ours is pending."""
+        if self.in_transaction or self.boundary is not None:
+            return self.durable
+        return max(self.durable, self.idle_lsn)
+
+    def confirm(self, *, now_us: int, reply: bool = False) -> None:
+        if self.conn is None:
+            return
+        lsn = self.confirmable()
+        self.conn.send_status(lsn, now_us=now_us, reply=reply)
+        self.status.confirmed_lsn = str(lsn)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
