@@ -1,0 +1,116 @@
+"""Segment line format, pure: one JSON object per line, raw key/value bytes spliced in, CRC last.
+
+    {"offset":5,"timestamp":1700000000000,"lens":[8,120,4],"key":{"id":1},"value":{..},"headers":null,"crc":123}
+
+`lens` are the byte lengths of the key, value and headers JSON, so a reader slices them out without
+parsing them (values keep their exact bytes); `crc` is zlib.crc32 of everything before `,"crc":`.
+A JSON `null` key/value/headers reads back as None (a null value is a tombstone).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Sequence
+
+import orjson
+
+__all__ = ["BadLine", "Decoded", "RecordIn", "decode_line", "encode_batch", "peek_offset"]
+
+RecordIn = tuple[bytes | None, bytes | None, int, bytes | None]
+"""(key, value, timestamp_ms, headers) as given to `append`."""
+Decoded = tuple[int, int, bytes | None, bytes | None, bytes | None]
+"""(offset, timestamp, key, value, headers) as read back."""
+
+_NULL = b"null"
+_HEAD = re.compile(rb'\{"offset":(\d+),"timestamp":(-?\d+),"lens":\[(\d+),(\d+),(\d+)\],"key":')
+_OFFSET = re.compile(rb'\{"offset":(\d+),')
+_crc32 = zlib.crc32
+
+
+class BadLine(ValueError):
+    """A line that is not an intact record; `offset` is set when the header could be read."""
+
+    def __init__(self, message: str, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.offset = offset
+
+
+def _one_line(raw: bytes | None) -> bytes | None:
+    """JSON with a newline in it (pretty-printed input) is re-encoded compactly: lines must stay lines."""
+    if raw is None or b"\n" not in raw:
+        return raw
+    try:
+        return orjson.dumps(orjson.loads(raw))
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"record field is not valid JSON: {exc}") from exc
+
+
+def encode_batch(first_offset: int, records: Sequence[RecordIn]) -> tuple[bytes, list[int]]:
+    """Encode records as consecutive lines from `first_offset`; returns the bytes and each line's size."""
+    crc32 = _crc32
+    parts: list[bytes] = []
+    sizes: list[int] = []
+    off = first_offset
+    for key, value, ts, headers in records:
+        k = _NULL if key is None else key
+        v = _NULL if value is None else value
+        h = _NULL if headers is None else headers
+        body = b'{"offset":%d,"timestamp":%d,"lens":[%d,%d,%d],"key":%b,"value":%b,"headers":%b' % (
+            off, ts, len(k), len(v), len(h), k, v, h
+        )
+        line = body + b',"crc":%d}\n' % crc32(body)
+        parts.append(line)
+        sizes.append(len(line))
+        off += 1
+    data = b"".join(parts)
+    if data.count(b"\n") != len(records):
+        clean = [(_one_line(k), _one_line(v), ts, _one_line(h)) for k, v, ts, h in records]
+        return encode_batch(first_offset, clean)
+    return data, sizes
+
+
+def decode_line(line: bytes) -> Decoded:
+    """Decode one line (without its newline), checking structure and CRC; raises BadLine."""
+    m = _HEAD.match(line)
+    if m is None:
+        om = _OFFSET.match(line)
+        raise BadLine("undecodable record header", int(om.group(1)) if om else None)
+    off = int(m.group(1))
+    kl = int(m.group(3))
+    vl = int(m.group(4))
+    hl = int(m.group(5))
+    p = m.end()
+    k = line[p : p + kl]
+    p += kl
+    if line[p : p + 9] != b',"value":':
+        raise BadLine("record fields do not match their lengths", off)
+    p += 9
+    v = line[p : p + vl]
+    p += vl
+    if line[p : p + 11] != b',"headers":':
+        raise BadLine("record fields do not match their lengths", off)
+    p += 11
+    h = line[p : p + hl]
+    p += hl
+    if line[p : p + 7] != b',"crc":' or line[-1:] != b"}":
+        raise BadLine("record has no CRC trailer", off)
+    try:
+        crc = int(line[p + 7 : -1])
+    except ValueError:
+        raise BadLine("record CRC is not a number", off) from None
+    if _crc32(line[:p]) != crc:
+        raise BadLine("CRC mismatch", off)
+    return (
+        off,
+        int(m.group(2)),
+        None if k == _NULL else k,
+        None if v == _NULL else v,
+        None if h == _NULL else h,
+    )
+
+
+def peek_offset(line: bytes) -> int | None:
+    """The offset a line claims, without checking it (for index validation)."""
+    m = _OFFSET.match(line)
+    return int(m.group(1)) if m else None

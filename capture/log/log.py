@@ -1,0 +1,428 @@
+"""`Log`: topics → partitions → segments under one root, one writer process, any number of readers.
+
+Durability lives in one place, `_commit_job` (numbered steps). Readers only ever see what the
+manifest says is committed; the writer's recovery cuts everything else away on open.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from types import TracebackType
+
+from capture.log import _fileio
+from capture.log.codec import RecordIn
+from capture.log.errors import LogError, LogLockedError, TopicNotFoundError
+from capture.log.manifest import (
+    MANIFEST,
+    Manifest,
+    PartitionState,
+    TopicState,
+    encode_manifest,
+    read_manifest,
+)
+from capture.log.partition import PartitionWriter
+from capture.log.partitioner import partition_for
+from capture.log.reader import partition_dir, read_partition, read_partition_from_time
+from capture.log.segment import SegmentRef
+from capture.log.types import CompactionStats, Mark, PartitionEnd, Problem, Record, Split, TopicConfig
+
+__all__ = ["Log"]
+
+_TOPIC = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,248}$")
+LOCK = ".lock"
+
+
+class Log:
+    """A log root. Use `Log.open(root, writer=True)` in the one writer process."""
+
+    def __init__(self, root: Path, *, writer: bool, default_partitions: int, segment_bytes: int,
+                 segment_ms: int, index_interval_bytes: int, fsync: bool) -> None:
+        self.root = root
+        self.writer = writer
+        self.default_partitions = default_partitions
+        self.segment_bytes = segment_bytes
+        self.segment_ms = segment_ms
+        self.index_interval_bytes = index_interval_bytes
+        self.fsync = fsync
+        self._committed = Manifest()
+        self._submitted = Manifest()
+        self._writers: dict[tuple[str, int], PartitionWriter] = {}
+        self._lock_fd = -1
+        self._worker: ThreadPoolExecutor | None = None
+        self._syncers: ThreadPoolExecutor | None = None
+        self._failed: BaseException | None = None
+        self._closed = False
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, root: Path, *, writer: bool = False, default_partitions: int = 4,
+             segment_bytes: int = 128 << 20, segment_ms: int = 7 * 86_400_000,
+             index_interval_bytes: int = 4096, fsync: bool = True) -> Log:
+        """Open a log root: the writer takes the lock and recovers; a reader just reads the manifest."""
+        if not 0 < segment_bytes < 1 << 32:
+            raise ValueError(f"segment_bytes must be in 1..2**32-1, got {segment_bytes}")
+        log = cls(Path(root), writer=writer, default_partitions=default_partitions,
+                  segment_bytes=segment_bytes, segment_ms=segment_ms,
+                  index_interval_bytes=index_interval_bytes, fsync=fsync)
+        if writer:
+            log._lock()
+            try:
+                log._recover()
+            except BaseException:
+                log._unlock()
+                raise
+            log._worker = ThreadPoolExecutor(1, thread_name_prefix="log-commit")
+            log._syncers = ThreadPoolExecutor(4, thread_name_prefix="log-fsync")
+        else:
+            if not log.root.is_dir():
+                raise LogError(f"no log at {log.root} (nothing has been captured there yet?)")
+            log.refresh()
+        return log
+
+    def _lock(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise LogLockedError(
+                f"log root {self.root} is locked by pid {holder} (another tributary capture?)"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # closing the fd releases the flock (as does kill -9)
+            self._lock_fd = -1
+
+    def _recover(self) -> None:
+        """Cut every partition back to the manifest's committed end and reopen it for appends."""
+        (self.root / f"{MANIFEST}.tmp").unlink(missing_ok=True)
+        manifest = read_manifest(self.root) or Manifest()
+        for w in self._writers.values():
+            w.close()
+        self._writers = {}
+        for name, topic in manifest.topics.items():
+            for p, state in enumerate(topic.partitions):
+                self._writers[(name, p)] = self._recover_partition(name, p, topic.config, state)
+        self._committed = self._submitted = manifest
+        self._failed = None
+
+    def _recover_partition(self, topic: str, p: int, cfg: TopicConfig, state: PartitionState) -> PartitionWriter:
+        ref = SegmentRef(topic, p, partition_dir(self.root, topic, p), state.segment)
+        return PartitionWriter.recover(
+            ref, state,
+            segment_bytes=cfg.segment_bytes or self.segment_bytes,
+            segment_ms=cfg.segment_ms or self.segment_ms,
+            index_interval=self.index_interval_bytes,
+        )
+
+    def refresh(self) -> None:
+        """Re-read the manifest (readers); the writer already knows its own commits."""
+        if not self.writer:
+            self._committed = read_manifest(self.root) or Manifest()
+
+    def close(self) -> None:
+        """Release everything without committing (uncommitted appends are cut on the next open)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+        if self._syncers is not None:
+            self._syncers.shutdown(wait=True)
+        for w in self._writers.values():
+            w.close()
+        self._writers = {}
+        self._unlock()
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- topics ----------------------------------------------------------------------------
+
+    def topics(self) -> dict[str, TopicConfig]:
+        return {name: t.config for name, t in self._committed.topics.items()}
+
+    def _topic(self, topic: str) -> TopicState:
+        try:
+            return self._committed.topics[topic]
+        except KeyError:
+            raise TopicNotFoundError(f"no topic {topic!r} in the log at {self.root}") from None
+
+    def create_topic(self, name: str, config: TopicConfig | None = None) -> TopicConfig:
+        """Idempotent: an existing topic keeps its config. Durable before returning."""
+        self._check_writer("create a topic")
+        existing = self._submitted.topics.get(name)
+        if existing is not None:
+            return existing.config
+        if not _TOPIC.match(name) or name in (".", ".."):
+            raise LogError(f"invalid topic name {name!r}: use letters, digits, '.', '_' and '-'")
+        cfg = config or TopicConfig(partitions=self.default_partitions)
+        tdir = self.root / name
+        tdir.mkdir(exist_ok=True)
+        empty = PartitionState()
+        for p in range(cfg.partitions):
+            self._writers[(name, p)] = self._recover_partition(name, p, cfg, empty)
+        dirs = [self.root, tdir] + [partition_dir(self.root, name, p) for p in range(cfg.partitions)]
+        for p in range(cfg.partitions):
+            self._writers[(name, p)].dir_dirty = False
+        manifest = self._submitted.with_topic(name, TopicState(cfg, (empty,) * cfg.partitions))
+        self._submit(manifest, [], dirs).result()
+        return cfg
+
+    def partition_for(self, topic: str, key: bytes | None) -> int:
+        return partition_for(key, self._topic_any(topic).config.partitions)
+
+    def _topic_any(self, topic: str) -> TopicState:
+        t = self._submitted.topics.get(topic) if self.writer else None
+        return t if t is not None else self._topic(topic)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _check_writer(self, what: str) -> None:
+        if self._closed:
+            raise LogError(f"the log at {self.root} is closed")
+        if not self.writer:
+            raise LogError(f"cannot {what}: the log at {self.root} was opened read-only")
+        if self._failed is not None:
+            raise LogError(f"an earlier commit failed ({self._failed}); reopen the log to recover")
+
+    def append(self, topic: str, partition: int, records: Sequence[RecordIn]) -> int:
+        """Buffer records at the partition's end; returns the first offset. Invisible until commit."""
+        self._check_writer("append")
+        w = self._writers.get((topic, partition))
+        if w is None:
+            t = self._topic_any(topic)
+            raise LogError(f"topic {topic!r} has partitions 0..{t.config.partitions - 1}, not {partition}")
+        try:
+            return w.append(records)
+        except LogError:
+            self._rollback()
+            raise
+
+    def mark(self) -> Mark:
+        """Every partition's current appended end: `commit(upto=mark)` commits exactly that prefix."""
+        self._check_writer("mark")
+        return Mark({k: w.end() for k, w in self._writers.items()})
+
+    def commit(self, *, positions: Mapping[str, str] | None = None, upto: Mark | None = None) -> None:
+        """Make appends (up to `upto`) and `positions` durable and visible; see `_commit_job`."""
+        future = self.commit_async(positions=positions, upto=upto)
+        try:
+            future.result()
+        except LogError:
+            self._rollback()
+            raise
+
+    def commit_async(self, *, positions: Mapping[str, str] | None = None,
+                     upto: Mark | None = None) -> Future[None]:
+        """Start a commit and return at once; appends may continue while it fsyncs.
+
+        Commits complete in order. The future's result says the commit is durable: confirm a
+        source position only then."""
+        self._check_writer("commit")
+        fds: list[int] = []
+        dirs: list[Path] = []
+        topics = dict(self._submitted.topics)
+        try:
+            for (name, p), w in self._writers.items():
+                if w.dirty:
+                    w.flush()
+                    fds.append(w.sync_handle())
+                    w.dirty = False
+                if w.dir_dirty:
+                    dirs.append(w.pdir)
+                    w.dir_dirty = False
+        except LogError:
+            for fd in fds:
+                os.close(fd)
+            self._rollback()
+            raise
+        for name, t in topics.items():
+            parts = list(t.partitions)
+            for p, old in enumerate(parts):
+                end = upto.ends.get((name, p)) if upto is not None else self._writers[(name, p)].end()
+                if end is None:
+                    continue
+                if end.end < old.end:
+                    raise LogError(f"cannot commit {name}/{p} back to {end.end}: {old.end} is committed")
+                parts[p] = PartitionState(old.start, end.end, end.segment, end.nbytes)
+            topics[name] = TopicState(t.config, tuple(parts))
+        merged = {**self._submitted.positions, **(positions or {})}
+        return self._submit(Manifest(self._submitted.generation, topics, merged), fds, dirs)
+
+    def _submit(self, manifest: Manifest, fds: list[int], dirs: list[Path]) -> Future[None]:
+        manifest = replace(manifest, generation=self._submitted.generation + 1)
+        self._submitted = manifest
+        assert self._worker is not None
+        return self._worker.submit(self._commit_job, manifest, fds, dirs)
+
+    def _commit_job(self, manifest: Manifest, fds: list[int], dirs: list[Path]) -> None:
+        """THE commit protocol (runs on the commit thread, one commit at a time, in order):
+
+        1. fsync the segment data of every partition written since the last commit, and the
+           directories that gained segment files (in parallel: the kernel overlaps them);
+        2. write the new manifest to `manifest.json.tmp` and fsync it (alongside step 1 — the temp
+           file means nothing until it is renamed);
+        3. `os.replace` it onto `manifest.json` — the commit point: readers now see the new ends;
+        4. fsync the root directory so the rename itself survives a crash.
+        Only then is the commit durable (the future resolves) and may a source be confirmed.
+        """
+        tmp = self.root / f"{MANIFEST}.tmp"
+        try:
+            if self._failed is not None:
+                raise LogError(f"an earlier commit failed ({self._failed})")
+            assert self._syncers is not None
+            data = encode_manifest(manifest)
+            jobs = [self._syncers.submit(self._sync_fd, fd, "syncing segment data") for fd in fds]
+            jobs += [self._syncers.submit(self._sync_dir, d) for d in dirs]
+            jobs.append(self._syncers.submit(self._write_tmp, tmp, data))  # 2
+            for job in jobs:  # 1 + 2 done
+                job.result()
+            os.replace(tmp, self.root / MANIFEST)  # 3
+            if self.fsync:
+                _fileio.fsync_dir(self.root)  # 4
+            self._committed = manifest
+        except BaseException as exc:
+            self._failed = exc
+            tmp.unlink(missing_ok=True)
+            if isinstance(exc, OSError):
+                raise LogError(f"commit failed: {exc}") from exc
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _sync_fd(self, fd: int, what: str) -> None:
+        if self.fsync:
+            _fileio.fsync(fd, what)
+
+    def _sync_dir(self, d: Path) -> None:
+        if self.fsync:
+            _fileio.fsync_dir(d)
+
+    def _write_tmp(self, tmp: Path, data: bytes) -> None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _fileio.write_all(fd, data, f"writing {tmp}")
+            self._sync_fd(fd, f"syncing {tmp}")
+        finally:
+            os.close(fd)
+
+    def _rollback(self) -> None:
+        """After a failed write or commit: wait for in-flight commits, then recover from the
+        committed manifest so the log is usable again (every uncommitted append is dropped)."""
+        if self._worker is not None:
+            self._worker.submit(lambda: None).result()
+        self._recover()
+
+    # -- committed state -------------------------------------------------------------------
+
+    def positions(self) -> dict[str, str]:
+        return dict(self._committed.positions)
+
+    def end_offsets(self, topic: str) -> list[int]:
+        return [p.end for p in self._topic(topic).partitions]
+
+    def start_offsets(self, topic: str) -> list[int]:
+        return [p.start for p in self._topic(topic).partitions]
+
+    def _state(self, topic: str, partition: int) -> PartitionState:
+        t = self._topic(topic)
+        if not 0 <= partition < len(t.partitions):
+            raise LogError(f"topic {topic!r} has partitions 0..{len(t.partitions) - 1}, not {partition}")
+        return t.partitions[partition]
+
+    def read(self, topic: str, partition: int, from_offset: int = 0, *,
+             to_offset: int | None = None) -> Iterator[Record]:
+        """Committed records from `from_offset` (or the next existing one) up to `to_offset`."""
+        state = self._state(topic, partition)
+        stop = state.end if to_offset is None else to_offset
+        return read_partition(self.root, topic, partition, state, from_offset, stop)
+
+    def read_from_time(self, topic: str, partition: int, timestamp_ms: int) -> Iterator[Record]:
+        """From the first committed record whose timestamp is >= timestamp_ms."""
+        return read_partition_from_time(self.root, topic, partition, self._state(topic, partition), timestamp_ms)
+
+    # -- maintenance -----------------------------------------------------------------------
+
+    def compact(self, topic: str | None = None, *, now_ms: int) -> CompactionStats:
+        """Compact the sealed, committed segments of `compact` topics (all of them by default)."""
+        from capture.log.compaction import compact_partition
+
+        self._check_writer("compact (needs the writer lock)")
+        snapshot = self._committed
+        names = [topic] if topic is not None else list(snapshot.topics)
+        stats = CompactionStats()
+        for name in names:
+            t = snapshot.topics.get(name)
+            if t is None:
+                raise TopicNotFoundError(f"no topic {name!r} in the log at {self.root}")
+            if t.config.policy != "compact":
+                continue
+            for p, state in enumerate(t.partitions):
+                compact_partition(self.root, name, p, state, t.config, now_ms, self.index_interval_bytes, stats)
+        return stats
+
+    def enforce_retention(self, *, now_ms: int) -> int:
+        """Delete whole sealed segments of `delete` topics past retention; returns how many."""
+        from capture.log.compaction import expired_segments, remove_segments
+
+        self._check_writer("enforce retention")
+        self._worker_idle()
+        plan: list[tuple[str, int, list[int]]] = []
+        topics = dict(self._submitted.topics)
+        for name, t in self._committed.topics.items():
+            cfg = t.config
+            if cfg.policy != "delete" or (cfg.retention_ms is None and cfg.retention_bytes is None):
+                continue
+            parts = list(topics[name].partitions)
+            for p, state in enumerate(t.partitions):
+                doomed, new_start = expired_segments(self.root, name, p, state, cfg, now_ms)
+                if doomed:
+                    plan.append((name, p, doomed))
+                    parts[p] = replace(parts[p], start=max(parts[p].start, new_start))
+            topics[name] = TopicState(cfg, tuple(parts))
+        if not plan:
+            return 0
+        # the new start offsets become durable first; a crash before the unlinks is finished by recovery
+        self._submit(replace(self._submitted, topics=topics), [], []).result()
+        for name, p, doomed in plan:
+            remove_segments(partition_dir(self.root, name, p), doomed)
+        return sum(len(d) for _, _, d in plan)
+
+    def _worker_idle(self) -> None:
+        if self._worker is not None:
+            self._worker.submit(lambda: None).result()
+
+    def verify(self) -> list[Problem]:
+        from capture.log.verify import verify_log
+
+        return verify_log(self.root, self._committed)
+
+    def splits(self, topic: str, *, max_bytes: int = 64 << 20) -> list[Split]:
+        from capture.log.splits import plan_splits
+
+        t = self._topic(topic)
+        return [s for p, state in enumerate(t.partitions)
+                for s in plan_splits(self.root, topic, p, state, max_bytes)]
+
+    def ends(self) -> dict[tuple[str, int], PartitionEnd]:
+        """Committed ends of every partition (for tools)."""
+        return {(n, p): PartitionEnd(s.end, s.segment, s.nbytes)
+                for n, t in self._committed.topics.items() for p, s in enumerate(t.partitions)}

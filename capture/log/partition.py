@@ -1,0 +1,340 @@
+"""One partition's writer: the active segment, buffering, index upkeep, rolling, recovery.
+
+Only the writer process uses this. Appends go to an in-memory buffer that is written with one
+`write` per flush; the committed state (what readers see) only moves in `Log.commit`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from capture.log import _fileio
+from capture.log.codec import BadLine, RecordIn, decode_line, encode_batch
+from capture.log.errors import LogError
+from capture.log.index import OFFSET_ENTRY, TIME_ENTRY, pack_offsets, pack_times
+from capture.log.manifest import PartitionState
+from capture.log.segment import (
+    SegmentRef,
+    index_path,
+    iter_lines,
+    iter_records,
+    list_segments,
+    load_offset_index,
+    load_time_index,
+    log_path,
+    seek_position,
+    timeindex_path,
+)
+from capture.log.types import PartitionEnd
+
+__all__ = ["PartitionWriter", "Scan", "rebuild_indexes", "scan_segment"]
+
+FLUSH_BYTES = 1 << 20
+_NO_TS = -(1 << 62)
+
+
+class PartitionWriter:
+    """Appends to a partition's active segment; rolls by size or by record-time age."""
+
+    def __init__(
+        self, ref: SegmentRef, *, segment_bytes: int, segment_ms: int, index_interval: int
+    ) -> None:
+        self.ref = ref
+        self.pdir = ref.pdir
+        self.segment_bytes = segment_bytes
+        self.segment_ms = segment_ms
+        self.index_interval = index_interval
+        self.base = 0
+        self.next_offset = 0
+        self.size = 0  # bytes of the active segment including the unflushed buffer
+        self.first_ts = _NO_TS
+        self.max_ts = _NO_TS
+        self.since_index = 0
+        self.index: list[tuple[int, int]] = []
+        self.times: list[tuple[int, int]] = []
+        self.index_written = 0
+        self.buf: list[bytes] = []
+        self.buflen = 0
+        self.fd = -1
+        self.dirty = False  # written since the last sync
+        self.dir_dirty = False  # a segment file was created since the last sync
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    def recover(
+        cls, ref: SegmentRef, state: PartitionState, *, segment_bytes: int, segment_ms: int,
+        index_interval: int,
+    ) -> PartitionWriter:
+        """Open for writing at the manifest's committed end, cutting away anything after it."""
+        w = cls(ref, segment_bytes=segment_bytes, segment_ms=segment_ms, index_interval=index_interval)
+        pdir = ref.pdir
+        if not pdir.is_dir():
+            if state.end > state.start:
+                raise LogError(
+                    f"partition directory {pdir} is missing but the manifest says it holds "
+                    f"offsets {state.start}..{state.end - 1}"
+                )
+            pdir.mkdir(parents=True)
+            w.dir_dirty = True
+        for name in os.listdir(pdir):
+            if name.endswith(".compacting"):
+                os.unlink(pdir / name)
+        bases = list_segments(pdir)
+        for i, base in enumerate(bases):
+            beyond = base > state.segment
+            below = i + 1 < len(bases) and bases[i + 1] <= state.start and base < state.segment
+            if beyond or below:  # rolled after the last commit, or deleted by retention already
+                for p in (log_path(pdir, base), index_path(pdir, base), timeindex_path(pdir, base)):
+                    p.unlink(missing_ok=True)
+                w.dir_dirty = True
+        for base in list_segments(pdir):
+            if base < state.segment and not index_path(pdir, base).exists():
+                rebuild_indexes(SegmentRef(ref.topic, ref.partition, pdir, base), index_interval)
+        w._open_active(state)
+        return w
+
+    def _open_active(self, state: PartitionState) -> None:
+        base, committed = state.segment, state.nbytes
+        path = log_path(self.pdir, base)
+        self.base = base
+        self.ref = SegmentRef(self.ref.topic, self.ref.partition, self.pdir, base)
+        if not path.exists():
+            if committed:
+                raise LogError(
+                    f"segment {path} is missing but the manifest says it holds {committed} committed bytes"
+                )
+            self.dir_dirty = True
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        size = os.fstat(fd).st_size
+        if size < committed:
+            os.close(fd)
+            raise LogError(
+                f"the manifest points past the data: {path} has {size} bytes but {committed} are "
+                f"committed (truncated or replaced segment); run `tributary log verify`"
+            )
+        if size > committed:
+            os.ftruncate(fd, committed)
+            _fileio.fsync(fd, f"truncating {path} to its committed length")
+        self.fd = fd
+        os.lseek(fd, 0, os.SEEK_END)
+        self.size = committed
+        self.next_offset = state.end
+        self._load_active_indexes(committed, state.end)
+        if self.next_offset < base:
+            self.next_offset = base
+
+    def _load_active_indexes(self, committed: int, end: int) -> None:
+        """Keep the index entries inside committed data (checked against it) and re-derive the
+        rest — tail entries, max timestamp — by scanning from the last good entry."""
+        pos = seek_position(self.pdir, self.base, end, committed) if committed else 0
+        index = _increasing([e for e in load_offset_index(self.pdir, self.base) if 0 < e[1] <= pos])
+        rels = {rel for rel, _ in index}
+        times = [t for t in load_time_index(self.pdir, self.base) if t[1] in rels]
+        if [t[1] for t in times] != [rel for rel, _ in index]:  # files disagree: rebuild both
+            pos, index, times = 0, [], []
+        start_max = times[-1][0] if times else _NO_TS
+        scan = scan_segment(self.ref, self.index_interval, pos, committed, start_max)
+        if committed and scan.last + 1 != end:
+            raise LogError(
+                f"the manifest says {self.ref.topic}/{self.ref.partition} ends at offset {end} "
+                f"but its data ends at {scan.last + 1}; run `tributary log verify`"
+            )
+        index += scan.index
+        times += scan.times
+        self.index, self.times = index, times
+        self.index_written = len(index)
+        self.max_ts = scan.max_ts
+        self.first_ts = scan.first_ts if pos == 0 else _first_timestamp(self.ref)
+        self.since_index = scan.since
+        for p, data in (
+            (index_path(self.pdir, self.base), pack_offsets(index)),
+            (timeindex_path(self.pdir, self.base), pack_times(times)),
+        ):
+            with open(p, "wb") as f:
+                f.write(data)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.buf, self.buflen = [], 0
+
+    # -- appending -------------------------------------------------------------------------
+
+    def end(self) -> PartitionEnd:
+        return PartitionEnd(self.next_offset, self.base, self.size)
+
+    def append(self, records: Sequence[RecordIn]) -> int:
+        """Encode and buffer records; returns the first one's offset."""
+        first = self.next_offset
+        if not records:
+            return first
+        data, sizes = encode_batch(first, records)
+        i, n, cut = 0, len(records), 0
+        while i < n:
+            j = self._place(records, sizes, i)
+            if j == i:
+                self.roll()
+                continue
+            piece = sum(sizes[i:j]) if (i or j < n) else len(data)
+            self.buf.append(data if piece == len(data) else data[cut : cut + piece])
+            self.buflen += piece
+            cut += piece
+            i = j
+        self.dirty = True
+        if self.buflen >= FLUSH_BYTES:
+            self.flush()
+        return first
+
+    def _place(self, records: Sequence[RecordIn], sizes: list[int], i: int) -> int:
+        """Account records i.. into the active segment until one does not fit; returns the stop."""
+        pos, since, off = self.size, self.since_index, self.next_offset
+        base, limit, age, interval = self.base, self.segment_bytes, self.segment_ms, self.index_interval
+        first_ts, max_ts = self.first_ts, self.max_ts
+        index, times = self.index, self.times
+        n = len(records)
+        j = i
+        while j < n:
+            ts = records[j][2]
+            sz = sizes[j]
+            if pos:
+                if pos + sz > limit or ts - first_ts >= age:
+                    break
+                if since >= interval:
+                    index.append((off - base, pos))
+                    times.append((max_ts, off - base))
+                    since = 0
+            else:
+                first_ts = ts
+            if ts > max_ts:
+                max_ts = ts
+            pos += sz
+            since += sz
+            off += 1
+            j += 1
+        self.size, self.since_index, self.next_offset = pos, since, off
+        self.first_ts, self.max_ts = first_ts, max_ts
+        return j
+
+    def flush(self) -> None:
+        """Write the buffer (one write) and any new index entries."""
+        if self.buflen:
+            data = self.buf[0] if len(self.buf) == 1 else b"".join(self.buf)
+            self.buf, self.buflen = [], 0
+            _fileio.write_all(self.fd, data, f"appending to {log_path(self.pdir, self.base)}")
+        if self.index_written < len(self.index):
+            new = self.index[self.index_written :]
+            newt = self.times[self.index_written :]
+            self._append_file(index_path(self.pdir, self.base), pack_offsets(new))
+            self._append_file(timeindex_path(self.pdir, self.base), pack_times(newt))
+            self.index_written = len(self.index)
+
+    @staticmethod
+    def _append_file(path: Path, data: bytes) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            _fileio.write_all(fd, data, f"writing {path}")
+        finally:
+            os.close(fd)
+
+    def roll(self) -> None:
+        """Seal the active segment (final time entry, everything fsynced) and start a new one."""
+        self.flush()
+        if self.max_ts != _NO_TS:
+            self._append_file(
+                timeindex_path(self.pdir, self.base),
+                pack_times([(self.max_ts, self.next_offset - self.base)]),
+            )
+        for p in (index_path(self.pdir, self.base), timeindex_path(self.pdir, self.base)):
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                _fileio.fsync(fd, f"sealing {p}")
+            finally:
+                os.close(fd)
+        _fileio.fsync(self.fd, f"sealing {log_path(self.pdir, self.base)}")
+        os.close(self.fd)
+        self.base = self.next_offset
+        self.ref = SegmentRef(self.ref.topic, self.ref.partition, self.pdir, self.base)
+        for p in (index_path(self.pdir, self.base), timeindex_path(self.pdir, self.base)):
+            open(p, "wb").close()
+        self.fd = os.open(log_path(self.pdir, self.base), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.size, self.since_index, self.index_written = 0, 0, 0
+        self.first_ts, self.max_ts = _NO_TS, _NO_TS
+        self.index, self.times = [], []
+        self.dir_dirty = True
+        self.dirty = True
+
+    def sync_handle(self) -> int:
+        """A duplicate of the active segment's fd for a commit to fsync (the writer may roll meanwhile)."""
+        return os.dup(self.fd)
+
+
+def _first_timestamp(ref: SegmentRef) -> int:
+    for _off, ts, *_ in iter_records(ref, 0, None):
+        return ts
+    return _NO_TS
+
+
+def _increasing(entries: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Drop entries that break the order (garbage left by a crash in an unsynced index file)."""
+    out: list[tuple[int, int]] = []
+    for rel, pos in entries:
+        if not out or (rel > out[-1][0] and pos > out[-1][1]):
+            out.append((rel, pos))
+    return out
+
+
+@dataclass(slots=True)
+class Scan:
+    index: list[tuple[int, int]] = field(default_factory=list)
+    times: list[tuple[int, int]] = field(default_factory=list)
+    last: int = -1
+    max_ts: int = _NO_TS
+    first_ts: int = _NO_TS
+    since: int = 0
+
+
+def scan_segment(
+    ref: SegmentRef, interval: int, start: int = 0, limit: int | None = None, max_ts: int = _NO_TS
+) -> Scan:
+    """Walk a segment from a line start, checking every record and recomputing the sparse index
+    entries after `start` by the same rule `PartitionWriter._place` applies."""
+    scan = Scan(last=ref.base - 1, max_ts=max_ts)
+    since = 0
+    for pos, line in iter_lines(log_path(ref.pdir, ref.base), start, limit):
+        try:
+            off, ts, *_ = decode_line(line)
+        except BadLine as exc:
+            raise ref.corrupt(str(exc), exc.offset if exc.offset is not None else scan.last + 1) from None
+        if off <= scan.last and pos > start:
+            raise ref.corrupt(f"offsets out of order ({off} after {scan.last})", off)
+        if pos > start and since >= interval:
+            scan.index.append((off - ref.base, pos))
+            scan.times.append((scan.max_ts, off - ref.base))
+            since = 0
+        if scan.first_ts == _NO_TS:
+            scan.first_ts = ts
+        scan.max_ts = max(scan.max_ts, ts)
+        scan.last = off
+        since += len(line) + 1
+    scan.since = since
+    return scan
+
+
+def rebuild_indexes(ref: SegmentRef, interval: int) -> None:
+    """Write a sealed segment's index files from its data (fsynced), final time entry included."""
+    scan = scan_segment(ref, interval)
+    if scan.last >= ref.base:
+        scan.times.append((scan.max_ts, scan.last + 1 - ref.base))
+    for p, data in (
+        (index_path(ref.pdir, ref.base), pack_offsets(scan.index)),
+        (timeindex_path(ref.pdir, ref.base), pack_times(scan.times)),
+    ):
+        with open(p, "wb") as f:
+            f.write(data)
+            f.flush()
+            _fileio.fsync(f.fileno(), f"writing {p}")

@@ -1,0 +1,56 @@
+"""Key → partition, the way Kafka's default partitioner does it (murmur2, positive, mod n).
+
+Pure and deterministic across processes: never Python's salted `hash`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+__all__ = ["canonical_json", "murmur2", "partition_for"]
+
+_M = 0x5BD1E995
+_SEED = 0x9747B28C
+_MASK = 0xFFFFFFFF
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's `Utils.murmur2`: a signed 32-bit int, as the Java client returns it."""
+    length = len(data)
+    h = (_SEED ^ length) & _MASK
+    end4 = length & ~3
+    for i in range(0, end4, 4):
+        k = int.from_bytes(data[i : i + 4], "little")
+        k = (k * _M) & _MASK
+        k ^= k >> 24
+        k = (k * _M) & _MASK
+        h = (h * _M) & _MASK
+        h ^= k
+    rest = length & 3
+    if rest == 3:
+        h ^= data[end4 + 2] << 16
+    if rest >= 2:
+        h ^= data[end4 + 1] << 8
+    if rest >= 1:
+        h ^= data[end4]
+        h = (h * _M) & _MASK
+    h ^= h >> 13
+    h = (h * _M) & _MASK
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_for(key: bytes | None, partitions: int) -> int:
+    """Kafka's `toPositive(murmur2(key)) % n`; a None key goes to partition 0."""
+    if partitions <= 0:
+        raise ValueError(f"partitions must be positive, got {partitions}")
+    if key is None:
+        return 0
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def canonical_json(obj: Any) -> bytes:
+    """The key's canonical bytes: sorted keys, no whitespace (what the partition hash is over)."""
+    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)

@@ -1,0 +1,82 @@
+"""Committed-data reads of one partition, bounded by a manifest snapshot (any process)."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+from pathlib import Path
+
+from capture.log.index import lookup_time
+from capture.log.manifest import PartitionState
+from capture.log.segment import (
+    SegmentRef,
+    iter_records,
+    list_segments,
+    load_time_index,
+    seek_position,
+)
+from capture.log.types import Record
+
+__all__ = ["committed_segments", "partition_dir", "read_partition", "read_partition_from_time"]
+
+
+def partition_dir(root: Path, topic: str, partition: int) -> Path:
+    return root / topic / str(partition)
+
+
+def committed_segments(pdir: Path, state: PartitionState) -> list[int]:
+    """Segment bases holding committed data: up to the manifest's segment (later ones are uncommitted)."""
+    try:
+        bases = list_segments(pdir)
+    except FileNotFoundError:
+        return []
+    return [b for b in bases if b <= state.segment]
+
+
+def read_partition(
+    root: Path, topic: str, partition: int, state: PartitionState, from_offset: int, to_offset: int
+) -> Iterator[Record]:
+    """Records with from_offset <= offset < min(to_offset, committed end), in offset order.
+
+    A from_offset that compaction or retention removed continues at the next existing offset."""
+    end = min(to_offset, state.end)
+    start = max(from_offset, state.start)
+    if start >= end:
+        return
+    pdir = partition_dir(root, topic, partition)
+    bases = committed_segments(pdir, state)
+    i = max(bisect.bisect_right(bases, start) - 1, 0)
+    for base in bases[i:]:
+        if base >= end:
+            return
+        limit = state.nbytes if base == state.segment else None
+        ref = SegmentRef(topic, partition, pdir, base)
+        try:
+            pos = seek_position(pdir, base, start, limit)
+            for off, ts, key, value, headers in iter_records(ref, pos, limit):
+                if off < start:
+                    continue
+                if off >= end:
+                    return
+                yield Record(topic, partition, off, ts, key, value, headers)
+        except FileNotFoundError:
+            continue  # removed by retention while we read: continue at the next segment
+
+
+def read_partition_from_time(
+    root: Path, topic: str, partition: int, state: PartitionState, timestamp_ms: int
+) -> Iterator[Record]:
+    """Everything from the first committed record whose timestamp is >= timestamp_ms."""
+    pdir = partition_dir(root, topic, partition)
+    for base in committed_segments(pdir, state):
+        times = load_time_index(pdir, base)
+        # a sealed segment's last time entry (written when it was sealed) covers all its records
+        if base < state.segment and times and times[-1][0] < timestamp_ms:
+            continue
+        rel = lookup_time(times, timestamp_ms)
+        for rec in read_partition(root, topic, partition, state, base + rel, state.end):
+            if rec.timestamp >= timestamp_ms:
+                yield rec
+                yield from read_partition(root, topic, partition, state, rec.offset + 1, state.end)
+                return
+        return
