@@ -6,8 +6,10 @@ Only the writer process uses this. Appends go to an in-memory buffer that is wri
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Sequence
+from itertools import accumulate
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -173,22 +175,63 @@ class PartitionWriter:
         first = self.next_offset
         if not records:
             return first
-        data, sizes = encode_batch(first, records)
+        data, sizes, tss = encode_batch(first, records)
+        if not self._place_fast(len(data), sizes, tss):
+            self._place_split(data, records, sizes)
+        else:
+            self.buf.append(data)
+            self.buflen += len(data)
+        self.dirty = True
+        if self.buflen >= FLUSH_BYTES:
+            self.flush()
+        return first
+
+    def _place_fast(self, total: int, sizes: list[int], tss: tuple[int, ...]) -> bool:
+        """The whole batch fits the active segment: index it by bisection instead of a loop."""
+        size = self.size
+        first_ts = self.first_ts if size else tss[0]
+        batch_max = max(tss)
+        n = len(sizes)
+        too_big = size + total > self.segment_bytes and (size or n > 1)
+        if too_big or batch_max - first_ts >= self.segment_ms:
+            return False
+        starts = list(accumulate(sizes, initial=size))
+        interval, base, off0 = self.index_interval, self.base, self.next_offset
+        last_entry = size - self.since_index
+        max_ts = self.max_ts
+        done = 0
+        j = bisect.bisect_left(starts, last_entry + interval, 0, n)
+        while j < n:
+            if starts[j] == 0:
+                j += 1
+                continue
+            if j > done:
+                max_ts = max(max_ts, max(tss[done:j]))
+                done = j
+            self.index.append((off0 + j - base, starts[j]))
+            self.times.append((max_ts, off0 + j - base))
+            last_entry = starts[j]
+            j = bisect.bisect_left(starts, last_entry + interval, j + 1, n)
+        self.max_ts = max(max_ts, batch_max)
+        self.first_ts = first_ts
+        self.size = starts[n]
+        self.since_index = starts[n] - last_entry
+        self.next_offset = off0 + n
+        return True
+
+    def _place_split(self, data: bytes, records: Sequence[RecordIn], sizes: list[int]) -> None:
+        """Slow path: place record by record, rolling segments where needed."""
         i, n, cut = 0, len(records), 0
         while i < n:
             j = self._place(records, sizes, i)
             if j == i:
                 self.roll()
                 continue
-            piece = sum(sizes[i:j]) if (i or j < n) else len(data)
-            self.buf.append(data if piece == len(data) else data[cut : cut + piece])
+            piece = sum(sizes[i:j])
+            self.buf.append(data[cut : cut + piece])
             self.buflen += piece
             cut += piece
             i = j
-        self.dirty = True
-        if self.buflen >= FLUSH_BYTES:
-            self.flush()
-        return first
 
     def _place(self, records: Sequence[RecordIn], sizes: list[int], i: int) -> int:
         """Account records i.. into the active segment until one does not fit; returns the stop."""

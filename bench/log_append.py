@@ -1,0 +1,197 @@
+"""Benchmark: log append with group commit vs plain buffered writes + one fsync per batch.
+
+Prints JSON (and saves it to bench/results/log_append.json): records/s and MB/s for appending
+N records of ~500 bytes over 4 partitions, committing every 1 ms of linger or 1,000 records,
+against a baseline measured in the same run (the same encoded bytes, buffered writes, one fsync
+per 1,000 records); plus sequential reads through `Log.read` vs reading the raw files.
+Each figure is the median of --repeat runs.
+
+    python bench/log_append.py [--records N] [--repeat 3] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from capture.log import GroupCommitter, Log, TopicConfig, canonical_json, partition_for  # noqa: E402
+from capture.log.codec import encode_batch  # noqa: E402
+
+PARTITIONS = 4
+CHUNK = 100  # records handed to the log per step (a capture poll's worth)
+BATCH = 1000
+LINGER_MS = 1.0
+BACKPRESSURE = 4 * BATCH  # pending records that make the writer wait for the in-flight commit
+
+Rec = tuple[bytes | None, bytes | None, int, bytes | None]
+
+
+def make_records(n: int) -> tuple[list[list[Rec]], list[list[int]]]:
+    """Chunks of ~500-byte records (key, value, ts, headers) and each record's partition."""
+    filler = "x" * 250
+    values = [
+        canonical_json({"op": "u", "after": {"id": i, "name": f"customer {i}", "note": filler},
+                        "source": {"lsn": f"0/{i:X}", "table": "customers"}, "ts_ms": 1_700_000_000_000})
+        for i in range(1000)
+    ]
+    chunks, parts = [], []
+    for start in range(0, n, CHUNK):
+        chunk, ps = [], []
+        for i in range(start, min(n, start + CHUNK)):
+            key = canonical_json({"id": i % 100_000})
+            chunk.append((key, values[i % 1000], 1_700_000_000_000 + i, None))
+            ps.append(partition_for(key, PARTITIONS))
+        chunks.append(chunk)
+        parts.append(ps)
+    return chunks, parts
+
+
+def run_log(
+    base: Path, chunks: list[list[Rec]], parts: list[list[int]], pipelined: bool
+) -> tuple[float, int, int]:
+    root = base / "log"
+    shutil.rmtree(root, ignore_errors=True)
+    log = Log.open(root, writer=True)
+    log.create_topic("bench", TopicConfig(partitions=PARTITIONS))
+    gc = GroupCommitter(linger_ms=LINGER_MS, max_records=BATCH)
+    clock = time.perf_counter
+    inflight: Future[None] | None = None
+    commits = 0
+    t0 = clock()
+    for chunk, ps in zip(chunks, parts, strict=True):
+        by_p: list[list[Rec]] = [[] for _ in range(PARTITIONS)]
+        for rec, p in zip(chunk, ps, strict=True):
+            by_p[p].append(rec)
+        for p, recs in enumerate(by_p):
+            if recs:
+                log.append("bench", p, recs)
+        now = clock() * 1000
+        gc.record_appended(len(chunk), now)
+        if gc.due(now):
+            if not pipelined:
+                log.commit()
+                gc.committed(now)
+                commits += 1
+            elif inflight is None or inflight.done() or gc.pending >= BACKPRESSURE:
+                # group commit: one commit in flight; what arrives meanwhile joins the next one
+                if inflight is not None:
+                    inflight.result()
+                inflight = log.commit_async()
+                gc.committed(now)
+                commits += 1
+    if inflight is not None:
+        inflight.result()
+    log.commit()
+    elapsed = clock() - t0
+    size = sum(f.stat().st_size for f in (root / "bench").rglob("*.log"))
+    log.close()
+    return elapsed, size, commits + 1
+
+
+def run_baseline(base: Path, data: list[bytes]) -> float:
+    """The same encoded bytes: buffered writes, one fsync per batch of 1,000 records."""
+    path = base / "baseline.log"
+    path.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    with open(path, "wb") as f:
+        for batch in data:
+            f.write(batch)
+            f.flush()
+            os.fsync(f.fileno())
+    return time.perf_counter() - t0
+
+
+def read_log(base: Path) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    n = 0
+    with Log.open(base / "log") as log:
+        for p in range(PARTITIONS):
+            for _rec in log.read("bench", p):
+                n += 1
+    return time.perf_counter() - t0, n
+
+
+def read_raw(base: Path) -> float:
+    t0 = time.perf_counter()
+    for f in sorted((base / "log" / "bench").rglob("*.log")):
+        with open(f, "rb", buffering=0) as fh:
+            while fh.read(1 << 20):
+                pass
+    return time.perf_counter() - t0
+
+
+def median(fn: Callable[[], float], repeat: int) -> float:
+    return statistics.median(fn() for _ in range(repeat))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "log_append.json")
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="log-bench-", dir=args.dir))
+    try:
+        chunks, parts = make_records(args.records)
+        flat = [r for c in chunks for r in c]
+        encoded, _sizes, _ts = encode_batch(0, flat)
+        lines = encoded.splitlines(keepends=True)
+        baseline_data = [b"".join(lines[i : i + BATCH]) for i in range(0, len(lines), BATCH)]
+        nbytes = len(encoded)
+        n = args.records
+        del flat, encoded, lines
+
+        sync_runs = [run_log(base, chunks, parts, pipelined=False) for _ in range(args.repeat)]
+        pipe_runs = [run_log(base, chunks, parts, pipelined=True) for _ in range(args.repeat)]
+        t_sync = statistics.median(t for t, _, _ in sync_runs)
+        t_pipe = statistics.median(t for t, _, _ in pipe_runs)
+        log_bytes = pipe_runs[-1][1]
+        t_base = median(lambda: run_baseline(base, baseline_data), args.repeat)
+        read_runs = [read_log(base) for _ in range(args.repeat)]
+        t_read = statistics.median(t for t, _ in read_runs)
+        assert all(c == n for _, c in read_runs), "read back a different number of records"
+        t_raw = median(lambda: read_raw(base), args.repeat)
+        mb = 1 << 20
+        result = {
+            "records": n,
+            "record_bytes_avg": round(nbytes / n, 1),
+            "partitions": PARTITIONS,
+            "group_commit": {"linger_ms": LINGER_MS, "max_records": BATCH, "chunk": CHUNK},
+            "append_pipelined": {"records_per_s": round(n / t_pipe), "mb_per_s": round(log_bytes / mb / t_pipe, 1),
+                                 "seconds": round(t_pipe, 3),
+                                 "commits": statistics.median(c for _, _, c in pipe_runs)},
+            "append_sync_commit": {"records_per_s": round(n / t_sync), "mb_per_s": round(log_bytes / mb / t_sync, 1),
+                                   "seconds": round(t_sync, 3),
+                                   "commits": statistics.median(c for _, _, c in sync_runs)},
+            "baseline_fsync_per_1000": {"records_per_s": round(n / t_base), "mb_per_s": round(nbytes / mb / t_base, 1),
+                                        "seconds": round(t_base, 3)},
+            "ratio_pipelined_vs_baseline": round(t_base / t_pipe, 3),
+            "ratio_sync_vs_baseline": round(t_base / t_sync, 3),
+            "read": {"records_per_s": round(n / t_read), "mb_per_s": round(log_bytes / mb / t_read, 1)},
+            "read_raw_files": {"mb_per_s": round(log_bytes / mb / t_raw, 1)},
+            "read_ratio_vs_raw": round(t_raw / t_read, 4),
+            "repeat": args.repeat,
+            "statistic": "median",
+        }
+        text = json.dumps(result, indent=2)
+        print(text)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

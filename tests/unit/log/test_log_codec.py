@@ -1,0 +1,151 @@
+"""Segment line encoding/decoding, index packing/lookup, manifest codec, group-commit policy: pure."""
+
+from __future__ import annotations
+
+import zlib
+
+import orjson
+import pytest
+
+from capture.log import GroupCommitter, Record, TopicConfig
+from capture.log.codec import BadLine, decode_line, encode_batch
+from capture.log.errors import LogError
+from capture.log.index import (
+    lookup_offset,
+    lookup_time,
+    pack_offsets,
+    pack_times,
+    unpack_offsets,
+    unpack_times,
+)
+from capture.log.manifest import (
+    Manifest,
+    PartitionState,
+    TopicState,
+    decode_manifest,
+    encode_manifest,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def _lines(data: bytes) -> list[bytes]:
+    assert data.endswith(b"\n")
+    return data[:-1].split(b"\n")
+
+
+def test_round_trip_keeps_exact_bytes() -> None:
+    recs = [
+        (b'{"id":1}', b'{"n":1.10,"s":"a,\\"value\\":x"}', 1_700_000_000_000, b'{"h":1}'),
+        (b'{"id":2}', None, 5, None),
+        (None, b"[1,2]", -3, None),
+    ]
+    data, sizes, tss = encode_batch(40, recs)
+    assert sizes == [len(x) + 1 for x in _lines(data)] and tss == (1_700_000_000_000, 5, -3)
+    decoded = [decode_line(x) for x in _lines(data)]
+    assert decoded == [
+        (40, 1_700_000_000_000, b'{"id":1}', b'{"n":1.10,"s":"a,\\"value\\":x"}', b'{"h":1}'),
+        (41, 5, b'{"id":2}', None, None),
+        (42, -3, None, b"[1,2]", None),
+    ]
+
+
+def test_a_line_is_json_with_a_crc_of_what_precedes_it() -> None:
+    data, _, _ = encode_batch(0, [(b'{"k":1}', b'{"v":2}', 7, None)])
+    line = _lines(data)[0]
+    doc = orjson.loads(line)
+    assert doc["offset"] == 0 and doc["key"] == {"k": 1} and doc["value"] == {"v": 2}
+    body = line[: line.index(b',"crc":')]
+    assert doc["crc"] == zlib.crc32(body)
+
+
+def test_pretty_printed_input_is_kept_on_one_line() -> None:
+    data, sizes, _ = encode_batch(0, [(None, b'{\n  "a": 1\n}', 1, None), (None, b"2", 2, None)])
+    assert data.count(b"\n") == 2 and len(sizes) == 2
+    assert decode_line(_lines(data)[0])[3] == b'{"a":1}'
+
+
+def test_flipped_byte_is_a_crc_mismatch_naming_the_offset() -> None:
+    data, _, _ = encode_batch(9, [(b'{"id":1}', b'{"v":"hello"}', 1, None)])
+    line = bytearray(_lines(data)[0])
+    line[line.index(b"hello")] ^= 0x20
+    with pytest.raises(BadLine, match="CRC mismatch") as exc:
+        decode_line(bytes(line))
+    assert exc.value.offset == 9
+
+
+@pytest.mark.parametrize("cut", [5, 30, 60])
+def test_truncated_line_is_refused(cut: int) -> None:
+    data, _, _ = encode_batch(0, [(b'{"id":1}', b'{"v":"hello world"}', 1, None)])
+    with pytest.raises(BadLine):
+        decode_line(_lines(data)[0][:cut])
+
+
+def test_record_to_json_embeds_fields_as_json() -> None:
+    r = Record("t", 1, 2, 3, b'{"id":1}', b'{"x":[1]}', None)
+    assert orjson.loads(r.to_json()) == {
+        "topic": "t", "partition": 1, "offset": 2, "timestamp": 3,
+        "key": {"id": 1}, "value": {"x": [1]}, "headers": None,
+    }
+    assert orjson.loads(Record("t", 0, 0, 0, None, None, None).to_json())["value"] is None
+
+
+def test_offset_index_lookup() -> None:
+    entries = [(10, 4096), (20, 8200), (35, 12300)]
+    assert unpack_offsets(pack_offsets(entries)) == entries
+    assert unpack_offsets(pack_offsets(entries) + b"\x00\x01") == entries  # torn tail ignored
+    assert lookup_offset(entries, 0) == (0, 0)
+    assert lookup_offset(entries, 9) == (0, 0)
+    assert lookup_offset(entries, 10) == (10, 4096)
+    assert lookup_offset(entries, 34) == (20, 8200)
+    assert lookup_offset(entries, 1000) == (35, 12300)
+
+
+def test_time_index_lookup() -> None:
+    entries = [(100, 10), (250, 20), (250, 30), (900, 44)]
+    assert unpack_times(pack_times(entries)) == entries
+    assert lookup_time(entries, 50) == 0
+    assert lookup_time(entries, 101) == 10
+    assert lookup_time(entries, 250) == 10
+    assert lookup_time(entries, 251) == 30
+    assert lookup_time(entries, 10_000) == 44
+
+
+def test_manifest_round_trip() -> None:
+    m = Manifest(
+        generation=7,
+        topics={
+            "shop.public.orders": TopicState(
+                TopicConfig(partitions=2, policy="compact", delete_retention_ms=5),
+                (PartitionState(0, 10, 8, 900), PartitionState(3, 4, 0, 120)),
+            )
+        },
+        positions={"shop": "0/16B3748"},
+    )
+    assert decode_manifest(encode_manifest(m)) == m
+
+
+@pytest.mark.parametrize("bad", [b"", b"{", b'{"format": 99}', b'{"format": 1, "generation": 1}', b"[]"])
+def test_bad_manifest_is_a_clear_error(bad: bytes) -> None:
+    with pytest.raises(LogError, match="manifest .* is unreadable"):
+        decode_manifest(bad, "x/manifest.json")
+
+
+def test_topic_config_validates() -> None:
+    with pytest.raises(ValueError, match="partitions"):
+        TopicConfig(partitions=0)
+    with pytest.raises(ValueError, match="policy"):
+        TopicConfig(partitions=1, policy="keep")  # type: ignore[arg-type]
+
+
+def test_group_committer_linger_and_batch() -> None:
+    gc = GroupCommitter(linger_ms=5, max_records=10)
+    assert not gc.due(0) and gc.wait_ms(0) is None
+    gc.record_appended(3, now_ms=100)
+    assert not gc.due(104) and gc.wait_ms(102) == 3
+    assert gc.due(105)
+    gc.committed(105)
+    gc.record_appended(10, now_ms=200)
+    assert gc.due(200)
+    gc.committed(200)
+    assert not gc.due(10_000)

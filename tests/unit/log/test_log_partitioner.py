@@ -1,0 +1,79 @@
+"""Key → partition must match Kafka's default partitioner and never depend on the process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from capture.log.partitioner import canonical_json, murmur2, partition_for
+
+pytestmark = pytest.mark.unit
+
+# Kafka's own vectors: clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java (testMurmur2)
+KAFKA_VECTORS = [
+    (b"21", -973932308),
+    (b"foobar", -790332482),
+    (b"a-little-bit-long-string", -985981536),
+    (b"a-little-bit-longer-string", -1486304829),
+    (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
+    (b"abc", 479470107),
+    (b"", 275646681),
+]
+
+
+@pytest.mark.parametrize(("data", "expected"), KAFKA_VECTORS)
+def test_murmur2_matches_kafka(data: bytes, expected: int) -> None:
+    assert murmur2(data) == expected
+
+
+def test_partition_is_kafkas_to_positive_mod() -> None:
+    # toPositive(-790332482) = 1357151166; 1357151166 % 50 = 16
+    assert partition_for(b"foobar", 50) == 16
+    assert all(0 <= partition_for(d, 7) < 7 for d, _ in KAFKA_VECTORS)
+
+
+def test_none_key_goes_to_partition_zero_and_bad_count_is_refused() -> None:
+    assert partition_for(None, 12) == 0
+    with pytest.raises(ValueError):
+        partition_for(b"k", 0)
+
+
+def test_canonical_json_sorts_keys_without_whitespace() -> None:
+    assert canonical_json({"b": 1, "a": {"d": 2, "c": [1, 2]}}) == b'{"a":{"c":[1,2],"d":2},"b":1}'
+    assert canonical_json({"b": 1, "a": 2}) == canonical_json({"a": 2, "b": 1})
+
+
+# fixed table: if this changes, every existing log would route keys to other partitions
+STABLE = {
+    b'{"id":1}': 4,
+    b'{"id":2}': 0,
+    b'{"id":"A-17"}': 4,
+    b'{"order_id":42,"tenant":"acme"}': 3,
+}
+
+
+def _table() -> dict[bytes, int]:
+    return {k: partition_for(k, 8) for k in STABLE}
+
+
+def test_fixed_table_is_stable() -> None:
+    assert _table() == STABLE
+
+
+def test_same_answer_in_another_process_with_another_hash_seed() -> None:
+    code = (
+        "from capture.log.partitioner import partition_for, canonical_json;"
+        "print([partition_for(canonical_json({'id': i}), 8) for i in range(200)])"
+    )
+    root = Path(__file__).resolve().parents[3]
+    outs = set()
+    for seed in ("0", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root)}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, check=True, text=True)
+        outs.add(out.stdout)
+    here = str([partition_for(canonical_json({"id": i}), 8) for i in range(200)]) + "\n"
+    assert outs == {here}
