@@ -6,6 +6,7 @@ import bisect
 from collections.abc import Iterator
 from pathlib import Path
 
+from capture.log.errors import LogError
 from capture.log.index import lookup_time
 from capture.log.manifest import PartitionState
 from capture.log.segment import (
@@ -44,6 +45,11 @@ def read_partition(
     if start >= end:
         return
     pdir = partition_dir(root, topic, partition)
+    if not pdir.is_dir():
+        raise LogError(
+            f"partition directory {pdir} is missing but the manifest says it holds "
+            f"offsets {state.start}..{state.end - 1}"
+        )
     bases = committed_segments(pdir, state)
     i = max(bisect.bisect_right(bases, start) - 1, 0)
     for base in bases[i:]:
@@ -59,6 +65,8 @@ def read_partition(
                 if off >= end:
                     return
                 yield Record(topic, partition, off, ts, key, value, headers)
+                if off + 1 >= end:
+                    return  # do not even decode what lies beyond the range
         except FileNotFoundError:
             continue  # removed by retention while we read: continue at the next segment
 
