@@ -1,0 +1,167 @@
+"""What a projection is: a frozen declaration a user writes in one Python file.
+
+A projection module exports `PROJECTION` (or `PROJECTIONS`, a list): name, version, source
+topics, the key, the output table, and either a DataFrame transform (`build`) or a per-key fold
+(`initial`, `apply`, `result`). Spark is only the runner (STYLE.md habit 2): everything here is
+plain Python the unit tests call directly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from projections.errors import DefinitionError
+from projections.records import ProjectionRecord
+
+__all__ = [
+    "Column",
+    "Fold",
+    "Projection",
+    "Table",
+    "WindowSpec",
+]
+
+_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
+_TYPE = re.compile(r"^[A-Za-z][A-Za-z0-9_ ]*(\(\d+(,\s*\d+)?\))?(\[\])?$")
+LatePolicy = Literal["drop", "update"]
+WindowKind = Literal["tumbling", "hopping", "session"]
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """An output column: `type` is a Postgres type name such as `numeric(20,2)` or `timestamptz`."""
+
+    name: str
+    type: str
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise DefinitionError(f"column name {self.name!r} must match {_NAME.pattern}")
+        if not _TYPE.match(self.type):
+            raise DefinitionError(f"column {self.name!r}: {self.type!r} does not look like a SQL type")
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """The output table: ordered columns and the primary key (a subset of them)."""
+
+    columns: tuple[Column, ...]
+    primary_key: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        names = [c.name for c in self.columns]
+        if len(set(names)) != len(names):
+            raise DefinitionError(f"duplicate column names in {names}")
+        if not self.primary_key:
+            raise DefinitionError("an output table needs a primary key")
+        missing = [k for k in self.primary_key if k not in names]
+        if missing:
+            raise DefinitionError(f"primary key columns {missing} are not among the columns {names}")
+
+    @classmethod
+    def of(cls, columns: Mapping[str, str], primary_key: tuple[str, ...] | list[str]) -> Table:
+        """`Table.of({"id": "text", "n": "bigint"}, ["id"])`."""
+        return cls(tuple(Column(n, t) for n, t in columns.items()), tuple(primary_key))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSpec:
+    """An event-time window. Sizes are milliseconds.
+
+    `lateness`: how far behind its partition's maximum event time a record may be and still
+    count (the watermark is max event time seen − lateness). `late`: what happens to a record
+    whose window the watermark has closed — `drop` it, or `update` the window if it is within
+    `grace` of the window's end.
+    """
+
+    kind: WindowKind
+    size: int = 0
+    hop: int = 0
+    gap: int = 0
+    lateness: int = 0
+    late: LatePolicy = "drop"
+    grace: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind in ("tumbling", "hopping") and self.size <= 0:
+            raise DefinitionError(f"a {self.kind} window needs size > 0 (ms)")
+        if self.kind == "hopping" and not 0 < self.hop <= self.size:
+            raise DefinitionError("a hopping window needs 0 < hop <= size")
+        if self.kind == "session" and self.gap <= 0:
+            raise DefinitionError("a session window needs gap > 0 (ms)")
+        if self.kind not in ("tumbling", "hopping", "session"):
+            raise DefinitionError(f"window kind must be tumbling|hopping|session, not {self.kind!r}")
+        if self.late not in ("drop", "update"):
+            raise DefinitionError(f"late policy must be drop|update, not {self.late!r}")
+        if self.lateness < 0 or self.grace < 0:
+            raise DefinitionError("lateness and grace must be >= 0")
+
+    @classmethod
+    def tumbling(cls, size: int, *, lateness: int = 0, late: LatePolicy = "drop", grace: int = 0) -> WindowSpec:
+        return cls("tumbling", size=size, lateness=lateness, late=late, grace=grace)
+
+    @classmethod
+    def hopping(cls, size: int, hop: int, *, lateness: int = 0, late: LatePolicy = "drop",
+                grace: int = 0) -> WindowSpec:
+        return cls("hopping", size=size, hop=hop, lateness=lateness, late=late, grace=grace)
+
+    @classmethod
+    def session(cls, gap: int, *, lateness: int = 0, late: LatePolicy = "drop", grace: int = 0) -> WindowSpec:
+        return cls("session", gap=gap, lateness=lateness, late=late, grace=grace)
+
+
+@dataclass(frozen=True, slots=True)
+class Fold:
+    """A per-key fold. `initial(key)` → state; `apply(state, record)` → state;
+    `result(state)` → the output row (a dict by column name) or None for "no row".
+
+    With a window, `initial` receives `(key, window_start, window_end)` and `result`
+    `(state, window_start, window_end)`; the state must be JSON-able (Decimals allowed).
+    """
+
+    initial: Callable[..., Any]
+    apply: Callable[[Any, ProjectionRecord], Any]
+    result: Callable[..., Mapping[str, Any] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    """One projection. Exactly one of `fold` and `build` is set.
+
+    `key(record)` picks the fold key (default: the log key, a JSON value); `event_time(record)`
+    the event time in ms (default: the event's `occurred_at`, a CDC envelope's `source.ts_ms`,
+    else the log timestamp). Bumping `version` asks for a rebuild.
+    """
+
+    name: str
+    version: int
+    topics: tuple[str, ...]
+    table: Table
+    fold: Fold | None = None
+    build: Callable[[Any], Any] | None = None
+    window: WindowSpec | None = None
+    key: Callable[[ProjectionRecord], Any] | None = None
+    event_time: Callable[[ProjectionRecord], int] | None = None
+    description: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name) or "__" in self.name:
+            raise DefinitionError(f"projection name {self.name!r} must match {_NAME.pattern} without '__'")
+        if not isinstance(self.version, int) or self.version < 1:
+            raise DefinitionError(f"projection {self.name!r}: version must be an int >= 1")
+        if not self.topics:
+            raise DefinitionError(f"projection {self.name!r}: no source topics")
+        if (self.fold is None) == (self.build is None):
+            raise DefinitionError(f"projection {self.name!r}: give exactly one of fold= and build=")
+        if self.build is not None and self.window is not None:
+            raise DefinitionError(f"projection {self.name!r}: windows apply to folds; "
+                                  "a DataFrame transform windows itself")
+        object.__setattr__(self, "topics", tuple(self.topics))

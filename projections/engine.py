@@ -1,0 +1,211 @@
+"""The fold engine, pure: route records to units, fold each unit's records in order, emit rows.
+
+A *unit* is what one fold state belongs to: the key (plain folds, session windows) or the
+(key, window start) pair (tumbling/hopping). The runner feeds `fold_units` items sorted by
+(unit, event time, topic, partition, offset) — in a Spark task or in one process, the same code.
+
+A unit either *resumes* from its stored state (every new record sorts after the last one it
+applied, so state + new records = the fold over everything) or is *recomputed* from all of its
+records; either way the result equals a rebuild's (see runner.py for who decides).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from itertools import groupby
+from typing import Any
+
+import orjson
+
+from projections.codec import canonical, copy_line, copy_text, dump_state, load_state
+from projections.definition import Projection
+from projections.errors import DefinitionError, RecordError
+from projections.records import ProjectionRecord, SortKey, sort_key
+from projections.windows import admit, assign, watermark
+
+__all__ = ["Item", "Prior", "UnitOut", "decide", "fold_units", "plan_items", "prepare", "render_row"]
+
+Pk = tuple[str | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One record routed to one unit; `admitted` False = late under the window's policy."""
+
+    unit: str
+    key: str
+    start: int | None
+    end: int | None
+    admitted: bool
+    record: ProjectionRecord
+
+    def order(self) -> tuple[str, SortKey]:
+        return (self.unit, sort_key(self.record))
+
+
+@dataclass(frozen=True, slots=True)
+class Prior:
+    """What the state table holds for a unit; `resume` says whether to continue from it."""
+
+    state: str | None
+    last: SortKey | None
+    pks: tuple[Pk, ...]
+    dropped: int
+    resume: bool
+
+
+@dataclass(frozen=True, slots=True)
+class UnitOut:
+    """A folded unit: new state, the rows it now owns (`pks`), rows to upsert and to delete."""
+
+    unit: str
+    state: str
+    last: SortKey | None
+    pks: tuple[Pk, ...]
+    rows: tuple[str, ...]
+    deletes: tuple[Pk, ...]
+    dropped: int
+
+
+def prepare(p: Projection, record: ProjectionRecord) -> ProjectionRecord:
+    """Apply the projection's own event-time function, if it has one."""
+    if p.event_time is None:
+        return record
+    try:
+        return replace(record, event_time=int(p.event_time(record)))
+    except Exception as exc:
+        raise RecordError(p.name, record.topic, record.partition, record.offset,
+                          f"event_time: {type(exc).__name__}: {exc}") from exc
+
+
+def plan_items(p: Projection, record: ProjectionRecord, max_before: int | None) -> list[Item]:
+    """Route a record: its key, its window(s) and whether the watermark still admits it.
+
+    `max_before` is the max event time of the records before it in its topic-partition."""
+    key = canonical(p.key(record) if p.key is not None else record.key)
+    w = p.window
+    if w is None:
+        return [Item(key, key, None, None, True, record)]
+    wm = watermark(max_before, w.lateness)
+    t = record.event_time
+    if w.kind == "session":
+        return [Item(key, key, None, None, admit(w, t + w.gap, wm), record)]
+    return [Item(canonical([orjson.loads(key), s]), key, s, e, admit(w, e, wm), record)
+            for s, e in assign(w, t)]
+
+
+def render_row(p: Projection, row: Mapping[str, Any]) -> tuple[str, Pk]:
+    """A result row → (COPY line in column order, its primary key as rendered text)."""
+    unknown = set(row) - set(p.table.names)
+    if unknown:
+        raise DefinitionError(f"projection {p.name!r} returned unknown columns {sorted(unknown)}")
+    values = [copy_text(row.get(n)) for n in p.table.names]
+    pk = tuple(values[p.table.names.index(k)] for k in p.table.primary_key)
+    if any(v is None for v in pk):
+        raise DefinitionError(f"projection {p.name!r} returned a row with a NULL primary key: {row}")
+    return copy_line(values), pk
+
+
+def _apply(p: Projection, state: Any, item: Item) -> Any:
+    r = item.record
+    assert p.fold is not None
+    try:
+        return p.fold.apply(state, r)
+    except Exception as exc:  # user code: report where, never swallow
+        raise RecordError(p.name, r.topic, r.partition, r.offset, f"{type(exc).__name__}: {exc}") from exc
+
+
+def _call(p: Projection, fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception as exc:
+        raise DefinitionError(f"projection {p.name!r}: {fn.__name__}{args!r} raised "
+                              f"{type(exc).__name__}: {exc}") from exc
+
+
+def _fold_plain(p: Projection, unit: str, items: Sequence[Item], prior: Prior | None) -> UnitOut:
+    assert p.fold is not None
+    first = items[0]
+    win = () if first.start is None else (first.start, first.end)
+    if prior is not None and prior.resume:
+        state, last, dropped = load_state(prior.state), prior.last, prior.dropped
+    else:
+        state, last, dropped = _call(p, p.fold.initial, orjson.loads(first.key), *win), None, 0
+    for item in items:
+        if not item.admitted:
+            dropped += 1
+            continue
+        state = _apply(p, state, item)
+        last = sort_key(item.record)
+    row = _call(p, p.fold.result, state, *win)
+    rows: tuple[str, ...] = ()
+    pks: tuple[Pk, ...] = ()
+    if row is not None:
+        line, pk = render_row(p, row)
+        rows, pks = (line,), (pk,)
+    old = prior.pks if prior is not None else ()
+    return UnitOut(unit, dump_state(state), last, pks, rows, tuple(k for k in old if k not in pks), dropped)
+
+
+def _fold_session(p: Projection, unit: str, items: Sequence[Item], prior: Prior | None) -> UnitOut:
+    assert p.fold is not None and p.window is not None
+    gap, key = p.window.gap, orjson.loads(items[0].key)
+    old = prior.pks if prior is not None else ()
+    cur: list[Any] | None = None
+    kept: list[Pk] = []
+    last, dropped = None, 0
+    if prior is not None and prior.resume:
+        cur, last, dropped = load_state(prior.state), prior.last, prior.dropped
+        kept = list(old[:-1]) if cur is not None else list(old)  # the open session owns the last pk
+    rows: list[str] = []
+
+    def close(c: list[Any]) -> None:
+        row = _call(p, p.fold.result, c[2], c[0], c[1])  # type: ignore[union-attr]
+        if row is not None:
+            line, pk = render_row(p, row)
+            rows.append(line)
+            kept.append(pk)
+
+    for item in items:
+        if not item.admitted:
+            dropped += 1
+            continue
+        t = item.record.event_time
+        if cur is None or t >= cur[1]:
+            if cur is not None:
+                close(cur)
+            cur = [t, t + gap, _call(p, p.fold.initial, key, t, t + gap)]
+        cur[2] = _apply(p, cur[2], item)
+        cur[1] = max(cur[1], t + gap)
+        last = sort_key(item.record)
+    if cur is not None:
+        close(cur)
+    pks = tuple(kept)
+    return UnitOut(unit, dump_state(cur), last, pks, tuple(rows), tuple(k for k in old if k not in pks), dropped)
+
+
+def fold_units(p: Projection, items: Iterable[Item], priors: Mapping[str, Prior]) -> Iterator[UnitOut]:
+    """Fold items sorted by `Item.order()`; one output per unit, in the order units arrive."""
+    if p.fold is None:
+        raise DefinitionError(f"projection {p.name!r} is a DataFrame transform, not a fold")
+    fold = _fold_session if p.window is not None and p.window.kind == "session" else _fold_plain
+    for unit, group in groupby(items, key=lambda i: i.unit):
+        yield fold(p, unit, list(group), priors.get(unit))
+
+
+def decide(stored: Mapping[str, Prior], min_new: Mapping[str, SortKey]) -> tuple[dict[str, Prior], set[str]]:
+    """For the units new records touch: resume those whose new records all sort after the last
+    record they applied; the others (a record arrived out of event-time order) are recomputed
+    from all their records. Returns (priors for the fold, units to recompute)."""
+    priors: dict[str, Prior] = {}
+    recompute: set[str] = set()
+    for unit, first_new in min_new.items():
+        prior = stored.get(unit)
+        if prior is None:
+            continue
+        resume = prior.last is None or first_new > prior.last
+        priors[unit] = Prior(prior.state, prior.last, prior.pks, prior.dropped, resume)
+        if not resume:
+            recompute.add(unit)
+    return priors, recompute

@@ -1,0 +1,29 @@
+"""One exception root for the projections package (STYLE.md habit 8)."""
+
+from __future__ import annotations
+
+__all__ = ["DefinitionError", "ProjectionError", "RecordError", "RunError"]
+
+
+class ProjectionError(Exception):
+    """Root of every error this package raises on purpose."""
+
+
+class DefinitionError(ProjectionError):
+    """A projection file is wrong (names the projection and the field)."""
+
+
+class RecordError(ProjectionError):
+    """Projection code raised on a record; carries where the record is in the log."""
+
+    def __init__(self, projection: str, topic: str, partition: int, offset: int, error: str) -> None:
+        super().__init__(f"projection {projection!r} failed on {topic}/{partition}@{offset}: {error}")
+        self.projection = projection
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.error = error
+
+
+class RunError(ProjectionError):
+    """A run or rebuild could not proceed (locked, unknown projection, Spark job failed)."""

@@ -1,0 +1,1 @@
+"""Example projections shipped with tributary (name them in `[projections] modules`)."""

@@ -1,0 +1,82 @@
+"""Finding projections: `[projections] modules = ["path/to/file.py", "package.module", …]`.
+
+A module exports `PROJECTION` or `PROJECTIONS` (a list). Spark workers call `load` again with the
+same references (cached per process) instead of unpickling user functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
+
+from projections.definition import Projection
+from projections.errors import DefinitionError
+
+__all__ = ["load", "load_module", "resolve"]
+
+
+def load_module(ref: str) -> ModuleType:
+    """A file path (`x/y.py`) or a dotted module name."""
+    if ref.endswith(".py") or "/" in ref:
+        path = Path(ref).resolve()
+        if not path.is_file():
+            raise DefinitionError(f"[projections] modules: no file {ref!r}")
+        digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+        name = f"tributary_projection_{path.stem}_{digest}"
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise DefinitionError(f"[projections] modules: cannot import {ref!r}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception:
+            del sys.modules[name]
+            raise
+        return module
+    try:
+        return importlib.import_module(ref)
+    except ImportError as exc:
+        raise DefinitionError(f"[projections] modules: cannot import {ref!r}: {exc}") from exc
+
+
+def _exports(module: ModuleType, ref: str) -> list[Projection]:
+    found = getattr(module, "PROJECTIONS", None)
+    if found is None:
+        one = getattr(module, "PROJECTION", None)
+        found = [] if one is None else [one]
+    out = list(found)
+    if not out or not all(isinstance(p, Projection) for p in out):
+        raise DefinitionError(f"{ref!r} must export PROJECTION (a Projection) or PROJECTIONS (a list)")
+    return out
+
+
+@lru_cache(maxsize=32)
+def load(modules: tuple[str, ...], mirror: tuple[str, ...] = ()) -> dict[str, Projection]:
+    """Every projection the config names, by name; duplicate names are an error."""
+    from projections.mirror import mirror_projection
+
+    found: dict[str, Projection] = {}
+    candidates = [(ref, p) for ref in modules for p in _exports(load_module(ref), ref)]
+    candidates += [(f"mirror {t}", mirror_projection(t)) for t in mirror]
+    for ref, p in candidates:
+        if p.name in found:
+            raise DefinitionError(f"two projections are named {p.name!r} (second from {ref!r})")
+        found[p.name] = p
+    return found
+
+
+def resolve(modules: Sequence[str], mirror: Sequence[str], name: str) -> Projection:
+    projections = load(tuple(modules), tuple(mirror))
+    if name not in projections:
+        known = ", ".join(sorted(projections)) or "none"
+        raise DefinitionError(f"no projection named {name!r} (configured: {known})")
+    return projections[name]

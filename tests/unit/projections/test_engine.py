@@ -1,0 +1,137 @@
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from projections.definition import Fold, Projection, Table, WindowSpec
+from projections.engine import Prior, decide
+from projections.errors import RecordError
+from projections.examples import account_balances, account_daily_totals
+from projections.local import LocalView, run_local
+from projections.records import ProjectionRecord
+from tests.unit.projections.helpers import event
+
+pytestmark = pytest.mark.unit
+
+DEP, WD = "events.deposits", "events.withdrawals"
+BANK = account_balances.make(name="bank", topics=(DEP, WD))
+
+
+def log_of(records: list[ProjectionRecord]) -> dict[tuple[str, int], list[ProjectionRecord]]:
+    out: dict[tuple[str, int], list[ProjectionRecord]] = {}
+    for r in records:
+        out.setdefault((r.topic, r.partition), []).append(r)
+    return out
+
+
+def rows(view: LocalView) -> list[list[str]]:
+    return [line.rstrip("\n").split("\t") for line in view.table()]
+
+
+def test_bank_no_false_overdraft_in_event_time_order() -> None:
+    deposits = [event(DEP, 0, 0, "a1", "AccountOpened", 0, owner="ann", overdraft_limit="0"),
+                event(DEP, 0, 1, "a1", "MoneyDeposited", 10, amount="100.00"),
+                event(DEP, 0, 2, "a1", "MoneyDeposited", 30, amount="50.00")]
+    withdrawals = [event(WD, 0, 0, "a1", "MoneyWithdrawn", 20, amount="80.00"),
+                   event(WD, 0, 1, "a1", "MoneyWithdrawn", 40, amount="60.00")]
+    view = LocalView()
+    # the withdrawals topic arrives first and alone: a run sees only it
+    run_local(BANK, log_of(withdrawals), view)
+    assert rows(view)[0][3] == "-140.00" and rows(view)[0][6] == "1"  # provisional, arrival order
+    run_local(BANK, log_of(withdrawals + deposits), view)
+    [row] = rows(view)
+    assert row[0] == "a1" and row[1] == "ann" and row[3] == "10.00"
+    assert row[6] == "0", "a deposit earlier in event time must count before the withdrawal"
+
+
+def test_record_error_names_the_record() -> None:
+    bad = event(DEP, 0, 7, "a1", "MoneyDeposited", 10, amount="not money")
+    with pytest.raises(RecordError, match=r"events.deposits/0@7"):
+        run_local(BANK, log_of([bad]), LocalView())
+
+
+def test_daily_totals_late_policies() -> None:
+    day = account_daily_totals.DAY
+    p_drop = account_daily_totals.make(window=WindowSpec.tumbling(day, lateness=0, late="drop"))
+    p_upd = account_daily_totals.make(window=WindowSpec.tumbling(day, late="update", grace=day))
+    recs = [event("events.account", 0, 0, "a", "MoneyDeposited", 5, amount="1.00"),
+            event("events.account", 0, 1, "a", "MoneyDeposited", day + 5, amount="2.00"),
+            event("events.account", 0, 2, "a", "MoneyDeposited", 6, amount="4.00"),  # late
+            event("events.account", 0, 3, "a", "MoneyDeposited", 3 * day, amount="8.00"),
+            event("events.account", 0, 4, "a", "MoneyDeposited", 7, amount="16.00")]  # too late
+    v1, v2 = LocalView(), LocalView()
+    run_local(p_drop, log_of(recs), v1)
+    run_local(p_upd, log_of(recs), v2)
+    assert [r[2] for r in rows(v1)] == ["1.00", "2.00", "8.00"]
+    assert [r[2] for r in rows(v2)] == ["5.00", "2.00", "8.00"]
+    assert sum(s.dropped for s in v1.states.values()) == 2
+    assert sum(s.dropped for s in v2.states.values()) == 1
+
+
+def _count(kind: str) -> Projection:
+    def initial(key: Any, *w: int) -> dict[str, Any]:
+        return {"k": key, "n": 0, "sum": Decimal(0), "seq": []}
+
+    def apply(s: dict[str, Any], r: ProjectionRecord) -> dict[str, Any]:
+        return {**s, "n": s["n"] + 1, "sum": s["sum"] + Decimal(r.data["amount"]),
+                "seq": (s["seq"] + [r.offset])[-4:]}
+
+    def result(s: dict[str, Any], *w: int) -> dict[str, Any]:
+        return {"k": s["k"], "w": w[0] if w else 0, "n": s["n"], "total": s["sum"], "seq": s["seq"]}
+
+    window = {"none": None,
+              "tumbling": WindowSpec.tumbling(10, lateness=3, late="update", grace=5),
+              "hopping": WindowSpec.hopping(10, 5, lateness=2),
+              "session": WindowSpec.session(4, lateness=6)}[kind]
+    return Projection(name=f"c_{kind}", version=1, topics=(DEP, WD),
+                      table=Table.of({"k": "text", "w": "bigint", "n": "int", "total": "numeric",
+                                      "seq": "jsonb"}, ["k", "w"]),
+                      fold=Fold(initial, apply, result), window=window)
+
+
+PROJECTIONS = [BANK, *(_count(k) for k in ("none", "tumbling", "hopping", "session"))]
+
+
+@st.composite
+def logs(draw: st.DrawFn) -> tuple[list[ProjectionRecord], list[dict[tuple[str, int], int]]]:
+    n = draw(st.integers(1, 40))
+    records: list[ProjectionRecord] = []
+    nxt: dict[tuple[str, int], int] = {}
+    for _ in range(n):
+        topic = draw(st.sampled_from([DEP, WD]))
+        part = draw(st.integers(0, 1))
+        off = nxt.get((topic, part), 0)
+        nxt[(topic, part)] = off + 1
+        kind = "MoneyDeposited" if topic == DEP else "MoneyWithdrawn"
+        records.append(event(topic, part, off, draw(st.sampled_from(["a", "b", "c"])), kind,
+                             draw(st.integers(0, 40)), amount=f"{draw(st.integers(1, 99))}.50"))
+    cuts = draw(st.lists(st.dictionaries(st.sampled_from(sorted(nxt)), st.integers(0, 40)), max_size=4))
+    return records, cuts
+
+
+@settings(max_examples=60, deadline=None)
+@given(logs(), st.sampled_from(range(len(PROJECTIONS))))
+def test_incremental_runs_equal_one_rebuild(data: Any, which: int) -> None:
+    records, cuts = data
+    p = PROJECTIONS[which]
+    full = log_of(records)
+    rebuilt = LocalView()
+    run_local(p, full, rebuilt)
+    view = LocalView()
+    seen: dict[tuple[str, int], int] = {}
+    for cut in cuts:  # each run sees a longer committed prefix of some partitions
+        for tp, n in cut.items():
+            seen[tp] = max(seen.get(tp, 0), n)
+        run_local(p, {tp: rs[: seen.get(tp, 0)] for tp, rs in full.items()}, view)
+    run_local(p, full, view)
+    assert view.table() == rebuilt.table()
+
+
+def test_decide_resumes_only_in_order_units() -> None:
+    stored = {"u1": Prior("{}", (5, "t", 0, 1), (), 0, False),
+              "u2": Prior("{}", (5, "t", 0, 1), (), 0, False)}
+    priors, recompute = decide(stored, {"u1": (6, "t", 0, 0), "u2": (5, "t", 0, 0), "u3": (1, "t", 0, 0)})
+    assert priors["u1"].resume and not priors["u2"].resume
+    assert recompute == {"u2"} and "u3" not in priors
