@@ -134,13 +134,15 @@ def test_unreadable_manifest(tmp_path: Path) -> None:
         Log.open(root)
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[tuple[Path, str]]:
-    """A 1 MiB tmpfs if we may mount one, else ENOSPC injected at the file layer."""
+@pytest.fixture(params=["tmpfs", "injected"])
+def small_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Path, str]]:
+    """A 1 MiB tmpfs if we may mount one (we run as root in CI), and in any case ENOSPC injected
+    at the file layer (`_fileio.os_write`) after 1 MiB."""
     mnt = tmp_path / f"tiny-{uuid.uuid4().hex[:6]}"
     mnt.mkdir()
-    ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                        capture_output=True).returncode == 0
+    ok = request.param == "tmpfs" and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True
+    ).returncode == 0
     if ok:
         try:
             yield mnt, "tmpfs"

@@ -1,0 +1,202 @@
+"""`tributary log …`: inspect the log (topics, cat, compact, verify).
+
+Each command is a thin typer wrapper around a plain function taking the log root, so the lead can
+supply the root from `--config` later. Errors print one line on stderr and exit 1.
+"""
+
+from __future__ import annotations
+
+import heapq
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Annotated, BinaryIO
+
+import typer
+
+from capture.log import (
+    CompactionStats,
+    Log,
+    LogError,
+    LogLockedError,
+    Problem,
+    Record,
+)
+
+__all__ = ["cat", "compact", "log_app", "register", "topics", "verify"]
+
+DEFAULT_ROOT = Path(".tributary/log")
+
+log_app = typer.Typer(
+    help="Inspect the log: list topics, print records, compact, verify checksums.",
+    no_args_is_help=True,
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Called by api.cli: mounts these commands as `tributary log …`."""
+    app.add_typer(log_app, name="log")
+
+
+RootOption = Annotated[Path, typer.Option("--root", help="Log root directory.")]
+
+
+# -- plain functions (the work) -------------------------------------------------------------
+
+
+def topics(root: Path) -> list[dict[str, object]]:
+    """Each topic's config and committed offsets."""
+    with Log.open(root) as log:
+        out: list[dict[str, object]] = []
+        for name, cfg in sorted(log.topics().items()):
+            starts, ends = log.start_offsets(name), log.end_offsets(name)
+            out.append({
+                "topic": name, "partitions": cfg.partitions, "policy": cfg.policy,
+                "records": sum(e - s for s, e in zip(starts, ends, strict=True)),
+                "start_offsets": starts, "end_offsets": ends,
+            })
+        return out
+
+
+def _merged(parts: Iterable[Iterator[Record]]) -> Iterator[Record]:
+    """Partitions merged by timestamp, then partition, then offset (each is offset-ordered)."""
+    return heapq.merge(*parts, key=lambda r: (r.timestamp, r.partition, r.offset))
+
+
+def _latest(records: Iterable[Record]) -> list[Record]:
+    """The table view: the latest record per key (keys whose latest is a tombstone are gone)."""
+    latest: dict[tuple[int, bytes], Record] = {}
+    keyless: list[Record] = []
+    for r in records:
+        if r.key is None:
+            keyless.append(r)
+        else:
+            latest[(r.partition, r.key)] = r
+    kept = [r for r in latest.values() if r.value is not None] + keyless
+    return sorted(kept, key=lambda r: (r.timestamp, r.partition, r.offset))
+
+
+def cat(root: Path, topic: str, *, partition: int | None = None, from_offset: int = 0,
+        follow: bool = False, compacted: bool = False, out: BinaryIO | None = None,
+        poll_s: float = 0.1, on_poll: Callable[[], bool] | None = None) -> int:
+    """Write one JSON object per record; returns how many. With `follow`, keep polling the
+    manifest every `poll_s` until interrupted (or until `on_poll` returns False, for tests)."""
+    stream = out if out is not None else sys.stdout.buffer
+    written = 0
+    with Log.open(root) as log:
+        n = len(log.end_offsets(topic))
+        parts = [partition] if partition is not None else list(range(n))
+        for p in parts:
+            if not 0 <= p < n:
+                raise LogError(f"topic {topic!r} has partitions 0..{n - 1}, not {p}")
+        ends = {p: from_offset for p in parts}
+        first = True
+        while True:
+            stops = log.end_offsets(topic)
+            iters = [log.read(topic, p, ends[p], to_offset=stops[p]) for p in parts]
+            records: Iterable[Record] = _merged(iters)
+            if compacted and first:
+                records = _latest(records)
+            for r in records:
+                stream.write(r.to_json() + b"\n")
+                written += 1
+            for p in parts:
+                ends[p] = max(ends[p], stops[p])
+            stream.flush()
+            first = False
+            if not follow or (on_poll is not None and not on_poll()):
+                return written
+            time.sleep(poll_s)
+            log.refresh()
+
+
+def compact(root: Path, topic: str | None = None, *, now_ms: int | None = None) -> CompactionStats:
+    """Compact now (needs the writer lock: refused while capture runs)."""
+    try:
+        log = Log.open(root, writer=True)
+    except LogLockedError as exc:
+        raise LogError(f"cannot compact while capture is running: {exc}") from None
+    with log:
+        return log.compact(topic, now_ms=int(time.time() * 1000) if now_ms is None else now_ms)
+
+
+def verify(root: Path) -> list[Problem]:
+    with Log.open(root) as log:
+        return log.verify()
+
+
+# -- typer wrappers -------------------------------------------------------------------------
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    typer.echo(f"tributary: {exc}", err=True)
+    return typer.Exit(1)
+
+
+@log_app.command("topics")
+def topics_cmd(root: RootOption = DEFAULT_ROOT) -> None:
+    """List topics with their partitions, policy and committed offsets."""
+    try:
+        rows = topics(root)
+    except LogError as exc:
+        raise _fail(exc) from None
+    if not rows:
+        typer.echo("no topics yet", err=True)
+    for r in rows:
+        typer.echo(f"{r['topic']}\tpartitions={r['partitions']}\tpolicy={r['policy']}\t"
+                   f"records={r['records']}\tend_offsets={r['end_offsets']}")
+
+
+@log_app.command("cat")
+def cat_cmd(
+    topic: Annotated[str, typer.Argument(help="Topic name, e.g. shop.public.orders.")],
+    partition: Annotated[int | None, typer.Option("--partition", "-p", help="Only this partition.")] = None,
+    from_offset: Annotated[int, typer.Option("--from", help="Start at this offset (per partition).")] = 0,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new commits until Ctrl-C.")] = False,
+    compacted: Annotated[bool, typer.Option("--compacted", help="Only the latest record per key.")] = False,
+    root: RootOption = DEFAULT_ROOT,
+) -> None:
+    """Print records as JSON lines: topic, partition, offset, timestamp, key, value, headers."""
+    try:
+        cat(root, topic, partition=partition, from_offset=from_offset, follow=follow, compacted=compacted)
+    except KeyboardInterrupt:
+        return
+    except (LogError, BrokenPipeError) as exc:
+        if isinstance(exc, BrokenPipeError):
+            return
+        raise _fail(exc) from None
+
+
+@log_app.command("compact")
+def compact_cmd(
+    topic: Annotated[str | None, typer.Argument(help="Topic (default: every compacted topic).")] = None,
+    root: RootOption = DEFAULT_ROOT,
+) -> None:
+    """Compact sealed segments of `compact` topics now (refused while capture holds the log)."""
+    try:
+        s = compact(root, topic)
+    except LogError as exc:
+        raise _fail(exc) from None
+    typer.echo(f"compacted: {s.records_before} → {s.records_after} records, {s.bytes_before} → "
+               f"{s.bytes_after} bytes ({s.segments_rewritten} segments rewritten, "
+               f"{s.segments_deleted} removed)")
+
+
+@log_app.command("verify")
+def verify_cmd(root: RootOption = DEFAULT_ROOT) -> None:
+    """Read every committed record and check its CRC and order; exit 1 if anything is wrong."""
+    try:
+        problems = verify(root)
+    except LogError as exc:
+        raise _fail(exc) from None
+    for p in problems:
+        typer.echo(f"corrupt: {p}", err=True)
+    if problems:
+        typer.echo(f"tributary: {len(problems)} problem(s) found in {root}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"ok: every committed record in {root} is intact")
+
+
+if __name__ == "__main__":  # pragma: no cover - for `python -m api.cli_log`
+    sys.exit(log_app())

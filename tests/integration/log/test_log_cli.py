@@ -1,0 +1,115 @@
+"""`tributary log …` driven through the typer app, on a real log."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+from api import cli_log
+from api.cli_log import log_app
+from capture.log import Log, TopicConfig, canonical_json
+
+pytestmark = pytest.mark.e2e
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    root = tmp_path / "log"
+    with Log.open(root, writer=True, segment_bytes=300) as log:
+        log.create_topic("shop.public.orders", TopicConfig(partitions=2, policy="compact"))
+        for i in range(12):
+            key = canonical_json({"id": i % 3})
+            value = None if i == 11 else canonical_json({"n": i, "price": "1.10"})
+            log.append("shop.public.orders", log.partition_for("shop.public.orders", key),
+                       [(key, value, 1000 + i, b'{"tx":7}' if i == 0 else None)])
+        log.commit()
+        log.append("shop.public.orders", 0, [(None, b"1", 5000, None)])  # never committed
+    return root
+
+
+def lines(out: str) -> list[dict]:
+    return [orjson.loads(x) for x in out.splitlines()]
+
+
+def test_topics(root: Path) -> None:
+    res = runner.invoke(log_app, ["topics", "--root", str(root)])
+    assert res.exit_code == 0, res.output
+    assert "shop.public.orders\tpartitions=2\tpolicy=compact\trecords=12" in res.stdout
+
+
+def test_cat_prints_json_lines_merged_by_time(root: Path) -> None:
+    res = runner.invoke(log_app, ["cat", "shop.public.orders", "--root", str(root)])
+    assert res.exit_code == 0, res.output
+    got = lines(res.stdout)
+    assert [r["timestamp"] for r in got] == list(range(1000, 1012))
+    first = got[0]
+    assert set(first) == {"topic", "partition", "offset", "timestamp", "key", "value", "headers"}
+    assert first["key"] == {"id": 0} and first["value"] == {"n": 0, "price": "1.10"}
+    assert first["headers"] == {"tx": 7} and got[-1]["value"] is None
+    one = lines(runner.invoke(log_app, ["cat", "shop.public.orders", "--root", str(root),
+                                        "--partition", str(first["partition"]), "--from", "1"]).stdout)
+    assert one and all(r["partition"] == first["partition"] and r["offset"] >= 1 for r in one)
+
+
+def test_cat_compacted_shows_latest_per_key(root: Path) -> None:
+    res = runner.invoke(log_app, ["cat", "shop.public.orders", "--compacted", "--root", str(root)])
+    got = lines(res.stdout)
+    # id 0 -> n=9, id 1 -> n=10, id 2 -> its latest (n=11) is a tombstone
+    assert sorted((r["key"]["id"], r["value"]["n"]) for r in got) == [(0, 9), (1, 10)]
+
+
+def test_cat_follow_sees_new_commits(root: Path) -> None:
+    out = io.BytesIO()
+    polls = []
+    writer = Log.open(root, writer=True)
+
+    def on_poll() -> bool:
+        polls.append(1)
+        if len(polls) == 1:
+            writer.append("shop.public.orders", 1, [(None, b'{"late":true}', 9000, None)])
+            writer.commit()
+        return len(polls) < 3
+
+    try:
+        n = cli_log.cat(root, "shop.public.orders", follow=True, out=out, poll_s=0.01, on_poll=on_poll)
+    finally:
+        writer.close()
+    got = lines(out.getvalue().decode())
+    assert n == 13 and got[-1]["value"] == {"late": True}
+
+
+def test_verify_ok_then_corrupt(root: Path) -> None:
+    res = runner.invoke(log_app, ["verify", "--root", str(root)])
+    assert res.exit_code == 0 and res.stdout.startswith("ok")
+    seg = sorted((root / "shop.public.orders").rglob("*.log"))[0]
+    data = bytearray(seg.read_bytes())
+    data[data.index(b'"n":') + 4] ^= 0x03
+    seg.write_bytes(bytes(data))
+    res = runner.invoke(log_app, ["verify", "--root", str(root)])
+    assert res.exit_code == 1
+    assert "corrupt: shop.public.orders/" in res.stderr and "CRC mismatch" in res.stderr
+    res = runner.invoke(log_app, ["cat", "shop.public.orders", "--root", str(root)])
+    assert res.exit_code == 1 and res.stderr.startswith("tributary: corrupt record in shop.public.orders/")
+
+
+def test_compact_and_refusal_while_capture_runs(root: Path) -> None:
+    res = runner.invoke(log_app, ["compact", "--root", str(root)])
+    assert res.exit_code == 0 and res.stdout.startswith("compacted:"), res.output
+    with Log.open(root, writer=True):
+        res = runner.invoke(log_app, ["compact", "shop.public.orders", "--root", str(root)])
+    assert res.exit_code == 1
+    assert res.stderr.strip().startswith("tributary: cannot compact while capture is running: log root")
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_errors_are_one_line(tmp_path: Path, root: Path) -> None:
+    res = runner.invoke(log_app, ["cat", "nope", "--root", str(root)])
+    assert res.exit_code == 1 and res.stderr == f"tributary: no topic 'nope' in the log at {root}\n"
+    res = runner.invoke(log_app, ["topics", "--root", str(tmp_path / "missing")])
+    assert res.exit_code == 1 and "no log at" in res.stderr
