@@ -51,11 +51,16 @@ def topics(root: Path) -> list[dict[str, object]]:
         out: list[dict[str, object]] = []
         for name, cfg in sorted(log.topics().items()):
             starts, ends = log.start_offsets(name), log.end_offsets(name)
-            out.append({
-                "topic": name, "partitions": cfg.partitions, "policy": cfg.policy,
-                "records": sum(e - s for s, e in zip(starts, ends, strict=True)),
-                "start_offsets": starts, "end_offsets": ends,
-            })
+            out.append(
+                {
+                    "topic": name,
+                    "partitions": cfg.partitions,
+                    "policy": cfg.policy,
+                    "records": sum(e - s for s, e in zip(starts, ends, strict=True)),
+                    "start_offsets": starts,
+                    "end_offsets": ends,
+                }
+            )
         return out
 
 
@@ -77,9 +82,18 @@ def _latest(records: Iterable[Record]) -> list[Record]:
     return sorted(kept, key=lambda r: (r.timestamp, r.partition, r.offset))
 
 
-def cat(root: Path, topic: str, *, partition: int | None = None, from_offset: int = 0,
-        follow: bool = False, compacted: bool = False, out: BinaryIO | None = None,
-        poll_s: float = 0.1, on_poll: Callable[[], bool] | None = None) -> int:
+def cat(
+    root: Path,
+    topic: str,
+    *,
+    partition: int | None = None,
+    from_offset: int = 0,
+    follow: bool = False,
+    compacted: bool = False,
+    out: BinaryIO | None = None,
+    poll_s: float = 0.1,
+    on_poll: Callable[[], bool] | None = None,
+) -> int:
     """Write one JSON object per record; returns how many. With `follow`, keep polling the
     manifest every `poll_s` until interrupted (or until `on_poll` returns False, for tests)."""
     stream = out if out is not None else sys.stdout.buffer
@@ -144,22 +158,39 @@ def topics_cmd(root: RootOption = DEFAULT_ROOT) -> None:
     if not rows:
         typer.echo("no topics yet", err=True)
     for r in rows:
-        typer.echo(f"{r['topic']}\tpartitions={r['partitions']}\tpolicy={r['policy']}\t"
-                   f"records={r['records']}\tend_offsets={r['end_offsets']}")
+        typer.echo(
+            f"{r['topic']}\tpartitions={r['partitions']}\tpolicy={r['policy']}\t"
+            f"records={r['records']}\tend_offsets={r['end_offsets']}"
+        )
 
 
 @log_app.command("cat")
 def cat_cmd(
     topic: Annotated[str, typer.Argument(help="Topic name, e.g. shop.public.orders.")],
-    partition: Annotated[int | None, typer.Option("--partition", "-p", help="Only this partition.")] = None,
-    from_offset: Annotated[int, typer.Option("--from", help="Start at this offset (per partition).")] = 0,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new commits until Ctrl-C.")] = False,
-    compacted: Annotated[bool, typer.Option("--compacted", help="Only the latest record per key.")] = False,
+    partition: Annotated[
+        int | None, typer.Option("--partition", "-p", help="Only this partition.")
+    ] = None,
+    from_offset: Annotated[
+        int, typer.Option("--from", help="Start at this offset (per partition).")
+    ] = 0,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new commits until Ctrl-C.")
+    ] = False,
+    compacted: Annotated[
+        bool, typer.Option("--compacted", help="Only the latest record per key.")
+    ] = False,
     root: RootOption = DEFAULT_ROOT,
 ) -> None:
     """Print records as JSON lines: topic, partition, offset, timestamp, key, value, headers."""
     try:
-        cat(root, topic, partition=partition, from_offset=from_offset, follow=follow, compacted=compacted)
+        cat(
+            root,
+            topic,
+            partition=partition,
+            from_offset=from_offset,
+            follow=follow,
+            compacted=compacted,
+        )
     except KeyboardInterrupt:
         return
     except (LogError, BrokenPipeError) as exc:
@@ -170,7 +201,9 @@ def cat_cmd(
 
 @log_app.command("compact")
 def compact_cmd(
-    topic: Annotated[str | None, typer.Argument(help="Topic (default: every compacted topic).")] = None,
+    topic: Annotated[
+        str | None, typer.Argument(help="Topic (default: every compacted topic).")
+    ] = None,
     root: RootOption = DEFAULT_ROOT,
 ) -> None:
     """Compact sealed segments of `compact` topics now (refused while capture holds the log)."""
@@ -178,9 +211,11 @@ def compact_cmd(
         s = compact(root, topic)
     except LogError as exc:
         raise _fail(exc) from None
-    typer.echo(f"compacted: {s.records_before} → {s.records_after} records, {s.bytes_before} → "
-               f"{s.bytes_after} bytes ({s.segments_rewritten} segments rewritten, "
-               f"{s.segments_deleted} removed)")
+    typer.echo(
+        f"compacted: {s.records_before} → {s.records_after} records, {s.bytes_before} → "
+        f"{s.bytes_after} bytes ({s.segments_rewritten} segments rewritten, "
+        f"{s.segments_deleted} removed)"
+    )
 
 
 @log_app.command("verify")

@@ -41,8 +41,14 @@ def make_records(n: int) -> tuple[list[list[Rec]], list[list[int]]]:
     """Chunks of ~500-byte records (key, value, ts, headers) and each record's partition."""
     filler = "x" * 250
     values = [
-        canonical_json({"op": "u", "after": {"id": i, "name": f"customer {i}", "note": filler},
-                        "source": {"lsn": f"0/{i:X}", "table": "customers"}, "ts_ms": 1_700_000_000_000})
+        canonical_json(
+            {
+                "op": "u",
+                "after": {"id": i, "name": f"customer {i}", "note": filler},
+                "source": {"lsn": f"0/{i:X}", "table": "customers"},
+                "ts_ms": 1_700_000_000_000,
+            }
+        )
         for i in range(1000)
     ]
     chunks, parts = [], []
@@ -136,11 +142,17 @@ def median(fn: Callable[[], float], repeat: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "log_append.json")
+    ap.add_argument(
+        "--dir", type=Path, default=None, help="scratch directory (default: a temp dir)"
+    )
+    ap.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "log_append.json"
+    )
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="log-bench-", dir=args.dir))
     try:
@@ -169,17 +181,29 @@ def main() -> None:
             "record_bytes_avg": round(nbytes / n, 1),
             "partitions": PARTITIONS,
             "group_commit": {"linger_ms": LINGER_MS, "max_records": BATCH, "chunk": CHUNK},
-            "append_pipelined": {"records_per_s": round(n / t_pipe), "mb_per_s": round(log_bytes / mb / t_pipe, 1),
-                                 "seconds": round(t_pipe, 3),
-                                 "commits": statistics.median(c for _, _, c in pipe_runs)},
-            "append_sync_commit": {"records_per_s": round(n / t_sync), "mb_per_s": round(log_bytes / mb / t_sync, 1),
-                                   "seconds": round(t_sync, 3),
-                                   "commits": statistics.median(c for _, _, c in sync_runs)},
-            "baseline_fsync_per_1000": {"records_per_s": round(n / t_base), "mb_per_s": round(nbytes / mb / t_base, 1),
-                                        "seconds": round(t_base, 3)},
+            "append_pipelined": {
+                "records_per_s": round(n / t_pipe),
+                "mb_per_s": round(log_bytes / mb / t_pipe, 1),
+                "seconds": round(t_pipe, 3),
+                "commits": statistics.median(c for _, _, c in pipe_runs),
+            },
+            "append_sync_commit": {
+                "records_per_s": round(n / t_sync),
+                "mb_per_s": round(log_bytes / mb / t_sync, 1),
+                "seconds": round(t_sync, 3),
+                "commits": statistics.median(c for _, _, c in sync_runs),
+            },
+            "baseline_fsync_per_1000": {
+                "records_per_s": round(n / t_base),
+                "mb_per_s": round(nbytes / mb / t_base, 1),
+                "seconds": round(t_base, 3),
+            },
             "ratio_pipelined_vs_baseline": round(t_base / t_pipe, 3),
             "ratio_sync_vs_baseline": round(t_base / t_sync, 3),
-            "read": {"records_per_s": round(n / t_read), "mb_per_s": round(log_bytes / mb / t_read, 1)},
+            "read": {
+                "records_per_s": round(n / t_read),
+                "mb_per_s": round(log_bytes / mb / t_read, 1),
+            },
             "read_raw_files": {"mb_per_s": round(log_bytes / mb / t_raw, 1)},
             "read_ratio_vs_raw": round(t_raw / t_read, 4),
             "repeat": args.repeat,

@@ -1,6 +1,7 @@
 """The only place the log writes bytes or fsyncs: ENOSPC becomes DiskFullError here.
 
-`os_write` is a module-level hook so a test can inject ENOSPC when no small filesystem can be mounted.
+`os_write` is a module-level hook so a test can inject ENOSPC where no small filesystem
+can be mounted.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ class BadLine(ValueError):
 
 
 def _one_line(raw: bytes | None) -> bytes | None:
-    """JSON with a newline in it (pretty-printed input) is re-encoded compactly: lines must stay lines."""
+    """JSON with a newline in it (pretty-printed input) is re-encoded compactly."""
     if raw is None or b"\n" not in raw:
         return raw
     try:
@@ -61,7 +61,9 @@ def _nulls(fields: tuple[bytes | None, ...], n: int) -> tuple[bytes, ...]:
     return tuple(_NULL if f is None else f for f in fields)
 
 
-def encode_batch(first_offset: int, records: Sequence[RecordIn]) -> tuple[bytes, list[int], tuple[int, ...]]:
+def encode_batch(
+    first_offset: int, records: Sequence[RecordIn]
+) -> tuple[bytes, list[int], tuple[int, ...]]:
     """Encode records as consecutive lines from `first_offset`.
 
     Returns the bytes, each line's size and each record's timestamp. The per-record work is
@@ -72,15 +74,27 @@ def encode_batch(first_offset: int, records: Sequence[RecordIn]) -> tuple[bytes,
         return b"", [], ()
     ks, vs, tss, hs = zip(*records, strict=True)
     ks, vs, hs = _nulls(ks, n), _nulls(vs, n), _nulls(hs, n)
-    args = tuple(chain.from_iterable(zip(
-        range(first_offset, first_offset + n), tss, map(len, ks), map(len, vs), map(len, hs), ks, vs, hs
-    )))
+    args = tuple(
+        chain.from_iterable(
+            zip(
+                range(first_offset, first_offset + n),
+                tss,
+                map(len, ks),
+                map(len, vs),
+                map(len, hs),
+                ks,
+                vs,
+                hs,
+                strict=True,
+            )
+        )
+    )
     bodies = ((_BODY * n) % args).split(_SEP)
     bodies.pop()
     if len(bodies) != n:  # a NUL byte inside a field (not valid JSON): encode one by one
         bodies = [_BODY[:-1] % args[i * 8 : i * 8 + 8] for i in range(n)]
     crcs = list(map(_crc32, bodies))
-    data = (_LINE * n) % tuple(chain.from_iterable(zip(bodies, crcs)))
+    data = (_LINE * n) % tuple(chain.from_iterable(zip(bodies, crcs, strict=True)))
     if data.count(b"\n") != n:
         clean = [(_one_line(k), _one_line(v), ts, _one_line(h)) for k, v, ts, h in records]
         return encode_batch(first_offset, clean)

@@ -30,8 +30,15 @@ __all__ = ["compact_partition", "expired_segments", "keep_record", "remove_segme
 _SUFFIX = ".compacting"
 
 
-def keep_record(offset: int, timestamp: int, key: bytes | None, is_tombstone: bool,
-                latest: dict[bytes, int], now_ms: int, delete_retention_ms: int) -> bool:
+def keep_record(
+    offset: int,
+    timestamp: int,
+    key: bytes | None,
+    is_tombstone: bool,
+    latest: dict[bytes, int],
+    now_ms: int,
+    delete_retention_ms: int,
+) -> bool:
     """The compaction rule (pure): keep a key's latest record; drop a latest tombstone once it is
     `delete_retention_ms` old; records without a key are always kept."""
     if key is None:
@@ -41,8 +48,16 @@ def keep_record(offset: int, timestamp: int, key: bytes | None, is_tombstone: bo
     return not (is_tombstone and now_ms - timestamp >= delete_retention_ms)
 
 
-def compact_partition(root: Path, topic: str, partition: int, state: PartitionState,
-                      cfg: TopicConfig, now_ms: int, interval: int, stats: CompactionStats) -> None:
+def compact_partition(
+    root: Path,
+    topic: str,
+    partition: int,
+    state: PartitionState,
+    cfg: TopicConfig,
+    now_ms: int,
+    interval: int,
+    stats: CompactionStats,
+) -> None:
     pdir = partition_dir(root, topic, partition)
     sealed = [b for b in committed_segments(pdir, state) if b < state.segment]
     if not sealed:
@@ -59,7 +74,9 @@ def compact_partition(root: Path, topic: str, partition: int, state: PartitionSt
             try:
                 off, ts, key, value, _h = decode_line(line)
             except BadLine as exc:
-                raise ref.corrupt(f"{exc} (at byte {pos}); compaction stopped", exc.offset) from None
+                raise ref.corrupt(
+                    f"{exc} (at byte {pos}); compaction stopped", exc.offset
+                ) from None
             before += 1
             size += len(line) + 1
             if keep_record(off, ts, key, value is None, latest, now_ms, cfg.delete_retention_ms):
@@ -116,12 +133,15 @@ def _rewrite(ref: SegmentRef, kept: list[tuple[int, int, bytes]], interval: int)
     return len(body)
 
 
-def expired_segments(root: Path, topic: str, partition: int, state: PartitionState,
-                     cfg: TopicConfig, now_ms: int) -> tuple[list[int], int]:
+def expired_segments(
+    root: Path, topic: str, partition: int, state: PartitionState, cfg: TopicConfig, now_ms: int
+) -> tuple[list[int], int]:
     """Oldest sealed segments past retention_ms or beyond retention_bytes, and the new start."""
     pdir = partition_dir(root, topic, partition)
     bases = committed_segments(pdir, state)
-    sizes = {b: (state.nbytes if b == state.segment else log_path(pdir, b).stat().st_size) for b in bases}
+    sizes = {
+        b: (state.nbytes if b == state.segment else log_path(pdir, b).stat().st_size) for b in bases
+    }
     total = sum(sizes.values())
     doomed: list[int] = []
     for b in bases:
@@ -129,7 +149,9 @@ def expired_segments(root: Path, topic: str, partition: int, state: PartitionSta
             break
         times = load_time_index(pdir, b)
         max_ts = times[-1][0] if times else None
-        by_time = cfg.retention_ms is not None and (max_ts is None or now_ms - max_ts > cfg.retention_ms)
+        by_time = cfg.retention_ms is not None and (
+            max_ts is None or now_ms - max_ts > cfg.retention_ms
+        )
         by_size = cfg.retention_bytes is not None and total - sizes[b] >= cfg.retention_bytes
         if not (by_time or by_size):
             break

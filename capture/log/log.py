@@ -30,7 +30,15 @@ from capture.log.partition import PartitionWriter
 from capture.log.partitioner import partition_for
 from capture.log.reader import partition_dir, read_partition, read_partition_from_time
 from capture.log.segment import SegmentRef
-from capture.log.types import CompactionStats, Mark, PartitionEnd, Problem, Record, Split, TopicConfig
+from capture.log.types import (
+    CompactionStats,
+    Mark,
+    PartitionEnd,
+    Problem,
+    Record,
+    Split,
+    TopicConfig,
+)
 
 __all__ = ["Log"]
 
@@ -41,8 +49,17 @@ LOCK = ".lock"
 class Log:
     """A log root. Use `Log.open(root, writer=True)` in the one writer process."""
 
-    def __init__(self, root: Path, *, writer: bool, default_partitions: int, segment_bytes: int,
-                 segment_ms: int, index_interval_bytes: int, fsync: bool) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        writer: bool,
+        default_partitions: int,
+        segment_bytes: int,
+        segment_ms: int,
+        index_interval_bytes: int,
+        fsync: bool,
+    ) -> None:
         self.root = root
         self.writer = writer
         self.default_partitions = default_partitions
@@ -62,15 +79,29 @@ class Log:
     # -- opening ---------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, root: Path, *, writer: bool = False, default_partitions: int = 4,
-             segment_bytes: int = 128 << 20, segment_ms: int = 7 * 86_400_000,
-             index_interval_bytes: int = 4096, fsync: bool = True) -> Log:
-        """Open a log root: the writer takes the lock and recovers; a reader just reads the manifest."""
+    def open(
+        cls,
+        root: Path,
+        *,
+        writer: bool = False,
+        default_partitions: int = 4,
+        segment_bytes: int = 128 << 20,
+        segment_ms: int = 7 * 86_400_000,
+        index_interval_bytes: int = 4096,
+        fsync: bool = True,
+    ) -> Log:
+        """Open a log root: a writer takes the lock and recovers; a reader reads the manifest."""
         if not 0 < segment_bytes < 1 << 32:
             raise ValueError(f"segment_bytes must be in 1..2**32-1, got {segment_bytes}")
-        log = cls(Path(root), writer=writer, default_partitions=default_partitions,
-                  segment_bytes=segment_bytes, segment_ms=segment_ms,
-                  index_interval_bytes=index_interval_bytes, fsync=fsync)
+        log = cls(
+            Path(root),
+            writer=writer,
+            default_partitions=default_partitions,
+            segment_bytes=segment_bytes,
+            segment_ms=segment_ms,
+            index_interval_bytes=index_interval_bytes,
+            fsync=fsync,
+        )
         if writer:
             log._lock()
             try:
@@ -119,10 +150,13 @@ class Log:
         self._committed = self._submitted = manifest
         self._failed = None
 
-    def _recover_partition(self, topic: str, p: int, cfg: TopicConfig, state: PartitionState) -> PartitionWriter:
+    def _recover_partition(
+        self, topic: str, p: int, cfg: TopicConfig, state: PartitionState
+    ) -> PartitionWriter:
         ref = SegmentRef(topic, p, partition_dir(self.root, topic, p), state.segment)
         return PartitionWriter.recover(
-            ref, state,
+            ref,
+            state,
             segment_bytes=cfg.segment_bytes or self.segment_bytes,
             segment_ms=cfg.segment_ms or self.segment_ms,
             index_interval=self.index_interval_bytes,
@@ -150,7 +184,9 @@ class Log:
     def __enter__(self) -> Log:
         return self
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     # -- topics ----------------------------------------------------------------------------
@@ -178,7 +214,9 @@ class Log:
         empty = PartitionState()
         for p in range(cfg.partitions):
             self._writers[(name, p)] = self._recover_partition(name, p, cfg, empty)
-        dirs = [self.root, tdir] + [partition_dir(self.root, name, p) for p in range(cfg.partitions)]
+        dirs = [self.root, tdir] + [
+            partition_dir(self.root, name, p) for p in range(cfg.partitions)
+        ]
         for p in range(cfg.partitions):
             self._writers[(name, p)].dir_dirty = False
         manifest = self._submitted.with_topic(name, TopicState(cfg, (empty,) * cfg.partitions))
@@ -203,12 +241,14 @@ class Log:
             raise LogError(f"an earlier commit failed ({self._failed}); reopen the log to recover")
 
     def append(self, topic: str, partition: int, records: Sequence[RecordIn]) -> int:
-        """Buffer records at the partition's end; returns the first offset. Invisible until commit."""
+        """Buffer records at the partition's end; returns the first offset (unseen until commit)."""
         self._check_writer("append")
         w = self._writers.get((topic, partition))
         if w is None:
             t = self._topic_any(topic)
-            raise LogError(f"topic {topic!r} has partitions 0..{t.config.partitions - 1}, not {partition}")
+            raise LogError(
+                f"topic {topic!r} has partitions 0..{t.config.partitions - 1}, not {partition}"
+            )
         try:
             return w.append(records)
         except LogError:
@@ -216,11 +256,13 @@ class Log:
             raise
 
     def mark(self) -> Mark:
-        """Every partition's current appended end: `commit(upto=mark)` commits exactly that prefix."""
+        """Every partition's appended end now: `commit(upto=mark)` commits exactly that prefix."""
         self._check_writer("mark")
         return Mark({k: w.end() for k, w in self._writers.items()})
 
-    def commit(self, *, positions: Mapping[str, str] | None = None, upto: Mark | None = None) -> None:
+    def commit(
+        self, *, positions: Mapping[str, str] | None = None, upto: Mark | None = None
+    ) -> None:
         """Make appends (up to `upto`) and `positions` durable and visible; see `_commit_job`."""
         future = self.commit_async(positions=positions, upto=upto)
         try:
@@ -229,8 +271,9 @@ class Log:
             self._rollback()
             raise
 
-    def commit_async(self, *, positions: Mapping[str, str] | None = None,
-                     upto: Mark | None = None) -> Future[None]:
+    def commit_async(
+        self, *, positions: Mapping[str, str] | None = None, upto: Mark | None = None
+    ) -> Future[None]:
         """Start a commit and return at once; appends may continue while it fsyncs.
 
         Commits complete in order. The future's result says the commit is durable: confirm a
@@ -240,7 +283,7 @@ class Log:
         dirs: list[Path] = []
         topics = dict(self._submitted.topics)
         try:
-            for (name, p), w in self._writers.items():
+            for w in self._writers.values():
                 if w.dirty:
                     w.flush()
                     fds.append(w.sync_handle())
@@ -256,11 +299,15 @@ class Log:
         for name, t in topics.items():
             parts = list(t.partitions)
             for p, old in enumerate(parts):
-                end = upto.ends.get((name, p)) if upto is not None else self._writers[(name, p)].end()
+                end = (
+                    upto.ends.get((name, p)) if upto is not None else self._writers[(name, p)].end()
+                )
                 if end is None:
                     continue
                 if end.end < old.end:
-                    raise LogError(f"cannot commit {name}/{p} back to {end.end}: {old.end} is committed")
+                    raise LogError(
+                        f"cannot commit {name}/{p} back to {end.end}: {old.end} is committed"
+                    )
                 parts[p] = PartitionState(old.start, end.end, end.segment, end.nbytes)
             topics[name] = TopicState(t.config, tuple(parts))
         merged = {**self._submitted.positions, **(positions or {})}
@@ -345,11 +392,14 @@ class Log:
     def _state(self, topic: str, partition: int) -> PartitionState:
         t = self._topic(topic)
         if not 0 <= partition < len(t.partitions):
-            raise LogError(f"topic {topic!r} has partitions 0..{len(t.partitions) - 1}, not {partition}")
+            raise LogError(
+                f"topic {topic!r} has partitions 0..{len(t.partitions) - 1}, not {partition}"
+            )
         return t.partitions[partition]
 
-    def read(self, topic: str, partition: int, from_offset: int = 0, *,
-             to_offset: int | None = None) -> Iterator[Record]:
+    def read(
+        self, topic: str, partition: int, from_offset: int = 0, *, to_offset: int | None = None
+    ) -> Iterator[Record]:
         """Committed records from `from_offset` (or the next existing one) up to `to_offset`."""
         state = self._state(topic, partition)
         stop = state.end if to_offset is None else to_offset
@@ -357,7 +407,9 @@ class Log:
 
     def read_from_time(self, topic: str, partition: int, timestamp_ms: int) -> Iterator[Record]:
         """From the first committed record whose timestamp is >= timestamp_ms."""
-        return read_partition_from_time(self.root, topic, partition, self._state(topic, partition), timestamp_ms)
+        return read_partition_from_time(
+            self.root, topic, partition, self._state(topic, partition), timestamp_ms
+        )
 
     # -- maintenance -----------------------------------------------------------------------
 
@@ -376,7 +428,9 @@ class Log:
             if t.config.policy != "compact":
                 continue
             for p, state in enumerate(t.partitions):
-                compact_partition(self.root, name, p, state, t.config, now_ms, self.index_interval_bytes, stats)
+                compact_partition(
+                    self.root, name, p, state, t.config, now_ms, self.index_interval_bytes, stats
+                )
         return stats
 
     def enforce_retention(self, *, now_ms: int) -> int:
@@ -400,7 +454,7 @@ class Log:
             topics[name] = TopicState(cfg, tuple(parts))
         if not plan:
             return 0
-        # the new start offsets become durable first; a crash before the unlinks is finished by recovery
+        # the new start offsets become durable first; recovery finishes unlinks a crash interrupted
         self._submit(replace(self._submitted, topics=topics), [], []).result()
         for name, p, doomed in plan:
             remove_segments(partition_dir(self.root, name, p), doomed)
@@ -419,10 +473,16 @@ class Log:
         from capture.log.splits import plan_splits
 
         t = self._topic(topic)
-        return [s for p, state in enumerate(t.partitions)
-                for s in plan_splits(self.root, topic, p, state, max_bytes)]
+        return [
+            s
+            for p, state in enumerate(t.partitions)
+            for s in plan_splits(self.root, topic, p, state, max_bytes)
+        ]
 
     def ends(self) -> dict[tuple[str, int], PartitionEnd]:
         """Committed ends of every partition (for tools)."""
-        return {(n, p): PartitionEnd(s.end, s.segment, s.nbytes)
-                for n, t in self._committed.topics.items() for p, s in enumerate(t.partitions)}
+        return {
+            (n, p): PartitionEnd(s.end, s.segment, s.nbytes)
+            for n, t in self._committed.topics.items()
+            for p, s in enumerate(t.partitions)
+        }

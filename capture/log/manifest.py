@@ -82,12 +82,16 @@ def decode_manifest(data: bytes, source: str = MANIFEST) -> Manifest:
     try:
         doc: Any = orjson.loads(data)
         if doc.get("format") != FORMAT:
-            raise ValueError(f"unsupported format {doc.get('format')!r} (this version reads {FORMAT})")
+            raise ValueError(
+                f"unsupported format {doc.get('format')!r} (this version reads {FORMAT})"
+            )
         topics = {
             name: TopicState(
                 config=TopicConfig.from_dict(t["config"]),
                 partitions=tuple(
-                    PartitionState(int(p["start"]), int(p["end"]), int(p["segment"]), int(p["bytes"]))
+                    PartitionState(
+                        int(p["start"]), int(p["end"]), int(p["segment"]), int(p["bytes"])
+                    )
                     for p in t["partitions"]
                 ),
             )

@@ -9,14 +9,14 @@ from __future__ import annotations
 import bisect
 import os
 from collections.abc import Sequence
-from itertools import accumulate
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 
 from capture.log import _fileio
 from capture.log.codec import BadLine, RecordIn, decode_line, encode_batch
 from capture.log.errors import LogError
-from capture.log.index import OFFSET_ENTRY, TIME_ENTRY, pack_offsets, pack_times
+from capture.log.index import pack_offsets, pack_times
 from capture.log.manifest import PartitionState
 from capture.log.segment import (
     SegmentRef,
@@ -68,11 +68,18 @@ class PartitionWriter:
 
     @classmethod
     def recover(
-        cls, ref: SegmentRef, state: PartitionState, *, segment_bytes: int, segment_ms: int,
+        cls,
+        ref: SegmentRef,
+        state: PartitionState,
+        *,
+        segment_bytes: int,
+        segment_ms: int,
         index_interval: int,
     ) -> PartitionWriter:
         """Open for writing at the manifest's committed end, cutting away anything after it."""
-        w = cls(ref, segment_bytes=segment_bytes, segment_ms=segment_ms, index_interval=index_interval)
+        w = cls(
+            ref, segment_bytes=segment_bytes, segment_ms=segment_ms, index_interval=index_interval
+        )
         pdir = ref.pdir
         if not pdir.is_dir():
             if state.end > state.start:
@@ -107,7 +114,8 @@ class PartitionWriter:
         if not path.exists():
             if committed:
                 raise LogError(
-                    f"segment {path} is missing but the manifest says it holds {committed} committed bytes"
+                    f"segment {path} is missing but the manifest says it holds {committed} "
+                    "committed bytes"
                 )
             self.dir_dirty = True
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -236,7 +244,12 @@ class PartitionWriter:
     def _place(self, records: Sequence[RecordIn], sizes: list[int], i: int) -> int:
         """Account records i.. into the active segment until one does not fit; returns the stop."""
         pos, since, off = self.size, self.since_index, self.next_offset
-        base, limit, age, interval = self.base, self.segment_bytes, self.segment_ms, self.index_interval
+        base, limit, age, interval = (
+            self.base,
+            self.segment_bytes,
+            self.segment_ms,
+            self.index_interval,
+        )
         first_ts, max_ts = self.first_ts, self.max_ts
         index, times = self.index, self.times
         n = len(records)
@@ -304,7 +317,9 @@ class PartitionWriter:
         self.ref = SegmentRef(self.ref.topic, self.ref.partition, self.pdir, self.base)
         for p in (index_path(self.pdir, self.base), timeindex_path(self.pdir, self.base)):
             open(p, "wb").close()
-        self.fd = os.open(log_path(self.pdir, self.base), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.fd = os.open(
+            log_path(self.pdir, self.base), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644
+        )
         self.size, self.since_index, self.index_written = 0, 0, 0
         self.first_ts, self.max_ts = _NO_TS, _NO_TS
         self.index, self.times = [], []
@@ -312,7 +327,7 @@ class PartitionWriter:
         self.dirty = True
 
     def sync_handle(self) -> int:
-        """A duplicate of the active segment's fd for a commit to fsync (the writer may roll meanwhile)."""
+        """A dup of the active fd for a commit to fsync (the writer may roll meanwhile)."""
         return os.dup(self.fd)
 
 
@@ -352,7 +367,9 @@ def scan_segment(
         try:
             off, ts, *_ = decode_line(line)
         except BadLine as exc:
-            raise ref.corrupt(str(exc), exc.offset if exc.offset is not None else scan.last + 1) from None
+            raise ref.corrupt(
+                str(exc), exc.offset if exc.offset is not None else scan.last + 1
+            ) from None
         if off <= scan.last and pos > start:
             raise ref.corrupt(f"offsets out of order ({off} after {scan.last})", off)
         if pos > start and since >= interval:

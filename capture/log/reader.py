@@ -26,7 +26,7 @@ def partition_dir(root: Path, topic: str, partition: int) -> Path:
 
 
 def committed_segments(pdir: Path, state: PartitionState) -> list[int]:
-    """Segment bases holding committed data: up to the manifest's segment (later ones are uncommitted)."""
+    """Bases of segments with committed data: up to the manifest's (later ones are uncommitted)."""
     try:
         bases = list_segments(pdir)
     except FileNotFoundError:

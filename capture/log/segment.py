@@ -96,7 +96,9 @@ def seek_position(pdir: Path, base: int, offset: int, limit: int | None) -> int:
         rel, pos = lookup_offset(entries, offset - base)
         if pos == 0:
             return 0
-        if (limit is None or pos < limit) and _line_starts_at(log_path(pdir, base), pos, base + rel):
+        if (limit is None or pos < limit) and _line_starts_at(
+            log_path(pdir, base), pos, base + rel
+        ):
             return pos
         entries = [e for e in entries if e[1] < pos]
     return 0

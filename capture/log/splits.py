@@ -20,7 +20,9 @@ from capture.log.types import Record, Split
 __all__ = ["plan_splits", "read_split"]
 
 
-def plan_splits(root: Path, topic: str, partition: int, state: PartitionState, max_bytes: int) -> list[Split]:
+def plan_splits(
+    root: Path, topic: str, partition: int, state: PartitionState, max_bytes: int
+) -> list[Split]:
     """Cut each committed segment at index entries (line starts) into ranges of about max_bytes."""
     pdir = partition_dir(root, topic, partition)
     out: list[Split] = []
@@ -55,7 +57,9 @@ def read_split(split: Split) -> Iterator[Record]:
         head = f.read(41)
     at = head[1:] if split.start_byte else head
     if (split.start_byte and head[:1] != b"\n") or peek_offset(at) != split.first_offset:
-        raise LogError(f"{path} changed since the split was planned (compacted?): plan the splits again")
+        raise LogError(
+            f"{path} changed since the split was planned (compacted?): plan the splits again"
+        )
     ref = SegmentRef(split.topic, split.partition, path.parent, int(path.name[:20]))
     for off, ts, key, value, headers in iter_records(ref, split.start_byte, split.end_byte):
         yield Record(split.topic, split.partition, off, ts, key, value, headers)

@@ -21,7 +21,9 @@ def verify_log(root: Path, manifest: Manifest) -> list[Problem]:
     return problems
 
 
-def verify_partition(root: Path, topic: str, partition: int, state: PartitionState) -> list[Problem]:
+def verify_partition(
+    root: Path, topic: str, partition: int, state: PartitionState
+) -> list[Problem]:
     pdir = partition_dir(root, topic, partition)
     out: list[Problem] = []
 
@@ -31,19 +33,29 @@ def verify_partition(root: Path, topic: str, partition: int, state: PartitionSta
 
     if not pdir.is_dir():
         if state.end > state.start:
-            problem(None, None, f"partition directory {pdir} is missing "
-                                f"(manifest: offsets {state.start}..{state.end - 1})")
+            problem(
+                None,
+                None,
+                f"partition directory {pdir} is missing "
+                f"(manifest: offsets {state.start}..{state.end - 1})",
+            )
         return out
     bases = committed_segments(pdir, state)
     if state.nbytes and state.segment not in bases:
-        problem(state.segment, None, f"segment is missing but the manifest says {state.nbytes} bytes are committed")
+        problem(
+            state.segment,
+            None,
+            f"segment is missing but the manifest says {state.nbytes} bytes are committed",
+        )
     prev = -1
     for base in bases:
         limit = state.nbytes if base == state.segment else None
         path = log_path(pdir, base)
         size = path.stat().st_size
         if limit is not None and size < limit:
-            problem(base, None, f"the manifest points past the data: {size} bytes, {limit} committed")
+            problem(
+                base, None, f"the manifest points past the data: {size} bytes, {limit} committed"
+            )
         last_in_segment = None
         for pos, line in iter_lines(path, 0, limit):
             try:
@@ -51,14 +63,22 @@ def verify_partition(root: Path, topic: str, partition: int, state: PartitionSta
             except BadLine as exc:
                 torn = not line.endswith(b"}")
                 what = "truncated mid-record" if torn else str(exc)
-                problem(base, exc.offset if exc.offset is not None else prev + 1, f"{what} at byte {pos}")
+                problem(
+                    base,
+                    exc.offset if exc.offset is not None else prev + 1,
+                    f"{what} at byte {pos}",
+                )
                 continue
             if off <= prev or off < base:
                 problem(base, off, f"offsets out of order ({off} after {prev})")
             prev = max(prev, off)
             last_in_segment = off
-        if base == state.segment and state.nbytes and size >= state.nbytes:
-            if last_in_segment is not None and last_in_segment + 1 != state.end:
-                problem(base, last_in_segment, f"the manifest says the partition ends at {state.end} "
-                                               f"but the data ends at {last_in_segment + 1}")
+        at_end = base == state.segment and state.nbytes and size >= state.nbytes
+        if at_end and last_in_segment is not None and last_in_segment + 1 != state.end:
+            problem(
+                base,
+                last_in_segment,
+                f"the manifest says the partition ends at {state.end} "
+                f"but the data ends at {last_in_segment + 1}",
+            )
     return out

@@ -1,7 +1,8 @@
 """Writer process for the crash test: appends and commits forever, printing each committed end.
 
 Prints `intent <json ends>` before each commit and `committed <json ends>` after it (flushed), so
-the parent knows the committed prefix is at least the last `committed` and at most the last `intent`.
+the parent knows the committed prefix is at least the last `committed` and at most the
+last `intent`.
 Values are derived from (partition, offset) so the parent can check every byte after recovery.
 """
 
@@ -31,8 +32,10 @@ def main() -> None:
         for _ in range(rnd.randint(1, 4)):
             p = rnd.randrange(PARTS)
             start = log.mark().ends[("t", p)].end
-            batch = [(canonical_json({"id": start + i}), value(p, start + i), start + i, None)
-                     for i in range(rnd.randint(1, 200))]
+            batch = [
+                (canonical_json({"id": start + i}), value(p, start + i), start + i, None)
+                for i in range(rnd.randint(1, 200))
+            ]
             assert log.append("t", p, batch) == start
         n += 1
         ends = [log.mark().ends[("t", p)].end for p in range(PARTS)]

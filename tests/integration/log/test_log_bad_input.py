@@ -23,9 +23,9 @@ from capture.log import (
     LogError,
     LogLockedError,
     TopicConfig,
+    _fileio,
     canonical_json,
 )
-from capture.log import _fileio
 
 pytestmark = pytest.mark.integration
 
@@ -33,8 +33,10 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def recs(start: int, n: int, pad: int = 40) -> list[tuple[bytes, bytes, int, None]]:
-    return [(canonical_json({"id": i}), canonical_json({"n": i, "pad": "x" * pad}), i, None)
-            for i in range(start, start + n)]
+    return [
+        (canonical_json({"id": i}), canonical_json({"n": i, "pad": "x" * pad}), i, None)
+        for i in range(start, start + n)
+    ]
 
 
 def build(root: Path, n: int = 60) -> None:
@@ -62,7 +64,11 @@ def test_sealed_segment_truncated_mid_record(tmp_path: Path) -> None:
         problems = log.verify()
     assert len(problems) == 1
     p = problems[0]
-    assert (p.topic, p.partition, p.segment) == ("t", 0, seg.name) and "truncated mid-record" in p.message
+    assert (p.topic, p.partition, p.segment) == (
+        "t",
+        0,
+        seg.name,
+    ) and "truncated mid-record" in p.message
     assert p.offset is not None and data.count(b"\n") + int(seg.name[:20]) - 1 == p.offset
 
 
@@ -80,7 +86,9 @@ def test_flipped_bytes_in_a_sealed_segment(tmp_path: Path) -> None:
             list(log.read("t", 0))
         assert exc.value.offset == 2 and exc.value.segment == seg.name
         problems = log.verify()
-    assert [(p.topic, p.partition, p.segment, p.offset) for p in problems] == [("t", 0, seg.name, 2)]
+    assert [(p.topic, p.partition, p.segment, p.offset) for p in problems] == [
+        ("t", 0, seg.name, 2)
+    ]
     assert "CRC mismatch" in problems[0].message
 
 
@@ -95,7 +103,9 @@ def test_manifest_pointing_past_the_data(tmp_path: Path) -> None:
     root = tmp_path / "log"
     build(root)
     _edit_manifest(root, bytes=500, end=5)
-    with pytest.raises(LogError, match=r"manifest points past the data: .* has \d+ bytes but \d+ are committed"):
+    with pytest.raises(
+        LogError, match=r"manifest points past the data: .* has \d+ bytes but \d+ are committed"
+    ):
         Log.open(root, writer=True)
     with Log.open(root) as log:
         with pytest.raises(CorruptRecordError, match="the manifest says"):
@@ -118,7 +128,10 @@ def test_missing_topic_directory(tmp_path: Path) -> None:
     root = tmp_path / "log"
     build(root)
     shutil.rmtree(root / "t")
-    with pytest.raises(LogError, match="partition directory .* is missing but the manifest says it holds offsets 0..59"):
+    with pytest.raises(
+        LogError,
+        match="partition directory .* is missing but the manifest says it holds offsets 0..59",
+    ):
         Log.open(root, writer=True)
     with Log.open(root) as log:
         with pytest.raises(LogError, match="is missing"):
@@ -140,9 +153,13 @@ def small_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple
     at the file layer (`_fileio.os_write`) after 1 MiB."""
     mnt = tmp_path / f"tiny-{uuid.uuid4().hex[:6]}"
     mnt.mkdir()
-    ok = request.param == "tmpfs" and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True
-    ).returncode == 0
+    ok = (
+        request.param == "tmpfs"
+        and subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True
+        ).returncode
+        == 0
+    )
     if ok:
         try:
             yield mnt, "tmpfs"
@@ -189,13 +206,21 @@ def test_full_disk_keeps_the_committed_state(small_disk: tuple[Path, str]) -> No
 
 def test_second_writer_process_is_refused_until_the_first_is_killed(tmp_path: Path) -> None:
     root = tmp_path / "log"
-    code = ("import sys, time; from pathlib import Path; from capture.log import Log;"
-            "Log.open(Path(sys.argv[1]), writer=True); print('locked', flush=True); time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(root)], stdout=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    code = (
+        "import sys, time; from pathlib import Path; from capture.log import Log;"
+        "Log.open(Path(sys.argv[1]), writer=True); print('locked', flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(root)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"locked\n"
-        with pytest.raises(LogLockedError, match=rf"log root .* is locked by pid {proc.pid} \(another tributary capture\?\)"):
+        with pytest.raises(
+            LogLockedError,
+            match=rf"log root .* is locked by pid {proc.pid} \(another tributary capture\?\)",
+        ):
             Log.open(root, writer=True)
     finally:
         proc.send_signal(signal.SIGKILL)

@@ -26,8 +26,11 @@ def root(tmp_path: Path) -> Path:
         for i in range(12):
             key = canonical_json({"id": i % 3})
             value = None if i == 11 else canonical_json({"n": i, "price": "1.10"})
-            log.append("shop.public.orders", log.partition_for("shop.public.orders", key),
-                       [(key, value, 1000 + i, b'{"tx":7}' if i == 0 else None)])
+            log.append(
+                "shop.public.orders",
+                log.partition_for("shop.public.orders", key),
+                [(key, value, 1000 + i, b'{"tx":7}' if i == 0 else None)],
+            )
         log.commit()
         log.append("shop.public.orders", 0, [(None, b"1", 5000, None)])  # never committed
     return root
@@ -52,8 +55,21 @@ def test_cat_prints_json_lines_merged_by_time(root: Path) -> None:
     assert set(first) == {"topic", "partition", "offset", "timestamp", "key", "value", "headers"}
     assert first["key"] == {"id": 0} and first["value"] == {"n": 0, "price": "1.10"}
     assert first["headers"] == {"tx": 7} and got[-1]["value"] is None
-    one = lines(runner.invoke(log_app, ["cat", "shop.public.orders", "--root", str(root),
-                                        "--partition", str(first["partition"]), "--from", "1"]).stdout)
+    one = lines(
+        runner.invoke(
+            log_app,
+            [
+                "cat",
+                "shop.public.orders",
+                "--root",
+                str(root),
+                "--partition",
+                str(first["partition"]),
+                "--from",
+                "1",
+            ],
+        ).stdout
+    )
     assert one and all(r["partition"] == first["partition"] and r["offset"] >= 1 for r in one)
 
 
@@ -77,7 +93,9 @@ def test_cat_follow_sees_new_commits(root: Path) -> None:
         return len(polls) < 3
 
     try:
-        n = cli_log.cat(root, "shop.public.orders", follow=True, out=out, poll_s=0.01, on_poll=on_poll)
+        n = cli_log.cat(
+            root, "shop.public.orders", follow=True, out=out, poll_s=0.01, on_poll=on_poll
+        )
     finally:
         writer.close()
     got = lines(out.getvalue().decode())
@@ -95,7 +113,9 @@ def test_verify_ok_then_corrupt(root: Path) -> None:
     assert res.exit_code == 1
     assert "corrupt: shop.public.orders/" in res.stderr and "CRC mismatch" in res.stderr
     res = runner.invoke(log_app, ["cat", "shop.public.orders", "--root", str(root)])
-    assert res.exit_code == 1 and res.stderr.startswith("tributary: corrupt record in shop.public.orders/")
+    assert res.exit_code == 1 and res.stderr.startswith(
+        "tributary: corrupt record in shop.public.orders/"
+    )
 
 
 def test_compact_and_refusal_while_capture_runs(root: Path) -> None:
@@ -104,7 +124,9 @@ def test_compact_and_refusal_while_capture_runs(root: Path) -> None:
     with Log.open(root, writer=True):
         res = runner.invoke(log_app, ["compact", "shop.public.orders", "--root", str(root)])
     assert res.exit_code == 1
-    assert res.stderr.strip().startswith("tributary: cannot compact while capture is running: log root")
+    assert res.stderr.strip().startswith(
+        "tributary: cannot compact while capture is running: log root"
+    )
     assert len(res.stderr.strip().splitlines()) == 1
 
 

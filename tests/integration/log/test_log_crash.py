@@ -26,8 +26,12 @@ from crash_writer import PARTS, value  # noqa: E402
 
 def _run_and_kill(root: Path, seed: int, delay: float) -> tuple[list[int], list[int], int]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, str(HERE / "crash_writer.py"), str(root), str(seed)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "crash_writer.py"), str(root), str(seed)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     time.sleep(delay)
     proc.send_signal(signal.SIGKILL)
     out, err = proc.communicate(timeout=30)
@@ -56,12 +60,16 @@ def test_kill_minus_9_at_random_points(tmp_path: Path) -> None:
             ends = log.end_offsets("t")
             for p in range(PARTS):
                 assert committed[p] <= ends[p], f"run {run}: committed data lost in partition {p}"
-                assert ends[p] <= max(intent[p], committed[p]), f"run {run}: uncommitted data visible"
+                assert ends[p] <= max(intent[p], committed[p]), (
+                    f"run {run}: uncommitted data visible"
+                )
                 # this run's records byte for byte (earlier runs' were checked then; verify() below
                 # re-checks every CRC)
                 since = max(floor[p] - 5, 0)
                 got = [(r.offset, r.value) for r in log.read("t", p, since)]
-                assert got == [(o, value(p, o)) for o in range(since, ends[p])], f"run {run}: p{p} damaged"
+                assert got == [(o, value(p, o)) for o in range(since, ends[p])], (
+                    f"run {run}: p{p} damaged"
+                )
                 seg = log.ends()[("t", p)]
                 data = root / "t" / str(p) / f"{seg.segment:020d}.log"
                 assert data.stat().st_size == seg.nbytes, "recovery left uncommitted bytes behind"

@@ -1,4 +1,4 @@
-"""Segment line encoding/decoding, index packing/lookup, manifest codec, group-commit policy: pure."""
+"""Pure codecs: segment lines, index entries, the manifest; and the group-commit policy."""
 
 from __future__ import annotations
 
@@ -84,8 +84,13 @@ def test_truncated_line_is_refused(cut: int) -> None:
 def test_record_to_json_embeds_fields_as_json() -> None:
     r = Record("t", 1, 2, 3, b'{"id":1}', b'{"x":[1]}', None)
     assert orjson.loads(r.to_json()) == {
-        "topic": "t", "partition": 1, "offset": 2, "timestamp": 3,
-        "key": {"id": 1}, "value": {"x": [1]}, "headers": None,
+        "topic": "t",
+        "partition": 1,
+        "offset": 2,
+        "timestamp": 3,
+        "key": {"id": 1},
+        "value": {"x": [1]},
+        "headers": None,
     }
     assert orjson.loads(Record("t", 0, 0, 0, None, None, None).to_json())["value"] is None
 
@@ -125,7 +130,9 @@ def test_manifest_round_trip() -> None:
     assert decode_manifest(encode_manifest(m)) == m
 
 
-@pytest.mark.parametrize("bad", [b"", b"{", b'{"format": 99}', b'{"format": 1, "generation": 1}', b"[]"])
+@pytest.mark.parametrize(
+    "bad", [b"", b"{", b'{"format": 99}', b'{"format": 1, "generation": 1}', b"[]"]
+)
 def test_bad_manifest_is_a_clear_error(bad: bytes) -> None:
     with pytest.raises(LogError, match="manifest .* is unreadable"):
         decode_manifest(bad, "x/manifest.json")

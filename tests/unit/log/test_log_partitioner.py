@@ -13,7 +13,8 @@ from capture.log.partitioner import canonical_json, murmur2, partition_for
 
 pytestmark = pytest.mark.unit
 
-# Kafka's own vectors: clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java (testMurmur2)
+# Kafka's own vectors: UtilsTest.testMurmur2 in
+# clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java
 KAFKA_VECTORS = [
     (b"21", -973932308),
     (b"foobar", -790332482),
@@ -73,7 +74,9 @@ def test_same_answer_in_another_process_with_another_hash_seed() -> None:
     outs = set()
     for seed in ("0", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root)}
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, check=True, text=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, check=True, text=True
+        )
         outs.add(out.stdout)
     here = str([partition_for(canonical_json({"id": i}), 8) for i in range(200)]) + "\n"
     assert outs == {here}

@@ -30,8 +30,13 @@ def rec(i: int, key: int | None = None, ts: int | None = None, value: bytes | No
 
 @pytest.fixture
 def log(tmp_path: Path):
-    with Log.open(tmp_path / "log", writer=True, default_partitions=2, segment_bytes=1000,
-                  index_interval_bytes=200) as lg:
+    with Log.open(
+        tmp_path / "log",
+        writer=True,
+        default_partitions=2,
+        segment_bytes=1000,
+        index_interval_bytes=200,
+    ) as lg:
         yield lg
 
 
@@ -80,7 +85,10 @@ def test_reopen_cuts_uncommitted_and_continues(tmp_path: Path) -> None:
         assert log.end_offsets("t") == [10]
         assert log.append("t", 0, [rec(99)]) == 10
         log.commit()
-        assert [(r.offset, r.value) for r in log.read("t", 0, 9)] == [(9, b'{"n":9}'), (10, b'{"n":99}')]
+        assert [(r.offset, r.value) for r in log.read("t", 0, 9)] == [
+            (9, b'{"n":9}'),
+            (10, b'{"n":99}'),
+        ]
 
 
 def test_rolls_by_size_and_by_record_age(tmp_path: Path) -> None:
@@ -92,7 +100,9 @@ def test_rolls_by_size_and_by_record_age(tmp_path: Path) -> None:
         log.append("age", 0, [rec(0, ts=0), rec(1, ts=999), rec(2, ts=1000), rec(3, ts=1500)])
         log.commit()
         segs = list_segments(log.root / "size" / "0")
-        assert len(segs) >= 4 and all(os.path.getsize(log.root / "size" / "0" / f"{b:020d}.log") <= 600 for b in segs)
+        assert len(segs) >= 4 and all(
+            os.path.getsize(log.root / "size" / "0" / f"{b:020d}.log") <= 600 for b in segs
+        )
         assert list_segments(log.root / "age" / "0") == [0, 2]
         assert offsets(log.read("size", 0)) == list(range(20))
 
@@ -149,7 +159,11 @@ def test_retention_by_bytes_and_time(tmp_path: Path) -> None:
         assert sizes >= 1000 - 400
         # "old": segments whose newest record is older than now-100 = 20 are gone
         old = offsets(log.read("old", 0))
-        assert old[0] > 0 and old[-1] == 39 and offsets(log.read("old", 0, 0))[0] == log.start_offsets("old")[0]
+        assert (
+            old[0] > 0
+            and old[-1] == 39
+            and offsets(log.read("old", 0, 0))[0] == log.start_offsets("old")[0]
+        )
         assert offsets(log.read("keep", 0)) == list(range(40))
     with Log.open(tmp_path / "log") as reader:
         assert reader.start_offsets("t") == [start]
@@ -180,7 +194,9 @@ def test_compaction_keeps_latest_per_key_and_offsets(tmp_path: Path) -> None:
 
 
 def test_second_writer_is_refused_and_readers_cannot_write(log: Log, tmp_path: Path) -> None:
-    with pytest.raises(LogLockedError, match=rf"locked by pid {os.getpid()} \(another tributary capture\?\)"):
+    with pytest.raises(
+        LogLockedError, match=rf"locked by pid {os.getpid()} \(another tributary capture\?\)"
+    ):
         Log.open(tmp_path / "log", writer=True)
     log.create_topic("t")
     reader = Log.open(tmp_path / "log")
