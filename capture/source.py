@@ -81,6 +81,8 @@ class SourceSession:
         start: Lsn
         if position is not None and slot is not None and slot != "lost":
             start = Lsn.parse(position)
+        elif position is None and self.spec.snapshot == "never" and slot is not None and slot != "lost":
+            start = Lsn.ZERO  # the server starts at the slot's confirmed_flush_lsn
         elif position is not None and self.spec.snapshot != "when_needed":
             what = "was invalidated (wal_status = lost)" if slot == "lost" else "does not exist"
             err = SlotLost if slot == "lost" else SlotMissing

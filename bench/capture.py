@@ -1,0 +1,237 @@
+"""Capture benchmark: tributary against pg_recvlogical (and psql's COPY) in the same run.
+
+Prints one JSON document. Ratios, not single timings, are the result: the machine is noisy.
+
+    .venv/bin/python bench/capture.py                 # 1M-row backlog, 2M-row snapshot
+    .venv/bin/python bench/capture.py --rows 200000 --snapshot-rows 400000 --repeat 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from api.embedded_pg import EmbeddedPostgres  # noqa: E402
+from capture.log import Log  # noqa: E402
+from capture.lsn import Lsn  # noqa: E402
+from capture.wal2json import WAL2JSON_OPTIONS  # noqa: E402
+
+
+def _config(path: Path, dsn: str, log_root: Path, slot: str, snapshot: str, include: str) -> Path:
+    path.write_text(
+        f'[log]\nroot = "{log_root}"\npartitions = 4\n\n'
+        f'[[sources]]\nname = "b"\ndsn = "{dsn}"\nslot = "{slot}"\ninclude = ["{include}"]\nsnapshot = "{snapshot}"\n'
+    )
+    return path
+
+
+def _spawn(config: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-c", "from api.cli import main; main()", "capture", "--config", str(config)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def _position(log_root: Path) -> Lsn | None:
+    try:
+        with Log.open(log_root) as log:
+            pos = log.positions().get("b")
+    except Exception:  # noqa: BLE001 - the log may not exist yet while capture starts
+        return None
+    return None if pos is None else Lsn.parse(pos)
+
+
+def _peak_rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _run_until(config: Path, log_root: Path, target: Lsn, timeout: float = 1800) -> tuple[float, float]:
+    """Start capture, wait until the manifest covers `target`; (seconds, peak RSS MB)."""
+    start = time.perf_counter()
+    proc = _spawn(config)
+    peak = 0.0
+    try:
+        while True:
+            peak = max(peak, _peak_rss_mb(proc.pid))
+            pos = _position(log_root)
+            if pos is not None and pos >= target:
+                return time.perf_counter() - start, peak
+            if proc.poll() is not None:
+                raise RuntimeError(f"capture exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+            if time.perf_counter() - start > timeout:
+                raise RuntimeError("capture did not catch up in time")
+            time.sleep(0.05)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def _current_lsn(dsn: str) -> Lsn:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return Lsn.parse(row[0])
+
+
+def bench_streaming(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) -> dict[str, float]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS stream_t; CREATE TABLE stream_t (id bigserial PRIMARY KEY, a int, b text, c timestamptz)")
+        for slot in ("bench_recv", "bench_trib"):
+            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'wal2json')", (slot,))
+        step = 100_000
+        for lo in range(0, rows, step):
+            n = min(step, rows - lo)
+            conn.execute(
+                "INSERT INTO stream_t (a, b, c) SELECT g, md5(g::text) || md5((g+1)::text) || 'xxxxxxxx', now() FROM generate_series(1, %s) g",
+                (n,),
+            )
+    end = _current_lsn(dsn)
+    # Baseline: pg_recvlogical with the same wal2json options, writing a file.
+    opts = [arg for k, v in WAL2JSON_OPTIONS.items() for arg in ("-o", f"{k}={v}")]
+    out = work / "recv.jsonl"
+    t0 = time.perf_counter()
+    subprocess.run(
+        [str(cluster.bin_dir / "pg_recvlogical"), "-d", dsn, "--slot", "bench_recv", "--start", "-E", str(end), "-f", str(out), "--no-loop", *opts],
+        check=True, capture_output=True,
+    )
+    recv_s = time.perf_counter() - t0
+    log_root = work / "log-stream"
+    config = _config(work / "stream.toml", dsn, log_root, "bench_trib", "never", "public.stream_t")
+    trib_s, rss = _run_until(config, log_root, end)
+    shutil.rmtree(log_root, ignore_errors=True)
+    out.unlink(missing_ok=True)
+    return {"pg_recvlogical_changes_per_s": rows / recv_s, "tributary_changes_per_s": rows / trib_s, "ratio": recv_s / trib_s, "tributary_peak_rss_mb": rss}
+
+
+def bench_snapshot(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) -> dict[str, float]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS snap_t; CREATE TABLE snap_t (id bigserial PRIMARY KEY, a int, b text, c timestamptz)")
+        conn.execute("INSERT INTO snap_t (a, b, c) SELECT g, md5(g::text) || md5((g+1)::text), now() FROM generate_series(1, %s) g", (rows,))
+        conn.execute("VACUUM ANALYZE snap_t")
+        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'bench_snap'")
+    t0 = time.perf_counter()
+    subprocess.run([shutil.which("psql") or "psql", dsn, "-c", r"\copy snap_t to /dev/null"], check=True, capture_output=True)
+    psql_s = time.perf_counter() - t0
+    log_root = work / "log-snap"
+    config = _config(work / "snap.toml", dsn, log_root, "bench_snap", "initial", "public.snap_t")
+    trib_s, rss = _run_until(config, log_root, Lsn(1))
+    shutil.rmtree(log_root, ignore_errors=True)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot('bench_snap')")
+    return {"psql_copy_rows_per_s": rows / psql_s, "tributary_rows_per_s": rows / trib_s, "ratio": psql_s / trib_s, "tributary_peak_rss_mb": rss}
+
+
+def bench_latency(dsn: str, work: Path, seconds: float, tps: int) -> dict[str, float]:
+    """Commit -> committed in the log, at a steady rate: the row carries its commit clock."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS lat_t; CREATE TABLE lat_t (id bigserial PRIMARY KEY, sent double precision)")
+        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'bench_lat'")
+    log_root = work / "log-lat"
+    config = _config(work / "lat.toml", dsn, log_root, "bench_lat", "never", "public.lat_t")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot('bench_lat', 'wal2json')")
+    proc = _spawn(config)
+    time.sleep(3)
+    seen: dict[int, float] = {}
+    stop = threading.Event()
+
+    def follow() -> None:
+        offsets: dict[int, int] = {}
+        while not stop.is_set():
+            try:
+                with Log.open(log_root) as log:
+                    if "b.public.lat_t" in log.topics():
+                        for p in range(log.topics()["b.public.lat_t"].partitions):
+                            for rec in log.read("b.public.lat_t", p, offsets.get(p, 0)):
+                                offsets[p] = rec.offset + 1
+                                if rec.value:
+                                    after = json.loads(rec.value).get("after")
+                                    if after and "sent" in after:
+                                        seen[after["id"]] = time.time() - float(after["sent"])
+            except Exception:  # noqa: BLE001 - keep following while the log is being created
+                pass
+            time.sleep(0.001)
+
+    reader = threading.Thread(target=follow)
+    reader.start()
+    sent = 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            conn.execute("INSERT INTO lat_t (sent) VALUES (extract(epoch from clock_timestamp()))")
+            sent += 1
+            ahead = sent / tps - (time.perf_counter() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+    time.sleep(2)
+    stop.set()
+    reader.join()
+    proc.terminate()
+    proc.wait(timeout=60)
+    lat = sorted(v * 1000 for v in seen.values())
+    shutil.rmtree(log_root, ignore_errors=True)
+    return {
+        "sent": sent, "seen": len(lat), "tps": sent / seconds,
+        "p50_ms": lat[len(lat) // 2] if lat else float("nan"),
+        "p99_ms": lat[int(len(lat) * 0.99)] if lat else float("nan"),
+        "note": "includes the reader's own poll (1 ms) and manifest re-read",
+    }  # type: ignore[dict-item]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--snapshot-rows", type=int, default=2_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--latency-seconds", type=float, default=10)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "capture.json")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="tributary-bench-"))
+    cluster = EmbeddedPostgres(work / "pg")
+    cluster.up()
+    dsn = cluster.dsn()
+    try:
+        streams = [bench_streaming(cluster, dsn, args.rows, work) for _ in range(args.repeat)]
+        snaps = [bench_snapshot(cluster, dsn, args.snapshot_rows, work) for _ in range(args.repeat)]
+        latency = bench_latency(dsn, work, args.latency_seconds, 1000)
+    finally:
+        cluster.destroy()
+        shutil.rmtree(work, ignore_errors=True)
+
+    def med(rows: list[dict[str, float]]) -> dict[str, float]:
+        return {k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0]}
+
+    result = {
+        "machine": {"cpus": os.cpu_count()},
+        "streaming": {"rows": args.rows, "runs": len(streams), "median": med(streams), "target_ratio": 0.8},
+        "snapshot": {"rows": args.snapshot_rows, "runs": len(snaps), "median": med(snaps), "target_ratio": 0.7},
+        "latency_1000tps": latency,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
