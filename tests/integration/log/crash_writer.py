@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+from concurrent.futures import Future
 from pathlib import Path
 
 from capture.log import Log, TopicConfig, canonical_json
@@ -28,6 +29,11 @@ def main() -> None:
     log = Log.open(root, writer=True, segment_bytes=16_384, index_interval_bytes=512)
     log.create_topic("t", TopicConfig(partitions=PARTS))
     n = 0
+    inflight: tuple[Future[None], list[int], int] | None = None
+
+    def report(ends: list[int], n: int) -> None:
+        print("committed", json.dumps(ends, separators=(",", ":")), n, flush=True)
+
     while True:
         for _ in range(rnd.randint(1, 4)):
             p = rnd.randrange(PARTS)
@@ -39,10 +45,16 @@ def main() -> None:
             assert log.append("t", p, batch) == start
         n += 1
         ends = [log.mark().ends[("t", p)].end for p in range(PARTS)]
+        if inflight is not None:  # one pipelined commit in flight at most
+            inflight[0].result()
+            report(inflight[1], inflight[2])
+            inflight = None
         print("intent", json.dumps(ends, separators=(",", ":")), flush=True)
-        log.commit(positions={"src": str(n)})
-        print("committed", json.dumps(ends, separators=(",", ":")), n, flush=True)
-
+        if n % 2:
+            log.commit(positions={"src": str(n)})
+            report(ends, n)
+        else:  # pipelined: the next appends run while this commit fsyncs
+            inflight = (log.commit_async(positions={"src": str(n)}), ends, n)
 
 if __name__ == "__main__":
     main()
