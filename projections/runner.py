@@ -1,0 +1,301 @@
+"""Running projections: incremental catch-up, rebuild with a zero-downtime view swap, status.
+
+The functions the CLI and API call (`tributary project list|status|run|rebuild`):
+`list_projections`, `status`, `run`, `rebuild`, `run_continuous`. One catch-up pass
+(`_catch_up`) is the protocol of `projections.local`, distributed:
+
+ 1. snapshot the log's committed ends; new records = checkpoint → end per topic-partition;
+ 2. route new records to units; the earliest new record per unit decides (against the stored
+    state) whether the unit resumes or is recomputed from all its records;
+ 3. fold in Spark (shuffle by unit, sort by event time/topic/partition/offset, mapInArrow);
+ 4. commit rows, deletes, unit states and checkpoints in one driver-side transaction.
+A crash anywhere before step 4's commit leaves the previous commit intact: a rerun redoes it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from capture.log import Log, LogError, TopicNotFoundError
+from projections.definition import Projection
+from projections.engine import decide, render_row
+from projections.errors import ProjectionError, RecordError, RunError
+from projections.job import fold_frame, items_frame
+from projections.loader import load, resolve
+from projections.source import records_frame
+from projections.spark import get_session
+from projections.store import BuildRow, Store
+
+__all__ = ["RunResult", "RunSettings", "list_projections", "rebuild", "run", "run_continuous", "status"]
+
+Progress = Callable[[str, int, int], None]
+TP = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSettings:
+    """What a run needs, frozen at the edge (the CLI builds it from `tributary.toml`)."""
+
+    dsn: str
+    log_root: Path
+    modules: tuple[str, ...] = ()
+    mirror: tuple[str, ...] = ()
+    schema: str = "views"
+    spark_master: str = "local[*]"
+    shuffle_partitions: int = 4
+    split_bytes: int = 16 << 20
+    max_passes: int = 5
+
+    @classmethod
+    def from_settings(cls, settings: Any, *, dsn: str | None = None) -> RunSettings:
+        """From `api.config.Settings` (pass `dsn` when the service DSN is the embedded default)."""
+        pr = settings.projections
+        return cls(dsn=dsn or settings.service.dsn, log_root=Path(settings.log.root),
+                   modules=tuple(pr.modules), mirror=tuple(pr.mirror), schema=pr.schema_,
+                   spark_master=pr.spark_master)
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    name: str
+    build: int
+    table: str
+    records: int
+    rows: int
+    rebuilt: bool
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectionStatus:
+    name: str
+    version: int
+    build: int | None
+    build_version: int | None
+    state: str
+    table: str | None
+    records: int
+    lag: int
+    late_dropped: int
+    needs_rebuild: bool
+    other_builds: tuple[str, ...] = field(default=())
+
+
+def _connect(s: RunSettings) -> psycopg.Connection[Any]:
+    try:
+        return psycopg.connect(s.dsn, autocommit=True)
+    except psycopg.OperationalError as exc:
+        raise RunError(f"cannot connect to the service database ([service] dsn): {exc}") from exc
+
+
+def _ends(log: Log, topics: tuple[str, ...]) -> dict[TP, int]:
+    out: dict[TP, int] = {}
+    for t in topics:
+        try:
+            out.update({(t, i): e for i, e in enumerate(log.end_offsets(t))})
+        except TopicNotFoundError:
+            continue  # nothing captured on it yet
+    return out
+
+
+def _spark_error(exc: Exception) -> ProjectionError:
+    m = re.search(r"projection '[^']*' failed on [^\n]*", str(exc))
+    if m:
+        return RunError(m.group(0))
+    return RunError(f"the Spark job failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+
+
+def _catch_up(s: RunSettings, spark: Any, store: Store, log: Log, p: Projection, b: BuildRow) -> tuple[int, int]:
+    """One pass from the checkpoints to the log's committed end. Returns (records, rows)."""
+    from pyspark.sql import functions as F
+
+    ref = (s.modules, s.mirror, p.name)
+    ends = _ends(log, p.topics)
+    ck = store.checkpoints(b)
+    lo = {tp: ck.get(tp, (0, None))[0] for tp in ends}
+    base = {tp: ck.get(tp, (0, None))[1] for tp in ends}
+    todo = {tp: ends[tp] - lo[tp] for tp in ends if ends[tp] > lo[tp]}
+    if not todo:
+        return 0, 0
+    topics = tuple(t for t in p.topics if any(tp[0] == t for tp in ends))
+    frame = dict(modules=s.modules, mirror=s.mirror, name=p.name, topics=topics, max_bytes=s.split_bytes)
+    windowed = p.window is not None
+    new_ck: dict[TP, tuple[int, int | None]] = {tp: (ends[tp], base[tp]) for tp in ends}
+    try:
+        if p.build is not None:  # a DataFrame transform recomputes over the whole log
+            out = p.build(records_frame(spark, log, lo={}, hi=ends, **frame)).toArrow()
+            lines = (render_row(p, row)[0] for row in out.to_pylist())
+            rows = store.commit_run(p, b, [], new_ck, sum(todo.values()), rows=lines, replace_all=True)
+            return sum(todo.values()), rows
+        new_records = records_frame(spark, log, lo=lo, hi=ends, **frame)
+        items = items_frame(spark, new_records, ref, windowed, base)
+        priors: dict[str, Any] = {}
+        recompute: set[str] = set()
+        if ck:  # the state table may know these units: resume or recompute each
+            firsts = items.groupBy("unit").agg(
+                F.min(F.struct("event_time", "topic", "partition", "offset")).alias("m")).collect()
+            min_new = {r["unit"]: tuple(r["m"]) for r in firsts}
+            priors, recompute = decide(store.priors(b, list(min_new)), min_new)
+        if recompute:
+            everything = items_frame(spark, records_frame(spark, log, lo={}, hi=ends, **frame), ref, windowed, {})
+            rc = F.broadcast(spark.createDataFrame([(u,) for u in sorted(recompute)], "unit string"))
+            items = items.join(rc, "unit", "left_anti").unionByName(everything.join(rc, "unit", "left_semi"))
+        if windowed:  # watermarks continue from each partition's max event time
+            for r in new_records.groupBy("topic", "partition").agg(F.max("event_time").alias("m")).collect():
+                tp = (r["topic"], r["partition"])
+                prev = base.get(tp)
+                new_ck[tp] = (ends[tp], r["m"] if prev is None else max(prev, r["m"]))
+        outputs = fold_frame(spark, items, ref, priors, s.shuffle_partitions).toArrow().to_pylist()
+    except ProjectionError:
+        raise
+    except Exception as exc:  # Spark wraps task errors; report the record, not the stack
+        if type(exc).__module__.startswith(("pyspark", "py4j")):
+            raise _spark_error(exc) from exc
+        raise
+    rows = store.commit_run(p, b, outputs, new_ck, sum(todo.values()))
+    return sum(todo.values()), rows
+
+
+def _session(s: RunSettings, spark: Any) -> Any:
+    return spark if spark is not None else get_session(s.spark_master, shuffle_partitions=s.shuffle_partitions)
+
+
+class _Locked:
+    """Connection + store + per-projection advisory lock for the length of one operation."""
+
+    def __init__(self, s: RunSettings, name: str) -> None:
+        self.name = name
+        self.conn = _connect(s)
+        self.store = Store(self.conn, schema=s.schema)
+        self.store.ensure()
+        if not self.store.try_lock(name):
+            self.conn.close()
+            raise RunError(f"projection {name!r} is being run or rebuilt by another process")
+
+    def __enter__(self) -> Store:
+        return self.store
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.store.unlock(self.name)
+        finally:
+            self.conn.close()
+
+
+def _rebuild(s: RunSettings, spark: Any, store: Store, p: Projection, progress: Progress | None) -> RunResult:
+    t0 = time.monotonic()
+    log = Log.open(s.log_root)
+    b = store.new_build(p)
+    records = rows = 0
+    try:
+        for i in range(s.max_passes):  # catch up until a pass finds nothing new
+            if progress:
+                progress("building" if i == 0 else "catching_up", records, 0)
+            log.refresh()
+            n, r = _catch_up(s, spark, store, log, p, b)
+            records, rows = records + n, rows + r
+            if n == 0:
+                break
+            if i == 0:
+                store.set_status(b, "catching_up")
+        store.set_status(b, "swapping")
+        if progress:
+            progress("swapping", records, records)
+        old = store.swap(b)
+        for table in old:
+            store.drop_build(p.name, table)
+    except BaseException as exc:
+        store.set_status(b, "failed", str(exc)[:2000])
+        raise
+    finally:
+        log.close()
+    return RunResult(p.name, b.build, b.table_name, records, rows, True, time.monotonic() - t0)
+
+
+def rebuild(name: str, settings: RunSettings, *, spark: Any = None, progress: Progress | None = None) -> RunResult:
+    """Build `<schema>.<name>__v<version>_<build>` from offset 0 while the old build keeps
+    serving, catch up to the log end, swap the view `<schema>.<name>` in one transaction and
+    drop the old builds. A failure leaves the old build serving and the new one `failed`."""
+    p = resolve(settings.modules, settings.mirror, name)
+    with _Locked(settings, name) as store:
+        return _rebuild(settings, _session(settings, spark), store, p, progress)
+
+
+def run(name: str, settings: RunSettings, *, spark: Any = None, progress: Progress | None = None) -> RunResult:
+    """Catch the current build up to the log end; rebuild first if there is none or the
+    projection's version changed."""
+    p = resolve(settings.modules, settings.mirror, name)
+    with _Locked(settings, name) as store:
+        cur = store.current(name)
+        sess = _session(settings, spark)
+        if cur is None or cur.version != p.version:
+            return _rebuild(settings, sess, store, p, progress)
+        t0 = time.monotonic()
+        log = Log.open(settings.log_root)
+        try:
+            n, r = _catch_up(settings, sess, store, log, p, cur)
+        finally:
+            log.close()
+        return RunResult(name, cur.build, cur.table_name, n, r, False, time.monotonic() - t0)
+
+
+def run_continuous(name: str, settings: RunSettings, *, freshness_s: float = 5.0, idle_max_s: float = 30.0,
+                   stop: Callable[[], bool] = lambda: False, sleep: Callable[[float], None] = time.sleep,
+                   spark: Any = None) -> int:
+    """`project run --continuous`: catch up every `freshness_s` while records arrive, backing off
+    (doubling, up to `idle_max_s`) while idle. Returns the number of passes made."""
+    passes, wait = 0, freshness_s
+    while not stop():
+        result = run(name, settings, spark=spark)
+        passes += 1
+        wait = freshness_s if result.records else min(wait * 2, idle_max_s)
+        sleep(wait if not result.records else 0.0)
+    return passes
+
+
+def list_projections(settings: RunSettings) -> list[dict[str, Any]]:
+    """Name, version, topics, kind and window of every configured projection."""
+    return [{"name": p.name, "version": p.version, "topics": list(p.topics),
+             "kind": "fold" if p.fold is not None else "dataframe",
+             "window": None if p.window is None else p.window.kind, "description": p.description}
+            for p in load(settings.modules, settings.mirror).values()]
+
+
+def status(settings: RunSettings, name: str | None = None) -> list[ProjectionStatus]:
+    """Per projection: serving build, its lifecycle state, records read, lag behind the log,
+    late records dropped, and whether the file's version asks for a rebuild."""
+    projections: Mapping[str, Projection] = load(settings.modules, settings.mirror)
+    names = [name] if name else sorted(projections)
+    out: list[ProjectionStatus] = []
+    with _connect(settings) as conn:
+        store = Store(conn, schema=settings.schema)
+        store.ensure()
+        try:
+            log: Log | None = Log.open(settings.log_root)
+        except LogError:  # nothing captured yet: lag unknown, status still useful
+            log = None
+        for n in names:
+            p = resolve(settings.modules, settings.mirror, n)
+            builds = store.builds(n)
+            cur = next((b for b in builds if b.current), None)
+            lag = 0
+            if cur is not None and log is not None:
+                ck = store.checkpoints(cur)
+                lag = sum(max(0, e - ck.get(tp, (0, None))[0]) for tp, e in _ends(log, p.topics).items())
+            others = tuple(f"{b.table_name}:{b.status}" for b in builds if not b.current)
+            out.append(ProjectionStatus(
+                n, p.version, cur.build if cur else None, cur.version if cur else None,
+                cur.status if cur else (builds[-1].status if builds else "never run"),
+                cur.table_name if cur else None, cur.records if cur else 0, lag,
+                store.dropped_total(cur) if cur else 0,
+                cur is None or cur.version != p.version, others))
+        if log is not None:
+            log.close()
+    return out

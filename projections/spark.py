@@ -1,0 +1,96 @@
+"""One SparkSession per process, from config, tuned for a small machine.
+
+Measured here (DESIGN.md "Facts about Spark"): UI off, few shuffle partitions, AQE off, quiet
+logs and a loopback address cut start-up to 6–8 s. Python workers do not see `sys.path` edits,
+so the project's root goes on PYTHONPATH (and `spark.executorEnv.PYTHONPATH`) before the JVM
+starts — the one place this package touches the environment, because Spark reads it there.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PROJECT_ROOT", "get_session", "stop_session"]
+
+PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+_LOCK = threading.Lock()
+_SESSION: Any = None
+
+_LOG4J = """\
+rootLogger.level = error
+rootLogger.appenderRef.stdout.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+"""
+
+
+def _quiet_log4j() -> str:
+    path = Path(tempfile.gettempdir()) / "tributary-log4j2.properties"
+    if not path.exists():
+        path.write_text(_LOG4J)
+    return str(path)
+
+
+def _pythonpath() -> str:
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if PROJECT_ROOT not in parts:
+        parts.insert(0, PROJECT_ROOT)
+        os.environ["PYTHONPATH"] = os.pathsep.join(parts)
+    return os.environ["PYTHONPATH"]
+
+
+def get_session(master: str = "local[*]", *, shuffle_partitions: int = 4,
+                conf: Mapping[str, str] | None = None) -> Any:
+    """The process's SparkSession (created on first use; later calls return the same one)."""
+    global _SESSION
+    with _LOCK:
+        if _SESSION is not None:
+            return _SESSION
+        pythonpath = _pythonpath()
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need this venv's packages
+        os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
+        from pyspark.sql import SparkSession
+
+        log4j = _quiet_log4j()
+        builder = (
+            SparkSession.builder.master(master)
+            .appName("tributary-projections")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+            .config("spark.default.parallelism", str(shuffle_partitions))
+            .config("spark.sql.adaptive.enabled", "false")
+            .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+            .config("spark.sql.session.timeZone", "UTC")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.executorEnv.PYTHONPATH", pythonpath)
+            .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
+            .config("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
+            .config("spark.python.worker.reuse", "true")
+            .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
+        )
+        for k, v in (conf or {}).items():
+            builder = builder.config(k, v)
+        session = builder.getOrCreate()
+        session.sparkContext.setLogLevel("ERROR")
+        _SESSION = session
+        return session
+
+
+def stop_session() -> None:
+    global _SESSION
+    with _LOCK:
+        if _SESSION is not None:
+            _SESSION.stop()
+            _SESSION = None

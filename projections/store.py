@@ -1,0 +1,234 @@
+"""Projection state in the service database: builds, checkpoints, per-build state, the view.
+
+Tables live in schema `tributary_projections` (created if missing, until a migration owns them):
+`builds` (one row per build of a projection, with its lifecycle status) and `checkpoints`
+(next offset and max event time per topic-partition, per build). Each build has its output table
+`<schema>.<name>__v<version>_<build>` and a state table beside the checkpoints.
+All SQL is composed with `psycopg.sql` (STYLE.md habit 13).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from projections.definition import Projection
+from projections.engine import Prior
+
+__all__ = ["META", "BuildRow", "Store"]
+
+META = "tributary_projections"
+_DDL = [
+    sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(META)),
+    sql.SQL("""CREATE TABLE IF NOT EXISTS {}.builds (
+        projection text NOT NULL, build integer NOT NULL, version integer NOT NULL,
+        table_name text NOT NULL, status text NOT NULL, error text,
+        started_at timestamptz NOT NULL DEFAULT now(), finished_at timestamptz,
+        records bigint NOT NULL DEFAULT 0, current boolean NOT NULL DEFAULT false,
+        PRIMARY KEY (projection, build))""").format(sql.Identifier(META)),
+    sql.SQL("""CREATE TABLE IF NOT EXISTS {}.checkpoints (
+        projection text NOT NULL, build integer NOT NULL, topic text NOT NULL,
+        partition integer NOT NULL, next_offset bigint NOT NULL, max_event_time bigint,
+        PRIMARY KEY (projection, build, topic, partition))""").format(sql.Identifier(META)),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class BuildRow:
+    projection: str
+    build: int
+    version: int
+    table_name: str
+    status: str
+    error: str | None
+    records: int
+    current: bool
+
+
+class Store:
+    """Driver-side access to one service database (schema for views given by config)."""
+
+    def __init__(self, conn: psycopg.Connection[Any], *, schema: str = "views") -> None:
+        self.conn = conn
+        self.schema = schema
+
+    # -- bookkeeping -----------------------------------------------------------------------
+
+    def ensure(self) -> None:
+        with self.conn.transaction():
+            self.conn.execute("SELECT pg_advisory_xact_lock(hashtext('tributary_projections_ddl'))")
+            for stmt in _DDL:
+                self.conn.execute(stmt)
+            self.conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
+
+    def try_lock(self, name: str) -> bool:
+        """A session-level advisory lock: one runner per projection at a time."""
+        row = self.conn.execute("SELECT pg_try_advisory_lock(hashtext('tributary_projection'), hashtext(%s))",
+                                (name,)).fetchone()
+        return bool(row and row[0])
+
+    def unlock(self, name: str) -> None:
+        self.conn.execute("SELECT pg_advisory_unlock(hashtext('tributary_projection'), hashtext(%s))", (name,))
+
+    def builds(self, name: str | None = None) -> list[BuildRow]:
+        q = sql.SQL("SELECT projection, build, version, table_name, status, error, records, current "
+                    "FROM {}.builds {} ORDER BY projection, build").format(
+            sql.Identifier(META), sql.SQL("WHERE projection = %s" if name else ""))
+        return [BuildRow(*r) for r in self.conn.execute(q, (name,) if name else ()).fetchall()]
+
+    def current(self, name: str) -> BuildRow | None:
+        return next((b for b in self.builds(name) if b.current), None)
+
+    def new_build(self, p: Projection) -> BuildRow:
+        """Register a build and create its (empty) output and state tables."""
+        with self.conn.transaction():
+            row = self.conn.execute(sql.SQL("SELECT coalesce(max(build), 0) + 1 FROM {}.builds "
+                                            "WHERE projection = %s").format(sql.Identifier(META)),
+                                    (p.name,)).fetchone()
+            build = int(row[0]) if row else 1
+            table = f"{p.name}__v{p.version}_{build}"
+            cols = [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type)) for c in p.table.columns]
+            pk = sql.SQL(", ").join(map(sql.Identifier, p.table.primary_key))
+            self.conn.execute(sql.SQL("CREATE TABLE {} ({}, PRIMARY KEY ({}))").format(
+                sql.Identifier(self.schema, table), sql.SQL(", ").join(cols), pk))
+            self.conn.execute(sql.SQL("CREATE TABLE {} (unit text PRIMARY KEY, state text, last text, "
+                                      "pks text NOT NULL, dropped bigint NOT NULL)").format(
+                sql.Identifier(META, table + "__state")))
+            self.conn.execute(sql.SQL("INSERT INTO {}.builds (projection, build, version, table_name, status) "
+                                      "VALUES (%s, %s, %s, %s, 'building')").format(sql.Identifier(META)),
+                              (p.name, build, p.version, table))
+        return BuildRow(p.name, build, p.version, table, "building", None, 0, False)
+
+    def set_status(self, b: BuildRow, status: str, error: str | None = None) -> None:
+        with self.conn.transaction():
+            self.conn.execute(sql.SQL("UPDATE {}.builds SET status = %s, error = %s, finished_at = "
+                                      "CASE WHEN %s IN ('done', 'failed') THEN now() END "
+                                      "WHERE projection = %s AND build = %s").format(sql.Identifier(META)),
+                              (status, error, status, b.projection, b.build))
+
+    def checkpoints(self, b: BuildRow) -> dict[tuple[str, int], tuple[int, int | None]]:
+        rows = self.conn.execute(sql.SQL("SELECT topic, partition, next_offset, max_event_time FROM "
+                                         "{}.checkpoints WHERE projection = %s AND build = %s").format(
+            sql.Identifier(META)), (b.projection, b.build)).fetchall()
+        return {(t, p): (o, m) for t, p, o, m in rows}
+
+    def priors(self, b: BuildRow, units: Sequence[str]) -> dict[str, Prior]:
+        """Stored state of the given units (those never seen are absent)."""
+        if not units:
+            return {}
+        q = sql.SQL("SELECT unit, state, last, pks, dropped FROM {} WHERE unit = ANY(%s)").format(
+            sql.Identifier(META, b.table_name + "__state"))
+        out: dict[str, Prior] = {}
+        for unit, state, last, pks, dropped in self.conn.execute(q, (list(units),)):
+            out[unit] = Prior(state, None if last is None else tuple(orjson.loads(last)),
+                              tuple(tuple(k) for k in orjson.loads(pks)), int(dropped), False)
+        return out
+
+    # -- the commit: rows, deletes, states and checkpoints in one transaction -----------------
+
+    def commit_run(self, p: Projection, b: BuildRow, outputs: Iterable[Mapping[str, Any]],
+                   checkpoints: Mapping[tuple[str, int], tuple[int, int | None]], records: int,
+                   *, rows: Iterable[str] = (), replace_all: bool = False) -> int:
+        """Apply one run's output and move its checkpoints, atomically. Returns rows upserted.
+
+        1. COPY rows, deleted keys and unit states into temporary staging tables;
+        2. delete the rows units gave up (or, `replace_all`, every row not staged);
+        3. merge staged rows: INSERT … ORDER BY pk ON CONFLICT DO UPDATE;
+        4. upsert unit states; 5. upsert checkpoints; 6. commit — all or nothing."""
+        target = sql.Identifier(self.schema, b.table_name)
+        state = sql.Identifier(META, b.table_name + "__state")
+        names = p.table.names
+        pk = p.table.primary_key
+        cols = sql.SQL(", ").join(map(sql.Identifier, names))
+        pkcols = sql.SQL(", ").join(map(sql.Identifier, pk))
+        match = sql.SQL(" AND ").join(sql.SQL("t.{0} = s.{0}").format(sql.Identifier(k)) for k in pk)
+        nonpk = [n for n in names if n not in pk]
+        sets = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in nonpk)
+        on_conflict = sql.SQL("DO UPDATE SET {}").format(sets) if nonpk else sql.SQL("DO NOTHING")
+        n_rows = 0
+        with self.conn.transaction():
+            cur = self.conn.cursor()
+            # 1. staging
+            cur.execute(sql.SQL("CREATE TEMP TABLE _stage ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
+                cols, target))
+            cur.execute(sql.SQL("CREATE TEMP TABLE _del ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
+                pkcols, target))
+            cur.execute("CREATE TEMP TABLE _state (unit text, state text, last text, pks text, dropped bigint) "
+                        "ON COMMIT DROP")
+            outputs = list(outputs)
+            with cur.copy(sql.SQL("COPY _stage ({}) FROM STDIN").format(cols)) as cp:
+                for o in outputs:
+                    if o["rows"]:
+                        cp.write(o["rows"])
+                        n_rows += o["rows"].count("\n")
+                for line in rows:
+                    cp.write(line)
+                    n_rows += 1
+            with cur.copy(sql.SQL("COPY _del ({}) FROM STDIN").format(pkcols)) as cp:
+                for o in outputs:
+                    for key in orjson.loads(o["deletes"]):
+                        cp.write_row(key)
+            with cur.copy("COPY _state FROM STDIN") as cp:
+                for o in outputs:
+                    cp.write_row((o["unit"], o["state"], o["last"], o["pks"], o["dropped"]))
+            # 2. deletes
+            if replace_all:
+                cur.execute(sql.SQL("DELETE FROM {} t WHERE NOT EXISTS (SELECT 1 FROM _stage s WHERE {})").format(
+                    target, match))
+            cur.execute(sql.SQL("DELETE FROM {} t USING _del s WHERE {}").format(target, match))
+            # 3. merge
+            cur.execute(sql.SQL("INSERT INTO {} ({}) SELECT DISTINCT ON ({}) {} FROM _stage ORDER BY {} "
+                                "ON CONFLICT ({}) {}").format(target, cols, pkcols, cols, pkcols, pkcols,
+                                                              on_conflict))
+            # 4. states
+            cur.execute(sql.SQL("INSERT INTO {} SELECT DISTINCT ON (unit) * FROM _state ORDER BY unit "
+                                "ON CONFLICT (unit) DO UPDATE SET state = EXCLUDED.state, last = EXCLUDED.last, "
+                                "pks = EXCLUDED.pks, dropped = EXCLUDED.dropped").format(state))
+            # 5. checkpoints
+            cur.executemany(sql.SQL(
+                "INSERT INTO {}.checkpoints VALUES (%s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (projection, build, topic, partition) DO UPDATE SET "
+                "next_offset = EXCLUDED.next_offset, max_event_time = EXCLUDED.max_event_time").format(
+                sql.Identifier(META)),
+                [(b.projection, b.build, t, part, o, m) for (t, part), (o, m) in checkpoints.items()])
+            cur.execute(sql.SQL("UPDATE {}.builds SET records = records + %s WHERE projection = %s "
+                                "AND build = %s").format(sql.Identifier(META)), (records, b.projection, b.build))
+        return n_rows
+
+    # -- the swap ---------------------------------------------------------------------------
+
+    def swap(self, b: BuildRow) -> list[str]:
+        """Point `<schema>.<name>` at this build in one transaction; returns the old builds' tables."""
+        view = sql.Identifier(self.schema, b.projection)
+        with self.conn.transaction():
+            self.conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(view))
+            self.conn.execute(sql.SQL("CREATE VIEW {} AS SELECT * FROM {}").format(
+                view, sql.Identifier(self.schema, b.table_name)))
+            self.conn.execute(sql.SQL("UPDATE {}.builds SET current = (build = %s), "
+                                      "status = CASE WHEN build = %s THEN 'done' ELSE status END, "
+                                      "finished_at = CASE WHEN build = %s THEN now() ELSE finished_at END "
+                                      "WHERE projection = %s").format(sql.Identifier(META)),
+                              (b.build, b.build, b.build, b.projection))
+        return [x.table_name for x in self.builds(b.projection) if x.build != b.build]
+
+    def drop_build(self, name: str, table: str) -> None:
+        """Drop an old build's tables and bookkeeping (after the swap; waits for its last readers)."""
+        with self.conn.transaction():
+            self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self.schema, table)))
+            self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(META, table + "__state")))
+            self.conn.execute(sql.SQL("DELETE FROM {}.checkpoints WHERE projection = %s AND build IN "
+                                      "(SELECT build FROM {}.builds WHERE projection = %s AND table_name = %s)"
+                                      ).format(sql.Identifier(META), sql.Identifier(META)),
+                              (name, name, table))
+            self.conn.execute(sql.SQL("DELETE FROM {}.builds WHERE projection = %s AND table_name = %s").format(
+                sql.Identifier(META)), (name, table))
+
+    def dropped_total(self, b: BuildRow) -> int:
+        row = self.conn.execute(sql.SQL("SELECT coalesce(sum(dropped), 0) FROM {}").format(
+            sql.Identifier(META, b.table_name + "__state"))).fetchone()
+        return int(row[0]) if row else 0
