@@ -17,7 +17,12 @@ from types import TracebackType
 
 from capture.log import _fileio
 from capture.log.codec import RecordIn
-from capture.log.errors import LogError, LogLockedError, TopicNotFoundError
+from capture.log.errors import (
+    CorruptRecordError,
+    LogError,
+    LogLockedError,
+    TopicNotFoundError,
+)
 from capture.log.manifest import (
     MANIFEST,
     Manifest,
@@ -311,6 +316,9 @@ class Log:
                 parts[p] = PartitionState(old.start, end.end, end.segment, end.nbytes)
             topics[name] = TopicState(t.config, tuple(parts))
         merged = {**self._submitted.positions, **(positions or {})}
+        unchanged = topics == self._submitted.topics and merged == self._submitted.positions
+        if not fds and not dirs and unchanged:
+            return self._worker_barrier()  # nothing new: durable once earlier commits are
         return self._submit(Manifest(self._submitted.generation, topics, merged), fds, dirs)
 
     def _submit(self, manifest: Manifest, fds: list[int], dirs: list[Path]) -> Future[None]:
@@ -376,6 +384,8 @@ class Log:
         committed manifest so the log is usable again (every uncommitted append is dropped)."""
         if self._worker is not None:
             self._worker.submit(lambda: None).result()
+        for w in self._writers.values():
+            w.close()
         self._recover()
 
     # -- committed state -------------------------------------------------------------------
@@ -402,8 +412,28 @@ class Log:
     ) -> Iterator[Record]:
         """Committed records from `from_offset` (or the next existing one) up to `to_offset`."""
         state = self._state(topic, partition)
-        stop = state.end if to_offset is None else to_offset
-        return read_partition(self.root, topic, partition, state, from_offset, stop)
+        stop = state.end if to_offset is None else min(to_offset, state.end)
+        return self._read(topic, partition, from_offset, stop, state)
+
+    def _read(
+        self, topic: str, partition: int, start: int, stop: int, state: PartitionState
+    ) -> Iterator[Record]:
+        """A reader whose manifest is older than a compaction of what it took for the active
+        segment finds that file shorter than it expected: re-read the manifest and go on."""
+        while True:
+            try:
+                for rec in read_partition(self.root, topic, partition, state, start, stop):
+                    start = rec.offset + 1
+                    yield rec
+                return
+            except CorruptRecordError:
+                fresh = None if self.writer else read_manifest(self.root)
+                if fresh is None or topic not in fresh.topics:
+                    raise
+                newer = fresh.partition(topic, partition)
+                if newer.segment == state.segment:
+                    raise
+                state = newer
 
     def read_from_time(self, topic: str, partition: int, timestamp_ms: int) -> Iterator[Record]:
         """From the first committed record whose timestamp is >= timestamp_ms."""
@@ -461,8 +491,16 @@ class Log:
         return sum(len(d) for _, _, d in plan)
 
     def _worker_idle(self) -> None:
-        if self._worker is not None:
-            self._worker.submit(lambda: None).result()
+        self._worker_barrier().result()
+
+    def _worker_barrier(self) -> Future[None]:
+        """Resolves when every commit submitted so far has finished (failing if one failed)."""
+        assert self._worker is not None
+        return self._worker.submit(self._raise_if_failed)
+
+    def _raise_if_failed(self) -> None:
+        if self._failed is not None:
+            raise LogError(f"an earlier commit failed ({self._failed})")
 
     def verify(self) -> list[Problem]:
         from capture.log.verify import verify_log

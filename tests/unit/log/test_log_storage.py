@@ -224,3 +224,33 @@ def test_create_topic_is_idempotent_and_durable(tmp_path: Path) -> None:
         assert log.create_topic("t") == cfg
     with Log.open(tmp_path / "log") as reader:
         assert reader.topics() == {"t": cfg} and reader.end_offsets("t") == [0, 0, 0]
+
+
+def test_commit_async_pipelines_commits_in_order(log: Log, tmp_path: Path) -> None:
+    log.create_topic("t")
+    log.append("t", 0, [rec(i) for i in range(5)])
+    first = log.commit_async(positions={"src": "1"})
+    log.append("t", 0, [rec(i) for i in range(5, 9)])  # while the first commit may still fsync
+    second = log.commit_async(positions={"src": "2"})
+    second.result()
+    assert first.done() and log.end_offsets("t") == [9, 0] and log.positions() == {"src": "2"}
+    gen = (log.root / "manifest.json").read_bytes()
+    log.commit()  # nothing new: no manifest write
+    assert (log.root / "manifest.json").read_bytes() == gen
+    with Log.open(tmp_path / "log") as reader:
+        assert offsets(reader.read("t", 0)) == list(range(9))
+
+
+def test_stale_reader_continues_after_compaction_of_its_active_segment(tmp_path: Path) -> None:
+    with Log.open(tmp_path / "log", writer=True, segment_bytes=400) as log:
+        log.create_topic("c", TopicConfig(partitions=1, policy="compact"))
+        log.append("c", 0, [rec(0, key=2)] + [rec(i, key=1) for i in range(1, 3)])
+        log.commit()
+        reader = Log.open(tmp_path / "log")  # its snapshot: segment 0 is the active one
+        log.append("c", 0, [rec(i, key=1) for i in range(3, 20)])  # rolls past segment 0
+        log.commit()
+        stats = log.compact(now_ms=0)  # segment 0 shrinks to record 0 (key 2's only record)
+        assert stats.segments_rewritten >= 1
+        assert offsets(reader.read("c", 0)) == [0]  # not "corrupt": it re-reads the manifest
+        reader.refresh()
+        assert offsets(reader.read("c", 0))[-1] == 19
