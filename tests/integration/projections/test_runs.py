@@ -17,6 +17,7 @@ pytestmark = pytest.mark.integration
 
 HERE = Path(__file__).parent
 DEP, WD = "events.deposits", "events.withdrawals"
+NAMES = ("bank", "bank_daily", "bank_totals")
 
 
 def settings(dsn: str, root: Path) -> RunSettings:
@@ -63,12 +64,12 @@ def test_incremental_runs_equal_rebuild_byte_for_byte(spark: Any, fresh_db: str,
     for batch in (40, 25, 30):
         _workload(w, rng, batch, clock)
         w.commit()
-        for name in ("bank", "bank_daily"):
+        for name in NAMES:
             run(name, s, spark=spark)
     w.close()
-    incremental = {n: dump(fresh_db, f"views.{n}") for n in ("bank", "bank_daily")}
+    incremental = {n: dump(fresh_db, f"views.{n}") for n in NAMES}
     assert len(incremental["bank"]) == 6 and len(incremental["bank_daily"]) > 6
-    for name in ("bank", "bank_daily"):
+    for name in NAMES:
         rebuilt = rebuild(name, s, spark=spark)
         assert rebuilt.build == 2 and rebuilt.records == 95
         assert dump(fresh_db, f"views.{name}") == incremental[name], name
