@@ -24,7 +24,7 @@ from capture.log import (
     Record,
 )
 
-__all__ = ["cat", "compact", "log_app", "register", "topics", "verify"]
+__all__ = ["cat", "compact", "log_app", "register", "repair", "topics", "verify"]
 
 DEFAULT_ROOT = Path(".tributary/log")
 
@@ -140,6 +140,16 @@ def verify(root: Path) -> list[Problem]:
         return log.verify()
 
 
+def repair(root: Path) -> list[str]:
+    """Cut damaged committed tails back to the last intact record (needs the writer lock)."""
+    try:
+        log = Log.open(root, writer=True, repair=True)
+    except LogLockedError as exc:
+        raise LogError(f"cannot repair while capture is running: {exc}") from None
+    with log:
+        return list(log.repaired)
+
+
 # -- typer wrappers -------------------------------------------------------------------------
 
 
@@ -219,9 +229,22 @@ def compact_cmd(
 
 
 @log_app.command("verify")
-def verify_cmd(root: RootOption = DEFAULT_ROOT) -> None:
+def verify_cmd(
+    root: RootOption = DEFAULT_ROOT,
+    fix: Annotated[
+        bool,
+        typer.Option(
+            "--repair",
+            help="First cut damaged committed tails back to their last intact record "
+            "(offsets lost there stay a gap). Needs capture to be stopped.",
+        ),
+    ] = False,
+) -> None:
     """Read every committed record and check its CRC and order; exit 1 if anything is wrong."""
     try:
+        if fix:
+            for note in repair(root):
+                typer.echo(f"repaired: {note}", err=True)
         problems = verify(root)
     except LogError as exc:
         raise _fail(exc) from None

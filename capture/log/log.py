@@ -79,6 +79,7 @@ class Log:
         self._worker: ThreadPoolExecutor | None = None
         self._syncers: ThreadPoolExecutor | None = None
         self._failed: BaseException | None = None
+        self.repaired: list[str] = []
         self._closed = False
 
     # -- opening ---------------------------------------------------------------------------
@@ -94,8 +95,12 @@ class Log:
         segment_ms: int = 7 * 86_400_000,
         index_interval_bytes: int = 4096,
         fsync: bool = True,
+        repair: bool = False,
     ) -> Log:
-        """Open a log root: a writer takes the lock and recovers; a reader reads the manifest."""
+        """Open a log root: a writer takes the lock and recovers; a reader reads the manifest.
+
+        `repair=True` (writer only) cuts a partition whose committed tail is damaged back to its
+        last intact record instead of refusing to open; what was cut is in `log.repaired`."""
         if not 0 < segment_bytes < 1 << 32:
             raise ValueError(f"segment_bytes must be in 1..2**32-1, got {segment_bytes}")
         log = cls(
@@ -110,12 +115,14 @@ class Log:
         if writer:
             log._lock()
             try:
-                log._recover()
+                log._recover(repair=repair)
             except BaseException:
                 log._unlock()
                 raise
             log._worker = ThreadPoolExecutor(1, thread_name_prefix="log-commit")
             log._syncers = ThreadPoolExecutor(4, thread_name_prefix="log-fsync")
+            if log.repaired:
+                log.commit()  # the repaired state becomes the committed one at once
         else:
             if not log.root.is_dir():
                 raise LogError(f"no log at {log.root} (nothing has been captured there yet?)")
@@ -142,7 +149,7 @@ class Log:
             os.close(self._lock_fd)  # closing the fd releases the flock (as does kill -9)
             self._lock_fd = -1
 
-    def _recover(self) -> None:
+    def _recover(self, *, repair: bool = False) -> None:
         """Cut every partition back to the manifest's committed end and reopen it for appends."""
         (self.root / f"{MANIFEST}.tmp").unlink(missing_ok=True)
         manifest = read_manifest(self.root) or Manifest()
@@ -151,12 +158,19 @@ class Log:
         self._writers = {}
         for name, topic in manifest.topics.items():
             for p, state in enumerate(topic.partitions):
-                self._writers[(name, p)] = self._recover_partition(name, p, topic.config, state)
+                self._writers[(name, p)] = self._recover_partition(
+                    name, p, topic.config, state, self.repaired if repair else None
+                )
         self._committed = self._submitted = manifest
         self._failed = None
 
     def _recover_partition(
-        self, topic: str, p: int, cfg: TopicConfig, state: PartitionState
+        self,
+        topic: str,
+        p: int,
+        cfg: TopicConfig,
+        state: PartitionState,
+        repair: list[str] | None = None,
     ) -> PartitionWriter:
         ref = SegmentRef(topic, p, partition_dir(self.root, topic, p), state.segment)
         return PartitionWriter.recover(
@@ -165,6 +179,7 @@ class Log:
             segment_bytes=cfg.segment_bytes or self.segment_bytes,
             segment_ms=cfg.segment_ms or self.segment_ms,
             index_interval=self.index_interval_bytes,
+            repair=repair,
         )
 
     def refresh(self) -> None:

@@ -75,12 +75,23 @@ class PartitionWriter:
         segment_bytes: int,
         segment_ms: int,
         index_interval: int,
+        repair: list[str] | None = None,
     ) -> PartitionWriter:
-        """Open for writing at the manifest's committed end, cutting away anything after it."""
+        """Open for writing at the manifest's committed end, cutting away anything after it.
+
+        With `repair` (a list that collects what was done), a partition whose committed tail is
+        damaged or missing is cut back to its last intact record instead of refusing to open;
+        appends then continue at the old committed end (the lost offsets stay a gap, never reused).
+        """
         w = cls(
             ref, segment_bytes=segment_bytes, segment_ms=segment_ms, index_interval=index_interval
         )
         pdir = ref.pdir
+        if not pdir.is_dir() and repair is not None and state.end > state.start:
+            repair.append(
+                f"directory {pdir} was missing: offsets {state.start}..{state.end - 1} lost"
+            )
+            state = PartitionState(state.end, state.end, state.end, 0)
         if not pdir.is_dir():
             if state.end > state.start:
                 raise LogError(
@@ -103,8 +114,47 @@ class PartitionWriter:
         for base in list_segments(pdir):
             if base < state.segment and not index_path(pdir, base).exists():
                 rebuild_indexes(SegmentRef(ref.topic, ref.partition, pdir, base), index_interval)
-        w._open_active(state)
+        try:
+            w._open_active(state)
+        except LogError as exc:
+            if repair is None:
+                raise
+            w.close()
+            w._repair_active(state, exc, repair)
         return w
+
+    def _repair_active(self, state: PartitionState, why: LogError, notes: list[str]) -> None:
+        """Cut the active segment after its last intact record, then continue at state.end."""
+        path = log_path(self.pdir, state.segment)
+        ref = SegmentRef(self.ref.topic, self.ref.partition, self.pdir, state.segment)
+        good_pos, last = 0, state.segment - 1
+        if path.exists():
+            limit = min(path.stat().st_size, state.nbytes)
+            for pos, line in iter_lines(path, 0, limit):
+                try:
+                    off = decode_line(line)[0]
+                except BadLine:
+                    break
+                if off <= last or pos + len(line) + 1 > limit:
+                    break
+                good_pos, last = pos + len(line) + 1, off
+        for p in (index_path(self.pdir, state.segment), timeindex_path(self.pdir, state.segment)):
+            p.unlink(missing_ok=True)
+        with open(path, "ab") as f:
+            f.truncate(good_pos)
+            _fileio.fsync(f.fileno(), f"repairing {path}")
+        self._open_active(PartitionState(state.start, last + 1, state.segment, good_pos))
+        lost = (
+            f"offsets {last + 1}..{state.end - 1} lost"
+            if last + 1 < state.end
+            else "no offset lost"
+        )
+        notes.append(
+            f"{ref.topic}/{ref.partition} {ref.name}: {why}; cut at byte {good_pos}, {lost}"
+        )
+        if self.next_offset < state.end:
+            self.next_offset = state.end  # the next segment starts at the old end: no reuse
+            self.roll()
 
     def _open_active(self, state: PartitionState) -> None:
         base, committed = state.segment, state.nbytes

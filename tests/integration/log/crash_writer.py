@@ -56,5 +56,6 @@ def main() -> None:
         else:  # pipelined: the next appends run while this commit fsyncs
             inflight = (log.commit_async(positions={"src": str(n)}), ends, n)
 
+
 if __name__ == "__main__":
     main()

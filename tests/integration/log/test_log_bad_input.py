@@ -235,3 +235,31 @@ def test_second_writer_process_is_refused_until_the_first_is_killed(tmp_path: Pa
         except LogLockedError:
             assert time.monotonic() < deadline, "kill -9 did not release the lock"
             time.sleep(0.05)
+
+
+def test_repair_cuts_a_damaged_tail_and_never_reuses_offsets(tmp_path: Path) -> None:
+    root = tmp_path / "log"
+    build(root)
+    active = segment(root, -1)
+    data = active.read_bytes()
+    active.write_bytes(data[: len(data) - 50])  # the committed tail is torn
+    with pytest.raises(LogError, match="manifest points past the data"):
+        Log.open(root, writer=True)
+    with Log.open(root, writer=True, repair=True) as log:
+        assert len(log.repaired) == 1 and "offsets 59..59 lost" in log.repaired[0]
+        assert log.end_offsets("t") == [60]
+        assert [r.offset for r in log.read("t", 0)] == list(range(59))
+        assert log.append("t", 0, recs(60, 1)) == 60  # 59 stays a gap, never reused
+        log.commit()
+        assert log.verify() == []
+    with Log.open(root, writer=True) as log:  # a plain open works again
+        assert [r.offset for r in log.read("t", 0, 57)] == [57, 58, 60]
+
+
+def test_repair_of_a_missing_partition_directory(tmp_path: Path) -> None:
+    root = tmp_path / "log"
+    build(root)
+    shutil.rmtree(root / "t" / "0")
+    with Log.open(root, writer=True, repair=True) as log:
+        assert "offsets 0..59 lost" in log.repaired[0]
+        assert list(log.read("t", 0)) == [] and log.append("t", 0, recs(0, 1)) == 60

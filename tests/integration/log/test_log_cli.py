@@ -135,3 +135,15 @@ def test_errors_are_one_line(tmp_path: Path, root: Path) -> None:
     assert res.exit_code == 1 and res.stderr == f"tributary: no topic 'nope' in the log at {root}\n"
     res = runner.invoke(log_app, ["topics", "--root", str(tmp_path / "missing")])
     assert res.exit_code == 1 and "no log at" in res.stderr
+
+
+def test_verify_repair_cuts_a_torn_committed_tail(root: Path) -> None:
+    Log.open(root, writer=True).close()  # recovery drops the fixture's uncommitted record
+    seg = max((root / "shop.public.orders" / "0").glob("*.log"))
+    seg.write_bytes(seg.read_bytes()[:-20])
+    res = runner.invoke(log_app, ["cat", "shop.public.orders", "--root", str(root)])
+    assert res.exit_code == 1 and "tributary: corrupt record" in res.stderr
+    res = runner.invoke(log_app, ["verify", "--repair", "--root", str(root)])
+    assert res.exit_code == 0, res.output
+    assert res.stderr.startswith("repaired: shop.public.orders/0 ") and "lost" in res.stderr
+    assert runner.invoke(log_app, ["cat", "shop.public.orders", "--root", str(root)]).exit_code == 0
