@@ -29,15 +29,15 @@ from capture.log import GroupCommitter, Log, TopicConfig, canonical_json, partit
 from capture.log.codec import encode_batch  # noqa: E402
 
 PARTITIONS = 4
-CHUNK = 100  # records handed to the log per step (a capture poll's worth)
 BATCH = 1000
 LINGER_MS = 1.0
-BACKPRESSURE = 4 * BATCH  # pending records that make the writer wait for the in-flight commit
+# pending records at which the writer waits for the in-flight commit instead of appending on
+BACKPRESSURE = 16 * BATCH
 
 Rec = tuple[bytes | None, bytes | None, int, bytes | None]
 
 
-def make_records(n: int) -> tuple[list[list[Rec]], list[list[int]]]:
+def make_records(n: int, chunk: int = 100) -> tuple[list[list[Rec]], list[list[int]]]:
     """Chunks of ~500-byte records (key, value, ts, headers) and each record's partition."""
     filler = "x" * 250
     values = [
@@ -51,24 +51,26 @@ def make_records(n: int) -> tuple[list[list[Rec]], list[list[int]]]:
         )
         for i in range(1000)
     ]
-    chunks, parts = [], []
-    for start in range(0, n, CHUNK):
-        chunk, ps = [], []
-        for i in range(start, min(n, start + CHUNK)):
+    chunks: list[list[Rec]] = []
+    parts: list[list[int]] = []
+    for start in range(0, n, chunk):
+        recs: list[Rec] = []
+        ps: list[int] = []
+        for i in range(start, min(n, start + chunk)):
             key = canonical_json({"id": i % 100_000})
-            chunk.append((key, values[i % 1000], 1_700_000_000_000 + i, None))
+            recs.append((key, values[i % 1000], 1_700_000_000_000 + i, None))
             ps.append(partition_for(key, PARTITIONS))
-        chunks.append(chunk)
+        chunks.append(recs)
         parts.append(ps)
     return chunks, parts
 
 
 def run_log(
-    base: Path, chunks: list[list[Rec]], parts: list[list[int]], pipelined: bool
+    base: Path, chunks: list[list[Rec]], parts: list[list[int]], pipelined: bool, fsync: bool = True
 ) -> tuple[float, int, int]:
     root = base / "log"
     shutil.rmtree(root, ignore_errors=True)
-    log = Log.open(root, writer=True)
+    log = Log.open(root, writer=True, fsync=fsync)
     log.create_topic("bench", TopicConfig(partitions=PARTITIONS))
     gc = GroupCommitter(linger_ms=LINGER_MS, max_records=BATCH)
     clock = time.perf_counter
@@ -103,6 +105,13 @@ def run_log(
     size = sum(f.stat().st_size for f in (root / "bench").rglob("*.log"))
     log.close()
     return elapsed, size, commits + 1
+
+
+def encode_only(chunks: list[list[Rec]]) -> float:
+    t0 = time.perf_counter()
+    for chunk in chunks:
+        encode_batch(0, chunk)
+    return time.perf_counter() - t0
 
 
 def run_baseline(base: Path, data: list[bytes]) -> float:
@@ -147,6 +156,7 @@ def main() -> None:
     )
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--chunk", type=int, default=100, help="records per step (a capture poll)")
     ap.add_argument(
         "--dir", type=Path, default=None, help="scratch directory (default: a temp dir)"
     )
@@ -156,7 +166,7 @@ def main() -> None:
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="log-bench-", dir=args.dir))
     try:
-        chunks, parts = make_records(args.records)
+        chunks, parts = make_records(args.records, args.chunk)
         flat = [r for c in chunks for r in c]
         encoded, _sizes, _ts = encode_batch(0, flat)
         lines = encoded.splitlines(keepends=True)
@@ -167,6 +177,11 @@ def main() -> None:
 
         sync_runs = [run_log(base, chunks, parts, pipelined=False) for _ in range(args.repeat)]
         pipe_runs = [run_log(base, chunks, parts, pipelined=True) for _ in range(args.repeat)]
+        cpu_runs = [
+            run_log(base, chunks, parts, pipelined=True, fsync=False) for _ in range(args.repeat)
+        ]
+        t_cpu = statistics.median(t for t, _, _ in cpu_runs)
+        t_encode = median(lambda: encode_only(chunks), args.repeat)
         t_sync = statistics.median(t for t, _, _ in sync_runs)
         t_pipe = statistics.median(t for t, _, _ in pipe_runs)
         log_bytes = pipe_runs[-1][1]
@@ -180,12 +195,13 @@ def main() -> None:
             "records": n,
             "record_bytes_avg": round(nbytes / n, 1),
             "partitions": PARTITIONS,
-            "group_commit": {"linger_ms": LINGER_MS, "max_records": BATCH, "chunk": CHUNK},
+            "group_commit": {"linger_ms": LINGER_MS, "max_records": BATCH, "chunk": args.chunk},
             "append_pipelined": {
                 "records_per_s": round(n / t_pipe),
                 "mb_per_s": round(log_bytes / mb / t_pipe, 1),
                 "seconds": round(t_pipe, 3),
                 "commits": statistics.median(c for _, _, c in pipe_runs),
+                "records_per_commit": round(n / statistics.median(c for _, _, c in pipe_runs)),
             },
             "append_sync_commit": {
                 "records_per_s": round(n / t_sync),
@@ -193,6 +209,12 @@ def main() -> None:
                 "seconds": round(t_sync, 3),
                 "commits": statistics.median(c for _, _, c in sync_runs),
             },
+            "append_pipelined_without_fsync": {
+                "records_per_s": round(n / t_cpu),
+                "seconds": round(t_cpu, 3),
+                "note": "CPU floor of the append path (Log.open(fsync=False))",
+            },
+            "encode_only": {"records_per_s": round(n / t_encode), "seconds": round(t_encode, 3)},
             "baseline_fsync_per_1000": {
                 "records_per_s": round(n / t_base),
                 "mb_per_s": round(nbytes / mb / t_base, 1),
