@@ -52,9 +52,10 @@ def unresolved(row: Mapping[str, Any] | None) -> list[str]:
 
 def apply_change(previous: Mapping[str, Any] | None, record: ProjectionRecord) -> dict[str, Any] | None:
     """Fold step for "current row of the key": upsert with TOAST resolved, delete → None,
-    tombstone → unchanged (the delete before it already removed the row)."""
+    tombstone or schema record → unchanged (a tombstone follows the delete that removed the row)."""
     envelope = record.value
-    if envelope is None:
+    if not isinstance(envelope, Mapping) or "op" not in envelope:
+        # a tombstone, or a schema record (column types travel on the topic too)
         return None if previous is None else dict(previous)
     row = current_row(envelope)
     if row is None:

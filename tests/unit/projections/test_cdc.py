@@ -42,6 +42,7 @@ def test_apply_change_sequence() -> None:
         change(T, 1, k, "u", {"id": 1, "body": TOAST_PLACEHOLDER, "n": 2}),
         change(T, 2, k, "d", None),
         change(T, 3, k, "tombstone", None),
+        change(T, 4, k, "c", {"id": 1, "body": "b", "n": 3}),
     ]
     states = []
     row = None
@@ -50,3 +51,11 @@ def test_apply_change_sequence() -> None:
         states.append(row)
     assert states[1] == {"id": 1, "body": "a" * 3000, "n": 2}
     assert states[2] is None and states[3] is None
+    assert states[4] == {"id": 1, "body": "b", "n": 3}
+
+
+def test_schema_records_leave_the_row_alone() -> None:
+    from projections.records import ProjectionRecord
+
+    schema = ProjectionRecord(T, 0, 9, 0, None, {"schema": {"columns": []}}, None, 0)
+    assert apply_change({"id": 1}, schema) == {"id": 1}
