@@ -1,0 +1,118 @@
+"""`tributary project list | status | run | rebuild`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from api.cli import ConfigOption, service_dsn, settings_from
+from projections.runner import RunResult, RunSettings, list_projections, rebuild, run, run_continuous, status
+
+__all__ = ["register"]
+
+project_app = typer.Typer(help="Projections: fold the log into derived tables (PySpark).", no_args_is_help=True)
+
+
+def _run_settings(config: Any) -> RunSettings:
+    settings = settings_from(config)
+    return RunSettings.from_settings(settings, dsn=service_dsn(settings))
+
+
+@contextmanager
+def _progress() -> Iterator[Any]:
+    """A rich progress bar on a terminal; a no-op callback otherwise."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
+                   TimeElapsedColumn(), console=Console(stderr=True))
+    tasks: dict[str, Any] = {}
+
+    def update(stage: str, done: int, total: int) -> None:
+        if stage not in tasks:
+            tasks[stage] = bar.add_task(stage, total=total or None)
+        bar.update(tasks[stage], completed=done, total=total or None)
+
+    with bar:
+        yield update
+
+
+def _print_result(result: RunResult) -> None:
+    what = "rebuilt" if result.rebuilt else "caught up"
+    typer.echo(f"{result.name}: {what} build {result.build} ({result.table}): "
+               f"{result.records:,} records read, {result.rows:,} rows written in {result.seconds:.1f}s")
+
+
+@project_app.command("list")
+def list_cmd(config: ConfigOption = None) -> None:
+    """Every configured projection: name, version, source topics, kind, window."""
+    rows = list_projections(_run_settings(config))
+    if not rows:
+        typer.echo("no projections configured: add files or modules to [projections] modules (see README)")
+    for p in rows:
+        window = f" window={p['window']}" if p["window"] else ""
+        typer.echo(f"{p['name']} v{p['version']} {p['kind']} topics={','.join(p['topics'])}{window}")
+
+
+@project_app.command("status")
+def status_cmd(
+    name: Annotated[str | None, typer.Argument(help="One projection (default: all).")] = None,
+    config: ConfigOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Serving build, state, lag behind the log, late records dropped, whether a rebuild is due."""
+    rows = status(_run_settings(config), name)
+    if as_json:
+        typer.echo(json.dumps([r.__dict__ if hasattr(r, "__dict__") else _asdict(r) for r in rows], indent=1, default=str))
+        return
+    for r in rows:
+        flag = "  (version changed: next run rebuilds)" if r.needs_rebuild and r.build is not None else ""
+        typer.echo(f"{r.name} v{r.version}: {r.state} build={r.build} table={r.table} records={r.records:,} "
+                   f"lag={r.lag:,} late_dropped={r.late_dropped:,}{flag}")
+
+
+def _asdict(obj: Any) -> dict[str, Any]:
+    return {k: getattr(obj, k) for k in obj.__slots__}
+
+
+@project_app.command("run")
+def run_cmd(
+    name: Annotated[str, typer.Argument(help="Projection name.")],
+    config: ConfigOption = None,
+    continuous: Annotated[bool, typer.Option("--continuous", help="Keep catching up until Ctrl-C/SIGTERM.")] = False,
+    freshness: Annotated[float, typer.Option(help="With --continuous: target seconds behind the log.")] = 5.0,
+) -> None:
+    """Catch the projection up to the log end (rebuilding first if its version changed)."""
+    settings = _run_settings(config)
+    if not continuous:
+        with _progress() as progress:
+            _print_result(run(name, settings, progress=progress))
+        return
+    stopping = {"flag": False}
+
+    def stop(*_: object) -> None:
+        stopping["flag"] = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    passes = run_continuous(name, settings, freshness_s=freshness, stop=lambda: stopping["flag"])
+    typer.echo(f"{name}: stopped after {passes} passes")
+
+
+@project_app.command("rebuild")
+def rebuild_cmd(name: Annotated[str, typer.Argument(help="Projection name.")], config: ConfigOption = None) -> None:
+    """Build a new table from offset 0 while the old one serves, then swap the view atomically."""
+    with _progress() as progress:
+        _print_result(rebuild(name, _run_settings(config), progress=progress))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(project_app, name="project")

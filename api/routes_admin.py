@@ -1,0 +1,186 @@
+"""Health, readiness, metrics, and the admin views of sources, topics and projections."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import Response
+
+from api.auth import require
+from api.config import Settings
+from api.sources import slot_lag_bytes, source_specs
+from capture.log import Log, LogError
+from capture.status import read_status
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+def _settings(request: Request) -> Settings:
+    return request.app.state.settings  # type: ignore[no-any-return]
+
+
+@router.get("/healthz", tags=["ops"])
+async def healthz() -> dict[str, str]:
+    """The process is up."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", tags=["ops"])
+async def readyz(request: Request) -> Response:
+    """Service database reachable, migrations current, capture not failed."""
+    checks: dict[str, str] = {}
+    try:
+        async with request.app.state.pool.connection(timeout=3) as conn:
+            await conn.execute("SELECT 1")
+        checks["database"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - readiness reports, it does not raise
+        checks["database"] = f"unreachable: {type(exc).__name__}"
+    try:
+        from eventstore.migrate import migrations_current
+
+        checks["migrations"] = "ok" if await asyncio.to_thread(migrations_current, request.app.state.dsn) else "pending"
+    except ImportError:
+        pass
+    except Exception as exc:  # noqa: BLE001
+        checks["migrations"] = f"unknown: {type(exc).__name__}"
+    status = read_status(_settings(request).log.root) or {"sources": []}
+    failed = [s["name"] for s in status.get("sources", []) if s.get("state") == "failed"]
+    checks["capture"] = f"failed: {', '.join(failed)}" if failed else "ok"
+    ready = all(v == "ok" for v in checks.values())
+    import orjson
+
+    return Response(orjson.dumps({"ready": ready, "checks": checks}), status_code=200 if ready else 503,
+                    media_type="application/json")
+
+
+@router.get("/metrics", tags=["ops"])
+async def metrics(request: Request) -> Response:
+    """Prometheus text format."""
+    m = request.app.state.metrics
+    await asyncio.to_thread(m.refresh, _settings(request).log.root)
+    return Response(m.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@router.get("/sources", tags=["admin"], dependencies=[Depends(require("admin"))])
+async def sources(request: Request) -> list[dict[str, Any]]:
+    """Each source: state, last LSN, slot lag bytes, changes/s, snapshot progress, warnings."""
+    settings = _settings(request)
+    status = read_status(settings.log.root) or {"sources": []}
+    by_name = {s["name"]: s for s in status.get("sources", [])}
+    out = []
+    for spec in source_specs(settings):
+        entry = dict(by_name.get(spec.name, {"name": spec.name, "slot": spec.slot, "state": "never started"}))
+        entry["slot_lag_bytes"] = await asyncio.to_thread(slot_lag_bytes, spec)
+        out.append(entry)
+    return out
+
+
+def _topics(root: Any) -> list[dict[str, Any]]:
+    try:
+        log = Log.open(root)
+    except LogError:
+        return []
+    with log:
+        out = []
+        for name, cfg in sorted(log.topics().items()):
+            starts, ends = log.start_offsets(name), log.end_offsets(name)
+            out.append({"topic": name, "partitions": cfg.partitions, "policy": cfg.policy,
+                        "start_offsets": starts, "end_offsets": ends,
+                        "records": sum(e - s for s, e in zip(starts, ends, strict=True))})
+        return out
+
+
+@router.get("/topics", tags=["admin"], dependencies=[Depends(require("admin"))])
+async def topics(request: Request) -> list[dict[str, Any]]:
+    """Every topic: partitions, policy, committed offsets."""
+    return await asyncio.to_thread(_topics, _settings(request).log.root)
+
+
+# -- projections -------------------------------------------------------------------------------
+
+_rebuilds: dict[str, dict[str, Any]] = {}
+_rebuild_lock = threading.Lock()
+
+
+def _run_settings(request: Request) -> Any:
+    from projections.runner import RunSettings
+
+    return RunSettings.from_settings(_settings(request), dsn=request.app.state.dsn)
+
+
+@router.get("/projections", tags=["admin"], dependencies=[Depends(require("admin"))])
+async def projections(request: Request) -> list[dict[str, Any]]:
+    """Version, serving build, state, lag, and any rebuild started from the API with its progress."""
+    from projections.runner import status
+
+    rows = await asyncio.to_thread(status, _run_settings(request))
+    out = []
+    for r in rows:
+        entry = {k: getattr(r, k) for k in r.__slots__}
+        entry["rebuild"] = next((b for b in _rebuilds.values() if b["projection"] == r.name and b["state"] == "running"), None)
+        out.append(entry)
+    return out
+
+
+@router.post("/projections/{name}/rebuild", status_code=202, tags=["admin"], dependencies=[Depends(require("admin"))])
+async def start_rebuild(name: str, request: Request) -> dict[str, Any]:
+    """Start a rebuild in the background; 202 with an id to poll at GET /rebuilds/{id}."""
+    from projections.loader import load
+
+    settings = _run_settings(request)
+    if name not in load(settings.modules, settings.mirror):
+        raise HTTPException(404, f"no projection named {name!r}")
+    with _rebuild_lock:
+        running = [b for b in _rebuilds.values() if b["projection"] == name and b["state"] == "running"]
+        if running:
+            return running[0]
+        rebuild_id = uuid.uuid4().hex[:12]
+        entry: dict[str, Any] = {"id": rebuild_id, "projection": name, "state": "running", "stage": "starting",
+                                 "done": 0, "total": 0, "started_at": time.time(), "error": None}
+        _rebuilds[rebuild_id] = entry
+    threading.Thread(target=_rebuild_worker, args=(entry, settings), daemon=True, name=f"rebuild-{name}").start()
+    return entry
+
+
+def _rebuild_worker(entry: dict[str, Any], settings: Any) -> None:
+    from projections.runner import rebuild
+
+    def progress(stage: str, done: int, total: int) -> None:
+        entry.update(stage=stage, done=done, total=total)
+
+    try:
+        result = rebuild(entry["projection"], settings, progress=progress)
+        entry.update(state="done", build=result.build, table=result.table, records=result.records)
+    except Exception as exc:  # noqa: BLE001 - reported through the API, not raised into a thread
+        entry.update(state="failed", error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    entry["finished_at"] = time.time()
+
+
+@router.get("/rebuilds/{rebuild_id}", tags=["admin"], dependencies=[Depends(require("admin"))])
+async def rebuild_progress(rebuild_id: str) -> dict[str, Any]:
+    """Progress of a rebuild started with POST /projections/{name}/rebuild."""
+    entry = _rebuilds.get(rebuild_id)
+    if entry is None:
+        raise HTTPException(404, f"no rebuild {rebuild_id!r}")
+    return entry
+
+
+_CONSOLE = None
+
+
+@router.get("/", include_in_schema=False)
+async def console() -> Response:
+    """The console page: sources, topics, projections (with rebuild), a view browser."""
+    global _CONSOLE
+    if _CONSOLE is None:
+        from importlib.resources import files
+
+        _CONSOLE = (files("api") / "static" / "console.html").read_bytes()
+    return Response(_CONSOLE, media_type="text/html; charset=utf-8")

@@ -1,0 +1,163 @@
+"""`GET /views` and `GET /views/{name}`: query derived tables with declared-column filters.
+
+Filters only on the projection's declared columns, values always bound as parameters and cast to
+the declared type; keyset pagination over (order column, primary key) with an opaque cursor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import decimal
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import Response
+from psycopg import sql
+
+from api.auth import require
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["views"], dependencies=[Depends(require("read"))])
+
+MAX_LIMIT = 1000
+_OPS = {"": "=", "eq": "=", "ne": "<>", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
+_RESERVED = {"limit", "cursor", "order_by"}
+
+
+def _projections(request: Request) -> dict[str, Any]:
+    from projections.loader import load
+
+    settings = request.app.state.settings
+    return dict(load(tuple(settings.projections.modules), tuple(settings.projections.mirror)))
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, decimal.Decimal):
+        return str(obj)
+    raise TypeError
+
+
+def _json(body: Any) -> Response:
+    return Response(orjson.dumps(body, default=_default), media_type="application/json")
+
+
+@router.get("/views")
+async def list_views(request: Request) -> Response:
+    """Each view: name, columns with types, primary key, projection version, serving build."""
+    projections = await asyncio.to_thread(_projections, request)
+    builds: dict[str, Any] = {}
+    async with request.app.state.pool.connection() as conn:
+        try:
+            cur = await conn.execute(
+                "SELECT projection, build, version, table_name, finished_at "
+                "FROM tributary_projections.builds WHERE current"
+            )
+            builds = {r[0]: r for r in await cur.fetchall()}
+        except Exception:  # noqa: BLE001 - no projection has run yet: the builds table is missing
+            builds = {}
+    out = []
+    for name, p in sorted(projections.items()):
+        b = builds.get(name)
+        out.append({
+            "name": name,
+            "projection_version": p.version,
+            "columns": [{"name": c.name, "type": c.type} for c in p.table.columns],
+            "primary_key": list(p.table.primary_key),
+            "build": b[1] if b else None,
+            "table": b[3] if b else None,
+            "updated_at": b[4].isoformat() if b and b[4] else None,
+        })
+    return _json(out)
+
+
+def _parse_filters(params: dict[str, str], types: dict[str, str]) -> list[tuple[str, str, str]]:
+    filters = []
+    unknown = []
+    for raw, value in params.items():
+        if raw in _RESERVED:
+            continue
+        column, _, op = raw.partition("__")
+        if column not in types or op not in _OPS:
+            unknown.append(raw)
+            continue
+        filters.append((column, _OPS[op], value))
+    if unknown:
+        raise HTTPException(422, f"unknown column or operator: {', '.join(sorted(unknown))} "
+                                 f"(columns: {', '.join(types)}; operators: {', '.join(k for k in _OPS if k)})")
+    return filters
+
+
+def _encode_cursor(values: list[Any]) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps(values, default=_default)).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str, width: int) -> list[Any]:
+    try:
+        values = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except (ValueError, orjson.JSONDecodeError):
+        raise HTTPException(422, "cursor is not one this API returned") from None
+    if not isinstance(values, list) or len(values) != width:
+        raise HTTPException(422, "cursor is not one this API returned")
+    return values
+
+
+@router.get("/views/{name}")
+async def query_view(name: str, request: Request, limit: int = 100, cursor: str | None = None,
+                     order_by: str | None = None) -> Response:
+    """Rows of `views.<name>`: `?col=v`, `?col__gte=v` (eq ne gt gte lt lte), `order_by=col|-col`,
+    `limit` (≤ 1000), `cursor` from the previous page's `next_cursor`."""
+    projections = await asyncio.to_thread(_projections, request)
+    p = projections.get(name)
+    if p is None:
+        raise HTTPException(404, f"no view named {name!r}; GET /views lists them")
+    types = {c.name: c.type for c in p.table.columns}
+    filters = _parse_filters(dict(request.query_params), types)
+    if not 1 <= limit <= MAX_LIMIT:
+        raise HTTPException(422, f"limit must be between 1 and {MAX_LIMIT}")
+    descending = bool(order_by and order_by.startswith("-"))
+    order_col = order_by.lstrip("-") if order_by else None
+    if order_col is not None and order_col not in types:
+        raise HTTPException(422, f"cannot order by unknown column {order_col!r}")
+    keys = ([order_col] if order_col and order_col not in p.table.primary_key else []) + list(p.table.primary_key)
+    if order_col in p.table.primary_key:
+        keys = [order_col] + [k for k in p.table.primary_key if k != order_col]
+
+    where: list[sql.Composable] = []
+    args: list[Any] = []
+    for column, op, value in filters:
+        where.append(sql.SQL("{} {} CAST({} AS {})").format(sql.Identifier(column), sql.SQL(op), sql.Placeholder(), sql.SQL(types[column])))
+        args.append(value)
+    if cursor:
+        after = _decode_cursor(cursor, len(keys))
+        lhs = sql.SQL(", ").join(sql.Identifier(k) for k in keys)
+        rhs = sql.SQL(", ").join(sql.SQL("CAST({} AS {})").format(sql.Placeholder(), sql.SQL(types[k])) for k in keys)
+        where.append(sql.SQL("({}) {} ({})").format(lhs, sql.SQL("<" if descending else ">"), rhs))
+        args.extend(after)
+    direction = sql.SQL(" DESC" if descending else "")
+    query = sql.SQL("SELECT {} FROM {}.{} {} ORDER BY {} LIMIT {}").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in types),
+        sql.Identifier(request.app.state.settings.projections.schema_),
+        sql.Identifier(name),
+        sql.SQL("WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL(""),
+        sql.SQL(", ").join(sql.Identifier(k) + direction for k in keys),
+        sql.Literal(limit + 1),
+    )
+    async with request.app.state.pool.connection() as conn:
+        try:
+            cur = await conn.execute(query, args)
+        except Exception as exc:  # noqa: BLE001 - a bad value for a typed column is the caller's error
+            from psycopg import errors
+
+            if isinstance(exc, errors.DataError):
+                raise HTTPException(422, f"a filter value does not fit its column's type: {exc.diag.message_primary}") from None
+            if isinstance(exc, errors.UndefinedTable):
+                raise HTTPException(404, f"view {name!r} has not been built yet: run `tributary project run {name}`") from None
+            raise
+        rows = await cur.fetchall()
+    names = list(types)
+    page = [dict(zip(names, r, strict=True)) for r in rows[:limit]]
+    next_cursor = _encode_cursor([page[-1][k] for k in keys]) if len(rows) > limit and page else None
+    return _json({"view": name, "rows": page, "next_cursor": next_cursor})
