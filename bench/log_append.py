@@ -175,17 +175,29 @@ def main() -> None:
         n = args.records
         del flat, encoded, lines
 
-        sync_runs = [run_log(base, chunks, parts, pipelined=False) for _ in range(args.repeat)]
-        pipe_runs = [run_log(base, chunks, parts, pipelined=True) for _ in range(args.repeat)]
-        cpu_runs = [
-            run_log(base, chunks, parts, pipelined=True, fsync=False) for _ in range(args.repeat)
-        ]
-        t_cpu = statistics.median(t for t, _, _ in cpu_runs)
-        t_encode = median(lambda: encode_only(chunks), args.repeat)
+        # interleaved, each phase starting with no dirty pages left by the previous one
+        base_times: list[float] = []
+        pipe_runs: list[tuple[float, int, int]] = []
+        sync_runs: list[tuple[float, int, int]] = []
+        cpu_runs: list[tuple[float, int, int]] = []
+        enc_times: list[float] = []
+        for _ in range(args.repeat):
+            os.sync()
+            base_times.append(run_baseline(base, baseline_data))
+            os.sync()
+            pipe_runs.append(run_log(base, chunks, parts, pipelined=True))
+            os.sync()
+            sync_runs.append(run_log(base, chunks, parts, pipelined=False))
+            os.sync()
+            cpu_runs.append(run_log(base, chunks, parts, pipelined=True, fsync=False))
+            enc_times.append(encode_only(chunks))
+        t_base = statistics.median(base_times)
         t_sync = statistics.median(t for t, _, _ in sync_runs)
         t_pipe = statistics.median(t for t, _, _ in pipe_runs)
+        t_cpu = statistics.median(t for t, _, _ in cpu_runs)
+        t_encode = statistics.median(enc_times)
         log_bytes = pipe_runs[-1][1]
-        t_base = median(lambda: run_baseline(base, baseline_data), args.repeat)
+        os.sync()
         read_runs = [read_log(base) for _ in range(args.repeat)]
         t_read = statistics.median(t for t, _ in read_runs)
         assert all(c == n for _, c in read_runs), "read back a different number of records"
@@ -222,6 +234,9 @@ def main() -> None:
             },
             "ratio_pipelined_vs_baseline": round(t_base / t_pipe, 3),
             "ratio_sync_vs_baseline": round(t_base / t_sync, 3),
+            "ratio_pipelined_vs_baseline_per_repeat": [
+                round(b / p[0], 3) for b, p in zip(base_times, pipe_runs, strict=True)
+            ],
             "read": {
                 "records_per_s": round(n / t_read),
                 "mb_per_s": round(log_bytes / mb / t_read, 1),

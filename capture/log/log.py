@@ -299,23 +299,7 @@ class Log:
         Commits complete in order. The future's result says the commit is durable: confirm a
         source position only then."""
         self._check_writer("commit")
-        fds: list[int] = []
-        dirs: list[Path] = []
         topics = dict(self._submitted.topics)
-        try:
-            for w in self._writers.values():
-                if w.dirty:
-                    w.flush()
-                    fds.append(w.sync_handle())
-                    w.dirty = False
-                if w.dir_dirty:
-                    dirs.append(w.pdir)
-                    w.dir_dirty = False
-        except LogError:
-            for fd in fds:
-                os.close(fd)
-            self._rollback()
-            raise
         for name, t in topics.items():
             parts = list(t.partitions)
             for p, old in enumerate(parts):
@@ -330,6 +314,22 @@ class Log:
                     )
                 parts[p] = PartitionState(old.start, end.end, end.segment, end.nbytes)
             topics[name] = TopicState(t.config, tuple(parts))
+        fds: list[int] = []
+        dirs: list[Path] = []
+        try:
+            for w in self._writers.values():
+                if w.dirty:
+                    w.flush()
+                    fds.append(w.sync_handle())
+                    w.dirty = False
+                if w.dir_dirty:
+                    dirs.append(w.pdir)
+                    w.dir_dirty = False
+        except LogError:
+            for fd in fds:
+                os.close(fd)
+            self._rollback()
+            raise
         merged = {**self._submitted.positions, **(positions or {})}
         unchanged = topics == self._submitted.topics and merged == self._submitted.positions
         if not fds and not dirs and unchanged:
