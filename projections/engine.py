@@ -66,6 +66,7 @@ class UnitOut:
     rows: tuple[str, ...]
     deletes: tuple[Pk, ...]
     dropped: int
+    errors: tuple[tuple[str, int, int, str], ...] = ()
 
 
 def prepare(p: Projection, record: ProjectionRecord) -> ProjectionRecord:
@@ -107,13 +108,18 @@ def render_row(p: Projection, row: Mapping[str, Any]) -> tuple[str, Pk]:
     return copy_line(values), pk
 
 
-def _apply(p: Projection, state: Any, item: Item) -> Any:
+def _apply(p: Projection, state: Any, item: Item, errors: list[tuple[str, int, int, str]] | None) -> Any:
+    """Apply user code; on error stop with the record's position, or (skip-errors) note it for
+    the dead-letter table and keep the state as it was."""
     r = item.record
     assert p.fold is not None
     try:
         return p.fold.apply(state, r)
     except Exception as exc:  # user code: report where, never swallow
-        raise RecordError(p.name, r.topic, r.partition, r.offset, f"{type(exc).__name__}: {exc}") from exc
+        if errors is None:
+            raise RecordError(p.name, r.topic, r.partition, r.offset, f"{type(exc).__name__}: {exc}") from exc
+        errors.append((r.topic, r.partition, r.offset, f"{type(exc).__name__}: {exc}"))
+        return state
 
 
 def _call(p: Projection, fn: Any, *args: Any) -> Any:
@@ -124,7 +130,8 @@ def _call(p: Projection, fn: Any, *args: Any) -> Any:
                               f"{type(exc).__name__}: {exc}") from exc
 
 
-def _fold_plain(p: Projection, unit: str, items: Sequence[Item], prior: Prior | None) -> UnitOut:
+def _fold_plain(p: Projection, unit: str, items: Sequence[Item], prior: Prior | None,
+                errors: list[tuple[str, int, int, str]] | None) -> UnitOut:
     assert p.fold is not None
     first = items[0]
     win = () if first.start is None else (first.start, first.end)
@@ -136,8 +143,10 @@ def _fold_plain(p: Projection, unit: str, items: Sequence[Item], prior: Prior | 
         if not item.admitted:
             dropped += 1
             continue
-        state = _apply(p, state, item)
-        last = sort_key(item.record)
+        before = len(errors) if errors is not None else 0
+        state = _apply(p, state, item, errors)
+        if errors is None or len(errors) == before:
+            last = sort_key(item.record)
     row = _call(p, p.fold.result, state, *win)
     rows: tuple[str, ...] = ()
     pks: tuple[Pk, ...] = ()
@@ -145,10 +154,12 @@ def _fold_plain(p: Projection, unit: str, items: Sequence[Item], prior: Prior | 
         line, pk = render_row(p, row)
         rows, pks = (line,), (pk,)
     old = prior.pks if prior is not None else ()
-    return UnitOut(unit, dump_state(state), last, pks, rows, tuple(k for k in old if k not in pks), dropped)
+    return UnitOut(unit, dump_state(state), last, pks, rows, tuple(k for k in old if k not in pks), dropped,
+                   tuple(errors or ()))
 
 
-def _fold_session(p: Projection, unit: str, items: Sequence[Item], prior: Prior | None) -> UnitOut:
+def _fold_session(p: Projection, unit: str, items: Sequence[Item], prior: Prior | None,
+                  errors: list[tuple[str, int, int, str]] | None) -> UnitOut:
     assert p.fold is not None and p.window is not None
     gap, key = p.window.gap, orjson.loads(items[0].key)
     old = prior.pks if prior is not None else ()
@@ -176,22 +187,25 @@ def _fold_session(p: Projection, unit: str, items: Sequence[Item], prior: Prior 
             if cur is not None:
                 close(cur)
             cur = [t, t + gap, _call(p, p.fold.initial, key, t, t + gap)]
-        cur[2] = _apply(p, cur[2], item)
+        cur[2] = _apply(p, cur[2], item, errors)
         cur[1] = max(cur[1], t + gap)
         last = sort_key(item.record)
     if cur is not None:
         close(cur)
     pks = tuple(kept)
-    return UnitOut(unit, dump_state(cur), last, pks, tuple(rows), tuple(k for k in old if k not in pks), dropped)
+    return UnitOut(unit, dump_state(cur), last, pks, tuple(rows), tuple(k for k in old if k not in pks), dropped,
+                   tuple(errors or ()))
 
 
-def fold_units(p: Projection, items: Iterable[Item], priors: Mapping[str, Prior]) -> Iterator[UnitOut]:
-    """Fold items sorted by `Item.order()`; one output per unit, in the order units arrive."""
+def fold_units(p: Projection, items: Iterable[Item], priors: Mapping[str, Prior], *,
+               skip_errors: bool = False) -> Iterator[UnitOut]:
+    """Fold items sorted by `Item.order()`; one output per unit, in the order units arrive.
+    `skip_errors`: records the fold raises on are reported in `UnitOut.errors`, not fatal."""
     if p.fold is None:
         raise DefinitionError(f"projection {p.name!r} is a DataFrame transform, not a fold")
     fold = _fold_session if p.window is not None and p.window.kind == "session" else _fold_plain
     for unit, group in groupby(items, key=lambda i: i.unit):
-        yield fold(p, unit, list(group), priors.get(unit))
+        yield fold(p, unit, list(group), priors.get(unit), [] if skip_errors else None)
 
 
 def decide(stored: Mapping[str, Prior], min_new: Mapping[str, SortKey]) -> tuple[dict[str, Prior], set[str]]:

@@ -30,8 +30,9 @@ _ITEM = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset",
                    ("ukey", pa.string())])
 _OUT = pa.schema([("unit", pa.string()), ("state", pa.string()), ("last", pa.string()),
                   ("pks", pa.string()), ("rows", pa.string()), ("deletes", pa.string()),
-                  ("dropped", pa.int64())])
-OUT_SCHEMA = "unit string, state string, last string, pks string, rows string, deletes string, dropped long"
+                  ("dropped", pa.int64()), ("errors", pa.string())])
+OUT_SCHEMA = ("unit string, state string, last string, pks string, rows string, deletes string, dropped long, "
+              "errors string")
 _REC = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
 
 
@@ -79,7 +80,8 @@ def items_frame(spark: Any, records: Any, ref: tuple[tuple[str, ...], tuple[str,
     return with_wm.mapInArrow(_planner(ref), ITEM_SCHEMA)
 
 
-def _folder(ref: tuple[tuple[str, ...], tuple[str, ...], str], priors: Any):  # type: ignore[no-untyped-def]
+def _folder(ref: tuple[tuple[str, ...], tuple[str, ...], str], priors: Any,  # type: ignore[no-untyped-def]
+            skip_errors: bool):
     def fold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         p = resolve(*ref)
         known: Mapping[str, Prior] = priors.value if priors is not None else {}
@@ -91,11 +93,12 @@ def _folder(ref: tuple[tuple[str, ...], tuple[str, ...], str], priors: Any):  # 
                                _record(row))
 
         out: list[dict[str, Any]] = []
-        for u in fold_units(p, items(), known):
+        for u in fold_units(p, items(), known, skip_errors=skip_errors):
             out.append({"unit": u.unit, "state": u.state,
                         "last": None if u.last is None else orjson.dumps(u.last).decode(),
                         "pks": orjson.dumps(u.pks).decode(), "rows": "".join(u.rows),
-                        "deletes": orjson.dumps(u.deletes).decode(), "dropped": u.dropped})
+                        "deletes": orjson.dumps(u.deletes).decode(), "dropped": u.dropped,
+                        "errors": orjson.dumps(u.errors).decode() if u.errors else None})
             if len(out) >= 2048:
                 yield pa.RecordBatch.from_pylist(out, schema=_OUT)
                 out = []
@@ -105,9 +108,9 @@ def _folder(ref: tuple[tuple[str, ...], tuple[str, ...], str], priors: Any):  # 
 
 
 def fold_frame(spark: Any, items: Any, ref: tuple[tuple[str, ...], tuple[str, ...], str],
-               priors: Mapping[str, Prior], partitions: int) -> Any:
+               priors: Mapping[str, Prior], partitions: int, *, skip_errors: bool = False) -> Any:
     """Items → one output row per unit (OUT_SCHEMA)."""
     bc = spark.sparkContext.broadcast(dict(priors)) if priors else None
     ordered = items.repartition(partitions, "unit").sortWithinPartitions(
         "unit", "event_time", "topic", "partition", "offset")
-    return ordered.mapInArrow(_folder(ref, bc), OUT_SCHEMA)
+    return ordered.mapInArrow(_folder(ref, bc, skip_errors), OUT_SCHEMA)

@@ -34,6 +34,7 @@ class LocalView:
     maxes: dict[TP, int | None] = field(default_factory=dict)
     states: dict[str, Prior] = field(default_factory=dict)
     rows: dict[tuple[str | None, ...], str] = field(default_factory=dict)
+    dead: dict[tuple[str, int, int], str] = field(default_factory=dict)
 
     def table(self) -> list[str]:
         """The table's rows as COPY lines, ordered by primary key."""
@@ -53,9 +54,12 @@ def apply_outputs(view: LocalView, outs: list[UnitOut]) -> None:
         for line, pk in zip(out.rows, out.pks[len(out.pks) - len(out.rows):], strict=True):
             view.rows[pk] = line
         view.states[out.unit] = Prior(out.state, out.last, out.pks, out.dropped, False)
+        for topic, part, off, err in out.errors:
+            view.dead[(topic, part, off)] = err
 
 
-def run_local(p: Projection, log: Mapping[TP, Sequence[ProjectionRecord]], view: LocalView) -> int:
+def run_local(p: Projection, log: Mapping[TP, Sequence[ProjectionRecord]], view: LocalView, *,
+              skip_errors: bool = False) -> int:
     """One incremental run over `log` (each partition's committed records in offset order).
     Returns how many new records it read."""
     new_items: list[Item] = []
@@ -76,7 +80,7 @@ def run_local(p: Projection, log: Mapping[TP, Sequence[ProjectionRecord]], view:
         for records in log.values():
             items += [i for i in _items(p, records, None) if i.unit in recompute]
     items.sort(key=Item.order)
-    apply_outputs(view, list(fold_units(p, items, priors)))
+    apply_outputs(view, list(fold_units(p, items, priors, skip_errors=skip_errors)))
     for tp, records in log.items():
         if records:
             view.checkpoints[tp] = records[-1].offset + 1

@@ -52,6 +52,7 @@ class RunSettings:
     shuffle_partitions: int = 4
     split_bytes: int = 16 << 20
     max_passes: int = 5
+    skip_errors: bool = False
 
     @classmethod
     def from_settings(cls, settings: Any, *, dsn: str | None = None) -> RunSettings:
@@ -71,6 +72,7 @@ class RunResult:
     rows: int
     rebuilt: bool
     seconds: float
+    recomputed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,7 @@ class ProjectionStatus:
     late_dropped: int
     needs_rebuild: bool
     other_builds: tuple[str, ...] = field(default=())
+    dead_letters: int = 0
 
 
 def _connect(s: RunSettings) -> psycopg.Connection[Any]:
@@ -112,8 +115,16 @@ def _spark_error(exc: Exception) -> ProjectionError:
     return RunError(f"the Spark job failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
 
 
-def _catch_up(s: RunSettings, spark: Any, store: Store, log: Log, p: Projection, b: BuildRow) -> tuple[int, int]:
-    """One pass from the checkpoints to the log's committed end. Returns (records, rows)."""
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    records: int = 0
+    rows: int = 0
+    recomputed: int = 0
+
+
+def _catch_up(s: RunSettings, spark: Any, store: Store, log: Log, p: Projection, b: BuildRow,
+              progress: Progress | None = None, stage: str = "catching_up") -> _Pass:
+    """One pass from the checkpoints to the log's committed end."""
     from pyspark.sql import functions as F
 
     ref = (s.modules, s.mirror, p.name)
@@ -123,7 +134,10 @@ def _catch_up(s: RunSettings, spark: Any, store: Store, log: Log, p: Projection,
     base = {tp: ck.get(tp, (0, None))[1] for tp in ends}
     todo = {tp: ends[tp] - lo[tp] for tp in ends if ends[tp] > lo[tp]}
     if not todo:
-        return 0, 0
+        return _Pass()
+    total = sum(todo.values())
+    if progress:
+        progress(stage, 0, total)
     topics = tuple(t for t in p.topics if any(tp[0] == t for tp in ends))
     frame = dict(modules=s.modules, mirror=s.mirror, name=p.name, topics=topics, max_bytes=s.split_bytes)
     windowed = p.window is not None
@@ -132,8 +146,10 @@ def _catch_up(s: RunSettings, spark: Any, store: Store, log: Log, p: Projection,
         if p.build is not None:  # a DataFrame transform recomputes over the whole log
             out = p.build(records_frame(spark, log, lo={}, hi=ends, **frame)).toArrow()
             lines = (render_row(p, row)[0] for row in out.to_pylist())
-            rows = store.commit_run(p, b, [], new_ck, sum(todo.values()), rows=lines, replace_all=True)
-            return sum(todo.values()), rows
+            rows = store.commit_run(p, b, [], new_ck, total, rows=lines, replace_all=True)
+            if progress:
+                progress(stage, total, total)
+            return _Pass(total, rows)
         new_records = records_frame(spark, log, lo=lo, hi=ends, **frame)
         items = items_frame(spark, new_records, ref, windowed, base)
         priors: dict[str, Any] = {}
@@ -152,15 +168,18 @@ def _catch_up(s: RunSettings, spark: Any, store: Store, log: Log, p: Projection,
                 tp = (r["topic"], r["partition"])
                 prev = base.get(tp)
                 new_ck[tp] = (ends[tp], r["m"] if prev is None else max(prev, r["m"]))
-        outputs = fold_frame(spark, items, ref, priors, s.shuffle_partitions).toArrow().to_pylist()
+        outputs = fold_frame(spark, items, ref, priors, s.shuffle_partitions,
+                             skip_errors=s.skip_errors).toArrow().to_pylist()
     except ProjectionError:
         raise
     except Exception as exc:  # Spark wraps task errors; report the record, not the stack
         if type(exc).__module__.startswith(("pyspark", "py4j")):
             raise _spark_error(exc) from exc
         raise
-    rows = store.commit_run(p, b, outputs, new_ck, sum(todo.values()))
-    return sum(todo.values()), rows
+    rows = store.commit_run(p, b, outputs, new_ck, total)
+    if progress:
+        progress(stage, total, total)
+    return _Pass(total, rows, len(recompute))
 
 
 def _session(s: RunSettings, spark: Any) -> Any:
@@ -196,18 +215,14 @@ def _rebuild(s: RunSettings, spark: Any, store: Store, p: Projection, progress: 
     records = rows = 0
     try:
         for i in range(s.max_passes):  # catch up until a pass finds nothing new
-            if progress:
-                progress("building" if i == 0 else "catching_up", records, 0)
             log.refresh()
-            n, r = _catch_up(s, spark, store, log, p, b)
-            records, rows = records + n, rows + r
-            if n == 0:
+            done = _catch_up(s, spark, store, log, p, b, progress, "building" if i == 0 else "catching_up")
+            records, rows = records + done.records, rows + done.rows
+            if done.records == 0:
                 break
             if i == 0:
                 store.set_status(b, "catching_up")
         store.set_status(b, "swapping")
-        if progress:
-            progress("swapping", records, records)
         old = store.swap(b)
         for table in old:
             store.drop_build(p.name, table)
@@ -240,10 +255,11 @@ def run(name: str, settings: RunSettings, *, spark: Any = None, progress: Progre
         t0 = time.monotonic()
         log = Log.open(settings.log_root)
         try:
-            n, r = _catch_up(settings, sess, store, log, p, cur)
+            done = _catch_up(settings, sess, store, log, p, cur, progress)
         finally:
             log.close()
-        return RunResult(name, cur.build, cur.table_name, n, r, False, time.monotonic() - t0)
+        return RunResult(name, cur.build, cur.table_name, done.records, done.rows, False,
+                         time.monotonic() - t0, done.recomputed)
 
 
 def run_continuous(name: str, settings: RunSettings, *, freshness_s: float = 5.0, idle_max_s: float = 30.0,
@@ -295,7 +311,8 @@ def status(settings: RunSettings, name: str | None = None) -> list[ProjectionSta
                 cur.status if cur else (builds[-1].status if builds else "never run"),
                 cur.table_name if cur else None, cur.records if cur else 0, lag,
                 store.dropped_total(cur) if cur else 0,
-                cur is None or cur.version != p.version, others))
+                cur is None or cur.version != p.version, others,
+                store.dead_letters(cur) if cur else 0))
         if log is not None:
             log.close()
     return out

@@ -35,6 +35,11 @@ _DDL = [
         projection text NOT NULL, build integer NOT NULL, topic text NOT NULL,
         partition integer NOT NULL, next_offset bigint NOT NULL, max_event_time bigint,
         PRIMARY KEY (projection, build, topic, partition))""").format(sql.Identifier(META)),
+    sql.SQL("""CREATE TABLE IF NOT EXISTS {}.dead_letters (
+        projection text NOT NULL, build integer NOT NULL, topic text NOT NULL,
+        partition integer NOT NULL, "offset" bigint NOT NULL, error text NOT NULL,
+        at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (projection, build, topic, partition, "offset"))""").format(sql.Identifier(META)),
 ]
 
 
@@ -196,6 +201,12 @@ class Store:
                 "next_offset = EXCLUDED.next_offset, max_event_time = EXCLUDED.max_event_time").format(
                 sql.Identifier(META)),
                 [(b.projection, b.build, t, part, o, m) for (t, part), (o, m) in checkpoints.items()])
+            dead = [(b.projection, b.build, t, part, off, err) for o in outputs if o.get("errors")
+                    for t, part, off, err in orjson.loads(o["errors"])]
+            if dead:
+                cur.executemany(sql.SQL("INSERT INTO {}.dead_letters (projection, build, topic, partition, "
+                                        "\"offset\", error) VALUES (%s, %s, %s, %s, %s, %s) "
+                                        "ON CONFLICT DO NOTHING").format(sql.Identifier(META)), dead)
             cur.execute(sql.SQL("UPDATE {}.builds SET records = records + %s WHERE projection = %s "
                                 "AND build = %s").format(sql.Identifier(META)), (records, b.projection, b.build))
         return n_rows
@@ -221,12 +232,19 @@ class Store:
         with self.conn.transaction():
             self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self.schema, table)))
             self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(META, table + "__state")))
-            self.conn.execute(sql.SQL("DELETE FROM {}.checkpoints WHERE projection = %s AND build IN "
-                                      "(SELECT build FROM {}.builds WHERE projection = %s AND table_name = %s)"
-                                      ).format(sql.Identifier(META), sql.Identifier(META)),
-                              (name, name, table))
+            for kind in ("checkpoints", "dead_letters"):
+                self.conn.execute(sql.SQL("DELETE FROM {}.{} WHERE projection = %s AND build IN "
+                                          "(SELECT build FROM {}.builds WHERE projection = %s AND table_name = %s)"
+                                          ).format(sql.Identifier(META), sql.Identifier(kind), sql.Identifier(META)),
+                                  (name, name, table))
             self.conn.execute(sql.SQL("DELETE FROM {}.builds WHERE projection = %s AND table_name = %s").format(
                 sql.Identifier(META)), (name, table))
+
+    def dead_letters(self, b: BuildRow) -> int:
+        row = self.conn.execute(sql.SQL("SELECT count(*) FROM {}.dead_letters WHERE projection = %s "
+                                        "AND build = %s").format(sql.Identifier(META)),
+                                (b.projection, b.build)).fetchone()
+        return int(row[0]) if row else 0
 
     def dropped_total(self, b: BuildRow) -> int:
         row = self.conn.execute(sql.SQL("SELECT coalesce(sum(dropped), 0) FROM {}").format(

@@ -19,7 +19,7 @@ from projections.spark import PROJECT_ROOT
 from tests.integration.projections.helpers import LogWriter, dump
 from tests.integration.projections.test_runs import DEP, WD, _workload, settings
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CHILD = textwrap.dedent("""
     import sys

@@ -52,6 +52,16 @@ def test_record_error_names_the_record() -> None:
         run_local(BANK, log_of([bad]), LocalView())
 
 
+def test_skip_errors_dead_letters_the_record_and_goes_on() -> None:
+    recs = [event(DEP, 0, 0, "a1", "MoneyDeposited", 10, amount="5.00"),
+            event(DEP, 0, 1, "a1", "MoneyDeposited", 11, amount="oops"),
+            event(DEP, 0, 2, "a1", "MoneyDeposited", 12, amount="2.00")]
+    view = LocalView()
+    run_local(BANK, log_of(recs), view, skip_errors=True)
+    assert rows(view)[0][3] == "7.00"
+    assert list(view.dead) == [(DEP, 0, 1)] and "InvalidOperation" in view.dead[(DEP, 0, 1)]
+
+
 def test_daily_totals_late_policies() -> None:
     day = account_daily_totals.DAY
     p_drop = account_daily_totals.make(window=WindowSpec.tumbling(day, lateness=0, late="drop"))
