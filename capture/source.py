@@ -24,7 +24,7 @@ from capture.errors import SlotLost, SlotMissing, SourceMisconfigured
 from capture.log import Log, TopicConfig
 from capture.lsn import Lsn
 from capture.replication import Keepalive, ReplicationConnection, XLogData, connect_options, translate_connect_error
-from capture.routing import TableFilter, topic_name
+from capture.routing import TableFilter
 from capture.schema_tracker import SchemaTracker
 from capture.snapshot import SnapshotReader
 from capture.status import SourceState, SourceStatus
@@ -70,6 +70,7 @@ class SourceSession:
         self._topics: set[str] = set()
         self._db = ""
         self.last_tx_changes = 0
+        self._identity: dict[tuple[str, str], tuple[str, ...]] = {}
         self.rate_base = 0  # status.changes at the start of the current rate window
 
     # -- start-up ------------------------------------------------------------------
@@ -97,11 +98,24 @@ class SourceSession:
             start = self._snapshot_then_slot(slot, on_progress)
         self.durable = self.idle_lsn = start
         self.status.confirmed_lsn = str(start)
+        self._seed_catalog()
         self.conn = ReplicationConnection(self.spec.dsn, label=self.spec.name)
         options = dict(wal2json.WAL2JSON_OPTIONS)
         options.update(self.filter.wal2json_options())
         self.conn.start(self.spec.slot, start, options)
         self.status.state = SourceState.STREAMING
+
+    def _seed_catalog(self) -> None:
+        """Each table's columns and identity from the catalog: to recognise omitted TOAST values
+        and to key tables whose identity is an index or the whole row."""
+        with self._sql() as conn:
+            for table in list_tables(conn, self.filter.matches):
+                self.schemas.seed(table.schema, table.table, [(c.name, c.type, c.typeoid) for c in table.columns])
+                self._identity[(table.schema, table.table)] = table.identity_columns
+                if table.loses_updates:
+                    self.status.warnings.append(
+                        f"{table.qualified} has no primary key or replica identity: its UPDATEs and DELETEs are not captured"
+                    )
 
     def _sql(self) -> psycopg.Connection[Any]:
         try:
@@ -158,7 +172,8 @@ class SourceSession:
         previous: tuple[TableInfo, tuple[str | None, ...]] | None = None
         for table in tables:
             self.status.snapshot_table = table.qualified
-            self._observe_schema(table.schema, table.table, [(c.name, c.type, c.typeoid) for c in table.columns], now_ms)
+            self._observe_schema(table.schema, table.table, [(c.name, c.type, c.typeoid) for c in table.columns],
+                                 complete=True, key=table.identity_columns, now_ms=now_ms)
             for row in reader.rows(table):
                 if previous is not None:
                     self._snapshot_row(*previous, lsn, "true", now_ms)
@@ -228,23 +243,26 @@ class SourceSession:
         if isinstance(parsed, wal2json.Change):
             if not self.filter.matches(parsed.schema, parsed.table):
                 return False
-            self._observe_schema(parsed.schema, parsed.table, parsed.column_types(), now_ms)
+            if parsed.action != "D":
+                self._observe_schema(parsed.schema, parsed.table, parsed.column_types(),
+                                     complete=parsed.action == "I", key=parsed.pk, now_ms=now_ms)
             outputs = (self.spec.router or self._envelopes)(parsed)
             self._stage(outputs, now_ms)
             self._tx["changes"] = self._tx.get("changes", 0) + 1
             self.status.changes += 1
         elif isinstance(parsed, wal2json.Truncate):
             if self.filter.matches(parsed.schema, parsed.table):
-                outputs = env.truncate_envelope(parsed, **self._context())
-                topic = topic_name(self.spec.name, parsed.schema, parsed.table)
-                self._ensure_topic(topic)
-                for partition in range(self.log.topics()[topic].partitions):
-                    for out in outputs:
-                        self._pending[(out.topic, partition)].append((out.key, out.value, now_ms, None))
-                        self._pending_count += 1
+                for out in env.truncate_envelope(parsed, **self._context()):
+                    self._to_all_partitions(out.topic, out.key, out.value, now_ms)
                 self._tx["changes"] = self._tx.get("changes", 0) + 1
         elif isinstance(parsed, wal2json.LogicalMessage):
             self._stage(env.message_envelope(parsed, **self._context()), now_ms)
+            if not self.in_transaction and parsed.lsn is not None:
+                # A non-transactional message stands alone: it is its own commit point.
+                self._flush()
+                self.last_tx_changes = 1
+                self.boundary = max(parsed.lsn, self.boundary or Lsn.ZERO)
+                return True
             self._tx["changes"] = self._tx.get("changes", 0) + 1
         if self._pending_count >= _FLUSH_RECORDS:
             self._flush()
@@ -261,12 +279,25 @@ class SourceSession:
         }
 
     def _envelopes(self, change: Any) -> list[env.Output]:
-        return env.envelopes_for(change, **self._context())
+        return env.envelopes_for(
+            change,
+            known_columns=self.schemas.columns(change.schema, change.table),
+            key_columns=self._identity.get((change.schema, change.table)),
+            **self._context(),
+        )
 
-    def _observe_schema(self, schema: str, table: str, columns: Iterable[Any], now_ms: int) -> None:
-        record = self.schemas.observe(self.spec.name, schema, table, list(columns))
+    def _observe_schema(self, schema: str, table: str, columns: Iterable[Any], *, complete: bool,
+                        key: Iterable[str], now_ms: int) -> None:
+        record = self.schemas.observe(self.spec.name, schema, table, list(columns), complete=complete,
+                                      key=tuple(key), now_ms=now_ms)
         if record is not None:
-            self._stage([record], now_ms)
+            self._to_all_partitions(record.topic, record.key, record.value, now_ms)
+
+    def _to_all_partitions(self, topic: str, key: bytes | None, value: bytes | None, now_ms: int) -> None:
+        self._ensure_topic(topic)
+        for partition in range(self.log.topics()[topic].partitions):
+            self._pending[(topic, partition)].append((key, value, now_ms, None))
+            self._pending_count += 1
 
     # -- staging into the log -------------------------------------------------------------
     def _ensure_topic(self, topic: str) -> None:
@@ -280,6 +311,9 @@ class SourceSession:
         self._topics.add(topic)
 
     def _stage(self, outputs: Iterable[env.Output], now_ms: int) -> None:
+        # A streamed record's timestamp is its transaction's commit time (event time); a
+        # snapshot row's is the time it was read.
+        now_ms = self._tx.get("ts_ms") or now_ms if self.in_transaction else now_ms
         for out in outputs:
             self._ensure_topic(out.topic)
             partition = self.log.partition_for(out.topic, out.key)

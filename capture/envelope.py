@@ -1,0 +1,157 @@
+"""Debezium-style envelopes and keys from parsed changes and snapshot rows. Pure.
+
+value = {"before", "after", "source": {connector, version, name, db, schema, table, lsn, txId,
+ts_ms, snapshot}, "op": c|u|d|r|t|m, "ts_ms"}; key = the primary-key columns as canonical JSON
+(sorted keys, no whitespace). A delete is followed by a tombstone (value None); a primary-key
+change becomes delete + tombstone for the old key and a create for the new one (trap 8).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from capture.lsn import Lsn
+from capture.routing import topic_name
+from capture.values import UNAVAILABLE, from_stream, from_text, type_family
+from capture.wal2json import Change, Column, LogicalMessage, Truncate
+
+__all__ = [
+    "CONNECTOR",
+    "Output",
+    "envelopes_for",
+    "message_envelope",
+    "snapshot_envelope",
+    "truncate_envelope",
+]
+
+CONNECTOR = "tributary"
+VERSION = "0.1.0"
+_SORTED = orjson.OPT_SORT_KEYS
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: bytes | None = None
+
+
+def _source(source_name: str, db: str, schema: str, table: str, lsn: Lsn | None, tx_id: int | None,
+            ts_ms: int | None, snapshot: str) -> dict[str, Any]:
+    return {"connector": CONNECTOR, "version": VERSION, "name": source_name, "db": db, "schema": schema,
+            "table": table, "lsn": None if lsn is None else int(lsn), "txId": tx_id, "ts_ms": ts_ms,
+            "snapshot": snapshot}
+
+
+def _row(columns: Sequence[Column]) -> dict[str, Any]:
+    return {c.name: from_stream(c.type, c.value) for c in columns}
+
+
+def _key(row: dict[str, Any], key_columns: Sequence[str]) -> bytes:
+    if key_columns:
+        return orjson.dumps({k: row.get(k) for k in key_columns}, option=_SORTED)
+    return orjson.dumps(row, option=_SORTED)  # no key at all: the whole row (init warns)
+
+
+def _value(before: Any, after: Any, source: dict[str, Any], op: str, now_ms: int) -> bytes:
+    return orjson.dumps({"before": before, "after": after, "source": source, "op": op, "ts_ms": now_ms})
+
+
+def envelopes_for(
+    change: Change,
+    *,
+    source_name: str,
+    db: str,
+    lsn: Lsn | None,
+    tx_id: int | None,
+    commit_ts_ms: int | None,
+    now_ms: int,
+    snapshot: str = "false",
+    known_columns: Sequence[tuple[str, str, int]] | None = None,
+    key_columns: Sequence[str] | None = None,
+) -> list[Output]:
+    """The records one streamed change becomes, in order.
+
+    `known_columns`: the table's current columns (name, type, oid), so that an UPDATE's
+    missing columns can be told apart as unchanged TOAST values (trap 3). `key_columns`: the
+    identity to key by when the table has no primary key (REPLICA IDENTITY USING INDEX/FULL).
+    """
+    topic = topic_name(source_name, change.schema, change.table)
+    source = _source(source_name, db, change.schema, change.table, change.lsn or lsn, tx_id, commit_ts_ms, snapshot)
+    keys = change.pk or tuple(key_columns or ())
+    if change.action == "I":
+        after = _row(change.columns)
+        return [Output(topic, _key(after, keys), _value(None, after, source, "c", now_ms))]
+    old = _row(change.identity) if change.identity else None
+    if change.action == "D":
+        before = old or {}
+        key = _key(before, keys or tuple(before))
+        return [Output(topic, key, _value(old, None, source, "d", now_ms)), Output(topic, key, None)]
+    after = _row(change.columns)
+    _fill_unchanged_toast(after, change, known_columns, old)
+    new_key = _key(after, keys)
+    if old is not None and keys and all(k in old for k in keys):
+        old_key = _key(old, keys)
+        if old_key != new_key:  # the primary key changed: delete the old key, create the new
+            return [
+                Output(topic, old_key, _value(old, None, source, "d", now_ms)),
+                Output(topic, old_key, None),
+                Output(topic, new_key, _value(None, after, source, "c", now_ms)),
+            ]
+    before = old if old is not None and len(old) > len(keys) else None  # a full old row (FULL)
+    return [Output(topic, new_key, _value(before, after, source, "u", now_ms))]
+
+
+def _fill_unchanged_toast(after: dict[str, Any], change: Change,
+                          known: Sequence[tuple[str, str, int]] | None, old: dict[str, Any] | None) -> None:
+    """Columns the table has but the UPDATE omitted were unchanged TOASTed values: take the old
+    value when REPLICA IDENTITY FULL sent it, else mark them unavailable — never null."""
+    if not known:
+        return
+    for name, type_name, _ in known:
+        if name in after:
+            continue
+        if type_family(type_name) in ("int", "float", "bool") or type_name in ("date", "uuid"):
+            continue  # fixed-width types are never TOASTed: the column was dropped, not omitted
+        after[name] = old[name] if old is not None and name in old and old[name] is not None else UNAVAILABLE
+
+
+def snapshot_envelope(
+    *,
+    schema: str,
+    table: str,
+    columns: Sequence[tuple[str, str, int]],
+    values: Sequence[str | None],
+    primary_key: Sequence[str],
+    source_name: str,
+    db: str,
+    lsn: Lsn,
+    snapshot: str,
+    now_ms: int,
+) -> list[Output]:
+    """An `op: "r"` record for one row read by the snapshot (values are PostgreSQL text)."""
+    after = {name: from_text(type_name, value) for (name, type_name, _), value in zip(columns, values, strict=True)}
+    source = _source(source_name, db, schema, table, lsn, None, now_ms, snapshot)
+    return [Output(topic_name(source_name, schema, table), _key(after, primary_key), _value(None, after, source, "r", now_ms))]
+
+
+def truncate_envelope(truncate: Truncate, *, source_name: str, db: str, lsn: Lsn | None, tx_id: int | None,
+                      commit_ts_ms: int | None, now_ms: int) -> list[Output]:
+    """`op: "t"`, key None: the caller writes it to every partition of the table's topic."""
+    source = _source(source_name, db, truncate.schema, truncate.table, truncate.lsn or lsn, tx_id, commit_ts_ms, "false")
+    return [Output(topic_name(source_name, truncate.schema, truncate.table), None, _value(None, None, source, "t", now_ms))]
+
+
+def message_envelope(message: LogicalMessage, *, source_name: str, db: str, lsn: Lsn | None, tx_id: int | None,
+                     commit_ts_ms: int | None, now_ms: int) -> list[Output]:
+    """`pg_logical_emit_message` → `<source>.messages`, key = the prefix."""
+    source = _source(source_name, db, "", "", message.lsn or lsn, tx_id if message.transactional else None,
+                     commit_ts_ms, "false")
+    value = orjson.dumps({"prefix": message.prefix, "content": message.content,
+                          "transactional": message.transactional, "source": source, "op": "m", "ts_ms": now_ms})
+    return [Output(f"{source_name}.messages", orjson.dumps(message.prefix), value)]

@@ -1,0 +1,73 @@
+"""Remember each table's columns; say when they change, as a schema record for the topic. Pure.
+
+DDL produces no event in wal2json (trap 5): a schema change shows only as a different column
+list. The first sighting of a table, and every change of its columns or types, yields a record
+{"schema": {...}} (no "op") that the session writes to every partition of the table's topic, so
+any reader of any partition sees the types before the rows that use them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import orjson
+
+from capture.envelope import CONNECTOR
+from capture.routing import topic_name
+
+__all__ = ["SCHEMA_KEY", "SchemaRecord", "SchemaTracker"]
+
+SCHEMA_KEY = b'{"__schema__":true}'
+
+ColumnSpec = tuple[str, str, int]
+
+
+class SchemaRecord:
+    __slots__ = ("topic", "key", "value")
+
+    def __init__(self, topic: str, value: bytes) -> None:
+        self.topic = topic
+        self.key = SCHEMA_KEY
+        self.value = value
+
+
+class SchemaTracker:
+    def __init__(self) -> None:
+        self._announced: dict[tuple[str, str], tuple[ColumnSpec, ...]] = {}
+        self._catalog: dict[tuple[str, str], tuple[ColumnSpec, ...]] = {}
+
+    def columns(self, schema: str, table: str) -> tuple[ColumnSpec, ...] | None:
+        """The table's columns as best known: last announced, else the catalog's."""
+        return self._announced.get((schema, table)) or self._catalog.get((schema, table))
+
+    def seed(self, schema: str, table: str, columns: Sequence[ColumnSpec]) -> None:
+        """Columns read from the catalog at start-up: used to recognise omitted TOAST values."""
+        self._catalog[(schema, table)] = tuple(columns)
+
+    def observe(self, source: str, schema: str, table: str, columns: Sequence[ColumnSpec], *,
+                complete: bool, key: Sequence[str] = (), now_ms: int = 0) -> SchemaRecord | None:
+        """A schema record when the columns differ from the last announced ones (or on first
+        sight). `complete`: the list is the whole row (INSERT, snapshot); an UPDATE may omit
+        unchanged TOAST values, so columns it does not show are taken to still exist."""
+        current = tuple(columns)
+        base = self.columns(schema, table)
+        if not complete and base:
+            shown = {c[0] for c in current}
+            current = current + tuple(c for c in base if c[0] not in shown)
+            order = {c[0]: i for i, c in enumerate(base)}
+            current = tuple(sorted(current, key=lambda c: order.get(c[0], len(order))))
+        if self._announced.get((schema, table)) == current:
+            return None
+        self._announced[(schema, table)] = current
+        body = {
+            "schema": {
+                "connector": CONNECTOR,
+                "name": source,
+                "schema": schema,
+                "table": table,
+                "key": list(key),
+                "columns": [{"name": n, "type": t, "typeoid": o} for n, t, o in current],
+            },
+            "ts_ms": now_ms,
+        }
+        return SchemaRecord(topic_name(source, schema, table), orjson.dumps(body))

@@ -1,0 +1,151 @@
+"""wal2json format-version 2 messages → typed values. Pure: bytes in, dataclasses out.
+
+orjson parses the common case fast (≈2 µs a change). It would turn a `numeric` such as
+12345678901234567890.123456789 into a float, so any change carrying a numeric column takes an
+exact path (the standard library with `parse_float=Decimal`): exactness first (DESIGN trap 1).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import orjson
+
+from capture.lsn import Lsn
+
+__all__ = [
+    "WAL2JSON_OPTIONS",
+    "Begin",
+    "Change",
+    "Column",
+    "Commit",
+    "LogicalMessage",
+    "Message",
+    "Truncate",
+    "parse_message",
+    "parse_timestamp_ms",
+]
+
+# Exactly what the replication connection asks for (and the benchmark's pg_recvlogical).
+WAL2JSON_OPTIONS: dict[str, str] = {
+    "format-version": "2",
+    "include-xids": "1",
+    "include-timestamp": "1",
+    "include-lsn": "1",
+    "include-transaction": "1",
+    "include-pk": "1",
+    "include-type-oids": "1",
+    "include-typmod": "1",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    type: str
+    typeoid: int
+    value: Any  # as wal2json printed it: int, float, Decimal, bool, str or None
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    xid: int
+    lsn: Lsn
+    nextlsn: Lsn
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    xid: int
+    lsn: Lsn
+    nextlsn: Lsn
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    action: str  # I U D
+    schema: str
+    table: str
+    columns: tuple[Column, ...]  # new values (I, U); unchanged TOAST columns are absent
+    identity: tuple[Column, ...]  # old key (U, D), or the whole old row under REPLICA IDENTITY FULL
+    pk: tuple[str, ...]
+    lsn: Lsn | None
+
+    def column_types(self) -> list[tuple[str, str, int]]:
+        return [(c.name, c.type, c.typeoid) for c in self.columns or self.identity]
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    schema: str
+    table: str
+    lsn: Lsn | None
+
+
+@dataclass(frozen=True, slots=True)
+class LogicalMessage:
+    transactional: bool
+    prefix: str
+    content: str
+    lsn: Lsn | None
+
+
+Message = Begin | Commit | Change | Truncate | LogicalMessage
+
+
+def parse_timestamp_ms(text: str) -> int:
+    """`2026-11-22 22:45:54.385451+00` (TimeZone=UTC) → ms since the epoch."""
+    from datetime import datetime
+
+    return int(datetime.fromisoformat(text).timestamp() * 1000)
+
+
+def _decode(data: bytes) -> dict[str, Any]:
+    if b'"numeric' in data:
+        return dict(json.loads(data, parse_float=Decimal))
+    try:
+        return dict(orjson.loads(data))
+    except orjson.JSONDecodeError:
+        # orjson refuses integers beyond 64 bits; the standard library keeps them exact.
+        return dict(json.loads(data, parse_float=Decimal))
+
+
+def _columns(raw: list[dict[str, Any]] | None) -> tuple[Column, ...]:
+    if not raw:
+        return ()
+    return tuple(Column(c["name"], c["type"], int(c.get("typeoid", 0)), c.get("value")) for c in raw)
+
+
+def _lsn(doc: dict[str, Any], key: str = "lsn") -> Lsn | None:
+    text = doc.get(key)
+    return Lsn.parse(text) if text else None
+
+
+def parse_message(data: bytes) -> Message:
+    """One wal2json v2 document (the XLogData payload) → a typed message."""
+    doc = _decode(data)
+    action = doc.get("action")
+    if action in ("I", "U", "D"):
+        return Change(
+            action=action,
+            schema=doc["schema"],
+            table=doc["table"],
+            columns=_columns(doc.get("columns")),
+            identity=_columns(doc.get("identity")),
+            pk=tuple(p["name"] for p in doc.get("pk") or ()),
+            lsn=_lsn(doc),
+        )
+    if action == "B":
+        return Begin(int(doc["xid"]), Lsn.parse(doc["lsn"]), Lsn.parse(doc["nextlsn"]), parse_timestamp_ms(doc["timestamp"]))
+    if action == "C":
+        return Commit(int(doc["xid"]), Lsn.parse(doc["lsn"]), Lsn.parse(doc["nextlsn"]), parse_timestamp_ms(doc["timestamp"]))
+    if action == "T":
+        return Truncate(doc["schema"], doc["table"], _lsn(doc))
+    if action == "M":
+        return LogicalMessage(bool(doc.get("transactional")), str(doc.get("prefix", "")), str(doc.get("content", "")), _lsn(doc))
+    raise ValueError(f"unknown wal2json action {action!r} in {data[:120]!r}")
