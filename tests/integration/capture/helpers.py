@@ -48,11 +48,35 @@ def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> 
     )
 
 
-def spawn_capture(config: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", "from api.cli import main; main()", "capture", "--config", str(config), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    )
+class Capture:
+    """A `tributary capture` subprocess; stderr goes to a file so pipes never fill or leak."""
+
+    def __init__(self, config: Path, *args: str) -> None:
+        self.err_path = config.with_suffix(f".{time.monotonic_ns()}.err")
+        with self.err_path.open("wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", "from api.cli import main; main()", "capture", "--config", str(config), *args],
+                stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT,
+            )
+        self.pid = self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def send_signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self.proc.wait(timeout=timeout)
+        return "", self.err_path.read_text()
+
+
+def spawn_capture(config: Path, *args: str) -> Capture:
+    return Capture(config, *args)
 
 
 def records(log_root: Path, topic: str) -> list[Any]:
