@@ -36,6 +36,10 @@ OUT_SCHEMA = ("unit string, state string, last string, pks string, rows string, 
 _REC = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
 
 
+def _loads(raw: str | None) -> Any:
+    return None if raw is None else orjson.loads(raw)
+
+
 def _record(row: Mapping[str, Any]) -> ProjectionRecord:
     r = decode(*(row[c] for c in _REC))
     return ProjectionRecord(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers,
@@ -88,9 +92,13 @@ def _folder(ref: tuple[tuple[str, ...], tuple[str, ...], str], priors: Any,  # t
 
         def items() -> Iterator[Item]:
             for batch in batches:
-                for row in batch.to_pylist():
-                    yield Item(row["unit"], row["ukey"], row["wstart"], row["wend"], row["admitted"],
-                               _record(row))
+                c = {name: batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)}
+                for t, part, off, ts, k, v, h, et, unit, ws, we, adm, ukey in zip(
+                        c["topic"], c["partition"], c["offset"], c["timestamp"], c["key"], c["value"],
+                        c["headers"], c["event_time"], c["unit"], c["wstart"], c["wend"], c["admitted"],
+                        c["ukey"], strict=True):
+                    yield Item(unit, ukey, ws, we, adm, ProjectionRecord(
+                        t, part, off, ts, _loads(k), _loads(v), _loads(h), et))
 
         out: list[dict[str, Any]] = []
         for u in fold_units(p, items(), known, skip_errors=skip_errors):

@@ -12,12 +12,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+from orjson import loads
 
 from capture.log import Log, Split, read_split
 from projections.codec import canonical
 from projections.engine import prepare
 from projections.loader import resolve
-from projections.records import decode
+from projections.records import decode, default_event_time
 
 __all__ = ["RECORD_SCHEMA", "TP", "plan", "records_frame"]
 
@@ -51,6 +52,7 @@ def plan(log: Log, topics: Sequence[str], lo: Mapping[TP, int], hi: Mapping[TP, 
 def _reader(modules: tuple[str, ...], mirror: tuple[str, ...], name: str):  # type: ignore[no-untyped-def]
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         p = resolve(modules, mirror, name)
+        custom = p.key is not None or p.event_time is not None
         cols: dict[str, list[Any]] = {f: [] for f in _ARROW.names}
 
         def flush() -> pa.RecordBatch:
@@ -69,17 +71,25 @@ def _reader(modules: tuple[str, ...], mirror: tuple[str, ...], name: str):  # ty
                         continue
                     if rec.offset >= hi:
                         break
-                    r = prepare(p, decode(rec.topic, rec.partition, rec.offset, rec.timestamp,
-                                          rec.key, rec.value, rec.headers))
+                    value = None if rec.value is None else rec.value.decode()
+                    if custom:
+                        r = prepare(p, decode(rec.topic, rec.partition, rec.offset, rec.timestamp,
+                                              rec.key, rec.value, rec.headers))
+                        event_time = r.event_time
+                        pkey = canonical(p.key(r) if p.key is not None else r.key)
+                    else:  # log keys are canonical JSON already (DESIGN.md "Topics, keys, records")
+                        event_time = default_event_time(rec.topic, None if value is None else loads(value),
+                                                        rec.timestamp)
+                        pkey = "null" if rec.key is None else rec.key.decode()
                     cols["topic"].append(rec.topic)
                     cols["partition"].append(rec.partition)
                     cols["offset"].append(rec.offset)
                     cols["timestamp"].append(rec.timestamp)
                     cols["key"].append(None if rec.key is None else rec.key.decode())
-                    cols["value"].append(None if rec.value is None else rec.value.decode())
+                    cols["value"].append(value)
                     cols["headers"].append(None if rec.headers is None else rec.headers.decode())
-                    cols["event_time"].append(r.event_time)
-                    cols["pkey"].append(canonical(p.key(r) if p.key is not None else r.key))
+                    cols["event_time"].append(event_time)
+                    cols["pkey"].append(pkey)
                     if len(cols["offset"]) >= _BATCH:
                         yield flush()
         if cols["offset"]:

@@ -1,0 +1,202 @@
+"""Benchmark: projection rebuilds on Spark against baselines measured in the same run.
+
+For each size N (events over --keys accounts in `events.account`, 4 partitions):
+  * fold      — `account_balances` rebuilt by the Spark runner (log → fold → COPY/merge → swap);
+  * dataframe — `account_totals` (DataFrame groupBy) rebuilt by the Spark runner;
+  * (a) pg    — the same aggregation as one `INSERT … SELECT … GROUP BY` inside Postgres over a
+                table holding the same rows (loaded by COPY beforehand, not timed);
+  * (b) py    — a single-process Python fold reading the log (same engine, same order);
+  * incremental — `run` after --incremental new events on top of N;
+  * driver RSS (this Python process) and the Spark JVM's peak RSS.
+Prints JSON and saves it to bench/results/projections.json.
+
+    python bench/projections.py [--events 1000000,10000000] [--keys 100000] [--dsn DSN]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+import orjson  # noqa: E402
+import psycopg  # noqa: E402
+
+from capture.log import Log, TopicConfig, canonical_json, partition_for  # noqa: E402
+from projections.engine import Item, fold_units  # noqa: E402
+from projections.examples import account_balances  # noqa: E402
+from projections.records import decode, ms_to_iso, sort_key  # noqa: E402
+from projections.runner import RunSettings, rebuild, run  # noqa: E402
+from projections.spark import get_session  # noqa: E402
+
+TOPIC = "events.account"
+PARTS = 4
+KINDS = ("MoneyDeposited", "MoneyDeposited", "MoneyWithdrawn")
+
+
+def write_events(log: Log, start: int, n: int, keys: int, rng: random.Random) -> list[tuple[str, str, str]]:
+    """Append n events (and return (stream, type, amount) rows for the Postgres baseline)."""
+    rows: list[tuple[str, str, str]] = []
+    batch: dict[int, list[Any]] = {p: [] for p in range(PARTS)}
+    for i in range(start, start + n):
+        stream = f"acc-{rng.randrange(keys)}"
+        kind = "AccountOpened" if i < keys else KINDS[i % 3]
+        amount = f"{rng.randrange(1, 100000)}.{rng.randrange(100):02d}"
+        at = 1_700_000_000_000 + i * 10 - rng.randrange(0, 5000)
+        value = orjson.dumps({"id": f"e{i}", "stream": stream, "version": i, "type": kind, "schema_version": 1,
+                              "data": {"amount": amount, "owner": "o", "overdraft_limit": "0"}, "metadata": {},
+                              "occurred_at": ms_to_iso(at), "recorded_at": ms_to_iso(at)})
+        key = canonical_json(stream)
+        batch[partition_for(key, PARTS)].append((key, value, at, None))
+        rows.append((stream, kind, amount))
+        if (i + 1) % 50_000 == 0:
+            for p, recs in batch.items():
+                if recs:
+                    log.append(TOPIC, p, recs)
+                batch[p] = []
+            log.commit()
+    for p, recs in batch.items():
+        if recs:
+            log.append(TOPIC, p, recs)
+    log.commit()
+    return rows
+
+
+def python_fold(root: Path) -> tuple[float, int]:
+    """Baseline (b): one process reads the whole log, orders per key, folds with the same engine."""
+    t0 = time.perf_counter()
+    p = account_balances.PROJECTION
+    items: list[Item] = []
+    with Log.open(root) as log:
+        for part in range(PARTS):
+            for r in log.read(TOPIC, part):
+                rec = decode(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers)
+                k = orjson.dumps(rec.key, option=orjson.OPT_SORT_KEYS).decode()
+                items.append(Item(k, k, None, None, True, rec))
+    items.sort(key=lambda i: (i.unit, sort_key(i.record)))
+    n = sum(1 for _ in fold_units(p, items, {}))
+    return time.perf_counter() - t0, n
+
+
+def pg_group_by(dsn: str, rows: list[tuple[str, str, str]]) -> float:
+    """Baseline (a): the DataFrame projection's aggregation as SQL inside Postgres."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS bench_events, bench_totals")
+        conn.execute("CREATE TABLE bench_events (stream text, type text, amount numeric(20,2))")
+        with conn.cursor().copy("COPY bench_events FROM STDIN") as cp:
+            for r in rows:
+                cp.write_row(r)
+        conn.execute("VACUUM ANALYZE bench_events")
+        conn.execute("CREATE TABLE bench_totals (account_id text PRIMARY KEY, deposits numeric(20,2), "
+                     "withdrawals numeric(20,2), events bigint)")
+        t0 = time.perf_counter()
+        conn.execute("INSERT INTO bench_totals SELECT stream, "
+                     "coalesce(sum(amount) FILTER (WHERE type = 'MoneyDeposited'), 0), "
+                     "coalesce(sum(amount) FILTER (WHERE type = 'MoneyWithdrawn'), 0), count(*) "
+                     "FROM bench_events GROUP BY stream")
+        took = time.perf_counter() - t0
+        conn.execute("DROP TABLE bench_events, bench_totals")
+    return took
+
+
+def jvm_peak_rss_mb(spark: Any) -> float | None:
+    try:
+        pid = spark._jvm.java.lang.ProcessHandle.current().pid()
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except Exception:  # diagnostics only
+        return None
+    return None
+
+
+def one_size(n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: int) -> dict[str, Any]:
+    rng = random.Random(n)
+    root = work / f"log_{n}"
+    shutil.rmtree(root, ignore_errors=True)
+    log = Log.open(root, writer=True)
+    log.create_topic(TOPIC, TopicConfig(partitions=PARTS))
+    t0 = time.perf_counter()
+    rows = write_events(log, 0, n, keys, rng)
+    write_s = time.perf_counter() - t0
+    s = RunSettings(dsn=dsn, log_root=root, modules=("projections.examples.account_balances",
+                                                    "projections.examples.account_totals"),
+                    spark_master=spark.sparkContext.master, shuffle_partitions=8)
+    fold = rebuild("account_balances", s, spark=spark)
+    df = rebuild("account_totals", s, spark=spark)
+    pg_s = pg_group_by(dsn, rows)
+    del rows
+    py_s, py_units = python_fold(root)
+    write_events(log, n, incremental, keys, rng)
+    log.close()
+    inc = run("account_balances", s, spark=spark)
+    return {
+        "events": n, "keys": keys, "log_write_s": round(write_s, 2),
+        "fold_rebuild_s": round(fold.seconds, 2), "fold_events_per_s": round(n / fold.seconds),
+        "dataframe_rebuild_s": round(df.seconds, 2),
+        "pg_group_by_s": round(pg_s, 2), "py_fold_s": round(py_s, 2), "py_fold_units": py_units,
+        "dataframe_vs_pg": round(pg_s / df.seconds, 3), "fold_vs_py": round(py_s / fold.seconds, 3),
+        "incremental_events": incremental, "incremental_s": round(inc.seconds, 2),
+        "incremental_recomputed_units": inc.recomputed,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", default="1000000,10000000", help="comma-separated sizes")
+    ap.add_argument("--keys", type=int, default=100_000)
+    ap.add_argument("--incremental", type=int, default=10_000)
+    ap.add_argument("--dsn", help="service database (default: an embedded cluster in --dir)")
+    ap.add_argument("--master", default="local[*]")
+    ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "projections.json")
+    args = ap.parse_args()
+    work = args.dir or Path(tempfile.mkdtemp(prefix="tributary-bench-proj-"))
+    cluster = None
+    dsn = args.dsn
+    if dsn is None:
+        from api.embedded_pg import EmbeddedPostgres
+
+        cluster = EmbeddedPostgres(work / "pg")
+        cluster.up()
+        dsn = cluster.dsn()
+    spark = get_session(args.master, shuffle_partitions=8)
+    warm = spark.range(1000)
+    warm.groupBy((warm.id % 7).alias("k")).count().collect()  # JVM start-up is not what we measure
+    try:
+        sizes = [one_size(int(n), args.keys, dsn, work, spark, args.incremental) for n in args.events.split(",")]
+        result: dict[str, Any] = {
+            "bench": "projections", "master": args.master, "cpus": os.cpu_count(), "sizes": sizes,
+            "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "jvm_peak_rss_mb": jvm_peak_rss_mb(spark),
+        }
+        if len(sizes) > 1:
+            a, b = sizes[0], sizes[-1]
+            result["fold_time_ratio"] = round(b["fold_rebuild_s"] / a["fold_rebuild_s"], 2)
+            result["size_ratio"] = round(b["events"] / a["events"], 2)
+        text = json.dumps(result, indent=2)
+        print(text)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    finally:
+        spark.stop()
+        if cluster is not None:
+            cluster.destroy()
+        if args.dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
