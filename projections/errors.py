@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DefinitionError", "ProjectionError", "RecordError", "RunError"]
+__all__ = ["DefinitionError", "LockedError", "ProjectionError", "RecordError", "RunError"]
 
 
 class ProjectionError(Exception):
@@ -27,3 +27,7 @@ class RecordError(ProjectionError):
 
 class RunError(ProjectionError):
     """A run or rebuild could not proceed (locked, unknown projection, Spark job failed)."""
+
+
+class LockedError(RunError):
+    """Another process is running or rebuilding this projection."""

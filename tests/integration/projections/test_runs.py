@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from projections.runner import RunSettings, rebuild, run, status
+from projections.runner import RunSettings, rebuild, run, run_continuous, status
 from tests.integration.projections.helpers import DAY, LogWriter, dump
 
 pytestmark = pytest.mark.integration
@@ -42,6 +42,10 @@ def test_bank_example_event_time_order_across_topics(spark: Any, fresh_db: str, 
     assert result.rebuilt and result.records == 5
     [row] = dump(fresh_db, "views.bank")
     assert row.startswith("(acc-1,ann,open,10.00,0.00,0.00,0,5,"), row  # no false overdraft
+    naps: list[float] = []  # --continuous while idle: cheap polls backing off towards freshness_s
+    assert run_continuous("bank", s, spark=spark, freshness_s=0.8, stop=lambda: len(naps) >= 3,
+                          sleep=naps.append) == 3
+    assert naps == [0.5, 0.8, 0.8]
 
 
 def _workload(w: LogWriter, rng: random.Random, n: int, clock: list[int]) -> None:
