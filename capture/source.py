@@ -112,6 +112,12 @@ class SourceSession:
             for table in list_tables(conn, self.filter.matches):
                 self.schemas.seed(table.schema, table.table, [(c.name, c.type, c.typeoid) for c in table.columns])
                 self._identity[(table.schema, table.table)] = table.identity_columns
+                numeric = [c.name for c in table.columns if c.type.startswith("numeric")]
+                if numeric:
+                    # Trap 1: wal2json 2.5 prints NaN/±Infinity numerics as null, like SQL NULL.
+                    self.status.warnings.append(
+                        f"{table.qualified}: numeric column(s) {', '.join(numeric)}: NaN and Infinity are captured as null (wal2json 2.5)"
+                    )
                 if table.loses_updates:
                     self.status.warnings.append(
                         f"{table.qualified} has no primary key or replica identity: its UPDATEs and DELETEs are not captured"

@@ -98,7 +98,7 @@ def from_stream(type_name: str, value: Any, family: str | None = None) -> Any:
         return None
     fam = family or type_family(type_name)
     if fam == "numeric":
-        return str(value)  # Decimal or int from the exact parse path: the digits as sent
+        return str(value)  # the literal text (or an exact int) from the exact parse path
     if fam == "float":
         return _float(float(value))
     if fam == "int" or fam == "bool":

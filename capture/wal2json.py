@@ -2,14 +2,13 @@
 
 orjson parses the common case fast (≈2 µs a change). It would turn a `numeric` such as
 12345678901234567890.123456789 into a float, so any change carrying a numeric column takes an
-exact path (the standard library with `parse_float=Decimal`): exactness first (DESIGN trap 1).
+exact path (the standard library, keeping each fraction's literal text): exactness first (DESIGN trap 1).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -47,7 +46,7 @@ class Column:
     name: str
     type: str
     typeoid: int
-    value: Any  # as wal2json printed it: int, float, Decimal, bool, str or None
+    value: Any  # as wal2json printed it: int, float, bool, str (also a numeric's literal) or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +106,13 @@ def parse_timestamp_ms(text: str) -> int:
 
 def _decode(data: bytes) -> dict[str, Any]:
     if b'"numeric' in data:
-        return dict(json.loads(data, parse_float=Decimal))
+        # Keep a fraction's literal text (Decimal would print 1E-30 for 0.000…001).
+        return dict(json.loads(data, parse_float=str))
     try:
         return dict(orjson.loads(data))
     except orjson.JSONDecodeError:
         # orjson refuses integers beyond 64 bits; the standard library keeps them exact.
-        return dict(json.loads(data, parse_float=Decimal))
+        return dict(json.loads(data, parse_float=str))
 
 
 def _columns(raw: list[dict[str, Any]] | None) -> tuple[Column, ...]:
