@@ -14,6 +14,7 @@ bytea → hex string without `\\x` · 1-D arrays of simple types → JSON arrays
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import orjson
@@ -22,13 +23,14 @@ __all__ = ["UNAVAILABLE", "from_stream", "from_text", "parse_array", "type_famil
 
 UNAVAILABLE = "__tributary_unavailable__"  # an unchanged TOASTed value the server did not send
 
+_TYPMOD = re.compile(r"\(\d+(,\d+)?\)")
 _INTS = {"smallint", "integer", "bigint", "oid", "int2", "int4", "int8"}
 _FLOATS = {"real", "double precision", "float4", "float8"}
 
 
 def type_family(type_name: str) -> str:
     """int | numeric | float | bool | json | tstz | ts | bytea | array:<element family> | text."""
-    base = type_name.split("(", 1)[0].strip()
+    base = _TYPMOD.sub("", type_name).strip()
     if type_name.endswith("[]"):
         return "array:" + type_family(type_name[:-2])
     if base in _INTS:
