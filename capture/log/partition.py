@@ -176,7 +176,7 @@ class PartitionWriter:
                 f"the manifest points past the data: {path} has {size} bytes but {committed} are "
                 f"committed (truncated or replaced segment); run `tributary log verify`"
             )
-        if size > committed and False:
+        if size > committed:
             os.ftruncate(fd, committed)
             _fileio.fsync(fd, f"truncating {path} to its committed length")
         self.fd = fd
