@@ -43,8 +43,9 @@ def demo(
     Runs until Ctrl-C (or --duration seconds), then prints what was captured.
     """
     settings = settings_from(config)
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     cluster = EmbeddedPostgres(settings.pg_data_dir)
+    started_here = not cluster.is_running()
     dsn = cluster.up()
     shop_dsn = cluster.dsn(DEMO_DB)
     _ensure_database(cluster.dsn("postgres"), DEMO_DB)
@@ -93,6 +94,9 @@ def demo(
         capture.join(timeout=30)
         workload.close()
     _summary(console, root, workload.counts)
+    if started_here:
+        cluster.down()
+        console.print("stopped the embedded Postgres (data kept in " + str(cluster.data_dir) + ")")
 
 
 def _summary(console: Console, root: Path, counts: dict[str, int]) -> None:
@@ -108,7 +112,7 @@ def _summary(console: Console, root: Path, counts: dict[str, int]) -> None:
                   for r in log.read(f"{DEMO_SOURCE}.public.orders", p)] if f"{DEMO_SOURCE}.public.orders" in topics else []
     if orders:
         console.print("[bold]last order change[/]")
-        console.print(max(orders, key=lambda r: (r.timestamp, r.partition, r.offset)).to_json().decode())
+        typer.echo(max(orders, key=lambda r: (r.timestamp, r.partition, r.offset)).to_json().decode())
     console.print(
         f"[bold]summary[/] workload transactions={counts['transactions']:,} inserts={counts['inserts']:,} "
         f"updates={counts['updates']:,} deletes={counts['deletes']:,}; records in log={total:,}"
