@@ -12,6 +12,7 @@ from pathlib import Path
 
 from capture.log import _fileio
 from capture.log.codec import BadLine, decode_line
+from capture.log.columnar import parquet_path
 from capture.log.index import pack_offsets, pack_times
 from capture.log.manifest import PartitionState
 from capture.log.reader import committed_segments, partition_dir, read_partition
@@ -127,6 +128,7 @@ def _rewrite(ref: SegmentRef, kept: list[tuple[int, int, bytes]], interval: int)
             _fileio.fsync(fd, f"syncing {tmp}")
         finally:
             os.close(fd)
+    parquet_path(pdir, base).unlink(missing_ok=True)  # made from the old bytes: now stale
     for final, _data in targets:
         os.replace(final.with_name(final.name + _SUFFIX), final)
     _fileio.fsync_dir(pdir)
@@ -165,4 +167,5 @@ def remove_segments(pdir: Path, bases: list[int]) -> None:
     for b in bases:
         for p in (log_path(pdir, b), index_path(pdir, b), timeindex_path(pdir, b)):
             p.unlink(missing_ok=True)
+        parquet_path(pdir, b).unlink(missing_ok=True)
     _fileio.fsync_dir(pdir)

@@ -505,6 +505,33 @@ class Log:
             remove_segments(partition_dir(self.root, name, p), doomed)
         return sum(len(d) for _, _, d in plan)
 
+    def write_parquet(self, topic: str | None = None) -> int:
+        """Write the immutable Parquet (zstd) copy of every sealed, committed segment that lacks
+        a current one (a maintenance step like `compact`); returns how many were written."""
+        from capture.log.columnar import is_current, write_parquet
+        from capture.log.reader import committed_segments
+
+        self._check_writer("write Parquet copies")
+        snapshot = self._committed
+        written = 0
+        for name in [topic] if topic is not None else list(snapshot.topics):
+            t = snapshot.topics.get(name)
+            if t is None:
+                raise TopicNotFoundError(f"no topic {name!r} in the log at {self.root}")
+            for p, state in enumerate(t.partitions):
+                pdir = partition_dir(self.root, name, p)
+                todo = [
+                    b
+                    for b in committed_segments(pdir, state)
+                    if b < state.segment and not is_current(pdir, b)
+                ]
+                for base in todo:
+                    write_parquet(SegmentRef(name, p, pdir, base))
+                if todo:
+                    _fileio.fsync_dir(pdir)
+                    written += len(todo)
+        return written
+
     def _worker_idle(self) -> None:
         self._worker_barrier().result()
 

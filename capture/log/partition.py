@@ -15,6 +15,7 @@ from pathlib import Path
 
 from capture.log import _fileio
 from capture.log.codec import BadLine, RecordIn, decode_line, encode_batch
+from capture.log.columnar import parquet_path
 from capture.log.errors import LogError
 from capture.log.index import pack_offsets, pack_times
 from capture.log.manifest import PartitionState
@@ -101,7 +102,7 @@ class PartitionWriter:
             pdir.mkdir(parents=True)
             w.dir_dirty = True
         for name in os.listdir(pdir):
-            if name.endswith(".compacting"):
+            if name.endswith((".compacting", ".parquet.tmp")):
                 os.unlink(pdir / name)
         bases = list_segments(pdir)
         for i, base in enumerate(bases):
@@ -110,6 +111,7 @@ class PartitionWriter:
             if beyond or below:  # rolled after the last commit, or deleted by retention already
                 for p in (log_path(pdir, base), index_path(pdir, base), timeindex_path(pdir, base)):
                     p.unlink(missing_ok=True)
+                parquet_path(pdir, base).unlink(missing_ok=True)
                 w.dir_dirty = True
         for base in list_segments(pdir):
             if base < state.segment and not index_path(pdir, base).exists():

@@ -254,3 +254,40 @@ def test_stale_reader_continues_after_compaction_of_its_active_segment(tmp_path:
         assert offsets(reader.read("c", 0)) == [0]  # not "corrupt": it re-reads the manifest
         reader.refresh()
         assert offsets(reader.read("c", 0))[-1] == 19
+
+
+def test_parquet_copies_of_sealed_segments(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from capture.log.columnar import is_current
+
+    with Log.open(tmp_path / "log", writer=True, segment_bytes=400) as log:
+        log.create_topic("c", TopicConfig(partitions=1, policy="compact"))
+        log.append("c", 0, [rec(i, key=i % 2) for i in range(12)] + [rec(12, key=0, value=None)])
+        log.commit()
+        pdir = log.root / "c" / "0"
+        sealed = [b for b in list_segments(pdir) if b < log.ends()[("c", 0)].segment]
+        assert log.write_parquet() == len(sealed) > 1
+        assert log.write_parquet() == 0  # all current
+        rows = [r for b in sealed for r in pq.read_table(pdir / f"{b:020d}.parquet").to_pylist()]
+        expected = [r for r in log.read("c", 0) if r.offset < log.ends()[("c", 0)].segment]
+        assert [(r["offset"], r["timestamp"], r["key"], r["value"]) for r in rows] == [
+            (r.offset, r.timestamp, r.key.decode(), r.value and r.value.decode()) for r in expected
+        ]
+        stats = log.compact(now_ms=0)  # rewrites segments: their copies must not go stale
+        assert stats.segments_rewritten + stats.segments_deleted > 0
+        assert all(
+            is_current(pdir, b)
+            for b in list_segments(pdir)
+            if (pdir / f"{b:020d}.parquet").exists()
+        )
+        assert log.write_parquet() == stats.segments_rewritten
+        again = [
+            r
+            for b in list_segments(pdir)
+            if (pdir / f"{b:020d}.parquet").exists()
+            for r in pq.read_table(pdir / f"{b:020d}.parquet").to_pylist()
+        ]
+        assert [r["offset"] for r in again] == [
+            r.offset for r in log.read("c", 0) if r.offset < log.ends()[("c", 0)].segment
+        ]

@@ -1,0 +1,86 @@
+"""Immutable Parquet (zstd) copies of sealed, committed segments — the form Spark reads natively.
+
+A copy is `<base>.parquet` beside `<base>.log`: the same records, same offsets, key/value/headers
+as JSON text. Its metadata records the byte size of the segment it was made from, so a copy
+made before a compaction rewrote the segment is recognisably stale (and is deleted by the
+compaction anyway). The row-form `.log` stays the source of truth.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from capture.log import _fileio
+from capture.log.segment import SegmentRef, iter_records, log_path, segment_name
+
+__all__ = ["SCHEMA", "is_current", "parquet_path", "write_parquet"]
+
+SCHEMA = pa.schema(
+    [
+        ("offset", pa.int64()),
+        ("timestamp", pa.int64()),
+        ("key", pa.string()),
+        ("value", pa.string()),
+        ("headers", pa.string()),
+    ]
+)
+_SIZE = b"tributary.segment_bytes"
+
+
+def parquet_path(pdir: Path, base: int) -> Path:
+    return pdir / f"{segment_name(base)}.parquet"
+
+
+def is_current(pdir: Path, base: int) -> bool:
+    """A Parquet copy exists and was made from the segment as it is now."""
+    path = parquet_path(pdir, base)
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (FileNotFoundError, pa.ArrowInvalid):
+        return False
+    return meta.get(_SIZE) == str(log_path(pdir, base).stat().st_size).encode()
+
+
+def write_parquet(ref: SegmentRef) -> int:
+    """Write (atomically: temp file, fsync, rename) the Parquet copy of a sealed segment; returns
+    its row count. The caller fsyncs the directory."""
+    size = log_path(ref.pdir, ref.base).stat().st_size
+    cols: tuple[list[int], list[int], list[str | None], list[str | None], list[str | None]] = (
+        [],
+        [],
+        [],
+        [],
+        [],
+    )
+    offs, tss, keys, values, headers = cols
+    for off, ts, key, value, hdr in iter_records(ref):
+        offs.append(off)
+        tss.append(ts)
+        keys.append(None if key is None else key.decode())
+        values.append(None if value is None else value.decode())
+        headers.append(None if hdr is None else hdr.decode())
+    schema = SCHEMA.with_metadata(
+        {
+            b"tributary.topic": ref.topic.encode(),
+            b"tributary.partition": str(ref.partition).encode(),
+            b"tributary.segment": ref.name.encode(),
+            _SIZE: str(size).encode(),
+        }
+    )
+    table = pa.Table.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(cols, SCHEMA, strict=True)], schema=schema
+    )
+    final = parquet_path(ref.pdir, ref.base)
+    tmp = final.with_name(final.name + ".tmp")
+    pq.write_table(table, tmp, compression="zstd")
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        _fileio.fsync(fd, f"syncing {tmp}")
+    finally:
+        os.close(fd)
+    os.replace(tmp, final)
+    return len(offs)
