@@ -1,0 +1,113 @@
+"""Bad environments and slot trouble, each with its one clear line (or a clean recovery)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from api.embedded_pg import EmbeddedPostgres
+from tests.integration.capture.helpers import changes, cli, write_config
+
+pytestmark = pytest.mark.integration
+
+
+def _slot(config: Path) -> str:
+    return next(line.split('"')[1] for line in config.read_text().splitlines() if line.startswith("slot ="))
+
+
+@pytest.fixture(scope="module")
+def misconfigured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+    """A second real cluster with wal_level=replica and wal2json not allow-listed."""
+    cluster = EmbeddedPostgres(tmp_path_factory.mktemp("bad") / "pg")
+    cluster.up()
+    conf = cluster.pgdata / "postgresql.conf"
+    text = conf.read_text().replace("wal_level = logical", "wal_level = replica")
+    text = text.replace("output_plugin_libraries = 'pgoutput, test_decoding, wal2json'", "")
+    conf.write_text(text)  # rewriting keeps the file's owner
+    cluster.restart()
+    try:
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+def test_wal_level_replica_is_named_with_the_fix(misconfigured: EmbeddedPostgres, tmp_path: Path) -> None:
+    config = write_config(tmp_path / "t.toml", dsn=misconfigured.dsn(), log_root=tmp_path / "log")
+    res = cli("init", "--config", str(config))
+    assert res.returncode == 1
+    assert "wal_level is 'replica', must be 'logical'" in res.stdout
+    assert res.stderr.strip() == "tributary: init: source(s) shop cannot be captured until the problems above are fixed"
+
+
+def test_wal2json_not_allowed_is_named_with_the_fix(misconfigured: EmbeddedPostgres, tmp_path: Path) -> None:
+    with psycopg.connect(misconfigured.dsn(), autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET wal_level = logical")
+    misconfigured.restart()
+    try:
+        config = write_config(tmp_path / "t.toml", dsn=misconfigured.dsn(), log_root=tmp_path / "log")
+        res = cli("init", "--config", str(config))
+        assert res.returncode == 1
+        assert "output_plugin_libraries" in res.stdout and "wal2json" in res.stdout
+    finally:
+        with psycopg.connect(misconfigured.dsn(), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM RESET wal_level")
+        misconfigured.restart()
+
+
+def test_slot_held_by_another_process(fresh_db: str, tmp_path: Path) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", source_extra='snapshot = "never"')
+    assert cli("init", "--config", str(config)).returncode == 0
+    holder = subprocess.Popen(
+        [str(EmbeddedPostgres(tmp_path).bin_dir / "pg_recvlogical"), "-d", fresh_db, "--slot", _slot(config),
+         "--start", "-f", "/dev/null", "-o", "format-version=2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(1.5)
+        res = cli("capture", "--config", str(config), "--until-idle", "1")
+        assert res.returncode == 1
+        last = res.stderr.strip().splitlines()[-1]
+        assert last.startswith("tributary: source 'shop'") and "active" in last
+    finally:
+        holder.terminate()
+        holder.wait(timeout=10)
+
+
+def test_missing_slot_fails_clearly_unless_when_needed_resnapshots(fresh_db: str, tmp_path: Path) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO t SELECT generate_series(1, 10)")
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log")
+    assert cli("capture", "--config", str(config), "--until-idle", "1").returncode == 0
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (_slot(config),))
+    res = cli("capture", "--config", str(config), "--until-idle", "1")
+    assert res.returncode == 1
+    assert "does not exist" in res.stderr and 'snapshot = "when_needed"' in res.stderr
+    config.write_text(config.read_text().replace('include = ["public.*"]', 'include = ["public.*"]\nsnapshot = "when_needed"'))
+    res = cli("capture", "--config", str(config), "--until-idle", "1")
+    assert res.returncode == 0, res.stderr
+    assert "taking a new snapshot" in res.stderr
+    reads = [c for c in changes(tmp_path / "log", "shop.public.t") if c["op"] == "r"]
+    assert len(reads) == 20  # the table re-stated once more, after the first snapshot
+
+
+def test_second_capture_on_the_same_log_is_refused(fresh_db: str, tmp_path: Path) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log")
+    from tests.integration.capture.helpers import spawn_capture
+
+    first = spawn_capture(config, "--until-idle", "4")
+    time.sleep(2.5)
+    second = cli("capture", "--config", str(config), "--until-idle", "1")
+    first.wait(timeout=60)
+    assert second.returncode == 1
+    assert "locked" in second.stderr.strip().splitlines()[-1]
