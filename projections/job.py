@@ -18,7 +18,7 @@ from projections.engine import Item, Prior, fold_units, plan_items
 from projections.loader import resolve
 from projections.records import ProjectionRecord, decode
 
-__all__ = ["ITEM_SCHEMA", "OUT_SCHEMA", "fold_frame", "items_frame"]
+__all__ = ["ITEM_SCHEMA", "SUMMARY_SCHEMA", "fold_frame", "items_frame"]
 
 ITEM_SCHEMA = ("topic string, partition int, offset long, timestamp long, key string, value string, "
                "headers string, event_time long, unit string, wstart long, wend long, admitted boolean, "
@@ -28,11 +28,6 @@ _ITEM = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset",
                    ("headers", pa.string()), ("event_time", pa.int64()), ("unit", pa.string()),
                    ("wstart", pa.int64()), ("wend", pa.int64()), ("admitted", pa.bool_()),
                    ("ukey", pa.string())])
-_OUT = pa.schema([("unit", pa.string()), ("state", pa.string()), ("last", pa.string()),
-                  ("pks", pa.string()), ("rows", pa.string()), ("deletes", pa.string()),
-                  ("dropped", pa.int64()), ("errors", pa.string())])
-OUT_SCHEMA = ("unit string, state string, last string, pks string, rows string, deletes string, dropped long, "
-              "errors string")
 _REC = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
 
 
@@ -84,8 +79,49 @@ def items_frame(spark: Any, records: Any, ref: tuple[tuple[str, ...], tuple[str,
     return with_wm.mapInArrow(_planner(ref), ITEM_SCHEMA)
 
 
+SUMMARY_SCHEMA = "units long, rows long, errors string"
+_SUMMARY = pa.schema([("units", pa.int64()), ("rows", pa.int64()), ("errors", pa.string())])
+
+
+class _Stager:
+    """COPY a task's folded units into the run's staging tables (one connection per task)."""
+
+    def __init__(self, dsn: str, names: tuple[str, str, str]) -> None:
+        import psycopg
+        from psycopg import sql
+
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.copies = [sql.SQL("COPY {} FROM STDIN").format(sql.Identifier("tributary_projections", n))
+                       for n in names]
+        self.rows = 0
+        self.units = 0
+        self.errors: list[Any] = []
+
+    def write(self, chunk: list[Any]) -> None:
+        rows_copy, del_copy, state_copy = self.copies
+        with self.conn.cursor() as cur:
+            with cur.copy(rows_copy) as cp:
+                for u in chunk:
+                    for line in u.rows:
+                        cp.write(line)
+                        self.rows += 1
+            with cur.copy(del_copy) as cp:
+                for u in chunk:
+                    for key in u.deletes:
+                        cp.write_row(key)
+            with cur.copy(state_copy) as cp:
+                for u in chunk:
+                    cp.write_row((u.unit, u.state, None if u.last is None else orjson.dumps(u.last).decode(),
+                                  orjson.dumps(u.pks).decode(), u.dropped))
+                    self.errors.extend(u.errors)
+        self.units += len(chunk)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 def _folder(ref: tuple[tuple[str, ...], tuple[str, ...], str], priors: Any,  # type: ignore[no-untyped-def]
-            skip_errors: bool):
+            skip_errors: bool, dsn: str, names: tuple[str, str, str]):
     def fold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         p = resolve(*ref)
         known: Mapping[str, Prior] = priors.value if priors is not None else {}
@@ -100,25 +136,30 @@ def _folder(ref: tuple[tuple[str, ...], tuple[str, ...], str], priors: Any,  # t
                     yield Item(unit, ukey, ws, we, adm, ProjectionRecord(
                         t, part, off, ts, _loads(k), _loads(v), _loads(h), et))
 
-        out: list[dict[str, Any]] = []
-        for u in fold_units(p, items(), known, skip_errors=skip_errors):
-            out.append({"unit": u.unit, "state": u.state,
-                        "last": None if u.last is None else orjson.dumps(u.last).decode(),
-                        "pks": orjson.dumps(u.pks).decode(), "rows": "".join(u.rows),
-                        "deletes": orjson.dumps(u.deletes).decode(), "dropped": u.dropped,
-                        "errors": orjson.dumps(u.errors).decode() if u.errors else None})
-            if len(out) >= 2048:
-                yield pa.RecordBatch.from_pylist(out, schema=_OUT)
-                out = []
-        if out:
-            yield pa.RecordBatch.from_pylist(out, schema=_OUT)
+        stager = _Stager(dsn, names)
+        try:
+            chunk: list[Any] = []
+            for u in fold_units(p, items(), known, skip_errors=skip_errors):
+                chunk.append(u)
+                if len(chunk) >= 4096:
+                    stager.write(chunk)
+                    chunk = []
+            if chunk:
+                stager.write(chunk)
+        finally:
+            stager.close()
+        yield pa.RecordBatch.from_pylist(
+            [{"units": stager.units, "rows": stager.rows,
+              "errors": orjson.dumps(stager.errors).decode() if stager.errors else None}], schema=_SUMMARY)
     return fold
 
 
 def fold_frame(spark: Any, items: Any, ref: tuple[tuple[str, ...], tuple[str, ...], str],
-               priors: Mapping[str, Prior], partitions: int, *, skip_errors: bool = False) -> Any:
-    """Items → one output row per unit (OUT_SCHEMA)."""
+               priors: Mapping[str, Prior], partitions: int, *, dsn: str, staging: tuple[str, str, str],
+               skip_errors: bool = False) -> Any:
+    """Items → folded units COPYed by the tasks into `staging`; one summary row per task
+    (SUMMARY_SCHEMA) is all that comes back to the driver."""
     bc = spark.sparkContext.broadcast(dict(priors)) if priors else None
     ordered = items.repartition(partitions, "unit").sortWithinPartitions(
         "unit", "event_time", "topic", "partition", "offset")
-    return ordered.mapInArrow(_folder(ref, bc, skip_errors), OUT_SCHEMA)
+    return ordered.mapInArrow(_folder(ref, bc, skip_errors, dsn, staging), SUMMARY_SCHEMA)

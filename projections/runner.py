@@ -168,7 +168,8 @@ def _catch_up(s: RunSettings, spark: Any, store: Store, log: Log, p: Projection,
                 tp = (r["topic"], r["partition"])
                 prev = base.get(tp)
                 new_ck[tp] = (ends[tp], r["m"] if prev is None else max(prev, r["m"]))
-        outputs = fold_frame(spark, items, ref, priors, s.shuffle_partitions,
+        staged = store.staging(p, b)
+        outputs = fold_frame(spark, items, ref, priors, s.shuffle_partitions, dsn=s.dsn, staging=staged.names,
                              skip_errors=s.skip_errors).toArrow().to_pylist()
     except ProjectionError:
         raise
@@ -176,7 +177,7 @@ def _catch_up(s: RunSettings, spark: Any, store: Store, log: Log, p: Projection,
         if type(exc).__module__.startswith(("pyspark", "py4j")):
             raise _spark_error(exc) from exc
         raise
-    rows = store.commit_run(p, b, outputs, new_ck, total)
+    rows = store.commit_run(p, b, outputs, new_ck, total, staged=staged)
     if progress:
         progress(stage, total, total)
     return _Pass(total, rows, len(recompute))

@@ -20,7 +20,7 @@ from psycopg import sql
 from projections.definition import Projection
 from projections.engine import Prior
 
-__all__ = ["META", "BuildRow", "Store"]
+__all__ = ["META", "BuildRow", "Staged", "Store"]
 
 META = "tributary_projections"
 _DDL = [
@@ -41,6 +41,15 @@ _DDL = [
         at timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (projection, build, topic, partition, "offset"))""").format(sql.Identifier(META)),
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """Where a run's Spark tasks COPY their output: (rows, deletes, states) tables in META."""
+
+    columns: tuple[str, ...]
+    primary_key: tuple[str, ...]
+    names: tuple[str, str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,10 +147,10 @@ class Store:
 
     def commit_run(self, p: Projection, b: BuildRow, outputs: Iterable[Mapping[str, Any]],
                    checkpoints: Mapping[tuple[str, int], tuple[int, int | None]], records: int,
-                   *, rows: Iterable[str] = (), replace_all: bool = False) -> int:
+                   *, rows: Iterable[str] = (), replace_all: bool = False, staged: Staged | None = None) -> int:
         """Apply one run's output and move its checkpoints, atomically. Returns rows upserted.
 
-        1. COPY rows, deleted keys and unit states into temporary staging tables;
+        1. COPY rows, deleted keys and unit states into staging tables (or tasks did: `staged`);
         2. delete the rows units gave up (or, `replace_all`, every row not staged);
         3. merge staged rows: INSERT … ORDER BY pk ON CONFLICT DO UPDATE;
         4. upsert unit states; 5. upsert checkpoints; 6. commit — all or nothing."""
@@ -155,45 +164,29 @@ class Store:
         nonpk = [n for n in names if n not in pk]
         sets = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in nonpk)
         on_conflict = sql.SQL("DO UPDATE SET {}").format(sets) if nonpk else sql.SQL("DO NOTHING")
-        n_rows = 0
+        outputs = list(outputs)
         with self.conn.transaction():
             cur = self.conn.cursor()
-            # 1. staging
-            cur.execute(sql.SQL("CREATE TEMP TABLE _stage ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
-                cols, target))
-            cur.execute(sql.SQL("CREATE TEMP TABLE _del ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
-                pkcols, target))
-            cur.execute("CREATE TEMP TABLE _state (unit text, state text, last text, pks text, dropped bigint) "
-                        "ON COMMIT DROP")
-            outputs = list(outputs)
-            with cur.copy(sql.SQL("COPY _stage ({}) FROM STDIN").format(cols)) as cp:
-                for o in outputs:
-                    if o["rows"]:
-                        cp.write(o["rows"])
-                        n_rows += o["rows"].count("\n")
-                for line in rows:
-                    cp.write(line)
-                    n_rows += 1
-            with cur.copy(sql.SQL("COPY _del ({}) FROM STDIN").format(pkcols)) as cp:
-                for o in outputs:
-                    for key in orjson.loads(o["deletes"]):
-                        cp.write_row(key)
-            with cur.copy("COPY _state FROM STDIN") as cp:
-                for o in outputs:
-                    cp.write_row((o["unit"], o["state"], o["last"], o["pks"], o["dropped"]))
+            # 1. staging (tasks already COPYed into `staged`; otherwise the driver does it here)
+            if staged is not None:
+                rows_t, del_t, state_t = (sql.Identifier(META, n) for n in staged.names)
+                n_rows = sum(int(o.get("rows") or 0) for o in outputs)
+            else:
+                rows_t, del_t, state_t = sql.Identifier("_stage"), sql.Identifier("_del"), sql.Identifier("_state")
+                n_rows = self._stage_here(cur, target, cols, pkcols, outputs, rows)
             # 2. deletes
             if replace_all:
-                cur.execute(sql.SQL("DELETE FROM {} t WHERE NOT EXISTS (SELECT 1 FROM _stage s WHERE {})").format(
-                    target, match))
-            cur.execute(sql.SQL("DELETE FROM {} t USING _del s WHERE {}").format(target, match))
+                cur.execute(sql.SQL("DELETE FROM {} t WHERE NOT EXISTS (SELECT 1 FROM {} s WHERE {})").format(
+                    target, rows_t, match))
+            cur.execute(sql.SQL("DELETE FROM {} t USING {} s WHERE {}").format(target, del_t, match))
             # 3. merge
-            cur.execute(sql.SQL("INSERT INTO {} ({}) SELECT DISTINCT ON ({}) {} FROM _stage ORDER BY {} "
-                                "ON CONFLICT ({}) {}").format(target, cols, pkcols, cols, pkcols, pkcols,
+            cur.execute(sql.SQL("INSERT INTO {} ({}) SELECT DISTINCT ON ({}) {} FROM {} ORDER BY {} "
+                                "ON CONFLICT ({}) {}").format(target, cols, pkcols, cols, rows_t, pkcols, pkcols,
                                                               on_conflict))
             # 4. states
-            cur.execute(sql.SQL("INSERT INTO {} SELECT DISTINCT ON (unit) * FROM _state ORDER BY unit "
+            cur.execute(sql.SQL("INSERT INTO {} SELECT DISTINCT ON (unit) * FROM {} ORDER BY unit "
                                 "ON CONFLICT (unit) DO UPDATE SET state = EXCLUDED.state, last = EXCLUDED.last, "
-                                "pks = EXCLUDED.pks, dropped = EXCLUDED.dropped").format(state))
+                                "pks = EXCLUDED.pks, dropped = EXCLUDED.dropped").format(state, state_t))
             # 5. checkpoints
             cur.executemany(sql.SQL(
                 "INSERT INTO {}.checkpoints VALUES (%s, %s, %s, %s, %s, %s) "
@@ -209,7 +202,58 @@ class Store:
                                         "ON CONFLICT DO NOTHING").format(sql.Identifier(META)), dead)
             cur.execute(sql.SQL("UPDATE {}.builds SET records = records + %s WHERE projection = %s "
                                 "AND build = %s").format(sql.Identifier(META)), (records, b.projection, b.build))
+            if staged is not None:  # 6. the staging tables go with the commit
+                for t in (rows_t, del_t, state_t):
+                    cur.execute(sql.SQL("DROP TABLE {}").format(t))
         return n_rows
+
+    @staticmethod
+    def _stage_here(cur: Any, target: sql.Composable, cols: sql.Composable, pkcols: sql.Composable,
+                    outputs: list[Mapping[str, Any]], rows: Iterable[str]) -> int:
+        n_rows = 0
+        cur.execute(sql.SQL("CREATE TEMP TABLE _stage ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
+            cols, target))
+        cur.execute(sql.SQL("CREATE TEMP TABLE _del ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
+            pkcols, target))
+        cur.execute("CREATE TEMP TABLE _state (unit text, state text, last text, pks text, dropped bigint) "
+                    "ON COMMIT DROP")
+        with cur.copy(sql.SQL("COPY _stage ({}) FROM STDIN").format(cols)) as cp:
+            for o in outputs:
+                if o["rows"]:
+                    cp.write(o["rows"])
+                    n_rows += o["rows"].count("\n")
+            for line in rows:
+                cp.write(line)
+                n_rows += 1
+        with cur.copy(sql.SQL("COPY _del ({}) FROM STDIN").format(pkcols)) as cp:
+            for o in outputs:
+                for key in orjson.loads(o["deletes"]):
+                    cp.write_row(key)
+        with cur.copy("COPY _state FROM STDIN") as cp:
+            for o in outputs:
+                cp.write_row((o["unit"], o["state"], o["last"], o["pks"], o["dropped"]))
+        return n_rows
+
+    def staging(self, p: Projection, b: BuildRow) -> Staged:
+        """Fresh UNLOGGED staging tables that Spark tasks COPY into (leftovers of a crashed run
+        are dropped first). Tasks never write the build's tables: a retried task only adds
+        duplicate staging rows, which the merge's DISTINCT ON removes."""
+        staged = Staged(p.table.names, p.table.primary_key,
+                        (f"{b.table_name}__stage_rows", f"{b.table_name}__stage_del", f"{b.table_name}__stage_state"))
+        target = sql.Identifier(self.schema, b.table_name)
+        rows_t, del_t, state_t = (sql.Identifier(META, n) for n in staged.names)
+        cols = sql.SQL(", ").join(map(sql.Identifier, p.table.names))
+        pkcols = sql.SQL(", ").join(map(sql.Identifier, p.table.primary_key))
+        with self.conn.transaction():
+            for t in (rows_t, del_t, state_t):
+                self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(t))
+            self.conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} AS SELECT {} FROM {} LIMIT 0").format(
+                rows_t, cols, target))
+            self.conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} AS SELECT {} FROM {} LIMIT 0").format(
+                del_t, pkcols, target))
+            self.conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} (unit text, state text, last text, pks text, "
+                                      "dropped bigint)").format(state_t))
+        return staged
 
     # -- the swap ---------------------------------------------------------------------------
 
