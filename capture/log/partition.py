@@ -9,7 +9,6 @@ from __future__ import annotations
 import bisect
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
 
@@ -19,11 +18,11 @@ from capture.log.columnar import parquet_path
 from capture.log.errors import LogError
 from capture.log.index import pack_offsets, pack_times
 from capture.log.manifest import PartitionState
+from capture.log.scan import NO_TS, first_timestamp, increasing, rebuild_indexes, scan_segment
 from capture.log.segment import (
     SegmentRef,
     index_path,
     iter_lines,
-    iter_records,
     list_segments,
     load_offset_index,
     load_time_index,
@@ -33,10 +32,10 @@ from capture.log.segment import (
 )
 from capture.log.types import PartitionEnd
 
-__all__ = ["PartitionWriter", "Scan", "rebuild_indexes", "scan_segment"]
+__all__ = ["PartitionWriter"]
 
 FLUSH_BYTES = 1 << 20
-_NO_TS = -(1 << 62)
+_NO_TS = NO_TS
 
 
 class PartitionWriter:
@@ -193,7 +192,7 @@ class PartitionWriter:
         """Keep the index entries inside committed data (checked against it) and re-derive the
         rest — tail entries, max timestamp — by scanning from the last good entry."""
         pos = seek_position(self.pdir, self.base, end, committed) if committed else 0
-        index = _increasing([e for e in load_offset_index(self.pdir, self.base) if 0 < e[1] <= pos])
+        index = increasing([e for e in load_offset_index(self.pdir, self.base) if 0 < e[1] <= pos])
         rels = {rel for rel, _ in index}
         times = [t for t in load_time_index(self.pdir, self.base) if t[1] in rels]
         if [t[1] for t in times] != [rel for rel, _ in index]:  # files disagree: rebuild both
@@ -210,7 +209,7 @@ class PartitionWriter:
         self.index, self.times = index, times
         self.index_written = len(index)
         self.max_ts = scan.max_ts
-        self.first_ts = scan.first_ts if pos == 0 else _first_timestamp(self.ref)
+        self.first_ts = scan.first_ts if pos == 0 else first_timestamp(self.ref)
         self.since_index = scan.since
         for p, data in (
             (index_path(self.pdir, self.base), pack_offsets(index)),
@@ -381,72 +380,3 @@ class PartitionWriter:
     def sync_handle(self) -> int:
         """A dup of the active fd for a commit to fsync (the writer may roll meanwhile)."""
         return os.dup(self.fd)
-
-
-def _first_timestamp(ref: SegmentRef) -> int:
-    for _off, ts, *_ in iter_records(ref, 0, None):
-        return ts
-    return _NO_TS
-
-
-def _increasing(entries: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Drop entries that break the order (garbage left by a crash in an unsynced index file)."""
-    out: list[tuple[int, int]] = []
-    for rel, pos in entries:
-        if not out or (rel > out[-1][0] and pos > out[-1][1]):
-            out.append((rel, pos))
-    return out
-
-
-@dataclass(slots=True)
-class Scan:
-    index: list[tuple[int, int]] = field(default_factory=list)
-    times: list[tuple[int, int]] = field(default_factory=list)
-    last: int = -1
-    max_ts: int = _NO_TS
-    first_ts: int = _NO_TS
-    since: int = 0
-
-
-def scan_segment(
-    ref: SegmentRef, interval: int, start: int = 0, limit: int | None = None, max_ts: int = _NO_TS
-) -> Scan:
-    """Walk a segment from a line start, checking every record and recomputing the sparse index
-    entries after `start` by the same rule `PartitionWriter._place` applies."""
-    scan = Scan(last=ref.base - 1, max_ts=max_ts)
-    since = 0
-    for pos, line in iter_lines(log_path(ref.pdir, ref.base), start, limit):
-        try:
-            off, ts, *_ = decode_line(line)
-        except BadLine as exc:
-            raise ref.corrupt(
-                str(exc), exc.offset if exc.offset is not None else scan.last + 1
-            ) from None
-        if off <= scan.last and pos > start:
-            raise ref.corrupt(f"offsets out of order ({off} after {scan.last})", off)
-        if pos > start and since >= interval:
-            scan.index.append((off - ref.base, pos))
-            scan.times.append((scan.max_ts, off - ref.base))
-            since = 0
-        if scan.first_ts == _NO_TS:
-            scan.first_ts = ts
-        scan.max_ts = max(scan.max_ts, ts)
-        scan.last = off
-        since += len(line) + 1
-    scan.since = since
-    return scan
-
-
-def rebuild_indexes(ref: SegmentRef, interval: int) -> None:
-    """Write a sealed segment's index files from its data (fsynced), final time entry included."""
-    scan = scan_segment(ref, interval)
-    if scan.last >= ref.base:
-        scan.times.append((scan.max_ts, scan.last + 1 - ref.base))
-    for p, data in (
-        (index_path(ref.pdir, ref.base), pack_offsets(scan.index)),
-        (timeindex_path(ref.pdir, ref.base), pack_times(scan.times)),
-    ):
-        with open(p, "wb") as f:
-            f.write(data)
-            f.flush()
-            _fileio.fsync(f.fileno(), f"writing {p}")
