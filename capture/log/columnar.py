@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from capture.log import _fileio
-from capture.log.segment import SegmentRef, iter_records, log_path, segment_name
+from capture.log.segment import SegmentRef, iter_records, log_path, parquet_path
 
 __all__ = ["SCHEMA", "is_current", "parquet_path", "write_parquet"]
 
@@ -29,10 +29,6 @@ SCHEMA = pa.schema(
     ]
 )
 _SIZE = b"tributary.segment_bytes"
-
-
-def parquet_path(pdir: Path, base: int) -> Path:
-    return pdir / f"{segment_name(base)}.parquet"
 
 
 def is_current(pdir: Path, base: int) -> bool:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from capture.log import _fileio
 from capture.log.codec import BadLine, decode_line
-from capture.log.columnar import parquet_path
 from capture.log.index import pack_offsets, pack_times
 from capture.log.manifest import PartitionState
 from capture.log.reader import committed_segments, partition_dir, read_partition
@@ -22,6 +21,7 @@ from capture.log.segment import (
     iter_lines,
     load_time_index,
     log_path,
+    parquet_path,
     timeindex_path,
 )
 from capture.log.types import CompactionStats, TopicConfig

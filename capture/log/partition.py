@@ -14,7 +14,6 @@ from pathlib import Path
 
 from capture.log import _fileio
 from capture.log.codec import BadLine, RecordIn, decode_line, encode_batch
-from capture.log.columnar import parquet_path
 from capture.log.errors import LogError
 from capture.log.index import pack_offsets, pack_times
 from capture.log.manifest import PartitionState
@@ -27,6 +26,7 @@ from capture.log.segment import (
     load_offset_index,
     load_time_index,
     log_path,
+    parquet_path,
     seek_position,
     timeindex_path,
 )

@@ -18,6 +18,8 @@ __all__ = [
     "list_segments",
     "load_offset_index",
     "load_time_index",
+    "log_path",
+    "parquet_path",
     "segment_name",
     "seek_position",
     "timeindex_path",
@@ -40,6 +42,11 @@ def index_path(pdir: Path, base: int) -> Path:
 
 def timeindex_path(pdir: Path, base: int) -> Path:
     return pdir / f"{segment_name(base)}.timeindex"
+
+
+def parquet_path(pdir: Path, base: int) -> Path:
+    """The segment's immutable columnar copy (see `columnar`), if one was written."""
+    return pdir / f"{segment_name(base)}.parquet"
 
 
 def list_segments(pdir: Path) -> list[int]:
