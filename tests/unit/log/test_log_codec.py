@@ -156,3 +156,12 @@ def test_group_committer_linger_and_batch() -> None:
     assert gc.due(200)
     gc.committed(200)
     assert not gc.due(10_000)
+
+
+def test_nul_byte_in_a_field_takes_the_slow_path_intact() -> None:
+    data, sizes, _ = encode_batch(3, [(b"1", b'"a\x00b"', 5, None), (None, b"2", 6, b"{}")])
+    assert [decode_line(x) for x in _lines(data)] == [
+        (3, 5, b"1", b'"a\x00b"', None),
+        (4, 6, None, b"2", b"{}"),
+    ]
+    assert sum(sizes) == len(data)
