@@ -16,8 +16,8 @@ import orjson
 
 from capture.lsn import Lsn
 from capture.routing import topic_name
-from capture.values import UNAVAILABLE, from_stream, from_text, type_family
-from capture.wal2json import Change, Column, LogicalMessage, Truncate
+from capture.values import UNAVAILABLE, stream_converter, text_converter, type_family
+from capture.wal2json import Change, LogicalMessage, Truncate
 
 __all__ = [
     "CONNECTOR",
@@ -48,8 +48,12 @@ def _source(source_name: str, db: str, schema: str, table: str, lsn: Lsn | None,
             "snapshot": snapshot}
 
 
-def _row(columns: Sequence[Column]) -> dict[str, Any]:
-    return {c.name: from_stream(c.type, c.value) for c in columns}
+def _row(columns: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    row = {}
+    for c in columns:
+        conv = stream_converter(c["type"])
+        row[c["name"]] = c.get("value") if conv is None else conv(c.get("value"))
+    return row
 
 
 def _key(row: dict[str, Any], key_columns: Sequence[str]) -> bytes:
@@ -85,14 +89,14 @@ def envelopes_for(
     source = _source(source_name, db, change.schema, change.table, change.lsn or lsn, tx_id, commit_ts_ms, snapshot)
     keys = change.pk or tuple(key_columns or ())
     if change.action == "I":
-        after = _row(change.columns)
+        after = _row(change.raw_columns)
         return [Output(topic, _key(after, keys), _value(None, after, source, "c", now_ms))]
-    old = _row(change.identity) if change.identity else None
+    old = _row(change.raw_identity) if change.raw_identity else None
     if change.action == "D":
         before = old or {}
         key = _key(before, keys or tuple(before))
         return [Output(topic, key, _value(old, None, source, "d", now_ms)), Output(topic, key, None)]
-    after = _row(change.columns)
+    after = _row(change.raw_columns)
     _fill_unchanged_toast(after, change, known_columns, old)
     new_key = _key(after, keys)
     if old is not None and keys and all(k in old for k in keys):
@@ -135,7 +139,10 @@ def snapshot_envelope(
     now_ms: int,
 ) -> list[Output]:
     """An `op: "r"` record for one row read by the snapshot (values are PostgreSQL text)."""
-    after = {name: from_text(type_name, value) for (name, type_name, _), value in zip(columns, values, strict=True)}
+    after = {}
+    for (name, type_name, _), value in zip(columns, values, strict=True):
+        conv = text_converter(type_name)
+        after[name] = value if conv is None or value is None else conv(value)
     source = _source(source_name, db, schema, table, lsn, None, now_ms, snapshot)
     return [Output(topic_name(source_name, schema, table), _key(after, primary_key), _value(None, after, source, "r", now_ms))]
 

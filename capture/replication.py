@@ -29,8 +29,8 @@ _PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in µs since the Unix epoch
 
 @dataclass(frozen=True, slots=True)
 class XLogData:
-    data_start: Lsn
-    wal_end: Lsn
+    data_start: int  # LSNs as plain ints on the hot path
+    wal_end: int
     payload: bytes
 
 
@@ -127,7 +127,7 @@ class ReplicationConnection:
             yielded = True
             if kind == b"w":
                 start, end, _ = _XLOG_HEADER.unpack_from(buf, 1)
-                yield XLogData(Lsn(start), Lsn(end), buf[25:])
+                yield XLogData(start, end, buf[25:])
             elif kind == b"k":
                 end, _, reply = _KEEPALIVE.unpack_from(buf, 1)
                 yield Keepalive(Lsn(end), bool(reply))

@@ -270,8 +270,6 @@ class SourceSession:
                 self.boundary = max(parsed.lsn, self.boundary or Lsn.ZERO)
                 return True
             self._tx["changes"] = self._tx.get("changes", 0) + 1
-        if self._pending_count >= _FLUSH_RECORDS:
-            self._flush()
         return False
 
     def _context(self) -> dict[str, Any]:
@@ -325,6 +323,8 @@ class SourceSession:
             partition = self.log.partition_for(out.topic, out.key)
             self._pending[(out.topic, partition)].append((out.key, out.value, now_ms, out.headers))
             self._pending_count += 1
+        if self._pending_count >= _FLUSH_RECORDS:
+            self._flush()
 
     def _flush(self) -> None:
         """Write staged records to the log's files (not yet committed: the daemon decides)."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["UNAVAILABLE", "from_stream", "from_text", "parse_array", "type_family"]
+__all__ = ["UNAVAILABLE", "from_stream", "from_text", "parse_array", "stream_converter", "text_converter", "type_family"]
 
 UNAVAILABLE = "__tributary_unavailable__"  # an unchanged TOASTed value the server did not send
 
@@ -108,6 +108,45 @@ def from_stream(type_name: str, value: Any, family: str | None = None) -> Any:
     if isinstance(value, str):
         return from_text(type_name, value, fam)
     return value
+
+
+_STREAM_CONVERTERS: dict[str, Any] = {}
+_TEXT_CONVERTERS: dict[str, Any] = {}
+
+
+def stream_converter(type_name: str) -> Any:
+    """`from_stream` specialised to one type, cached; None where the value passes unchanged.
+
+    The hot path of capture converts every column of every change: resolving the type once per
+    type name instead of once per value is most of the saving."""
+    try:
+        return _STREAM_CONVERTERS[type_name]
+    except KeyError:
+        pass
+    fam = type_family(type_name)
+    conv: Any
+    if fam in ("int", "bool"):
+        conv = None
+    elif fam == "numeric":
+        conv = lambda v: None if v is None else str(v)  # noqa: E731
+    elif fam == "text":
+        conv = None  # wal2json prints text-like types as JSON strings already
+    else:
+        conv = lambda v, t=type_name, f=fam: from_stream(t, v, f)  # noqa: E731
+    _STREAM_CONVERTERS[type_name] = conv
+    return conv
+
+
+def text_converter(type_name: str) -> Any:
+    """`from_text` specialised to one type, cached (the snapshot's per-value path)."""
+    try:
+        return _TEXT_CONVERTERS[type_name]
+    except KeyError:
+        pass
+    fam = type_family(type_name)
+    conv: Any = None if fam == "text" else (lambda v, t=type_name, f=fam: from_text(t, v, f))
+    _TEXT_CONVERTERS[type_name] = conv
+    return conv
 
 
 def _array(type_name: str, text: str, fam: str) -> Any:

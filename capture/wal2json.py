@@ -67,16 +67,31 @@ class Commit:
 
 @dataclass(frozen=True, slots=True)
 class Change:
+    """An INSERT/UPDATE/DELETE. Columns stay the dicts wal2json sent ({"name", "type",
+    "typeoid", "value"}): building an object per column cost more than the JSON parse itself."""
+
     action: str  # I U D
     schema: str
     table: str
-    columns: tuple[Column, ...]  # new values (I, U); unchanged TOAST columns are absent
-    identity: tuple[Column, ...]  # old key (U, D), or the whole old row under REPLICA IDENTITY FULL
+    raw_columns: list[dict[str, Any]]  # new values (I, U); unchanged TOAST columns are absent
+    raw_identity: list[dict[str, Any]]  # old key (U, D), or the whole old row under REPLICA IDENTITY FULL
     pk: tuple[str, ...]
-    lsn: Lsn | None
+    lsn_text: str | None
+
+    @property
+    def lsn(self) -> Lsn | None:
+        return Lsn.parse(self.lsn_text) if self.lsn_text else None
+
+    @property
+    def columns(self) -> tuple[Column, ...]:
+        return _columns(self.raw_columns)
+
+    @property
+    def identity(self) -> tuple[Column, ...]:
+        return _columns(self.raw_identity)
 
     def column_types(self) -> list[tuple[str, str, int]]:
-        return [(c.name, c.type, c.typeoid) for c in self.columns or self.identity]
+        return [(c["name"], c["type"], c.get("typeoid", 0)) for c in self.raw_columns or self.raw_identity]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,14 +146,15 @@ def parse_message(data: bytes) -> Message:
     doc = _decode(data)
     action = doc.get("action")
     if action in ("I", "U", "D"):
+        pk = doc.get("pk")
         return Change(
-            action=action,
-            schema=doc["schema"],
-            table=doc["table"],
-            columns=_columns(doc.get("columns")),
-            identity=_columns(doc.get("identity")),
-            pk=tuple(p["name"] for p in doc.get("pk") or ()),
-            lsn=_lsn(doc),
+            action,
+            doc["schema"],
+            doc["table"],
+            doc.get("columns") or [],
+            doc.get("identity") or [],
+            tuple(p["name"] for p in pk) if pk else (),
+            doc.get("lsn"),
         )
     if action == "B":
         return Begin(int(doc["xid"]), Lsn.parse(doc["lsn"]), Lsn.parse(doc["nextlsn"]), parse_timestamp_ms(doc["timestamp"]))
