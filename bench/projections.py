@@ -37,7 +37,7 @@ import psycopg  # noqa: E402
 from capture.log import Log, TopicConfig, canonical_json, partition_for  # noqa: E402
 from projections.engine import Item, fold_units  # noqa: E402
 from projections.examples import account_balances  # noqa: E402
-from projections.records import decode, ms_to_iso, sort_key  # noqa: E402
+from projections.records import decode, default_event_time, ms_to_iso  # noqa: E402
 from projections.runner import RunSettings, rebuild, run  # noqa: E402
 from projections.spark import get_session  # noqa: E402
 
@@ -46,9 +46,9 @@ PARTS = 4
 KINDS = ("MoneyDeposited", "MoneyDeposited", "MoneyWithdrawn")
 
 
-def write_events(log: Log, start: int, n: int, keys: int, rng: random.Random) -> list[tuple[str, str, str]]:
-    """Append n events (and return (stream, type, amount) rows for the Postgres baseline)."""
-    rows: list[tuple[str, str, str]] = []
+def write_events(log: Log, start: int, n: int, keys: int, rng: random.Random, tsv: Path | None) -> None:
+    """Append n events (and write (stream, type, amount) lines for the Postgres baseline)."""
+    out = tsv.open("w") if tsv is not None else None
     batch: dict[int, list[Any]] = {p: [] for p in range(PARTS)}
     for i in range(start, start + n):
         stream = f"acc-{rng.randrange(keys)}"
@@ -60,7 +60,8 @@ def write_events(log: Log, start: int, n: int, keys: int, rng: random.Random) ->
                               "occurred_at": ms_to_iso(at), "recorded_at": ms_to_iso(at)})
         key = canonical_json(stream)
         batch[partition_for(key, PARTS)].append((key, value, at, None))
-        rows.append((stream, kind, amount))
+        if out is not None:
+            out.write(f"{stream}\t{kind}\t{amount}\n")
         if (i + 1) % 50_000 == 0:
             for p, recs in batch.items():
                 if recs:
@@ -71,33 +72,42 @@ def write_events(log: Log, start: int, n: int, keys: int, rng: random.Random) ->
         if recs:
             log.append(TOPIC, p, recs)
     log.commit()
-    return rows
+    if out is not None:
+        out.close()
 
 
 def python_fold(root: Path) -> tuple[float, int]:
-    """Baseline (b): one process reads the whole log, orders per key, folds with the same engine."""
+    """Baseline (b): one process reads the whole log, orders per key, folds with the same engine.
+    Records are held compactly (raw bytes) and decoded once, while folding."""
     t0 = time.perf_counter()
     p = account_balances.PROJECTION
-    items: list[Item] = []
+    held: list[tuple[bytes, int, str, int, int, int, bytes | None]] = []
     with Log.open(root) as log:
         for part in range(PARTS):
             for r in log.read(TOPIC, part):
-                rec = decode(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers)
-                k = orjson.dumps(rec.key, option=orjson.OPT_SORT_KEYS).decode()
-                items.append(Item(k, k, None, None, True, rec))
-    items.sort(key=lambda i: (i.unit, sort_key(i.record)))
-    n = sum(1 for _ in fold_units(p, items, {}))
+                value = orjson.loads(r.value) if r.value is not None else None
+                et = default_event_time(r.topic, value, r.timestamp)
+                held.append((r.key or b"null", et, r.topic, r.partition, r.offset, r.timestamp, r.value))
+    held.sort(key=lambda h: h[:5])
+
+    def items() -> Any:
+        for key, et, topic, part, off, ts, value in held:
+            k = key.decode()
+            rec = decode(topic, part, off, ts, key, value, None)
+            yield Item(k, k, None, None, True, rec)
+
+    n = sum(1 for _ in fold_units(p, items(), {}))
     return time.perf_counter() - t0, n
 
 
-def pg_group_by(dsn: str, rows: list[tuple[str, str, str]]) -> float:
+def pg_group_by(dsn: str, tsv: Path) -> float:
     """Baseline (a): the DataFrame projection's aggregation as SQL inside Postgres."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS bench_events, bench_totals")
         conn.execute("CREATE TABLE bench_events (stream text, type text, amount numeric(20,2))")
-        with conn.cursor().copy("COPY bench_events FROM STDIN") as cp:
-            for r in rows:
-                cp.write_row(r)
+        with conn.cursor().copy("COPY bench_events FROM STDIN") as cp, tsv.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                cp.write(chunk)
         conn.execute("VACUUM ANALYZE bench_events")
         conn.execute("CREATE TABLE bench_totals (account_id text PRIMARY KEY, deposits numeric(20,2), "
                      "withdrawals numeric(20,2), events bigint)")
@@ -122,34 +132,38 @@ def jvm_peak_rss_mb(spark: Any) -> float | None:
     return None
 
 
-def one_size(n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: int) -> dict[str, Any]:
+def one_size(n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: int,
+             py_max: int) -> dict[str, Any]:
     rng = random.Random(n)
     root = work / f"log_{n}"
     shutil.rmtree(root, ignore_errors=True)
     log = Log.open(root, writer=True)
     log.create_topic(TOPIC, TopicConfig(partitions=PARTS))
     t0 = time.perf_counter()
-    rows = write_events(log, 0, n, keys, rng)
+    tsv = work / f"events_{n}.tsv"
+    write_events(log, 0, n, keys, rng, tsv)
     write_s = time.perf_counter() - t0
     s = RunSettings(dsn=dsn, log_root=root, modules=("projections.examples.account_balances",
                                                     "projections.examples.account_totals"),
                     spark_master=spark.sparkContext.master, shuffle_partitions=8)
     fold = rebuild("account_balances", s, spark=spark)
     df = rebuild("account_totals", s, spark=spark)
-    pg_s = pg_group_by(dsn, rows)
-    del rows
-    py_s, py_units = python_fold(root)
-    write_events(log, n, incremental, keys, rng)
+    write_events(log, n, incremental, keys, rng, None)
     log.close()
     inc = run("account_balances", s, spark=spark)
+    runner_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the baselines
+    pg_s = pg_group_by(dsn, tsv)
+    tsv.unlink()
+    py_s, py_units = python_fold(root) if n <= py_max else (None, None)
     return {
         "events": n, "keys": keys, "log_write_s": round(write_s, 2),
         "fold_rebuild_s": round(fold.seconds, 2), "fold_events_per_s": round(n / fold.seconds),
         "dataframe_rebuild_s": round(df.seconds, 2),
-        "pg_group_by_s": round(pg_s, 2), "py_fold_s": round(py_s, 2), "py_fold_units": py_units,
-        "dataframe_vs_pg": round(pg_s / df.seconds, 3), "fold_vs_py": round(py_s / fold.seconds, 3),
+        "pg_group_by_s": round(pg_s, 2), "py_fold_s": None if py_s is None else round(py_s, 2), "py_fold_units": py_units,
+        "dataframe_vs_pg": round(pg_s / df.seconds, 3), "fold_vs_py": None if py_s is None else round(py_s / fold.seconds, 3),
         "incremental_events": incremental, "incremental_s": round(inc.seconds, 2),
         "incremental_recomputed_units": inc.recomputed,
+        "runner_driver_peak_rss_mb": round(runner_rss, 1),
     }
 
 
@@ -158,6 +172,7 @@ def main() -> None:
     ap.add_argument("--events", default="1000000,10000000", help="comma-separated sizes")
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--incremental", type=int, default=10_000)
+    ap.add_argument("--py-max", type=int, default=5_000_000, help="skip the Python baseline above this size")
     ap.add_argument("--dsn", help="service database (default: an embedded cluster in --dir)")
     ap.add_argument("--master", default="local[*]")
     ap.add_argument("--dir", type=Path, default=None)
@@ -173,13 +188,14 @@ def main() -> None:
         cluster.up()
         dsn = cluster.dsn()
     spark = get_session(args.master, shuffle_partitions=8)
-    warm = spark.range(1000)
-    warm.groupBy((warm.id % 7).alias("k")).count().collect()  # JVM start-up is not what we measure
+    warm = spark.range(1000, numPartitions=8)  # JVM and Python-worker start-up are not what we measure
+    warm.groupBy((warm.id % 7).alias("k")).count().collect()
+    warm.mapInArrow(lambda batches: batches, "id long").collect()
     try:
-        sizes = [one_size(int(n), args.keys, dsn, work, spark, args.incremental) for n in args.events.split(",")]
+        sizes = [one_size(int(n), args.keys, dsn, work, spark, args.incremental, args.py_max) for n in args.events.split(",")]
         result: dict[str, Any] = {
             "bench": "projections", "master": args.master, "cpus": os.cpu_count(), "sizes": sizes,
-            "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "process_peak_rss_mb_incl_py_baseline": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "jvm_peak_rss_mb": jvm_peak_rss_mb(spark),
         }
         if len(sizes) > 1:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from itertools import groupby
 from typing import Any
 
 import orjson
 
 from projections.codec import canonical, copy_line, copy_text, dump_state, load_state
-from projections.definition import Projection
+from projections.definition import Projection, Table
 from projections.errors import DefinitionError, RecordError
 from projections.records import ProjectionRecord, SortKey, sort_key
 from projections.windows import admit, assign, watermark
@@ -96,13 +97,19 @@ def plan_items(p: Projection, record: ProjectionRecord, max_before: int | None) 
             for s, e in assign(w, t)]
 
 
+@lru_cache(maxsize=64)
+def _layout(table: Table) -> tuple[tuple[str, ...], frozenset[str], tuple[int, ...]]:
+    names = table.names
+    return names, frozenset(names), tuple(names.index(k) for k in table.primary_key)
+
+
 def render_row(p: Projection, row: Mapping[str, Any]) -> tuple[str, Pk]:
     """A result row → (COPY line in column order, its primary key as rendered text)."""
-    unknown = set(row) - set(p.table.names)
-    if unknown:
-        raise DefinitionError(f"projection {p.name!r} returned unknown columns {sorted(unknown)}")
-    values = [copy_text(row.get(n)) for n in p.table.names]
-    pk = tuple(values[p.table.names.index(k)] for k in p.table.primary_key)
+    names, known, pk_at = _layout(p.table)
+    if not known.issuperset(row):
+        raise DefinitionError(f"projection {p.name!r} returned unknown columns {sorted(set(row) - known)}")
+    values = [copy_text(row.get(n)) for n in names]
+    pk = tuple(values[i] for i in pk_at)
     if any(v is None for v in pk):
         raise DefinitionError(f"projection {p.name!r} returned a row with a NULL primary key: {row}")
     return copy_line(values), pk

@@ -154,7 +154,9 @@ def _catch_up(s: RunSettings, spark: Any, store: Store, log: Log, p: Projection,
         items = items_frame(spark, new_records, ref, windowed, base)
         priors: dict[str, Any] = {}
         recompute: set[str] = set()
+        fresh = None
         if ck:  # the state table may know these units: resume or recompute each
+            fresh = items = items.persist()  # read the new records once for both jobs
             firsts = items.groupBy("unit").agg(
                 F.min(F.struct("event_time", "topic", "partition", "offset")).alias("m")).collect()
             min_new = {r["unit"]: tuple(r["m"]) for r in firsts}
@@ -169,8 +171,12 @@ def _catch_up(s: RunSettings, spark: Any, store: Store, log: Log, p: Projection,
                 prev = base.get(tp)
                 new_ck[tp] = (ends[tp], r["m"] if prev is None else max(prev, r["m"]))
         staged = store.staging(p, b)
-        outputs = fold_frame(spark, items, ref, priors, s.shuffle_partitions, dsn=s.dsn, staging=staged.names,
-                             skip_errors=s.skip_errors).toArrow().to_pylist()
+        try:
+            outputs = fold_frame(spark, items, ref, priors, s.shuffle_partitions, dsn=s.dsn,
+                                 staging=staged.names, skip_errors=s.skip_errors).toArrow().to_pylist()
+        finally:
+            if fresh is not None:
+                fresh.unpersist()
     except ProjectionError:
         raise
     except Exception as exc:  # Spark wraps task errors; report the record, not the stack
