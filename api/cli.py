@@ -11,15 +11,12 @@ from typing import Annotated
 
 import typer
 
-from api.config import ConfigError, Settings, load_settings
+from api.cli_common import ConfigOption, UserError, service_dsn, settings_from
+from api.config import ConfigError, Settings
 from api.embedded_pg import EmbeddedPostgres, PgError
 
-__all__ = ["app", "main"]
+__all__ = ["ConfigOption", "UserError", "app", "main", "service_dsn", "settings_from"]
 
-ConfigOption = Annotated[
-    Path | None,
-    typer.Option("--config", "-c", help="Config file (default ./tributary.toml, else built-in defaults)."),
-]
 
 app = typer.Typer(
     name="tributary",
@@ -34,14 +31,6 @@ app = typer.Typer(
 )
 pg_app = typer.Typer(help="The embedded PostgreSQL (wal2json, wal_level=logical) for demos and tests.", no_args_is_help=True)
 app.add_typer(pg_app, name="pg")
-
-
-class UserError(Exception):
-    """An error meant for the user: printed as one line, exit status 1."""
-
-
-def settings_from(config: Path | None) -> Settings:
-    return load_settings(config)
 
 
 def _embedded(settings: Settings, data_dir: Path | None) -> EmbeddedPostgres:
@@ -78,18 +67,6 @@ def pg_dsn(config: ConfigOption = None, data_dir: DataDirOption = None) -> None:
     if not cluster.is_running():
         raise UserError(f"the embedded cluster in {cluster.data_dir} is not running: run `tributary pg up`")
     typer.echo(cluster.dsn())
-
-
-def service_dsn(settings: Settings) -> str:
-    """The service database: `[service] dsn`, else the running embedded cluster."""
-    if settings.service.dsn:
-        return settings.service.dsn
-    cluster = EmbeddedPostgres(settings.pg_data_dir)
-    if not cluster.is_running():
-        raise UserError(
-            "no service database: set [service] dsn in tributary.toml or start one with `tributary pg up`"
-        )
-    return cluster.dsn()
 
 
 def _register_subcommands() -> None:

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from api.cli import ConfigOption, UserError, settings_from
+from api.cli_common import ConfigOption, UserError, settings_from
 from api.config import Settings
 from api.sources import source_specs
 from capture.daemon import CaptureDaemon, DaemonOptions
@@ -62,7 +62,7 @@ def _migrate(settings: Settings, console: Console) -> None:
         from eventstore.migrate import run_migrations
     except ImportError:
         return
-    from api.cli import service_dsn
+    from api.cli_common import service_dsn
 
     revision = run_migrations(service_dsn(settings))
     console.print(f"[bold]service database[/]: migrations at {revision}")

@@ -12,7 +12,7 @@ import typer
 from psycopg import sql
 from rich.console import Console
 
-from api.cli import ConfigOption, settings_from
+from api.cli_common import ConfigOption, settings_from
 from api.embedded_pg import EmbeddedPostgres
 from api.shop import Workload, create_shop
 from capture.daemon import CaptureDaemon, DaemonOptions

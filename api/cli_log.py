@@ -15,6 +15,8 @@ from typing import Annotated, BinaryIO
 
 import typer
 
+from api.cli_common import ConfigOption
+
 from capture.log import (
     CompactionStats,
     Log,
@@ -39,7 +41,18 @@ def register(app: typer.Typer) -> None:
     app.add_typer(log_app, name="log")
 
 
-RootOption = Annotated[Path, typer.Option("--root", help="Log root directory.")]
+RootOption = Annotated[
+    Path | None, typer.Option("--root", help="Log root directory (default: [log] root of the config).")
+]
+
+
+def _root(root: Path | None, config: Path | None) -> Path:
+    """`--root` if given, else the config's `[log] root`."""
+    if root is not None:
+        return root
+    from api.cli_common import settings_from
+
+    return settings_from(config).log.root
 
 
 # -- plain functions (the work) -------------------------------------------------------------
@@ -159,8 +172,9 @@ def _fail(exc: Exception) -> typer.Exit:
 
 
 @log_app.command("topics")
-def topics_cmd(root: RootOption = DEFAULT_ROOT) -> None:
+def topics_cmd(root: RootOption = None, config: ConfigOption = None) -> None:
     """List topics with their partitions, policy and committed offsets."""
+    root = _root(root, config)
     try:
         rows = topics(root)
     except LogError as exc:
@@ -189,9 +203,11 @@ def cat_cmd(
     compacted: Annotated[
         bool, typer.Option("--compacted", help="Only the latest record per key.")
     ] = False,
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
+    config: ConfigOption = None,
 ) -> None:
     """Print records as JSON lines: topic, partition, offset, timestamp, key, value, headers."""
+    root = _root(root, config)
     try:
         cat(
             root,
@@ -214,9 +230,11 @@ def compact_cmd(
     topic: Annotated[
         str | None, typer.Argument(help="Topic (default: every compacted topic).")
     ] = None,
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
+    config: ConfigOption = None,
 ) -> None:
     """Compact sealed segments of `compact` topics now (refused while capture holds the log)."""
+    root = _root(root, config)
     try:
         s = compact(root, topic)
     except LogError as exc:
@@ -230,7 +248,8 @@ def compact_cmd(
 
 @log_app.command("verify")
 def verify_cmd(
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
+    config: ConfigOption = None,
     fix: Annotated[
         bool,
         typer.Option(
@@ -241,6 +260,7 @@ def verify_cmd(
     ] = False,
 ) -> None:
     """Read every committed record and check its CRC and order; exit 1 if anything is wrong."""
+    root = _root(root, config)
     try:
         if fix:
             for note in repair(root):

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from api.cli import ConfigOption, service_dsn, settings_from
+from api.cli_common import ConfigOption, service_dsn, settings_from
 from projections.runner import RunResult, RunSettings, list_projections, rebuild, run, run_continuous, status
 
 __all__ = ["register"]

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from api.cli import ConfigOption, UserError, service_dsn, settings_from
+from api.cli_common import ConfigOption, UserError, service_dsn, settings_from
 
 __all__ = ["register"]
 
