@@ -29,7 +29,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+)
 
 import orjson  # noqa: E402
 import psycopg  # noqa: E402
@@ -37,7 +39,7 @@ import psycopg  # noqa: E402
 from capture.log import Log, TopicConfig, canonical_json, partition_for  # noqa: E402
 from projections.engine import Item, fold_units  # noqa: E402
 from projections.examples import account_balances  # noqa: E402
-from projections.records import decode, default_event_time, ms_to_iso  # noqa: E402
+from projections.records import ProjectionRecord, default_event_time, ms_to_iso  # noqa: E402
 from projections.runner import RunSettings, rebuild, run  # noqa: E402
 from projections.spark import get_session  # noqa: E402
 
@@ -46,7 +48,9 @@ PARTS = 4
 KINDS = ("MoneyDeposited", "MoneyDeposited", "MoneyWithdrawn")
 
 
-def write_events(log: Log, start: int, n: int, keys: int, rng: random.Random, tsv: Path | None) -> None:
+def write_events(
+    log: Log, start: int, n: int, keys: int, rng: random.Random, tsv: Path | None
+) -> None:
     """Append n events (and write (stream, type, amount) lines for the Postgres baseline)."""
     out = tsv.open("w") if tsv is not None else None
     batch: dict[int, list[Any]] = {p: [] for p in range(PARTS)}
@@ -55,9 +59,19 @@ def write_events(log: Log, start: int, n: int, keys: int, rng: random.Random, ts
         kind = "AccountOpened" if i < keys else KINDS[i % 3]
         amount = f"{rng.randrange(1, 100000)}.{rng.randrange(100):02d}"
         at = 1_700_000_000_000 + i * 10 - rng.randrange(0, 5000)
-        value = orjson.dumps({"id": f"e{i}", "stream": stream, "version": i, "type": kind, "schema_version": 1,
-                              "data": {"amount": amount, "owner": "o", "overdraft_limit": "0"}, "metadata": {},
-                              "occurred_at": ms_to_iso(at), "recorded_at": ms_to_iso(at)})
+        value = orjson.dumps(
+            {
+                "id": f"e{i}",
+                "stream": stream,
+                "version": i,
+                "type": kind,
+                "schema_version": 1,
+                "data": {"amount": amount, "owner": "o", "overdraft_limit": "0"},
+                "metadata": {},
+                "occurred_at": ms_to_iso(at),
+                "recorded_at": ms_to_iso(at),
+            }
+        )
         key = canonical_json(stream)
         batch[partition_for(key, PARTS)].append((key, value, at, None))
         if out is not None:
@@ -87,13 +101,24 @@ def python_fold(root: Path) -> tuple[float, int]:
             for r in log.read(TOPIC, part):
                 value = orjson.loads(r.value) if r.value is not None else None
                 et = default_event_time(r.topic, value, r.timestamp)
-                held.append((r.key or b"null", et, r.topic, r.partition, r.offset, r.timestamp, r.value))
+                held.append(
+                    (r.key or b"null", et, r.topic, r.partition, r.offset, r.timestamp, r.value)
+                )
     held.sort(key=lambda h: h[:5])
 
     def items() -> Any:
         for key, et, topic, part, off, ts, value in held:
             k = key.decode()
-            rec = decode(topic, part, off, ts, key, value, None)
+            rec = ProjectionRecord(
+                topic,
+                part,
+                off,
+                ts,
+                orjson.loads(key),
+                None if value is None else orjson.loads(value),
+                None,
+                et,
+            )
             yield Item(k, k, None, None, True, rec)
 
     n = sum(1 for _ in fold_units(p, items(), {}))
@@ -109,13 +134,17 @@ def pg_group_by(dsn: str, tsv: Path) -> float:
             while chunk := f.read(1 << 20):
                 cp.write(chunk)
         conn.execute("VACUUM ANALYZE bench_events")
-        conn.execute("CREATE TABLE bench_totals (account_id text PRIMARY KEY, deposits numeric(20,2), "
-                     "withdrawals numeric(20,2), events bigint)")
+        conn.execute(
+            "CREATE TABLE bench_totals (account_id text PRIMARY KEY, deposits numeric(20,2), "
+            "withdrawals numeric(20,2), events bigint)"
+        )
         t0 = time.perf_counter()
-        conn.execute("INSERT INTO bench_totals SELECT stream, "
-                     "coalesce(sum(amount) FILTER (WHERE type = 'MoneyDeposited'), 0), "
-                     "coalesce(sum(amount) FILTER (WHERE type = 'MoneyWithdrawn'), 0), count(*) "
-                     "FROM bench_events GROUP BY stream")
+        conn.execute(
+            "INSERT INTO bench_totals SELECT stream, "
+            "coalesce(sum(amount) FILTER (WHERE type = 'MoneyDeposited'), 0), "
+            "coalesce(sum(amount) FILTER (WHERE type = 'MoneyWithdrawn'), 0), count(*) "
+            "FROM bench_events GROUP BY stream"
+        )
         took = time.perf_counter() - t0
         conn.execute("DROP TABLE bench_events, bench_totals")
     return took
@@ -132,8 +161,9 @@ def jvm_peak_rss_mb(spark: Any) -> float | None:
     return None
 
 
-def one_size(n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: int,
-             py_max: int) -> dict[str, Any]:
+def one_size(
+    n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: int, py_max: int
+) -> dict[str, Any]:
     rng = random.Random(n)
     root = work / f"log_{n}"
     shutil.rmtree(root, ignore_errors=True)
@@ -143,9 +173,13 @@ def one_size(n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: i
     tsv = work / f"events_{n}.tsv"
     write_events(log, 0, n, keys, rng, tsv)
     write_s = time.perf_counter() - t0
-    s = RunSettings(dsn=dsn, log_root=root, modules=("projections.examples.account_balances",
-                                                    "projections.examples.account_totals"),
-                    spark_master=spark.sparkContext.master, shuffle_partitions=8)
+    s = RunSettings(
+        dsn=dsn,
+        log_root=root,
+        modules=("projections.examples.account_balances", "projections.examples.account_totals"),
+        spark_master=spark.sparkContext.master,
+        shuffle_partitions=8,
+    )
     fold = rebuild("account_balances", s, spark=spark)
     df = rebuild("account_totals", s, spark=spark)
     write_events(log, n, incremental, keys, rng, None)
@@ -156,23 +190,34 @@ def one_size(n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: i
     tsv.unlink()
     py_s, py_units = python_fold(root) if n <= py_max else (None, None)
     return {
-        "events": n, "keys": keys, "log_write_s": round(write_s, 2),
-        "fold_rebuild_s": round(fold.seconds, 2), "fold_events_per_s": round(n / fold.seconds),
+        "events": n,
+        "keys": keys,
+        "log_write_s": round(write_s, 2),
+        "fold_rebuild_s": round(fold.seconds, 2),
+        "fold_events_per_s": round(n / fold.seconds),
         "dataframe_rebuild_s": round(df.seconds, 2),
-        "pg_group_by_s": round(pg_s, 2), "py_fold_s": None if py_s is None else round(py_s, 2), "py_fold_units": py_units,
-        "dataframe_vs_pg": round(pg_s / df.seconds, 3), "fold_vs_py": None if py_s is None else round(py_s / fold.seconds, 3),
-        "incremental_events": incremental, "incremental_s": round(inc.seconds, 2),
+        "pg_group_by_s": round(pg_s, 2),
+        "py_fold_s": None if py_s is None else round(py_s, 2),
+        "py_fold_units": py_units,
+        "dataframe_vs_pg": round(pg_s / df.seconds, 3),
+        "fold_vs_py": None if py_s is None else round(py_s / fold.seconds, 3),
+        "incremental_events": incremental,
+        "incremental_s": round(inc.seconds, 2),
         "incremental_recomputed_units": inc.recomputed,
         "runner_driver_peak_rss_mb": round(runner_rss, 1),
     }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--events", default="1000000,10000000", help="comma-separated sizes")
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--incremental", type=int, default=10_000)
-    ap.add_argument("--py-max", type=int, default=5_000_000, help="skip the Python baseline above this size")
+    ap.add_argument(
+        "--py-max", type=int, default=5_000_000, help="skip the Python baseline above this size"
+    )
     ap.add_argument("--dsn", help="service database (default: an embedded cluster in --dir)")
     ap.add_argument("--master", default="local[*]")
     ap.add_argument("--dir", type=Path, default=None)
@@ -188,14 +233,24 @@ def main() -> None:
         cluster.up()
         dsn = cluster.dsn()
     spark = get_session(args.master, shuffle_partitions=8)
-    warm = spark.range(1000, numPartitions=8)  # JVM and Python-worker start-up are not what we measure
+    warm = spark.range(
+        1000, numPartitions=8
+    )  # JVM and Python-worker start-up are not what we measure
     warm.groupBy((warm.id % 7).alias("k")).count().collect()
     warm.mapInArrow(lambda batches: batches, "id long").collect()
     try:
-        sizes = [one_size(int(n), args.keys, dsn, work, spark, args.incremental, args.py_max) for n in args.events.split(",")]
+        sizes = [
+            one_size(int(n), args.keys, dsn, work, spark, args.incremental, args.py_max)
+            for n in args.events.split(",")
+        ]
         result: dict[str, Any] = {
-            "bench": "projections", "master": args.master, "cpus": os.cpu_count(), "sizes": sizes,
-            "process_peak_rss_mb_incl_py_baseline": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "bench": "projections",
+            "master": args.master,
+            "cpus": os.cpu_count(),
+            "sizes": sizes,
+            "process_peak_rss_mb_incl_py_baseline": round(
+                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1
+            ),
             "jvm_peak_rss_mb": jvm_peak_rss_mb(spark),
         }
         if len(sizes) > 1:

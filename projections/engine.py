@@ -25,7 +25,16 @@ from projections.errors import DefinitionError, RecordError
 from projections.records import ProjectionRecord, SortKey, sort_key
 from projections.windows import admit, assign, watermark
 
-__all__ = ["Item", "Prior", "UnitOut", "decide", "fold_units", "plan_items", "prepare", "render_row"]
+__all__ = [
+    "Item",
+    "Prior",
+    "UnitOut",
+    "decide",
+    "fold_units",
+    "plan_items",
+    "prepare",
+    "render_row",
+]
 
 Pk = tuple[str | None, ...]
 
@@ -77,8 +86,13 @@ def prepare(p: Projection, record: ProjectionRecord) -> ProjectionRecord:
     try:
         return replace(record, event_time=int(p.event_time(record)))
     except Exception as exc:
-        raise RecordError(p.name, record.topic, record.partition, record.offset,
-                          f"event_time: {type(exc).__name__}: {exc}") from exc
+        raise RecordError(
+            p.name,
+            record.topic,
+            record.partition,
+            record.offset,
+            f"event_time: {type(exc).__name__}: {exc}",
+        ) from exc
 
 
 def plan_items(p: Projection, record: ProjectionRecord, max_before: int | None) -> list[Item]:
@@ -93,8 +107,10 @@ def plan_items(p: Projection, record: ProjectionRecord, max_before: int | None) 
     t = record.event_time
     if w.kind == "session":
         return [Item(key, key, None, None, admit(w, t + w.gap, wm), record)]
-    return [Item(canonical([orjson.loads(key), s]), key, s, e, admit(w, e, wm), record)
-            for s, e in assign(w, t)]
+    return [
+        Item(canonical([orjson.loads(key), s]), key, s, e, admit(w, e, wm), record)
+        for s, e in assign(w, t)
+    ]
 
 
 @lru_cache(maxsize=64)
@@ -107,15 +123,21 @@ def render_row(p: Projection, row: Mapping[str, Any]) -> tuple[str, Pk]:
     """A result row → (COPY line in column order, its primary key as rendered text)."""
     names, known, pk_at = _layout(p.table)
     if not known.issuperset(row):
-        raise DefinitionError(f"projection {p.name!r} returned unknown columns {sorted(set(row) - known)}")
+        raise DefinitionError(
+            f"projection {p.name!r} returned unknown columns {sorted(set(row) - known)}"
+        )
     values = [copy_text(row.get(n)) for n in names]
     pk = tuple(values[i] for i in pk_at)
     if any(v is None for v in pk):
-        raise DefinitionError(f"projection {p.name!r} returned a row with a NULL primary key: {row}")
+        raise DefinitionError(
+            f"projection {p.name!r} returned a row with a NULL primary key: {row}"
+        )
     return copy_line(values), pk
 
 
-def _apply(p: Projection, state: Any, item: Item, errors: list[tuple[str, int, int, str]] | None) -> Any:
+def _apply(
+    p: Projection, state: Any, item: Item, errors: list[tuple[str, int, int, str]] | None
+) -> Any:
     """Apply user code; on error stop with the record's position, or (skip-errors) note it for
     the dead-letter table and keep the state as it was."""
     r = item.record
@@ -124,7 +146,9 @@ def _apply(p: Projection, state: Any, item: Item, errors: list[tuple[str, int, i
         return p.fold.apply(state, r)
     except Exception as exc:  # user code: report where, never swallow
         if errors is None:
-            raise RecordError(p.name, r.topic, r.partition, r.offset, f"{type(exc).__name__}: {exc}") from exc
+            raise RecordError(
+                p.name, r.topic, r.partition, r.offset, f"{type(exc).__name__}: {exc}"
+            ) from exc
         errors.append((r.topic, r.partition, r.offset, f"{type(exc).__name__}: {exc}"))
         return state
 
@@ -133,12 +157,18 @@ def _call(p: Projection, fn: Any, *args: Any) -> Any:
     try:
         return fn(*args)
     except Exception as exc:
-        raise DefinitionError(f"projection {p.name!r}: {fn.__name__}{args!r} raised "
-                              f"{type(exc).__name__}: {exc}") from exc
+        raise DefinitionError(
+            f"projection {p.name!r}: {fn.__name__}{args!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
 
 
-def _fold_plain(p: Projection, unit: str, items: Sequence[Item], prior: Prior | None,
-                errors: list[tuple[str, int, int, str]] | None) -> UnitOut:
+def _fold_plain(
+    p: Projection,
+    unit: str,
+    items: Sequence[Item],
+    prior: Prior | None,
+    errors: list[tuple[str, int, int, str]] | None,
+) -> UnitOut:
     assert p.fold is not None
     first = items[0]
     win = () if first.start is None else (first.start, first.end)
@@ -161,12 +191,25 @@ def _fold_plain(p: Projection, unit: str, items: Sequence[Item], prior: Prior | 
         line, pk = render_row(p, row)
         rows, pks = (line,), (pk,)
     old = prior.pks if prior is not None else ()
-    return UnitOut(unit, dump_state(state), last, pks, rows, tuple(k for k in old if k not in pks), dropped,
-                   tuple(errors or ()))
+    return UnitOut(
+        unit,
+        dump_state(state),
+        last,
+        pks,
+        rows,
+        tuple(k for k in old if k not in pks),
+        dropped,
+        tuple(errors or ()),
+    )
 
 
-def _fold_session(p: Projection, unit: str, items: Sequence[Item], prior: Prior | None,
-                  errors: list[tuple[str, int, int, str]] | None) -> UnitOut:
+def _fold_session(
+    p: Projection,
+    unit: str,
+    items: Sequence[Item],
+    prior: Prior | None,
+    errors: list[tuple[str, int, int, str]] | None,
+) -> UnitOut:
     assert p.fold is not None and p.window is not None
     gap, key = p.window.gap, orjson.loads(items[0].key)
     old = prior.pks if prior is not None else ()
@@ -200,12 +243,21 @@ def _fold_session(p: Projection, unit: str, items: Sequence[Item], prior: Prior 
     if cur is not None:
         close(cur)
     pks = tuple(kept)
-    return UnitOut(unit, dump_state(cur), last, pks, tuple(rows), tuple(k for k in old if k not in pks), dropped,
-                   tuple(errors or ()))
+    return UnitOut(
+        unit,
+        dump_state(cur),
+        last,
+        pks,
+        tuple(rows),
+        tuple(k for k in old if k not in pks),
+        dropped,
+        tuple(errors or ()),
+    )
 
 
-def fold_units(p: Projection, items: Iterable[Item], priors: Mapping[str, Prior], *,
-               skip_errors: bool = False) -> Iterator[UnitOut]:
+def fold_units(
+    p: Projection, items: Iterable[Item], priors: Mapping[str, Prior], *, skip_errors: bool = False
+) -> Iterator[UnitOut]:
     """Fold items sorted by `Item.order()`; one output per unit, in the order units arrive.
     `skip_errors`: records the fold raises on are reported in `UnitOut.errors`, not fatal."""
     if p.fold is None:
@@ -215,7 +267,9 @@ def fold_units(p: Projection, items: Iterable[Item], priors: Mapping[str, Prior]
         yield fold(p, unit, list(group), priors.get(unit), [] if skip_errors else None)
 
 
-def decide(stored: Mapping[str, Prior], min_new: Mapping[str, SortKey]) -> tuple[dict[str, Prior], set[str]]:
+def decide(
+    stored: Mapping[str, Prior], min_new: Mapping[str, SortKey]
+) -> tuple[dict[str, Prior], set[str]]:
     """For the units new records touch: resume those whose new records all sort after the last
     record they applied; the others (a record arrived out of event-time order) are recomputed
     from all their records. Returns (priors for the fold, units to recompute)."""

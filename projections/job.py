@@ -20,14 +20,28 @@ from projections.records import ProjectionRecord, decode
 
 __all__ = ["ITEM_SCHEMA", "SUMMARY_SCHEMA", "fold_frame", "items_frame"]
 
-ITEM_SCHEMA = ("topic string, partition int, offset long, timestamp long, key string, value string, "
-               "headers string, event_time long, unit string, wstart long, wend long, admitted boolean, "
-               "ukey string")
-_ITEM = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
-                   ("timestamp", pa.int64()), ("key", pa.string()), ("value", pa.string()),
-                   ("headers", pa.string()), ("event_time", pa.int64()), ("unit", pa.string()),
-                   ("wstart", pa.int64()), ("wend", pa.int64()), ("admitted", pa.bool_()),
-                   ("ukey", pa.string())])
+ITEM_SCHEMA = (
+    "topic string, partition int, offset long, timestamp long, key string, value string, "
+    "headers string, event_time long, unit string, wstart long, wend long, admitted boolean, "
+    "ukey string"
+)
+_ITEM = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.int64()),
+        ("key", pa.string()),
+        ("value", pa.string()),
+        ("headers", pa.string()),
+        ("event_time", pa.int64()),
+        ("unit", pa.string()),
+        ("wstart", pa.int64()),
+        ("wend", pa.int64()),
+        ("admitted", pa.bool_()),
+        ("ukey", pa.string()),
+    ]
+)
 _REC = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
 
 
@@ -37,8 +51,9 @@ def _loads(raw: str | None) -> Any:
 
 def _record(row: Mapping[str, Any]) -> ProjectionRecord:
     r = decode(*(row[c] for c in _REC))
-    return ProjectionRecord(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers,
-                            row["event_time"])
+    return ProjectionRecord(
+        r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers, row["event_time"]
+    )
 
 
 def _planner(ref: tuple[tuple[str, ...], tuple[str, ...], str]):  # type: ignore[no-untyped-def]
@@ -49,26 +64,50 @@ def _planner(ref: tuple[tuple[str, ...], tuple[str, ...], str]):  # type: ignore
             for row in batch.to_pylist():
                 rec = _record(row)
                 for it in plan_items(p, rec, row["max_before"]):
-                    out.append({**{c: row[c] for c in _REC}, "event_time": rec.event_time,
-                                "unit": it.unit, "wstart": it.start, "wend": it.end,
-                                "admitted": it.admitted, "ukey": it.key})
+                    out.append(
+                        {
+                            **{c: row[c] for c in _REC},
+                            "event_time": rec.event_time,
+                            "unit": it.unit,
+                            "wstart": it.start,
+                            "wend": it.end,
+                            "admitted": it.admitted,
+                            "ukey": it.key,
+                        }
+                    )
             if out:
                 yield pa.RecordBatch.from_pylist(out, schema=_ITEM)
+
     return plan
 
 
-def items_frame(spark: Any, records: Any, ref: tuple[tuple[str, ...], tuple[str, ...], str],
-                windowed: bool, base_max: Mapping[tuple[str, int], int | None]) -> Any:
+def items_frame(
+    spark: Any,
+    records: Any,
+    ref: tuple[tuple[str, ...], tuple[str, ...], str],
+    windowed: bool,
+    base_max: Mapping[tuple[str, int], int | None],
+) -> Any:
     """Records → items (ITEM_SCHEMA). Windowed projections first get each record's
     `max_before` (its partition's max event time before it, continuing from `base_max`)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     if not windowed:
-        return records.select(*_REC, "event_time", F.col("pkey").alias("unit"),
-                              F.lit(None).cast("long").alias("wstart"), F.lit(None).cast("long").alias("wend"),
-                              F.lit(True).alias("admitted"), F.col("pkey").alias("ukey"))
-    w = Window.partitionBy("topic", "partition").orderBy("offset").rowsBetween(Window.unboundedPreceding, -1)
+        return records.select(
+            *_REC,
+            "event_time",
+            F.col("pkey").alias("unit"),
+            F.lit(None).cast("long").alias("wstart"),
+            F.lit(None).cast("long").alias("wend"),
+            F.lit(True).alias("admitted"),
+            F.col("pkey").alias("ukey"),
+        )
+    w = (
+        Window.partitionBy("topic", "partition")
+        .orderBy("offset")
+        .rowsBetween(Window.unboundedPreceding, -1)
+    )
     before = F.max("event_time").over(w)
     bases = [(t, p, m) for (t, p), m in base_max.items() if m is not None]
     if bases:
@@ -91,8 +130,10 @@ class _Stager:
         from psycopg import sql
 
         self.conn = psycopg.connect(dsn, autocommit=True)
-        self.copies = [sql.SQL("COPY {} FROM STDIN").format(sql.Identifier("tributary_projections", n))
-                       for n in names]
+        self.copies = [
+            sql.SQL("COPY {} FROM STDIN").format(sql.Identifier("tributary_projections", n))
+            for n in names
+        ]
         self.rows = 0
         self.units = 0
         self.errors: list[Any] = []
@@ -111,8 +152,15 @@ class _Stager:
                         cp.write_row(key)
             with cur.copy(state_copy) as cp:
                 for u in chunk:
-                    cp.write_row((u.unit, u.state, None if u.last is None else orjson.dumps(u.last).decode(),
-                                  orjson.dumps(u.pks).decode(), u.dropped))
+                    cp.write_row(
+                        (
+                            u.unit,
+                            u.state,
+                            None if u.last is None else orjson.dumps(u.last).decode(),
+                            orjson.dumps(u.pks).decode(),
+                            u.dropped,
+                        )
+                    )
                     self.errors.extend(u.errors)
         self.units += len(chunk)
 
@@ -120,8 +168,13 @@ class _Stager:
         self.conn.close()
 
 
-def _folder(ref: tuple[tuple[str, ...], tuple[str, ...], str], priors: Any,  # type: ignore[no-untyped-def]
-            skip_errors: bool, dsn: str, names: tuple[str, str, str]):
+def _folder(
+    ref: tuple[tuple[str, ...], tuple[str, ...], str],
+    priors: Any,  # type: ignore[no-untyped-def]
+    skip_errors: bool,
+    dsn: str,
+    names: tuple[str, str, str],
+):
     def fold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         p = resolve(*ref)
         known: Mapping[str, Prior] = priors.value if priors is not None else {}
@@ -130,11 +183,29 @@ def _folder(ref: tuple[tuple[str, ...], tuple[str, ...], str], priors: Any,  # t
             for batch in batches:
                 c = {name: batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)}
                 for t, part, off, ts, k, v, h, et, unit, ws, we, adm, ukey in zip(
-                        c["topic"], c["partition"], c["offset"], c["timestamp"], c["key"], c["value"],
-                        c["headers"], c["event_time"], c["unit"], c["wstart"], c["wend"], c["admitted"],
-                        c["ukey"], strict=True):
-                    yield Item(unit, ukey, ws, we, adm, ProjectionRecord(
-                        t, part, off, ts, _loads(k), _loads(v), _loads(h), et))
+                    c["topic"],
+                    c["partition"],
+                    c["offset"],
+                    c["timestamp"],
+                    c["key"],
+                    c["value"],
+                    c["headers"],
+                    c["event_time"],
+                    c["unit"],
+                    c["wstart"],
+                    c["wend"],
+                    c["admitted"],
+                    c["ukey"],
+                    strict=True,
+                ):
+                    yield Item(
+                        unit,
+                        ukey,
+                        ws,
+                        we,
+                        adm,
+                        ProjectionRecord(t, part, off, ts, _loads(k), _loads(v), _loads(h), et),
+                    )
 
         stager = _Stager(dsn, names)
         try:
@@ -149,17 +220,34 @@ def _folder(ref: tuple[tuple[str, ...], tuple[str, ...], str], priors: Any,  # t
         finally:
             stager.close()
         yield pa.RecordBatch.from_pylist(
-            [{"units": stager.units, "rows": stager.rows,
-              "errors": orjson.dumps(stager.errors).decode() if stager.errors else None}], schema=_SUMMARY)
+            [
+                {
+                    "units": stager.units,
+                    "rows": stager.rows,
+                    "errors": orjson.dumps(stager.errors).decode() if stager.errors else None,
+                }
+            ],
+            schema=_SUMMARY,
+        )
+
     return fold
 
 
-def fold_frame(spark: Any, items: Any, ref: tuple[tuple[str, ...], tuple[str, ...], str],
-               priors: Mapping[str, Prior], partitions: int, *, dsn: str, staging: tuple[str, str, str],
-               skip_errors: bool = False) -> Any:
+def fold_frame(
+    spark: Any,
+    items: Any,
+    ref: tuple[tuple[str, ...], tuple[str, ...], str],
+    priors: Mapping[str, Prior],
+    partitions: int,
+    *,
+    dsn: str,
+    staging: tuple[str, str, str],
+    skip_errors: bool = False,
+) -> Any:
     """Items → folded units COPYed by the tasks into `staging`; one summary row per task
     (SUMMARY_SCHEMA) is all that comes back to the driver."""
     bc = spark.sparkContext.broadcast(dict(priors)) if priors else None
     ordered = items.repartition(partitions, "unit").sortWithinPartitions(
-        "unit", "event_time", "topic", "partition", "offset")
+        "unit", "event_time", "topic", "partition", "offset"
+    )
     return ordered.mapInArrow(_folder(ref, bc, skip_errors, dsn, staging), SUMMARY_SCHEMA)

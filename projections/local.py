@@ -38,7 +38,9 @@ class LocalView:
 
     def table(self) -> list[str]:
         """The table's rows as COPY lines, ordered by primary key."""
-        return [self.rows[k] for k in sorted(self.rows, key=lambda k: [(v is None, v or "") for v in k])]
+        return [
+            self.rows[k] for k in sorted(self.rows, key=lambda k: [(v is None, v or "") for v in k])
+        ]
 
 
 def _items(p: Projection, records: Sequence[ProjectionRecord], base: int | None) -> list[Item]:
@@ -51,15 +53,20 @@ def apply_outputs(view: LocalView, outs: list[UnitOut]) -> None:
     for out in outs:
         for pk in out.deletes:
             view.rows.pop(pk, None)
-        for line, pk in zip(out.rows, out.pks[len(out.pks) - len(out.rows):], strict=True):
+        for line, pk in zip(out.rows, out.pks[len(out.pks) - len(out.rows) :], strict=True):
             view.rows[pk] = line
         view.states[out.unit] = Prior(out.state, out.last, out.pks, out.dropped, False)
         for topic, part, off, err in out.errors:
             view.dead[(topic, part, off)] = err
 
 
-def run_local(p: Projection, log: Mapping[TP, Sequence[ProjectionRecord]], view: LocalView, *,
-              skip_errors: bool = False) -> int:
+def run_local(
+    p: Projection,
+    log: Mapping[TP, Sequence[ProjectionRecord]],
+    view: LocalView,
+    *,
+    skip_errors: bool = False,
+) -> int:
     """One incremental run over `log` (each partition's committed records in offset order).
     Returns how many new records it read."""
     new_items: list[Item] = []

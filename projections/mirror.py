@@ -20,9 +20,14 @@ from projections.records import ProjectionRecord
 __all__ = ["mirror_projection"]
 
 
-def mirror_projection(topic: str, *, name: str | None = None, version: int = 1,
-                      columns: Mapping[str, str] | None = None,
-                      primary_key: tuple[str, ...] | None = None) -> Projection:
+def mirror_projection(
+    topic: str,
+    *,
+    name: str | None = None,
+    version: int = 1,
+    columns: Mapping[str, str] | None = None,
+    primary_key: tuple[str, ...] | None = None,
+) -> Projection:
     """A projection mirroring one CDC topic `<source>.<schema>.<table>`."""
     pname = name or topic.replace(".", "_").replace("-", "_").lower()
     if columns is None:
@@ -46,7 +51,10 @@ def mirror_projection(topic: str, *, name: str | None = None, version: int = 1,
         return {c: row.get(c) for c in names}
 
     return Projection(
-        name=pname, version=version, topics=(topic,), table=table,
+        name=pname,
+        version=version,
+        topics=(topic,),
+        table=table,
         fold=Fold(initial=initial, apply=apply, result=result),
         event_time=lambda r: 0,
         description=f"current rows of {topic}",

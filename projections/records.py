@@ -71,7 +71,7 @@ def ms_to_iso(ms: int) -> str:
 
 
 def default_event_time(topic: str, value: Any, timestamp: int) -> int:
-    """An event's `occurred_at`; a CDC envelope's `source.ts_ms` (commit time); else the log time."""
+    """The event's `occurred_at`; a CDC envelope's `source.ts_ms` (commit time); else log time."""
     if isinstance(value, dict):
         if topic.startswith("events."):
             occurred = value.get("occurred_at")
@@ -90,12 +90,27 @@ def _loads(raw: bytes | str | None) -> Any:
     return None if raw is None else orjson.loads(raw)
 
 
-def decode(topic: str, partition: int, offset: int, timestamp: int, key: bytes | str | None,
-           value: bytes | str | None, headers: bytes | str | None) -> ProjectionRecord:
+def decode(
+    topic: str,
+    partition: int,
+    offset: int,
+    timestamp: int,
+    key: bytes | str | None,
+    value: bytes | str | None,
+    headers: bytes | str | None,
+) -> ProjectionRecord:
     """Decode one log record's JSON fields and give it its default event time."""
     v = _loads(value)
-    return ProjectionRecord(topic, partition, offset, timestamp, _loads(key), v, _loads(headers),
-                            default_event_time(topic, v, timestamp))
+    return ProjectionRecord(
+        topic,
+        partition,
+        offset,
+        timestamp,
+        _loads(key),
+        v,
+        _loads(headers),
+        default_event_time(topic, v, timestamp),
+    )
 
 
 def sort_key(record: ProjectionRecord) -> SortKey:

@@ -33,7 +33,15 @@ from projections.source import records_frame
 from projections.spark import get_session
 from projections.store import BuildRow, Store
 
-__all__ = ["RunResult", "RunSettings", "list_projections", "rebuild", "run", "run_continuous", "status"]
+__all__ = [
+    "RunResult",
+    "RunSettings",
+    "list_projections",
+    "rebuild",
+    "run",
+    "run_continuous",
+    "status",
+]
 
 Progress = Callable[[str, int, int], None]
 TP = tuple[str, int]
@@ -58,9 +66,14 @@ class RunSettings:
     def from_settings(cls, settings: Any, *, dsn: str | None = None) -> RunSettings:
         """From `api.config.Settings` (pass `dsn` when the service DSN is the embedded default)."""
         pr = settings.projections
-        return cls(dsn=dsn or settings.service.dsn, log_root=Path(settings.log.root),
-                   modules=tuple(pr.modules), mirror=tuple(pr.mirror), schema=pr.schema_,
-                   spark_master=pr.spark_master)
+        return cls(
+            dsn=dsn or settings.service.dsn,
+            log_root=Path(settings.log.root),
+            modules=tuple(pr.modules),
+            mirror=tuple(pr.mirror),
+            schema=pr.schema_,
+            spark_master=pr.spark_master,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +125,9 @@ def _spark_error(exc: Exception) -> ProjectionError:
     m = re.search(r"projection '[^']*' failed on [^\n]*", str(exc))
     if m:
         return RunError(m.group(0))
-    return RunError(f"the Spark job failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+    return RunError(
+        f"the Spark job failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +137,16 @@ class _Pass:
     recomputed: int = 0
 
 
-def _catch_up(s: RunSettings, spark: Any, store: Store, log: Log, p: Projection, b: BuildRow,
-              progress: Progress | None = None, stage: str = "catching_up") -> _Pass:
+def _catch_up(
+    s: RunSettings,
+    spark: Any,
+    store: Store,
+    log: Log,
+    p: Projection,
+    b: BuildRow,
+    progress: Progress | None = None,
+    stage: str = "catching_up",
+) -> _Pass:
     """One pass from the checkpoints to the log's committed end."""
     from pyspark.sql import functions as F
 
@@ -139,7 +162,9 @@ def _catch_up(s: RunSettings, spark: Any, store: Store, log: Log, p: Projection,
     if progress:
         progress(stage, 0, total)
     topics = tuple(t for t in p.topics if any(tp[0] == t for tp in ends))
-    frame = dict(modules=s.modules, mirror=s.mirror, name=p.name, topics=topics, max_bytes=s.split_bytes)
+    frame = dict(
+        modules=s.modules, mirror=s.mirror, name=p.name, topics=topics, max_bytes=s.split_bytes
+    )
     windowed = p.window is not None
     new_ck: dict[TP, tuple[int, int | None]] = {tp: (ends[tp], base[tp]) for tp in ends}
     try:
@@ -157,23 +182,48 @@ def _catch_up(s: RunSettings, spark: Any, store: Store, log: Log, p: Projection,
         fresh = None
         if ck:  # the state table may know these units: resume or recompute each
             fresh = items = items.persist()  # read the new records once for both jobs
-            firsts = items.groupBy("unit").agg(
-                F.min(F.struct("event_time", "topic", "partition", "offset")).alias("m")).collect()
+            firsts = (
+                items.groupBy("unit")
+                .agg(F.min(F.struct("event_time", "topic", "partition", "offset")).alias("m"))
+                .collect()
+            )
             min_new = {r["unit"]: tuple(r["m"]) for r in firsts}
             priors, recompute = decide(store.priors(b, list(min_new)), min_new)
         if recompute:
-            everything = items_frame(spark, records_frame(spark, log, lo={}, hi=ends, **frame), ref, windowed, {})
-            rc = F.broadcast(spark.createDataFrame([(u,) for u in sorted(recompute)], "unit string"))
-            items = items.join(rc, "unit", "left_anti").unionByName(everything.join(rc, "unit", "left_semi"))
+            everything = items_frame(
+                spark, records_frame(spark, log, lo={}, hi=ends, **frame), ref, windowed, {}
+            )
+            rc = F.broadcast(
+                spark.createDataFrame([(u,) for u in sorted(recompute)], "unit string")
+            )
+            items = items.join(rc, "unit", "left_anti").unionByName(
+                everything.join(rc, "unit", "left_semi")
+            )
         if windowed:  # watermarks continue from each partition's max event time
-            for r in new_records.groupBy("topic", "partition").agg(F.max("event_time").alias("m")).collect():
+            for r in (
+                new_records.groupBy("topic", "partition")
+                .agg(F.max("event_time").alias("m"))
+                .collect()
+            ):
                 tp = (r["topic"], r["partition"])
                 prev = base.get(tp)
                 new_ck[tp] = (ends[tp], r["m"] if prev is None else max(prev, r["m"]))
         staged = store.staging(p, b)
         try:
-            outputs = fold_frame(spark, items, ref, priors, s.shuffle_partitions, dsn=s.dsn,
-                                 staging=staged.names, skip_errors=s.skip_errors).toArrow().to_pylist()
+            outputs = (
+                fold_frame(
+                    spark,
+                    items,
+                    ref,
+                    priors,
+                    s.shuffle_partitions,
+                    dsn=s.dsn,
+                    staging=staged.names,
+                    skip_errors=s.skip_errors,
+                )
+                .toArrow()
+                .to_pylist()
+            )
         finally:
             if fresh is not None:
                 fresh.unpersist()
@@ -190,7 +240,11 @@ def _catch_up(s: RunSettings, spark: Any, store: Store, log: Log, p: Projection,
 
 
 def _session(s: RunSettings, spark: Any) -> Any:
-    return spark if spark is not None else get_session(s.spark_master, shuffle_partitions=s.shuffle_partitions)
+    return (
+        spark
+        if spark is not None
+        else get_session(s.spark_master, shuffle_partitions=s.shuffle_partitions)
+    )
 
 
 class _Locked:
@@ -215,7 +269,9 @@ class _Locked:
             self.conn.close()
 
 
-def _rebuild(s: RunSettings, spark: Any, store: Store, p: Projection, progress: Progress | None) -> RunResult:
+def _rebuild(
+    s: RunSettings, spark: Any, store: Store, p: Projection, progress: Progress | None
+) -> RunResult:
     t0 = time.monotonic()
     log = Log.open(s.log_root)
     b = store.new_build(p)
@@ -223,7 +279,9 @@ def _rebuild(s: RunSettings, spark: Any, store: Store, p: Projection, progress: 
     try:
         for i in range(s.max_passes):  # catch up until a pass finds nothing new
             log.refresh()
-            done = _catch_up(s, spark, store, log, p, b, progress, "building" if i == 0 else "catching_up")
+            done = _catch_up(
+                s, spark, store, log, p, b, progress, "building" if i == 0 else "catching_up"
+            )
             records, rows = records + done.records, rows + done.rows
             if done.records == 0:
                 break
@@ -241,7 +299,9 @@ def _rebuild(s: RunSettings, spark: Any, store: Store, p: Projection, progress: 
     return RunResult(p.name, b.build, b.table_name, records, rows, True, time.monotonic() - t0)
 
 
-def rebuild(name: str, settings: RunSettings, *, spark: Any = None, progress: Progress | None = None) -> RunResult:
+def rebuild(
+    name: str, settings: RunSettings, *, spark: Any = None, progress: Progress | None = None
+) -> RunResult:
     """Build `<schema>.<name>__v<version>_<build>` from offset 0 while the old build keeps
     serving, catch up to the log end, swap the view `<schema>.<name>` in one transaction and
     drop the old builds. A failure leaves the old build serving and the new one `failed`."""
@@ -250,7 +310,9 @@ def rebuild(name: str, settings: RunSettings, *, spark: Any = None, progress: Pr
         return _rebuild(settings, _session(settings, spark), store, p, progress)
 
 
-def run(name: str, settings: RunSettings, *, spark: Any = None, progress: Progress | None = None) -> RunResult:
+def run(
+    name: str, settings: RunSettings, *, spark: Any = None, progress: Progress | None = None
+) -> RunResult:
     """Catch the current build up to the log end; rebuild first if there is none or the
     projection's version changed."""
     p = resolve(settings.modules, settings.mirror, name)
@@ -265,13 +327,27 @@ def run(name: str, settings: RunSettings, *, spark: Any = None, progress: Progre
             done = _catch_up(settings, sess, store, log, p, cur, progress)
         finally:
             log.close()
-        return RunResult(name, cur.build, cur.table_name, done.records, done.rows, False,
-                         time.monotonic() - t0, done.recomputed)
+        return RunResult(
+            name,
+            cur.build,
+            cur.table_name,
+            done.records,
+            done.rows,
+            False,
+            time.monotonic() - t0,
+            done.recomputed,
+        )
 
 
-def run_continuous(name: str, settings: RunSettings, *, freshness_s: float = 5.0,
-                   stop: Callable[[], bool] = lambda: False, sleep: Callable[[float], None] = time.sleep,
-                   spark: Any = None) -> int:
+def run_continuous(
+    name: str,
+    settings: RunSettings,
+    *,
+    freshness_s: float = 5.0,
+    stop: Callable[[], bool] = lambda: False,
+    sleep: Callable[[float], None] = time.sleep,
+    spark: Any = None,
+) -> int:
     """`project run --continuous`: catch up again at once while records arrive; while idle, poll
     with a backoff from 0.25 s doubling up to `freshness_s` (an idle poll reads the manifest and
     the checkpoints only — no Spark job), so the table stays within about `freshness_s` of the log
@@ -292,10 +368,17 @@ def run_continuous(name: str, settings: RunSettings, *, freshness_s: float = 5.0
 
 def list_projections(settings: RunSettings) -> list[dict[str, Any]]:
     """Name, version, topics, kind and window of every configured projection."""
-    return [{"name": p.name, "version": p.version, "topics": list(p.topics),
-             "kind": "fold" if p.fold is not None else "dataframe",
-             "window": None if p.window is None else p.window.kind, "description": p.description}
-            for p in load(settings.modules, settings.mirror).values()]
+    return [
+        {
+            "name": p.name,
+            "version": p.version,
+            "topics": list(p.topics),
+            "kind": "fold" if p.fold is not None else "dataframe",
+            "window": None if p.window is None else p.window.kind,
+            "description": p.description,
+        }
+        for p in load(settings.modules, settings.mirror).values()
+    ]
 
 
 def status(settings: RunSettings, name: str | None = None) -> list[ProjectionStatus]:
@@ -318,15 +401,26 @@ def status(settings: RunSettings, name: str | None = None) -> list[ProjectionSta
             lag = 0
             if cur is not None and log is not None:
                 ck = store.checkpoints(cur)
-                lag = sum(max(0, e - ck.get(tp, (0, None))[0]) for tp, e in _ends(log, p.topics).items())
+                lag = sum(
+                    max(0, e - ck.get(tp, (0, None))[0]) for tp, e in _ends(log, p.topics).items()
+                )
             others = tuple(f"{b.table_name}:{b.status}" for b in builds if not b.current)
-            out.append(ProjectionStatus(
-                n, p.version, cur.build if cur else None, cur.version if cur else None,
-                cur.status if cur else (builds[-1].status if builds else "never run"),
-                cur.table_name if cur else None, cur.records if cur else 0, lag,
-                store.dropped_total(cur) if cur else 0,
-                cur is None or cur.version != p.version, others,
-                store.dead_letters(cur) if cur else 0))
+            out.append(
+                ProjectionStatus(
+                    n,
+                    p.version,
+                    cur.build if cur else None,
+                    cur.version if cur else None,
+                    cur.status if cur else (builds[-1].status if builds else "never run"),
+                    cur.table_name if cur else None,
+                    cur.records if cur else 0,
+                    lag,
+                    store.dropped_total(cur) if cur else 0,
+                    cur is None or cur.version != p.version,
+                    others,
+                    store.dead_letters(cur) if cur else 0,
+                )
+            )
         if log is not None:
             log.close()
     return out

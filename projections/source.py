@@ -23,18 +23,33 @@ from projections.records import decode, default_event_time
 __all__ = ["RECORD_SCHEMA", "TP", "plan", "records_frame"]
 
 TP = tuple[str, int]
-RECORD_SCHEMA = ("topic string, partition int, offset long, timestamp long, key string, "
-                 "value string, headers string, event_time long, pkey string")
-_SPLIT_SCHEMA = "topic string, partition int, path string, start_byte long, end_byte long, " \
-                "first_offset long, lo long, hi long"
-_ARROW = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
-                    ("timestamp", pa.int64()), ("key", pa.string()), ("value", pa.string()),
-                    ("headers", pa.string()), ("event_time", pa.int64()), ("pkey", pa.string())])
+RECORD_SCHEMA = (
+    "topic string, partition int, offset long, timestamp long, key string, "
+    "value string, headers string, event_time long, pkey string"
+)
+_SPLIT_SCHEMA = (
+    "topic string, partition int, path string, start_byte long, end_byte long, "
+    "first_offset long, lo long, hi long"
+)
+_ARROW = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.int64()),
+        ("key", pa.string()),
+        ("value", pa.string()),
+        ("headers", pa.string()),
+        ("event_time", pa.int64()),
+        ("pkey", pa.string()),
+    ]
+)
 _BATCH = 8192
 
 
-def plan(log: Log, topics: Sequence[str], lo: Mapping[TP, int], hi: Mapping[TP, int],
-         max_bytes: int) -> list[tuple[Any, ...]]:
+def plan(
+    log: Log, topics: Sequence[str], lo: Mapping[TP, int], hi: Mapping[TP, int], max_bytes: int
+) -> list[tuple[Any, ...]]:
     """Splits holding offsets in [lo, hi) per topic-partition (splits wholly before lo skipped)."""
     rows: list[tuple[Any, ...]] = []
     for topic in topics:
@@ -42,10 +57,29 @@ def plan(log: Log, topics: Sequence[str], lo: Mapping[TP, int], hi: Mapping[TP, 
         for i, s in enumerate(splits):
             tp = (topic, s.partition)
             start, stop = lo.get(tp, 0), hi.get(tp, 0)
-            nxt = splits[i + 1] if i + 1 < len(splits) and splits[i + 1].partition == s.partition else None
-            if start >= stop or s.first_offset >= stop or (nxt is not None and nxt.first_offset <= start):
+            nxt = (
+                splits[i + 1]
+                if i + 1 < len(splits) and splits[i + 1].partition == s.partition
+                else None
+            )
+            if (
+                start >= stop
+                or s.first_offset >= stop
+                or (nxt is not None and nxt.first_offset <= start)
+            ):
                 continue
-            rows.append((s.topic, s.partition, s.path, s.start_byte, s.end_byte, s.first_offset, start, stop))
+            rows.append(
+                (
+                    s.topic,
+                    s.partition,
+                    s.path,
+                    s.start_byte,
+                    s.end_byte,
+                    s.first_offset,
+                    start,
+                    stop,
+                )
+            )
     return rows
 
 
@@ -63,8 +97,14 @@ def _reader(modules: tuple[str, ...], mirror: tuple[str, ...], name: str):  # ty
 
         for batch in batches:
             for s in batch.to_pylist():
-                split = Split(s["topic"], s["partition"], s["path"], s["start_byte"], s["end_byte"],
-                              s["first_offset"])
+                split = Split(
+                    s["topic"],
+                    s["partition"],
+                    s["path"],
+                    s["start_byte"],
+                    s["end_byte"],
+                    s["first_offset"],
+                )
                 lo, hi = s["lo"], s["hi"]
                 for rec in read_split(split):
                     if rec.offset < lo:
@@ -73,13 +113,24 @@ def _reader(modules: tuple[str, ...], mirror: tuple[str, ...], name: str):  # ty
                         break
                     value = None if rec.value is None else rec.value.decode()
                     if custom:
-                        r = prepare(p, decode(rec.topic, rec.partition, rec.offset, rec.timestamp,
-                                              rec.key, rec.value, rec.headers))
+                        r = prepare(
+                            p,
+                            decode(
+                                rec.topic,
+                                rec.partition,
+                                rec.offset,
+                                rec.timestamp,
+                                rec.key,
+                                rec.value,
+                                rec.headers,
+                            ),
+                        )
                         event_time = r.event_time
                         pkey = canonical(p.key(r) if p.key is not None else r.key)
                     else:  # log keys are canonical JSON already (DESIGN.md "Topics, keys, records")
-                        event_time = default_event_time(rec.topic, None if value is None else loads(value),
-                                                        rec.timestamp)
+                        event_time = default_event_time(
+                            rec.topic, None if value is None else loads(value), rec.timestamp
+                        )
                         pkey = "null" if rec.key is None else rec.key.decode()
                     cols["topic"].append(rec.topic)
                     cols["partition"].append(rec.partition)
@@ -98,9 +149,18 @@ def _reader(modules: tuple[str, ...], mirror: tuple[str, ...], name: str):  # ty
     return read
 
 
-def records_frame(spark: Any, log: Log, *, modules: Sequence[str], mirror: Sequence[str], name: str,
-                  topics: Sequence[str], lo: Mapping[TP, int], hi: Mapping[TP, int],
-                  max_bytes: int = 16 << 20) -> Any:
+def records_frame(
+    spark: Any,
+    log: Log,
+    *,
+    modules: Sequence[str],
+    mirror: Sequence[str],
+    name: str,
+    topics: Sequence[str],
+    lo: Mapping[TP, int],
+    hi: Mapping[TP, int],
+    max_bytes: int = 16 << 20,
+) -> Any:
     """A DataFrame of the records in [lo, hi) of each topic-partition (schema RECORD_SCHEMA)."""
     rows = plan(log, topics, lo, hi, max_bytes)
     splits = spark.createDataFrame(rows, _SPLIT_SCHEMA)

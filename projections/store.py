@@ -39,7 +39,9 @@ _DDL = [
         projection text NOT NULL, build integer NOT NULL, topic text NOT NULL,
         partition integer NOT NULL, "offset" bigint NOT NULL, error text NOT NULL,
         at timestamptz NOT NULL DEFAULT now(),
-        PRIMARY KEY (projection, build, topic, partition, "offset"))""").format(sql.Identifier(META)),
+        PRIMARY KEY (projection, build, topic, partition, "offset"))""").format(
+        sql.Identifier(META)
+    ),
 ]
 
 
@@ -78,21 +80,27 @@ class Store:
             self.conn.execute("SELECT pg_advisory_xact_lock(hashtext('tributary_projections_ddl'))")
             for stmt in _DDL:
                 self.conn.execute(stmt)
-            self.conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
+            self.conn.execute(
+                sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
+            )
 
     def try_lock(self, name: str) -> bool:
         """A session-level advisory lock: one runner per projection at a time."""
-        row = self.conn.execute("SELECT pg_try_advisory_lock(hashtext('tributary_projection'), hashtext(%s))",
-                                (name,)).fetchone()
+        row = self.conn.execute(
+            "SELECT pg_try_advisory_lock(hashtext('tributary_projection'), hashtext(%s))", (name,)
+        ).fetchone()
         return bool(row and row[0])
 
     def unlock(self, name: str) -> None:
-        self.conn.execute("SELECT pg_advisory_unlock(hashtext('tributary_projection'), hashtext(%s))", (name,))
+        self.conn.execute(
+            "SELECT pg_advisory_unlock(hashtext('tributary_projection'), hashtext(%s))", (name,)
+        )
 
     def builds(self, name: str | None = None) -> list[BuildRow]:
-        q = sql.SQL("SELECT projection, build, version, table_name, status, error, records, current "
-                    "FROM {}.builds {} ORDER BY projection, build").format(
-            sql.Identifier(META), sql.SQL("WHERE projection = %s" if name else ""))
+        q = sql.SQL(
+            "SELECT projection, build, version, table_name, status, error, records, current "
+            "FROM {}.builds {} ORDER BY projection, build"
+        ).format(sql.Identifier(META), sql.SQL("WHERE projection = %s" if name else ""))
         return [BuildRow(*r) for r in self.conn.execute(q, (name,) if name else ()).fetchall()]
 
     def current(self, name: str) -> BuildRow | None:
@@ -101,34 +109,58 @@ class Store:
     def new_build(self, p: Projection) -> BuildRow:
         """Register a build and create its (empty) output and state tables."""
         with self.conn.transaction():
-            row = self.conn.execute(sql.SQL("SELECT coalesce(max(build), 0) + 1 FROM {}.builds "
-                                            "WHERE projection = %s").format(sql.Identifier(META)),
-                                    (p.name,)).fetchone()
+            row = self.conn.execute(
+                sql.SQL(
+                    "SELECT coalesce(max(build), 0) + 1 FROM {}.builds WHERE projection = %s"
+                ).format(sql.Identifier(META)),
+                (p.name,),
+            ).fetchone()
             build = int(row[0]) if row else 1
             table = f"{p.name}__v{p.version}_{build}"
-            cols = [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type)) for c in p.table.columns]
+            cols = [
+                sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type))
+                for c in p.table.columns
+            ]
             pk = sql.SQL(", ").join(map(sql.Identifier, p.table.primary_key))
-            self.conn.execute(sql.SQL("CREATE TABLE {} ({}, PRIMARY KEY ({}))").format(
-                sql.Identifier(self.schema, table), sql.SQL(", ").join(cols), pk))
-            self.conn.execute(sql.SQL("CREATE TABLE {} (unit text PRIMARY KEY, state text, last text, "
-                                      "pks text NOT NULL, dropped bigint NOT NULL)").format(
-                sql.Identifier(META, table + "__state")))
-            self.conn.execute(sql.SQL("INSERT INTO {}.builds (projection, build, version, table_name, status) "
-                                      "VALUES (%s, %s, %s, %s, 'building')").format(sql.Identifier(META)),
-                              (p.name, build, p.version, table))
+            self.conn.execute(
+                sql.SQL("CREATE TABLE {} ({}, PRIMARY KEY ({}))").format(
+                    sql.Identifier(self.schema, table), sql.SQL(", ").join(cols), pk
+                )
+            )
+            self.conn.execute(
+                sql.SQL(
+                    "CREATE TABLE {} (unit text PRIMARY KEY, state text, last text, "
+                    "pks text NOT NULL, dropped bigint NOT NULL)"
+                ).format(sql.Identifier(META, table + "__state"))
+            )
+            self.conn.execute(
+                sql.SQL(
+                    "INSERT INTO {}.builds (projection, build, version, table_name, status) "
+                    "VALUES (%s, %s, %s, %s, 'building')"
+                ).format(sql.Identifier(META)),
+                (p.name, build, p.version, table),
+            )
         return BuildRow(p.name, build, p.version, table, "building", None, 0, False)
 
     def set_status(self, b: BuildRow, status: str, error: str | None = None) -> None:
         with self.conn.transaction():
-            self.conn.execute(sql.SQL("UPDATE {}.builds SET status = %s, error = %s, finished_at = "
-                                      "CASE WHEN %s IN ('done', 'failed') THEN now() END "
-                                      "WHERE projection = %s AND build = %s").format(sql.Identifier(META)),
-                              (status, error, status, b.projection, b.build))
+            self.conn.execute(
+                sql.SQL(
+                    "UPDATE {}.builds SET status = %s, error = %s, finished_at = "
+                    "CASE WHEN %s IN ('done', 'failed') THEN now() END "
+                    "WHERE projection = %s AND build = %s"
+                ).format(sql.Identifier(META)),
+                (status, error, status, b.projection, b.build),
+            )
 
     def checkpoints(self, b: BuildRow) -> dict[tuple[str, int], tuple[int, int | None]]:
-        rows = self.conn.execute(sql.SQL("SELECT topic, partition, next_offset, max_event_time FROM "
-                                         "{}.checkpoints WHERE projection = %s AND build = %s").format(
-            sql.Identifier(META)), (b.projection, b.build)).fetchall()
+        rows = self.conn.execute(
+            sql.SQL(
+                "SELECT topic, partition, next_offset, max_event_time FROM "
+                "{}.checkpoints WHERE projection = %s AND build = %s"
+            ).format(sql.Identifier(META)),
+            (b.projection, b.build),
+        ).fetchall()
         return {(t, p): (o, m) for t, p, o, m in rows}
 
     def priors(self, b: BuildRow, units: Sequence[str]) -> dict[str, Prior]:
@@ -136,18 +168,33 @@ class Store:
         if not units:
             return {}
         q = sql.SQL("SELECT unit, state, last, pks, dropped FROM {} WHERE unit = ANY(%s)").format(
-            sql.Identifier(META, b.table_name + "__state"))
+            sql.Identifier(META, b.table_name + "__state")
+        )
         out: dict[str, Prior] = {}
         for unit, state, last, pks, dropped in self.conn.execute(q, (list(units),)):
-            out[unit] = Prior(state, None if last is None else tuple(orjson.loads(last)),
-                              tuple(tuple(k) for k in orjson.loads(pks)), int(dropped), False)
+            out[unit] = Prior(
+                state,
+                None if last is None else tuple(orjson.loads(last)),
+                tuple(tuple(k) for k in orjson.loads(pks)),
+                int(dropped),
+                False,
+            )
         return out
 
     # -- the commit: rows, deletes, states and checkpoints in one transaction -----------------
 
-    def commit_run(self, p: Projection, b: BuildRow, outputs: Iterable[Mapping[str, Any]],
-                   checkpoints: Mapping[tuple[str, int], tuple[int, int | None]], records: int,
-                   *, rows: Iterable[str] = (), replace_all: bool = False, staged: Staged | None = None) -> int:
+    def commit_run(
+        self,
+        p: Projection,
+        b: BuildRow,
+        outputs: Iterable[Mapping[str, Any]],
+        checkpoints: Mapping[tuple[str, int], tuple[int, int | None]],
+        records: int,
+        *,
+        rows: Iterable[str] = (),
+        replace_all: bool = False,
+        staged: Staged | None = None,
+    ) -> int:
         """Apply one run's output and move its checkpoints, atomically. Returns rows upserted.
 
         1. COPY rows, deleted keys and unit states into staging tables (or tasks did: `staged`);
@@ -160,9 +207,13 @@ class Store:
         pk = p.table.primary_key
         cols = sql.SQL(", ").join(map(sql.Identifier, names))
         pkcols = sql.SQL(", ").join(map(sql.Identifier, pk))
-        match = sql.SQL(" AND ").join(sql.SQL("t.{0} = s.{0}").format(sql.Identifier(k)) for k in pk)
+        match = sql.SQL(" AND ").join(
+            sql.SQL("t.{0} = s.{0}").format(sql.Identifier(k)) for k in pk
+        )
         nonpk = [n for n in names if n not in pk]
-        sets = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in nonpk)
+        sets = sql.SQL(", ").join(
+            sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in nonpk
+        )
         on_conflict = sql.SQL("DO UPDATE SET {}").format(sets) if nonpk else sql.SQL("DO NOTHING")
         outputs = list(outputs)
         with self.conn.transaction():
@@ -172,51 +223,101 @@ class Store:
                 rows_t, del_t, state_t = (sql.Identifier(META, n) for n in staged.names)
                 n_rows = sum(int(o.get("rows") or 0) for o in outputs)
             else:
-                rows_t, del_t, state_t = sql.Identifier("_stage"), sql.Identifier("_del"), sql.Identifier("_state")
+                rows_t, del_t, state_t = (
+                    sql.Identifier("_stage"),
+                    sql.Identifier("_del"),
+                    sql.Identifier("_state"),
+                )
                 n_rows = self._stage_here(cur, target, cols, pkcols, outputs, rows)
             # 2. deletes
             if replace_all:
-                cur.execute(sql.SQL("DELETE FROM {} t WHERE NOT EXISTS (SELECT 1 FROM {} s WHERE {})").format(
-                    target, rows_t, match))
-            cur.execute(sql.SQL("DELETE FROM {} t USING {} s WHERE {}").format(target, del_t, match))
+                cur.execute(
+                    sql.SQL(
+                        "DELETE FROM {} t WHERE NOT EXISTS (SELECT 1 FROM {} s WHERE {})"
+                    ).format(target, rows_t, match)
+                )
+            cur.execute(
+                sql.SQL("DELETE FROM {} t USING {} s WHERE {}").format(target, del_t, match)
+            )
             # 3. merge
-            cur.execute(sql.SQL("INSERT INTO {} ({}) SELECT DISTINCT ON ({}) {} FROM {} ORDER BY {} "
-                                "ON CONFLICT ({}) {}").format(target, cols, pkcols, cols, rows_t, pkcols, pkcols,
-                                                              on_conflict))
+            cur.execute(
+                sql.SQL(
+                    "INSERT INTO {} ({}) SELECT DISTINCT ON ({}) {} FROM {} ORDER BY {} "
+                    "ON CONFLICT ({}) {}"
+                ).format(target, cols, pkcols, cols, rows_t, pkcols, pkcols, on_conflict)
+            )
             # 4. states
-            cur.execute(sql.SQL("INSERT INTO {} SELECT DISTINCT ON (unit) * FROM {} ORDER BY unit "
-                                "ON CONFLICT (unit) DO UPDATE SET state = EXCLUDED.state, last = EXCLUDED.last, "
-                                "pks = EXCLUDED.pks, dropped = EXCLUDED.dropped").format(state, state_t))
+            cur.execute(
+                sql.SQL(
+                    "INSERT INTO {} SELECT DISTINCT ON (unit) * FROM {} ORDER BY unit "
+                    "ON CONFLICT (unit) DO UPDATE SET state = EXCLUDED.state, "
+                    "last = EXCLUDED.last, "
+                    "pks = EXCLUDED.pks, dropped = EXCLUDED.dropped"
+                ).format(state, state_t)
+            )
             # 5. checkpoints
-            cur.executemany(sql.SQL(
-                "INSERT INTO {}.checkpoints VALUES (%s, %s, %s, %s, %s, %s) "
-                "ON CONFLICT (projection, build, topic, partition) DO UPDATE SET "
-                "next_offset = EXCLUDED.next_offset, max_event_time = EXCLUDED.max_event_time").format(
-                sql.Identifier(META)),
-                [(b.projection, b.build, t, part, o, m) for (t, part), (o, m) in checkpoints.items()])
-            dead = [(b.projection, b.build, t, part, off, err) for o in outputs if o.get("errors")
-                    for t, part, off, err in orjson.loads(o["errors"])]
+            cur.executemany(
+                sql.SQL(
+                    "INSERT INTO {}.checkpoints VALUES (%s, %s, %s, %s, %s, %s) "
+                    "ON CONFLICT (projection, build, topic, partition) DO UPDATE SET "
+                    "next_offset = EXCLUDED.next_offset, max_event_time = EXCLUDED.max_event_time"
+                ).format(sql.Identifier(META)),
+                [
+                    (b.projection, b.build, t, part, o, m)
+                    for (t, part), (o, m) in checkpoints.items()
+                ],
+            )
+            dead = [
+                (b.projection, b.build, t, part, off, err)
+                for o in outputs
+                if o.get("errors")
+                for t, part, off, err in orjson.loads(o["errors"])
+            ]
             if dead:
-                cur.executemany(sql.SQL("INSERT INTO {}.dead_letters (projection, build, topic, partition, "
-                                        "\"offset\", error) VALUES (%s, %s, %s, %s, %s, %s) "
-                                        "ON CONFLICT DO NOTHING").format(sql.Identifier(META)), dead)
-            cur.execute(sql.SQL("UPDATE {}.builds SET records = records + %s WHERE projection = %s "
-                                "AND build = %s").format(sql.Identifier(META)), (records, b.projection, b.build))
+                cur.executemany(
+                    sql.SQL(
+                        "INSERT INTO {}.dead_letters (projection, build, topic, partition, "
+                        '"offset", error) VALUES (%s, %s, %s, %s, %s, %s) '
+                        "ON CONFLICT DO NOTHING"
+                    ).format(sql.Identifier(META)),
+                    dead,
+                )
+            cur.execute(
+                sql.SQL(
+                    "UPDATE {}.builds SET records = records + %s WHERE projection = %s "
+                    "AND build = %s"
+                ).format(sql.Identifier(META)),
+                (records, b.projection, b.build),
+            )
             if staged is not None:  # 6. the staging tables go with the commit
                 for t in (rows_t, del_t, state_t):
                     cur.execute(sql.SQL("DROP TABLE {}").format(t))
         return n_rows
 
     @staticmethod
-    def _stage_here(cur: Any, target: sql.Composable, cols: sql.Composable, pkcols: sql.Composable,
-                    outputs: list[Mapping[str, Any]], rows: Iterable[str]) -> int:
+    def _stage_here(
+        cur: Any,
+        target: sql.Composable,
+        cols: sql.Composable,
+        pkcols: sql.Composable,
+        outputs: list[Mapping[str, Any]],
+        rows: Iterable[str],
+    ) -> int:
         n_rows = 0
-        cur.execute(sql.SQL("CREATE TEMP TABLE _stage ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
-            cols, target))
-        cur.execute(sql.SQL("CREATE TEMP TABLE _del ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
-            pkcols, target))
-        cur.execute("CREATE TEMP TABLE _state (unit text, state text, last text, pks text, dropped bigint) "
-                    "ON COMMIT DROP")
+        cur.execute(
+            sql.SQL("CREATE TEMP TABLE _stage ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
+                cols, target
+            )
+        )
+        cur.execute(
+            sql.SQL("CREATE TEMP TABLE _del ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
+                pkcols, target
+            )
+        )
+        cur.execute(
+            "CREATE TEMP TABLE _state (unit text, state text, last text, pks text, dropped bigint) "
+            "ON COMMIT DROP"
+        )
         with cur.copy(sql.SQL("COPY _stage ({}) FROM STDIN").format(cols)) as cp:
             for o in outputs:
                 if o["rows"]:
@@ -238,8 +339,15 @@ class Store:
         """Fresh UNLOGGED staging tables that Spark tasks COPY into (leftovers of a crashed run
         are dropped first). Tasks never write the build's tables: a retried task only adds
         duplicate staging rows, which the merge's DISTINCT ON removes."""
-        staged = Staged(p.table.names, p.table.primary_key,
-                        (f"{b.table_name}__stage_rows", f"{b.table_name}__stage_del", f"{b.table_name}__stage_state"))
+        staged = Staged(
+            p.table.names,
+            p.table.primary_key,
+            (
+                f"{b.table_name}__stage_rows",
+                f"{b.table_name}__stage_del",
+                f"{b.table_name}__stage_state",
+            ),
+        )
         target = sql.Identifier(self.schema, b.table_name)
         rows_t, del_t, state_t = (sql.Identifier(META, n) for n in staged.names)
         cols = sql.SQL(", ").join(map(sql.Identifier, p.table.names))
@@ -247,50 +355,84 @@ class Store:
         with self.conn.transaction():
             for t in (rows_t, del_t, state_t):
                 self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(t))
-            self.conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} AS SELECT {} FROM {} LIMIT 0").format(
-                rows_t, cols, target))
-            self.conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} AS SELECT {} FROM {} LIMIT 0").format(
-                del_t, pkcols, target))
-            self.conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} (unit text, state text, last text, pks text, "
-                                      "dropped bigint)").format(state_t))
+            self.conn.execute(
+                sql.SQL("CREATE UNLOGGED TABLE {} AS SELECT {} FROM {} LIMIT 0").format(
+                    rows_t, cols, target
+                )
+            )
+            self.conn.execute(
+                sql.SQL("CREATE UNLOGGED TABLE {} AS SELECT {} FROM {} LIMIT 0").format(
+                    del_t, pkcols, target
+                )
+            )
+            self.conn.execute(
+                sql.SQL(
+                    "CREATE UNLOGGED TABLE {} (unit text, state text, last text, pks text, "
+                    "dropped bigint)"
+                ).format(state_t)
+            )
         return staged
 
     # -- the swap ---------------------------------------------------------------------------
 
     def swap(self, b: BuildRow) -> list[str]:
-        """Point `<schema>.<name>` at this build in one transaction; returns the old builds' tables."""
+        """Point `<schema>.<name>` at this build in one transaction; returns old builds' tables."""
         view = sql.Identifier(self.schema, b.projection)
         with self.conn.transaction():
             self.conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(view))
-            self.conn.execute(sql.SQL("CREATE VIEW {} AS SELECT * FROM {}").format(
-                view, sql.Identifier(self.schema, b.table_name)))
-            self.conn.execute(sql.SQL("UPDATE {}.builds SET current = (build = %s), "
-                                      "status = CASE WHEN build = %s THEN 'done' ELSE status END, "
-                                      "finished_at = CASE WHEN build = %s THEN now() ELSE finished_at END "
-                                      "WHERE projection = %s").format(sql.Identifier(META)),
-                              (b.build, b.build, b.build, b.projection))
+            self.conn.execute(
+                sql.SQL("CREATE VIEW {} AS SELECT * FROM {}").format(
+                    view, sql.Identifier(self.schema, b.table_name)
+                )
+            )
+            self.conn.execute(
+                sql.SQL(
+                    "UPDATE {}.builds SET current = (build = %s), "
+                    "status = CASE WHEN build = %s THEN 'done' ELSE status END, "
+                    "finished_at = CASE WHEN build = %s THEN now() ELSE finished_at END "
+                    "WHERE projection = %s"
+                ).format(sql.Identifier(META)),
+                (b.build, b.build, b.build, b.projection),
+            )
         return [x.table_name for x in self.builds(b.projection) if x.build != b.build]
 
     def drop_build(self, name: str, table: str) -> None:
-        """Drop an old build's tables and bookkeeping (after the swap; waits for its last readers)."""
+        """Drop an old build's tables and bookkeeping (after the swap; waits for its readers)."""
         with self.conn.transaction():
-            self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self.schema, table)))
-            self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(META, table + "__state")))
+            self.conn.execute(
+                sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self.schema, table))
+            )
+            self.conn.execute(
+                sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(META, table + "__state"))
+            )
             for kind in ("checkpoints", "dead_letters"):
-                self.conn.execute(sql.SQL("DELETE FROM {}.{} WHERE projection = %s AND build IN "
-                                          "(SELECT build FROM {}.builds WHERE projection = %s AND table_name = %s)"
-                                          ).format(sql.Identifier(META), sql.Identifier(kind), sql.Identifier(META)),
-                                  (name, name, table))
-            self.conn.execute(sql.SQL("DELETE FROM {}.builds WHERE projection = %s AND table_name = %s").format(
-                sql.Identifier(META)), (name, table))
+                self.conn.execute(
+                    sql.SQL(
+                        "DELETE FROM {}.{} WHERE projection = %s AND build IN "
+                        "(SELECT build FROM {}.builds WHERE projection = %s AND table_name = %s)"
+                    ).format(sql.Identifier(META), sql.Identifier(kind), sql.Identifier(META)),
+                    (name, name, table),
+                )
+            self.conn.execute(
+                sql.SQL("DELETE FROM {}.builds WHERE projection = %s AND table_name = %s").format(
+                    sql.Identifier(META)
+                ),
+                (name, table),
+            )
 
     def dead_letters(self, b: BuildRow) -> int:
-        row = self.conn.execute(sql.SQL("SELECT count(*) FROM {}.dead_letters WHERE projection = %s "
-                                        "AND build = %s").format(sql.Identifier(META)),
-                                (b.projection, b.build)).fetchone()
+        row = self.conn.execute(
+            sql.SQL(
+                "SELECT count(*) FROM {}.dead_letters WHERE projection = %s AND build = %s"
+            ).format(sql.Identifier(META)),
+            (b.projection, b.build),
+        ).fetchone()
         return int(row[0]) if row else 0
 
     def dropped_total(self, b: BuildRow) -> int:
-        row = self.conn.execute(sql.SQL("SELECT coalesce(sum(dropped), 0) FROM {}").format(
-            sql.Identifier(META, b.table_name + "__state"))).fetchone()
+        row = self.conn.execute(
+            sql.SQL("SELECT coalesce(sum(dropped), 0) FROM {}").format(
+                sql.Identifier(META, b.table_name + "__state")
+            )
+        ).fetchone()
         return int(row[0]) if row else 0

@@ -20,8 +20,17 @@ ZERO = Decimal("0")
 
 
 def initial(key: Any) -> dict[str, Any]:
-    return {"id": key, "owner": None, "status": "unknown", "balance": ZERO, "limit": ZERO,
-            "fees": ZERO, "overdrafts": 0, "version": 0, "at": None}
+    return {
+        "id": key,
+        "owner": None,
+        "status": "unknown",
+        "balance": ZERO,
+        "limit": ZERO,
+        "fees": ZERO,
+        "overdrafts": 0,
+        "version": 0,
+        "at": None,
+    }
 
 
 def apply(s: dict[str, Any], r: ProjectionRecord) -> dict[str, Any]:
@@ -32,8 +41,11 @@ def apply(s: dict[str, Any], r: ProjectionRecord) -> dict[str, Any]:
     kind = event.get("type")
     s = dict(s)
     if kind == "AccountOpened":
-        s.update(owner=data.get("owner"), status="open",
-                 limit=Decimal(str(data.get("overdraft_limit", "0"))))
+        s.update(
+            owner=data.get("owner"),
+            status="open",
+            limit=Decimal(str(data.get("overdraft_limit", "0"))),
+        )
     elif kind == "MoneyDeposited":
         s["balance"] += Decimal(data["amount"])
     elif kind == "MoneyWithdrawn":
@@ -52,26 +64,47 @@ def apply(s: dict[str, Any], r: ProjectionRecord) -> dict[str, Any]:
 
 
 def result(s: dict[str, Any]) -> dict[str, Any]:
-    return {"account_id": s["id"], "owner": s["owner"], "status": s["status"],
-            "balance": s["balance"], "overdraft_limit": s["limit"], "fees_charged": s["fees"],
-            "overdrafts": s["overdrafts"], "last_version": s["version"],
-            "updated_at": None if s["at"] is None else ms_to_iso(s["at"])}
+    return {
+        "account_id": s["id"],
+        "owner": s["owner"],
+        "status": s["status"],
+        "balance": s["balance"],
+        "overdraft_limit": s["limit"],
+        "fees_charged": s["fees"],
+        "overdrafts": s["overdrafts"],
+        "last_version": s["version"],
+        "updated_at": None if s["at"] is None else ms_to_iso(s["at"]),
+    }
 
 
 TABLE = Table.of(
-    {"account_id": "text", "owner": "text", "status": "text", "balance": "numeric(20,2)",
-     "overdraft_limit": "numeric(20,2)", "fees_charged": "numeric(20,2)", "overdrafts": "integer",
-     "last_version": "bigint", "updated_at": "timestamptz"},
+    {
+        "account_id": "text",
+        "owner": "text",
+        "status": "text",
+        "balance": "numeric(20,2)",
+        "overdraft_limit": "numeric(20,2)",
+        "fees_charged": "numeric(20,2)",
+        "overdrafts": "integer",
+        "last_version": "bigint",
+        "updated_at": "timestamptz",
+    },
     ["account_id"],
 )
 
 
-def make(name: str = "account_balances", topics: tuple[str, ...] = ("events.account",),
-         version: int = 1) -> Projection:
+def make(
+    name: str = "account_balances", topics: tuple[str, ...] = ("events.account",), version: int = 1
+) -> Projection:
     """The projection over other topics (tests feed deposits and withdrawals on two)."""
-    return Projection(name=name, version=version, topics=topics, table=TABLE,
-                      fold=Fold(initial=initial, apply=apply, result=result),
-                      description="balance, status and fees per account")
+    return Projection(
+        name=name,
+        version=version,
+        topics=topics,
+        table=TABLE,
+        fold=Fold(initial=initial, apply=apply, result=result),
+        description="balance, status and fees per account",
+    )
 
 
 PROJECTION = make()

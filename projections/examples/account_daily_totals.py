@@ -33,17 +33,35 @@ def apply(s: dict[str, Any], r: ProjectionRecord) -> dict[str, Any]:
 def result(s: dict[str, Any], start: int, end: int) -> dict[str, Any] | None:
     if s["n"] == 0:
         return None
-    return {"account_id": s["id"], "day": ms_to_iso(start)[:10], "deposits": s["in"],
-            "withdrawals": s["out"], "movements": s["n"]}
+    return {
+        "account_id": s["id"],
+        "day": ms_to_iso(start)[:10],
+        "deposits": s["in"],
+        "withdrawals": s["out"],
+        "movements": s["n"],
+    }
 
 
-def make(name: str = "account_daily_totals", topics: tuple[str, ...] = ("events.account",),
-         version: int = 1, window: WindowSpec | None = None) -> Projection:
+def make(
+    name: str = "account_daily_totals",
+    topics: tuple[str, ...] = ("events.account",),
+    version: int = 1,
+    window: WindowSpec | None = None,
+) -> Projection:
     return Projection(
-        name=name, version=version, topics=topics,
-        table=Table.of({"account_id": "text", "day": "date", "deposits": "numeric(20,2)",
-                        "withdrawals": "numeric(20,2)", "movements": "integer"},
-                       ["account_id", "day"]),
+        name=name,
+        version=version,
+        topics=topics,
+        table=Table.of(
+            {
+                "account_id": "text",
+                "day": "date",
+                "deposits": "numeric(20,2)",
+                "withdrawals": "numeric(20,2)",
+                "movements": "integer",
+            },
+            ["account_id", "day"],
+        ),
         fold=Fold(initial=initial, apply=apply, result=result),
         window=window or WindowSpec.tumbling(DAY, lateness=HOUR, late="update", grace=DAY),
         description="deposits and withdrawals per account per day",

@@ -22,20 +22,41 @@ def build(records: Any) -> Any:
     kind = F.get_json_object("value", "$.type")
     amount = F.get_json_object("value", "$.data.amount").cast("decimal(20,2)")
     events = records.where(F.col("value").isNotNull()).select(
-        stream.alias("account_id"), kind.alias("kind"), amount.alias("amount"))
+        stream.alias("account_id"), kind.alias("kind"), amount.alias("amount")
+    )
     zero = F.lit(0).cast("decimal(20,2)")
-    return events.groupBy("account_id").agg(
-        F.coalesce(F.sum(F.when(F.col("kind") == "MoneyDeposited", F.col("amount"))), zero).alias("deposits"),
-        F.coalesce(F.sum(F.when(F.col("kind") == "MoneyWithdrawn", F.col("amount"))), zero).alias("withdrawals"),
-        F.count(F.lit(1)).alias("events"),
-    ).where(F.col("account_id").isNotNull())
+    return (
+        events.groupBy("account_id")
+        .agg(
+            F.coalesce(
+                F.sum(F.when(F.col("kind") == "MoneyDeposited", F.col("amount"))), zero
+            ).alias("deposits"),
+            F.coalesce(
+                F.sum(F.when(F.col("kind") == "MoneyWithdrawn", F.col("amount"))), zero
+            ).alias("withdrawals"),
+            F.count(F.lit(1)).alias("events"),
+        )
+        .where(F.col("account_id").isNotNull())
+    )
 
 
-def make(name: str = "account_totals", topics: tuple[str, ...] = ("events.account",), version: int = 1) -> Projection:
+def make(
+    name: str = "account_totals", topics: tuple[str, ...] = ("events.account",), version: int = 1
+) -> Projection:
     return Projection(
-        name=name, version=version, topics=topics, build=build,
-        table=Table.of({"account_id": "text", "deposits": "numeric(20,2)", "withdrawals": "numeric(20,2)",
-                        "events": "bigint"}, ["account_id"]),
+        name=name,
+        version=version,
+        topics=topics,
+        build=build,
+        table=Table.of(
+            {
+                "account_id": "text",
+                "deposits": "numeric(20,2)",
+                "withdrawals": "numeric(20,2)",
+                "events": "bigint",
+            },
+            ["account_id"],
+        ),
         description="deposit and withdrawal sums per account (DataFrame transform)",
     )
 

@@ -8,8 +8,12 @@ HOUR = 3_600_000
 
 PROJECTIONS = [
     account_balances.make(name="bank", topics=TOPICS),
-    account_daily_totals.make(name="bank_daily", topics=TOPICS,
-                              window=WindowSpec.tumbling(account_daily_totals.DAY, lateness=HOUR,
-                                                         late="update", grace=HOUR)),
+    account_daily_totals.make(
+        name="bank_daily",
+        topics=TOPICS,
+        window=WindowSpec.tumbling(
+            account_daily_totals.DAY, lateness=HOUR, late="update", grace=HOUR
+        ),
+    ),
     account_totals.make(name="bank_totals", topics=TOPICS),
 ]

@@ -16,9 +16,19 @@ DAY = 86_400_000
 
 
 def event_value(stream: str, version: int, kind: str, at_ms: int, **data: Any) -> bytes:
-    return orjson.dumps({"id": f"{stream}-{version}-{kind}-{at_ms}", "stream": stream, "version": version,
-                         "type": kind, "schema_version": 1, "data": data, "metadata": {},
-                         "occurred_at": ms_to_iso(at_ms), "recorded_at": ms_to_iso(at_ms)})
+    return orjson.dumps(
+        {
+            "id": f"{stream}-{version}-{kind}-{at_ms}",
+            "stream": stream,
+            "version": version,
+            "type": kind,
+            "schema_version": 1,
+            "data": data,
+            "metadata": {},
+            "occurred_at": ms_to_iso(at_ms),
+            "recorded_at": ms_to_iso(at_ms),
+        }
+    )
 
 
 class LogWriter:
@@ -31,10 +41,14 @@ class LogWriter:
         if name not in self.log.topics():
             self.log.create_topic(name, TopicConfig(partitions=partitions))
 
-    def append(self, topic: str, stream: str, version: int, kind: str, at_ms: int, **data: Any) -> None:
+    def append(
+        self, topic: str, stream: str, version: int, kind: str, at_ms: int, **data: Any
+    ) -> None:
         key = canonical_json(stream)
         part = self.log.partition_for(topic, key)
-        self.log.append(topic, part, [(key, event_value(stream, version, kind, at_ms, **data), at_ms, None)])
+        self.log.append(
+            topic, part, [(key, event_value(stream, version, kind, at_ms, **data), at_ms, None)]
+        )
 
     def commit(self) -> None:
         self.log.commit()
@@ -44,7 +58,7 @@ class LogWriter:
 
 
 def dump(dsn: str, relation: str) -> list[str]:
-    """Every row of a table or view as its text form, sorted: equal lists = byte-identical tables."""
+    """Every row of a table or view as text, sorted: equal lists = byte-identical tables."""
     schema, name = relation.split(".")
     q = sql.SQL("SELECT t::text FROM {} t ORDER BY 1").format(sql.Identifier(schema, name))
     with psycopg.connect(dsn) as conn:

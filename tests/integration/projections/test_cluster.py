@@ -45,30 +45,60 @@ def _free_port() -> int:
 
 @pytest.fixture
 def standalone(tmp_path: Path) -> Iterator[str]:
-    env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_PID_DIR": str(tmp_path / "pids"),
-           "SPARK_LOG_DIR": str(tmp_path / "logs"), "SPARK_LOCAL_IP": "127.0.0.1",
-           "SPARK_WORKER_DIR": str(tmp_path / "work"), "PYSPARK_PYTHON": sys.executable}
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(SPARK_HOME),
+        "SPARK_PID_DIR": str(tmp_path / "pids"),
+        "SPARK_LOG_DIR": str(tmp_path / "logs"),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_WORKER_DIR": str(tmp_path / "work"),
+        "PYSPARK_PYTHON": sys.executable,
+    }
     daemon = str(SPARK_HOME / "sbin" / "spark-daemon.sh")
     port = _free_port()
     master = f"spark://127.0.0.1:{port}"
-    roles = [("org.apache.spark.deploy.master.Master",
-              ["--host", "127.0.0.1", "--port", str(port), "--webui-port", str(_free_port())]),
-             ("org.apache.spark.deploy.worker.Worker",
-              [master, "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
-               "--webui-port", str(_free_port())])]
+    roles = [
+        (
+            "org.apache.spark.deploy.master.Master",
+            ["--host", "127.0.0.1", "--port", str(port), "--webui-port", str(_free_port())],
+        ),
+        (
+            "org.apache.spark.deploy.worker.Worker",
+            [
+                master,
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                "1",
+                "--memory",
+                "1g",
+                "--webui-port",
+                str(_free_port()),
+            ],
+        ),
+    ]
     started = []
     try:
         for cls, args in roles:
-            subprocess.run(["bash", daemon, "start", cls, "1", *args], env=env, check=True,
-                           capture_output=True, timeout=60)
+            subprocess.run(
+                ["bash", daemon, "start", cls, "1", *args],
+                env=env,
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
             started.append(cls)
         yield master
     finally:
         for cls in reversed(started):
-            subprocess.run(["bash", daemon, "stop", cls, "1"], env=env, capture_output=True, timeout=60)
+            subprocess.run(
+                ["bash", daemon, "stop", cls, "1"], env=env, capture_output=True, timeout=60
+            )
 
 
-def test_rebuild_on_a_standalone_cluster(spark: Any, standalone: str, fresh_db: str, tmp_path: Path) -> None:
+def test_rebuild_on_a_standalone_cluster(
+    spark: Any, standalone: str, fresh_db: str, tmp_path: Path
+) -> None:
     import random
 
     root = tmp_path / "log"
@@ -80,8 +110,13 @@ def test_rebuild_on_a_standalone_cluster(spark: Any, standalone: str, fresh_db: 
     w.close()
     s = settings(fresh_db, root)
     env = {**os.environ, "PYTHONPATH": PROJECT_ROOT}
-    out = subprocess.run([sys.executable, "-c", CHILD, standalone, fresh_db, str(root), s.modules[0]],
-                         capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, standalone, fresh_db, str(root), s.modules[0]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["60", "6"]
     on_cluster = dump(fresh_db, "views.bank")

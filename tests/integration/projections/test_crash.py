@@ -1,4 +1,4 @@
-"""`kill -9` of a runner at an arbitrary moment, then a rerun: nothing lost, nothing counted twice."""
+"""`kill -9` of a runner at any moment, then a rerun: nothing lost, nothing counted twice."""
 
 from __future__ import annotations
 
@@ -52,9 +52,14 @@ def test_kill_9_during_run_then_rerun(spark: Any, fresh_db: str, tmp_path: Path)
     w.close()
     module = s.modules[0]
     env = {**os.environ, "PYTHONPATH": PROJECT_ROOT}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, fresh_db, str(root), module, name],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True,
-                             start_new_session=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, fresh_db, str(root), module, name],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "go"
         time.sleep(rng.uniform(0.5, 8.0))  # somewhere in the fold jobs or the commit

@@ -1,4 +1,4 @@
-"""The generic table mirror over a CDC topic equals the table a simple model of the changes keeps."""
+"""The table mirror of a CDC topic equals the table a simple model of the changes keeps."""
 
 from __future__ import annotations
 
@@ -20,12 +20,30 @@ TOPIC = "shop.public.orders"
 
 
 def _envelope(op: str, before: Any, after: Any, ts: int) -> bytes:
-    return orjson.dumps({"before": before, "after": after, "op": op, "ts_ms": ts,
-                         "source": {"connector": "tributary", "name": "shop", "db": "shop", "schema": "public",
-                                    "table": "orders", "lsn": ts, "txId": ts, "ts_ms": ts, "snapshot": "false"}})
+    return orjson.dumps(
+        {
+            "before": before,
+            "after": after,
+            "op": op,
+            "ts_ms": ts,
+            "source": {
+                "connector": "tributary",
+                "name": "shop",
+                "db": "shop",
+                "schema": "public",
+                "table": "orders",
+                "lsn": ts,
+                "txId": ts,
+                "ts_ms": ts,
+                "snapshot": "false",
+            },
+        }
+    )
 
 
-def _changes(log: Log, rng: random.Random, model: dict[int, dict[str, Any]], n: int, ts: list[int]) -> None:
+def _changes(
+    log: Log, rng: random.Random, model: dict[int, dict[str, Any]], n: int, ts: list[int]
+) -> None:
     for _ in range(n):
         ts[0] += 1
         oid = rng.randrange(12)
@@ -34,22 +52,33 @@ def _changes(log: Log, rng: random.Random, model: dict[int, dict[str, Any]], n: 
         old = model.get(oid)
         if old is not None and rng.random() < 0.25:
             del model[oid]
-            log.append(TOPIC, part, [(key, _envelope("d", old, None, ts[0]), ts[0], None),
-                                     (key, None, ts[0], None)])
+            log.append(
+                TOPIC,
+                part,
+                [(key, _envelope("d", old, None, ts[0]), ts[0], None), (key, None, ts[0], None)],
+            )
             continue
         note = old["note"] if old is not None and rng.random() < 0.5 else "x" * rng.randrange(1, 40)
         row = {"id": oid, "total": f"{rng.randrange(10**6)}.{rng.randrange(100):02d}", "note": note}
-        shipped = {**row, "note": TOAST_PLACEHOLDER} if old is not None and note == old["note"] else row
+        shipped = (
+            {**row, "note": TOAST_PLACEHOLDER} if old is not None and note == old["note"] else row
+        )
         model[oid] = row
-        log.append(TOPIC, part, [(key, _envelope("u" if old else "c", old, shipped, ts[0]), ts[0], None)])
+        log.append(
+            TOPIC, part, [(key, _envelope("u" if old else "c", old, shipped, ts[0]), ts[0], None)]
+        )
 
 
-def test_mirror_equals_model_incrementally_and_rebuilt(spark: Any, fresh_db: str, tmp_path: Path) -> None:
+def test_mirror_equals_model_incrementally_and_rebuilt(
+    spark: Any, fresh_db: str, tmp_path: Path
+) -> None:
     rng = random.Random(3)
     root = tmp_path / "log"
     log = Log.open(root, writer=True, segment_bytes=4096)
     log.create_topic(TOPIC, TopicConfig(partitions=3))
-    s = RunSettings(dsn=fresh_db, log_root=root, mirror=(TOPIC,), spark_master="local[2]", shuffle_partitions=2)
+    s = RunSettings(
+        dsn=fresh_db, log_root=root, mirror=(TOPIC,), spark_master="local[2]", shuffle_partitions=2
+    )
     model: dict[int, dict[str, Any]] = {}
     ts = [1_700_000_000_000]
     for batch in (60, 40):

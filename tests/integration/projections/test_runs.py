@@ -21,11 +21,18 @@ NAMES = ("bank", "bank_daily", "bank_totals")
 
 
 def settings(dsn: str, root: Path) -> RunSettings:
-    return RunSettings(dsn=dsn, log_root=root, modules=(str(HERE / "bank_projections.py"),),
-                       spark_master="local[2]", shuffle_partitions=2)
+    return RunSettings(
+        dsn=dsn,
+        log_root=root,
+        modules=(str(HERE / "bank_projections.py"),),
+        spark_master="local[2]",
+        shuffle_partitions=2,
+    )
 
 
-def test_bank_example_event_time_order_across_topics(spark: Any, fresh_db: str, tmp_path: Path) -> None:
+def test_bank_example_event_time_order_across_topics(
+    spark: Any, fresh_db: str, tmp_path: Path
+) -> None:
     w = LogWriter(tmp_path / "log")
     w.topic(DEP)
     w.topic(WD)
@@ -43,8 +50,12 @@ def test_bank_example_event_time_order_across_topics(spark: Any, fresh_db: str, 
     [row] = dump(fresh_db, "views.bank")
     assert row.startswith("(acc-1,ann,open,10.00,0.00,0.00,0,5,"), row  # no false overdraft
     naps: list[float] = []  # --continuous while idle: cheap polls backing off towards freshness_s
-    assert run_continuous("bank", s, spark=spark, freshness_s=0.8, stop=lambda: len(naps) >= 3,
-                          sleep=naps.append) == 3
+    assert (
+        run_continuous(
+            "bank", s, spark=spark, freshness_s=0.8, stop=lambda: len(naps) >= 3, sleep=naps.append
+        )
+        == 3
+    )
     assert naps == [0.5, 0.8, 0.8]
 
 
@@ -57,10 +68,14 @@ def _workload(w: LogWriter, rng: random.Random, n: int, clock: list[int]) -> Non
         at = clock[0] - rng.randrange(0, DAY // 2)  # out of order, sometimes past the lateness
         if rng.random() < 0.1:
             at = rng.randrange(0, clock[0] + 1)  # a straggler from long ago
-        w.append(topic, stream, 1, kind, at, amount=f"{rng.randrange(1, 500)}.{rng.randrange(100):02d}")
+        w.append(
+            topic, stream, 1, kind, at, amount=f"{rng.randrange(1, 500)}.{rng.randrange(100):02d}"
+        )
 
 
-def test_incremental_runs_equal_rebuild_byte_for_byte(spark: Any, fresh_db: str, tmp_path: Path) -> None:
+def test_incremental_runs_equal_rebuild_byte_for_byte(
+    spark: Any, fresh_db: str, tmp_path: Path
+) -> None:
     rng = random.Random(7)
     w = LogWriter(tmp_path / "log")
     w.topic(DEP)
@@ -84,12 +99,18 @@ def test_incremental_runs_equal_rebuild_byte_for_byte(spark: Any, fresh_db: str,
     [st] = status(s, "bank")
     assert st.build == 2 and st.lag == 0 and st.state == "done" and not st.needs_rebuild
     with psycopg.connect(fresh_db) as conn:  # the old build is gone
-        tables = {r[0] for r in conn.execute(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'views'")}
+        tables = {
+            r[0]
+            for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'views'"
+            )
+        }
     assert {"bank__v1_2", "bank_daily__v1_2"} <= tables and "bank__v1_1" not in tables
 
 
-def test_reader_during_rebuild_never_sees_error_or_empty(spark: Any, fresh_db: str, tmp_path: Path) -> None:
+def test_reader_during_rebuild_never_sees_error_or_empty(
+    spark: Any, fresh_db: str, tmp_path: Path
+) -> None:
     rng = random.Random(11)
     w = LogWriter(tmp_path / "log")
     w.topic(DEP)

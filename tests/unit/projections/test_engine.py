@@ -31,11 +31,15 @@ def rows(view: LocalView) -> list[list[str]]:
 
 
 def test_bank_no_false_overdraft_in_event_time_order() -> None:
-    deposits = [event(DEP, 0, 0, "a1", "AccountOpened", 0, owner="ann", overdraft_limit="0"),
-                event(DEP, 0, 1, "a1", "MoneyDeposited", 10, amount="100.00"),
-                event(DEP, 0, 2, "a1", "MoneyDeposited", 30, amount="50.00")]
-    withdrawals = [event(WD, 0, 0, "a1", "MoneyWithdrawn", 20, amount="80.00"),
-                   event(WD, 0, 1, "a1", "MoneyWithdrawn", 40, amount="60.00")]
+    deposits = [
+        event(DEP, 0, 0, "a1", "AccountOpened", 0, owner="ann", overdraft_limit="0"),
+        event(DEP, 0, 1, "a1", "MoneyDeposited", 10, amount="100.00"),
+        event(DEP, 0, 2, "a1", "MoneyDeposited", 30, amount="50.00"),
+    ]
+    withdrawals = [
+        event(WD, 0, 0, "a1", "MoneyWithdrawn", 20, amount="80.00"),
+        event(WD, 0, 1, "a1", "MoneyWithdrawn", 40, amount="60.00"),
+    ]
     view = LocalView()
     # the withdrawals topic arrives first and alone: a run sees only it
     run_local(BANK, log_of(withdrawals), view)
@@ -53,9 +57,11 @@ def test_record_error_names_the_record() -> None:
 
 
 def test_skip_errors_dead_letters_the_record_and_goes_on() -> None:
-    recs = [event(DEP, 0, 0, "a1", "MoneyDeposited", 10, amount="5.00"),
-            event(DEP, 0, 1, "a1", "MoneyDeposited", 11, amount="oops"),
-            event(DEP, 0, 2, "a1", "MoneyDeposited", 12, amount="2.00")]
+    recs = [
+        event(DEP, 0, 0, "a1", "MoneyDeposited", 10, amount="5.00"),
+        event(DEP, 0, 1, "a1", "MoneyDeposited", 11, amount="oops"),
+        event(DEP, 0, 2, "a1", "MoneyDeposited", 12, amount="2.00"),
+    ]
     view = LocalView()
     run_local(BANK, log_of(recs), view, skip_errors=True)
     assert rows(view)[0][3] == "7.00"
@@ -66,11 +72,13 @@ def test_daily_totals_late_policies() -> None:
     day = account_daily_totals.DAY
     p_drop = account_daily_totals.make(window=WindowSpec.tumbling(day, lateness=0, late="drop"))
     p_upd = account_daily_totals.make(window=WindowSpec.tumbling(day, late="update", grace=day))
-    recs = [event("events.account", 0, 0, "a", "MoneyDeposited", 5, amount="1.00"),
-            event("events.account", 0, 1, "a", "MoneyDeposited", day + 5, amount="2.00"),
-            event("events.account", 0, 2, "a", "MoneyDeposited", 6, amount="4.00"),  # late
-            event("events.account", 0, 3, "a", "MoneyDeposited", 3 * day, amount="8.00"),
-            event("events.account", 0, 4, "a", "MoneyDeposited", 7, amount="16.00")]  # too late
+    recs = [
+        event("events.account", 0, 0, "a", "MoneyDeposited", 5, amount="1.00"),
+        event("events.account", 0, 1, "a", "MoneyDeposited", day + 5, amount="2.00"),
+        event("events.account", 0, 2, "a", "MoneyDeposited", 6, amount="4.00"),  # late
+        event("events.account", 0, 3, "a", "MoneyDeposited", 3 * day, amount="8.00"),
+        event("events.account", 0, 4, "a", "MoneyDeposited", 7, amount="16.00"),
+    ]  # too late
     v1, v2 = LocalView(), LocalView()
     run_local(p_drop, log_of(recs), v1)
     run_local(p_upd, log_of(recs), v2)
@@ -85,20 +93,32 @@ def _count(kind: str) -> Projection:
         return {"k": key, "n": 0, "sum": Decimal(0), "seq": []}
 
     def apply(s: dict[str, Any], r: ProjectionRecord) -> dict[str, Any]:
-        return {**s, "n": s["n"] + 1, "sum": s["sum"] + Decimal(r.data["amount"]),
-                "seq": (s["seq"] + [r.offset])[-4:]}
+        return {
+            **s,
+            "n": s["n"] + 1,
+            "sum": s["sum"] + Decimal(r.data["amount"]),
+            "seq": (s["seq"] + [r.offset])[-4:],
+        }
 
     def result(s: dict[str, Any], *w: int) -> dict[str, Any]:
         return {"k": s["k"], "w": w[0] if w else 0, "n": s["n"], "total": s["sum"], "seq": s["seq"]}
 
-    window = {"none": None,
-              "tumbling": WindowSpec.tumbling(10, lateness=3, late="update", grace=5),
-              "hopping": WindowSpec.hopping(10, 5, lateness=2),
-              "session": WindowSpec.session(4, lateness=6)}[kind]
-    return Projection(name=f"c_{kind}", version=1, topics=(DEP, WD),
-                      table=Table.of({"k": "text", "w": "bigint", "n": "int", "total": "numeric",
-                                      "seq": "jsonb"}, ["k", "w"]),
-                      fold=Fold(initial, apply, result), window=window)
+    window = {
+        "none": None,
+        "tumbling": WindowSpec.tumbling(10, lateness=3, late="update", grace=5),
+        "hopping": WindowSpec.hopping(10, 5, lateness=2),
+        "session": WindowSpec.session(4, lateness=6),
+    }[kind]
+    return Projection(
+        name=f"c_{kind}",
+        version=1,
+        topics=(DEP, WD),
+        table=Table.of(
+            {"k": "text", "w": "bigint", "n": "int", "total": "numeric", "seq": "jsonb"}, ["k", "w"]
+        ),
+        fold=Fold(initial, apply, result),
+        window=window,
+    )
 
 
 PROJECTIONS = [BANK, *(_count(k) for k in ("none", "tumbling", "hopping", "session"))]
@@ -115,9 +135,20 @@ def logs(draw: st.DrawFn) -> tuple[list[ProjectionRecord], list[dict[tuple[str, 
         off = nxt.get((topic, part), 0)
         nxt[(topic, part)] = off + 1
         kind = "MoneyDeposited" if topic == DEP else "MoneyWithdrawn"
-        records.append(event(topic, part, off, draw(st.sampled_from(["a", "b", "c"])), kind,
-                             draw(st.integers(0, 40)), amount=f"{draw(st.integers(1, 99))}.50"))
-    cuts = draw(st.lists(st.dictionaries(st.sampled_from(sorted(nxt)), st.integers(0, 40)), max_size=4))
+        records.append(
+            event(
+                topic,
+                part,
+                off,
+                draw(st.sampled_from(["a", "b", "c"])),
+                kind,
+                draw(st.integers(0, 40)),
+                amount=f"{draw(st.integers(1, 99))}.50",
+            )
+        )
+    cuts = draw(
+        st.lists(st.dictionaries(st.sampled_from(sorted(nxt)), st.integers(0, 40)), max_size=4)
+    )
     return records, cuts
 
 
@@ -140,8 +171,12 @@ def test_incremental_runs_equal_one_rebuild(data: Any, which: int) -> None:
 
 
 def test_decide_resumes_only_in_order_units() -> None:
-    stored = {"u1": Prior("{}", (5, "t", 0, 1), (), 0, False),
-              "u2": Prior("{}", (5, "t", 0, 1), (), 0, False)}
-    priors, recompute = decide(stored, {"u1": (6, "t", 0, 0), "u2": (5, "t", 0, 0), "u3": (1, "t", 0, 0)})
+    stored = {
+        "u1": Prior("{}", (5, "t", 0, 1), (), 0, False),
+        "u2": Prior("{}", (5, "t", 0, 1), (), 0, False),
+    }
+    priors, recompute = decide(
+        stored, {"u1": (6, "t", 0, 0), "u2": (5, "t", 0, 0), "u3": (1, "t", 0, 0)}
+    )
     assert priors["u1"].resume and not priors["u2"].resume
     assert recompute == {"u2"} and "u3" not in priors

@@ -1,8 +1,9 @@
+from decimal import Decimal
+
 import pytest
 
 from projections.codec import copy_line, copy_text, dump_state, load_state
 from projections.records import decode, default_event_time, iso_to_ms, ms_to_iso, sort_key
-from decimal import Decimal
 
 pytestmark = pytest.mark.unit
 
@@ -56,8 +57,14 @@ def test_state_round_trip_keeps_decimals() -> None:
 
 @pytest.mark.parametrize(
     ("value", "text"),
-    [(None, None), (True, "t"), (3, "3"), (Decimal("1E+2"), "100"), ("a\tb", "a\tb"),
-     ({"b": 1, "a": [1]}, '{"a":[1],"b":1}')],
+    [
+        (None, None),
+        (True, "t"),
+        (3, "3"),
+        (Decimal("1E+2"), "100"),
+        ("a\tb", "a\tb"),
+        ({"b": 1, "a": [1]}, '{"a":[1],"b":1}'),
+    ],
 )
 def test_copy_text(value: object, text: str | None) -> None:
     assert copy_text(value) == text

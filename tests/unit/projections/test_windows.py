@@ -34,20 +34,46 @@ def test_assign(spec: WindowSpec, t: int, expected: list[tuple[int, int]]) -> No
         ("out of order, window still open", WindowSpec.tumbling(10), 10, 9, True),
         ("too late, drop", WindowSpec.tumbling(10), 10, 15, False),
         ("out of order within lateness", WindowSpec.tumbling(10, lateness=5), 10, 14, True),
-        ("watermark exactly at the end closes it", WindowSpec.tumbling(10, lateness=5), 10, 15, False),
+        (
+            "watermark exactly at the end closes it",
+            WindowSpec.tumbling(10, lateness=5),
+            10,
+            15,
+            False,
+        ),
         ("beyond lateness, drop", WindowSpec.tumbling(10, lateness=5), 10, 16, False),
-        ("late, update within grace", WindowSpec.tumbling(10, late="update", grace=5), 10, 14, True),
-        ("late, update beyond grace", WindowSpec.tumbling(10, late="update", grace=5), 10, 15, False),
-        ("late, update with lateness", WindowSpec.tumbling(10, lateness=2, late="update", grace=5), 10, 16, True),
+        (
+            "late, update within grace",
+            WindowSpec.tumbling(10, late="update", grace=5),
+            10,
+            14,
+            True,
+        ),
+        (
+            "late, update beyond grace",
+            WindowSpec.tumbling(10, late="update", grace=5),
+            10,
+            15,
+            False,
+        ),
+        (
+            "late, update with lateness",
+            WindowSpec.tumbling(10, lateness=2, late="update", grace=5),
+            10,
+            16,
+            True,
+        ),
     ],
 )
-def test_admit(case: str, spec: WindowSpec, end: int, max_before: int | None, admitted: bool) -> None:
+def test_admit(
+    case: str, spec: WindowSpec, end: int, max_before: int | None, admitted: bool
+) -> None:
     assert admit(spec, end, watermark(max_before, spec.lateness)) is admitted, case
 
 
 def test_watermark_closes_window_at_its_end() -> None:
     spec = WindowSpec.tumbling(10, lateness=5)
-    assert admit(spec, 10, watermark(14, 5)) is True   # wm 9 < 10
+    assert admit(spec, 10, watermark(14, 5)) is True  # wm 9 < 10
     assert admit(spec, 10, watermark(15, 5)) is False  # wm 10 == end
 
 
@@ -72,8 +98,13 @@ def test_running_max_before() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(kind="tumbling"), dict(kind="hopping", size=10, hop=20), dict(kind="session"),
-     dict(kind="tumbling", size=10, late="keep"), dict(kind="tumbling", size=10, lateness=-1)],
+    [
+        dict(kind="tumbling"),
+        dict(kind="hopping", size=10, hop=20),
+        dict(kind="session"),
+        dict(kind="tumbling", size=10, late="keep"),
+        dict(kind="tumbling", size=10, lateness=-1),
+    ],
 )
 def test_bad_windows_are_refused(kwargs: dict) -> None:
     with pytest.raises(DefinitionError):
