@@ -8,7 +8,7 @@ single-process reference runs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -170,11 +170,11 @@ class _Stager:
 
 def _folder(
     ref: tuple[tuple[str, ...], tuple[str, ...], str],
-    priors: Any,  # type: ignore[no-untyped-def]
+    priors: Any,
     skip_errors: bool,
     dsn: str,
     names: tuple[str, str, str],
-):
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def fold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         p = resolve(*ref)
         known: Mapping[str, Prior] = priors.value if priors is not None else {}

@@ -162,20 +162,31 @@ def _catch_up(
     if progress:
         progress(stage, 0, total)
     topics = tuple(t for t in p.topics if any(tp[0] == t for tp in ends))
-    frame = dict(
-        modules=s.modules, mirror=s.mirror, name=p.name, topics=topics, max_bytes=s.split_bytes
-    )
+
+    def read(start: Mapping[TP, int]) -> Any:
+        return records_frame(
+            spark,
+            log,
+            modules=s.modules,
+            mirror=s.mirror,
+            name=p.name,
+            topics=topics,
+            lo=start,
+            hi=ends,
+            max_bytes=s.split_bytes,
+        )
+
     windowed = p.window is not None
     new_ck: dict[TP, tuple[int, int | None]] = {tp: (ends[tp], base[tp]) for tp in ends}
     try:
         if p.build is not None:  # a DataFrame transform recomputes over the whole log
-            out = p.build(records_frame(spark, log, lo={}, hi=ends, **frame)).toArrow()
+            out = p.build(read({})).toArrow()
             lines = (render_row(p, row)[0] for row in out.to_pylist())
             rows = store.commit_run(p, b, [], new_ck, total, rows=lines, replace_all=True)
             if progress:
                 progress(stage, total, total)
             return _Pass(total, rows)
-        new_records = records_frame(spark, log, lo=lo, hi=ends, **frame)
+        new_records = read(lo)
         items = items_frame(spark, new_records, ref, windowed, base)
         priors: dict[str, Any] = {}
         recompute: set[str] = set()
@@ -190,9 +201,7 @@ def _catch_up(
             min_new = {r["unit"]: tuple(r["m"]) for r in firsts}
             priors, recompute = decide(store.priors(b, list(min_new)), min_new)
         if recompute:
-            everything = items_frame(
-                spark, records_frame(spark, log, lo={}, hi=ends, **frame), ref, windowed, {}
-            )
+            everything = items_frame(spark, read({}), ref, windowed, {})
             rc = F.broadcast(
                 spark.createDataFrame([(u,) for u in sorted(recompute)], "unit string")
             )
