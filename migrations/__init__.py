@@ -1,1 +1,1 @@
-"""tributary: migrations."""
+"""Alembic migrations of the service database (see alembic.ini)."""

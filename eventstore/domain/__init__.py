@@ -1,0 +1,1 @@
+"""Example domains shipped with tributary."""

@@ -1,0 +1,60 @@
+"""Event store errors: one root; each carries what a caller needs to act (and the API maps them)."""
+
+from __future__ import annotations
+
+__all__ = [
+    "CommandRejected",
+    "ConcurrencyConflict",
+    "EventStoreError",
+    "IdempotencyMismatch",
+    "InvalidCommand",
+    "PartialDuplicateBatch",
+    "UnknownCommand",
+    "UnknownStreamType",
+]
+
+
+class EventStoreError(Exception):
+    """Root of event store errors."""
+
+
+class ConcurrencyConflict(EventStoreError):
+    """The stream is not at the version the append expected."""
+
+    def __init__(self, stream_id: str, expected: object, actual: int) -> None:
+        super().__init__(f"stream {stream_id!r} is at version {actual}, expected {expected}")
+        self.stream_id, self.expected, self.actual = stream_id, expected, actual
+
+
+class CommandRejected(EventStoreError):
+    """The aggregate's rules refuse the command (`rule` names which one)."""
+
+    def __init__(self, rule: str, reason: str) -> None:
+        super().__init__(f"{rule}: {reason}")
+        self.rule, self.reason = rule, reason
+
+
+class InvalidCommand(EventStoreError):
+    """The command's data does not fit its schema; `errors` says which field and why."""
+
+    def __init__(self, command: str, errors: list[dict[str, object]]) -> None:
+        first = errors[0] if errors else {"loc": (), "msg": "invalid"}
+        field = ".".join(str(p) for p in first.get("loc", ())) or "(body)"  # type: ignore[union-attr]
+        super().__init__(f"{command}: {field}: {first.get('msg')}")
+        self.command, self.errors = command, errors
+
+
+class UnknownStreamType(EventStoreError):
+    """No aggregate is registered for this stream type."""
+
+
+class UnknownCommand(EventStoreError):
+    """The aggregate has no command of this type."""
+
+
+class IdempotencyMismatch(EventStoreError):
+    """A command id was reused with a different command."""
+
+
+class PartialDuplicateBatch(EventStoreError):
+    """Some, not all, of a batch's event ids are already stored: refuse rather than guess."""

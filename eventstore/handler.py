@@ -1,0 +1,119 @@
+"""Command handling: load (snapshot + tail), decide, append with the loaded version.
+
+A conflict with a concurrent writer is retried a bounded number of times (unless the caller
+pinned `expected_version`: then the conflict is theirs to see). A `command_id` makes a command
+idempotent: its answer is stored with its events, in one transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from eventstore.aggregate import Aggregate
+from eventstore.errors import ConcurrencyConflict, UnknownStreamType
+from eventstore.model import ExpectedVersion, NewEvent, event_json
+from eventstore.store import CommandRecord, EventStore, SameCommandRace, request_hash
+
+__all__ = ["CommandHandler", "CommandResult", "LoadedState"]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedState:
+    state: BaseModel
+    version: int
+    from_snapshot: int  # version the snapshot covered (0: folded from the first event)
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    stream_id: str
+    version: int
+    events: list[dict[str, Any]]
+    replayed: bool = False  # the answer to an earlier identical command
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stream_id": self.stream_id, "version": self.version, "events": self.events}
+
+
+class CommandHandler:
+    def __init__(self, store: EventStore, aggregates: Mapping[str, Aggregate[Any]], *, max_retries: int = 3,
+                 snapshot_every: int | None = 100) -> None:
+        self.store = store
+        self.aggregates = dict(aggregates)
+        self.max_retries = max_retries
+        self.snapshot_every = snapshot_every
+
+    def aggregate(self, stream_type: str) -> Aggregate[Any]:
+        try:
+            return self.aggregates[stream_type]
+        except KeyError:
+            raise UnknownStreamType(
+                f"no stream type {stream_type!r} (known: {', '.join(sorted(self.aggregates))})"
+            ) from None
+
+    # -- loading ---------------------------------------------------------------------------------
+    def load(self, stream_type: str, stream_id: str, *, use_snapshot: bool = True) -> LoadedState:
+        agg = self.aggregate(stream_type)
+        state, version, base = agg.initial(), 0, 0
+        snap = self.store.snapshot(stream_id) if use_snapshot and self.snapshot_every else None
+        if snap is not None:
+            version, data, _ = snap
+            state, base = agg.state_type.model_validate(data), version
+        for e in self.store.read_stream(stream_id, from_version=version + 1):
+            state = agg.evolve(state, agg.load_event(e.type, e.schema_version, e.data))
+            version = e.version
+        return LoadedState(state, version, base)
+
+    # -- handling ----------------------------------------------------------------------------------
+    def handle(self, stream_type: str, stream_id: str, command_type: str, data: Mapping[str, Any], *,
+               expected_version: int | None = None, command_id: str | None = None,
+               metadata: Mapping[str, Any] | None = None) -> CommandResult:
+        agg = self.aggregate(stream_type)
+        command = agg.parse_command(command_type, data)
+        req = request_hash(stream_type, stream_id, command_type, dict(data), expected_version)
+        if command_id is not None:
+            stored = self.store.command_response(command_id, req)
+            if stored is not None:
+                return CommandResult(stored["stream_id"], stored["version"], stored["events"], replayed=True)
+        for attempt in range(self.max_retries + 1):
+            loaded = self.load(stream_type, stream_id)
+            if expected_version is not None and loaded.version != expected_version:
+                raise ConcurrencyConflict(stream_id, expected_version, loaded.version)
+            decided = agg.decide(loaded.state, command)
+            events = [self._new_event(agg, e, command_id, metadata) for e in decided]
+            expected: ExpectedVersion = loaded.version
+            record = None if command_id is None else CommandRecord(command_id, req)
+            try:
+                appended = self.store.append(stream_id, stream_type, events, expected, command=record)
+            except ConcurrencyConflict:
+                if expected_version is not None or attempt == self.max_retries:
+                    raise
+                continue
+            except SameCommandRace:
+                stored = self.store.command_response(command_id or "", req)
+                assert stored is not None
+                return CommandResult(stored["stream_id"], stored["version"], stored["events"], replayed=True)
+            self._maybe_snapshot(agg, stream_id, loaded, decided, appended.version)
+            return CommandResult(stream_id, appended.version, [event_json(e) for e in appended.events])
+        raise AssertionError("unreachable")
+
+    def _new_event(self, agg: Aggregate[Any], event: BaseModel, command_id: str | None,
+                   metadata: Mapping[str, Any] | None) -> NewEvent:
+        etype = agg.event_type(event)
+        meta = dict(metadata or {})
+        if command_id is not None:
+            meta["command_id"] = command_id
+        return NewEvent(type=etype, data=event.model_dump(mode="json"), metadata=meta,
+                        schema_version=agg.schema_version(etype))
+
+    def _maybe_snapshot(self, agg: Aggregate[Any], stream_id: str, loaded: LoadedState, decided: Any, version: int) -> None:
+        if not self.snapshot_every or version - loaded.from_snapshot < self.snapshot_every:
+            return
+        state = loaded.state
+        for event in decided:
+            state = agg.evolve(state, event)
+        self.store.save_snapshot(stream_id, agg.stream_type, version, state.model_dump(mode="json"), 1)

@@ -1,0 +1,54 @@
+"""Run the service database's Alembic migrations from code (`tributary init`, readiness)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, pool
+
+__all__ = ["head_revision", "migrations_current", "run_migrations", "sqlalchemy_url"]
+
+MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
+
+
+def sqlalchemy_url(dsn: str) -> str:
+    """A libpq URL → SQLAlchemy's psycopg 3 dialect URL."""
+    for prefix in ("postgresql://", "postgres://"):
+        if dsn.startswith(prefix):
+            return "postgresql+psycopg://" + dsn[len(prefix):]
+    return dsn
+
+
+def _config(dsn: str) -> Config:
+    cfg = Config(str(MIGRATIONS / "alembic.ini"))
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.attributes["dsn"] = dsn
+    return cfg
+
+
+def head_revision() -> str:
+    return str(ScriptDirectory.from_config(_config("")).get_current_head())
+
+
+def run_migrations(dsn: str) -> str:
+    """Upgrade to head; returns the revision the database is at."""
+    engine = create_engine(sqlalchemy_url(dsn), poolclass=pool.NullPool)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE SCHEMA IF NOT EXISTS eventstore")  # home of alembic_version
+    engine.dispose()
+    command.upgrade(_config(dsn), "head")
+    return head_revision()
+
+
+def migrations_current(dsn: str) -> bool:
+    engine = create_engine(sqlalchemy_url(dsn), poolclass=pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            current = MigrationContext.configure(conn, opts={"version_table_schema": "eventstore"}).get_current_revision()
+    finally:
+        engine.dispose()
+    return current == head_revision()

@@ -1,0 +1,202 @@
+"""The event store on PostgreSQL (schema `eventstore`, created by the Alembic migrations).
+
+Concurrency by constraint (STYLE habit 7): UNIQUE (stream_id, version) decides who wins; the
+loser's UniqueViolation is translated once into `ConcurrencyConflict` with the actual version.
+No table lock and no NOTIFY per append: commit order for readers comes from capture.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from eventstore.errors import ConcurrencyConflict, IdempotencyMismatch, PartialDuplicateBatch
+from eventstore.model import AppendResult, ExpectedVersion, NewEvent, RecordedEvent, dumps, response_json
+
+__all__ = ["CommandRecord", "EventStore", "SameCommandRace", "request_hash"]
+
+_COLUMNS = "global_position, stream_id, stream_type, version, event_id, type, schema_version, data, metadata, occurred_at, recorded_at"
+_CURRENT = "SELECT coalesce(max(version), 0) FROM eventstore.events WHERE stream_id = %s"
+_INSERT = f"""
+INSERT INTO eventstore.events (stream_id, stream_type, version, event_id, type, schema_version, data, metadata, occurred_at)
+SELECT %s, %s, x.v, x.e, x.t, x.sv, x.d, x.m, x.o
+FROM unnest(%s::bigint[], %s::uuid[], %s::text[], %s::int[], %s::jsonb[], %s::jsonb[], %s::timestamptz[]) AS x(v, e, t, sv, d, m, o)
+RETURNING {_COLUMNS}
+"""
+_BY_IDS = f"SELECT {_COLUMNS} FROM eventstore.events WHERE event_id = ANY(%s) ORDER BY version"
+_READ_FWD = f"SELECT {_COLUMNS} FROM eventstore.events WHERE stream_id = %s AND version >= %s ORDER BY version LIMIT %s"
+_READ_BWD = f"SELECT {_COLUMNS} FROM eventstore.events WHERE stream_id = %s AND version <= %s ORDER BY version DESC LIMIT %s"
+_READ_TYPE = f"SELECT {_COLUMNS} FROM eventstore.events WHERE stream_type = %s AND global_position > %s ORDER BY global_position LIMIT %s"
+_CMD_GET = "SELECT request_hash, response FROM eventstore.commands WHERE command_id = %s"
+_CMD_PUT = "INSERT INTO eventstore.commands (command_id, stream_id, request_hash, response) VALUES (%s, %s, %s, %s)"
+_SNAP_GET = "SELECT version, state, state_version FROM eventstore.snapshots WHERE stream_id = %s"
+_SNAP_PUT = """
+INSERT INTO eventstore.snapshots (stream_id, stream_type, version, state, state_version) VALUES (%s, %s, %s, %s, %s)
+ON CONFLICT (stream_id) DO UPDATE SET version = excluded.version, state = excluded.state,
+  state_version = excluded.state_version, taken_at = now() WHERE eventstore.snapshots.version < excluded.version
+"""
+_NO_LIMIT = 2**62
+
+
+@dataclass(frozen=True, slots=True)
+class CommandRecord:
+    """Stored with the events of a command, in the same transaction: makes it idempotent."""
+
+    command_id: str
+    request_hash: str
+
+
+def request_hash(stream_type: str, stream_id: str, command_type: str, data: Any, expected: Any) -> str:
+    return hashlib.sha256(dumps([stream_type, stream_id, command_type, data, expected])).hexdigest()
+
+
+def _row(r: Sequence[Any]) -> RecordedEvent:
+    return RecordedEvent(int(r[0]), r[1], r[2], int(r[3]), r[4], r[5], int(r[6]), r[7], r[8], r[9], r[10])
+
+
+def _jsonb(obj: Any) -> Jsonb:
+    return Jsonb(obj, dumps=lambda o: dumps(o).decode())
+
+
+class EventStore:
+    """Append and read events. Thread-safe: every call takes its own pooled connection."""
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self.pool = pool
+
+    @classmethod
+    def connect(cls, dsn: str, *, max_size: int = 8) -> EventStore:
+        pool = ConnectionPool(dsn, min_size=1, max_size=max_size, open=True, kwargs={"autocommit": False})
+        return cls(pool)
+
+    def close(self) -> None:
+        self.pool.close()
+
+    # -- appending ------------------------------------------------------------------------------
+    def append(
+        self,
+        stream_id: str,
+        stream_type: str,
+        events: Sequence[NewEvent],
+        expected_version: ExpectedVersion = "any",
+        *,
+        command: CommandRecord | None = None,
+        attempts: int = 5,
+    ) -> AppendResult:
+        """Append atomically; re-appending the same event ids returns the original result."""
+        for _ in range(attempts):
+            with self.pool.connection() as conn:
+                try:
+                    with conn.transaction():
+                        return self._append(conn, stream_id, stream_type, events, expected_version, command)
+                except psycopg.errors.UniqueViolation as exc:
+                    constraint = exc.diag.constraint_name or ""
+                if "event_id" in constraint:
+                    original = self._existing(conn, events)
+                    if original is not None:
+                        return original
+                    raise PartialDuplicateBatch("some of these event ids are already stored in another batch")
+                if "commands" in constraint:
+                    raise SameCommandRace()
+                actual = int(conn.execute(_CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
+                conn.rollback()
+                if isinstance(expected_version, int) or expected_version == "no_stream":
+                    raise ConcurrencyConflict(stream_id, expected_version, actual)
+                # `any` / `stream_exists`: someone appended meanwhile; go again from the new end.
+        raise ConcurrencyConflict(stream_id, expected_version, actual)
+
+    def _append(self, conn: psycopg.Connection[Any], stream_id: str, stream_type: str, events: Sequence[NewEvent],
+                expected: ExpectedVersion, command: CommandRecord | None) -> AppendResult:
+        original = self._existing(conn, events)
+        if original is not None:
+            return original
+        current = int(conn.execute(_CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
+        if (expected == "no_stream" and current != 0) or (expected == "stream_exists" and current == 0) or (
+            isinstance(expected, int) and current != expected
+        ):
+            raise ConcurrencyConflict(stream_id, expected, current)
+        recorded: tuple[RecordedEvent, ...] = ()
+        if events:
+            rows = conn.execute(_INSERT, (
+                stream_id, stream_type,
+                [current + i + 1 for i in range(len(events))],
+                [e.event_id for e in events],
+                [e.type for e in events],
+                [e.schema_version for e in events],
+                [_jsonb(e.data) for e in events],
+                [_jsonb(e.metadata) for e in events],
+                [e.occurred_at for e in events],
+            )).fetchall()
+            recorded = tuple(sorted((_row(r) for r in rows), key=lambda e: e.version))
+        result = AppendResult(stream_id, current + len(events), recorded)
+        if command is not None:
+            conn.execute(_CMD_PUT, (command.command_id, stream_id, command.request_hash, _jsonb(response_json(result))))
+        return result
+
+    def _existing(self, conn: psycopg.Connection[Any], events: Sequence[NewEvent]) -> AppendResult | None:
+        """The original result when every id is stored already; PartialDuplicateBatch when some are."""
+        if not events:
+            return None
+        found = [_row(r) for r in conn.execute(_BY_IDS, ([e.event_id for e in events],)).fetchall()]
+        if not found:
+            return None
+        if len(found) != len(events) or len({e.stream_id for e in found}) != 1:
+            raise PartialDuplicateBatch(
+                f"{len(found)} of the {len(events)} event ids are already stored: send the batch as it was, or new ids"
+            )
+        return AppendResult(found[0].stream_id, found[-1].version, tuple(found), duplicate=True)
+
+    # -- idempotent commands ------------------------------------------------------------------------
+    def command_response(self, command_id: str, request: str) -> dict[str, Any] | None:
+        """The stored answer to `command_id`; IdempotencyMismatch if it was a different command."""
+        with self.pool.connection() as conn:
+            row = conn.execute(_CMD_GET, (command_id,)).fetchone()
+            conn.rollback()
+        if row is None:
+            return None
+        if row[0] != request:
+            raise IdempotencyMismatch(f"command id {command_id!r} was already used for a different command")
+        return dict(row[1])
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def read_stream(self, stream_id: str, *, from_version: int = 1, limit: int | None = None,
+                    backwards: bool = False) -> list[RecordedEvent]:
+        query = _READ_BWD if backwards else _READ_FWD
+        start = from_version if not backwards or from_version > 0 else _NO_LIMIT
+        with self.pool.connection() as conn:
+            rows = conn.execute(query, (stream_id, start, limit or _NO_LIMIT)).fetchall()
+            conn.rollback()
+        return [_row(r) for r in rows]
+
+    def read_type(self, stream_type: str, *, after_position: int = 0, limit: int = 1000) -> list[RecordedEvent]:
+        with self.pool.connection() as conn:
+            rows = conn.execute(_READ_TYPE, (stream_type, after_position, limit)).fetchall()
+            conn.rollback()
+        return [_row(r) for r in rows]
+
+    def version(self, stream_id: str) -> int:
+        with self.pool.connection() as conn:
+            v = int(conn.execute(_CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
+            conn.rollback()
+        return v
+
+    # -- snapshots (a cache: they speed loading up and never change answers) ---------------------------------
+    def snapshot(self, stream_id: str) -> tuple[int, dict[str, Any], int] | None:
+        with self.pool.connection() as conn:
+            row = conn.execute(_SNAP_GET, (stream_id,)).fetchone()
+            conn.rollback()
+        return None if row is None else (int(row[0]), dict(row[1]), int(row[2]))
+
+    def save_snapshot(self, stream_id: str, stream_type: str, version: int, state: dict[str, Any], state_version: int) -> None:
+        with self.pool.connection() as conn, conn.transaction():
+            conn.execute(_SNAP_PUT, (stream_id, stream_type, version, _jsonb(state), state_version))
+
+
+class SameCommandRace(Exception):
+    """Two requests with one command id raced; the handler answers with the stored response."""

@@ -1,0 +1,21 @@
+"""Alembic environment: the service database's DSN comes from `-x dsn=…`, the config, or TRIBUTARY_SERVICE__DSN."""
+
+from __future__ import annotations
+
+import os
+
+from alembic import context
+from sqlalchemy import create_engine, pool
+
+from eventstore.migrate import sqlalchemy_url
+
+config = context.config
+dsn = context.get_x_argument(as_dictionary=True).get("dsn") or config.attributes.get("dsn") or os.environ.get("TRIBUTARY_SERVICE__DSN")
+if not dsn:
+    raise SystemExit("alembic: pass the service database as -x dsn=postgresql://…")
+
+engine = create_engine(sqlalchemy_url(dsn), poolclass=pool.NullPool)
+with engine.connect() as connection:
+    context.configure(connection=connection, version_table="alembic_version", version_table_schema="eventstore")
+    with context.begin_transaction():
+        context.run_migrations()
