@@ -102,6 +102,7 @@ class ProjectionStatus:
     needs_rebuild: bool
     other_builds: tuple[str, ...] = field(default=())
     dead_letters: int = 0
+    last_error: str | None = None
 
 
 def _connect(s: RunSettings) -> psycopg.Connection[Any]:
@@ -428,6 +429,7 @@ def status(settings: RunSettings, name: str | None = None) -> list[ProjectionSta
                     cur is None or cur.version != p.version,
                     others,
                     store.dead_letters(cur) if cur else 0,
+                    next((b.error for b in reversed(builds) if b.status == "failed"), None),
                 )
             )
         if log is not None:

@@ -1,6 +1,8 @@
 """Projections the integration tests name by path, as a user's `modules = [...]` would."""
 
-from projections.definition import WindowSpec
+from typing import Any
+
+from projections.definition import Fold, Projection, WindowSpec
 from projections.examples import account_balances, account_daily_totals, account_totals
 
 TOPICS = ("events.deposits", "events.withdrawals")
@@ -17,3 +19,20 @@ PROJECTIONS = [
     ),
     account_totals.make(name="bank_totals", topics=TOPICS),
 ]
+
+
+def _strict_apply(state: Any, record: Any) -> Any:
+    if record.data.get("amount") == "666.66":
+        raise ValueError("cursed amount")
+    return account_balances.apply(state, record)
+
+
+PROJECTIONS.append(
+    Projection(
+        name="bank_strict",
+        version=1,
+        topics=TOPICS,
+        table=account_balances.TABLE,
+        fold=Fold(account_balances.initial, _strict_apply, account_balances.result),
+    )
+)

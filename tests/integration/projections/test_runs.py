@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import random
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
+from projections.errors import RunError
 from projections.runner import RunSettings, rebuild, run, run_continuous, status
 from tests.integration.projections.helpers import DAY, LogWriter, dump
 
@@ -144,3 +146,30 @@ def test_reader_during_rebuild_never_sees_error_or_empty(
     assert not errors, errors[:3]
     assert seen and min(seen) == len(expected) == max(seen)
     assert dump(fresh_db, "views.bank") == expected
+
+
+def test_failing_record_stops_with_its_position_old_build_keeps_serving(
+    spark: Any, fresh_db: str, tmp_path: Path
+) -> None:
+    w = LogWriter(tmp_path / "log")
+    w.topic(DEP)
+    w.topic(WD)
+    w.append(DEP, "acc-1", 1, "MoneyDeposited", 1_000, amount="10.00")
+    w.commit()
+    s = settings(fresh_db, tmp_path / "log")
+    run("bank_strict", s, spark=spark)
+    serving = dump(fresh_db, "views.bank_strict")
+    w.append(DEP, "acc-1", 2, "MoneyDeposited", 2_000, amount="666.66")
+    w.commit()
+    part = w.log.partition_for(DEP, b'"acc-1"')
+    w.close()
+    with pytest.raises(RunError, match=rf"failed on events.deposits/{part}@1: ValueError: cursed"):
+        rebuild("bank_strict", s, spark=spark)
+    assert dump(fresh_db, "views.bank_strict") == serving
+    [st] = status(s, "bank_strict")
+    assert st.build == 1 and st.last_error and "cursed amount" in st.last_error
+    skipping = replace(s, skip_errors=True)
+    rebuild("bank_strict", skipping, spark=spark)
+    [st] = status(skipping, "bank_strict")
+    assert st.dead_letters == 1 and st.build == 3 and st.lag == 0
+    assert dump(fresh_db, "views.bank_strict") == serving  # the cursed deposit was skipped
