@@ -6,6 +6,7 @@ small modules by concern; this one wires them, the pool, the limits and the erro
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,9 +16,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 
+from decimal import Decimal
+
+from api import routes_admin, routes_commands, routes_views
 from api.config import Settings
 from api.limits import BodyLimit
 from api.metrics import Metrics
+from eventstore.domain.bank import bank_account
+from eventstore.handler import CommandHandler
+from eventstore.store import EventStore
 
 __all__ = ["create_app"]
 
@@ -32,9 +39,17 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         pool = AsyncConnectionPool(dsn, min_size=1, max_size=8, open=False, kwargs={"autocommit": True})
         await pool.open(wait=False)
         app.state.pool = pool
+        store = await asyncio.to_thread(EventStore.connect, dsn)
+        app.state.handler = CommandHandler(
+            store,
+            {"account": bank_account(overdraft_fee=Decimal(settings.eventstore.overdraft_fee))},
+            max_retries=settings.eventstore.max_retries,
+            snapshot_every=settings.eventstore.snapshot_every or None,
+        )
         try:
             yield
         finally:
+            await asyncio.to_thread(store.close)
             await pool.close()
 
     app = FastAPI(
@@ -48,16 +63,9 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     app.state.metrics = Metrics()
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
 
-    from api import routes_admin, routes_views
-
-    app.include_router(routes_admin.router)
+    app.include_router(routes_commands.router)
     app.include_router(routes_views.router)
-    try:
-        from api import routes_commands
-    except ImportError:  # the event store package is optional for a capture-only install
-        routes_commands = None  # type: ignore[assignment]
-    if routes_commands is not None:
-        app.include_router(routes_commands.router)
+    app.include_router(routes_admin.router)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 __all__ = [
     "ApiSettings",
     "CaptureSettings",
+    "EventStoreSettings",
     "ConfigError",
     "LogSettings",
     "ProjectionSettings",
@@ -90,6 +91,12 @@ class ProjectionSettings(_Section):
     mirror: tuple[str, ...] = Field(default=(), description="Captured topics to mirror as tables.")
 
 
+class EventStoreSettings(_Section):
+    max_retries: int = Field(default=3, ge=0, le=100, description="Retries of a command on a version conflict.")
+    snapshot_every: int = Field(default=100, ge=0, description="Snapshot an aggregate every N events (0 = never).")
+    overdraft_fee: str = Field(default="5.00", pattern=r"^\d+(\.\d{1,2})?$", description="Bank example: fee per overdraft.")
+
+
 class ApiKey(_Section):
     key: str
     scopes: tuple[Literal["read", "write", "admin"], ...] = ("read",)
@@ -115,6 +122,7 @@ class Settings(BaseSettings):
     log: LogSettings = LogSettings()
     sources: tuple[SourceSettings, ...] = ()
     capture: CaptureSettings = CaptureSettings()
+    eventstore: EventStoreSettings = EventStoreSettings()
     projections: ProjectionSettings = ProjectionSettings()
     api: ApiSettings = ApiSettings()
     pg_data_dir: Path = Field(

@@ -9,15 +9,17 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from eventstore.aggregate import Aggregate
 from eventstore.errors import CommandRejected
 
 __all__ = ["AccountState", "bank_account"]
 
-Money = Annotated[Decimal, Field(max_digits=20, decimal_places=2)]
-PositiveMoney = Annotated[Decimal, Field(gt=0, max_digits=20, decimal_places=2)]
+_CENTS = Decimal("0.01")
+_Cents = AfterValidator(lambda d: d.quantize(_CENTS))  # "20" and "20.0" are both 20.00
+Money = Annotated[Decimal, Field(max_digits=20, decimal_places=2), _Cents]
+PositiveMoney = Annotated[Decimal, Field(gt=0, max_digits=20, decimal_places=2), _Cents]
 
 
 class _Model(BaseModel):
@@ -27,7 +29,7 @@ class _Model(BaseModel):
 # -- commands -----------------------------------------------------------------------------------
 class Open(_Model):
     owner: Annotated[str, Field(min_length=1, max_length=200)]
-    overdraft_limit: Annotated[Decimal, Field(ge=0, max_digits=20, decimal_places=2)] = Decimal("0")
+    overdraft_limit: Annotated[Decimal, Field(ge=0, max_digits=20, decimal_places=2), _Cents] = Decimal("0.00")
 
 
 class Deposit(_Model):

@@ -1,0 +1,117 @@
+"""Commands and streams: `POST /commands/{stream_type}/{stream_id}`, `GET /streams/{id}[/state]`.
+
+The handler is synchronous psycopg (a pooled connection per call); it runs in a worker thread, so
+nothing blocks the event loop. Errors map to HTTP in one place (`_http_error`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.auth import require
+from eventstore.errors import (
+    CommandRejected,
+    ConcurrencyConflict,
+    EventStoreError,
+    IdempotencyMismatch,
+    InvalidCommand,
+    PartialDuplicateBatch,
+    UnknownCommand,
+    UnknownStreamType,
+)
+from eventstore.handler import CommandHandler
+from eventstore.model import dumps, event_json
+
+__all__ = ["CommandRequest", "router"]
+
+router = APIRouter(tags=["commands"])
+
+
+class CommandRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: str = Field(min_length=1, max_length=100, description="Command type, e.g. `deposit`.")
+    data: dict[str, Any] = Field(default_factory=dict, description="The command's fields.")
+    expected_version: int | None = Field(default=None, ge=0, description="Fail with 409 unless the stream is at this version.")
+    command_id: str | None = Field(default=None, min_length=1, max_length=200, description="Makes the command idempotent.")
+
+
+def _handler(request: Request) -> CommandHandler:
+    return request.app.state.handler  # type: ignore[no-any-return]
+
+
+def _json(body: Any, status: int = 200) -> JSONResponse:
+    """Decimals as exact strings (the event store's codec), then a plain JSON response."""
+    import orjson
+
+    return JSONResponse(content=orjson.loads(dumps(body)), status_code=status)
+
+
+def _http_error(exc: EventStoreError) -> HTTPException:
+    if isinstance(exc, ConcurrencyConflict):
+        return HTTPException(409, {"error": "conflict", "message": str(exc), "expected": exc.expected, "actual": exc.actual})
+    if isinstance(exc, UnknownStreamType):
+        return HTTPException(404, {"error": "unknown_stream_type", "message": str(exc)})
+    if isinstance(exc, CommandRejected):
+        return HTTPException(422, {"error": "rejected", "rule": exc.rule, "message": exc.reason})
+    if isinstance(exc, InvalidCommand):
+        return HTTPException(422, {"error": "invalid", "message": str(exc),
+                                   "fields": [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors]})  # type: ignore[call-overload]
+    if isinstance(exc, UnknownCommand | IdempotencyMismatch | PartialDuplicateBatch):
+        return HTTPException(422, {"error": type(exc).__name__, "message": str(exc)})
+    return HTTPException(400, {"error": type(exc).__name__, "message": str(exc)})
+
+
+@router.post("/commands/{stream_type}/{stream_id}", dependencies=[Depends(require("write"))],
+             responses={409: {"description": "version conflict"}, 422: {"description": "invalid or rejected"}})
+async def send_command(stream_type: str, stream_id: str, body: CommandRequest, request: Request) -> JSONResponse:
+    """Validate the command against the aggregate's state and append its events."""
+    handler = _handler(request)
+    metrics = request.app.state.metrics
+    started = time.perf_counter()
+    outcome = "ok"
+    try:
+        result = await asyncio.to_thread(
+            handler.handle, stream_type, stream_id, body.type, body.data,
+            expected_version=body.expected_version, command_id=body.command_id,
+        )
+    except EventStoreError as exc:
+        outcome = type(exc).__name__
+        raise _http_error(exc) from None
+    finally:
+        metrics.command_seconds.labels(stream_type).observe(time.perf_counter() - started)
+        metrics.commands.labels(stream_type, outcome).inc()
+    return _json(result.to_json())
+
+
+@router.get("/streams/{stream_id}", dependencies=[Depends(require("read"))])
+async def read_stream(stream_id: str, request: Request, from_version: int = Query(1, ge=1),
+                      limit: int = Query(100, ge=1, le=1000)) -> JSONResponse:
+    """The stream's events, oldest first, from `from_version`."""
+    store = _handler(request).store
+    events = await asyncio.to_thread(store.read_stream, stream_id, from_version=from_version, limit=limit)
+    if not events and from_version == 1:
+        raise HTTPException(404, {"error": "unknown_stream", "message": f"no stream {stream_id!r}"})
+    return _json({"stream_id": stream_id, "events": [event_json(e) for e in events]})
+
+
+@router.get("/streams/{stream_id}/state", dependencies=[Depends(require("read"))])
+async def stream_state(stream_id: str, request: Request) -> JSONResponse:
+    """The aggregate's folded state and version."""
+    handler = _handler(request)
+    first = await asyncio.to_thread(handler.store.read_stream, stream_id, limit=1)
+    if not first:
+        raise HTTPException(404, {"error": "unknown_stream", "message": f"no stream {stream_id!r}"})
+    stream_type = first[0].stream_type
+    try:
+        loaded = await asyncio.to_thread(handler.load, stream_type, stream_id)
+    except EventStoreError as exc:
+        raise _http_error(exc) from None
+    return _json({"stream_id": stream_id, "stream_type": stream_type, "version": loaded.version,
+                  **loaded.state.model_dump(mode="json")})
