@@ -42,8 +42,9 @@ def init(
     settings = settings_from(config)
     console = Console(stderr=False, highlight=False)
     failed = []
-    specs = source_specs(settings)
-    if not specs:
+    _migrate(settings, console)
+    specs = source_specs(settings, with_outbox=True)
+    if not settings.sources:
         console.print("no [[sources]] configured: nothing to capture yet (see README, 'Pointing it at your own database')")
     for spec in specs:
         report = check_source(spec, replica_identity_full=replica_identity_full, allow_without_key=allow_without_key or ())
@@ -52,19 +53,21 @@ def init(
             console.print(f"  {_MARKS[finding.outcome]:>8} {finding.message}")
         if not report.ok:
             failed.append(spec.name)
-    _migrate(settings, console)
     if failed:
         raise UserError(f"init: source(s) {', '.join(failed)} cannot be captured until the problems above are fixed")
 
 
 def _migrate(settings: Settings, console: Console) -> None:
-    try:
-        from eventstore.migrate import run_migrations
-    except ImportError:
-        return
+    """Run the service database's migrations (event store); skipped when there is none yet."""
     from api.cli_common import service_dsn
+    from eventstore.migrate import run_migrations
 
-    revision = run_migrations(service_dsn(settings))
+    try:
+        dsn = service_dsn(settings)
+    except UserError as exc:
+        console.print(f"[yellow]service database skipped[/]: {exc}")
+        return
+    revision = run_migrations(dsn)
     console.print(f"[bold]service database[/]: migrations at {revision}")
 
 
@@ -80,9 +83,9 @@ def capture(
     if ctx.invoked_subcommand is not None:
         return
     settings = settings_from(config)
-    specs = source_specs(settings)
+    specs = source_specs(settings, with_outbox=True)
     if not specs:
-        raise UserError("nothing to capture: configure [[sources]] in tributary.toml")
+        raise UserError("nothing to capture: configure [[sources]] in tributary.toml (or start the service database)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     options = DaemonOptions(
         log_root=settings.log.root,
@@ -142,7 +145,7 @@ def status(
     current = read_status(settings.log.root) or {"pid": None, "sources": []}
     by_name = {s["name"]: s for s in current.get("sources", [])}
     rows = []
-    for spec in source_specs(settings):
+    for spec in source_specs(settings, with_outbox=True):
         entry = dict(by_name.get(spec.name, {"name": spec.name, "slot": spec.slot, "state": "never started"}))
         entry["slot_lag_bytes"] = slot_lag_bytes(spec)
         rows.append(entry)

@@ -75,7 +75,7 @@ async def sources(request: Request) -> list[dict[str, Any]]:
     status = read_status(settings.log.root) or {"sources": []}
     by_name = {s["name"]: s for s in status.get("sources", [])}
     out = []
-    for spec in source_specs(settings):
+    for spec in source_specs(settings, with_outbox=True):
         entry = dict(by_name.get(spec.name, {"name": spec.name, "slot": spec.slot, "state": "never started"}))
         entry["slot_lag_bytes"] = await asyncio.to_thread(slot_lag_bytes, spec)
         out.append(entry)

@@ -5,15 +5,28 @@ from __future__ import annotations
 import psycopg
 
 from api.config import Settings
+from capture.outbox import OUTBOX_TABLE, route_event
 from capture.replication import connect_options
 from capture.source import SourceSpec
 
-__all__ = ["slot_lag_bytes", "source_specs"]
+__all__ = ["OUTBOX_SOURCE", "outbox_spec", "slot_lag_bytes", "source_specs"]
 
 
-def source_specs(settings: Settings) -> list[SourceSpec]:
-    """One SourceSpec per `[[sources]]` entry, defaults filled in."""
-    return [
+OUTBOX_SOURCE = "_eventstore"  # reserved: the event store's outbox, captured like any source
+
+
+def outbox_spec(settings: Settings, service_dsn: str) -> SourceSpec:
+    """The service database's `eventstore.events`, routed to `events.<stream_type>`."""
+    return SourceSpec(
+        name=OUTBOX_SOURCE, dsn=service_dsn, slot="tributary_eventstore", include=(OUTBOX_TABLE,), exclude=(),
+        snapshot="initial", partitions=settings.log.partitions, router=route_event,
+    )
+
+
+def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[SourceSpec]:
+    """One SourceSpec per `[[sources]]` entry, defaults filled in; with the outbox when asked
+    and `[capture] capture_eventstore` is on and a service database is known."""
+    specs = [
         SourceSpec(
             name=s.name,
             dsn=s.dsn,
@@ -25,6 +38,14 @@ def source_specs(settings: Settings) -> list[SourceSpec]:
         )
         for s in settings.sources
     ]
+    if with_outbox and settings.capture.capture_eventstore:
+        from api.cli_common import UserError, service_dsn
+
+        try:
+            specs.append(outbox_spec(settings, service_dsn(settings)))
+        except UserError:
+            pass  # no service database yet: nothing to route
+    return specs
 
 
 def slot_lag_bytes(spec: SourceSpec) -> int | None:

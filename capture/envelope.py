@@ -25,6 +25,8 @@ __all__ = [
     "envelopes_for",
     "message_envelope",
     "snapshot_envelope",
+    "stream_row",
+    "text_row",
     "truncate_envelope",
 ]
 
@@ -39,6 +41,7 @@ class Output:
     key: bytes | None
     value: bytes | None
     headers: bytes | None = None
+    timestamp_ms: int | None = None  # None: the source transaction's commit time
 
 
 def _source(source_name: str, db: str, schema: str, table: str, lsn: Lsn | None, tx_id: int | None,
@@ -46,6 +49,20 @@ def _source(source_name: str, db: str, schema: str, table: str, lsn: Lsn | None,
     return {"connector": CONNECTOR, "version": VERSION, "name": source_name, "db": db, "schema": schema,
             "table": table, "lsn": None if lsn is None else int(lsn), "txId": tx_id, "ts_ms": ts_ms,
             "snapshot": snapshot}
+
+
+def stream_row(columns: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """wal2json's column dicts → {name: envelope value}."""
+    return _row(columns)
+
+
+def text_row(columns: Sequence[tuple[str, str, int]], values: Sequence[str | None]) -> dict[str, Any]:
+    """A snapshot row (PostgreSQL text) → {name: envelope value}, equal to the streamed form."""
+    after = {}
+    for (name, type_name, _), value in zip(columns, values, strict=True):
+        conv = text_converter(type_name)
+        after[name] = value if conv is None or value is None else conv(value)
+    return after
 
 
 def _row(columns: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -139,10 +156,7 @@ def snapshot_envelope(
     now_ms: int,
 ) -> list[Output]:
     """An `op: "r"` record for one row read by the snapshot (values are PostgreSQL text)."""
-    after = {}
-    for (name, type_name, _), value in zip(columns, values, strict=True):
-        conv = text_converter(type_name)
-        after[name] = value if conv is None or value is None else conv(value)
+    after = text_row(columns, values)
     source = _source(source_name, db, schema, table, lsn, None, now_ms, snapshot)
     return [Output(topic_name(source_name, schema, table), _key(after, primary_key), _value(None, after, source, "r", now_ms))]
 

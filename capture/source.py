@@ -45,7 +45,8 @@ class SourceSpec:
     exclude: tuple[str, ...]
     snapshot: str  # initial | never | when_needed
     partitions: int
-    router: Callable[[Any], list[env.Output]] | None = None  # outbox routing instead of envelopes
+    # Outbox sources: each inserted row → records (capture.outbox), instead of CDC envelopes.
+    router: Callable[[dict[str, Any]], list[env.Output]] | None = None
 
 
 class SourceSession:
@@ -180,7 +181,7 @@ class SourceSession:
             self.status.snapshot_table = table.qualified
             self._observe_schema(table.schema, table.table, [(c.name, c.type, c.typeoid) for c in table.columns],
                                  complete=True, key=table.identity_columns, now_ms=now_ms)
-            for row in reader.rows(table):
+            for row in reader.rows(table, ordered=self.spec.router is not None):
                 if previous is not None:
                     self._snapshot_row(*previous, lsn, "true", now_ms)
                 previous = (table, row)
@@ -196,6 +197,10 @@ class SourceSession:
             on_progress(self.status)
 
     def _snapshot_row(self, table: TableInfo, row: tuple[str | None, ...], lsn: Lsn, marker: str, now_ms: int) -> None:
+        if self.spec.router is not None:
+            columns = [(c.name, c.type, c.typeoid) for c in table.columns]
+            self._stage(self.spec.router(env.text_row(columns, row)), now_ms)
+            return
         outputs = env.snapshot_envelope(
             schema=table.schema,
             table=table.table,
@@ -249,10 +254,15 @@ class SourceSession:
         if isinstance(parsed, wal2json.Change):
             if not self.filter.matches(parsed.schema, parsed.table):
                 return False
-            if parsed.action != "D":
-                self._observe_schema(parsed.schema, parsed.table, parsed.column_types(),
-                                     complete=parsed.action == "I", key=parsed.pk, now_ms=now_ms)
-            outputs = (self.spec.router or self._envelopes)(parsed)
+            if self.spec.router is not None:
+                if parsed.action != "I":
+                    return False  # events are immutable: only inserts carry news
+                outputs = self.spec.router(env.stream_row(parsed.raw_columns))
+            else:
+                if parsed.action != "D":
+                    self._observe_schema(parsed.schema, parsed.table, parsed.column_types(),
+                                         complete=parsed.action == "I", key=parsed.pk, now_ms=now_ms)
+                outputs = self._envelopes(parsed)
             self._stage(outputs, now_ms)
             self._tx["changes"] = self._tx.get("changes", 0) + 1
             self.status.changes += 1
@@ -292,6 +302,8 @@ class SourceSession:
 
     def _observe_schema(self, schema: str, table: str, columns: Iterable[Any], *, complete: bool,
                         key: Iterable[str], now_ms: int) -> None:
+        if self.spec.router is not None:
+            return
         record = self.schemas.observe(self.spec.name, schema, table, list(columns), complete=complete,
                                       key=tuple(key), now_ms=now_ms)
         if record is not None:
@@ -321,7 +333,8 @@ class SourceSession:
         for out in outputs:
             self._ensure_topic(out.topic)
             partition = self.log.partition_for(out.topic, out.key)
-            self._pending[(out.topic, partition)].append((out.key, out.value, now_ms, out.headers))
+            ts = now_ms if out.timestamp_ms is None else out.timestamp_ms
+            self._pending[(out.topic, partition)].append((out.key, out.value, ts, out.headers))
             self._pending_count += 1
         if self._pending_count >= _FLUSH_RECORDS:
             self._flush()

@@ -28,6 +28,7 @@ linger_ms = 2
 [capture]
 status_interval_s = 1.0
 max_backoff_s = 2.0
+capture_eventstore = false
 
 [[sources]]
 name = "{name}"
