@@ -1,0 +1,120 @@
+"""The HTTP API as a user drives it: `tributary serve` on a real port, bank commands with httpx."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from eventstore.migrate import run_migrations
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+WRITE, READ, ADMIN = "k-write-123", "k-read-456", "k-admin-789"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def api(fresh_db: str, tmp_path: Path) -> Iterator[httpx.Client]:
+    run_migrations(fresh_db)
+    port = _free_port()
+    config = tmp_path / "t.toml"
+    config.write_text(
+        f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\n'
+        f"[api]\nport = {port}\nmax_body_bytes = 4096\n"
+        f'keys = [{{ key = "{WRITE}", scopes = ["write", "read"] }}, {{ key = "{READ}", scopes = ["read"] }},'
+        f' {{ key = "{ADMIN}", scopes = ["admin"] }}]\n'
+    )
+    err = (tmp_path / "serve.err").open("w")
+    proc = subprocess.Popen([sys.executable, "-c", "from api.cli import main; main()", "serve", "--config", str(config)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {WRITE}"}, timeout=10)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if client.get("/healthz").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "serve.err").read_text()
+        time.sleep(0.2)
+    try:
+        yield client
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(timeout=30)
+        err.close()
+        assert "k-write-123" not in (tmp_path / "serve.err").read_text()  # keys never logged
+
+
+def cmd(client: httpx.Client, stream: str, type_: str, data: dict[str, object] | None = None, **extra: object) -> httpx.Response:
+    return client.post(f"/commands/account/{stream}", json={"type": type_, "data": data or {}, **extra})
+
+
+def test_a_bank_account_through_http(api: httpx.Client) -> None:
+    opened = cmd(api, "acc-1", "open", {"owner": "ada", "overdraft_limit": "50"})
+    assert opened.status_code == 200, opened.text
+    assert opened.json()["version"] == 1 and opened.json()["events"][0]["type"] == "AccountOpened"
+    assert cmd(api, "acc-1", "deposit", {"amount": "10.25"}).json()["version"] == 2
+    withdrawn = cmd(api, "acc-1", "withdraw", {"amount": "20"})
+    assert [e["type"] for e in withdrawn.json()["events"]] == ["MoneyWithdrawn", "OverdraftFeeCharged"]
+    state = api.get("/streams/acc-1/state").json()
+    assert state == {"stream_id": "acc-1", "stream_type": "account", "version": 4, "status": "open", "owner": "ada",
+                     "balance": "-14.75", "overdraft_limit": "50.00", "fees_charged": "5.00"}
+    events = api.get("/streams/acc-1", params={"from_version": 2, "limit": 2}).json()["events"]
+    assert [e["version"] for e in events] == [2, 3] and events[0]["data"] == {"amount": "10.25"}
+
+
+def test_rules_conflicts_and_idempotency(api: httpx.Client) -> None:
+    assert cmd(api, "acc-2", "deposit", {"amount": "1"}).json()["detail"]["rule"] == "account_must_exist"
+    cmd(api, "acc-2", "open", {"owner": "bob"})
+    refused = cmd(api, "acc-2", "withdraw", {"amount": "0.01"})
+    assert refused.status_code == 422 and refused.json()["detail"]["rule"] == "overdraft_limit"
+    conflict = cmd(api, "acc-2", "deposit", {"amount": "1"}, expected_version=0)
+    assert conflict.status_code == 409 and conflict.json()["detail"]["actual"] == 1
+    first = cmd(api, "acc-2", "deposit", {"amount": "3"}, command_id="dep-1")
+    again = cmd(api, "acc-2", "deposit", {"amount": "3"}, command_id="dep-1")
+    assert again.status_code == 200 and again.json() == first.json()
+    assert api.get("/streams/acc-2/state").json()["balance"] == "3.00"
+    mismatch = cmd(api, "acc-2", "deposit", {"amount": "4"}, command_id="dep-1")
+    assert mismatch.status_code == 422
+
+
+def test_bad_inputs_never_500(api: httpx.Client) -> None:
+    invalid = cmd(api, "acc-3", "open", {"owner": "x", "overdraft_limit": "-1"})
+    assert invalid.status_code == 422 and "overdraft_limit" in invalid.text
+    assert cmd(api, "acc-3", "transfer").status_code == 422
+    assert api.post("/commands/nope/x", json={"type": "open"}).status_code == 404
+    malformed = api.post("/commands/account/x", content=b"{not json", headers={"content-type": "application/json"})
+    assert malformed.status_code in (400, 422)
+    assert api.post("/commands/account/x", json={"data": {}}).status_code == 422  # no type
+    big = api.post("/commands/account/x", json={"type": "open", "data": {"owner": "x" * 10_000}})
+    assert big.status_code == 413
+    assert api.get("/streams/nobody").status_code == 404
+
+
+def test_api_keys_and_scopes(api: httpx.Client) -> None:
+    base = str(api.base_url)
+    with httpx.Client(base_url=base, timeout=10) as anonymous:
+        assert anonymous.post("/commands/account/a", json={"type": "open", "data": {"owner": "x"}}).status_code == 401
+        assert anonymous.get("/streams/a", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert anonymous.get("/healthz").status_code == 200
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {READ}"}, timeout=10) as reader:
+        assert reader.post("/commands/account/a", json={"type": "open", "data": {"owner": "x"}}).status_code == 403
+        assert reader.get("/topics").status_code == 403
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10) as admin:
+        assert admin.get("/topics").status_code == 200
+        assert admin.post("/commands/account/adm", json={"type": "open", "data": {"owner": "x"}}).status_code == 200
