@@ -23,10 +23,16 @@ __all__ = ["CommandRecord", "EventStore", "SameCommandRace", "request_hash"]
 
 _COLUMNS = "global_position, stream_id, stream_type, version, event_id, type, schema_version, data, metadata, occurred_at, recorded_at"
 _CURRENT = "SELECT coalesce(max(version), 0) FROM eventstore.events WHERE stream_id = %s"
+# One statement: the expected-version check and the insert, so a plain append is one round trip
+# (and one commit) like a raw INSERT. Versions follow the stream's current end.
 _INSERT = f"""
+WITH cur AS (SELECT coalesce(max(version), 0) AS v FROM eventstore.events WHERE stream_id = %(s)s)
 INSERT INTO eventstore.events (stream_id, stream_type, version, event_id, type, schema_version, data, metadata, occurred_at)
-SELECT %s, %s, x.v, x.e, x.t, x.sv, x.d, x.m, x.o
-FROM unnest(%s::bigint[], %s::uuid[], %s::text[], %s::int[], %s::jsonb[], %s::jsonb[], %s::timestamptz[]) AS x(v, e, t, sv, d, m, o)
+SELECT %(s)s, %(st)s, cur.v + x.n, x.e, x.t, x.sv, x.d, x.m, x.o
+FROM cur, unnest(%(e)s::uuid[], %(t)s::text[], %(sv)s::int[], %(d)s::jsonb[], %(m)s::jsonb[], %(o)s::timestamptz[])
+     WITH ORDINALITY AS x(e, t, sv, d, m, o, n)
+WHERE CASE %(mode)s WHEN 'any' THEN true WHEN 'no_stream' THEN cur.v = 0
+                    WHEN 'stream_exists' THEN cur.v > 0 ELSE cur.v = %(exp)s END
 RETURNING {_COLUMNS}
 """
 _BY_IDS = f"SELECT {_COLUMNS} FROM eventstore.events WHERE event_id = ANY(%s) ORDER BY version"
@@ -72,7 +78,8 @@ class EventStore:
 
     @classmethod
     def connect(cls, dsn: str, *, max_size: int = 8) -> EventStore:
-        pool = ConnectionPool(dsn, min_size=1, max_size=max_size, open=True, kwargs={"autocommit": False})
+        # Autocommit: a plain append is one statement, its own transaction; reads need none.
+        pool = ConnectionPool(dsn, min_size=1, max_size=max_size, open=True, kwargs={"autocommit": True})
         return cls(pool)
 
     def close(self) -> None:
@@ -93,6 +100,8 @@ class EventStore:
         for _ in range(attempts):
             with self.pool.connection() as conn:
                 try:
+                    if command is None:
+                        return self._append(conn, stream_id, stream_type, events, expected_version, None)
                     with conn.transaction():
                         return self._append(conn, stream_id, stream_type, events, expected_version, command)
                 except psycopg.errors.UniqueViolation as exc:
@@ -104,37 +113,44 @@ class EventStore:
                     raise PartialDuplicateBatch("some of these event ids are already stored in another batch")
                 if "commands" in constraint:
                     raise SameCommandRace()
-                actual = int(conn.execute(_CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
-                conn.rollback()
+                actual = self._current(conn, stream_id)
                 if isinstance(expected_version, int) or expected_version == "no_stream":
                     raise ConcurrencyConflict(stream_id, expected_version, actual)
                 # `any` / `stream_exists`: someone appended meanwhile; go again from the new end.
         raise ConcurrencyConflict(stream_id, expected_version, actual)
 
+    @staticmethod
+    def _current(conn: psycopg.Connection[Any], stream_id: str) -> int:
+        return int(conn.execute(_CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
+
     def _append(self, conn: psycopg.Connection[Any], stream_id: str, stream_type: str, events: Sequence[NewEvent],
                 expected: ExpectedVersion, command: CommandRecord | None) -> AppendResult:
-        original = self._existing(conn, events)
-        if original is not None:
-            return original
-        current = int(conn.execute(_CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
-        if (expected == "no_stream" and current != 0) or (expected == "stream_exists" and current == 0) or (
-            isinstance(expected, int) and current != expected
-        ):
-            raise ConcurrencyConflict(stream_id, expected, current)
-        recorded: tuple[RecordedEvent, ...] = ()
-        if events:
-            rows = conn.execute(_INSERT, (
-                stream_id, stream_type,
-                [current + i + 1 for i in range(len(events))],
-                [e.event_id for e in events],
-                [e.type for e in events],
-                [e.schema_version for e in events],
-                [_jsonb(e.data) for e in events],
-                [_jsonb(e.metadata) for e in events],
-                [e.occurred_at for e in events],
-            )).fetchall()
+        if not events:
+            current = self._current(conn, stream_id)
+            if (expected == "no_stream" and current != 0) or (expected == "stream_exists" and current == 0) or (
+                isinstance(expected, int) and current != expected
+            ):
+                raise ConcurrencyConflict(stream_id, expected, current)
+            result = AppendResult(stream_id, current, ())
+        else:
+            rows = conn.execute(_INSERT, {
+                "s": stream_id, "st": stream_type,
+                "e": [e.event_id for e in events],
+                "t": [e.type for e in events],
+                "sv": [e.schema_version for e in events],
+                "d": [_jsonb(e.data) for e in events],
+                "m": [_jsonb(e.metadata) for e in events],
+                "o": [e.occurred_at for e in events],
+                "mode": expected if isinstance(expected, str) else "version",
+                "exp": expected if isinstance(expected, int) else 0,
+            }).fetchall()
+            if not rows:  # the expected version did not hold — unless this very batch is stored
+                original = self._existing(conn, events)
+                if original is not None:
+                    return original
+                raise ConcurrencyConflict(stream_id, expected, self._current(conn, stream_id))
             recorded = tuple(sorted((_row(r) for r in rows), key=lambda e: e.version))
-        result = AppendResult(stream_id, current + len(events), recorded)
+            result = AppendResult(stream_id, recorded[-1].version, recorded)
         if command is not None:
             conn.execute(_CMD_PUT, (command.command_id, stream_id, command.request_hash, _jsonb(response_json(result))))
         return result
@@ -157,7 +173,6 @@ class EventStore:
         """The stored answer to `command_id`; IdempotencyMismatch if it was a different command."""
         with self.pool.connection() as conn:
             row = conn.execute(_CMD_GET, (command_id,)).fetchone()
-            conn.rollback()
         if row is None:
             return None
         if row[0] != request:
@@ -171,26 +186,22 @@ class EventStore:
         start = from_version if not backwards or from_version > 0 else _NO_LIMIT
         with self.pool.connection() as conn:
             rows = conn.execute(query, (stream_id, start, limit or _NO_LIMIT)).fetchall()
-            conn.rollback()
         return [_row(r) for r in rows]
 
     def read_type(self, stream_type: str, *, after_position: int = 0, limit: int = 1000) -> list[RecordedEvent]:
         with self.pool.connection() as conn:
             rows = conn.execute(_READ_TYPE, (stream_type, after_position, limit)).fetchall()
-            conn.rollback()
         return [_row(r) for r in rows]
 
     def version(self, stream_id: str) -> int:
         with self.pool.connection() as conn:
             v = int(conn.execute(_CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
-            conn.rollback()
         return v
 
     # -- snapshots (a cache: they speed loading up and never change answers) ---------------------------------
     def snapshot(self, stream_id: str) -> tuple[int, dict[str, Any], int] | None:
         with self.pool.connection() as conn:
             row = conn.execute(_SNAP_GET, (stream_id,)).fetchone()
-            conn.rollback()
         return None if row is None else (int(row[0]), dict(row[1]), int(row[2]))
 
     def save_snapshot(self, stream_id: str, stream_type: str, version: int, state: dict[str, Any], state_version: int) -> None:
