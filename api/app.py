@@ -10,13 +10,12 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from decimal import Decimal
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
-
-from decimal import Decimal
 
 from api import routes_admin, routes_commands, routes_views
 from api.config import Settings

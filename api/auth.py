@@ -33,8 +33,11 @@ def require(scope: Scope) -> Callable[[Request], None]:
         presented = header[7:] if header.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
         scopes = _scopes_for(settings, presented) if presented else None
         if scopes is None:
-            raise HTTPException(401, "missing or unknown API key (send Authorization: Bearer <key>)",
-                                headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(
+                401,
+                "missing or unknown API key (send Authorization: Bearer <key>)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         if scope not in scopes and "admin" not in scopes:
             raise HTTPException(403, f"this API key lacks the {scope!r} scope")
 

@@ -29,7 +29,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-pg_app = typer.Typer(help="The embedded PostgreSQL (wal2json, wal_level=logical) for demos and tests.", no_args_is_help=True)
+pg_app = typer.Typer(
+    help="The embedded PostgreSQL (wal2json, wal_level=logical) for demos and tests.", no_args_is_help=True
+)
 app.add_typer(pg_app, name="pg")
 
 
@@ -37,9 +39,7 @@ def _embedded(settings: Settings, data_dir: Path | None) -> EmbeddedPostgres:
     return EmbeddedPostgres(data_dir or settings.pg_data_dir)
 
 
-DataDirOption = Annotated[
-    Path | None, typer.Option("--data-dir", help="Cluster directory (default .tributary/pg).")
-]
+DataDirOption = Annotated[Path | None, typer.Option("--data-dir", help="Cluster directory (default .tributary/pg).")]
 
 
 @pg_app.command("up")

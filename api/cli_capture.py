@@ -25,13 +25,19 @@ capture_app = typer.Typer(
     invoke_without_command=True,
 )
 
-_MARKS = {Outcome.OK: "[green]ok[/]", Outcome.FIXED: "[cyan]fixed[/]", Outcome.WARNING: "[yellow]warn[/]", Outcome.PROBLEM: "[red]PROBLEM[/]"}
+_MARKS = {
+    Outcome.OK: "[green]ok[/]",
+    Outcome.FIXED: "[cyan]fixed[/]",
+    Outcome.WARNING: "[yellow]warn[/]",
+    Outcome.PROBLEM: "[red]PROBLEM[/]",
+}
 
 
 def init(
     config: ConfigOption = None,
     replica_identity_full: Annotated[
-        bool, typer.Option("--replica-identity-full", help="Set REPLICA IDENTITY FULL on included tables that have no key.")
+        bool,
+        typer.Option("--replica-identity-full", help="Set REPLICA IDENTITY FULL on included tables that have no key."),
     ] = False,
     allow_without_key: Annotated[
         list[str] | None,
@@ -45,9 +51,13 @@ def init(
     _migrate(settings, console)
     specs = source_specs(settings, with_outbox=True)
     if not settings.sources:
-        console.print("no [[sources]] configured: nothing to capture yet (see README, 'Pointing it at your own database')")
+        console.print(
+            "no [[sources]] configured: nothing to capture yet (see README, 'Pointing it at your own database')"
+        )
     for spec in specs:
-        report = check_source(spec, replica_identity_full=replica_identity_full, allow_without_key=allow_without_key or ())
+        report = check_source(
+            spec, replica_identity_full=replica_identity_full, allow_without_key=allow_without_key or ()
+        )
         console.print(f"[bold]source {spec.name}[/] ({len(report.tables)} tables)")
         for finding in report.findings:
             console.print(f"  {_MARKS[finding.outcome]:>8} {finding.message}")
@@ -114,8 +124,11 @@ class _SnapshotProgress:
     def __enter__(self) -> _SnapshotProgress:
         if self.enabled:
             self._progress = Progress(
-                TextColumn("snapshot {task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} rows"),
-                TimeElapsedColumn(), console=Console(stderr=True),
+                TextColumn("snapshot {task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed:,}/{task.total:,} rows"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
             )
             self._progress.start()
         return self
@@ -125,8 +138,14 @@ class _SnapshotProgress:
             return
         task = self._tasks.get(status.name)
         if task is None:
-            task = self._tasks[status.name] = self._progress.add_task(status.name, total=status.snapshot_rows_total or None)
-        self._progress.update(task, completed=status.snapshot_rows_done, total=max(status.snapshot_rows_total, status.snapshot_rows_done) or None)
+            task = self._tasks[status.name] = self._progress.add_task(
+                status.name, total=status.snapshot_rows_total or None
+            )
+        self._progress.update(
+            task,
+            completed=status.snapshot_rows_done,
+            total=max(status.snapshot_rows_total, status.snapshot_rows_done) or None,
+        )
 
     def __exit__(self, *exc: object) -> None:
         if self._progress is not None:

@@ -32,7 +32,5 @@ def service_dsn(settings: Settings) -> str:
         return settings.service.dsn
     cluster = EmbeddedPostgres(settings.pg_data_dir)
     if not cluster.is_running():
-        raise UserError(
-            "no service database: set [service] dsn in tributary.toml or start one with `tributary pg up`"
-        )
+        raise UserError("no service database: set [service] dsn in tributary.toml or start one with `tributary pg up`")
     return cluster.dsn()

@@ -55,8 +55,13 @@ def demo(
     workload = Workload(shop_dsn)
     workload.seed_catalog()
     spec = SourceSpec(
-        name=DEMO_SOURCE, dsn=shop_dsn, slot="tributary_demo", include=("public.*",), exclude=(),
-        snapshot="initial", partitions=settings.log.partitions,
+        name=DEMO_SOURCE,
+        dsn=shop_dsn,
+        slot="tributary_demo",
+        include=("public.*",),
+        exclude=(),
+        snapshot="initial",
+        partitions=settings.log.partitions,
     )
     root = settings.log.root
     daemon = CaptureDaemon(
@@ -78,7 +83,9 @@ def demo(
     console.print("[bold]try[/]       in another terminal:")
     console.print(f"            .venv/bin/tributary log topics --root {root}")
     console.print(f"            .venv/bin/tributary log cat {DEMO_SOURCE}.public.orders --root {root} --follow")
-    console.print("            Ctrl-C stops everything." if duration is None else f"            running for {duration:g}s")
+    console.print(
+        "            Ctrl-C stops everything." if duration is None else f"            running for {duration:g}s"
+    )
     try:
         deadline = None if duration is None else time.monotonic() + duration
         while deadline is None or time.monotonic() < deadline:
@@ -108,8 +115,15 @@ def _summary(console: Console, root: Path, counts: dict[str, int]) -> None:
             n = sum(e - s for s, e in zip(log.start_offsets(name), log.end_offsets(name), strict=True))
             total += n
             console.print(f"  {name:<34} {n:>7,} records")
-        orders = [r for p in range(topics[f"{DEMO_SOURCE}.public.orders"].partitions)
-                  for r in log.read(f"{DEMO_SOURCE}.public.orders", p)] if f"{DEMO_SOURCE}.public.orders" in topics else []
+        orders = (
+            [
+                r
+                for p in range(topics[f"{DEMO_SOURCE}.public.orders"].partitions)
+                for r in log.read(f"{DEMO_SOURCE}.public.orders", p)
+            ]
+            if f"{DEMO_SOURCE}.public.orders" in topics
+            else []
+        )
     if orders:
         console.print("[bold]last order change[/]")
         typer.echo(max(orders, key=lambda r: (r.timestamp, r.partition, r.offset)).to_json().decode())

@@ -16,7 +16,6 @@ from typing import Annotated, BinaryIO
 import typer
 
 from api.cli_common import ConfigOption
-
 from capture.log import (
     CompactionStats,
     Log,
@@ -191,18 +190,10 @@ def topics_cmd(root: RootOption = None, config: ConfigOption = None) -> None:
 @log_app.command("cat")
 def cat_cmd(
     topic: Annotated[str, typer.Argument(help="Topic name, e.g. shop.public.orders.")],
-    partition: Annotated[
-        int | None, typer.Option("--partition", "-p", help="Only this partition.")
-    ] = None,
-    from_offset: Annotated[
-        int, typer.Option("--from", help="Start at this offset (per partition).")
-    ] = 0,
-    follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep printing new commits until Ctrl-C.")
-    ] = False,
-    compacted: Annotated[
-        bool, typer.Option("--compacted", help="Only the latest record per key.")
-    ] = False,
+    partition: Annotated[int | None, typer.Option("--partition", "-p", help="Only this partition.")] = None,
+    from_offset: Annotated[int, typer.Option("--from", help="Start at this offset (per partition).")] = 0,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new commits until Ctrl-C.")] = False,
+    compacted: Annotated[bool, typer.Option("--compacted", help="Only the latest record per key.")] = False,
     root: RootOption = None,
     config: ConfigOption = None,
 ) -> None:
@@ -227,9 +218,7 @@ def cat_cmd(
 
 @log_app.command("compact")
 def compact_cmd(
-    topic: Annotated[
-        str | None, typer.Argument(help="Topic (default: every compacted topic).")
-    ] = None,
+    topic: Annotated[str | None, typer.Argument(help="Topic (default: every compacted topic).")] = None,
     root: RootOption = None,
     config: ConfigOption = None,
 ) -> None:

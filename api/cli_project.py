@@ -32,8 +32,13 @@ def _progress() -> Iterator[Any]:
     if not sys.stderr.isatty():
         yield None
         return
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
-                   TimeElapsedColumn(), console=Console(stderr=True))
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,}/{task.total:,}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    )
     tasks: dict[str, Any] = {}
 
     def update(stage: str, done: int, total: int) -> None:
@@ -47,8 +52,10 @@ def _progress() -> Iterator[Any]:
 
 def _print_result(result: RunResult) -> None:
     what = "rebuilt" if result.rebuilt else "caught up"
-    typer.echo(f"{result.name}: {what} build {result.build} ({result.table}): "
-               f"{result.records:,} records read, {result.rows:,} rows written in {result.seconds:.1f}s")
+    typer.echo(
+        f"{result.name}: {what} build {result.build} ({result.table}): "
+        f"{result.records:,} records read, {result.rows:,} rows written in {result.seconds:.1f}s"
+    )
 
 
 @project_app.command("list")
@@ -71,12 +78,16 @@ def status_cmd(
     """Serving build, state, lag behind the log, late records dropped, whether a rebuild is due."""
     rows = status(_run_settings(config), name)
     if as_json:
-        typer.echo(json.dumps([r.__dict__ if hasattr(r, "__dict__") else _asdict(r) for r in rows], indent=1, default=str))
+        typer.echo(
+            json.dumps([r.__dict__ if hasattr(r, "__dict__") else _asdict(r) for r in rows], indent=1, default=str)
+        )
         return
     for r in rows:
         flag = "  (version changed: next run rebuilds)" if r.needs_rebuild and r.build is not None else ""
-        typer.echo(f"{r.name} v{r.version}: {r.state} build={r.build} table={r.table} records={r.records:,} "
-                   f"lag={r.lag:,} late_dropped={r.late_dropped:,}{flag}")
+        typer.echo(
+            f"{r.name} v{r.version}: {r.state} build={r.build} table={r.table} records={r.records:,} "
+            f"lag={r.lag:,} late_dropped={r.late_dropped:,}{flag}"
+        )
 
 
 def _asdict(obj: Any) -> dict[str, Any]:

@@ -37,8 +37,10 @@ def serve(
     host = host or settings.api.host
     port = settings.api.port if port is None else port
     if not settings.api.keys and not _is_loopback(host):
-        raise UserError(f"refusing to bind {host}: no API keys are configured, so the API only binds to loopback; "
-                        "add [api] keys to tributary.toml to serve other hosts")
+        raise UserError(
+            f"refusing to bind {host}: no API keys are configured, so the API only binds to loopback; "
+            "add [api] keys to tributary.toml to serve other hosts"
+        )
     configure_json_logging()
     log = logging.getLogger("tributary.serve")
     if not settings.api.keys:

@@ -53,9 +53,7 @@ class LogSettings(_Section):
     segment_bytes: int = Field(default=134_217_728, ge=4096, description="Segment roll size.")
     linger_ms: int = Field(default=5, ge=0, description="Group-commit linger (like linger.ms).")
     batch_records: int = Field(default=10_000, ge=1, description="Commit at most this many records at once.")
-    delete_retention_ms: int = Field(
-        default=86_400_000, ge=0, description="How long compaction keeps tombstones."
-    )
+    delete_retention_ms: int = Field(default=86_400_000, ge=0, description="How long compaction keeps tombstones.")
 
 
 class SourceSettings(_Section):
@@ -94,7 +92,9 @@ class ProjectionSettings(_Section):
 class EventStoreSettings(_Section):
     max_retries: int = Field(default=3, ge=0, le=100, description="Retries of a command on a version conflict.")
     snapshot_every: int = Field(default=100, ge=0, description="Snapshot an aggregate every N events (0 = never).")
-    overdraft_fee: str = Field(default="5.00", pattern=r"^\d+(\.\d{1,2})?$", description="Bank example: fee per overdraft.")
+    overdraft_fee: str = Field(
+        default="5.00", pattern=r"^\d+(\.\d{1,2})?$", description="Bank example: fee per overdraft."
+    )
 
 
 class ApiKey(_Section):
@@ -125,9 +125,7 @@ class Settings(BaseSettings):
     eventstore: EventStoreSettings = EventStoreSettings()
     projections: ProjectionSettings = ProjectionSettings()
     api: ApiSettings = ApiSettings()
-    pg_data_dir: Path = Field(
-        default=Path(".tributary/pg"), description="Data directory of the embedded cluster."
-    )
+    pg_data_dir: Path = Field(default=Path(".tributary/pg"), description="Data directory of the embedded cluster.")
 
     @field_validator("sources")
     @classmethod

@@ -44,8 +44,7 @@ def find_bin_dir() -> Path:
     if found:
         return Path(found).resolve().parent
     raise PgError(
-        "PostgreSQL server binaries not found: install them with "
-        "`apt-get install postgresql-15 postgresql-15-wal2json`"
+        "PostgreSQL server binaries not found: install them with `apt-get install postgresql-15 postgresql-15-wal2json`"
     )
 
 
@@ -147,14 +146,10 @@ class EmbeddedPostgres:
         ).stdout.strip()
         if not (Path(out) / "wal2json.so").exists():
             version = self.bin_dir.parent.name
-            raise PgError(
-                f"wal2json is not installed in {out}: run `apt-get install postgresql-{version}-wal2json`"
-            )
+            raise PgError(f"wal2json is not installed in {out}: run `apt-get install postgresql-{version}-wal2json`")
 
     def _has_output_plugin_allowlist(self) -> bool:
-        proc = subprocess.run(
-            [str(self.bin_dir / "postgres"), "--describe-config"], capture_output=True, text=True
-        )
+        proc = subprocess.run([str(self.bin_dir / "postgres"), "--describe-config"], capture_output=True, text=True)
         return any(line.startswith("output_plugin_libraries\t") for line in proc.stdout.splitlines())
 
     # -- lifecycle ---------------------------------------------------------------
@@ -189,8 +184,16 @@ class EmbeddedPostgres:
             shutil.chown(pgdata, user=self._user)
             shutil.chown(self.data_dir, user=self._user)
         self._run(
-            str(self.bin_dir / "initdb"), "-D", str(pgdata), "-U", SUPERUSER, "-A", "trust",
-            "--encoding=UTF8", "--locale=C.UTF-8", "--no-instructions",
+            str(self.bin_dir / "initdb"),
+            "-D",
+            str(pgdata),
+            "-U",
+            SUPERUSER,
+            "-A",
+            "trust",
+            "--encoding=UTF8",
+            "--locale=C.UTF-8",
+            "--no-instructions",
         )
         conf = pgdata / "postgresql.conf"
         with conf.open("a") as fh:

@@ -40,8 +40,13 @@ class BodyLimit:
 
     async def _too_large(self, send: Send) -> None:
         body = b'{"detail":"request body larger than %d bytes"}' % self.max_bytes
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 

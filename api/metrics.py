@@ -16,18 +16,37 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.capture_changes = Gauge("tributary_capture_changes_total", "Changes captured (per source, this daemon run)", ["source"], registry=r)
+        self.capture_changes = Gauge(
+            "tributary_capture_changes_total", "Changes captured (per source, this daemon run)", ["source"], registry=r
+        )
         self.capture_rate = Gauge("tributary_capture_changes_per_second", "Recent capture rate", ["source"], registry=r)
-        self.capture_up = Gauge("tributary_capture_source_state", "1 for the source's current state", ["source", "state"], registry=r)
-        self.slot_lag = Gauge("tributary_slot_lag_bytes", "pg_current_wal_lsn() - confirmed_flush_lsn", ["source"], registry=r)
+        self.capture_up = Gauge(
+            "tributary_capture_source_state", "1 for the source's current state", ["source", "state"], registry=r
+        )
+        self.slot_lag = Gauge(
+            "tributary_slot_lag_bytes", "pg_current_wal_lsn() - confirmed_flush_lsn", ["source"], registry=r
+        )
         self.log_bytes = Gauge("tributary_log_bytes", "Bytes on disk per topic", ["topic"], registry=r)
         self.log_records = Gauge("tributary_log_records", "Committed records per topic", ["topic"], registry=r)
-        self.projection_lag = Gauge("tributary_projection_lag_records", "Records behind the log", ["projection"], registry=r)
-        self.rebuild_progress = Gauge("tributary_rebuild_progress_ratio", "Progress of the running rebuild", ["projection"], registry=r)
-        self.commands = Counter("tributary_commands_total", "Commands handled by outcome", ["stream_type", "outcome"], registry=r)
-        self.command_seconds = Histogram("tributary_command_seconds", "Command latency", ["stream_type"], registry=r,
-                                         buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
-        self.http_requests = Counter("tributary_http_requests_total", "HTTP requests", ["method", "route", "status"], registry=r)
+        self.projection_lag = Gauge(
+            "tributary_projection_lag_records", "Records behind the log", ["projection"], registry=r
+        )
+        self.rebuild_progress = Gauge(
+            "tributary_rebuild_progress_ratio", "Progress of the running rebuild", ["projection"], registry=r
+        )
+        self.commands = Counter(
+            "tributary_commands_total", "Commands handled by outcome", ["stream_type", "outcome"], registry=r
+        )
+        self.command_seconds = Histogram(
+            "tributary_command_seconds",
+            "Command latency",
+            ["stream_type"],
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+        )
+        self.http_requests = Counter(
+            "tributary_http_requests_total", "HTTP requests", ["method", "route", "status"], registry=r
+        )
 
     def refresh(self, log_root: Path) -> None:
         status = read_status(log_root) or {"sources": []}

@@ -56,8 +56,11 @@ async def readyz(request: Request) -> Response:
     ready = all(v == "ok" for v in checks.values())
     import orjson
 
-    return Response(orjson.dumps({"ready": ready, "checks": checks}), status_code=200 if ready else 503,
-                    media_type="application/json")
+    return Response(
+        orjson.dumps({"ready": ready, "checks": checks}),
+        status_code=200 if ready else 503,
+        media_type="application/json",
+    )
 
 
 @router.get("/metrics", tags=["ops"])
@@ -91,9 +94,16 @@ def _topics(root: Any) -> list[dict[str, Any]]:
         out = []
         for name, cfg in sorted(log.topics().items()):
             starts, ends = log.start_offsets(name), log.end_offsets(name)
-            out.append({"topic": name, "partitions": cfg.partitions, "policy": cfg.policy,
-                        "start_offsets": starts, "end_offsets": ends,
-                        "records": sum(e - s for s, e in zip(starts, ends, strict=True))})
+            out.append(
+                {
+                    "topic": name,
+                    "partitions": cfg.partitions,
+                    "policy": cfg.policy,
+                    "start_offsets": starts,
+                    "end_offsets": ends,
+                    "records": sum(e - s for s, e in zip(starts, ends, strict=True)),
+                }
+            )
         return out
 
 
@@ -124,7 +134,9 @@ async def projections(request: Request) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         entry = {k: getattr(r, k) for k in r.__slots__}
-        entry["rebuild"] = next((b for b in _rebuilds.values() if b["projection"] == r.name and b["state"] == "running"), None)
+        entry["rebuild"] = next(
+            (b for b in _rebuilds.values() if b["projection"] == r.name and b["state"] == "running"), None
+        )
         out.append(entry)
     return out
 
@@ -142,8 +154,16 @@ async def start_rebuild(name: str, request: Request) -> dict[str, Any]:
         if running:
             return running[0]
         rebuild_id = uuid.uuid4().hex[:12]
-        entry: dict[str, Any] = {"id": rebuild_id, "projection": name, "state": "running", "stage": "starting",
-                                 "done": 0, "total": 0, "started_at": time.time(), "error": None}
+        entry: dict[str, Any] = {
+            "id": rebuild_id,
+            "projection": name,
+            "state": "running",
+            "stage": "starting",
+            "done": 0,
+            "total": 0,
+            "started_at": time.time(),
+            "error": None,
+        }
         _rebuilds[rebuild_id] = entry
     threading.Thread(target=_rebuild_worker, args=(entry, settings), daemon=True, name=f"rebuild-{name}").start()
     return entry

@@ -38,8 +38,12 @@ class CommandRequest(BaseModel):
 
     type: str = Field(min_length=1, max_length=100, description="Command type, e.g. `deposit`.")
     data: dict[str, Any] = Field(default_factory=dict, description="The command's fields.")
-    expected_version: int | None = Field(default=None, ge=0, description="Fail with 409 unless the stream is at this version.")
-    command_id: str | None = Field(default=None, min_length=1, max_length=200, description="Makes the command idempotent.")
+    expected_version: int | None = Field(
+        default=None, ge=0, description="Fail with 409 unless the stream is at this version."
+    )
+    command_id: str | None = Field(
+        default=None, min_length=1, max_length=200, description="Makes the command idempotent."
+    )
 
 
 def _handler(request: Request) -> CommandHandler:
@@ -55,21 +59,32 @@ def _json(body: Any, status: int = 200) -> JSONResponse:
 
 def _http_error(exc: EventStoreError) -> HTTPException:
     if isinstance(exc, ConcurrencyConflict):
-        return HTTPException(409, {"error": "conflict", "message": str(exc), "expected": exc.expected, "actual": exc.actual})
+        return HTTPException(
+            409, {"error": "conflict", "message": str(exc), "expected": exc.expected, "actual": exc.actual}
+        )
     if isinstance(exc, UnknownStreamType):
         return HTTPException(404, {"error": "unknown_stream_type", "message": str(exc)})
     if isinstance(exc, CommandRejected):
         return HTTPException(422, {"error": "rejected", "rule": exc.rule, "message": exc.reason})
     if isinstance(exc, InvalidCommand):
-        return HTTPException(422, {"error": "invalid", "message": str(exc),
-                                   "fields": [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors]})  # type: ignore[call-overload]
+        return HTTPException(
+            422,
+            {
+                "error": "invalid",
+                "message": str(exc),
+                "fields": [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors],
+            },
+        )  # type: ignore[call-overload]
     if isinstance(exc, UnknownCommand | IdempotencyMismatch | PartialDuplicateBatch):
         return HTTPException(422, {"error": type(exc).__name__, "message": str(exc)})
     return HTTPException(400, {"error": type(exc).__name__, "message": str(exc)})
 
 
-@router.post("/commands/{stream_type}/{stream_id}", dependencies=[Depends(require("write"))],
-             responses={409: {"description": "version conflict"}, 422: {"description": "invalid or rejected"}})
+@router.post(
+    "/commands/{stream_type}/{stream_id}",
+    dependencies=[Depends(require("write"))],
+    responses={409: {"description": "version conflict"}, 422: {"description": "invalid or rejected"}},
+)
 async def send_command(stream_type: str, stream_id: str, body: CommandRequest, request: Request) -> JSONResponse:
     """Validate the command against the aggregate's state and append its events."""
     handler = _handler(request)
@@ -78,8 +93,13 @@ async def send_command(stream_type: str, stream_id: str, body: CommandRequest, r
     outcome = "ok"
     try:
         result = await asyncio.to_thread(
-            handler.handle, stream_type, stream_id, body.type, body.data,
-            expected_version=body.expected_version, command_id=body.command_id,
+            handler.handle,
+            stream_type,
+            stream_id,
+            body.type,
+            body.data,
+            expected_version=body.expected_version,
+            command_id=body.command_id,
         )
     except EventStoreError as exc:
         outcome = type(exc).__name__
@@ -91,8 +111,9 @@ async def send_command(stream_type: str, stream_id: str, body: CommandRequest, r
 
 
 @router.get("/streams/{stream_id}", dependencies=[Depends(require("read"))])
-async def read_stream(stream_id: str, request: Request, from_version: int = Query(1, ge=1),
-                      limit: int = Query(100, ge=1, le=1000)) -> JSONResponse:
+async def read_stream(
+    stream_id: str, request: Request, from_version: int = Query(1, ge=1), limit: int = Query(100, ge=1, le=1000)
+) -> JSONResponse:
     """The stream's events, oldest first, from `from_version`."""
     store = _handler(request).store
     events = await asyncio.to_thread(store.read_stream, stream_id, from_version=from_version, limit=limit)
@@ -113,5 +134,11 @@ async def stream_state(stream_id: str, request: Request) -> JSONResponse:
         loaded = await asyncio.to_thread(handler.load, stream_type, stream_id)
     except EventStoreError as exc:
         raise _http_error(exc) from None
-    return _json({"stream_id": stream_id, "stream_type": stream_type, "version": loaded.version,
-                  **loaded.state.model_dump(mode="json")})
+    return _json(
+        {
+            "stream_id": stream_id,
+            "stream_type": stream_type,
+            "version": loaded.version,
+            **loaded.state.model_dump(mode="json"),
+        }
+    )

@@ -61,15 +61,17 @@ async def list_views(request: Request) -> Response:
     out = []
     for name, p in sorted(projections.items()):
         b = builds.get(name)
-        out.append({
-            "name": name,
-            "projection_version": p.version,
-            "columns": [{"name": c.name, "type": c.type} for c in p.table.columns],
-            "primary_key": list(p.table.primary_key),
-            "build": b[1] if b else None,
-            "table": b[3] if b else None,
-            "updated_at": b[4].isoformat() if b and b[4] else None,
-        })
+        out.append(
+            {
+                "name": name,
+                "projection_version": p.version,
+                "columns": [{"name": c.name, "type": c.type} for c in p.table.columns],
+                "primary_key": list(p.table.primary_key),
+                "build": b[1] if b else None,
+                "table": b[3] if b else None,
+                "updated_at": b[4].isoformat() if b and b[4] else None,
+            }
+        )
     return _json(out)
 
 
@@ -85,8 +87,11 @@ def _parse_filters(params: dict[str, str], types: dict[str, str]) -> list[tuple[
             continue
         filters.append((column, _OPS[op], value))
     if unknown:
-        raise HTTPException(422, f"unknown column or operator: {', '.join(sorted(unknown))} "
-                                 f"(columns: {', '.join(types)}; operators: {', '.join(k for k in _OPS if k)})")
+        raise HTTPException(
+            422,
+            f"unknown column or operator: {', '.join(sorted(unknown))} "
+            f"(columns: {', '.join(types)}; operators: {', '.join(k for k in _OPS if k)})",
+        )
     return filters
 
 
@@ -105,8 +110,9 @@ def _decode_cursor(cursor: str, width: int) -> list[Any]:
 
 
 @router.get("/views/{name}")
-async def query_view(name: str, request: Request, limit: int = 100, cursor: str | None = None,
-                     order_by: str | None = None) -> Response:
+async def query_view(
+    name: str, request: Request, limit: int = 100, cursor: str | None = None, order_by: str | None = None
+) -> Response:
     """Rows of `views.<name>`: `?col=v`, `?col__gte=v` (eq ne gt gte lt lte), `order_by=col|-col`,
     `limit` (≤ 1000), `cursor` from the previous page's `next_cursor`."""
     projections = await asyncio.to_thread(_projections, request)
@@ -128,7 +134,11 @@ async def query_view(name: str, request: Request, limit: int = 100, cursor: str 
     where: list[sql.Composable] = []
     args: list[Any] = []
     for column, op, value in filters:
-        where.append(sql.SQL("{} {} CAST({} AS {})").format(sql.Identifier(column), sql.SQL(op), sql.Placeholder(), sql.SQL(types[column])))
+        where.append(
+            sql.SQL("{} {} CAST({} AS {})").format(
+                sql.Identifier(column), sql.SQL(op), sql.Placeholder(), sql.SQL(types[column])
+            )
+        )
         args.append(value)
     if cursor:
         after = _decode_cursor(cursor, len(keys))
@@ -152,9 +162,13 @@ async def query_view(name: str, request: Request, limit: int = 100, cursor: str 
             from psycopg import errors
 
             if isinstance(exc, errors.DataError):
-                raise HTTPException(422, f"a filter value does not fit its column's type: {exc.diag.message_primary}") from None
+                raise HTTPException(
+                    422, f"a filter value does not fit its column's type: {exc.diag.message_primary}"
+                ) from None
             if isinstance(exc, errors.UndefinedTable):
-                raise HTTPException(404, f"view {name!r} has not been built yet: run `tributary project run {name}`") from None
+                raise HTTPException(
+                    404, f"view {name!r} has not been built yet: run `tributary project run {name}`"
+                ) from None
             raise
         rows = await cur.fetchall()
     names = list(types)

@@ -67,8 +67,13 @@ class Workload:
                 self.conn.execute(
                     "INSERT INTO products (sku, title, price, tags, attributes) VALUES (%s, %s, %s, %s, %s) "
                     "ON CONFLICT (sku) DO NOTHING",
-                    (f"SKU-{i:04d}", f"Product {i}", f"{self.rng.randint(100, 99999) / 100:.2f}",
-                     ["demo", f"group{i % 3}"], psycopg.types.json.Jsonb({"color": self.rng.choice(["red", "blue"])})),
+                    (
+                        f"SKU-{i:04d}",
+                        f"Product {i}",
+                        f"{self.rng.randint(100, 99999) / 100:.2f}",
+                        ["demo", f"group{i % 3}"],
+                        psycopg.types.json.Jsonb({"color": self.rng.choice(["red", "blue"])}),
+                    ),
                 )
             for i in range(customers):
                 self.conn.execute(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import psycopg
 
 from api.config import Settings
@@ -18,8 +20,14 @@ OUTBOX_SOURCE = "_eventstore"  # reserved: the event store's outbox, captured li
 def outbox_spec(settings: Settings, service_dsn: str) -> SourceSpec:
     """The service database's `eventstore.events`, routed to `events.<stream_type>`."""
     return SourceSpec(
-        name=OUTBOX_SOURCE, dsn=service_dsn, slot="tributary_eventstore", include=(OUTBOX_TABLE,), exclude=(),
-        snapshot="initial", partitions=settings.log.partitions, router=route_event,
+        name=OUTBOX_SOURCE,
+        dsn=service_dsn,
+        slot="tributary_eventstore",
+        include=(OUTBOX_TABLE,),
+        exclude=(),
+        snapshot="initial",
+        partitions=settings.log.partitions,
+        router=route_event,
     )
 
 
@@ -41,10 +49,8 @@ def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[Sourc
     if with_outbox and settings.capture.capture_eventstore:
         from api.cli_common import UserError, service_dsn
 
-        try:
+        with contextlib.suppress(UserError):  # no service database yet: nothing to route
             specs.append(outbox_spec(settings, service_dsn(settings)))
-        except UserError:
-            pass  # no service database yet: nothing to route
     return specs
 
 

@@ -42,7 +42,9 @@ def _config(path: Path, dsn: str, log_root: Path, slot: str, snapshot: str, incl
 def _spawn(config: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-c", "from api.cli import main; main()", "capture", "--config", str(config)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
 
 
@@ -95,9 +97,13 @@ def _current_lsn(dsn: str) -> Lsn:
 
 def bench_streaming(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) -> dict[str, float]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("DROP TABLE IF EXISTS stream_t; CREATE TABLE stream_t (id bigserial PRIMARY KEY, a int, b text, c timestamptz)")
+        conn.execute(
+            "DROP TABLE IF EXISTS stream_t; CREATE TABLE stream_t (id bigserial PRIMARY KEY, a int, b text, c timestamptz)"
+        )
         for slot in ("bench_recv", "bench_trib"):
-            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            )
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'wal2json')", (slot,))
         step = 100_000
         for lo in range(0, rows, step):
@@ -112,8 +118,22 @@ def bench_streaming(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) 
     out = work / "recv.jsonl"
     t0 = time.perf_counter()
     subprocess.run(
-        [str(cluster.bin_dir / "pg_recvlogical"), "-d", dsn, "--slot", "bench_recv", "--start", "-E", str(end), "-f", str(out), "--no-loop", *opts],
-        check=True, capture_output=True,
+        [
+            str(cluster.bin_dir / "pg_recvlogical"),
+            "-d",
+            dsn,
+            "--slot",
+            "bench_recv",
+            "--start",
+            "-E",
+            str(end),
+            "-f",
+            str(out),
+            "--no-loop",
+            *opts,
+        ],
+        check=True,
+        capture_output=True,
     )
     recv_s = time.perf_counter() - t0
     log_root = work / "log-stream"
@@ -121,17 +141,31 @@ def bench_streaming(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) 
     trib_s, rss = _run_until(config, log_root, end)
     shutil.rmtree(log_root, ignore_errors=True)
     out.unlink(missing_ok=True)
-    return {"pg_recvlogical_changes_per_s": rows / recv_s, "tributary_changes_per_s": rows / trib_s, "ratio": recv_s / trib_s, "tributary_peak_rss_mb": rss}
+    return {
+        "pg_recvlogical_changes_per_s": rows / recv_s,
+        "tributary_changes_per_s": rows / trib_s,
+        "ratio": recv_s / trib_s,
+        "tributary_peak_rss_mb": rss,
+    }
 
 
 def bench_snapshot(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) -> dict[str, float]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("DROP TABLE IF EXISTS snap_t; CREATE TABLE snap_t (id bigserial PRIMARY KEY, a int, b text, c timestamptz)")
-        conn.execute("INSERT INTO snap_t (a, b, c) SELECT g, md5(g::text) || md5((g+1)::text), now() FROM generate_series(1, %s) g", (rows,))
+        conn.execute(
+            "DROP TABLE IF EXISTS snap_t; CREATE TABLE snap_t (id bigserial PRIMARY KEY, a int, b text, c timestamptz)"
+        )
+        conn.execute(
+            "INSERT INTO snap_t (a, b, c) SELECT g, md5(g::text) || md5((g+1)::text), now() FROM generate_series(1, %s) g",
+            (rows,),
+        )
         conn.execute("VACUUM ANALYZE snap_t")
-        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'bench_snap'")
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'bench_snap'"
+        )
     t0 = time.perf_counter()
-    subprocess.run([shutil.which("psql") or "psql", dsn, "-c", r"\copy snap_t to /dev/null"], check=True, capture_output=True)
+    subprocess.run(
+        [shutil.which("psql") or "psql", dsn, "-c", r"\copy snap_t to /dev/null"], check=True, capture_output=True
+    )
     psql_s = time.perf_counter() - t0
     log_root = work / "log-snap"
     config = _config(work / "snap.toml", dsn, log_root, "bench_snap", "initial", "public.snap_t")
@@ -139,14 +173,21 @@ def bench_snapshot(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) -
     shutil.rmtree(log_root, ignore_errors=True)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_drop_replication_slot('bench_snap')")
-    return {"psql_copy_rows_per_s": rows / psql_s, "tributary_rows_per_s": rows / trib_s, "ratio": psql_s / trib_s, "tributary_peak_rss_mb": rss}
+    return {
+        "psql_copy_rows_per_s": rows / psql_s,
+        "tributary_rows_per_s": rows / trib_s,
+        "ratio": psql_s / trib_s,
+        "tributary_peak_rss_mb": rss,
+    }
 
 
 def bench_latency(dsn: str, work: Path, seconds: float, tps: int) -> dict[str, float]:
     """Commit -> committed in the log, at a steady rate: the row carries its commit clock."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS lat_t; CREATE TABLE lat_t (id bigserial PRIMARY KEY, sent double precision)")
-        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'bench_lat'")
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'bench_lat'"
+        )
     log_root = work / "log-lat"
     config = _config(work / "lat.toml", dsn, log_root, "bench_lat", "never", "public.lat_t")
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -192,7 +233,9 @@ def bench_latency(dsn: str, work: Path, seconds: float, tps: int) -> dict[str, f
     lat = sorted(v * 1000 for v in seen.values())
     shutil.rmtree(log_root, ignore_errors=True)
     return {
-        "sent": sent, "seen": len(lat), "tps": sent / seconds,
+        "sent": sent,
+        "seen": len(lat),
+        "tps": sent / seconds,
         "p50_ms": lat[len(lat) // 2] if lat else float("nan"),
         "p99_ms": lat[int(len(lat) * 0.99)] if lat else float("nan"),
         "note": "includes the reader's own poll (1 ms) and manifest re-read",

@@ -92,7 +92,9 @@ def load_times(store: EventStore, events: int) -> dict[str, float]:
     batch = 500
     for start in range(1, events, batch):
         n = min(batch, events - start)
-        store.append(stream, "account", [NewEvent(type="MoneyDeposited", data={"amount": "1.00"}) for _ in range(n)], start)
+        store.append(
+            stream, "account", [NewEvent(type="MoneyDeposited", data={"amount": "1.00"}) for _ in range(n)], start
+        )
     t0 = time.perf_counter()
     plain = handler.load("account", stream, use_snapshot=False)
     no_snap = time.perf_counter() - t0

@@ -101,9 +101,7 @@ def server_facts(conn: psycopg.Connection[Any]) -> ServerFacts:
         row = conn.execute("SELECT setting FROM pg_settings WHERE name = %s", (name,)).fetchone()
         return None if row is None else str(row[0])
 
-    role = conn.execute(
-        "SELECT rolsuper, rolreplication FROM pg_roles WHERE rolname = current_user"
-    ).fetchone()
+    role = conn.execute("SELECT rolsuper, rolreplication FROM pg_roles WHERE rolname = current_user").fetchone()
     assert role is not None
     return ServerFacts(
         version_num=int(setting("server_version_num") or 0),

@@ -231,4 +231,6 @@ class CaptureDaemon:
                 s.rate_base = s.status.changes
             self._rate_window = (now, 0)
         self._last_status_file = now
-        write_status(self.opts.log_root, pid=os.getpid(), updated_ms=int(now * 1000), sources=[s.status for s in self.sessions])
+        write_status(
+            self.opts.log_root, pid=os.getpid(), updated_ms=int(now * 1000), sources=[s.status for s in self.sessions]
+        )

@@ -44,11 +44,28 @@ class Output:
     timestamp_ms: int | None = None  # None: the source transaction's commit time
 
 
-def _source(source_name: str, db: str, schema: str, table: str, lsn: Lsn | None, tx_id: int | None,
-            ts_ms: int | None, snapshot: str) -> dict[str, Any]:
-    return {"connector": CONNECTOR, "version": VERSION, "name": source_name, "db": db, "schema": schema,
-            "table": table, "lsn": None if lsn is None else int(lsn), "txId": tx_id, "ts_ms": ts_ms,
-            "snapshot": snapshot}
+def _source(
+    source_name: str,
+    db: str,
+    schema: str,
+    table: str,
+    lsn: Lsn | None,
+    tx_id: int | None,
+    ts_ms: int | None,
+    snapshot: str,
+) -> dict[str, Any]:
+    return {
+        "connector": CONNECTOR,
+        "version": VERSION,
+        "name": source_name,
+        "db": db,
+        "schema": schema,
+        "table": table,
+        "lsn": None if lsn is None else int(lsn),
+        "txId": tx_id,
+        "ts_ms": ts_ms,
+        "snapshot": snapshot,
+    }
 
 
 def stream_row(columns: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -124,12 +141,13 @@ def envelopes_for(
                 Output(topic, old_key, None),
                 Output(topic, new_key, _value(None, after, source, "c", now_ms)),
             ]
-    before = old if old is not None and len(old) > len(keys) else None  # a full old row (FULL)
-    return [Output(topic, new_key, _value(before, after, source, "u", now_ms))]
+    full_old = old if old is not None and len(old) > len(keys) else None  # a whole old row (FULL)
+    return [Output(topic, new_key, _value(full_old, after, source, "u", now_ms))]
 
 
-def _fill_unchanged_toast(after: dict[str, Any], change: Change,
-                          known: Sequence[tuple[str, str, int]] | None, old: dict[str, Any] | None) -> None:
+def _fill_unchanged_toast(
+    after: dict[str, Any], change: Change, known: Sequence[tuple[str, str, int]] | None, old: dict[str, Any] | None
+) -> None:
     """Columns the table has but the UPDATE omitted were unchanged TOASTed values: take the old
     value when REPLICA IDENTITY FULL sent it, else mark them unavailable — never null."""
     if not known:
@@ -158,21 +176,54 @@ def snapshot_envelope(
     """An `op: "r"` record for one row read by the snapshot (values are PostgreSQL text)."""
     after = text_row(columns, values)
     source = _source(source_name, db, schema, table, lsn, None, now_ms, snapshot)
-    return [Output(topic_name(source_name, schema, table), _key(after, primary_key), _value(None, after, source, "r", now_ms))]
+    return [
+        Output(
+            topic_name(source_name, schema, table), _key(after, primary_key), _value(None, after, source, "r", now_ms)
+        )
+    ]
 
 
-def truncate_envelope(truncate: Truncate, *, source_name: str, db: str, lsn: Lsn | None, tx_id: int | None,
-                      commit_ts_ms: int | None, now_ms: int) -> list[Output]:
+def truncate_envelope(
+    truncate: Truncate,
+    *,
+    source_name: str,
+    db: str,
+    lsn: Lsn | None,
+    tx_id: int | None,
+    commit_ts_ms: int | None,
+    now_ms: int,
+) -> list[Output]:
     """`op: "t"`, key None: the caller writes it to every partition of the table's topic."""
-    source = _source(source_name, db, truncate.schema, truncate.table, truncate.lsn or lsn, tx_id, commit_ts_ms, "false")
-    return [Output(topic_name(source_name, truncate.schema, truncate.table), None, _value(None, None, source, "t", now_ms))]
+    source = _source(
+        source_name, db, truncate.schema, truncate.table, truncate.lsn or lsn, tx_id, commit_ts_ms, "false"
+    )
+    return [
+        Output(topic_name(source_name, truncate.schema, truncate.table), None, _value(None, None, source, "t", now_ms))
+    ]
 
 
-def message_envelope(message: LogicalMessage, *, source_name: str, db: str, lsn: Lsn | None, tx_id: int | None,
-                     commit_ts_ms: int | None, now_ms: int) -> list[Output]:
+def message_envelope(
+    message: LogicalMessage,
+    *,
+    source_name: str,
+    db: str,
+    lsn: Lsn | None,
+    tx_id: int | None,
+    commit_ts_ms: int | None,
+    now_ms: int,
+) -> list[Output]:
     """`pg_logical_emit_message` → `<source>.messages`, key = the prefix."""
-    source = _source(source_name, db, "", "", message.lsn or lsn, tx_id if message.transactional else None,
-                     commit_ts_ms, "false")
-    value = orjson.dumps({"prefix": message.prefix, "content": message.content,
-                          "transactional": message.transactional, "source": source, "op": "m", "ts_ms": now_ms})
+    source = _source(
+        source_name, db, "", "", message.lsn or lsn, tx_id if message.transactional else None, commit_ts_ms, "false"
+    )
+    value = orjson.dumps(
+        {
+            "prefix": message.prefix,
+            "content": message.content,
+            "transactional": message.transactional,
+            "source": source,
+            "op": "m",
+            "ts_ms": now_ms,
+        }
+    )
     return [Output(f"{source_name}.messages", orjson.dumps(message.prefix), value)]

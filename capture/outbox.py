@@ -38,5 +38,11 @@ def route_event(row: dict[str, Any]) -> list[Output]:
         "occurred_at": row["occurred_at"],
         "recorded_at": row["recorded_at"],
     }
-    return [Output(f"events.{row['stream_type']}", orjson.dumps(row["stream_id"]), orjson.dumps(value),
-                   timestamp_ms=_ms(row["occurred_at"]))]
+    return [
+        Output(
+            f"events.{row['stream_type']}",
+            orjson.dumps(row["stream_id"]),
+            orjson.dumps(value),
+            timestamp_ms=_ms(row["occurred_at"]),
+        )
+    ]

@@ -22,7 +22,7 @@ from capture.source import SourceSpec
 __all__ = ["Finding", "Outcome", "SourceReport", "check_source"]
 
 
-class Outcome(str, enum.Enum):
+class Outcome(enum.StrEnum):
     OK = "ok"
     FIXED = "fixed"
     WARNING = "warning"
@@ -98,7 +98,9 @@ def _check_server(conn: psycopg.Connection[Any], report: SourceReport) -> None:
                 "(output_plugin_libraries = 'pgoutput, test_decoding, wal2json') and reload",
             )
         elif "could not access file" in reason:
-            report.add(Outcome.PROBLEM, "wal2json is not installed on the server: apt-get install postgresql-15-wal2json")
+            report.add(
+                Outcome.PROBLEM, "wal2json is not installed on the server: apt-get install postgresql-15-wal2json"
+            )
         else:
             report.add(Outcome.PROBLEM, f"wal2json cannot be used: {reason}")
 
@@ -121,11 +123,16 @@ def _check_tables(
         name = table.qualified
         if set_full:
             conn.execute(
-                sql.SQL("ALTER TABLE {}.{} REPLICA IDENTITY FULL").format(sql.Identifier(table.schema), sql.Identifier(table.table))
+                sql.SQL("ALTER TABLE {}.{} REPLICA IDENTITY FULL").format(
+                    sql.Identifier(table.schema), sql.Identifier(table.table)
+                )
             )
             report.add(Outcome.FIXED, f"{name}: no primary key; set REPLICA IDENTITY FULL")
         elif name in allowed:
-            report.add(Outcome.WARNING, f"{name}: no primary key or replica identity; its UPDATEs and DELETEs will be lost (allowed)")
+            report.add(
+                Outcome.WARNING,
+                f"{name}: no primary key or replica identity; its UPDATEs and DELETEs will be lost (allowed)",
+            )
         else:
             report.add(
                 Outcome.PROBLEM,
@@ -145,8 +152,14 @@ def _ensure_slot(conn: psycopg.Connection[Any], spec: SourceSpec, report: Source
             info = repl.create_slot(spec.slot, export_snapshot=False)
         report.add(Outcome.FIXED, f"created replication slot {spec.slot} at {info.consistent_point}")
     elif row[0] != "wal2json" or row[1] != conn.info.dbname:
-        report.add(Outcome.PROBLEM, f"slot {spec.slot} exists but is a {row[0]} slot of database {row[1]}: choose another slot name")
+        report.add(
+            Outcome.PROBLEM,
+            f"slot {spec.slot} exists but is a {row[0]} slot of database {row[1]}: choose another slot name",
+        )
     elif row[2] == "lost":
-        report.add(Outcome.PROBLEM, f"slot {spec.slot} was invalidated (WAL it needed is gone): drop it, or set snapshot = \"when_needed\"")
+        report.add(
+            Outcome.PROBLEM,
+            f'slot {spec.slot} was invalidated (WAL it needed is gone): drop it, or set snapshot = "when_needed"',
+        )
     else:
         report.add(Outcome.OK, f"replication slot {spec.slot} exists ({row[2]})")

@@ -66,7 +66,9 @@ class ReplicationConnection:
     def __init__(self, dsn: str, *, label: str) -> None:
         self.label = label
         try:
-            self._conn = psycopg.connect(dsn, replication="database", autocommit=True, connect_timeout=10, **connect_options())
+            self._conn = psycopg.connect(
+                dsn, replication="database", autocommit=True, connect_timeout=10, **connect_options()
+            )
         except psycopg.OperationalError as exc:
             raise translate_connect_error(exc, f"source {label!r}") from None
         self._streaming = False
@@ -94,8 +96,12 @@ class ReplicationConnection:
 
     # -- streaming ---------------------------------------------------------------
     def start(self, slot: str, start: Lsn, options: Mapping[str, str]) -> None:
-        opts = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(k), sql.Literal(v)) for k, v in options.items())
-        query = sql.SQL("START_REPLICATION SLOT {} LOGICAL {} ({})").format(sql.Identifier(slot), sql.SQL(str(start)), opts)
+        opts = sql.SQL(", ").join(
+            sql.SQL("{} {}").format(sql.Identifier(k), sql.Literal(v)) for k, v in options.items()
+        )
+        query = sql.SQL("START_REPLICATION SLOT {} LOGICAL {} ({})").format(
+            sql.Identifier(slot), sql.SQL(str(start)), opts
+        )
         self._execute(query)
         self._streaming = True
 

@@ -44,8 +44,17 @@ class SchemaTracker:
         """Columns read from the catalog at start-up: used to recognise omitted TOAST values."""
         self._catalog[(schema, table)] = tuple(columns)
 
-    def observe(self, source: str, schema: str, table: str, columns: Sequence[ColumnSpec], *,
-                complete: bool, key: Sequence[str] = (), now_ms: int = 0) -> SchemaRecord | None:
+    def observe(
+        self,
+        source: str,
+        schema: str,
+        table: str,
+        columns: Sequence[ColumnSpec],
+        *,
+        complete: bool,
+        key: Sequence[str] = (),
+        now_ms: int = 0,
+    ) -> SchemaRecord | None:
         """A schema record when the columns differ from the last announced ones (or on first
         sight). `complete`: the list is the whole row (INSERT, snapshot); an UPDATE may omit
         unchanged TOAST values, so columns it does not show are taken to still exist."""

@@ -66,7 +66,9 @@ class SourceSession:
         self.in_transaction = False
         self._skip_tx = False
         self._tx: dict[str, Any] = {}
-        self._pending: dict[tuple[str, int], list[tuple[bytes | None, bytes | None, int, bytes | None]]] = defaultdict(list)
+        self._pending: dict[tuple[str, int], list[tuple[bytes | None, bytes | None, int, bytes | None]]] = defaultdict(
+            list
+        )
         self._pending_count = 0
         self._topics: set[str] = set()
         self._db = ""
@@ -90,11 +92,13 @@ class SourceSession:
             err = SlotLost if slot == "lost" else SlotMissing
             raise err(
                 f"source {self.spec.name!r}: slot {self.spec.slot!r} {what}, so changes since "
-                f"{position} may be gone; set snapshot = \"when_needed\" to re-snapshot, or recreate it"
+                f'{position} may be gone; set snapshot = "when_needed" to re-snapshot, or recreate it'
             )
         else:
             if position is not None:
-                log.warning("source %s: slot %s %s; taking a new snapshot", self.spec.name, self.spec.slot, slot or "missing")
+                log.warning(
+                    "source %s: slot %s %s; taking a new snapshot", self.spec.name, self.spec.slot, slot or "missing"
+                )
                 self.status.warnings.append(f"slot {self.spec.slot} was {slot or 'missing'}: re-snapshotted")
             start = self._snapshot_then_slot(slot, on_progress)
         self.durable = self.idle_lsn = start
@@ -172,15 +176,25 @@ class SourceSession:
         return info.consistent_point
 
     def _copy_tables(
-        self, reader: SnapshotReader, tables: list[TableInfo], lsn: Lsn, on_progress: Callable[[SourceStatus], None] | None
+        self,
+        reader: SnapshotReader,
+        tables: list[TableInfo],
+        lsn: Lsn,
+        on_progress: Callable[[SourceStatus], None] | None,
     ) -> None:
         self.status.snapshot_rows_total = sum(max(t.estimated_rows, 0) for t in tables)
         now_ms = int(self.clock() * 1000)
         previous: tuple[TableInfo, tuple[str | None, ...]] | None = None
         for table in tables:
             self.status.snapshot_table = table.qualified
-            self._observe_schema(table.schema, table.table, [(c.name, c.type, c.typeoid) for c in table.columns],
-                                 complete=True, key=table.identity_columns, now_ms=now_ms)
+            self._observe_schema(
+                table.schema,
+                table.table,
+                [(c.name, c.type, c.typeoid) for c in table.columns],
+                complete=True,
+                key=table.identity_columns,
+                now_ms=now_ms,
+            )
             for row in reader.rows(table, ordered=self.spec.router is not None):
                 if previous is not None:
                     self._snapshot_row(*previous, lsn, "true", now_ms)
@@ -260,8 +274,14 @@ class SourceSession:
                 outputs = self.spec.router(env.stream_row(parsed.raw_columns))
             else:
                 if parsed.action != "D":
-                    self._observe_schema(parsed.schema, parsed.table, parsed.column_types(),
-                                         complete=parsed.action == "I", key=parsed.pk, now_ms=now_ms)
+                    self._observe_schema(
+                        parsed.schema,
+                        parsed.table,
+                        parsed.column_types(),
+                        complete=parsed.action == "I",
+                        key=parsed.pk,
+                        now_ms=now_ms,
+                    )
                 outputs = self._envelopes(parsed)
             self._stage(outputs, now_ms)
             self._tx["changes"] = self._tx.get("changes", 0) + 1
@@ -300,12 +320,14 @@ class SourceSession:
             **self._context(),
         )
 
-    def _observe_schema(self, schema: str, table: str, columns: Iterable[Any], *, complete: bool,
-                        key: Iterable[str], now_ms: int) -> None:
+    def _observe_schema(
+        self, schema: str, table: str, columns: Iterable[Any], *, complete: bool, key: Iterable[str], now_ms: int
+    ) -> None:
         if self.spec.router is not None:
             return
-        record = self.schemas.observe(self.spec.name, schema, table, list(columns), complete=complete,
-                                      key=tuple(key), now_ms=now_ms)
+        record = self.schemas.observe(
+            self.spec.name, schema, table, list(columns), complete=complete, key=tuple(key), now_ms=now_ms
+        )
         if record is not None:
             self._to_all_partitions(record.topic, record.key, record.value, now_ms)
 

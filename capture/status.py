@@ -18,7 +18,7 @@ __all__ = ["SourceState", "SourceStatus", "read_status", "write_status", "STATUS
 STATUS_FILE = "capture-status.json"
 
 
-class SourceState(str, enum.Enum):
+class SourceState(enum.StrEnum):
     STARTING = "starting"
     SNAPSHOTTING = "snapshotting"
     STREAMING = "streaming"

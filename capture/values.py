@@ -19,7 +19,15 @@ from typing import Any
 
 import orjson
 
-__all__ = ["UNAVAILABLE", "from_stream", "from_text", "parse_array", "stream_converter", "text_converter", "type_family"]
+__all__ = [
+    "UNAVAILABLE",
+    "from_stream",
+    "from_text",
+    "parse_array",
+    "stream_converter",
+    "text_converter",
+    "type_family",
+]
 
 UNAVAILABLE = "__tributary_unavailable__"  # an unchanged TOASTed value the server did not send
 
@@ -150,7 +158,7 @@ def text_converter(type_name: str) -> Any:
 
 
 def _array(type_name: str, text: str, fam: str) -> Any:
-    element_family = fam[len("array:"):]
+    element_family = fam[len("array:") :]
     if element_family.startswith("array:"):
         return text
     items = parse_array(text)

@@ -157,11 +157,17 @@ def parse_message(data: bytes) -> Message:
             doc.get("lsn"),
         )
     if action == "B":
-        return Begin(int(doc["xid"]), Lsn.parse(doc["lsn"]), Lsn.parse(doc["nextlsn"]), parse_timestamp_ms(doc["timestamp"]))
+        return Begin(
+            int(doc["xid"]), Lsn.parse(doc["lsn"]), Lsn.parse(doc["nextlsn"]), parse_timestamp_ms(doc["timestamp"])
+        )
     if action == "C":
-        return Commit(int(doc["xid"]), Lsn.parse(doc["lsn"]), Lsn.parse(doc["nextlsn"]), parse_timestamp_ms(doc["timestamp"]))
+        return Commit(
+            int(doc["xid"]), Lsn.parse(doc["lsn"]), Lsn.parse(doc["nextlsn"]), parse_timestamp_ms(doc["timestamp"])
+        )
     if action == "T":
         return Truncate(doc["schema"], doc["table"], _lsn(doc))
     if action == "M":
-        return LogicalMessage(bool(doc.get("transactional")), str(doc.get("prefix", "")), str(doc.get("content", "")), _lsn(doc))
+        return LogicalMessage(
+            bool(doc.get("transactional")), str(doc.get("prefix", "")), str(doc.get("content", "")), _lsn(doc)
+        )
     raise ValueError(f"unknown wal2json action {action!r} in {data[:120]!r}")

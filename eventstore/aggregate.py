@@ -46,7 +46,7 @@ class Aggregate(Generic[S]):
         try:
             return model.model_validate(data)
         except ValidationError as exc:
-            errors = [{"loc": e["loc"], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+            errors: list[dict[str, Any]] = [{"loc": e["loc"], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
             raise InvalidCommand(command_type, errors) from None
 
     def event_type(self, event: BaseModel) -> str:

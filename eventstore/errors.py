@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "CommandRejected",
     "ConcurrencyConflict",
@@ -37,9 +39,9 @@ class CommandRejected(EventStoreError):
 class InvalidCommand(EventStoreError):
     """The command's data does not fit its schema; `errors` says which field and why."""
 
-    def __init__(self, command: str, errors: list[dict[str, object]]) -> None:
+    def __init__(self, command: str, errors: list[dict[str, Any]]) -> None:
         first = errors[0] if errors else {"loc": (), "msg": "invalid"}
-        field = ".".join(str(p) for p in first.get("loc", ())) or "(body)"  # type: ignore[union-attr]
+        field = ".".join(str(p) for p in first.get("loc", ())) or "(body)"
         super().__init__(f"{command}: {field}: {first.get('msg')}")
         self.command, self.errors = command, errors
 

@@ -40,8 +40,14 @@ class CommandResult:
 
 
 class CommandHandler:
-    def __init__(self, store: EventStore, aggregates: Mapping[str, Aggregate[Any]], *, max_retries: int = 3,
-                 snapshot_every: int | None = 100) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        aggregates: Mapping[str, Aggregate[Any]],
+        *,
+        max_retries: int = 3,
+        snapshot_every: int | None = 100,
+    ) -> None:
         self.store = store
         self.aggregates = dict(aggregates)
         self.max_retries = max_retries
@@ -69,9 +75,17 @@ class CommandHandler:
         return LoadedState(state, version, base)
 
     # -- handling ----------------------------------------------------------------------------------
-    def handle(self, stream_type: str, stream_id: str, command_type: str, data: Mapping[str, Any], *,
-               expected_version: int | None = None, command_id: str | None = None,
-               metadata: Mapping[str, Any] | None = None) -> CommandResult:
+    def handle(
+        self,
+        stream_type: str,
+        stream_id: str,
+        command_type: str,
+        data: Mapping[str, Any],
+        *,
+        expected_version: int | None = None,
+        command_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> CommandResult:
         agg = self.aggregate(stream_type)
         command = agg.parse_command(command_type, data)
         req = request_hash(stream_type, stream_id, command_type, dict(data), expected_version)
@@ -101,16 +115,20 @@ class CommandHandler:
             return CommandResult(stream_id, appended.version, [event_json(e) for e in appended.events])
         raise AssertionError("unreachable")
 
-    def _new_event(self, agg: Aggregate[Any], event: BaseModel, command_id: str | None,
-                   metadata: Mapping[str, Any] | None) -> NewEvent:
+    def _new_event(
+        self, agg: Aggregate[Any], event: BaseModel, command_id: str | None, metadata: Mapping[str, Any] | None
+    ) -> NewEvent:
         etype = agg.event_type(event)
         meta = dict(metadata or {})
         if command_id is not None:
             meta["command_id"] = command_id
-        return NewEvent(type=etype, data=event.model_dump(mode="json"), metadata=meta,
-                        schema_version=agg.schema_version(etype))
+        return NewEvent(
+            type=etype, data=event.model_dump(mode="json"), metadata=meta, schema_version=agg.schema_version(etype)
+        )
 
-    def _maybe_snapshot(self, agg: Aggregate[Any], stream_id: str, loaded: LoadedState, decided: Any, version: int) -> None:
+    def _maybe_snapshot(
+        self, agg: Aggregate[Any], stream_id: str, loaded: LoadedState, decided: Any, version: int
+    ) -> None:
         if not self.snapshot_every or version - loaded.from_snapshot < self.snapshot_every:
             return
         state = loaded.state

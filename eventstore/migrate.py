@@ -19,7 +19,7 @@ def sqlalchemy_url(dsn: str) -> str:
     """A libpq URL → SQLAlchemy's psycopg 3 dialect URL."""
     for prefix in ("postgresql://", "postgres://"):
         if dsn.startswith(prefix):
-            return "postgresql+psycopg://" + dsn[len(prefix):]
+            return "postgresql+psycopg://" + dsn[len(prefix) :]
     return dsn
 
 
@@ -48,7 +48,9 @@ def migrations_current(dsn: str) -> bool:
     engine = create_engine(sqlalchemy_url(dsn), poolclass=pool.NullPool)
     try:
         with engine.connect() as conn:
-            current = MigrationContext.configure(conn, opts={"version_table_schema": "eventstore"}).get_current_revision()
+            current = MigrationContext.configure(
+                conn, opts={"version_table_schema": "eventstore"}
+            ).get_current_revision()
     finally:
         engine.dispose()
     return current == head_revision()

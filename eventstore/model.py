@@ -56,9 +56,16 @@ class RecordedEvent:
 def event_json(e: RecordedEvent) -> dict[str, Any]:
     """The event as the API and the log show it."""
     return {
-        "id": str(e.event_id), "stream": e.stream_id, "stream_type": e.stream_type, "version": e.version,
-        "position": e.position, "type": e.type, "schema_version": e.schema_version, "data": e.data,
-        "metadata": e.metadata, "occurred_at": e.occurred_at.isoformat().replace("+00:00", "Z"),
+        "id": str(e.event_id),
+        "stream": e.stream_id,
+        "stream_type": e.stream_type,
+        "version": e.version,
+        "position": e.position,
+        "type": e.type,
+        "schema_version": e.schema_version,
+        "data": e.data,
+        "metadata": e.metadata,
+        "occurred_at": e.occurred_at.isoformat().replace("+00:00", "Z"),
         "recorded_at": e.recorded_at.isoformat().replace("+00:00", "Z"),
     }
 

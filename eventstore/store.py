@@ -37,7 +37,9 @@ RETURNING {_COLUMNS}
 """
 _BY_IDS = f"SELECT {_COLUMNS} FROM eventstore.events WHERE event_id = ANY(%s) ORDER BY version"
 _READ_FWD = f"SELECT {_COLUMNS} FROM eventstore.events WHERE stream_id = %s AND version >= %s ORDER BY version LIMIT %s"
-_READ_BWD = f"SELECT {_COLUMNS} FROM eventstore.events WHERE stream_id = %s AND version <= %s ORDER BY version DESC LIMIT %s"
+_READ_BWD = (
+    f"SELECT {_COLUMNS} FROM eventstore.events WHERE stream_id = %s AND version <= %s ORDER BY version DESC LIMIT %s"
+)
 _READ_TYPE = f"SELECT {_COLUMNS} FROM eventstore.events WHERE stream_type = %s AND global_position > %s ORDER BY global_position LIMIT %s"
 _CMD_GET = "SELECT request_hash, response FROM eventstore.commands WHERE command_id = %s"
 _CMD_PUT = "INSERT INTO eventstore.commands (command_id, stream_id, request_hash, response) VALUES (%s, %s, %s, %s)"
@@ -123,27 +125,40 @@ class EventStore:
     def _current(conn: psycopg.Connection[Any], stream_id: str) -> int:
         return int(conn.execute(_CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
 
-    def _append(self, conn: psycopg.Connection[Any], stream_id: str, stream_type: str, events: Sequence[NewEvent],
-                expected: ExpectedVersion, command: CommandRecord | None) -> AppendResult:
+    def _append(
+        self,
+        conn: psycopg.Connection[Any],
+        stream_id: str,
+        stream_type: str,
+        events: Sequence[NewEvent],
+        expected: ExpectedVersion,
+        command: CommandRecord | None,
+    ) -> AppendResult:
         if not events:
             current = self._current(conn, stream_id)
-            if (expected == "no_stream" and current != 0) or (expected == "stream_exists" and current == 0) or (
-                isinstance(expected, int) and current != expected
+            if (
+                (expected == "no_stream" and current != 0)
+                or (expected == "stream_exists" and current == 0)
+                or (isinstance(expected, int) and current != expected)
             ):
                 raise ConcurrencyConflict(stream_id, expected, current)
             result = AppendResult(stream_id, current, ())
         else:
-            rows = conn.execute(_INSERT, {
-                "s": stream_id, "st": stream_type,
-                "e": [e.event_id for e in events],
-                "t": [e.type for e in events],
-                "sv": [e.schema_version for e in events],
-                "d": [_jsonb(e.data) for e in events],
-                "m": [_jsonb(e.metadata) for e in events],
-                "o": [e.occurred_at for e in events],
-                "mode": expected if isinstance(expected, str) else "version",
-                "exp": expected if isinstance(expected, int) else 0,
-            }).fetchall()
+            rows = conn.execute(
+                _INSERT,
+                {
+                    "s": stream_id,
+                    "st": stream_type,
+                    "e": [e.event_id for e in events],
+                    "t": [e.type for e in events],
+                    "sv": [e.schema_version for e in events],
+                    "d": [_jsonb(e.data) for e in events],
+                    "m": [_jsonb(e.metadata) for e in events],
+                    "o": [e.occurred_at for e in events],
+                    "mode": expected if isinstance(expected, str) else "version",
+                    "exp": expected if isinstance(expected, int) else 0,
+                },
+            ).fetchall()
             if not rows:  # the expected version did not hold — unless this very batch is stored
                 original = self._existing(conn, events)
                 if original is not None:
@@ -180,8 +195,9 @@ class EventStore:
         return dict(row[1])
 
     # -- reading ---------------------------------------------------------------------------------------
-    def read_stream(self, stream_id: str, *, from_version: int = 1, limit: int | None = None,
-                    backwards: bool = False) -> list[RecordedEvent]:
+    def read_stream(
+        self, stream_id: str, *, from_version: int = 1, limit: int | None = None, backwards: bool = False
+    ) -> list[RecordedEvent]:
         query = _READ_BWD if backwards else _READ_FWD
         start = from_version if not backwards or from_version > 0 else _NO_LIMIT
         with self.pool.connection() as conn:
@@ -204,7 +220,9 @@ class EventStore:
             row = conn.execute(_SNAP_GET, (stream_id,)).fetchone()
         return None if row is None else (int(row[0]), dict(row[1]), int(row[2]))
 
-    def save_snapshot(self, stream_id: str, stream_type: str, version: int, state: dict[str, Any], state_version: int) -> None:
+    def save_snapshot(
+        self, stream_id: str, stream_type: str, version: int, state: dict[str, Any], state_version: int
+    ) -> None:
         with self.pool.connection() as conn, conn.transaction():
             conn.execute(_SNAP_PUT, (stream_id, stream_type, version, _jsonb(state), state_version))
 

@@ -10,7 +10,11 @@ from sqlalchemy import create_engine, pool
 from eventstore.migrate import sqlalchemy_url
 
 config = context.config
-dsn = context.get_x_argument(as_dictionary=True).get("dsn") or config.attributes.get("dsn") or os.environ.get("TRIBUTARY_SERVICE__DSN")
+dsn = (
+    context.get_x_argument(as_dictionary=True).get("dsn")
+    or config.attributes.get("dsn")
+    or os.environ.get("TRIBUTARY_SERVICE__DSN")
+)
 if not dsn:
     raise SystemExit("alembic: pass the service database as -x dsn=postgresql://…")
 

@@ -75,7 +75,9 @@ def _docker() -> PgServer:
 
     # debezium/postgres ships wal2json; wal_level=logical is its default.
     container = PostgresContainer("debezium/postgres:15", username="postgres", password="postgres")
-    container.with_command("postgres -c wal_level=logical -c max_replication_slots=32 -c max_wal_senders=32 -c TimeZone=UTC")
+    container.with_command(
+        "postgres -c wal_level=logical -c max_replication_slots=32 -c max_wal_senders=32 -c TimeZone=UTC"
+    )
     container.start()
     host, port = container.get_container_host_ip(), container.get_exposed_port(5432)
     return PgServer(base_dsn=f"postgresql://postgres:postgres@{host}:{port}/postgres", _container=container)

@@ -87,7 +87,10 @@ def bank_account(*, overdraft_fee: Decimal = Decimal("5.00")) -> Aggregate[Accou
     def decide(state: AccountState, command: BaseModel) -> Sequence[BaseModel]:
         if isinstance(command, Open):
             if state.status != "new":
-                raise CommandRejected("open_only_new", "this account is already open" if state.status == "open" else "this account was closed")
+                raise CommandRejected(
+                    "open_only_new",
+                    "this account is already open" if state.status == "open" else "this account was closed",
+                )
             return [AccountOpened(owner=command.owner, overdraft_limit=command.overdraft_limit)]
         _must_be_open(state)
         if isinstance(command, Deposit):
@@ -129,7 +132,9 @@ def bank_account(*, overdraft_fee: Decimal = Decimal("5.00")) -> Aggregate[Accou
         stream_type="account",
         state_type=AccountState,
         commands={"open": Open, "deposit": Deposit, "withdraw": Withdraw, "close": Close},
-        events={e.__name__: e for e in (AccountOpened, MoneyDeposited, MoneyWithdrawn, OverdraftFeeCharged, AccountClosed)},
+        events={
+            e.__name__: e for e in (AccountOpened, MoneyDeposited, MoneyWithdrawn, OverdraftFeeCharged, AccountClosed)
+        },
         decide=decide,
         evolve=evolve,
         # v1 of AccountOpened had no overdraft_limit (it defaulted to 0): lifted on read.

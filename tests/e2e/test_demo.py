@@ -20,7 +20,11 @@ def test_demo_runs_end_to_end_and_reports_work(tmp_path: Path) -> None:
     try:
         proc = subprocess.run(
             [sys.executable, "-c", "from api.cli import main; main()", "demo", "--duration", "8"],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert proc.returncode == 0, proc.stderr
         out = proc.stdout
@@ -33,5 +37,17 @@ def test_demo_runs_end_to_end_and_reports_work(tmp_path: Path) -> None:
         assert '"op":"' in out  # a real change record was shown
         assert "stopped the embedded Postgres" in out
     finally:
-        subprocess.run([sys.executable, "-c", "from api.cli import main; main()", "pg", "down", "--data-dir", str(tmp_path / "pg")],
-                       cwd=ROOT, capture_output=True, timeout=120)
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from api.cli import main; main()",
+                "pg",
+                "down",
+                "--data-dir",
+                str(tmp_path / "pg"),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            timeout=120,
+        )

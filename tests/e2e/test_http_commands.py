@@ -38,8 +38,12 @@ def api(fresh_db: str, tmp_path: Path) -> Iterator[httpx.Client]:
         f' {{ key = "{ADMIN}", scopes = ["admin"] }}]\n'
     )
     err = (tmp_path / "serve.err").open("w")
-    proc = subprocess.Popen([sys.executable, "-c", "from api.cli import main; main()", "serve", "--config", str(config)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from api.cli import main; main()", "serve", "--config", str(config)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+    )
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {WRITE}"}, timeout=10)
     deadline = time.monotonic() + 60
     while True:
@@ -60,7 +64,9 @@ def api(fresh_db: str, tmp_path: Path) -> Iterator[httpx.Client]:
         assert "k-write-123" not in (tmp_path / "serve.err").read_text()  # keys never logged
 
 
-def cmd(client: httpx.Client, stream: str, type_: str, data: dict[str, object] | None = None, **extra: object) -> httpx.Response:
+def cmd(
+    client: httpx.Client, stream: str, type_: str, data: dict[str, object] | None = None, **extra: object
+) -> httpx.Response:
     return client.post(f"/commands/account/{stream}", json={"type": type_, "data": data or {}, **extra})
 
 
@@ -72,8 +78,16 @@ def test_a_bank_account_through_http(api: httpx.Client) -> None:
     withdrawn = cmd(api, "acc-1", "withdraw", {"amount": "20"})
     assert [e["type"] for e in withdrawn.json()["events"]] == ["MoneyWithdrawn", "OverdraftFeeCharged"]
     state = api.get("/streams/acc-1/state").json()
-    assert state == {"stream_id": "acc-1", "stream_type": "account", "version": 4, "status": "open", "owner": "ada",
-                     "balance": "-14.75", "overdraft_limit": "50.00", "fees_charged": "5.00"}
+    assert state == {
+        "stream_id": "acc-1",
+        "stream_type": "account",
+        "version": 4,
+        "status": "open",
+        "owner": "ada",
+        "balance": "-14.75",
+        "overdraft_limit": "50.00",
+        "fees_charged": "5.00",
+    }
     events = api.get("/streams/acc-1", params={"from_version": 2, "limit": 2}).json()["events"]
     assert [e["version"] for e in events] == [2, 3] and events[0]["data"] == {"amount": "10.25"}
 

@@ -17,7 +17,9 @@ from capture.log import Log
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def write_config(path: Path, *, dsn: str, log_root: Path, name: str = "shop", extra: str = "", source_extra: str = "") -> Path:
+def write_config(
+    path: Path, *, dsn: str, log_root: Path, name: str = "shop", extra: str = "", source_extra: str = ""
+) -> Path:
     path.write_text(
         f"""
 [log]
@@ -45,7 +47,11 @@ include = ["public.*"]
 def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", "from api.cli import main; main()", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -57,7 +63,9 @@ class Capture:
         with self.err_path.open("wb") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", "from api.cli import main; main()", "capture", "--config", str(config), *args],
-                stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                cwd=ROOT,
             )
         self.pid = self.proc.pid
 

@@ -62,12 +62,25 @@ def test_wal2json_not_allowed_is_named_with_the_fix(misconfigured: EmbeddedPostg
 def test_slot_held_by_another_process(fresh_db: str, tmp_path: Path) -> None:
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
-    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", source_extra='snapshot = "never"')
+    config = write_config(
+        tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", source_extra='snapshot = "never"'
+    )
     assert cli("init", "--config", str(config)).returncode == 0
     holder = subprocess.Popen(
-        [str(EmbeddedPostgres(tmp_path).bin_dir / "pg_recvlogical"), "-d", fresh_db, "--slot", _slot(config),
-         "--start", "-f", "/dev/null", "-o", "format-version=2"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            str(EmbeddedPostgres(tmp_path).bin_dir / "pg_recvlogical"),
+            "-d",
+            fresh_db,
+            "--slot",
+            _slot(config),
+            "--start",
+            "-f",
+            "/dev/null",
+            "-o",
+            "format-version=2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         time.sleep(1.5)
@@ -91,7 +104,9 @@ def test_missing_slot_fails_clearly_unless_when_needed_resnapshots(fresh_db: str
     res = cli("capture", "--config", str(config), "--until-idle", "1")
     assert res.returncode == 1
     assert "does not exist" in res.stderr and 'snapshot = "when_needed"' in res.stderr
-    config.write_text(config.read_text().replace('include = ["public.*"]', 'include = ["public.*"]\nsnapshot = "when_needed"'))
+    config.write_text(
+        config.read_text().replace('include = ["public.*"]', 'include = ["public.*"]\nsnapshot = "when_needed"')
+    )
     res = cli("capture", "--config", str(config), "--until-idle", "1")
     assert res.returncode == 0, res.stderr
     assert "taking a new snapshot" in res.stderr

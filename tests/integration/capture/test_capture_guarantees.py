@@ -148,7 +148,9 @@ def test_server_restart_and_killed_walsender_are_survived(pg_server: PgServer, f
     write(200)
     time.sleep(1)
     with psycopg.connect(fresh_db, autocommit=True) as conn:
-        conn.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE active_pid IS NOT NULL AND database = current_database()")
+        conn.execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE active_pid IS NOT NULL AND database = current_database()"
+        )
     write(200)
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err

@@ -22,9 +22,13 @@ def _sql(dsn: str, *statements: str) -> None:
             conn.execute(s)
 
 
-def _stream(dsn: str, tmp_path: Path, *statements: str, snapshot: str = "never", init_args: tuple[str, ...] = ()) -> Path:
+def _stream(
+    dsn: str, tmp_path: Path, *statements: str, snapshot: str = "never", init_args: tuple[str, ...] = ()
+) -> Path:
     """init (creates the slot), run `statements`, then capture until idle; returns the log root."""
-    config = write_config(tmp_path / "t.toml", dsn=dsn, log_root=tmp_path / "log", source_extra=f'snapshot = "{snapshot}"')
+    config = write_config(
+        tmp_path / "t.toml", dsn=dsn, log_root=tmp_path / "log", source_extra=f'snapshot = "{snapshot}"'
+    )
     init = cli("init", "--config", str(config), *init_args)
     assert init.returncode == 0, init.stdout + init.stderr
     _sql(dsn, *statements)
@@ -39,10 +43,13 @@ def _ops(log: Path, topic: str) -> list[dict[str, Any]]:
 
 def test_trap1_numeric_keeps_every_digit_and_nan_is_documented_null(fresh_db: str, tmp_path: Path) -> None:
     _sql(fresh_db, "CREATE TABLE n (id int PRIMARY KEY, v numeric, f float8)")
-    log = _stream(fresh_db, tmp_path,
-                  "INSERT INTO n VALUES (1, 12345678901234567890.1234567890, 0.1)",
-                  "INSERT INTO n VALUES (2, 'NaN', 'NaN')",
-                  "INSERT INTO n VALUES (3, -0.000000000000000000000000000001, 1e308)")
+    log = _stream(
+        fresh_db,
+        tmp_path,
+        "INSERT INTO n VALUES (1, 12345678901234567890.1234567890, 0.1)",
+        "INSERT INTO n VALUES (2, 'NaN', 'NaN')",
+        "INSERT INTO n VALUES (3, -0.000000000000000000000000000001, 1e308)",
+    )
     rows = {c["after"]["id"]: c["after"] for c in _ops(log, "shop.public.n")}
     assert rows[1]["v"] == "12345678901234567890.1234567890"
     assert rows[3]["v"] == "-0.000000000000000000000000000001"
@@ -56,20 +63,38 @@ def test_trap2_timestamps_are_utc_whatever_the_server_timezone(fresh_db: str, tm
     _sql(fresh_db, "CREATE TABLE ts (id int PRIMARY KEY, at timestamptz, local timestamp, d date, t time, i interval)")
     dbname = fresh_db.rsplit("/", 1)[1]
     _sql(fresh_db, f"ALTER DATABASE \"{dbname}\" SET TimeZone = 'America/New_York'")
-    log = _stream(fresh_db, tmp_path,
-                  "INSERT INTO ts VALUES (1, '2024-01-02 03:04:05.123456+00', '2024-01-02 03:04:05', '2024-02-29', '13:14:15', '1 day 02:03:04')")
+    log = _stream(
+        fresh_db,
+        tmp_path,
+        "INSERT INTO ts VALUES (1, '2024-01-02 03:04:05.123456+00', '2024-01-02 03:04:05', '2024-02-29', '13:14:15', '1 day 02:03:04')",
+    )
     after = _ops(log, "shop.public.ts")[0]["after"]
-    assert after == {"id": 1, "at": "2024-01-02T03:04:05.123456Z", "local": "2024-01-02T03:04:05",
-                     "d": "2024-02-29", "t": "13:14:15", "i": "1 day 02:03:04"}
+    assert after == {
+        "id": 1,
+        "at": "2024-01-02T03:04:05.123456Z",
+        "local": "2024-01-02T03:04:05",
+        "d": "2024-02-29",
+        "t": "13:14:15",
+        "i": "1 day 02:03:04",
+    }
 
 
 def test_trap3_unchanged_toast_is_marked_or_filled_never_null(fresh_db: str, tmp_path: Path) -> None:
     big = secrets.token_hex(20_000)  # incompressible, > 8 kB: stored out of line
-    _sql(fresh_db, "CREATE TABLE d (id int PRIMARY KEY, note text, big text)",
-         "CREATE TABLE f (id int PRIMARY KEY, note text, big text)", "ALTER TABLE f REPLICA IDENTITY FULL")
-    log = _stream(fresh_db, tmp_path,
-                  f"INSERT INTO d VALUES (1, 'a', '{big}')", f"INSERT INTO f VALUES (1, 'a', '{big}')",
-                  "UPDATE d SET note = 'b' WHERE id = 1", "UPDATE f SET note = 'b' WHERE id = 1")
+    _sql(
+        fresh_db,
+        "CREATE TABLE d (id int PRIMARY KEY, note text, big text)",
+        "CREATE TABLE f (id int PRIMARY KEY, note text, big text)",
+        "ALTER TABLE f REPLICA IDENTITY FULL",
+    )
+    log = _stream(
+        fresh_db,
+        tmp_path,
+        f"INSERT INTO d VALUES (1, 'a', '{big}')",
+        f"INSERT INTO f VALUES (1, 'a', '{big}')",
+        "UPDATE d SET note = 'b' WHERE id = 1",
+        "UPDATE f SET note = 'b' WHERE id = 1",
+    )
     upd_default = [c for c in _ops(log, "shop.public.d") if c["op"] == "u"][0]
     upd_full = [c for c in _ops(log, "shop.public.f") if c["op"] == "u"][0]
     assert upd_default["after"] == {"id": 1, "note": "b", "big": UNAVAILABLE}
@@ -79,7 +104,9 @@ def test_trap3_unchanged_toast_is_marked_or_filled_never_null(fresh_db: str, tmp
 
 def test_trap4_table_without_key_is_refused_by_name_then_fixed(fresh_db: str, tmp_path: Path) -> None:
     _sql(fresh_db, "CREATE TABLE nokey (a int, b text)", "CREATE TABLE ok (id int PRIMARY KEY)")
-    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", source_extra='snapshot = "never"')
+    config = write_config(
+        tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", source_extra='snapshot = "never"'
+    )
     refused = cli("init", "--config", str(config))
     assert refused.returncode == 1
     assert "public.nokey" in refused.stdout and "silently lost" in refused.stdout
@@ -96,16 +123,22 @@ def test_trap4_table_without_key_is_refused_by_name_then_fixed(fresh_db: str, tm
 
 def test_trap5_ddl_mid_stream_emits_schema_records(fresh_db: str, tmp_path: Path) -> None:
     _sql(fresh_db, "CREATE TABLE s (id int PRIMARY KEY, a text)")
-    log = _stream(fresh_db, tmp_path,
-                  "INSERT INTO s VALUES (1, 'x')",
-                  "ALTER TABLE s ADD COLUMN b numeric(10, 2) DEFAULT 1.50",
-                  "INSERT INTO s VALUES (2, 'y', 2.25)",
-                  "ALTER TABLE s DROP COLUMN a",
-                  "INSERT INTO s VALUES (3, 3)")
+    log = _stream(
+        fresh_db,
+        tmp_path,
+        "INSERT INTO s VALUES (1, 'x')",
+        "ALTER TABLE s ADD COLUMN b numeric(10, 2) DEFAULT 1.50",
+        "INSERT INTO s VALUES (2, 'y', 2.25)",
+        "ALTER TABLE s DROP COLUMN a",
+        "INSERT INTO s VALUES (3, 3)",
+    )
     import orjson
 
-    schemas = [orjson.loads(r.value)["schema"] for r in records(log, "shop.public.s") if r.value and r.partition == 0
-               and b'"schema":{' in r.value]
+    schemas = [
+        orjson.loads(r.value)["schema"]
+        for r in records(log, "shop.public.s")
+        if r.value and r.partition == 0 and b'"schema":{' in r.value
+    ]
     assert [[c["name"] for c in s["columns"]] for s in schemas] == [["id", "a"], ["id", "a", "b"], ["id", "b"]]
     assert schemas[1]["columns"][2]["type"] == "numeric(10,2)"
     rows = {c["after"]["id"]: c["after"] for c in _ops(log, "shop.public.s")}
@@ -113,10 +146,16 @@ def test_trap5_ddl_mid_stream_emits_schema_records(fresh_db: str, tmp_path: Path
 
 
 def test_trap6_jsonb_bytea_arrays_uuid_and_null_round_trip(fresh_db: str, tmp_path: Path) -> None:
-    _sql(fresh_db, "CREATE TABLE v (id int PRIMARY KEY, j jsonb, js json, b bytea, ia int[], ta text[], u uuid, ok bool, n text)")
-    log = _stream(fresh_db, tmp_path,
-                  """INSERT INTO v VALUES (1, '{"k": [1, 2.50, "x"], "deep": {"n": 12345678901234567890.5}}', '{"a":1}',
-                     '\\xdeadbeef', '{1,NULL,3}', '{"a b","q\\"x",NULL,"{}"}', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', true, NULL)""")
+    _sql(
+        fresh_db,
+        "CREATE TABLE v (id int PRIMARY KEY, j jsonb, js json, b bytea, ia int[], ta text[], u uuid, ok bool, n text)",
+    )
+    log = _stream(
+        fresh_db,
+        tmp_path,
+        """INSERT INTO v VALUES (1, '{"k": [1, 2.50, "x"], "deep": {"n": 12345678901234567890.5}}', '{"a":1}',
+                     '\\xdeadbeef', '{1,NULL,3}', '{"a b","q\\"x",NULL,"{}"}', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', true, NULL)""",
+    )
     after = _ops(log, "shop.public.v")[0]["after"]
     assert after["j"] == {"k": [1, 2.5, "x"], "deep": {"n": 12345678901234567890.5}}
     raw = next(r.value for r in records(log, "shop.public.v") if r.value and b'"op":"c"' in r.value)
@@ -146,11 +185,16 @@ def test_trap8_primary_key_change_is_delete_tombstone_create(fresh_db: str, tmp_
 
 
 def test_snapshot_rows_equal_streamed_rows_byte_for_byte(fresh_db: str, tmp_path: Path) -> None:
-    values = ("12345678901234567890.1234567890, '2024-01-02 03:04:05.5+00', '{\"a\": [1, 2.0]}', "
-              "'\\x00ff', '{1,2}', '{\"x y\",z}', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', false, 'P1DT2H', 1.25::float8")
-    _sql(fresh_db, "CREATE TABLE eq (id int PRIMARY KEY, n numeric, at timestamptz, j jsonb, b bytea, ia int[], ta text[], "
-                   "u uuid, ok bool, i interval, f float8)",
-         f"INSERT INTO eq VALUES (1, {values})")
+    values = (
+        "12345678901234567890.1234567890, '2024-01-02 03:04:05.5+00', '{\"a\": [1, 2.0]}', "
+        "'\\x00ff', '{1,2}', '{\"x y\",z}', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', false, 'P1DT2H', 1.25::float8"
+    )
+    _sql(
+        fresh_db,
+        "CREATE TABLE eq (id int PRIMARY KEY, n numeric, at timestamptz, j jsonb, b bytea, ia int[], ta text[], "
+        "u uuid, ok bool, i interval, f float8)",
+        f"INSERT INTO eq VALUES (1, {values})",
+    )
     log = _stream(fresh_db, tmp_path, snapshot="initial")  # row 1 by the snapshot
     _sql(fresh_db, f"INSERT INTO eq VALUES (2, {values})")  # row 2 by the stream
     assert cli("capture", "--config", str(tmp_path / "t.toml"), "--until-idle", "1.5").returncode == 0
@@ -160,15 +204,19 @@ def test_snapshot_rows_equal_streamed_rows_byte_for_byte(fresh_db: str, tmp_path
     for r in records(log, "shop.public.eq"):
         if r.value and b'"after"' in r.value:
             env = orjson.loads(r.value)
-            rows[env["op"]] = r.value[r.value.index(b'"after":'):r.value.index(b',"source"')]
+            rows[env["op"]] = r.value[r.value.index(b'"after":') : r.value.index(b',"source"')]
     assert set(rows) == {"r", "c"}
     assert rows["r"].replace(b'"id":1', b'"id":2') == rows["c"]
 
 
 def test_logical_messages_go_to_the_messages_topic(fresh_db: str, tmp_path: Path) -> None:
     _sql(fresh_db, "CREATE TABLE m (id int PRIMARY KEY)")
-    log = _stream(fresh_db, tmp_path, "SELECT pg_logical_emit_message(true, 'audit', 'tx message')",
-                  "SELECT pg_logical_emit_message(false, 'audit', 'loose message')")
+    log = _stream(
+        fresh_db,
+        tmp_path,
+        "SELECT pg_logical_emit_message(true, 'audit', 'tx message')",
+        "SELECT pg_logical_emit_message(false, 'audit', 'loose message')",
+    )
     import orjson
 
     msgs = [orjson.loads(r.value) for r in records(log, "shop.messages")]
@@ -186,7 +234,9 @@ def test_truncate_reaches_every_partition(fresh_db: str, tmp_path: Path) -> None
 
 
 def test_bad_environments_each_give_one_clear_line(fresh_db: str, tmp_path: Path) -> None:
-    unreachable = write_config(tmp_path / "a.toml", dsn="postgresql://postgres@127.0.0.1:1/nope", log_root=tmp_path / "l1")
+    unreachable = write_config(
+        tmp_path / "a.toml", dsn="postgresql://postgres@127.0.0.1:1/nope", log_root=tmp_path / "l1"
+    )
     res = cli("capture", "--config", str(unreachable), "--until-idle", "1")
     assert res.returncode == 1
     assert len(res.stderr.strip().splitlines()) == 1 and "source 'shop'" in res.stderr

@@ -69,5 +69,15 @@ def test_events_reach_the_log_exactly_once_across_crashes(fresh_db: str, tmp_pat
     for stream, versions in per_stream.items():
         assert versions == list(range(1, len(versions) + 1)), f"{stream} out of order"
     sample = events[0]
-    assert set(sample) >= {"id", "stream", "version", "type", "schema_version", "data", "metadata", "occurred_at", "recorded_at"}
+    assert set(sample) >= {
+        "id",
+        "stream",
+        "version",
+        "type",
+        "schema_version",
+        "data",
+        "metadata",
+        "occurred_at",
+        "recorded_at",
+    }
     store.close()

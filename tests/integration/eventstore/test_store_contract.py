@@ -36,12 +36,22 @@ def ev(n: int = 1, t: str = "Happened") -> list[NewEvent]:
     return [NewEvent(type=t, data={"i": i, "amount": Decimal("0.10")}) for i in range(n)]
 
 
-@pytest.mark.parametrize(("prepared", "expected", "ok"), [
-    (0, "no_stream", True), (2, "no_stream", False),
-    (0, "stream_exists", False), (2, "stream_exists", True),
-    (0, "any", True), (2, "any", True),
-    (0, 0, True), (2, 2, True), (2, 1, False), (2, 3, False), (0, 1, False),
-])
+@pytest.mark.parametrize(
+    ("prepared", "expected", "ok"),
+    [
+        (0, "no_stream", True),
+        (2, "no_stream", False),
+        (0, "stream_exists", False),
+        (2, "stream_exists", True),
+        (0, "any", True),
+        (2, "any", True),
+        (0, 0, True),
+        (2, 2, True),
+        (2, 1, False),
+        (2, 3, False),
+        (0, 1, False),
+    ],
+)
 def test_expected_version_matrix(store: EventStore, prepared: int, expected: object, ok: bool) -> None:
     if prepared:
         store.append("s", "t", ev(prepared), "no_stream")

@@ -17,7 +17,14 @@ from capture.wal2json import Begin, Change, Commit, LogicalMessage, Truncate, pa
 pytestmark = pytest.mark.unit
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "wal2json"
-CTX: dict[str, Any] = {"source_name": "shop", "db": "db", "lsn": Lsn(1), "tx_id": 7, "commit_ts_ms": 1000, "now_ms": 2000}
+CTX: dict[str, Any] = {
+    "source_name": "shop",
+    "db": "db",
+    "lsn": Lsn(1),
+    "tx_id": 7,
+    "commit_ts_ms": 1000,
+    "now_ms": 2000,
+}
 
 
 def _messages(name: str) -> list[Any]:
@@ -39,7 +46,7 @@ def test_transactions_are_framed_with_their_end_lsn() -> None:
 def test_numeric_is_parsed_exactly_and_types_map() -> None:
     change = _messages("types")[1]
     assert isinstance(change, Change) and change.pk == ("id",)
-    (key, value), = _decoded(env.envelopes_for(change, **CTX))
+    ((key, value),) = _decoded(env.envelopes_for(change, **CTX))
     assert key == {"id": 1}
     after = value["after"]
     assert after["n"] == "12345678901234567890.1234567890"
@@ -47,21 +54,30 @@ def test_numeric_is_parsed_exactly_and_types_map() -> None:
     assert after["ia"] == [1, None] and after["ta"] == ["a b", "c"] and after["t"] == "tab\there"
     assert after["at"] == "2024-01-02T03:04:05.5Z" and after["nothing"] is None
     assert value["op"] == "c" and value["before"] is None
-    assert value["source"] == {"connector": "tributary", "version": env.VERSION, "name": "shop", "db": "db",
-                               "schema": "public", "table": "fx_types", "lsn": int(change.lsn or 0), "txId": 7,
-                               "ts_ms": 1000, "snapshot": "false"}
+    assert value["source"] == {
+        "connector": "tributary",
+        "version": env.VERSION,
+        "name": "shop",
+        "db": "db",
+        "schema": "public",
+        "table": "fx_types",
+        "lsn": int(change.lsn or 0),
+        "txId": 7,
+        "ts_ms": 1000,
+        "snapshot": "false",
+    }
 
 
 def test_nan_numeric_arrives_as_null() -> None:
     change = _messages("types")[4]
-    (_, value), = _decoded(env.envelopes_for(change, **CTX))
+    ((_, value),) = _decoded(env.envelopes_for(change, **CTX))
     assert value["after"]["n"] is None
 
 
 def test_update_delete_and_primary_key_change() -> None:
     changes = [m for m in _messages("update_delete_pk_change") if isinstance(m, Change)]
     ins, upd, pk_change, delete = changes
-    (_, u), = _decoded(env.envelopes_for(upd, **CTX))
+    ((_, u),) = _decoded(env.envelopes_for(upd, **CTX))
     assert u["op"] == "u" and u["after"] == {"id": 1, "v": "b"} and u["before"] is None  # key-only identity
     d, tomb, c = _decoded(env.envelopes_for(pk_change, **CTX))
     assert d[1]["before"] == {"id": 1} and d[1]["after"] is None
@@ -69,24 +85,27 @@ def test_update_delete_and_primary_key_change() -> None:
     assert c[1]["after"] == {"id": 2, "v": "b"}
     ops = [(k, v and v["op"]) for k, v in _decoded(env.envelopes_for(pk_change, **CTX))]
     assert ops == [({"id": 1}, "d"), ({"id": 1}, None), ({"id": 2}, "c")]
-    assert [(k, v and v["op"]) for k, v in _decoded(env.envelopes_for(delete, **CTX))] == [({"id": 2}, "d"), ({"id": 2}, None)]
+    assert [(k, v and v["op"]) for k, v in _decoded(env.envelopes_for(delete, **CTX))] == [
+        ({"id": 2}, "d"),
+        ({"id": 2}, None),
+    ]
 
 
 def test_unchanged_toast_is_marked_unavailable() -> None:
     ins, upd = [m for m in _messages("toast") if isinstance(m, Change)]
     known = [(c.name, c.type, c.typeoid) for c in ins.columns]
     assert [c.name for c in upd.columns] == ["id", "note"]  # wal2json omitted `big`
-    (_, value), = _decoded(env.envelopes_for(upd, known_columns=known, **CTX))
+    ((_, value),) = _decoded(env.envelopes_for(upd, known_columns=known, **CTX))
     assert value["after"] == {"id": 1, "note": "b", "big": UNAVAILABLE}
 
 
 def test_truncate_and_logical_message() -> None:
     msgs = _messages("truncate_message")
     trunc = next(m for m in msgs if isinstance(m, Truncate))
-    (key, value), = _decoded(env.truncate_envelope(trunc, **CTX))
+    ((key, value),) = _decoded(env.truncate_envelope(trunc, **CTX))
     assert key is None and value["op"] == "t" and value["source"]["table"] == "fx_tr"
     message = next(m for m in msgs if isinstance(m, LogicalMessage))
-    out, = env.message_envelope(message, **CTX)
+    (out,) = env.message_envelope(message, **CTX)
     assert out.topic == "shop.messages" and orjson.loads(out.key or b"") == "audit"
     assert orjson.loads(out.value or b"")["content"] == "hello"
 
@@ -94,11 +113,34 @@ def test_truncate_and_logical_message() -> None:
 def test_snapshot_row_matches_the_streamed_insert() -> None:
     change = _messages("types")[1]
     assert isinstance(change, Change)
-    copy_text = ["1", "12345678901234567890.1234567890", "0.5", "t", "tab\there", '{"k": [1, 2.50]}', "\\xdeadbeef",
-                 "{1,NULL}", '{"a b",c}', "2024-01-02 03:04:05.5+00", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "1 day", None]
-    snap, = env.snapshot_envelope(schema="public", table="fx_types", columns=change.column_types(), values=copy_text,
-                                  primary_key=["id"], source_name="shop", db="db", lsn=Lsn(1), snapshot="last", now_ms=5)
-    streamed, = env.envelopes_for(change, **CTX)
+    copy_text = [
+        "1",
+        "12345678901234567890.1234567890",
+        "0.5",
+        "t",
+        "tab\there",
+        '{"k": [1, 2.50]}',
+        "\\xdeadbeef",
+        "{1,NULL}",
+        '{"a b",c}',
+        "2024-01-02 03:04:05.5+00",
+        "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+        "1 day",
+        None,
+    ]
+    (snap,) = env.snapshot_envelope(
+        schema="public",
+        table="fx_types",
+        columns=change.column_types(),
+        values=copy_text,
+        primary_key=["id"],
+        source_name="shop",
+        db="db",
+        lsn=Lsn(1),
+        snapshot="last",
+        now_ms=5,
+    )
+    (streamed,) = env.envelopes_for(change, **CTX)
     assert snap.key == streamed.key
     assert orjson.loads(snap.value or b"")["after"] == orjson.loads(streamed.value or b"")["after"]
     assert orjson.loads(snap.value or b"")["source"]["snapshot"] == "last"

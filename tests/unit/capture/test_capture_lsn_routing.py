@@ -17,7 +17,7 @@ def test_lsn_parses_prints_and_orders() -> None:
     assert int(lsn) == (0x16 << 32) | 0xB374D848
     assert str(lsn) == "16/B374D848"
     assert Lsn.parse("0/1") < Lsn.parse("0/10") < Lsn.parse("1/0")
-    assert Lsn.ZERO == Lsn(0) and str(Lsn.ZERO) == "0/0"
+    assert Lsn(0) == Lsn.ZERO and str(Lsn.ZERO) == "0/0"
 
 
 @pytest.mark.parametrize("bad", ["", "16", "/1", "1/", "xyz/1", "1/2/3"])
