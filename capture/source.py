@@ -21,7 +21,7 @@ from capture import envelope as env
 from capture import wal2json
 from capture.catalog import TableInfo, list_tables
 from capture.errors import SlotLost, SlotMissing, SourceMisconfigured
-from capture.log import Log, TopicConfig
+from capture.log import Log, TopicConfig, partition_for
 from capture.lsn import Lsn
 from capture.replication import Keepalive, ReplicationConnection, XLogData, connect_options, translate_connect_error
 from capture.routing import TableFilter
@@ -70,10 +70,12 @@ class SourceSession:
             list
         )
         self._pending_count = 0
-        self._topics: set[str] = set()
         self._db = ""
         self.last_tx_changes = 0
         self._identity: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._ctx: dict[str, Any] = {"source_name": spec.name, "db": "", "lsn": None, "tx_id": None,
+                                     "commit_ts_ms": None, "now_ms": 0}
+        self._partitions: dict[str, int] = {}  # topic -> partition count, once known
         self.rate_base = 0  # status.changes at the start of the current rate window
 
     # -- start-up ------------------------------------------------------------------
@@ -242,6 +244,8 @@ class SourceSession:
             # A transaction that ends at or before the durable position is already in the log.
             self._skip_tx = parsed.nextlsn <= self.durable
             self._tx = {"xid": parsed.xid, "ts_ms": parsed.timestamp_ms, "lsn": parsed.lsn, "changes": 0}
+            self._ctx = {"source_name": self.spec.name, "db": self._db, "lsn": parsed.lsn, "tx_id": parsed.xid,
+                         "commit_ts_ms": parsed.timestamp_ms, "now_ms": 0}
             return False
         if isinstance(parsed, wal2json.Commit):
             self.in_transaction = False
@@ -303,14 +307,10 @@ class SourceSession:
         return False
 
     def _context(self) -> dict[str, Any]:
-        return {
-            "source_name": self.spec.name,
-            "db": self._db,
-            "lsn": self._tx.get("lsn"),
-            "tx_id": self._tx.get("xid"),
-            "commit_ts_ms": self._tx.get("ts_ms"),
-            "now_ms": int(self.clock() * 1000),
-        }
+        """The envelope's transaction context: built once per transaction, `now_ms` refreshed."""
+        ctx = self._ctx
+        ctx["now_ms"] = int(self.clock() * 1000)
+        return ctx
 
     def _envelopes(self, change: Any) -> list[env.Output]:
         return env.envelopes_for(
@@ -332,29 +332,30 @@ class SourceSession:
             self._to_all_partitions(record.topic, record.key, record.value, now_ms)
 
     def _to_all_partitions(self, topic: str, key: bytes | None, value: bytes | None, now_ms: int) -> None:
-        self._ensure_topic(topic)
-        for partition in range(self.log.topics()[topic].partitions):
+        for partition in range(self._ensure_topic(topic)):
             self._pending[(topic, partition)].append((key, value, now_ms, None))
             self._pending_count += 1
 
     # -- staging into the log -------------------------------------------------------------
-    def _ensure_topic(self, topic: str) -> None:
-        if topic in self._topics:
-            return
+    def _ensure_topic(self, topic: str) -> int:
+        """Create the topic on first use; returns its partition count."""
+        count = self._partitions.get(topic)
+        if count is not None:
+            return count
         if topic not in self.log.topics():
             policy = "delete" if topic.endswith(".messages") else "compact"
             if topic.startswith("events."):
                 policy = "none"
             self.log.create_topic(topic, TopicConfig(partitions=self.spec.partitions, policy=policy))
-        self._topics.add(topic)
+        count = self._partitions[topic] = self.log.topics()[topic].partitions
+        return count
 
     def _stage(self, outputs: Iterable[env.Output], now_ms: int) -> None:
         # A streamed record's timestamp is its transaction's commit time (event time); a
         # snapshot row's is the time it was read.
         now_ms = self._tx.get("ts_ms") or now_ms if self.in_transaction else now_ms
         for out in outputs:
-            self._ensure_topic(out.topic)
-            partition = self.log.partition_for(out.topic, out.key)
+            partition = partition_for(out.key, self._ensure_topic(out.topic))
             ts = now_ms if out.timestamp_ms is None else out.timestamp_ms
             self._pending[(out.topic, partition)].append((out.key, out.value, ts, out.headers))
             self._pending_count += 1

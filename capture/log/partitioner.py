@@ -5,6 +5,7 @@ Pure and deterministic across processes: never Python's salted `hash`.
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import orjson
@@ -14,6 +15,7 @@ __all__ = ["canonical_json", "murmur2", "partition_for"]
 _M = 0x5BD1E995
 _SEED = 0x9747B28C
 _MASK = 0xFFFFFFFF
+_WORDS = struct.unpack_from
 
 
 def murmur2(data: bytes) -> int:
@@ -21,13 +23,11 @@ def murmur2(data: bytes) -> int:
     length = len(data)
     h = (_SEED ^ length) & _MASK
     end4 = length & ~3
-    for i in range(0, end4, 4):
-        k = int.from_bytes(data[i : i + 4], "little")
+    for k in _WORDS(f"<{end4 >> 2}I", data) if end4 else ():  # all 4-byte words in one C call
         k = (k * _M) & _MASK
         k ^= k >> 24
         k = (k * _M) & _MASK
-        h = (h * _M) & _MASK
-        h ^= k
+        h = ((h * _M) & _MASK) ^ k
     rest = length & 3
     if rest == 3:
         h ^= data[end4 + 2] << 16
