@@ -3,6 +3,7 @@ kill -9, server restarts and killed connections."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from capture.lsn import Lsn
 from tests.integration.capture.helpers import changes, cli, records, spawn_capture, table_state, write_config
 from tests.pg import PgServer
 
@@ -194,3 +196,10 @@ def test_sigterm_commits_and_exits_zero(fresh_db: str, tmp_path: Path) -> None:
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert len(table_state(tmp_path / "log", "shop.public.t")) == 150
+    status = cli("capture", "status", "--config", str(config), "--json")
+    assert status.returncode == 0, status.stderr
+    (source,) = json.loads(status.stdout)["sources"]
+    assert source["name"] == "shop" and source["state"] == "stopped"
+    assert source["changes"] == 50 and source["snapshot_rows_done"] == 100
+    assert Lsn.parse(source["confirmed_lsn"]) >= Lsn.parse(source["last_lsn"])  # idle: may confirm further
+    assert isinstance(source["slot_lag_bytes"], int) and source["slot_lag_bytes"] >= 0
