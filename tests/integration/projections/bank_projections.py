@@ -1,8 +1,9 @@
 """Projections the integration tests name by path, as a user's `modules = [...]` would."""
 
+from decimal import Decimal
 from typing import Any
 
-from projections.definition import Fold, Projection, WindowSpec
+from projections.definition import Fold, Projection, Table, WindowSpec
 from projections.examples import account_balances, account_daily_totals, account_totals
 
 TOPICS = ("events.deposits", "events.withdrawals")
@@ -13,9 +14,7 @@ PROJECTIONS = [
     account_daily_totals.make(
         name="bank_daily",
         topics=TOPICS,
-        window=WindowSpec.tumbling(
-            account_daily_totals.DAY, lateness=HOUR, late="update", grace=HOUR
-        ),
+        window=WindowSpec.tumbling(account_daily_totals.DAY, lateness=HOUR, late="update", grace=HOUR),
     ),
     account_totals.make(name="bank_totals", topics=TOPICS),
 ]
@@ -36,3 +35,47 @@ PROJECTIONS.append(
         fold=Fold(account_balances.initial, _strict_apply, account_balances.result),
     )
 )
+
+
+def _session_initial(key: Any, start: int, end: int) -> dict[str, Any]:
+    return {"id": key, "n": 0, "sum": Decimal(0)}
+
+
+def _session_apply(s: dict[str, Any], r: Any) -> dict[str, Any]:
+    return {**s, "n": s["n"] + 1, "sum": s["sum"] + Decimal(r.data["amount"])}
+
+
+def _session_result(s: dict[str, Any], start: int, end: int) -> dict[str, Any]:
+    return {"account_id": s["id"], "start_ms": start, "end_ms": end, "movements": s["n"], "amount": s["sum"]}
+
+
+WINDOW_TABLE = Table.of(
+    {
+        "account_id": "text",
+        "start_ms": "bigint",
+        "end_ms": "bigint",
+        "movements": "integer",
+        "amount": "numeric(20,2)",
+    },
+    ["account_id", "start_ms"],  # rows must be unique per unit: the window start is in the key
+)
+WINDOW_FOLD = Fold(_session_initial, _session_apply, _session_result)
+
+PROJECTIONS += [
+    Projection(
+        name="bank_sessions",
+        version=1,
+        topics=TOPICS,
+        table=WINDOW_TABLE,
+        fold=WINDOW_FOLD,
+        window=WindowSpec.session(6 * HOUR, lateness=2 * HOUR, late="update", grace=HOUR),
+    ),
+    Projection(
+        name="bank_hopping",
+        version=1,
+        topics=TOPICS,
+        table=WINDOW_TABLE,
+        fold=WINDOW_FOLD,
+        window=WindowSpec.hopping(24 * HOUR, 12 * HOUR, lateness=HOUR),
+    ),
+]

@@ -41,14 +41,10 @@ class LogWriter:
         if name not in self.log.topics():
             self.log.create_topic(name, TopicConfig(partitions=partitions))
 
-    def append(
-        self, topic: str, stream: str, version: int, kind: str, at_ms: int, **data: Any
-    ) -> None:
+    def append(self, topic: str, stream: str, version: int, kind: str, at_ms: int, **data: Any) -> None:
         key = canonical_json(stream)
         part = self.log.partition_for(topic, key)
-        self.log.append(
-            topic, part, [(key, event_value(stream, version, kind, at_ms, **data), at_ms, None)]
-        )
+        self.log.append(topic, part, [(key, event_value(stream, version, kind, at_ms, **data), at_ms, None)])
 
     def commit(self) -> None:
         self.log.commit()

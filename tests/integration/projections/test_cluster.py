@@ -91,14 +91,10 @@ def standalone(tmp_path: Path) -> Iterator[str]:
         yield master
     finally:
         for cls in reversed(started):
-            subprocess.run(
-                ["bash", daemon, "stop", cls, "1"], env=env, capture_output=True, timeout=60
-            )
+            subprocess.run(["bash", daemon, "stop", cls, "1"], env=env, capture_output=True, timeout=60)
 
 
-def test_rebuild_on_a_standalone_cluster(
-    spark: Any, standalone: str, fresh_db: str, tmp_path: Path
-) -> None:
+def test_rebuild_on_a_standalone_cluster(spark: Any, standalone: str, fresh_db: str, tmp_path: Path) -> None:
     import random
 
     root = tmp_path / "log"

@@ -41,9 +41,7 @@ def _envelope(op: str, before: Any, after: Any, ts: int) -> bytes:
     )
 
 
-def _changes(
-    log: Log, rng: random.Random, model: dict[int, dict[str, Any]], n: int, ts: list[int]
-) -> None:
+def _changes(log: Log, rng: random.Random, model: dict[int, dict[str, Any]], n: int, ts: list[int]) -> None:
     for _ in range(n):
         ts[0] += 1
         oid = rng.randrange(12)
@@ -60,25 +58,17 @@ def _changes(
             continue
         note = old["note"] if old is not None and rng.random() < 0.5 else "x" * rng.randrange(1, 40)
         row = {"id": oid, "total": f"{rng.randrange(10**6)}.{rng.randrange(100):02d}", "note": note}
-        shipped = (
-            {**row, "note": TOAST_PLACEHOLDER} if old is not None and note == old["note"] else row
-        )
+        shipped = {**row, "note": TOAST_PLACEHOLDER} if old is not None and note == old["note"] else row
         model[oid] = row
-        log.append(
-            TOPIC, part, [(key, _envelope("u" if old else "c", old, shipped, ts[0]), ts[0], None)]
-        )
+        log.append(TOPIC, part, [(key, _envelope("u" if old else "c", old, shipped, ts[0]), ts[0], None)])
 
 
-def test_mirror_equals_model_incrementally_and_rebuilt(
-    spark: Any, fresh_db: str, tmp_path: Path
-) -> None:
+def test_mirror_equals_model_incrementally_and_rebuilt(spark: Any, fresh_db: str, tmp_path: Path) -> None:
     rng = random.Random(3)
     root = tmp_path / "log"
     log = Log.open(root, writer=True, segment_bytes=4096)
     log.create_topic(TOPIC, TopicConfig(partitions=3))
-    s = RunSettings(
-        dsn=fresh_db, log_root=root, mirror=(TOPIC,), spark_master="local[2]", shuffle_partitions=2
-    )
+    s = RunSettings(dsn=fresh_db, log_root=root, mirror=(TOPIC,), spark_master="local[2]", shuffle_partitions=2)
     model: dict[int, dict[str, Any]] = {}
     ts = [1_700_000_000_000]
     for batch in (60, 40):
