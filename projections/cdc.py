@@ -50,9 +50,7 @@ def unresolved(row: Mapping[str, Any] | None) -> list[str]:
     return [] if row is None else sorted(c for c, v in row.items() if v == TOAST_PLACEHOLDER)
 
 
-def apply_change(
-    previous: Mapping[str, Any] | None, record: ProjectionRecord
-) -> dict[str, Any] | None:
+def apply_change(previous: Mapping[str, Any] | None, record: ProjectionRecord) -> dict[str, Any] | None:
     """Fold step for "current row of the key": upsert with TOAST resolved, delete → None,
     tombstone or schema record → unchanged (a tombstone follows the delete that removed the row)."""
     envelope = record.value

@@ -41,9 +41,7 @@ class Column:
         if not _NAME.match(self.name):
             raise DefinitionError(f"column name {self.name!r} must match {_NAME.pattern}")
         if not _TYPE.match(self.type):
-            raise DefinitionError(
-                f"column {self.name!r}: {self.type!r} does not look like a SQL type"
-            )
+            raise DefinitionError(f"column {self.name!r}: {self.type!r} does not look like a SQL type")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +59,7 @@ class Table:
             raise DefinitionError("an output table needs a primary key")
         missing = [k for k in self.primary_key if k not in names]
         if missing:
-            raise DefinitionError(
-                f"primary key columns {missing} are not among the columns {names}"
-            )
+            raise DefinitionError(f"primary key columns {missing} are not among the columns {names}")
 
     @classmethod
     def of(cls, columns: Mapping[str, str], primary_key: tuple[str, ...] | list[str]) -> Table:
@@ -101,18 +97,14 @@ class WindowSpec:
         if self.kind == "session" and self.gap <= 0:
             raise DefinitionError("a session window needs gap > 0 (ms)")
         if self.kind not in ("tumbling", "hopping", "session"):
-            raise DefinitionError(
-                f"window kind must be tumbling|hopping|session, not {self.kind!r}"
-            )
+            raise DefinitionError(f"window kind must be tumbling|hopping|session, not {self.kind!r}")
         if self.late not in ("drop", "update"):
             raise DefinitionError(f"late policy must be drop|update, not {self.late!r}")
         if self.lateness < 0 or self.grace < 0:
             raise DefinitionError("lateness and grace must be >= 0")
 
     @classmethod
-    def tumbling(
-        cls, size: int, *, lateness: int = 0, late: LatePolicy = "drop", grace: int = 0
-    ) -> WindowSpec:
+    def tumbling(cls, size: int, *, lateness: int = 0, late: LatePolicy = "drop", grace: int = 0) -> WindowSpec:
         return cls("tumbling", size=size, lateness=lateness, late=late, grace=grace)
 
     @classmethod
@@ -122,9 +114,7 @@ class WindowSpec:
         return cls("hopping", size=size, hop=hop, lateness=lateness, late=late, grace=grace)
 
     @classmethod
-    def session(
-        cls, gap: int, *, lateness: int = 0, late: LatePolicy = "drop", grace: int = 0
-    ) -> WindowSpec:
+    def session(cls, gap: int, *, lateness: int = 0, late: LatePolicy = "drop", grace: int = 0) -> WindowSpec:
         return cls("session", gap=gap, lateness=lateness, late=late, grace=grace)
 
 
@@ -165,9 +155,7 @@ class Projection:
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name) or "__" in self.name:
-            raise DefinitionError(
-                f"projection name {self.name!r} must match {_NAME.pattern} without '__'"
-            )
+            raise DefinitionError(f"projection name {self.name!r} must match {_NAME.pattern} without '__'")
         if not isinstance(self.version, int) or self.version < 1:
             raise DefinitionError(f"projection {self.name!r}: version must be an int >= 1")
         if not self.topics:
@@ -176,7 +164,6 @@ class Projection:
             raise DefinitionError(f"projection {self.name!r}: give exactly one of fold= and build=")
         if self.build is not None and self.window is not None:
             raise DefinitionError(
-                f"projection {self.name!r}: windows apply to folds; "
-                "a DataFrame transform windows itself"
+                f"projection {self.name!r}: windows apply to folds; a DataFrame transform windows itself"
             )
         object.__setattr__(self, "topics", tuple(self.topics))

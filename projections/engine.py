@@ -107,10 +107,7 @@ def plan_items(p: Projection, record: ProjectionRecord, max_before: int | None) 
     t = record.event_time
     if w.kind == "session":
         return [Item(key, key, None, None, admit(w, t + w.gap, wm), record)]
-    return [
-        Item(canonical([orjson.loads(key), s]), key, s, e, admit(w, e, wm), record)
-        for s, e in assign(w, t)
-    ]
+    return [Item(canonical([orjson.loads(key), s]), key, s, e, admit(w, e, wm), record) for s, e in assign(w, t)]
 
 
 @lru_cache(maxsize=64)
@@ -123,21 +120,15 @@ def render_row(p: Projection, row: Mapping[str, Any]) -> tuple[str, Pk]:
     """A result row → (COPY line in column order, its primary key as rendered text)."""
     names, known, pk_at = _layout(p.table)
     if not known.issuperset(row):
-        raise DefinitionError(
-            f"projection {p.name!r} returned unknown columns {sorted(set(row) - known)}"
-        )
+        raise DefinitionError(f"projection {p.name!r} returned unknown columns {sorted(set(row) - known)}")
     values = [copy_text(row.get(n)) for n in names]
     pk = tuple(values[i] for i in pk_at)
     if any(v is None for v in pk):
-        raise DefinitionError(
-            f"projection {p.name!r} returned a row with a NULL primary key: {row}"
-        )
+        raise DefinitionError(f"projection {p.name!r} returned a row with a NULL primary key: {row}")
     return copy_line(values), pk
 
 
-def _apply(
-    p: Projection, state: Any, item: Item, errors: list[tuple[str, int, int, str]] | None
-) -> Any:
+def _apply(p: Projection, state: Any, item: Item, errors: list[tuple[str, int, int, str]] | None) -> Any:
     """Apply user code; on error stop with the record's position, or (skip-errors) note it for
     the dead-letter table and keep the state as it was."""
     r = item.record
@@ -146,9 +137,7 @@ def _apply(
         return p.fold.apply(state, r)
     except Exception as exc:  # user code: report where, never swallow
         if errors is None:
-            raise RecordError(
-                p.name, r.topic, r.partition, r.offset, f"{type(exc).__name__}: {exc}"
-            ) from exc
+            raise RecordError(p.name, r.topic, r.partition, r.offset, f"{type(exc).__name__}: {exc}") from exc
         errors.append((r.topic, r.partition, r.offset, f"{type(exc).__name__}: {exc}"))
         return state
 
@@ -267,9 +256,7 @@ def fold_units(
         yield fold(p, unit, list(group), priors.get(unit), [] if skip_errors else None)
 
 
-def decide(
-    stored: Mapping[str, Prior], min_new: Mapping[str, SortKey]
-) -> tuple[dict[str, Prior], set[str]]:
+def decide(stored: Mapping[str, Prior], min_new: Mapping[str, SortKey]) -> tuple[dict[str, Prior], set[str]]:
     """For the units new records touch: resume those whose new records all sort after the last
     record they applied; the others (a record arrived out of event-time order) are recomputed
     from all their records. Returns (priors for the fold, units to recompute)."""

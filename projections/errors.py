@@ -16,12 +16,8 @@ class DefinitionError(ProjectionError):
 class RecordError(ProjectionError):
     """Projection code raised on a record; carries where the record is in the log."""
 
-    def __init__(
-        self, projection: str, topic: str, partition: int, offset: int, error: str
-    ) -> None:
-        super().__init__(
-            f"projection {projection!r} failed on {topic}/{partition}@{offset}: {error}"
-        )
+    def __init__(self, projection: str, topic: str, partition: int, offset: int, error: str) -> None:
+        super().__init__(f"projection {projection!r} failed on {topic}/{partition}@{offset}: {error}")
         self.projection = projection
         self.topic = topic
         self.partition = partition

@@ -51,9 +51,7 @@ def _loads(raw: str | None) -> Any:
 
 def _record(row: Mapping[str, Any]) -> ProjectionRecord:
     r = decode(*(row[c] for c in _REC))
-    return ProjectionRecord(
-        r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers, row["event_time"]
-    )
+    return ProjectionRecord(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers, row["event_time"])
 
 
 def _planner(ref: tuple[tuple[str, ...], tuple[str, ...], str]):  # type: ignore[no-untyped-def]
@@ -103,11 +101,7 @@ def items_frame(
             F.lit(True).alias("admitted"),
             F.col("pkey").alias("ukey"),
         )
-    w = (
-        Window.partitionBy("topic", "partition")
-        .orderBy("offset")
-        .rowsBetween(Window.unboundedPreceding, -1)
-    )
+    w = Window.partitionBy("topic", "partition").orderBy("offset").rowsBetween(Window.unboundedPreceding, -1)
     before = F.max("event_time").over(w)
     bases = [(t, p, m) for (t, p), m in base_max.items() if m is not None]
     if bases:
@@ -130,10 +124,7 @@ class _Stager:
         from psycopg import sql
 
         self.conn = psycopg.connect(dsn, autocommit=True)
-        self.copies = [
-            sql.SQL("COPY {} FROM STDIN").format(sql.Identifier("tributary_projections", n))
-            for n in names
-        ]
+        self.copies = [sql.SQL("COPY {} FROM STDIN").format(sql.Identifier("tributary_projections", n)) for n in names]
         self.rows = 0
         self.units = 0
         self.errors: list[Any] = []

@@ -55,9 +55,7 @@ def _exports(module: ModuleType, ref: str) -> list[Projection]:
         found = [] if one is None else [one]
     out = list(found)
     if not out or not all(isinstance(p, Projection) for p in out):
-        raise DefinitionError(
-            f"{ref!r} must export PROJECTION (a Projection) or PROJECTIONS (a list)"
-        )
+        raise DefinitionError(f"{ref!r} must export PROJECTION (a Projection) or PROJECTIONS (a list)")
     return out
 
 

@@ -38,9 +38,7 @@ class LocalView:
 
     def table(self) -> list[str]:
         """The table's rows as COPY lines, ordered by primary key."""
-        return [
-            self.rows[k] for k in sorted(self.rows, key=lambda k: [(v is None, v or "") for v in k])
-        ]
+        return [self.rows[k] for k in sorted(self.rows, key=lambda k: [(v is None, v or "") for v in k])]
 
 
 def _items(p: Projection, records: Sequence[ProjectionRecord], base: int | None) -> list[Item]:

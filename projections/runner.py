@@ -126,9 +126,7 @@ def _spark_error(exc: Exception) -> ProjectionError:
     m = re.search(r"projection '[^']*' failed on [^\n]*", str(exc))
     if m:
         return RunError(m.group(0))
-    return RunError(
-        f"the Spark job failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-    )
+    return RunError(f"the Spark job failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,18 +201,10 @@ def _catch_up(
             priors, recompute = decide(store.priors(b, list(min_new)), min_new)
         if recompute:
             everything = items_frame(spark, read({}), ref, windowed, {})
-            rc = F.broadcast(
-                spark.createDataFrame([(u,) for u in sorted(recompute)], "unit string")
-            )
-            items = items.join(rc, "unit", "left_anti").unionByName(
-                everything.join(rc, "unit", "left_semi")
-            )
+            rc = F.broadcast(spark.createDataFrame([(u,) for u in sorted(recompute)], "unit string"))
+            items = items.join(rc, "unit", "left_anti").unionByName(everything.join(rc, "unit", "left_semi"))
         if windowed:  # watermarks continue from each partition's max event time
-            for r in (
-                new_records.groupBy("topic", "partition")
-                .agg(F.max("event_time").alias("m"))
-                .collect()
-            ):
+            for r in new_records.groupBy("topic", "partition").agg(F.max("event_time").alias("m")).collect():
                 tp = (r["topic"], r["partition"])
                 prev = base.get(tp)
                 new_ck[tp] = (ends[tp], r["m"] if prev is None else max(prev, r["m"]))
@@ -250,11 +240,7 @@ def _catch_up(
 
 
 def _session(s: RunSettings, spark: Any) -> Any:
-    return (
-        spark
-        if spark is not None
-        else get_session(s.spark_master, shuffle_partitions=s.shuffle_partitions)
-    )
+    return spark if spark is not None else get_session(s.spark_master, shuffle_partitions=s.shuffle_partitions)
 
 
 class _Locked:
@@ -279,9 +265,7 @@ class _Locked:
             self.conn.close()
 
 
-def _rebuild(
-    s: RunSettings, spark: Any, store: Store, p: Projection, progress: Progress | None
-) -> RunResult:
+def _rebuild(s: RunSettings, spark: Any, store: Store, p: Projection, progress: Progress | None) -> RunResult:
     t0 = time.monotonic()
     log = Log.open(s.log_root)
     b = store.new_build(p)
@@ -289,9 +273,7 @@ def _rebuild(
     try:
         for i in range(s.max_passes):  # catch up until a pass finds nothing new
             log.refresh()
-            done = _catch_up(
-                s, spark, store, log, p, b, progress, "building" if i == 0 else "catching_up"
-            )
+            done = _catch_up(s, spark, store, log, p, b, progress, "building" if i == 0 else "catching_up")
             records, rows = records + done.records, rows + done.rows
             if done.records == 0:
                 break
@@ -309,9 +291,7 @@ def _rebuild(
     return RunResult(p.name, b.build, b.table_name, records, rows, True, time.monotonic() - t0)
 
 
-def rebuild(
-    name: str, settings: RunSettings, *, spark: Any = None, progress: Progress | None = None
-) -> RunResult:
+def rebuild(name: str, settings: RunSettings, *, spark: Any = None, progress: Progress | None = None) -> RunResult:
     """Build `<schema>.<name>__v<version>_<build>` from offset 0 while the old build keeps
     serving, catch up to the log end, swap the view `<schema>.<name>` in one transaction and
     drop the old builds. A failure leaves the old build serving and the new one `failed`."""
@@ -320,9 +300,7 @@ def rebuild(
         return _rebuild(settings, _session(settings, spark), store, p, progress)
 
 
-def run(
-    name: str, settings: RunSettings, *, spark: Any = None, progress: Progress | None = None
-) -> RunResult:
+def run(name: str, settings: RunSettings, *, spark: Any = None, progress: Progress | None = None) -> RunResult:
     """Catch the current build up to the log end; rebuild first if there is none or the
     projection's version changed."""
     p = resolve(settings.modules, settings.mirror, name)
@@ -411,9 +389,7 @@ def status(settings: RunSettings, name: str | None = None) -> list[ProjectionSta
             lag = 0
             if cur is not None and log is not None:
                 ck = store.checkpoints(cur)
-                lag = sum(
-                    max(0, e - ck.get(tp, (0, None))[0]) for tp, e in _ends(log, p.topics).items()
-                )
+                lag = sum(max(0, e - ck.get(tp, (0, None))[0]) for tp, e in _ends(log, p.topics).items())
             others = tuple(f"{b.table_name}:{b.status}" for b in builds if not b.current)
             out.append(
                 ProjectionStatus(

@@ -28,8 +28,7 @@ RECORD_SCHEMA = (
     "value string, headers string, event_time long, pkey string"
 )
 _SPLIT_SCHEMA = (
-    "topic string, partition int, path string, start_byte long, end_byte long, "
-    "first_offset long, lo long, hi long"
+    "topic string, partition int, path string, start_byte long, end_byte long, first_offset long, lo long, hi long"
 )
 _ARROW = pa.schema(
     [
@@ -57,16 +56,8 @@ def plan(
         for i, s in enumerate(splits):
             tp = (topic, s.partition)
             start, stop = lo.get(tp, 0), hi.get(tp, 0)
-            nxt = (
-                splits[i + 1]
-                if i + 1 < len(splits) and splits[i + 1].partition == s.partition
-                else None
-            )
-            if (
-                start >= stop
-                or s.first_offset >= stop
-                or (nxt is not None and nxt.first_offset <= start)
-            ):
+            nxt = splits[i + 1] if i + 1 < len(splits) and splits[i + 1].partition == s.partition else None
+            if start >= stop or s.first_offset >= stop or (nxt is not None and nxt.first_offset <= start):
                 continue
             rows.append(
                 (

@@ -48,9 +48,7 @@ def _pythonpath() -> str:
     return os.environ["PYTHONPATH"]
 
 
-def get_session(
-    master: str = "local[*]", *, shuffle_partitions: int = 4, conf: Mapping[str, str] | None = None
-) -> Any:
+def get_session(master: str = "local[*]", *, shuffle_partitions: int = 4, conf: Mapping[str, str] | None = None) -> Any:
     """The process's SparkSession (created on first use; later calls return the same one)."""
     global _SESSION
     with _LOCK:

@@ -19,6 +19,7 @@ from psycopg import sql
 
 from projections.definition import Projection
 from projections.engine import Prior
+from projections.errors import RunError
 
 __all__ = ["META", "BuildRow", "Staged", "Store"]
 
@@ -39,9 +40,7 @@ _DDL = [
         projection text NOT NULL, build integer NOT NULL, topic text NOT NULL,
         partition integer NOT NULL, "offset" bigint NOT NULL, error text NOT NULL,
         at timestamptz NOT NULL DEFAULT now(),
-        PRIMARY KEY (projection, build, topic, partition, "offset"))""").format(
-        sql.Identifier(META)
-    ),
+        PRIMARY KEY (projection, build, topic, partition, "offset"))""").format(sql.Identifier(META)),
 ]
 
 
@@ -80,9 +79,7 @@ class Store:
             self.conn.execute("SELECT pg_advisory_xact_lock(hashtext('tributary_projections_ddl'))")
             for stmt in _DDL:
                 self.conn.execute(stmt)
-            self.conn.execute(
-                sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
-            )
+            self.conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
 
     def try_lock(self, name: str) -> bool:
         """A session-level advisory lock: one runner per projection at a time."""
@@ -92,9 +89,7 @@ class Store:
         return bool(row and row[0])
 
     def unlock(self, name: str) -> None:
-        self.conn.execute(
-            "SELECT pg_advisory_unlock(hashtext('tributary_projection'), hashtext(%s))", (name,)
-        )
+        self.conn.execute("SELECT pg_advisory_unlock(hashtext('tributary_projection'), hashtext(%s))", (name,))
 
     def builds(self, name: str | None = None) -> list[BuildRow]:
         q = sql.SQL(
@@ -110,17 +105,14 @@ class Store:
         """Register a build and create its (empty) output and state tables."""
         with self.conn.transaction():
             row = self.conn.execute(
-                sql.SQL(
-                    "SELECT coalesce(max(build), 0) + 1 FROM {}.builds WHERE projection = %s"
-                ).format(sql.Identifier(META)),
+                sql.SQL("SELECT coalesce(max(build), 0) + 1 FROM {}.builds WHERE projection = %s").format(
+                    sql.Identifier(META)
+                ),
                 (p.name,),
             ).fetchone()
             build = int(row[0]) if row else 1
             table = f"{p.name}__v{p.version}_{build}"
-            cols = [
-                sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type))
-                for c in p.table.columns
-            ]
+            cols = [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type)) for c in p.table.columns]
             pk = sql.SQL(", ").join(map(sql.Identifier, p.table.primary_key))
             self.conn.execute(
                 sql.SQL("CREATE TABLE {} ({}, PRIMARY KEY ({}))").format(
@@ -207,13 +199,9 @@ class Store:
         pk = p.table.primary_key
         cols = sql.SQL(", ").join(map(sql.Identifier, names))
         pkcols = sql.SQL(", ").join(map(sql.Identifier, pk))
-        match = sql.SQL(" AND ").join(
-            sql.SQL("t.{0} = s.{0}").format(sql.Identifier(k)) for k in pk
-        )
+        match = sql.SQL(" AND ").join(sql.SQL("t.{0} = s.{0}").format(sql.Identifier(k)) for k in pk)
         nonpk = [n for n in names if n not in pk]
-        sets = sql.SQL(", ").join(
-            sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in nonpk
-        )
+        sets = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in nonpk)
         on_conflict = sql.SQL("DO UPDATE SET {}").format(sets) if nonpk else sql.SQL("DO NOTHING")
         outputs = list(outputs)
         with self.conn.transaction():
@@ -229,21 +217,29 @@ class Store:
                     sql.Identifier("_state"),
                 )
                 n_rows = self._stage_here(cur, target, cols, pkcols, outputs, rows)
+            # each row must belong to one unit (identical duplicates are retried tasks' output)
+            clash = cur.execute(
+                sql.SQL("SELECT {} FROM {} s GROUP BY {} HAVING count(DISTINCT s::text) > 1 LIMIT 1").format(
+                    pkcols, rows_t, pkcols
+                )
+            ).fetchone()
+            if clash is not None:
+                raise RunError(
+                    f"projection {p.name!r}: two units produced different rows with primary key "
+                    f"{tuple(clash)}; make the key unique per unit (e.g. include the window start)"
+                )
             # 2. deletes
             if replace_all:
                 cur.execute(
-                    sql.SQL(
-                        "DELETE FROM {} t WHERE NOT EXISTS (SELECT 1 FROM {} s WHERE {})"
-                    ).format(target, rows_t, match)
+                    sql.SQL("DELETE FROM {} t WHERE NOT EXISTS (SELECT 1 FROM {} s WHERE {})").format(
+                        target, rows_t, match
+                    )
                 )
-            cur.execute(
-                sql.SQL("DELETE FROM {} t USING {} s WHERE {}").format(target, del_t, match)
-            )
+            cur.execute(sql.SQL("DELETE FROM {} t USING {} s WHERE {}").format(target, del_t, match))
             # 3. merge
             cur.execute(
                 sql.SQL(
-                    "INSERT INTO {} ({}) SELECT DISTINCT ON ({}) {} FROM {} ORDER BY {} "
-                    "ON CONFLICT ({}) {}"
+                    "INSERT INTO {} ({}) SELECT DISTINCT ON ({}) {} FROM {} ORDER BY {} ON CONFLICT ({}) {}"
                 ).format(target, cols, pkcols, cols, rows_t, pkcols, pkcols, on_conflict)
             )
             # 4. states
@@ -262,10 +258,7 @@ class Store:
                     "ON CONFLICT (projection, build, topic, partition) DO UPDATE SET "
                     "next_offset = EXCLUDED.next_offset, max_event_time = EXCLUDED.max_event_time"
                 ).format(sql.Identifier(META)),
-                [
-                    (b.projection, b.build, t, part, o, m)
-                    for (t, part), (o, m) in checkpoints.items()
-                ],
+                [(b.projection, b.build, t, part, o, m) for (t, part), (o, m) in checkpoints.items()],
             )
             dead = [
                 (b.projection, b.build, t, part, off, err)
@@ -283,10 +276,9 @@ class Store:
                     dead,
                 )
             cur.execute(
-                sql.SQL(
-                    "UPDATE {}.builds SET records = records + %s WHERE projection = %s "
-                    "AND build = %s"
-                ).format(sql.Identifier(META)),
+                sql.SQL("UPDATE {}.builds SET records = records + %s WHERE projection = %s AND build = %s").format(
+                    sql.Identifier(META)
+                ),
                 (records, b.projection, b.build),
             )
             if staged is not None:  # 6. the staging tables go with the commit
@@ -305,18 +297,13 @@ class Store:
     ) -> int:
         n_rows = 0
         cur.execute(
-            sql.SQL("CREATE TEMP TABLE _stage ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
-                cols, target
-            )
+            sql.SQL("CREATE TEMP TABLE _stage ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(cols, target)
         )
         cur.execute(
-            sql.SQL("CREATE TEMP TABLE _del ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
-                pkcols, target
-            )
+            sql.SQL("CREATE TEMP TABLE _del ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(pkcols, target)
         )
         cur.execute(
-            "CREATE TEMP TABLE _state (unit text, state text, last text, pks text, dropped bigint) "
-            "ON COMMIT DROP"
+            "CREATE TEMP TABLE _state (unit text, state text, last text, pks text, dropped bigint) ON COMMIT DROP"
         )
         with cur.copy(sql.SQL("COPY _stage ({}) FROM STDIN").format(cols)) as cp:
             for o in outputs:
@@ -356,20 +343,15 @@ class Store:
             for t in (rows_t, del_t, state_t):
                 self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(t))
             self.conn.execute(
-                sql.SQL("CREATE UNLOGGED TABLE {} AS SELECT {} FROM {} LIMIT 0").format(
-                    rows_t, cols, target
-                )
+                sql.SQL("CREATE UNLOGGED TABLE {} AS SELECT {} FROM {} LIMIT 0").format(rows_t, cols, target)
             )
             self.conn.execute(
-                sql.SQL("CREATE UNLOGGED TABLE {} AS SELECT {} FROM {} LIMIT 0").format(
-                    del_t, pkcols, target
-                )
+                sql.SQL("CREATE UNLOGGED TABLE {} AS SELECT {} FROM {} LIMIT 0").format(del_t, pkcols, target)
             )
             self.conn.execute(
-                sql.SQL(
-                    "CREATE UNLOGGED TABLE {} (unit text, state text, last text, pks text, "
-                    "dropped bigint)"
-                ).format(state_t)
+                sql.SQL("CREATE UNLOGGED TABLE {} (unit text, state text, last text, pks text, dropped bigint)").format(
+                    state_t
+                )
             )
         return staged
 
@@ -381,9 +363,7 @@ class Store:
         with self.conn.transaction():
             self.conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(view))
             self.conn.execute(
-                sql.SQL("CREATE VIEW {} AS SELECT * FROM {}").format(
-                    view, sql.Identifier(self.schema, b.table_name)
-                )
+                sql.SQL("CREATE VIEW {} AS SELECT * FROM {}").format(view, sql.Identifier(self.schema, b.table_name))
             )
             self.conn.execute(
                 sql.SQL(
@@ -399,12 +379,8 @@ class Store:
     def drop_build(self, name: str, table: str) -> None:
         """Drop an old build's tables and bookkeeping (after the swap; waits for its readers)."""
         with self.conn.transaction():
-            self.conn.execute(
-                sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self.schema, table))
-            )
-            self.conn.execute(
-                sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(META, table + "__state"))
-            )
+            self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self.schema, table)))
+            self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(META, table + "__state")))
             for kind in ("checkpoints", "dead_letters"):
                 self.conn.execute(
                     sql.SQL(
@@ -414,25 +390,21 @@ class Store:
                     (name, name, table),
                 )
             self.conn.execute(
-                sql.SQL("DELETE FROM {}.builds WHERE projection = %s AND table_name = %s").format(
-                    sql.Identifier(META)
-                ),
+                sql.SQL("DELETE FROM {}.builds WHERE projection = %s AND table_name = %s").format(sql.Identifier(META)),
                 (name, table),
             )
 
     def dead_letters(self, b: BuildRow) -> int:
         row = self.conn.execute(
-            sql.SQL(
-                "SELECT count(*) FROM {}.dead_letters WHERE projection = %s AND build = %s"
-            ).format(sql.Identifier(META)),
+            sql.SQL("SELECT count(*) FROM {}.dead_letters WHERE projection = %s AND build = %s").format(
+                sql.Identifier(META)
+            ),
             (b.projection, b.build),
         ).fetchone()
         return int(row[0]) if row else 0
 
     def dropped_total(self, b: BuildRow) -> int:
         row = self.conn.execute(
-            sql.SQL("SELECT coalesce(sum(dropped), 0) FROM {}").format(
-                sql.Identifier(META, b.table_name + "__state")
-            )
+            sql.SQL("SELECT coalesce(sum(dropped), 0) FROM {}").format(sql.Identifier(META, b.table_name + "__state"))
         ).fetchone()
         return int(row[0]) if row else 0

@@ -93,9 +93,7 @@ TABLE = Table.of(
 )
 
 
-def make(
-    name: str = "account_balances", topics: tuple[str, ...] = ("events.account",), version: int = 1
-) -> Projection:
+def make(name: str = "account_balances", topics: tuple[str, ...] = ("events.account",), version: int = 1) -> Projection:
     """The projection over other topics (tests feed deposits and withdrawals on two)."""
     return Projection(
         name=name,

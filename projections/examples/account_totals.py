@@ -28,21 +28,15 @@ def build(records: Any) -> Any:
     return (
         events.groupBy("account_id")
         .agg(
-            F.coalesce(
-                F.sum(F.when(F.col("kind") == "MoneyDeposited", F.col("amount"))), zero
-            ).alias("deposits"),
-            F.coalesce(
-                F.sum(F.when(F.col("kind") == "MoneyWithdrawn", F.col("amount"))), zero
-            ).alias("withdrawals"),
+            F.coalesce(F.sum(F.when(F.col("kind") == "MoneyDeposited", F.col("amount"))), zero).alias("deposits"),
+            F.coalesce(F.sum(F.when(F.col("kind") == "MoneyWithdrawn", F.col("amount"))), zero).alias("withdrawals"),
             F.count(F.lit(1)).alias("events"),
         )
         .where(F.col("account_id").isNotNull())
     )
 
 
-def make(
-    name: str = "account_totals", topics: tuple[str, ...] = ("events.account",), version: int = 1
-) -> Projection:
+def make(name: str = "account_totals", topics: tuple[str, ...] = ("events.account",), version: int = 1) -> Projection:
     return Projection(
         name=name,
         version=version,

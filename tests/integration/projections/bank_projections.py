@@ -79,3 +79,12 @@ PROJECTIONS += [
         window=WindowSpec.hopping(24 * HOUR, 12 * HOUR, lateness=HOUR),
     ),
 ]
+
+# a mistake the runner must refuse: hopping windows keyed by date collide (two starts per day)
+PROJECTIONS.append(
+    account_daily_totals.make(
+        name="bank_collide",
+        topics=TOPICS,
+        window=WindowSpec.hopping(24 * HOUR, 12 * HOUR),
+    )
+)

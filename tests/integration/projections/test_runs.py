@@ -99,7 +99,10 @@ def test_incremental_runs_equal_rebuild_byte_for_byte(
     assert st.build == 2 and st.lag == 0 and st.state == "done" and not st.needs_rebuild
     with psycopg.connect(fresh_db) as conn:  # the old builds are gone
         tables = {
-            r[0] for r in conn.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'views' AND table_type = 'BASE TABLE'")
+            r[0]
+            for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'views' AND table_type = 'BASE TABLE'"
+            )
         }
     assert tables == {f"{n}__v1_2" for n in names}
 
@@ -165,3 +168,15 @@ def test_failing_record_stops_with_its_position_old_build_keeps_serving(
     [st] = status(skipping, "bank_strict")
     assert st.dead_letters == 1 and st.build == 3 and st.lag == 0
     assert dump(fresh_db, "views.bank_strict") == serving  # the cursed deposit was skipped
+
+
+def test_rows_claimed_by_two_units_are_refused(spark: Any, fresh_db: str, tmp_path: Path) -> None:
+    w = LogWriter(tmp_path / "log")
+    w.topic(DEP)
+    w.topic(WD)
+    w.append(DEP, "acc-1", 1, "MoneyDeposited", DAY + 1 * 3_600_000, amount="10.00")
+    w.append(DEP, "acc-1", 2, "MoneyDeposited", DAY + 13 * 3_600_000, amount="10.00")
+    w.commit()
+    w.close()
+    with pytest.raises(RunError, match="two units produced different rows with primary key"):
+        run("bank_collide", settings(fresh_db, tmp_path / "log"), spark=spark)
