@@ -108,6 +108,88 @@ def load_times(store: EventStore, events: int) -> dict[str, float]:
     return {"events": plain.version, "load_s_without_snapshot": no_snap, "load_s_with_snapshot": with_snap}
 
 
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else float("nan")
+
+
+def commands_python(handler: CommandHandler, clients: int, seconds: float) -> dict[str, float]:
+    tag = uuid.uuid4().hex[:6]
+    for i in range(clients):
+        handler.handle("account", f"py-{tag}-{i}", "open", {"owner": "bench"})
+    latencies: list[float] = []
+
+    def work(i: int, _: int) -> None:
+        t0 = time.perf_counter()
+        handler.handle("account", f"py-{tag}-{i}", "deposit", {"amount": "1.00"})
+        latencies.append(time.perf_counter() - t0)
+
+    n = _run_threads(clients, seconds, work)
+    return {
+        "per_s": n / seconds,
+        "p50_ms": _percentile(latencies, 0.5) * 1e3,
+        "p99_ms": _percentile(latencies, 0.99) * 1e3,
+    }
+
+
+def commands_http(dsn: str, work_dir: Path, clients: int, seconds: float) -> dict[str, float]:
+    """The same commands through `tributary serve` (uvicorn) on loopback, `clients` at a time."""
+    import socket
+    import subprocess
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = work_dir / "bench.toml"
+    config.write_text(f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{work_dir / "log"}"\n[api]\nport = {port}\n')
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from api.cli import main; main()", "serve", "--config", str(config)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(base + "/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        tag = uuid.uuid4().hex[:6]
+        sessions = [httpx.Client(base_url=base, timeout=30) for _ in range(clients)]
+        for i, c in enumerate(sessions):
+            c.post(
+                f"/commands/account/http-{tag}-{i}", json={"type": "open", "data": {"owner": "bench"}}
+            ).raise_for_status()
+        latencies: list[float] = []
+
+        def work(i: int, _: int) -> None:
+            t0 = time.perf_counter()
+            r = sessions[i].post(
+                f"/commands/account/http-{tag}-{i}", json={"type": "deposit", "data": {"amount": "1.00"}}
+            )
+            latencies.append(time.perf_counter() - t0)
+            r.raise_for_status()
+
+        n = _run_threads(clients, seconds, work)
+        for c in sessions:
+            c.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return {
+        "per_s": n / seconds,
+        "p50_ms": _percentile(latencies, 0.5) * 1e3,
+        "p99_ms": _percentile(latencies, 0.99) * 1e3,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -135,7 +217,22 @@ def main() -> None:
                 runs.setdefault(f"raw_{writers}w", []).append(raw_inserts(dsn, writers, args.seconds))
                 runs.setdefault(f"store_{writers}w", []).append(store_appends(store, writers, args.seconds))
         med = {k: round(statistics.median(v), 1) for k, v in runs.items()}
+        handler = CommandHandler(store, {"account": bank_account()}, snapshot_every=100)
+        py_runs, http_runs = [], []
+        for _ in range(args.repeat):
+            py_runs.append(commands_python(handler, 4, args.seconds))
+            http_runs.append(commands_http(dsn, work, 4, args.seconds))
+
+        def med_of(rows: list[dict[str, float]]) -> dict[str, float]:
+            return {k: round(statistics.median(r[k] for r in rows), 2) for k in rows[0]}
+
+        py, http = med_of(py_runs), med_of(http_runs)
         result = {
+            "commands_4_clients": {
+                "python_api": py,
+                "http": http,
+                "http_vs_python_ratio": round(http["per_s"] / py["per_s"], 3),
+            },
             "appends_per_s_median": med,
             "ratio_store_vs_raw": {w: round(med[f"store_{w}"] / med[f"raw_{w}"], 3) for w in ("1w", "4w")},
             "target_ratio": 0.8,
