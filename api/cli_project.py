@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import sys
@@ -21,9 +22,10 @@ __all__ = ["register"]
 project_app = typer.Typer(help="Projections: fold the log into derived tables (PySpark).", no_args_is_help=True)
 
 
-def _run_settings(config: Any) -> RunSettings:
+def _run_settings(config: Any, *, skip_errors: bool = False) -> RunSettings:
     settings = settings_from(config)
-    return RunSettings.from_settings(settings, dsn=service_dsn(settings))
+    run_settings = RunSettings.from_settings(settings, dsn=service_dsn(settings))
+    return dataclasses.replace(run_settings, skip_errors=True) if skip_errors else run_settings
 
 
 @contextmanager
@@ -100,9 +102,12 @@ def run_cmd(
     config: ConfigOption = None,
     continuous: Annotated[bool, typer.Option("--continuous", help="Keep catching up until Ctrl-C/SIGTERM.")] = False,
     freshness: Annotated[float, typer.Option(help="With --continuous: target seconds behind the log.")] = 5.0,
+    skip_errors: Annotated[
+        bool, typer.Option("--skip-errors", help="Send records the projection fails on to a dead-letter table.")
+    ] = False,
 ) -> None:
     """Catch the projection up to the log end (rebuilding first if its version changed)."""
-    settings = _run_settings(config)
+    settings = _run_settings(config, skip_errors=skip_errors)
     if not continuous:
         with _progress() as progress:
             _print_result(run(name, settings, progress=progress))
