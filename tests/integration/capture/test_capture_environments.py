@@ -12,6 +12,7 @@ import pytest
 
 from api.embedded_pg import EmbeddedPostgres
 from tests.integration.capture.helpers import changes, cli, write_config
+from tests.pg import PgServer
 
 pytestmark = pytest.mark.integration
 
@@ -126,3 +127,34 @@ def test_second_capture_on_the_same_log_is_refused(fresh_db: str, tmp_path: Path
     first.wait(timeout=60)
     assert second.returncode == 1
     assert "locked" in second.stderr.strip().splitlines()[-1]
+
+
+def test_wrong_password_is_one_line_without_the_secret(pg_server: PgServer, fresh_db: str, tmp_path: Path) -> None:
+    if pg_server.embedded is None:
+        pytest.skip("needs the embedded server to edit pg_hba.conf")
+    hba = pg_server.embedded.pgdata / "pg_hba.conf"
+    original = hba.read_text()
+    with pg_server.admin() as conn:
+        conn.execute("DROP ROLE IF EXISTS pw_user")
+        conn.execute("CREATE ROLE pw_user LOGIN REPLICATION PASSWORD 'right-secret'")
+    hba.write_text(
+        "host all pw_user 127.0.0.1/32 scram-sha-256\nhost replication pw_user 127.0.0.1/32 scram-sha-256\n" + original
+    )
+    with pg_server.admin() as conn:
+        conn.execute("SELECT pg_reload_conf()")
+    try:
+        port = fresh_db.split("@127.0.0.1:")[1].split("/")[0]
+        dbname = fresh_db.rsplit("/", 1)[1]
+        dsn = f"postgresql://pw_user:wrong-secret@127.0.0.1:{port}/{dbname}"
+        config = write_config(tmp_path / "t.toml", dsn=dsn, log_root=tmp_path / "log")
+        for args in (("capture", "--until-idle", "1"), ("init",)):
+            res = cli(args[0], "--config", str(config), *args[1:])
+            assert res.returncode == 1
+            assert "password authentication failed" in (res.stdout + res.stderr)
+            assert "wrong-secret" not in res.stdout + res.stderr
+        assert len(cli("capture", "--config", str(config)).stderr.strip().splitlines()) == 1
+    finally:
+        hba.write_text(original)
+        with pg_server.admin() as conn:
+            conn.execute("SELECT pg_reload_conf()")
+            conn.execute("DROP ROLE IF EXISTS pw_user")
