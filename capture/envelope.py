@@ -22,6 +22,7 @@ from capture.wal2json import Change, LogicalMessage, Truncate
 __all__ = [
     "CONNECTOR",
     "Output",
+    "SnapshotEncoder",
     "envelopes_for",
     "message_envelope",
     "snapshot_envelope",
@@ -160,6 +161,46 @@ def _fill_unchanged_toast(
         after[name] = old[name] if old is not None and name in old and old[name] is not None else UNAVAILABLE
 
 
+class SnapshotEncoder:
+    """`op: "r"` records for one table's snapshot rows (values are PostgreSQL text).
+
+    Everything that is the same for every row — converters, the key columns, the `source`
+    block — is worked out once per table: the snapshot is a hot loop over millions of rows."""
+
+    def __init__(
+        self,
+        *,
+        schema: str,
+        table: str,
+        columns: Sequence[tuple[str, str, int]],
+        primary_key: Sequence[str],
+        source_name: str,
+        db: str,
+        lsn: Lsn,
+        now_ms: int,
+    ) -> None:
+        self.topic = topic_name(source_name, schema, table)
+        self._names = [c[0] for c in columns]
+        self._convs = [text_converter(c[1]) for c in columns]
+        self._keys = tuple(primary_key)
+        self._now_ms = now_ms
+        self._sources = {
+            marker: _source(source_name, db, schema, table, lsn, None, now_ms, marker) for marker in ("true", "last")
+        }
+
+    def row(self, values: Sequence[str | None]) -> dict[str, Any]:
+        return {
+            name: value if conv is None or value is None else conv(value)
+            for name, conv, value in zip(self._names, self._convs, values, strict=True)
+        }
+
+    def encode(self, values: Sequence[str | None], marker: str = "true") -> Output:
+        after = self.row(values)
+        return Output(
+            self.topic, _key(after, self._keys), _value(None, after, self._sources[marker], "r", self._now_ms)
+        )
+
+
 def snapshot_envelope(
     *,
     schema: str,
@@ -174,13 +215,17 @@ def snapshot_envelope(
     now_ms: int,
 ) -> list[Output]:
     """An `op: "r"` record for one row read by the snapshot (values are PostgreSQL text)."""
-    after = text_row(columns, values)
-    source = _source(source_name, db, schema, table, lsn, None, now_ms, snapshot)
-    return [
-        Output(
-            topic_name(source_name, schema, table), _key(after, primary_key), _value(None, after, source, "r", now_ms)
-        )
-    ]
+    encoder = SnapshotEncoder(
+        schema=schema,
+        table=table,
+        columns=columns,
+        primary_key=primary_key,
+        source_name=source_name,
+        db=db,
+        lsn=lsn,
+        now_ms=now_ms,
+    )
+    return [encoder.encode(values, snapshot)]
 
 
 def truncate_envelope(

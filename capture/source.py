@@ -73,8 +73,14 @@ class SourceSession:
         self._db = ""
         self.last_tx_changes = 0
         self._identity: dict[tuple[str, str], tuple[str, ...]] = {}
-        self._ctx: dict[str, Any] = {"source_name": spec.name, "db": "", "lsn": None, "tx_id": None,
-                                     "commit_ts_ms": None, "now_ms": 0}
+        self._ctx: dict[str, Any] = {
+            "source_name": spec.name,
+            "db": "",
+            "lsn": None,
+            "tx_id": None,
+            "commit_ts_ms": None,
+            "now_ms": 0,
+        }
         self._partitions: dict[str, int] = {}  # topic -> partition count, once known
         self.rate_base = 0  # status.changes at the start of the current rate window
 
@@ -186,50 +192,46 @@ class SourceSession:
     ) -> None:
         self.status.snapshot_rows_total = sum(max(t.estimated_rows, 0) for t in tables)
         now_ms = int(self.clock() * 1000)
-        previous: tuple[TableInfo, tuple[str | None, ...]] | None = None
+        previous: tuple[env.SnapshotEncoder, tuple[str | None, ...]] | None = None
         for table in tables:
             self.status.snapshot_table = table.qualified
+            columns = [(c.name, c.type, c.typeoid) for c in table.columns]
             self._observe_schema(
-                table.schema,
-                table.table,
-                [(c.name, c.type, c.typeoid) for c in table.columns],
-                complete=True,
-                key=table.identity_columns,
+                table.schema, table.table, columns, complete=True, key=table.identity_columns, now_ms=now_ms
+            )
+            encoder = env.SnapshotEncoder(
+                schema=table.schema,
+                table=table.table,
+                columns=columns,
+                primary_key=table.identity_columns,
+                source_name=self.spec.name,
+                db=self._db,
+                lsn=lsn,
                 now_ms=now_ms,
             )
+            # One row of lookahead: the very last row of the snapshot is marked "last".
             for row in reader.rows(table, ordered=self.spec.router is not None):
                 if previous is not None:
-                    self._snapshot_row(*previous, lsn, "true", now_ms)
-                previous = (table, row)
+                    self._snapshot_row(*previous, "true", now_ms)
+                previous = (encoder, row)
                 self.status.snapshot_rows_done += 1
                 if on_progress is not None and self.status.snapshot_rows_done % 10_000 == 0:
                     on_progress(self.status)
         if previous is not None:
-            self._snapshot_row(*previous, lsn, "last", now_ms)
+            self._snapshot_row(*previous, "last", now_ms)
         self._flush()
         self.status.snapshot_table = None
         self.status.snapshot_rows_total = self.status.snapshot_rows_done
         if on_progress is not None:
             on_progress(self.status)
 
-    def _snapshot_row(self, table: TableInfo, row: tuple[str | None, ...], lsn: Lsn, marker: str, now_ms: int) -> None:
+    def _snapshot_row(
+        self, encoder: env.SnapshotEncoder, row: tuple[str | None, ...], marker: str, now_ms: int
+    ) -> None:
         if self.spec.router is not None:
-            columns = [(c.name, c.type, c.typeoid) for c in table.columns]
-            self._stage(self.spec.router(env.text_row(columns, row)), now_ms)
-            return
-        outputs = env.snapshot_envelope(
-            schema=table.schema,
-            table=table.table,
-            columns=[(c.name, c.type, c.typeoid) for c in table.columns],
-            values=row,
-            primary_key=table.identity_columns,
-            source_name=self.spec.name,
-            db=self._db,
-            lsn=lsn,
-            snapshot=marker,
-            now_ms=now_ms,
-        )
-        self._stage(outputs, now_ms)
+            self._stage(self.spec.router(encoder.row(row)), now_ms)
+        else:
+            self._stage((encoder.encode(row, marker),), now_ms)
 
     # -- streaming -------------------------------------------------------------------
     def handle(self, message: XLogData | Keepalive) -> bool:
@@ -244,8 +246,14 @@ class SourceSession:
             # A transaction that ends at or before the durable position is already in the log.
             self._skip_tx = parsed.nextlsn <= self.durable
             self._tx = {"xid": parsed.xid, "ts_ms": parsed.timestamp_ms, "lsn": parsed.lsn, "changes": 0}
-            self._ctx = {"source_name": self.spec.name, "db": self._db, "lsn": parsed.lsn, "tx_id": parsed.xid,
-                         "commit_ts_ms": parsed.timestamp_ms, "now_ms": 0}
+            self._ctx = {
+                "source_name": self.spec.name,
+                "db": self._db,
+                "lsn": parsed.lsn,
+                "tx_id": parsed.xid,
+                "commit_ts_ms": parsed.timestamp_ms,
+                "now_ms": 0,
+            }
             return False
         if isinstance(parsed, wal2json.Commit):
             self.in_transaction = False

@@ -13,6 +13,7 @@ bytea → hex string without `\\x` · 1-D arrays of simple types → JSON arrays
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Any
@@ -122,6 +123,19 @@ _STREAM_CONVERTERS: dict[str, Any] = {}
 _TEXT_CONVERTERS: dict[str, Any] = {}
 
 
+def _direct(fam: str) -> Any:
+    """A one-call converter for the families whose stream and text forms are both strings."""
+    if fam == "json":
+        return orjson.Fragment
+    if fam == "tstz":
+        return functools.partial(_iso, zone=True)
+    if fam == "ts":
+        return functools.partial(_iso, zone=False)
+    if fam == "bytea":
+        return lambda v: v[2:] if v.startswith("\\x") else v
+    return False  # no direct form
+
+
 def stream_converter(type_name: str) -> Any:
     """`from_stream` specialised to one type, cached; None where the value passes unchanged.
 
@@ -133,12 +147,12 @@ def stream_converter(type_name: str) -> Any:
         pass
     fam = type_family(type_name)
     conv: Any
-    if fam in ("int", "bool"):
-        conv = None
+    if fam in ("int", "bool", "text"):
+        conv = None  # wal2json prints these as JSON numbers, booleans and strings already
     elif fam == "numeric":
         conv = lambda v: None if v is None else str(v)  # noqa: E731
-    elif fam == "text":
-        conv = None  # wal2json prints text-like types as JSON strings already
+    elif (direct := _direct(fam)) is not False:
+        conv = lambda v, f=direct: None if v is None else f(v)  # noqa: E731
     else:
         conv = lambda v, t=type_name, f=fam: from_stream(t, v, f)  # noqa: E731
     _STREAM_CONVERTERS[type_name] = conv
@@ -146,15 +160,29 @@ def stream_converter(type_name: str) -> Any:
 
 
 def text_converter(type_name: str) -> Any:
-    """`from_text` specialised to one type, cached (the snapshot's per-value path)."""
+    """`from_text` specialised to one type, cached (the snapshot's per-value path); None = as is.
+    Callers skip NULLs (None) themselves."""
     try:
         return _TEXT_CONVERTERS[type_name]
     except KeyError:
         pass
     fam = type_family(type_name)
-    conv: Any = None if fam == "text" else (lambda v, t=type_name, f=fam: from_text(t, v, f))
+    conv: Any
+    if fam in ("text", "numeric"):
+        conv = None
+    elif fam == "int":
+        conv = int
+    elif fam == "bool":
+        conv = _TRUE.__contains__
+    elif (direct := _direct(fam)) is not False:
+        conv = direct
+    else:
+        conv = lambda v, t=type_name, f=fam: from_text(t, v, f)  # noqa: E731
     _TEXT_CONVERTERS[type_name] = conv
     return conv
+
+
+_TRUE = frozenset(("t", "true"))
 
 
 def _array(type_name: str, text: str, fam: str) -> Any:

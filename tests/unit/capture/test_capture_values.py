@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from capture.values import from_stream, from_text, parse_array, type_family
+from capture.values import from_stream, from_text, parse_array, stream_converter, text_converter, type_family
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +64,12 @@ def test_parse_array_edges() -> None:
     assert parse_array('{""}') == [""]
     assert parse_array('{"NULL",NULL}') == ["NULL", None]
     assert parse_array("not an array") is None
+
+
+@pytest.mark.parametrize(("type_name", "streamed", "text", "expected"), CASES)
+def test_cached_converters_agree_with_the_reference(
+    type_name: str, streamed: object, text: str | None, expected: bytes
+) -> None:
+    stream_conv, text_conv = stream_converter(type_name), text_converter(type_name)
+    assert orjson.dumps(streamed if stream_conv is None else stream_conv(streamed)) == expected
+    assert orjson.dumps(text if text_conv is None or text is None else text_conv(text)) == expected
