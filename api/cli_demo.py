@@ -1,20 +1,30 @@
-"""`tributary demo`: everything on the embedded default, end to end, with one command."""
+"""`tributary demo`: everything on the embedded default, end to end, with one command.
+
+Postgres → a sample shop that keeps writing → capture (the shop and the event store's outbox) →
+the log → projections (PySpark, continuously) → the HTTP API and console, plus bank accounts
+opened and used through that API. Ctrl-C (or `--duration`) stops it all and prints a summary.
+"""
 
 from __future__ import annotations
 
+import random
+import socket
 import threading
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import httpx
 import psycopg
 import typer
 from psycopg import sql
 from rich.console import Console
 
 from api.cli_common import ConfigOption, settings_from
+from api.config import Settings
 from api.embedded_pg import EmbeddedPostgres
 from api.shop import Workload, create_shop
+from api.sources import outbox_spec
 from capture.daemon import CaptureDaemon, DaemonOptions
 from capture.log import Log
 from capture.source import SourceSpec
@@ -23,6 +33,8 @@ __all__ = ["register"]
 
 DEMO_DB = "shop"
 DEMO_SOURCE = "demo"
+DEMO_PROJECTIONS = ("projections.examples.account_balances", "projections.examples.account_daily_totals")
+DEMO_MIRROR = (f"{DEMO_SOURCE}.public.orders",)
 
 
 def _ensure_database(admin_dsn: str, name: str) -> None:
@@ -31,105 +43,207 @@ def _ensure_database(admin_dsn: str, name: str) -> None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
+def _port(preferred: int) -> int:
+    for port in (preferred, 0):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    raise OSError("no free port on 127.0.0.1")
+
+
+def _demo_settings(base: Settings, service_dsn: str, port: int) -> Settings:
+    """The user's settings with the demo's pieces filled in (service DB, projections, port)."""
+    return base.model_copy(
+        update={
+            "service": base.service.model_copy(update={"dsn": service_dsn}),
+            "projections": base.projections.model_copy(
+                update={"modules": DEMO_PROJECTIONS, "mirror": DEMO_MIRROR, "spark_master": "local[2]"}
+            ),
+            "api": base.api.model_copy(update={"host": "127.0.0.1", "port": port}),
+        }
+    )
+
+
+class _Stage(threading.Thread):
+    """A demo component in a thread: runs `body(stop)` and keeps its error for the summary."""
+
+    def __init__(self, name: str, body: Any, stop: threading.Event) -> None:
+        super().__init__(name=name, daemon=True)
+        self.body, self.stop_event, self.error = body, stop, None
+
+    def run(self) -> None:
+        try:
+            self.body(self.stop_event)
+        except Exception as exc:  # noqa: BLE001 - reported in the summary, the other stages go on
+            self.error = f"{type(exc).__name__}: {exc}"
+
+
 def demo(
     config: ConfigOption = None,
     duration: Annotated[
         float | None, typer.Option("--duration", metavar="SECONDS", help="Run this long, print a summary, exit 0.")
     ] = None,
-    rate: Annotated[float, typer.Option(help="Workload transactions per second.")] = 20.0,
+    rate: Annotated[float, typer.Option(help="Shop workload transactions per second.")] = 20.0,
 ) -> None:
-    """Start Postgres, create a sample shop and keep writing to it, capture it into the log, show it.
+    """Start Postgres, a sample shop, capture, projections and the API; print where to look.
 
-    Runs until Ctrl-C (or --duration seconds), then prints what was captured.
+    Runs until Ctrl-C (or --duration seconds), then prints what every stage did.
     """
-    settings = settings_from(config)
+    base = settings_from(config)
     console = Console(highlight=False, soft_wrap=True)
-    cluster = EmbeddedPostgres(settings.pg_data_dir)
+    cluster = EmbeddedPostgres(base.pg_data_dir)
     started_here = not cluster.is_running()
-    dsn = cluster.up()
+    service_dsn = cluster.up()
     shop_dsn = cluster.dsn(DEMO_DB)
     _ensure_database(cluster.dsn("postgres"), DEMO_DB)
     create_shop(shop_dsn)
-    console.print(f"[bold]postgres[/]  {dsn} (sample shop in database {DEMO_DB!r})")
+    from eventstore.migrate import run_migrations
 
+    run_migrations(service_dsn)
+    settings = _demo_settings(base, service_dsn, _port(base.api.port))
+    url = f"http://127.0.0.1:{settings.api.port}"
+    console.print(f"[bold]postgres[/]   {service_dsn} (sample shop in database {DEMO_DB!r})")
+
+    stop = threading.Event()
+    counts = {"accounts": 0, "commands": 0, "projection_runs": 0, "rows_written": 0}
     workload = Workload(shop_dsn)
     workload.seed_catalog()
-    spec = SourceSpec(
-        name=DEMO_SOURCE,
-        dsn=shop_dsn,
-        slot="tributary_demo",
-        include=("public.*",),
-        exclude=(),
-        snapshot="initial",
-        partitions=settings.log.partitions,
-    )
-    root = settings.log.root
+
+    specs = [
+        SourceSpec(
+            name=DEMO_SOURCE,
+            dsn=shop_dsn,
+            slot="tributary_demo",
+            include=("public.*",),
+            exclude=(),
+            snapshot="initial",
+            partitions=settings.log.partitions,
+        ),
+        outbox_spec(settings, service_dsn),
+    ]
     daemon = CaptureDaemon(
-        [spec],
-        DaemonOptions(log_root=root, default_partitions=settings.log.partitions, linger_ms=settings.log.linger_ms),
+        specs,
+        DaemonOptions(
+            log_root=settings.log.root, default_partitions=settings.log.partitions, linger_ms=settings.log.linger_ms
+        ),
     )
-    stop = threading.Event()
 
-    def write() -> None:
-        while not stop.is_set():
+    def capture(stop_: threading.Event) -> None:
+        daemon.run()
+
+    def shop(stop_: threading.Event) -> None:
+        while not stop_.is_set():
             workload.step()
-            stop.wait(1.0 / rate)
+            stop_.wait(1.0 / rate)
 
-    writer = threading.Thread(target=write, name="workload", daemon=True)
-    capture = threading.Thread(target=daemon.run, name="capture", daemon=True)
-    capture.start()
-    writer.start()
-    console.print(f"[bold]capture[/]   {shop_dsn} -> log {root} (topics {DEMO_SOURCE}.public.*)")
-    console.print("[bold]try[/]       in another terminal:")
-    console.print(f"            .venv/bin/tributary log topics --root {root}")
-    console.print(f"            .venv/bin/tributary log cat {DEMO_SOURCE}.public.orders --root {root} --follow")
-    console.print(
-        "            Ctrl-C stops everything." if duration is None else f"            running for {duration:g}s"
+    import uvicorn
+
+    from api.app import create_app
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings, dsn=service_dsn),
+            host="127.0.0.1",
+            port=settings.api.port,
+            log_level="warning",
+            access_log=False,
+        )
     )
+
+    def api(stop_: threading.Event) -> None:
+        server.run()
+
+    def bank(stop_: threading.Event) -> None:
+        """Open a few accounts through the API, then keep moving money."""
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline and not stop_.is_set():
+            time.sleep(0.1)
+        rng = random.Random(11)
+        with httpx.Client(base_url=url, timeout=30) as http:
+            names = ["ada", "grace", "linus", "barbara"]
+            for name in names:
+                r = http.post(
+                    f"/commands/account/{name}",
+                    json={"type": "open", "data": {"owner": name, "overdraft_limit": "100.00"}},
+                )
+                counts["accounts"] += r.status_code == 200
+            while not stop_.is_set():
+                kind = rng.choice(["deposit", "deposit", "withdraw"])
+                amount = f"{rng.randint(1, 6000) / 100:.2f}"
+                r = http.post(f"/commands/account/{rng.choice(names)}", json={"type": kind, "data": {"amount": amount}})
+                counts["commands"] += r.status_code == 200
+                stop_.wait(0.5)
+
+    def projections(stop_: threading.Event) -> None:
+        from projections.loader import load
+        from projections.runner import RunSettings, run
+
+        run_settings = RunSettings.from_settings(settings, dsn=service_dsn)
+        names = sorted(load(run_settings.modules, run_settings.mirror))
+        stop_.wait(3)  # let capture take its snapshot first
+        while not stop_.is_set():
+            for name in names:
+                if stop_.is_set():
+                    break
+                result = run(name, run_settings)
+                counts["projection_runs"] += 1
+                counts["rows_written"] += result.rows
+            stop_.wait(2)
+
+    stages = [
+        _Stage(n, b, stop)
+        for n, b in (("capture", capture), ("shop", shop), ("api", api), ("bank", bank), ("projections", projections))
+    ]
+    for stage in stages:
+        stage.start()
+    console.print(
+        f"[bold]capture[/]    shop + event store → log {settings.log.root} (topics {DEMO_SOURCE}.public.*, events.account)"
+    )
+    console.print(f"[bold]console[/]    {url}/   (API docs: {url}/docs)")
+    console.print("[bold]try[/]")
+    console.print(
+        f'  curl -s -XPOST {url}/commands/account/ada -H \'content-type: application/json\' -d \'{{"type":"deposit","data":{{"amount":"10.00"}}}}\''
+    )
+    console.print(f"  curl -s '{url}/views/account_balances?balance__lt=0'")
+    console.print(f"  curl -s -XPOST {url}/projections/account_balances/rebuild")
+    console.print("  Ctrl-C stops everything." if duration is None else f"  running for {duration:g}s")
     try:
         deadline = None if duration is None else time.monotonic() + duration
         while deadline is None or time.monotonic() < deadline:
-            if not capture.is_alive():
-                break
             time.sleep(0.2)
     except KeyboardInterrupt:
         console.print("stopping …")
     finally:
         stop.set()
-        writer.join(timeout=10)
         daemon.request_stop()
-        capture.join(timeout=30)
+        server.should_exit = True
+        for stage in stages:
+            stage.join(timeout=60)
         workload.close()
-    _summary(console, root, workload.counts)
+    _summary(console, settings.log.root, workload.counts, counts, stages)
     if started_here:
         cluster.down()
-        console.print("stopped the embedded Postgres (data kept in " + str(cluster.data_dir) + ")")
+        console.print(f"stopped the embedded Postgres (data kept in {cluster.data_dir})")
 
 
-def _summary(console: Console, root: Path, counts: dict[str, int]) -> None:
+def _summary(console: Console, root: Path, shop: dict[str, int], counts: dict[str, int], stages: list[_Stage]) -> None:
+    total = 0
     with Log.open(root) as log:
-        topics = log.topics()
-        total = 0
         console.print("[bold]log[/]")
-        for name in sorted(topics):
+        for name, cfg in sorted(log.topics().items()):
             n = sum(e - s for s, e in zip(log.start_offsets(name), log.end_offsets(name), strict=True))
             total += n
-            console.print(f"  {name:<34} {n:>7,} records")
-        orders = (
-            [
-                r
-                for p in range(topics[f"{DEMO_SOURCE}.public.orders"].partitions)
-                for r in log.read(f"{DEMO_SOURCE}.public.orders", p)
-            ]
-            if f"{DEMO_SOURCE}.public.orders" in topics
-            else []
-        )
-    if orders:
-        console.print("[bold]last order change[/]")
-        typer.echo(max(orders, key=lambda r: (r.timestamp, r.partition, r.offset)).to_json().decode())
+            console.print(f"  {name:<34} {n:>7,} records ({cfg.policy})")
+    for stage in stages:
+        if stage.error:
+            console.print(f"[red]{stage.name} failed[/]: {stage.error}")
     console.print(
-        f"[bold]summary[/] workload transactions={counts['transactions']:,} inserts={counts['inserts']:,} "
-        f"updates={counts['updates']:,} deletes={counts['deletes']:,}; records in log={total:,}"
+        f"[bold]summary[/] shop transactions={shop['transactions']:,}; records in log={total:,} (changes captured); "
+        f"accounts opened={counts['accounts']}, commands accepted={counts['commands']:,} (events appended); "
+        f"projection runs={counts['projection_runs']:,}, rows written={counts['rows_written']:,} (views refreshed)"
     )
 
 
