@@ -157,3 +157,19 @@ def test_schemathesis_finds_no_server_error(api: httpx.Client, tmp_path: Path) -
     )
     assert run.returncode == 0, run.stdout[-3000:]
     assert "passed" in run.stdout
+
+
+def test_metrics_parse_and_count_commands(api: httpx.Client) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    cmd(api, "m-1", "open", {"owner": "m"})
+    cmd(api, "m-1", "withdraw", {"amount": "1"})  # rejected
+    text = api.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert {"tributary_commands", "tributary_command_seconds"} <= set(families)
+    outcomes = {
+        s.labels["outcome"]: s.value for s in families["tributary_commands"].samples if s.name.endswith("_total")
+    }
+    assert outcomes.get("ok", 0) >= 1 and outcomes.get("CommandRejected", 0) >= 1
+    ready = api.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"]["migrations"] == "ok"
