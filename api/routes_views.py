@@ -28,10 +28,16 @@ _RESERVED = {"limit", "cursor", "order_by"}
 
 
 def _projections(request: Request) -> dict[str, Any]:
-    from projections.loader import load
+    """The configured projections, loaded once per app (they are configuration, not data)."""
+    cached = getattr(request.app.state, "projections", None)
+    if cached is None:
+        from projections.loader import load
 
-    settings = request.app.state.settings
-    return dict(load(tuple(settings.projections.modules), tuple(settings.projections.mirror)))
+        settings = request.app.state.settings
+        cached = request.app.state.projections = dict(
+            load(tuple(settings.projections.modules), tuple(settings.projections.mirror))
+        )
+    return cached
 
 
 def _default(obj: Any) -> Any:
@@ -115,8 +121,7 @@ async def query_view(
 ) -> Response:
     """Rows of `views.<name>`: `?col=v`, `?col__gte=v` (eq ne gt gte lt lte), `order_by=col|-col`,
     `limit` (≤ 1000), `cursor` from the previous page's `next_cursor`."""
-    projections = await asyncio.to_thread(_projections, request)
-    p = projections.get(name)
+    p = _projections(request).get(name)
     if p is None:
         raise HTTPException(404, f"no view named {name!r}; GET /views lists them")
     types = {c.name: c.type for c in p.table.columns}
