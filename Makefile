@@ -6,7 +6,7 @@
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
-APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jre-headless libpostgresql-jdbc-java procps
+APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jre-headless libpostgresql-jdbc-java procps chromium chromium-driver
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 

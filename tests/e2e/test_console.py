@@ -1,0 +1,128 @@
+"""The console page in a real headless Chromium (Debian's chromium + chromium-driver, Selenium):
+see a source and a projection, press rebuild, watch it finish; the screenshot is kept."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from eventstore.domain.bank import bank_account
+from eventstore.handler import CommandHandler
+from eventstore.migrate import run_migrations
+from eventstore.store import EventStore
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from api.cli import main; main()", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def _browser(profile: Path):  # type: ignore[no-untyped-def]
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-quic",
+        "--window-size=1400,1000",
+        f"--user-data-dir={profile}",
+    ):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+
+
+def _wait(driver, predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate(driver):
+            return
+        time.sleep(0.5)
+    ARTIFACTS.mkdir(exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / "console-timeout.png"))
+    raise AssertionError(f"console: timed out after {timeout}s waiting for {what}")
+
+
+def test_console_shows_sources_and_rebuilds_a_projection(fresh_db: str, tmp_path: Path) -> None:
+    run_migrations(fresh_db)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
+        conn.execute("INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, 20) g")
+    store = EventStore.connect(fresh_db)
+    handler = CommandHandler(store, {"account": bank_account()})
+    handler.handle("account", "ada", "open", {"owner": "ada"})
+    handler.handle("account", "ada", "deposit", {"amount": "42.00"})
+    store.close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = tmp_path / "t.toml"
+    config.write_text(
+        f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\npartitions = 2\n'
+        f'[[sources]]\nname = "shop"\ndsn = "{fresh_db}"\nslot = "console_shop"\ninclude = ["public.*"]\n'
+        f'[projections]\nmodules = ["projections.examples.account_balances"]\nspark_master = "local[2]"\n'
+        f"[api]\nport = {port}\n"
+    )
+    assert (r := _cli("init", "--config", str(config))).returncode == 0, r.stdout + r.stderr
+    assert (r := _cli("capture", "--config", str(config), "--until-idle", "2")).returncode == 0, r.stderr
+    with (tmp_path / "serve.err").open("w") as err:
+        server = subprocess.Popen(
+            [sys.executable, "-c", "from api.cli import main; main()", "serve", "--config", str(config)],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    driver = None
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(base + "/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, (tmp_path / "serve.err").read_text()
+                time.sleep(0.2)
+        driver = _browser(tmp_path / "chromium-profile")
+        driver.get(base + "/")
+        _wait(driver, lambda d: "shop" in d.find_element("id", "sources").text, 30, "the source row")
+        _wait(driver, lambda d: "events.account" in d.find_element("id", "topics").text, 30, "the topics")
+        _wait(driver, lambda d: "account_balances" in d.find_element("id", "projections").text, 30, "the projection")
+        assert "stopped" in driver.find_element("id", "sources").text  # the capture run above ended cleanly
+        driver.find_element("css selector", "button[data-rebuild='account_balances']").click()
+        _wait(driver, lambda d: "done" in d.find_element("id", "projections").text, 300, "the rebuild to finish")
+        driver.find_element("id", "viewname").send_keys("account_balances")
+        driver.find_element("css selector", "#viewform button[type=submit]").click()
+        _wait(driver, lambda d: "ada" in d.find_element("id", "viewrows").text, 30, "the view's rows")
+        assert "42.00" in driver.find_element("id", "viewrows").text
+        ARTIFACTS.mkdir(exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "console.png"))
+    finally:
+        if driver is not None:
+            driver.quit()
+        server.terminate()
+        server.wait(timeout=30)
