@@ -50,5 +50,29 @@ def serve(
     uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
 
 
+config_app = typer.Typer(
+    help="Configuration: the reference of every key, the effective settings.", no_args_is_help=True
+)
+
+
+@config_app.command("reference")
+def config_reference() -> None:
+    """Every key with its default and meaning, as TOML (generated from the settings model)."""
+    from api.config_reference import reference
+
+    typer.echo(reference(), nl=False)
+
+
+@config_app.command("show")
+def config_show(config: ConfigOption = None) -> None:
+    """The effective settings (file + environment), with passwords masked."""
+    import json
+
+    from api.logs import redact
+
+    typer.echo(redact(json.dumps(settings_from(config).model_dump(mode="json", by_alias=True), indent=1)))
+
+
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
+    app.add_typer(config_app, name="config")

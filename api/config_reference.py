@@ -1,0 +1,66 @@
+"""The configuration reference, generated from the settings model (README's block is checked
+against it by a test, so the two cannot drift)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel
+
+from api.config import Settings, SourceSettings
+
+__all__ = ["reference"]
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if value is None:
+        return '""'
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+def _section(model: type[BaseModel], defaults: BaseModel | None) -> list[str]:
+    lines = []
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        default = getattr(defaults, name) if defaults is not None else field.default
+        if key == "keys":
+            lines.append(
+                '# keys = [{ key = "…", scopes = ["read", "write", "admin"] }]   # ' + (field.description or "")
+            )
+            continue
+        if field.is_required():
+            example = {"name": '"shop"', "dsn": '"postgresql://user@127.0.0.1:5432/shop"'}.get(key, '"…"')
+            line = f"{key} = {example}"
+        elif default is None:
+            line = f"# {key} ="  # unset by default
+        else:
+            line = f"{key} = {_toml(default)}"
+        lines.append(line.ljust(43) + f" # {field.description or ''}".rstrip())
+    return lines
+
+
+def reference() -> str:
+    """Every key with its default and meaning, as TOML."""
+    settings = Settings()
+    out = [_section_top(settings)]
+    for name, field in Settings.model_fields.items():
+        if name in ("sources", "pg_data_dir"):
+            continue
+        out.append(f"[{name}]")
+        out.extend(_section(field.annotation, getattr(settings, name)))  # type: ignore[arg-type]
+        out.append("")
+    out.append("[[sources]]".ljust(43) + " # one per captured database (repeat the table)")
+    out.extend(_section(SourceSettings, None))
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _section_top(settings: Settings) -> str:
+    field = Settings.model_fields["pg_data_dir"]
+    return f"pg_data_dir = {_toml(settings.pg_data_dir)}".ljust(43) + f" # {field.description}\n"
