@@ -8,7 +8,6 @@ opened and used through that API. Ctrl-C (or `--duration`) stops it all and prin
 from __future__ import annotations
 
 import random
-import socket
 import threading
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from rich.console import Console
 
 from api.cli_common import ConfigOption, settings_from
 from api.config import Settings
-from api.embedded_pg import EmbeddedPostgres
+from api.embedded_pg import EmbeddedPostgres, free_port
 from api.shop import Workload, create_shop
 from api.sources import outbox_spec
 from capture.daemon import CaptureDaemon, DaemonOptions
@@ -41,17 +40,6 @@ def _ensure_database(admin_dsn: str, name: str) -> None:
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-
-
-def _port(preferred: int) -> int:
-    for port in (preferred, 0):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return int(s.getsockname()[1])
-    raise OSError("no free port on 127.0.0.1")
 
 
 def _demo_settings(base: Settings, service_dsn: str, port: int) -> Settings:
@@ -103,7 +91,7 @@ def demo(
     from eventstore.migrate import run_migrations
 
     run_migrations(service_dsn)
-    settings = _demo_settings(base, service_dsn, _port(base.api.port))
+    settings = _demo_settings(base, service_dsn, free_port(base.api.port))
     url = f"http://127.0.0.1:{settings.api.port}"
     console.print(f"[bold]postgres[/]   {service_dsn} (sample shop in database {DEMO_DB!r})")
 

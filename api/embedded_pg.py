@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["EmbeddedPostgres", "PgError", "find_bin_dir"]
+__all__ = ["EmbeddedPostgres", "PgError", "find_bin_dir", "free_port"]
 
 DATABASE = "tributary"
 SUPERUSER = "postgres"
@@ -48,7 +48,8 @@ def find_bin_dir() -> Path:
     )
 
 
-def _free_port(preferred: int) -> int:
+def free_port(preferred: int = 0) -> int:
+    """`preferred` if it is free on 127.0.0.1, else any free port."""
     for port in (preferred, 0):
         with socket.socket() as s:
             try:
@@ -172,7 +173,7 @@ class EmbeddedPostgres:
         pgdata = Path(state.pgdata) if state else self._pgdata_location()
         if not (pgdata / "PG_VERSION").exists():
             self._initdb(pgdata)
-        chosen = port or (state.port if state and _port_free(state.port) else None) or _free_port(PREFERRED_PORT)
+        chosen = port or (state.port if state and _port_free(state.port) else None) or free_port(PREFERRED_PORT)
         self._write_state(_State(port=chosen, pgdata=str(pgdata)))
         self._start(pgdata, chosen)
         self._ensure_database(chosen)

@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from eventstore.domain.bank import bank_account
 from eventstore.handler import CommandHandler
 from eventstore.migrate import run_migrations
 from eventstore.store import EventStore
+from tests.servers import free_port, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -36,9 +35,7 @@ def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
 
 def test_commands_become_a_queryable_view(fresh_db: str, tmp_path: Path) -> None:
     run_migrations(fresh_db)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     config = tmp_path / "t.toml"
     config.write_text(
         f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\npartitions = 2\n'
@@ -69,23 +66,7 @@ def test_commands_become_a_queryable_view(fresh_db: str, tmp_path: Path) -> None
     assert Decimal(by_id["bob"]["balance"]) == Decimal("12.34")
     assert Decimal(by_id["alice"]["fees_charged"]) == Decimal("5.00") and by_id["alice"]["last_version"] == 4
 
-    err = (tmp_path / "serve.err").open("w")
-    server = subprocess.Popen(
-        [sys.executable, "-c", "from api.cli import main; main()", "serve", "--config", str(config)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=err,
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(base + "/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
+    with serving(config, port, err_path=tmp_path / "serve.err") as base:
         views = httpx.get(base + "/views").json()
         assert [v["name"] for v in views] == ["account_balances"] and views[0]["build"] is not None
         page = httpx.get(base + "/views/account_balances", params={"limit": 1}).json()
@@ -97,7 +78,3 @@ def test_commands_become_a_queryable_view(fresh_db: str, tmp_path: Path) -> None
         bad = httpx.get(base + "/views/account_balances", params={"nope": "1"})
         assert bad.status_code == 422 and "nope" in bad.text
         assert httpx.get(base + "/views/missing").status_code == 404
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        err.close()

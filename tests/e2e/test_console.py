@@ -3,13 +3,11 @@ see a source and a projection, press rebuild, watch it finish; the screenshot is
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import psycopg
 import pytest
 
@@ -17,6 +15,7 @@ from eventstore.domain.bank import bank_account
 from eventstore.handler import CommandHandler
 from eventstore.migrate import run_migrations
 from eventstore.store import EventStore
+from tests.servers import free_port, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -77,9 +76,7 @@ def test_console_shows_sources_and_rebuilds_a_projection(fresh_db: str, tmp_path
     handler.handle("account", "ada", "open", {"owner": "ada"})
     handler.handle("account", "ada", "deposit", {"amount": "42.00"})
     store.close()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     config = tmp_path / "t.toml"
     config.write_text(
         f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\npartitions = 2\n'
@@ -89,40 +86,23 @@ def test_console_shows_sources_and_rebuilds_a_projection(fresh_db: str, tmp_path
     )
     assert (r := _cli("init", "--config", str(config))).returncode == 0, r.stdout + r.stderr
     assert (r := _cli("capture", "--config", str(config), "--until-idle", "2")).returncode == 0, r.stderr
-    with (tmp_path / "serve.err").open("w") as err:
-        server = subprocess.Popen(
-            [sys.executable, "-c", "from api.cli import main; main()", "serve", "--config", str(config)],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
-    driver = None
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(base + "/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, (tmp_path / "serve.err").read_text()
-                time.sleep(0.2)
+    with serving(config, port, err_path=tmp_path / "serve.err") as base:
         driver = _browser(tmp_path / "chromium-profile")
-        driver.get(base + "/")
-        _wait(driver, lambda d: "shop" in d.find_element("id", "sources").text, 30, "the source row")
-        _wait(driver, lambda d: "events.account" in d.find_element("id", "topics").text, 30, "the topics")
-        _wait(driver, lambda d: "account_balances" in d.find_element("id", "projections").text, 30, "the projection")
-        assert "stopped" in driver.find_element("id", "sources").text  # the capture run above ended cleanly
-        driver.find_element("css selector", "button[data-rebuild='account_balances']").click()
-        _wait(driver, lambda d: "done" in d.find_element("id", "projections").text, 300, "the rebuild to finish")
-        driver.find_element("id", "viewname").send_keys("account_balances")
-        driver.find_element("css selector", "#viewform button[type=submit]").click()
-        _wait(driver, lambda d: "ada" in d.find_element("id", "viewrows").text, 30, "the view's rows")
-        assert "42.00" in driver.find_element("id", "viewrows").text
-        ARTIFACTS.mkdir(exist_ok=True)
-        driver.save_screenshot(str(ARTIFACTS / "console.png"))
-    finally:
-        if driver is not None:
+        try:
+            driver.get(base + "/")
+            _wait(driver, lambda d: "shop" in d.find_element("id", "sources").text, 30, "the source row")
+            _wait(driver, lambda d: "events.account" in d.find_element("id", "topics").text, 30, "the topics")
+            _wait(
+                driver, lambda d: "account_balances" in d.find_element("id", "projections").text, 30, "the projection"
+            )
+            assert "stopped" in driver.find_element("id", "sources").text  # the capture run above ended cleanly
+            driver.find_element("css selector", "button[data-rebuild='account_balances']").click()
+            _wait(driver, lambda d: "done" in d.find_element("id", "projections").text, 300, "the rebuild to finish")
+            driver.find_element("id", "viewname").send_keys("account_balances")
+            driver.find_element("css selector", "#viewform button[type=submit]").click()
+            _wait(driver, lambda d: "ada" in d.find_element("id", "viewrows").text, 30, "the view's rows")
+            assert "42.00" in driver.find_element("id", "viewrows").text
+            ARTIFACTS.mkdir(exist_ok=True)
+            driver.save_screenshot(str(ARTIFACTS / "console.png"))
+        finally:
             driver.quit()
-        server.terminate()
-        server.wait(timeout=30)

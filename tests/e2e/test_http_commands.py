@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import httpx
 import pytest
 
 from eventstore.migrate import run_migrations
+from tests.servers import free_port, serving
 
 pytestmark = pytest.mark.e2e
 
@@ -20,16 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 WRITE, READ, ADMIN = "k-write-123", "k-read-456", "k-admin-789"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def api(fresh_db: str, tmp_path: Path) -> Iterator[httpx.Client]:
     run_migrations(fresh_db)
-    port = _free_port()
+    port = free_port()
     config = tmp_path / "t.toml"
     config.write_text(
         f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\n'
@@ -37,31 +30,13 @@ def api(fresh_db: str, tmp_path: Path) -> Iterator[httpx.Client]:
         f'keys = [{{ key = "{WRITE}", scopes = ["write", "read"] }}, {{ key = "{READ}", scopes = ["read"] }},'
         f' {{ key = "{ADMIN}", scopes = ["admin"] }}]\n'
     )
-    err = (tmp_path / "serve.err").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from api.cli import main; main()", "serve", "--config", str(config)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=err,
-    )
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {WRITE}"}, timeout=10)
-    deadline = time.monotonic() + 60
-    while True:
+    with serving(config, port, err_path=tmp_path / "serve.err") as base:
+        client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {WRITE}"}, timeout=10)
         try:
-            if client.get("/healthz").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "serve.err").read_text()
-        time.sleep(0.2)
-    try:
-        yield client
-    finally:
-        client.close()
-        proc.terminate()
-        proc.wait(timeout=30)
-        err.close()
-        assert "k-write-123" not in (tmp_path / "serve.err").read_text()  # keys never logged
+            yield client
+        finally:
+            client.close()
+    assert "k-write-123" not in (tmp_path / "serve.err").read_text()  # keys never logged
 
 
 def cmd(

@@ -1,0 +1,45 @@
+"""`tributary serve` as the tests run it: a real uvicorn on a free loopback port."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+from api.embedded_pg import free_port
+
+__all__ = ["ROOT", "free_port", "serving"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def serving(config: Path, port: int, *, err_path: Path, timeout: float = 60) -> Iterator[str]:
+    """Start `tributary serve --config CONFIG`, wait for /healthz, yield the base URL; stop it after."""
+    with err_path.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from api.cli import main; main()", "serve", "--config", str(config)],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if httpx.get(base + "/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, err_path.read_text()
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
