@@ -13,10 +13,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from api.cli_common import ConfigOption, UserError, settings_from
 from api.config import Settings
-from api.sources import source_specs
+from api.sources import source_specs, source_statuses
 from capture.daemon import CaptureDaemon, DaemonOptions
 from capture.prerequisites import Outcome, check_source
-from capture.status import SourceStatus, read_status
+from capture.status import SourceStatus
 
 __all__ = ["register"]
 
@@ -158,18 +158,9 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Each source's state, positions, slot lag and snapshot progress."""
-    settings = settings_from(config)
-    from api.sources import slot_lag_bytes
-
-    current = read_status(settings.log.root) or {"pid": None, "sources": []}
-    by_name = {s["name"]: s for s in current.get("sources", [])}
-    rows = []
-    for spec in source_specs(settings, with_outbox=True):
-        entry = dict(by_name.get(spec.name, {"name": spec.name, "slot": spec.slot, "state": "never started"}))
-        entry["slot_lag_bytes"] = slot_lag_bytes(spec)
-        rows.append(entry)
+    pid, rows = source_statuses(settings_from(config))
     if as_json:
-        typer.echo(json.dumps({"pid": current.get("pid"), "sources": rows}, indent=1))
+        typer.echo(json.dumps({"pid": pid, "sources": rows}, indent=1))
         return
     console = Console(highlight=False)
     for r in rows:

@@ -20,12 +20,12 @@ from psycopg import sql
 from rich.console import Console
 
 from api.cli_common import ConfigOption, settings_from
+from api.cli_log import topics as topics_of
 from api.config import Settings
 from api.embedded_pg import EmbeddedPostgres, free_port
 from api.shop import Workload, create_shop
 from api.sources import outbox_spec
 from capture.daemon import CaptureDaemon, DaemonOptions
-from capture.log import Log
 from capture.source import SourceSpec
 
 __all__ = ["register"]
@@ -218,13 +218,11 @@ def demo(
 
 
 def _summary(console: Console, root: Path, shop: dict[str, int], counts: dict[str, int], stages: list[_Stage]) -> None:
-    total = 0
-    with Log.open(root) as log:
-        console.print("[bold]log[/]")
-        for name, cfg in sorted(log.topics().items()):
-            n = sum(e - s for s, e in zip(log.start_offsets(name), log.end_offsets(name), strict=True))
-            total += n
-            console.print(f"  {name:<34} {n:>7,} records ({cfg.policy})")
+    rows = topics_of(root)
+    total = sum(int(t["records"]) for t in rows)  # type: ignore[call-overload]
+    console.print("[bold]log[/]")
+    for t in rows:
+        console.print(f"  {t['topic']:<34} {t['records']:>7,} records ({t['policy']})")
     for stage in stages:
         if stage.error:
             console.print(f"[red]{stage.name} failed[/]: {stage.error}")

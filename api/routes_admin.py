@@ -12,9 +12,10 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
 
 from api.auth import require
+from api.cli_log import topics as topics_of
 from api.config import Settings
-from api.sources import slot_lag_bytes, source_specs
-from capture.log import Log, LogError
+from api.sources import source_statuses
+from capture.log import LogError
 from capture.status import read_status
 
 __all__ = ["router"]
@@ -74,37 +75,15 @@ async def metrics(request: Request) -> Response:
 @router.get("/sources", tags=["admin"], dependencies=[Depends(require("admin"))])
 async def sources(request: Request) -> list[dict[str, Any]]:
     """Each source: state, last LSN, slot lag bytes, changes/s, snapshot progress, warnings."""
-    settings = _settings(request)
-    status = read_status(settings.log.root) or {"sources": []}
-    by_name = {s["name"]: s for s in status.get("sources", [])}
-    out = []
-    for spec in source_specs(settings, with_outbox=True):
-        entry = dict(by_name.get(spec.name, {"name": spec.name, "slot": spec.slot, "state": "never started"}))
-        entry["slot_lag_bytes"] = await asyncio.to_thread(slot_lag_bytes, spec)
-        out.append(entry)
-    return out
+    _, rows = await asyncio.to_thread(source_statuses, _settings(request))
+    return rows
 
 
 def _topics(root: Any) -> list[dict[str, Any]]:
     try:
-        log = Log.open(root)
+        return topics_of(root)  # type: ignore[return-value]
     except LogError:
-        return []
-    with log:
-        out = []
-        for name, cfg in sorted(log.topics().items()):
-            starts, ends = log.start_offsets(name), log.end_offsets(name)
-            out.append(
-                {
-                    "topic": name,
-                    "partitions": cfg.partitions,
-                    "policy": cfg.policy,
-                    "start_offsets": starts,
-                    "end_offsets": ends,
-                    "records": sum(e - s for s, e in zip(starts, ends, strict=True)),
-                }
-            )
-        return out
+        return []  # nothing captured yet
 
 
 @router.get("/topics", tags=["admin"], dependencies=[Depends(require("admin"))])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import psycopg
 
@@ -10,8 +11,9 @@ from api.config import Settings
 from capture.outbox import OUTBOX_TABLE, route_event
 from capture.replication import connect_options
 from capture.source import SourceSpec
+from capture.status import read_status
 
-__all__ = ["OUTBOX_SOURCE", "outbox_spec", "slot_lag_bytes", "source_specs"]
+__all__ = ["OUTBOX_SOURCE", "outbox_spec", "slot_lag_bytes", "source_specs", "source_statuses"]
 
 
 OUTBOX_SOURCE = "_eventstore"  # reserved: the event store's outbox, captured like any source
@@ -66,3 +68,15 @@ def slot_lag_bytes(spec: SourceSpec) -> int | None:
     except psycopg.Error:
         return None
     return None if row is None or row[0] is None else int(row[0])
+
+
+def source_statuses(settings: Settings) -> tuple[int | None, list[dict[str, Any]]]:
+    """(capture pid, one entry per source): the daemon's last status plus the live slot lag."""
+    current = read_status(settings.log.root) or {"pid": None, "sources": []}
+    by_name = {s["name"]: s for s in current.get("sources", [])}
+    rows = []
+    for spec in source_specs(settings, with_outbox=True):
+        entry = dict(by_name.get(spec.name, {"name": spec.name, "slot": spec.slot, "state": "never started"}))
+        entry["slot_lag_bytes"] = slot_lag_bytes(spec)
+        rows.append(entry)
+    return current.get("pid"), rows
