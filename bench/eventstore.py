@@ -1,6 +1,8 @@
-"""Event store benchmark: appends/s through the store vs raw single-row INSERTs, in one run.
+"""Event store benchmark: appends/s through the store vs raw single-row INSERTs and a peer, in one run.
 
 Default durability (fsync on, synchronous_commit on), one event per transaction, 1 and 4 writers;
+the ceiling is a raw INSERT into an equivalent table (same columns and indexes), the peer is the
+`eventsourcing` library's PostgreSQL application recorder (`pip install -e '.[bench]'`);
 plus loading an aggregate of 10,000 events with and without a snapshot. Prints JSON.
 
     .venv/bin/python bench/eventstore.py                  # embedded Postgres in a temp dir
@@ -21,6 +23,7 @@ import uuid
 from pathlib import Path
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -38,7 +41,8 @@ CREATE TABLE IF NOT EXISTS raw_events (
   stream_type text NOT NULL, version bigint NOT NULL, event_id uuid NOT NULL UNIQUE, type text NOT NULL,
   schema_version int NOT NULL, data jsonb NOT NULL, metadata jsonb NOT NULL,
   occurred_at timestamptz NOT NULL DEFAULT now(), recorded_at timestamptz NOT NULL DEFAULT now(),
-  UNIQUE (stream_id, version))
+  UNIQUE (stream_id, version));
+CREATE INDEX IF NOT EXISTS raw_events_type_position ON raw_events (stream_type, global_position)
 """
 
 
@@ -83,6 +87,36 @@ def store_appends(store: EventStore, writers: int, seconds: float) -> float:
         store.append(f"es-{tag}-{i}", "bench", [NewEvent(type="Happened", data={"amount": "1.00"})], k)
 
     return _run_threads(writers, seconds, work) / seconds
+
+
+def peer_appends(dsn: str, writers: int, seconds: float) -> float:
+    """The `eventsourcing` library's PostgreSQL application recorder (global notification ids)."""
+    from eventsourcing.persistence import StoredEvent
+    from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
+
+    info = conninfo_to_dict(dsn)
+    datastore = PostgresDatastore(
+        str(info.get("dbname", "postgres")),
+        str(info.get("host", "127.0.0.1")),
+        str(info.get("port", 5432)),
+        str(info.get("user", "postgres")),
+        str(info.get("password", "")),
+        pool_size=writers,
+        schema="peer",
+    )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS peer")
+    recorder = PostgresApplicationRecorder(datastore, events_table_name="stored_events")
+    recorder.create_table()
+    ids = [uuid.uuid4() for _ in range(writers)]
+    state = b'{"amount": "1.00"}'
+
+    def work(i: int, k: int) -> None:
+        recorder.insert_events([StoredEvent(ids[i], k + 1, "bench:Happened", state)])
+
+    n = _run_threads(writers, seconds, work)
+    datastore.close()
+    return n / seconds
 
 
 def load_times(store: EventStore, events: int) -> dict[str, float]:
@@ -216,6 +250,7 @@ def main() -> None:
             for writers in (1, 4):
                 runs.setdefault(f"raw_{writers}w", []).append(raw_inserts(dsn, writers, args.seconds))
                 runs.setdefault(f"store_{writers}w", []).append(store_appends(store, writers, args.seconds))
+                runs.setdefault(f"peer_{writers}w", []).append(peer_appends(dsn, writers, args.seconds))
         med = {k: round(statistics.median(v), 1) for k, v in runs.items()}
         handler = CommandHandler(store, {"account": bank_account()}, snapshot_every=100)
         py_runs, http_runs = [], []
@@ -236,6 +271,9 @@ def main() -> None:
             "appends_per_s_median": med,
             "ratio_store_vs_raw": {w: round(med[f"store_{w}"] / med[f"raw_{w}"], 3) for w in ("1w", "4w")},
             "target_ratio": 0.8,
+            "ratio_store_vs_peer": {w: round(med[f"store_{w}"] / med[f"peer_{w}"], 3) for w in ("1w", "4w")},
+            "peer": "eventsourcing PostgresApplicationRecorder, one event per insert_events call",
+            "target_ratio_vs_peer": 1.5,
             "load": load_times(store, args.load_events),
             "runs": args.repeat,
             "seconds_per_run": args.seconds,
