@@ -20,11 +20,20 @@ from api.auth import require
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["views"], dependencies=[Depends(require("read"))])
+_check_read = require("read")
+
+
+async def _read_scope(request: Request) -> None:
+    """`require("read")` run on the event loop: a sync dependency would cost a thread-pool hop per request."""
+    _check_read(request)
+
+
+router = APIRouter(tags=["views"], dependencies=[Depends(_read_scope)])
 
 MAX_LIMIT = 1000
 _OPS = {"": "=", "eq": "=", "ne": "<>", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
 _RESERVED = {"limit", "cursor", "order_by"}
+_MAX_SHAPES = 4096
 
 
 def _projections(request: Request) -> dict[str, Any]:
@@ -115,6 +124,47 @@ def _decode_cursor(cursor: str, width: int) -> list[Any]:
     return values
 
 
+def _queries(request: Request) -> dict[tuple[Any, ...], Any]:
+    """Rendered SQL by request shape (view, filter columns and operators, order, cursor, limit):
+    composing and quoting it costs more than running a point lookup, and projections are fixed per app."""
+    cached = getattr(request.app.state, "view_queries", None)
+    if cached is None:
+        cached = request.app.state.view_queries = {}
+    return cached
+
+
+def _compose(
+    schema: str,
+    name: str,
+    types: dict[str, str],
+    filters: tuple[tuple[str, str], ...],
+    keys: list[str],
+    *,
+    descending: bool,
+    after: bool,
+    limit: int,
+) -> sql.Composed:
+    where: list[sql.Composable] = [
+        sql.SQL("{} {} CAST({} AS {})").format(
+            sql.Identifier(column), sql.SQL(op), sql.Placeholder(), sql.SQL(types[column])
+        )
+        for column, op in filters
+    ]
+    if after:
+        lhs = sql.SQL(", ").join(sql.Identifier(k) for k in keys)
+        rhs = sql.SQL(", ").join(sql.SQL("CAST({} AS {})").format(sql.Placeholder(), sql.SQL(types[k])) for k in keys)
+        where.append(sql.SQL("({}) {} ({})").format(lhs, sql.SQL("<" if descending else ">"), rhs))
+    direction = sql.SQL(" DESC" if descending else "")
+    return sql.SQL("SELECT {} FROM {}.{} {} ORDER BY {} LIMIT {}").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in types),
+        sql.Identifier(schema),
+        sql.Identifier(name),
+        sql.SQL("WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL(""),
+        sql.SQL(", ").join(sql.Identifier(k) + direction for k in keys),
+        sql.Literal(limit + 1),
+    )
+
+
 @router.get("/views/{name}")
 async def query_view(
     name: str, request: Request, limit: int = 100, cursor: str | None = None, order_by: str | None = None
@@ -136,32 +186,21 @@ async def query_view(
     if order_col in p.table.primary_key:
         keys = [order_col] + [k for k in p.table.primary_key if k != order_col]
 
-    where: list[sql.Composable] = []
-    args: list[Any] = []
-    for column, op, value in filters:
-        where.append(
-            sql.SQL("{} {} CAST({} AS {})").format(
-                sql.Identifier(column), sql.SQL(op), sql.Placeholder(), sql.SQL(types[column])
-            )
-        )
-        args.append(value)
+    args: list[Any] = [value for _, _, value in filters]
     if cursor:
-        after = _decode_cursor(cursor, len(keys))
-        lhs = sql.SQL(", ").join(sql.Identifier(k) for k in keys)
-        rhs = sql.SQL(", ").join(sql.SQL("CAST({} AS {})").format(sql.Placeholder(), sql.SQL(types[k])) for k in keys)
-        where.append(sql.SQL("({}) {} ({})").format(lhs, sql.SQL("<" if descending else ">"), rhs))
-        args.extend(after)
-    direction = sql.SQL(" DESC" if descending else "")
-    query = sql.SQL("SELECT {} FROM {}.{} {} ORDER BY {} LIMIT {}").format(
-        sql.SQL(", ").join(sql.Identifier(c) for c in types),
-        sql.Identifier(request.app.state.settings.projections.schema_),
-        sql.Identifier(name),
-        sql.SQL("WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL(""),
-        sql.SQL(", ").join(sql.Identifier(k) + direction for k in keys),
-        sql.Literal(limit + 1),
-    )
+        args.extend(_decode_cursor(cursor, len(keys)))
+    shape = (name, tuple((c, op) for c, op, _ in filters), tuple(keys), descending, bool(cursor), limit)
+    queries = _queries(request)
+    query = queries.get(shape)
+    if query is None:
+        schema = request.app.state.settings.projections.schema_
+        query = _compose(schema, name, types, shape[1], keys, descending=descending, after=bool(cursor), limit=limit)
     async with request.app.state.pool.connection() as conn:
         try:
+            if isinstance(query, sql.Composed):  # first request of this shape: render it once, with
+                if len(queries) >= _MAX_SHAPES:  # the connection's quoting rules
+                    queries.clear()
+                query = queries[shape] = query.as_bytes(conn)
             cur = await conn.execute(query, args)
         except Exception as exc:  # noqa: BLE001 - a bad value for a typed column is the caller's error
             from psycopg import errors
