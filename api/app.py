@@ -60,6 +60,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     app.state.settings = settings
     app.state.dsn = dsn
     app.state.metrics = Metrics()
+    app.add_middleware(routes_views.ViewsFastPath)  # inside BodyLimit: added first, runs second
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
 
     app.include_router(routes_commands.router)

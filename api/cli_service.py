@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from typing import Annotated
+import os
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
@@ -26,6 +28,9 @@ def serve(
     config: ConfigOption = None,
     host: Annotated[str | None, typer.Option(help="Bind address (default [api] host = 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default [api] port = 8000).")] = None,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="Worker processes sharing the port (default [api] workers = 1).")
+    ] = None,
 ) -> None:
     """Serve the HTTP API, /metrics and the console page (open http://HOST:PORT/)."""
     import uvicorn
@@ -36,6 +41,7 @@ def serve(
     settings = settings_from(config)
     host = host or settings.api.host
     port = settings.api.port if port is None else port
+    workers = settings.api.workers if workers is None else workers
     if not settings.api.keys and not _is_loopback(host):
         raise UserError(
             f"refusing to bind {host}: no API keys are configured, so the API only binds to loopback; "
@@ -45,9 +51,30 @@ def serve(
     log = logging.getLogger("tributary.serve")
     if not settings.api.keys:
         log.warning("no API keys configured: the API is open to local users only (bound to %s)", host)
-    app = create_app(settings, dsn=service_dsn(settings))
+    dsn = service_dsn(settings)
     typer.echo(f"tributary API on http://{host}:{port}/ (console), http://{host}:{port}/docs (OpenAPI)", err=True)
-    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
+    common = {"host": host, "port": port, "log_config": None, "access_log": False}
+    if workers == 1:
+        uvicorn.run(create_app(settings, dsn=dsn), **common)  # type: ignore[arg-type]
+        return
+    # Several processes need an import string: each worker rebuilds the app from the same config file
+    # (and environment), so the settings are the ones validated here.
+    os.environ[_WORKER_CONFIG] = "" if config is None else str(config.resolve())
+    uvicorn.run("api.cli_service:worker_app", factory=True, workers=workers, **common)  # type: ignore[arg-type]
+
+
+_WORKER_CONFIG = "_TRIBUTARY_SERVE_CONFIG"  # not TRIBUTARY_*: that prefix is for settings overrides
+
+
+def worker_app() -> Any:
+    """The app of one `serve --workers N` worker process (uvicorn calls this factory in each)."""
+    from api.app import create_app
+    from api.logs import configure_json_logging
+
+    configure_json_logging()
+    path = os.environ.get(_WORKER_CONFIG, "")
+    settings = settings_from(Path(path) if path else None)
+    return create_app(settings, dsn=service_dsn(settings))
 
 
 config_app = typer.Typer(
