@@ -1,20 +1,26 @@
-"""The log as a Spark DataFrame: committed splits read in parallel by `mapInArrow` tasks.
+"""The log as a Spark DataFrame: sealed segments as Parquet, the rest as row splits.
 
-The driver plans splits (path, byte range) from one manifest snapshot and ships only those;
-each task reads its byte ranges with `capture.log.read_split`, keeps offsets in the run's
-[from, to) range per partition, decodes the JSON once to find the key and event time, and emits
-Arrow batches. Nothing of the log passes through the driver.
+Sealed segments are immutable, so each gets a Parquet copy (`capture.log.columnar`, made once by
+Spark tasks the first time a run needs it) that Spark reads natively; the key and event time of
+those records are SQL expressions, so a DataFrame projection never runs Python per record. The
+active segment's committed bytes are read by `mapInArrow` tasks with `capture.log.read_split`.
+The driver plans from one manifest snapshot and ships only file names and byte ranges: nothing of
+the log passes through the driver. Both paths give the same rows (tests/integration/projections).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 from orjson import loads
 
 from capture.log import Log, Split, read_split
+from capture.log.columnar import is_current, parquet_path, write_parquet
+from capture.log.segment import SegmentRef
 from projections.codec import canonical
 from projections.engine import prepare
 from projections.loader import resolve
@@ -48,9 +54,12 @@ _BATCH = 8192
 
 def plan(
     log: Log, topics: Sequence[str], lo: Mapping[TP, int], hi: Mapping[TP, int], max_bytes: int
-) -> list[tuple[Any, ...]]:
-    """Splits holding offsets in [lo, hi) per topic-partition (splits wholly before lo skipped)."""
+) -> tuple[list[tuple[Any, ...]], list[Segment]]:
+    """Row splits holding offsets in [lo, hi) per topic-partition, and the sealed segments among
+    them (one entry per segment instead of its splits: they are read from Parquet)."""
     rows: list[tuple[Any, ...]] = []
+    sealed: list[Segment] = []
+    ends = log.ends()
     for topic in topics:
         splits: list[Split] = log.splits(topic, max_bytes=max_bytes)
         for i, s in enumerate(splits):
@@ -59,83 +68,188 @@ def plan(
             nxt = splits[i + 1] if i + 1 < len(splits) and splits[i + 1].partition == s.partition else None
             if start >= stop or s.first_offset >= stop or (nxt is not None and nxt.first_offset <= start):
                 continue
-            rows.append(
-                (
-                    s.topic,
-                    s.partition,
-                    s.path,
-                    s.start_byte,
-                    s.end_byte,
-                    s.first_offset,
-                    start,
-                    stop,
+            row = (s.topic, s.partition, s.path, s.start_byte, s.end_byte, s.first_offset, start, stop)
+            base = int(Path(s.path).name[:20])
+            if base != ends[tp].segment:  # sealed: immutable until a compaction rewrites it
+                if not sealed or sealed[-1].path != s.path:
+                    sealed.append(Segment(topic, s.partition, base, s.path, start, stop, []))
+                sealed[-1].splits.append(row)
+                continue
+            rows.append(row)
+    return rows, sealed
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Segment:
+    """A sealed segment a run reads, with the run's [lo, hi) offsets of its partition."""
+
+    topic: str
+    partition: int
+    base: int
+    path: str
+    lo: int
+    hi: int
+    splits: list[tuple[Any, ...]]  # its row splits, read if no Parquet copy can be made
+
+    @property
+    def ref(self) -> SegmentRef:
+        return SegmentRef(self.topic, self.partition, Path(self.path).parent, self.base)
+
+
+def _convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Spark task: write the Parquet copy of each sealed segment that lacks a current one."""
+    done: list[str] = []
+    for batch in batches:
+        for s in batch.to_pylist():
+            ref = SegmentRef(s["topic"], s["partition"], Path(s["path"]).parent, s["base"])
+            try:
+                if not is_current(ref.pdir, ref.base):
+                    write_parquet(ref)
+            except OSError:  # read-only log directory, or a compaction raced us: read the rows
+                continue
+            done.append(s["path"])
+    yield pa.RecordBatch.from_pydict({"path": done}, schema=pa.schema([("path", pa.string())]))
+
+
+def columnar_segments(spark: Any, segments: Sequence[Segment]) -> tuple[list[Segment], list[Segment]]:
+    """(segments with a current Parquet copy, segments without one) — making missing copies first,
+    in parallel Spark tasks. A copy is made once per sealed segment; later runs find it."""
+    missing = [s for s in segments if not is_current(s.ref.pdir, s.base)]
+    if missing:
+        frame = spark.createDataFrame(
+            [(s.topic, s.partition, s.base, s.path) for s in missing],
+            "topic string, partition int, base long, path string",
+        )
+        frame.repartition(len(missing)).mapInArrow(_convert, "path string").collect()
+    ok = [s for s in segments if is_current(s.ref.pdir, s.base)]
+    return ok, [s for s in segments if s not in ok]
+
+
+def _native_records(spark: Any, segments: Sequence[Segment]) -> Any:
+    """The records of sealed segments from their Parquet copies, key and event time in SQL."""
+    from pyspark.sql import functions as F
+
+    bounds = F.broadcast(
+        spark.createDataFrame(
+            [(s.topic, s.partition, s.base, s.lo, s.hi) for s in segments],
+            "topic string, partition int, base long, lo long, hi long",
+        )
+    )
+    where = F.regexp_extract(F.col("_metadata.file_path"), r"/([^/]+)/([0-9]+)/([0-9]{20})\.parquet$", 0)
+    located = (
+        spark.read.parquet(*(str(parquet_path(s.ref.pdir, s.base)) for s in segments))
+        .withColumn("_where", where)
+        .select(
+            F.regexp_extract("_where", r"^/([^/]+)/", 1).alias("topic"),
+            F.regexp_extract("_where", r"^/[^/]+/([0-9]+)/", 1).cast("int").alias("partition"),
+            F.regexp_extract("_where", r"([0-9]{20})\.parquet$", 1).cast("long").alias("base"),
+            "offset",
+            "timestamp",
+            "key",
+            "value",
+            "headers",
+        )
+    )
+    records = located.join(bounds, ["topic", "partition", "base"]).where(
+        (F.col("offset") >= F.col("lo")) & (F.col("offset") < F.col("hi"))
+    )
+    return with_event_time(records).select(*_ARROW.names[:8], F.coalesce(F.col("key"), F.lit("null")).alias("pkey"))
+
+
+def with_event_time(records: Any) -> Any:
+    """`records.default_event_time` as Spark expressions over (topic, value, timestamp): an
+    event's `occurred_at`, a CDC envelope's `source.ts_ms` (else `ts_ms`), else the log time."""
+    from pyspark.sql import functions as F
+
+    # Typed JSON fields: a JSON string is not an integer here (as in Python), and a JSON number
+    # is not an ISO-8601 time (the text must start with a date).
+    fields = F.from_json("value", "occurred_at string, ts_ms bigint, source struct<ts_ms: bigint>")
+    occurred = "_v.occurred_at"
+    micros = f"unix_micros(try_to_timestamp({occurred}))"
+    occurred_ms = F.expr(  # floor(µs / 1000) exactly, also before 1970, as Python's // does
+        f"CASE WHEN {occurred} rlike '^[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}' THEN ({micros} - pmod({micros}, 1000L)) div 1000L END"
+    )
+    cdc = F.coalesce(F.col("_v.source.ts_ms"), F.col("_v.ts_ms"))
+    chosen = F.when(F.col("topic").startswith("events."), occurred_ms).otherwise(cdc)
+    event_time = F.coalesce(chosen, F.col("timestamp")).cast("long")
+    return records.withColumn("_v", fields).withColumn("event_time", event_time).drop("_v")
+
+
+RawRecord = tuple[str, int, int, int, str | None, str | None, str | None]  # topic … headers, JSON as text
+
+
+def _batches(p: Any, records: Iterable[RawRecord]) -> Iterator[pa.RecordBatch]:
+    """Arrow batches of RECORD_SCHEMA: each record with its key and event time (Python path)."""
+    custom = p.key is not None or p.event_time is not None
+    cols: dict[str, list[Any]] = {f: [] for f in _ARROW.names}
+
+    def flush() -> pa.RecordBatch:
+        batch = pa.RecordBatch.from_pydict(cols, schema=_ARROW)
+        for v in cols.values():
+            v.clear()
+        return batch
+
+    for topic, partition, offset, timestamp, key, value, headers in records:
+        if custom:
+            r = prepare(p, decode(topic, partition, offset, timestamp, key, value, headers))
+            event_time = r.event_time
+            pkey = canonical(p.key(r) if p.key is not None else r.key)
+        else:  # log keys are canonical JSON already (DESIGN.md "Topics, keys, records")
+            event_time = default_event_time(topic, None if value is None else loads(value), timestamp)
+            pkey = "null" if key is None else key
+        cols["topic"].append(topic)
+        cols["partition"].append(partition)
+        cols["offset"].append(offset)
+        cols["timestamp"].append(timestamp)
+        cols["key"].append(key)
+        cols["value"].append(value)
+        cols["headers"].append(headers)
+        cols["event_time"].append(event_time)
+        cols["pkey"].append(pkey)
+        if len(cols["offset"]) >= _BATCH:
+            yield flush()
+    if cols["offset"]:
+        yield flush()
+
+
+def _text(raw: bytes | None) -> str | None:
+    return None if raw is None else raw.decode()
+
+
+def _split_records(batches: Iterator[pa.RecordBatch]) -> Iterator[RawRecord]:
+    """The records of each planned row split, offsets limited to the run's [lo, hi)."""
+    for batch in batches:
+        for s in batch.to_pylist():
+            split = Split(s["topic"], s["partition"], s["path"], s["start_byte"], s["end_byte"], s["first_offset"])
+            lo, hi = s["lo"], s["hi"]
+            for rec in read_split(split):
+                if rec.offset < lo:
+                    continue
+                if rec.offset >= hi:
+                    break
+                yield (
+                    rec.topic,
+                    rec.partition,
+                    rec.offset,
+                    rec.timestamp,
+                    _text(rec.key),
+                    _text(rec.value),
+                    _text(rec.headers),
                 )
-            )
-    return rows
 
 
-def _reader(modules: tuple[str, ...], mirror: tuple[str, ...], name: str):  # type: ignore[no-untyped-def]
+def _column_records(batches: Iterator[pa.RecordBatch]) -> Iterator[RawRecord]:
+    for batch in batches:
+        for r in batch.to_pylist():
+            yield (r["topic"], r["partition"], r["offset"], r["timestamp"], r["key"], r["value"], r["headers"])
+
+
+def _reader(modules: tuple[str, ...], mirror: tuple[str, ...], name: str, columns: bool = False):  # type: ignore[no-untyped-def]
+    """A mapInArrow function: row splits (or Parquet rows, `columns=True`) → RECORD_SCHEMA."""
+
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         p = resolve(modules, mirror, name)
-        custom = p.key is not None or p.event_time is not None
-        cols: dict[str, list[Any]] = {f: [] for f in _ARROW.names}
-
-        def flush() -> pa.RecordBatch:
-            batch = pa.RecordBatch.from_pydict(cols, schema=_ARROW)
-            for v in cols.values():
-                v.clear()
-            return batch
-
-        for batch in batches:
-            for s in batch.to_pylist():
-                split = Split(
-                    s["topic"],
-                    s["partition"],
-                    s["path"],
-                    s["start_byte"],
-                    s["end_byte"],
-                    s["first_offset"],
-                )
-                lo, hi = s["lo"], s["hi"]
-                for rec in read_split(split):
-                    if rec.offset < lo:
-                        continue
-                    if rec.offset >= hi:
-                        break
-                    value = None if rec.value is None else rec.value.decode()
-                    if custom:
-                        r = prepare(
-                            p,
-                            decode(
-                                rec.topic,
-                                rec.partition,
-                                rec.offset,
-                                rec.timestamp,
-                                rec.key,
-                                rec.value,
-                                rec.headers,
-                            ),
-                        )
-                        event_time = r.event_time
-                        pkey = canonical(p.key(r) if p.key is not None else r.key)
-                    else:  # log keys are canonical JSON already (DESIGN.md "Topics, keys, records")
-                        event_time = default_event_time(
-                            rec.topic, None if value is None else loads(value), rec.timestamp
-                        )
-                        pkey = "null" if rec.key is None else rec.key.decode()
-                    cols["topic"].append(rec.topic)
-                    cols["partition"].append(rec.partition)
-                    cols["offset"].append(rec.offset)
-                    cols["timestamp"].append(rec.timestamp)
-                    cols["key"].append(None if rec.key is None else rec.key.decode())
-                    cols["value"].append(value)
-                    cols["headers"].append(None if rec.headers is None else rec.headers.decode())
-                    cols["event_time"].append(event_time)
-                    cols["pkey"].append(pkey)
-                    if len(cols["offset"]) >= _BATCH:
-                        yield flush()
-        if cols["offset"]:
-            yield flush()
+        yield from _batches(p, (_column_records if columns else _split_records)(batches))
 
     return read
 
@@ -153,8 +267,22 @@ def records_frame(
     max_bytes: int = 16 << 20,
 ) -> Any:
     """A DataFrame of the records in [lo, hi) of each topic-partition (schema RECORD_SCHEMA)."""
-    rows = plan(log, topics, lo, hi, max_bytes)
+    rows, sealed = plan(log, topics, lo, hi, max_bytes)
+    native = None
+    if sealed:
+        columnar, rows_only = columnar_segments(spark, sealed)
+        rows += [r for seg in rows_only for r in seg.splits]
+        if columnar:
+            native = _native_records(spark, columnar)
+            p = resolve(tuple(modules), tuple(mirror), name)
+            if p.key is not None or p.event_time is not None:  # the projection's own Python decides
+                native = native.select(*_ARROW.names[:7]).mapInArrow(
+                    _reader(tuple(modules), tuple(mirror), name, columns=True), RECORD_SCHEMA
+                )
     splits = spark.createDataFrame(rows, _SPLIT_SCHEMA)
     if rows:
         splits = splits.repartition(len(rows))
-    return splits.mapInArrow(_reader(tuple(modules), tuple(mirror), name), RECORD_SCHEMA)
+    frame = splits.mapInArrow(_reader(tuple(modules), tuple(mirror), name), RECORD_SCHEMA)
+    if native is None:
+        return frame
+    return native if not rows else native.unionByName(frame)
