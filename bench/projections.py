@@ -29,9 +29,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-)
+os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 import orjson  # noqa: E402
 import psycopg  # noqa: E402
@@ -41,6 +39,7 @@ from projections.engine import Item, fold_units  # noqa: E402
 from projections.examples import account_balances  # noqa: E402
 from projections.records import ProjectionRecord, default_event_time, ms_to_iso  # noqa: E402
 from projections.runner import RunSettings, rebuild, run  # noqa: E402
+from projections.source import columnar_segments, plan  # noqa: E402
 from projections.spark import get_session  # noqa: E402
 
 TOPIC = "events.account"
@@ -48,9 +47,7 @@ PARTS = 4
 KINDS = ("MoneyDeposited", "MoneyDeposited", "MoneyWithdrawn")
 
 
-def write_events(
-    log: Log, start: int, n: int, keys: int, rng: random.Random, tsv: Path | None
-) -> None:
+def write_events(log: Log, start: int, n: int, keys: int, rng: random.Random, tsv: Path | None) -> None:
     """Append n events (and write (stream, type, amount) lines for the Postgres baseline)."""
     out = tsv.open("w") if tsv is not None else None
     batch: dict[int, list[Any]] = {p: [] for p in range(PARTS)}
@@ -101,9 +98,7 @@ def python_fold(root: Path) -> tuple[float, int]:
             for r in log.read(TOPIC, part):
                 value = orjson.loads(r.value) if r.value is not None else None
                 et = default_event_time(r.topic, value, r.timestamp)
-                held.append(
-                    (r.key or b"null", et, r.topic, r.partition, r.offset, r.timestamp, r.value)
-                )
+                held.append((r.key or b"null", et, r.topic, r.partition, r.offset, r.timestamp, r.value))
     held.sort(key=lambda h: h[:5])
 
     def items() -> Any:
@@ -161,9 +156,7 @@ def jvm_peak_rss_mb(spark: Any) -> float | None:
     return None
 
 
-def one_size(
-    n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: int, py_max: int
-) -> dict[str, Any]:
+def one_size(n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: int, py_max: int) -> dict[str, Any]:
     rng = random.Random(n)
     root = work / f"log_{n}"
     shutil.rmtree(root, ignore_errors=True)
@@ -180,6 +173,15 @@ def one_size(
         spark_master=spark.sparkContext.master,
         shuffle_partitions=8,
     )
+    # Parquet copies of the sealed segments: made once per segment by the runner's Spark tasks
+    # (in steady state by the incremental runs as segments seal); timed on their own.
+    ends = {(t, p): e.end for (t, p), e in log.ends().items()}
+    _, sealed = plan(log, [TOPIC], {}, ends, 16 << 20)
+    t0 = time.perf_counter()
+    columnar, _ = columnar_segments(spark, sealed)
+    columnar_s = time.perf_counter() - t0
+    assert len(columnar) == len(sealed)
+    sealed_records = sum(e.segment for e in log.ends().values())  # offsets before each active segment
     fold = rebuild("account_balances", s, spark=spark)
     df = rebuild("account_totals", s, spark=spark)
     write_events(log, n, incremental, keys, rng, None)
@@ -193,6 +195,8 @@ def one_size(
         "events": n,
         "keys": keys,
         "log_write_s": round(write_s, 2),
+        "columnar_copies_s": round(columnar_s, 2),
+        "records_in_parquet_fraction": round(sealed_records / n, 3),
         "fold_rebuild_s": round(fold.seconds, 2),
         "fold_events_per_s": round(n / fold.seconds),
         "dataframe_rebuild_s": round(df.seconds, 2),
@@ -209,15 +213,11 @@ def one_size(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", default="1000000,10000000", help="comma-separated sizes")
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--incremental", type=int, default=10_000)
-    ap.add_argument(
-        "--py-max", type=int, default=5_000_000, help="skip the Python baseline above this size"
-    )
+    ap.add_argument("--py-max", type=int, default=5_000_000, help="skip the Python baseline above this size")
     ap.add_argument("--dsn", help="service database (default: an embedded cluster in --dir)")
     ap.add_argument("--master", default="local[*]")
     ap.add_argument("--dir", type=Path, default=None)
@@ -233,24 +233,19 @@ def main() -> None:
         cluster.up()
         dsn = cluster.dsn()
     spark = get_session(args.master, shuffle_partitions=8)
-    warm = spark.range(
-        1000, numPartitions=8
-    )  # JVM and Python-worker start-up are not what we measure
+    warm = spark.range(1000, numPartitions=8)  # JVM and Python-worker start-up are not what we measure
     warm.groupBy((warm.id % 7).alias("k")).count().collect()
     warm.mapInArrow(lambda batches: batches, "id long").collect()
     try:
         sizes = [
-            one_size(int(n), args.keys, dsn, work, spark, args.incremental, args.py_max)
-            for n in args.events.split(",")
+            one_size(int(n), args.keys, dsn, work, spark, args.incremental, args.py_max) for n in args.events.split(",")
         ]
         result: dict[str, Any] = {
             "bench": "projections",
             "master": args.master,
             "cpus": os.cpu_count(),
             "sizes": sizes,
-            "process_peak_rss_mb_incl_py_baseline": round(
-                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1
-            ),
+            "process_peak_rss_mb_incl_py_baseline": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "jvm_peak_rss_mb": jvm_peak_rss_mb(spark),
         }
         if len(sizes) > 1:
