@@ -6,7 +6,7 @@ keep-alive HTTP connection (a minimal raw-socket HTTP/1.1 client) and one psycop
 and direct runs alternate in rounds and medians over the rounds are reported. Prints JSON; ratios are
 measured in the same run (target ≥ 0.5× direct).
 
-    .venv/bin/python bench/api.py [--rows 1000000] [--seconds 10] [--clients 4] [--workers 1]
+    .venv/bin/python bench/api.py [--rows 1000000] [--seconds 10] [--clients 4] [--workers 1,2]
 """
 
 from __future__ import annotations
@@ -95,9 +95,9 @@ class _Http:
         self.sock.close()
 
 
-def _client(index: int, port: int, dsn: str, rows: int, pipe: Connection) -> None:
+def _client(index: int, ports: list[int], dsn: str, rows: int, pipe: Connection) -> None:
     """One client process: runs the requested workload until the given deadline, sends latencies back."""
-    http = _Http(port)
+    http = _Http(ports[0])
     pg = psycopg.connect(dsn, autocommit=True)
     rng = random.Random(index)
 
@@ -124,10 +124,11 @@ def _client(index: int, port: int, dsn: str, rows: int, pipe: Connection) -> Non
 
     try:
         while (job := pipe.recv()) is not None:
-            side, kind, start, stop = job
+            side, kind, port, start, stop = job
             call = api if side == "api" else direct
             if side == "api":
                 http.close()
+                http.port = port
                 http.connect()
             for _ in range(20):  # warm up (prepared statements, caches) before the clock starts
                 call(kind)
@@ -143,10 +144,10 @@ def _client(index: int, port: int, dsn: str, rows: int, pipe: Connection) -> Non
         pg.close()
 
 
-def _run(pipes: list[Connection], side: str, kind: str, seconds: float) -> dict[str, float]:
+def _run(pipes: list[Connection], side: str, kind: str, seconds: float, port: int = 0) -> dict[str, float]:
     start = time.monotonic() + 0.3
     for p in pipes:
-        p.send((side, kind, start, start + seconds))
+        p.send((side, kind, port, start, start + seconds))
     flat: list[float] = []
     for p in pipes:
         lat = array("d")
@@ -177,7 +178,7 @@ def _serve(work: Path, dsn: str, workers: int) -> tuple[subprocess.Popen[bytes],
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = work / "bench.toml"
+    config = work / f"bench-{port}.toml"
     config.write_text(
         f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{work / "log"}"\n'
         f'[projections]\nmodules = ["{work / "bench_view.py"}"]\n[api]\nport = {port}\n'
@@ -185,7 +186,8 @@ def _serve(work: Path, dsn: str, workers: int) -> tuple[subprocess.Popen[bytes],
     cmd = [sys.executable, "-c", "from api.cli import main; main()", "serve", "--config", str(config)]
     if workers != 1:
         cmd += ["--workers", str(workers)]
-    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(work / "serve.err").open("wb"))
+    err = work / f"serve-{port}.err"
+    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err.open("wb"))
     for _ in range(300):
         try:
             status, _ = _Http(port).get("/healthz")
@@ -194,7 +196,7 @@ def _serve(work: Path, dsn: str, workers: int) -> tuple[subprocess.Popen[bytes],
         except OSError:
             pass
         if server.poll() is not None:
-            raise RuntimeError("tributary serve exited:\n" + (work / "serve.err").read_text()[-2000:])
+            raise RuntimeError("tributary serve exited:\n" + err.read_text()[-2000:])
         time.sleep(0.2)
     raise RuntimeError("tributary serve did not become healthy")
 
@@ -205,44 +207,62 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per workload (over all rounds)")
     parser.add_argument("--clients", type=int, default=4, help="concurrent client processes")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
-    parser.add_argument("--workers", type=int, default=1, help="`tributary serve --workers`")
+    parser.add_argument(
+        "--workers",
+        default="1,2",
+        help="`tributary serve --workers` values, comma-separated: one server each, measured interleaved",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "api.json")
     args = parser.parse_args()
+    worker_counts = [int(w) for w in str(args.workers).split(",")]
     work = Path(tempfile.mkdtemp(prefix="tributary-bench-"))
     cluster = EmbeddedPostgres(work / "pg")
     cluster.up()
     dsn = cluster.dsn()
-    server = None
+    servers: list[subprocess.Popen[bytes]] = []
     procs: list[Any] = []
     pipes: list[Connection] = []
     try:
         _load(dsn, args.rows)
-        server, port = _serve(work, dsn, args.workers)
+        ports = []
+        for w in worker_counts:
+            server, port = _serve(work, dsn, w)
+            servers.append(server)
+            ports.append(port)
         ctx = mp.get_context("spawn")
         for i in range(args.clients):
             ours, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_client, args=(i, port, dsn, args.rows, theirs), daemon=True)
+            proc = ctx.Process(target=_client, args=(i, ports, dsn, args.rows, theirs), daemon=True)
             proc.start()
             procs.append(proc)
             pipes.append(ours)
         results: dict[str, list[dict[str, float]]] = {}
         per_run = args.seconds / args.rounds
-        for r in range(args.rounds):  # interleaved; the order alternates so neither side always goes first
-            order = [("direct", "api"), ("api", "direct")][r % 2]
+        runs = [("direct", "", 0)] + [("api", f"_w{w}", port) for w, port in zip(worker_counts, ports, strict=True)]
+        for r in range(args.rounds):  # interleaved; the order alternates so no side always goes first
             for kind in ("point", "page100"):
-                for side in order:
-                    results.setdefault(f"{side}_{kind}", []).append(_run(pipes, side, kind, per_run))
+                for side, suffix, port in runs if r % 2 == 0 else runs[::-1]:
+                    results.setdefault(f"{side}_{kind}{suffix}", []).append(_run(pipes, side, kind, per_run, port))
+            for w, port in zip(worker_counts, ports, strict=True):  # the floor: HTTP + framework, no database
+                results.setdefault(f"api_healthz_w{w}", []).append(_run(pipes, "api", "healthz", per_run / 2, port))
         med = {k: {m: round(statistics.median(x[m] for x in v), 2) for m in v[0]} for k, v in sorted(results.items())}
+        ratios = {
+            f"{kind}_w{w}": round(med[f"api_{kind}_w{w}"]["qps"] / med[f"direct_{kind}"]["qps"], 3)
+            for w in worker_counts
+            for kind in ("point", "page100")
+        }
         out = {
             "rows": args.rows,
             "clients": args.clients,
             "client_processes": True,
-            "workers": args.workers,
+            "workers": worker_counts,
             "rounds": args.rounds,
             "seconds_per_run": round(per_run, 2),
             "median": med,
-            "ratio_point": round(med["api_point"]["qps"] / med["direct_point"]["qps"], 3),
-            "ratio_page100": round(med["api_page100"]["qps"] / med["direct_page100"]["qps"], 3),
+            "ratios": ratios,
+            # the first --workers value (the default [api] workers = 1) is the headline figure
+            "ratio_point": ratios[f"point_w{worker_counts[0]}"],
+            "ratio_page100": ratios[f"page100_w{worker_counts[0]}"],
             "target_ratio": 0.5,
         }
     finally:
@@ -253,7 +273,7 @@ def main() -> None:
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.terminate()
-        if server is not None:
+        for server in servers:
             server.terminate()
             server.wait(timeout=30)
         cluster.destroy()
