@@ -4,15 +4,34 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import HTTPException, Request
+from pydantic import BaseModel
 
 from api.config import ApiSettings
 
-__all__ = ["Scope", "require"]
+__all__ = ["AUTH_RESPONSES", "ErrorBody", "Scope", "error", "require"]
 
 Scope = Literal["read", "write", "admin"]
+
+
+class ErrorBody(BaseModel):
+    """Every error response: FastAPI's `{"detail": ...}` (a message, or an object with `error` and `message`)."""
+
+    detail: Any
+
+
+def error(description: str) -> dict[str, Any]:
+    """An OpenAPI `responses=` entry for an error status with the shared body."""
+    return {"model": ErrorBody, "description": description}
+
+
+# Declared on every route that depends on `require`, so the OpenAPI lists the statuses it can answer.
+AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: error("missing or unknown API key"),
+    403: error("the API key lacks the route's scope"),
+}
 
 
 def _scopes_for(settings: ApiSettings, presented: str) -> set[str] | None:

@@ -9,9 +9,9 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 
-from api.auth import require
+from api.auth import AUTH_RESPONSES, error, require
 from api.cli_log import topics as topics_of
 from api.config import Settings
 from api.sources import source_statuses
@@ -33,7 +33,7 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", tags=["ops"])
+@router.get("/readyz", tags=["ops"], responses={503: {"description": "not ready: see `checks`"}})
 async def readyz(request: Request) -> Response:
     """Service database reachable, migrations current, capture not failed."""
     checks: dict[str, str] = {}
@@ -64,7 +64,7 @@ async def readyz(request: Request) -> Response:
     )
 
 
-@router.get("/metrics", tags=["ops"])
+@router.get("/metrics", tags=["ops"], response_class=PlainTextResponse)
 async def metrics(request: Request) -> Response:
     """Prometheus text format."""
     m = request.app.state.metrics
@@ -72,7 +72,7 @@ async def metrics(request: Request) -> Response:
     return Response(m.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-@router.get("/sources", tags=["admin"], dependencies=[Depends(require("admin"))])
+@router.get("/sources", tags=["admin"], dependencies=[Depends(require("admin"))], responses=AUTH_RESPONSES)
 async def sources(request: Request) -> list[dict[str, Any]]:
     """Each source: state, last LSN, slot lag bytes, changes/s, snapshot progress, warnings."""
     _, rows = await asyncio.to_thread(source_statuses, _settings(request))
@@ -86,7 +86,7 @@ def _topics(root: Any) -> list[dict[str, Any]]:
         return []  # nothing captured yet
 
 
-@router.get("/topics", tags=["admin"], dependencies=[Depends(require("admin"))])
+@router.get("/topics", tags=["admin"], dependencies=[Depends(require("admin"))], responses=AUTH_RESPONSES)
 async def topics(request: Request) -> list[dict[str, Any]]:
     """Every topic: partitions, policy, committed offsets."""
     return await asyncio.to_thread(_topics, _settings(request).log.root)
@@ -104,7 +104,7 @@ def _run_settings(request: Request) -> Any:
     return RunSettings.from_settings(_settings(request), dsn=request.app.state.dsn)
 
 
-@router.get("/projections", tags=["admin"], dependencies=[Depends(require("admin"))])
+@router.get("/projections", tags=["admin"], dependencies=[Depends(require("admin"))], responses=AUTH_RESPONSES)
 async def projections(request: Request) -> list[dict[str, Any]]:
     """Version, serving build, state, lag, and any rebuild started from the API with its progress."""
     from projections.runner import status
@@ -120,7 +120,13 @@ async def projections(request: Request) -> list[dict[str, Any]]:
     return out
 
 
-@router.post("/projections/{name}/rebuild", status_code=202, tags=["admin"], dependencies=[Depends(require("admin"))])
+@router.post(
+    "/projections/{name}/rebuild",
+    status_code=202,
+    tags=["admin"],
+    dependencies=[Depends(require("admin"))],
+    responses={**AUTH_RESPONSES, 404: error("no projection with this name")},
+)
 async def start_rebuild(name: str, request: Request) -> dict[str, Any]:
     """Start a rebuild in the background; 202 with an id to poll at GET /rebuilds/{id}."""
     from projections.loader import load
@@ -162,7 +168,12 @@ def _rebuild_worker(entry: dict[str, Any], settings: Any) -> None:
     entry["finished_at"] = time.time()
 
 
-@router.get("/rebuilds/{rebuild_id}", tags=["admin"], dependencies=[Depends(require("admin"))])
+@router.get(
+    "/rebuilds/{rebuild_id}",
+    tags=["admin"],
+    dependencies=[Depends(require("admin"))],
+    responses={**AUTH_RESPONSES, 404: error("no rebuild with this id")},
+)
 async def rebuild_progress(rebuild_id: str) -> dict[str, Any]:
     """Progress of a rebuild started with POST /projections/{name}/rebuild."""
     entry = _rebuilds.get(rebuild_id)

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.auth import require
+from api.auth import AUTH_RESPONSES, error, require
 from eventstore.errors import (
     CommandRejected,
     ConcurrencyConflict,
@@ -83,7 +83,14 @@ def _http_error(exc: EventStoreError) -> HTTPException:
 @router.post(
     "/commands/{stream_type}/{stream_id}",
     dependencies=[Depends(require("write"))],
-    responses={409: {"description": "version conflict"}, 422: {"description": "invalid or rejected"}},
+    responses={
+        **AUTH_RESPONSES,
+        400: error("the body is not JSON"),
+        404: error("unknown stream type"),
+        409: error("version conflict: the stream is not at `expected_version`"),
+        413: error("the body is larger than `[api] max_body_bytes`"),
+        422: error("invalid or rejected command"),
+    },
 )
 async def send_command(stream_type: str, stream_id: str, body: CommandRequest, request: Request) -> JSONResponse:
     """Validate the command against the aggregate's state and append its events."""
@@ -110,7 +117,10 @@ async def send_command(stream_type: str, stream_id: str, body: CommandRequest, r
     return _json(result.to_json())
 
 
-@router.get("/streams/{stream_id}", dependencies=[Depends(require("read"))])
+_STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {**AUTH_RESPONSES, 404: error("no stream with this id")}
+
+
+@router.get("/streams/{stream_id}", dependencies=[Depends(require("read"))], responses=_STREAM_RESPONSES)
 async def read_stream(
     stream_id: str, request: Request, from_version: int = Query(1, ge=1), limit: int = Query(100, ge=1, le=1000)
 ) -> JSONResponse:
@@ -122,7 +132,7 @@ async def read_stream(
     return _json({"stream_id": stream_id, "events": [event_json(e) for e in events]})
 
 
-@router.get("/streams/{stream_id}/state", dependencies=[Depends(require("read"))])
+@router.get("/streams/{stream_id}/state", dependencies=[Depends(require("read"))], responses=_STREAM_RESPONSES)
 async def stream_state(stream_id: str, request: Request) -> JSONResponse:
     """The aggregate's folded state and version."""
     handler = _handler(request)

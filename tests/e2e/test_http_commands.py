@@ -109,28 +109,46 @@ def test_api_keys_and_scopes(api: httpx.Client) -> None:
         assert admin.post("/commands/account/adm", json={"type": "open", "data": {"owner": "x"}}).status_code == 200
 
 
-def test_schemathesis_finds_no_server_error(api: httpx.Client, tmp_path: Path) -> None:
-    """Property-based fuzzing of every operation in /openapi.json: nothing answers 5xx."""
-    run = subprocess.run(
+def _schemathesis(api: httpx.Client, tmp_path: Path, *select: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [
             str(Path(sys.executable).parent / "schemathesis"),
             "run",
             f"{str(api.base_url).rstrip('/')}/openapi.json",
             "--checks",
-            "not_a_server_error",
+            "all",
             "--max-examples",
             "15",
             "--seed",
             "1",
             "-H",
             f"Authorization: Bearer {ADMIN}",
+            *select,
         ],
         capture_output=True,
         text=True,
         timeout=600,
         cwd=tmp_path,
     )
-    assert run.returncode == 0, run.stdout[-3000:]
+
+
+def test_schemathesis_every_check_passes(api: httpx.Client, tmp_path: Path) -> None:
+    """Property-based fuzzing of every operation in /openapi.json with every schemathesis check: no 5xx,
+    every status code, content type and body as declared, bad input refused, good input accepted."""
+    run = _schemathesis(api, tmp_path, "--exclude-path-regex", "^/views")
+    assert run.returncode == 0, run.stdout[-6000:]
+    assert "passed" in run.stdout
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="api/routes_views.py does not declare its 404 (unknown or unbuilt view) nor 401/403 in responses=; "
+    "strict: once it does, this passes and the marker must go",
+)
+def test_schemathesis_views_every_check_passes(api: httpx.Client, tmp_path: Path) -> None:
+    """The same for /views and /views/{name} (a separate run: their routes are owned separately)."""
+    run = _schemathesis(api, tmp_path, "--include-path-regex", "^/views")
+    assert run.returncode == 0, run.stdout[-6000:]
     assert "passed" in run.stdout
 
 
