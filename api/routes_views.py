@@ -241,8 +241,8 @@ class ViewsFastPath:
 
     Same code (`_page`), same auth check, same body and headers as the route. Anything else (another
     path, an error to report, an unusual parameter, a failed or missing key) is handed to the app
-    untouched, so every error response is the route's own; a GET has no body, so re-running it there
-    is safe."""
+    untouched, so every 4xx is the route's own (a GET has no body, so re-running it there is safe);
+    unexpected errors reach the app's 500 handler as they would from the route."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -282,5 +282,7 @@ class ViewsFastPath:
             return await _page(
                 state, name, params, 100 if limit is None else int(limit), params.get("cursor"), params.get("order_by")
             )
-        except Exception:  # noqa: BLE001 - every error response is the route's own; it re-runs the request
+        except HTTPException:  # every 4xx is the route's own: it re-runs the request
             return None
+        # Anything else propagates as it would from the route, to the app's 500 handler (which sits
+        # outside this middleware), rather than running a failing query twice.
