@@ -149,6 +149,31 @@ def bench_streaming(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) 
     }
 
 
+def bench_big_tx(dsn: str, rows: int, work: Path) -> dict[str, float]:
+    """One transaction of `rows` inserts: capture must stream it through in bounded memory."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "DROP TABLE IF EXISTS big_t; CREATE TABLE big_t (id bigserial PRIMARY KEY, a int, b text, c timestamptz)"
+        )
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'bench_big'"
+        )
+        conn.execute("SELECT pg_create_logical_replication_slot('bench_big', 'wal2json')")
+        conn.execute(
+            "INSERT INTO big_t (a, b, c) SELECT g, md5(g::text) || md5((g+1)::text) || 'xxxxxxxx', now() FROM generate_series(1, %s) g",
+            (rows,),
+        )  # autocommit: one statement, one transaction
+    end = _current_lsn(dsn)
+    log_root = work / "log-big"
+    config = _config(work / "big.toml", dsn, log_root, "bench_big", "never", "public.big_t")
+    trib_s, rss = _run_until(config, log_root, end)
+    shutil.rmtree(log_root, ignore_errors=True)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot('bench_big')")
+        conn.execute("DROP TABLE big_t")
+    return {"rows": rows, "tributary_changes_per_s": rows / trib_s, "tributary_peak_rss_mb": rss, "target_rss_mb": 300}
+
+
 def bench_snapshot(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) -> dict[str, float]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
@@ -248,6 +273,8 @@ def main() -> None:
     parser.add_argument("--snapshot-rows", type=int, default=2_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--latency-seconds", type=float, default=10)
+    parser.add_argument("--big-tx-rows", type=int, default=0, help="also capture one transaction of this many rows")
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip: streaming,snapshot,latency")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "capture.json")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tributary-bench-"))
@@ -255,21 +282,30 @@ def main() -> None:
     cluster.up()
     dsn = cluster.dsn()
     try:
-        streams = [bench_streaming(cluster, dsn, args.rows, work) for _ in range(args.repeat)]
-        snaps = [bench_snapshot(cluster, dsn, args.snapshot_rows, work) for _ in range(args.repeat)]
-        latency = bench_latency(dsn, work, args.latency_seconds, 1000)
+        skip = set(filter(None, args.skip.split(",")))
+        streams = (
+            [] if "streaming" in skip else [bench_streaming(cluster, dsn, args.rows, work) for _ in range(args.repeat)]
+        )
+        snaps = (
+            []
+            if "snapshot" in skip
+            else [bench_snapshot(cluster, dsn, args.snapshot_rows, work) for _ in range(args.repeat)]
+        )
+        latency = {} if "latency" in skip else bench_latency(dsn, work, args.latency_seconds, 1000)
+        big = bench_big_tx(dsn, args.big_tx_rows, work) if args.big_tx_rows else None
     finally:
         cluster.destroy()
         shutil.rmtree(work, ignore_errors=True)
 
     def med(rows: list[dict[str, float]]) -> dict[str, float]:
-        return {k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0]}
+        return {k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0]} if rows else {}
 
     result = {
         "machine": {"cpus": os.cpu_count()},
         "streaming": {"rows": args.rows, "runs": len(streams), "median": med(streams), "target_ratio": 0.8},
         "snapshot": {"rows": args.snapshot_rows, "runs": len(snaps), "median": med(snaps), "target_ratio": 0.7},
         "latency_1000tps": latency,
+        "big_transaction": big,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

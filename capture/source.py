@@ -294,7 +294,7 @@ class SourceSession:
                         key=parsed.pk,
                         now_ms=now_ms,
                     )
-                outputs = self._envelopes(parsed)
+                outputs = self._envelopes(parsed, now_ms)
             self._stage(outputs, now_ms)
             self._tx["changes"] = self._tx.get("changes", 0) + 1
             self.status.changes += 1
@@ -320,12 +320,14 @@ class SourceSession:
         ctx["now_ms"] = int(self.clock() * 1000)
         return ctx
 
-    def _envelopes(self, change: Any) -> list[env.Output]:
+    def _envelopes(self, change: Any, now_ms: int) -> list[env.Output]:
+        ctx = self._ctx
+        ctx["now_ms"] = now_ms  # the clock read once per change, not once per use
         return env.envelopes_for(
             change,
-            known_columns=self.schemas.columns(change.schema, change.table),
+            known_columns=self.schemas.columns(change.schema, change.table) if change.action == "U" else None,
             key_columns=self._identity.get((change.schema, change.table)),
-            **self._context(),
+            **ctx,
         )
 
     def _observe_schema(
@@ -362,11 +364,17 @@ class SourceSession:
         # A streamed record's timestamp is its transaction's commit time (event time); a
         # snapshot row's is the time it was read.
         now_ms = self._tx.get("ts_ms") or now_ms if self.in_transaction else now_ms
+        pending = self._pending
+        counts = self._partitions
+        staged = 0
         for out in outputs:
-            partition = partition_for(out.key, self._ensure_topic(out.topic))
+            topic = out.topic
+            count = counts.get(topic) or self._ensure_topic(topic)
+            partition = partition_for(out.key, count)
             ts = now_ms if out.timestamp_ms is None else out.timestamp_ms
-            self._pending[(out.topic, partition)].append((out.key, out.value, ts, out.headers))
-            self._pending_count += 1
+            pending[(topic, partition)].append((out.key, out.value, ts, out.headers))
+            staged += 1
+        self._pending_count += staged
         if self._pending_count >= _FLUSH_RECORDS:
             self._flush()
 

@@ -156,3 +156,37 @@ def test_schema_tracker_announces_changes_not_toast_omissions() -> None:
     added = tracker.observe("shop", "public", "t", [*cols, ("n", "numeric", 1700)], complete=True)
     assert added is not None
     assert [c["name"] for c in orjson.loads(added.value)["schema"]["columns"]] == ["id", "big", "n"]
+
+
+@pytest.mark.parametrize("marker", ["true", "last"])
+def test_snapshot_encoder_prebuilt_tail_equals_the_generic_envelope(marker: str) -> None:
+    """SnapshotEncoder serialises `source`/`op`/`ts_ms` once per table: the bytes must equal
+    the generic one-dumps envelope for every row, awkward values included."""
+    change = _messages("types")[1]
+    assert isinstance(change, Change)
+    columns = change.column_types()
+    encoder = env.SnapshotEncoder(
+        schema="public",
+        table='fx "types"',
+        columns=columns,
+        primary_key=["id"],
+        source_name="shöp",
+        db="d\\b",
+        lsn=Lsn(0x16B374D848),
+        now_ms=1_790_000_000_123,
+    )
+    rows = [[str(i)] + [None] * (len(columns) - 1) for i in (0, -1, 2**62)] + [
+        ["7", "1e-30", "NaN", "f", 'q"\\\n', "[]", "\\x", "{}", "{NULL}", "infinity", None, "-1 mons", None]
+    ]
+    for values in rows:
+        out = encoder.encode(values, marker)
+        source = env._source("shöp", "db", "public", 'fx "types"', Lsn(0x16B374D848), None, 1_790_000_000_123, marker)
+        source["db"] = "d\\b"
+        assert out.value == env._value(None, encoder.row(values), source, "r", 1_790_000_000_123)
+        assert out.key == env._key(encoder.row(values), ["id"])
+
+
+def test_change_lsn_fast_path_equals_lsn_parse() -> None:
+    for text in ("0/0", "0/16B3748", "16/B374D848", "FFFFFFFF/FFFFFFFF"):
+        assert env._lsn(text, None) == int(Lsn.parse(text))
+    assert env._lsn(None, Lsn(5)) == Lsn(5)
