@@ -28,7 +28,7 @@ from eventstore.errors import (
 from eventstore.handler import CommandHandler
 from eventstore.model import dumps, event_json
 
-__all__ = ["CommandRequest", "router"]
+__all__ = ["CommandReply", "CommandRequest", "EventOut", "StreamEvents", "StreamState", "router"]
 
 router = APIRouter(tags=["commands"])
 
@@ -44,6 +44,47 @@ class CommandRequest(BaseModel):
     command_id: str | None = Field(
         default=None, min_length=1, max_length=200, description="Makes the command idempotent."
     )
+
+
+class EventOut(BaseModel):
+    """An event as the API (and the log) shows it; money and other decimals are strings."""
+
+    id: str
+    stream: str
+    stream_type: str
+    version: int
+    position: int
+    type: str
+    schema_version: int
+    data: dict[str, Any]
+    metadata: dict[str, Any]
+    occurred_at: str = Field(description="ISO 8601, UTC (`Z`).")
+    recorded_at: str = Field(description="ISO 8601, UTC (`Z`).")
+
+
+class CommandReply(BaseModel):
+    stream_id: str
+    version: int = Field(description="The stream's version after the command.")
+    events: list[EventOut]
+
+
+class StreamEvents(BaseModel):
+    stream_id: str
+    events: list[EventOut]
+
+
+class StreamState(BaseModel):
+    """The aggregate's state fields (per stream type) beside these three."""
+
+    model_config = ConfigDict(extra="allow")
+
+    stream_id: str
+    stream_type: str
+    version: int
+
+
+# The routes answer with `_json` (decimals exact, no re-validation); these models document the bodies so that
+# schemathesis' response_schema_conformance checks them.
 
 
 def _handler(request: Request) -> CommandHandler:
@@ -84,6 +125,7 @@ def _http_error(exc: EventStoreError) -> HTTPException:
     "/commands/{stream_type}/{stream_id}",
     dependencies=[Depends(require("write"))],
     responses={
+        200: {"model": CommandReply, "description": "the events the command appended (or, replayed, had appended)"},
         **AUTH_RESPONSES,
         400: error("the body is not JSON"),
         404: error("unknown stream type"),
@@ -120,7 +162,11 @@ async def send_command(stream_type: str, stream_id: str, body: CommandRequest, r
 _STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {**AUTH_RESPONSES, 404: error("no stream with this id")}
 
 
-@router.get("/streams/{stream_id}", dependencies=[Depends(require("read"))], responses=_STREAM_RESPONSES)
+@router.get(
+    "/streams/{stream_id}",
+    dependencies=[Depends(require("read"))],
+    responses={200: {"model": StreamEvents, "description": "events, oldest first"}, **_STREAM_RESPONSES},
+)
 async def read_stream(
     stream_id: str, request: Request, from_version: int = Query(1, ge=1), limit: int = Query(100, ge=1, le=1000)
 ) -> JSONResponse:
@@ -132,7 +178,11 @@ async def read_stream(
     return _json({"stream_id": stream_id, "events": [event_json(e) for e in events]})
 
 
-@router.get("/streams/{stream_id}/state", dependencies=[Depends(require("read"))], responses=_STREAM_RESPONSES)
+@router.get(
+    "/streams/{stream_id}/state",
+    dependencies=[Depends(require("read"))],
+    responses={200: {"model": StreamState, "description": "folded state and version"}, **_STREAM_RESPONSES},
+)
 async def stream_state(stream_id: str, request: Request) -> JSONResponse:
     """The aggregate's folded state and version."""
     handler = _handler(request)
