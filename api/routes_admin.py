@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import PlainTextResponse, Response
+from pydantic import BaseModel
 
 from api.auth import AUTH_RESPONSES, error, require
 from api.cli_log import topics as topics_of
@@ -23,6 +24,28 @@ __all__ = ["router"]
 router = APIRouter()
 
 
+class Readiness(BaseModel):
+    ready: bool
+    checks: dict[str, str] = {}
+
+
+class Rebuild(BaseModel):
+    """A rebuild started from the API; `build`, `table`, `records` once done, `finished_at` once over."""
+
+    id: str
+    projection: str
+    state: str
+    stage: str
+    done: int
+    total: int
+    started_at: float
+    error: str | None
+    build: int | None = None
+    table: str | None = None
+    records: int | None = None
+    finished_at: float | None = None
+
+
 def _settings(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
@@ -33,7 +56,11 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", tags=["ops"], responses={503: {"description": "not ready: see `checks`"}})
+@router.get(
+    "/readyz",
+    tags=["ops"],
+    responses={200: {"model": Readiness}, 503: {"model": Readiness, "description": "not ready: see `checks`"}},
+)
 async def readyz(request: Request) -> Response:
     """Service database reachable, migrations current, capture not failed."""
     checks: dict[str, str] = {}
@@ -123,6 +150,8 @@ async def projections(request: Request) -> list[dict[str, Any]]:
 @router.post(
     "/projections/{name}/rebuild",
     status_code=202,
+    response_model=Rebuild,
+    response_model_exclude_unset=True,
     tags=["admin"],
     dependencies=[Depends(require("admin"))],
     responses={**AUTH_RESPONSES, 404: error("no projection with this name")},
@@ -170,6 +199,8 @@ def _rebuild_worker(entry: dict[str, Any], settings: Any) -> None:
 
 @router.get(
     "/rebuilds/{rebuild_id}",
+    response_model=Rebuild,
+    response_model_exclude_unset=True,
     tags=["admin"],
     dependencies=[Depends(require("admin"))],
     responses={**AUTH_RESPONSES, 404: error("no rebuild with this id")},
