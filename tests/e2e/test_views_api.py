@@ -42,6 +42,7 @@ COLUMNS = {"id": "bigint", "name": "text", "amount": "numeric(12,2)", "at": "tim
 PROJECTIONS = [
     Projection(name="things", version=1, topics=("none",), table=Table.of(COLUMNS, ["id"]), build=lambda df: df),
     Projection(name="feed", version=1, topics=("none",), table=Table.of(COLUMNS, ["id"]), build=lambda df: df),
+    Projection(name="unbuilt", version=1, topics=("none",), table=Table.of(COLUMNS, ["id"]), build=lambda df: df),
 ]
 """
 COLUMNS = {"id": "bigint", "name": "text", "amount": "numeric(12,2)", "at": "timestamptz", "note": "text"}
@@ -149,7 +150,8 @@ def _scan(views: Views, view: str, limit: int, /, **params: Any) -> tuple[list[d
 
 def test_lists_views_with_columns_key_and_build(views: Views) -> None:
     listed = {v["name"]: v for v in views.client.get("/views").json()}
-    assert set(listed) == {"things", "feed"}
+    assert set(listed) == {"things", "feed", "unbuilt"}
+    assert listed["unbuilt"]["build"] is None and listed["unbuilt"]["table"] is None
     things = listed["things"]
     assert things["columns"] == [{"name": k, "type": t} for k, t in COLUMNS.items()]
     assert things["primary_key"] == ["id"] and things["projection_version"] == 1
@@ -242,6 +244,8 @@ def test_unknown_column_operator_or_view(views: Views) -> None:
     assert got.status_code == 422 and "nope" in got.json()["detail"]
     got = _get(views, "nothing")
     assert got.status_code == 404 and "nothing" in got.json()["detail"]
+    got = _get(views, "unbuilt")
+    assert got.status_code == 404 and "tributary project run unbuilt" in got.json()["detail"]
     got = _get(views, "things", id="abc")
     assert got.status_code == 422 and "type" in got.json()["detail"]
 
@@ -360,3 +364,4 @@ def test_pages_while_a_writer_inserts(views: Views, order_by: str) -> None:
     assert existing <= set(ids), f"{len(existing - set(ids))} rows that existed before the scan were missed"
     assert set(ids) - existing <= set(inserted)
     assert during > pages // 2, (pages, during)  # the writer really committed between pages
+    assert set(ids) - existing, "no row inserted during the scan was seen: the scan did not overlap the writer"
