@@ -214,6 +214,10 @@ class SnapshotEncoder:
             for marker, source in self._sources.items()
         }
 
+    def encode_json(self, key: bytes, after: bytes, marker: str = "true") -> Output:
+        """The record from PostgreSQL-built JSON (SnapshotReader.json_rows): no per-value Python."""
+        return Output(self.topic, key, b'{"before":null,"after":' + after + self._tails[marker])
+
     def row(self, values: Sequence[str | None]) -> dict[str, Any]:
         return {
             name: value if conv is None or value is None else conv(value)

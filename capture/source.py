@@ -192,7 +192,7 @@ class SourceSession:
     ) -> None:
         self.status.snapshot_rows_total = sum(max(t.estimated_rows, 0) for t in tables)
         now_ms = int(self.clock() * 1000)
-        previous: tuple[env.SnapshotEncoder, tuple[str | None, ...]] | None = None
+        previous: tuple[env.SnapshotEncoder, Any, bool] | None = None
         for table in tables:
             self.status.snapshot_table = table.qualified
             columns = [(c.name, c.type, c.typeoid) for c in table.columns]
@@ -209,11 +209,14 @@ class SourceSession:
                 lsn=lsn,
                 now_ms=now_ms,
             )
+            # PostgreSQL builds the JSON where it can spell it exactly as we would (snapshot.py).
+            fast = None if self.spec.router is not None else reader.json_rows(table, table.identity_columns)
+            rows: Iterable[Any] = reader.rows(table, ordered=self.spec.router is not None) if fast is None else fast
             # One row of lookahead: the very last row of the snapshot is marked "last".
-            for row in reader.rows(table, ordered=self.spec.router is not None):
+            for row in rows:
                 if previous is not None:
                     self._snapshot_row(*previous, "true", now_ms)
-                previous = (encoder, row)
+                previous = (encoder, row, fast is not None)
                 self.status.snapshot_rows_done += 1
                 if on_progress is not None and self.status.snapshot_rows_done % 10_000 == 0:
                     on_progress(self.status)
@@ -225,10 +228,11 @@ class SourceSession:
         if on_progress is not None:
             on_progress(self.status)
 
-    def _snapshot_row(
-        self, encoder: env.SnapshotEncoder, row: tuple[str | None, ...], marker: str, now_ms: int
-    ) -> None:
-        if self.spec.router is not None:
+    def _snapshot_row(self, encoder: env.SnapshotEncoder, row: Any, is_json: bool, marker: str, now_ms: int) -> None:
+        """`row`: text values from `SnapshotReader.rows`, or (key, after) JSON from `json_rows`."""
+        if is_json:
+            self._stage((encoder.encode_json(row[0], row[1], marker),), now_ms)
+        elif self.spec.router is not None:
             self._stage(self.spec.router(encoder.row(row)), now_ms)
         else:
             self._stage((encoder.encode(row, marker),), now_ms)
