@@ -216,7 +216,10 @@ class SnapshotEncoder:
 
     def encode_json(self, key: bytes, after: bytes, marker: str = "true") -> Output:
         """The record from PostgreSQL-built JSON (SnapshotReader.json_rows): no per-value Python."""
-        return Output(self.topic, key, b'{"before":null,"after":' + after + self._tails[marker])
+        return Output(self.topic, key, self.value_json(after, marker))
+
+    def value_json(self, after: bytes, marker: str = "true") -> bytes:
+        return b'{"before":null,"after":' + after + self._tails[marker]
 
     def row(self, values: Sequence[str | None]) -> dict[str, Any]:
         return {

@@ -231,7 +231,15 @@ class SourceSession:
     def _snapshot_row(self, encoder: env.SnapshotEncoder, row: Any, is_json: bool, marker: str, now_ms: int) -> None:
         """`row`: text values from `SnapshotReader.rows`, or (key, after) JSON from `json_rows`."""
         if is_json:
-            self._stage((encoder.encode_json(row[0], row[1], marker),), now_ms)
+            # The hot loop of a snapshot: what `_stage(encoder.encode_json(...))` does, minus the
+            # Output object and the generic loop (a snapshot record has no headers, ts = read time).
+            key, after = row
+            topic = encoder.topic
+            partition = partition_for(key, self._partitions.get(topic) or self._ensure_topic(topic))
+            self._pending[(topic, partition)].append((key, encoder.value_json(after, marker), now_ms, None))
+            self._pending_count += 1
+            if self._pending_count >= _FLUSH_RECORDS:
+                self._flush()
         elif self.spec.router is not None:
             self._stage(self.spec.router(encoder.row(row)), now_ms)
         else:
