@@ -18,7 +18,8 @@ import base64
 import datetime as dt
 import random
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -132,11 +133,16 @@ def _get(views: Views, view: str, /, **params: Any) -> httpx.Response:
     return views.client.get(f"/views/{view}", params=params)
 
 
-def _scan(views: Views, view: str, limit: int, /, **params: Any) -> tuple[list[dict[str, Any]], int]:
-    """Every page from the first, following next_cursor; (rows in page order, pages)."""
+def _scan(
+    views: Views, view: str, limit: int, /, between: Callable[[], None] = lambda: None, **params: Any
+) -> tuple[list[dict[str, Any]], int]:
+    """Every page from the first, following next_cursor, calling `between` before each next page;
+    (rows in page order, pages)."""
     rows: list[dict[str, Any]] = []
     cursor, pages = None, 0
     while True:
+        if pages:
+            between()
         got = _get(views, view, limit=limit, **params, **({"cursor": cursor} if cursor else {}))
         assert got.status_code == 200, got.text
         body = got.json()
@@ -353,7 +359,13 @@ def test_pages_while_a_writer_inserts(views: Views, order_by: str) -> None:
         while len(inserted) < 20:  # the writer is committing before the first page
             threading.Event().wait(0.01)
         at_start = len(inserted)
-        seen, pages = _scan(views, "feed", 50, order_by=order_by)
+
+        def a_batch_commits() -> None:  # the writer runs freely; this only makes sure it commits between pages
+            target, deadline = len(inserted) + 1, time.monotonic() + 10
+            while len(inserted) < target and time.monotonic() < deadline:
+                time.sleep(0.001)
+
+        seen, pages = _scan(views, "feed", 50, between=a_batch_commits, order_by=order_by)
         during = len(inserted) - at_start
     finally:
         stop.set()
@@ -363,5 +375,5 @@ def test_pages_while_a_writer_inserts(views: Views, order_by: str) -> None:
     existing = before | set(inserted[:at_start])  # committed before the first page was asked for
     assert existing <= set(ids), f"{len(existing - set(ids))} rows that existed before the scan were missed"
     assert set(ids) - existing <= set(inserted)
-    assert during > pages // 2, (pages, during)  # the writer really committed between pages
+    assert during >= 5 * (pages - 1), (pages, during)  # the writer really committed between every two pages
     assert set(ids) - existing, "no row inserted during the scan was seen: the scan did not overlap the writer"
