@@ -1,10 +1,19 @@
-"""Prometheus metrics: one registry per app; gauges refreshed from the log and status on scrape."""
+"""Prometheus metrics: one registry per app; gauges refreshed on scrape from the capture daemon's
+status file, the sources' slots, the log and the projections' state tables.
+
+The capture daemon is another process: its commit-latency histogram travels in its status file
+(cumulative bucket counts) and is exposed here as a real histogram.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from capture.log import Log, LogError
 from capture.status import read_status
@@ -47,23 +56,48 @@ class Metrics:
         self.http_requests = Counter(
             "tributary_http_requests_total", "HTTP requests", ["method", "route", "status"], registry=r
         )
+        self.capture_commits = _CommitLatency()
+        r.register(self.capture_commits)
 
-    def refresh(self, log_root: Path) -> None:
-        status = read_status(log_root) or {"sources": []}
-        for s in status.get("sources", []):
+    def refresh(self, settings: Any, *, dsn: str | None = None, rebuilds: Iterable[Mapping[str, Any]] = ()) -> None:
+        """Read every source of truth once (called per scrape, off the event loop)."""
+        from api.sources import source_statuses
+
+        root = Path(settings.log.root)
+        _, sources = source_statuses(settings)
+        for s in sources:
             self.capture_changes.labels(s["name"]).set(s.get("changes", 0))
             self.capture_rate.labels(s["name"]).set(s.get("changes_per_s", 0))
             for state in ("starting", "snapshotting", "streaming", "reconnecting", "stopped", "failed"):
                 self.capture_up.labels(s["name"], state).set(1 if s.get("state") == state else 0)
+            if isinstance(s.get("slot_lag_bytes"), int):
+                self.slot_lag.labels(s["name"]).set(s["slot_lag_bytes"])
+        self.capture_commits.status = read_status(root) or {}
         try:
-            with Log.open(log_root) as log:
+            with Log.open(root) as log:
                 for topic in log.topics():
                     self.log_records.labels(topic).set(
                         sum(e - b for b, e in zip(log.start_offsets(topic), log.end_offsets(topic), strict=True))
                     )
-                    self.log_bytes.labels(topic).set(_dir_bytes(log_root / topic))
+                    self.log_bytes.labels(topic).set(_dir_bytes(root / topic))
         except LogError:
             pass
+        self._refresh_projections(settings, dsn, rebuilds)
+
+    def _refresh_projections(self, settings: Any, dsn: str | None, rebuilds: Iterable[Mapping[str, Any]]) -> None:
+        from projections.runner import RunSettings, status
+
+        try:
+            for st in status(RunSettings.from_settings(settings, dsn=dsn)):
+                self.projection_lag.labels(st.name).set(st.lag)
+        except Exception:  # noqa: BLE001 - no projection configured or run yet: nothing to report
+            pass
+        for b in rebuilds:
+            if b.get("state") == "running":
+                total = b.get("total") or 0
+                self.rebuild_progress.labels(b["projection"]).set(b.get("done", 0) / total if total else 0.0)
+            elif b.get("state") == "done":
+                self.rebuild_progress.labels(b["projection"]).set(1.0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -71,3 +105,25 @@ class Metrics:
 
 def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+class _CommitLatency(Collector):
+    """`tributary_capture_commit_seconds`: the capture daemon's log-commit latency histogram."""
+
+    def __init__(self) -> None:
+        self.status: dict[str, Any] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        h = self.status.get("commit_seconds") or {"buckets": [], "sum": 0.0}
+        family = HistogramMetricFamily(
+            "tributary_capture_commit_seconds", "Capture's log commit latency (append to durable manifest)"
+        )
+        buckets = [(_le(le), count) for le, count in h.get("buckets", [])]
+        if not buckets or buckets[-1][0] != "+Inf":
+            buckets.append(("+Inf", buckets[-1][1] if buckets else 0))
+        family.add_metric([], buckets, h.get("sum", 0.0))
+        yield family
+
+
+def _le(bound: float | str) -> str:
+    return "+Inf" if bound in ("+Inf", float("inf")) else repr(float(bound))

@@ -95,7 +95,7 @@ async def readyz(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     """Prometheus text format."""
     m = request.app.state.metrics
-    await asyncio.to_thread(m.refresh, _settings(request).log.root)
+    await asyncio.to_thread(m.refresh, _settings(request), dsn=request.app.state.dsn, rebuilds=list(_rebuilds.values()))
     return Response(m.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

@@ -20,7 +20,7 @@ from psycopg import sql
 from starlette.datastructures import QueryParams
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.auth import require
+from api.auth import AUTH_RESPONSES, error, require
 
 __all__ = ["ViewsFastPath", "router"]
 
@@ -32,7 +32,7 @@ async def _read_scope(request: Request) -> None:
     _check_read(request)
 
 
-router = APIRouter(tags=["views"], dependencies=[Depends(_read_scope)])
+router = APIRouter(tags=["views"], dependencies=[Depends(_read_scope)], responses=AUTH_RESPONSES)
 
 MAX_LIMIT = 1000
 _OPS = {"": "=", "eq": "=", "ne": "<>", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
@@ -121,7 +121,11 @@ def _decode_cursor(cursor: str, width: int) -> list[Any]:
         values = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
     except (ValueError, orjson.JSONDecodeError):
         raise HTTPException(422, "cursor is not one this API returned") from None
-    if not isinstance(values, list) or len(values) != width:
+    if (
+        not isinstance(values, list)
+        or len(values) != width
+        or not all(v is None or (isinstance(v, str | int | float) and not isinstance(v, bool)) for v in values)
+    ):
         raise HTTPException(422, "cursor is not one this API returned")
     return values
 
@@ -145,6 +149,8 @@ def _compose(
     descending: bool,
     after: bool,
     limit: int,
+    nullable: bool = False,
+    after_null: bool = False,
 ) -> sql.Composed:
     where: list[sql.Composable] = [
         sql.SQL("{} {} CAST({} AS {})").format(
@@ -155,7 +161,23 @@ def _compose(
     if after:
         lhs = sql.SQL(", ").join(sql.Identifier(k) for k in keys)
         rhs = sql.SQL(", ").join(sql.SQL("CAST({} AS {})").format(sql.Placeholder(), sql.SQL(types[k])) for k in keys)
-        where.append(sql.SQL("({}) {} ({})").format(lhs, sql.SQL("<" if descending else ">"), rhs))
+        keyset = sql.SQL("({}) {} ({})")
+        if not nullable:  # the order column is part of the key: never NULL
+            where.append(keyset.format(lhs, sql.SQL("<" if descending else ">"), rhs))
+        else:  # NULLs sort last ascending, first descending; a row comparison with NULL is NULL, not false
+            col, rest = sql.Identifier(keys[0]), keys[1:]
+            pk_lhs = sql.SQL(", ").join(sql.Identifier(k) for k in rest)
+            pk_rhs = sql.SQL(", ").join(
+                sql.SQL("CAST({} AS {})").format(sql.Placeholder(), sql.SQL(types[k])) for k in rest
+            )
+            op = sql.SQL("<" if descending else ">")
+            if after_null:  # the cursor row's order value is NULL (its value is not sent)
+                form = "({} IS NOT NULL OR ({}) {} ({}))" if descending else "({} IS NULL AND ({}) {} ({}))"
+                where.append(sql.SQL(form).format(col, pk_lhs, op, pk_rhs))
+            elif descending:
+                where.append(keyset.format(lhs, op, rhs))
+            else:
+                where.append(sql.SQL("(({}) {} ({}) OR {} IS NULL)").format(lhs, op, rhs, col))
     direction = sql.SQL(" DESC" if descending else "")
     return sql.SQL("SELECT {} FROM {}.{} {} ORDER BY {} LIMIT {}").format(
         sql.SQL(", ").join(sql.Identifier(c) for c in types),
@@ -167,7 +189,13 @@ def _compose(
     )
 
 
-@router.get("/views/{name}")
+@router.get(
+    "/views/{name}",
+    responses={
+        404: error("no such view, or not built yet"),
+        422: error("unknown column or operator, bad value, limit or cursor"),
+    },
+)
 async def query_view(
     name: str, request: Request, limit: int = 100, cursor: str | None = None, order_by: str | None = None
 ) -> Response:
@@ -197,14 +225,29 @@ async def _page(
         keys = [order_col] + [k for k in p.table.primary_key if k != order_col]
 
     args: list[Any] = [value for _, _, value in filters]
+    nullable = keys[0] not in p.table.primary_key
+    after_null = False
     if cursor:
-        args.extend(_decode_cursor(cursor, len(keys)))
-    shape = (name, tuple((c, op) for c, op, _ in filters), tuple(keys), descending, bool(cursor), limit)
+        values = _decode_cursor(cursor, len(keys))
+        after_null = nullable and values[0] is None
+        args.extend(values[1:] if after_null else values)
+    shape = (name, tuple((c, op) for c, op, _ in filters), tuple(keys), descending, bool(cursor), after_null, limit)
     queries = _queries(state)
     query = queries.get(shape)
     if query is None:
         schema = state.settings.projections.schema_
-        query = _compose(schema, name, types, shape[1], keys, descending=descending, after=bool(cursor), limit=limit)
+        query = _compose(
+            schema,
+            name,
+            types,
+            shape[1],
+            keys,
+            descending=descending,
+            after=bool(cursor),
+            limit=limit,
+            nullable=nullable,
+            after_null=after_null,
+        )
     async with state.pool.connection() as conn:
         try:
             if isinstance(query, sql.Composed):  # first request of this shape: render it once, with
