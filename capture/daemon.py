@@ -20,7 +20,7 @@ from types import FrameType
 from capture.errors import CaptureError, TransientSourceError
 from capture.log import GroupCommitter, Log, LogError, Mark
 from capture.source import SourceSession, SourceSpec
-from capture.status import SourceState, write_status
+from capture.status import LatencyHistogram, SourceState, write_status
 
 __all__ = ["CaptureDaemon", "DaemonOptions"]
 
@@ -56,6 +56,7 @@ class CaptureDaemon:
         self.sessions = [SourceSession(spec, self.log, clock=clock) for spec in specs]
         self.committer = GroupCommitter(linger_ms=options.linger_ms, max_records=options.batch_records)
         self._mark: Mark | None = None  # the log's end at the newest transaction boundary
+        self.commit_seconds = LatencyHistogram()  # log commit latency, for /metrics
         self._stopping = False
         self._last_change = clock()
         self._last_status = 0.0
@@ -83,7 +84,9 @@ class CaptureDaemon:
         if self._mark is None:
             return
         positions = {s.spec.name: str(s.boundary) for s in self.sessions if s.has_boundary}
+        started = time.perf_counter()
         self.log.commit(positions=positions, upto=self._mark)  # steps 2 and 3
+        self.commit_seconds.observe(time.perf_counter() - started)
         self._mark = None
         now = self.clock()
         self.committer.committed(int(now * 1000))
@@ -232,5 +235,9 @@ class CaptureDaemon:
             self._rate_window = (now, 0)
         self._last_status_file = now
         write_status(
-            self.opts.log_root, pid=os.getpid(), updated_ms=int(now * 1000), sources=[s.status for s in self.sessions]
+            self.opts.log_root,
+            pid=os.getpid(),
+            updated_ms=int(now * 1000),
+            sources=[s.status for s in self.sessions],
+            commit_seconds=self.commit_seconds,
         )

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SourceState", "SourceStatus", "read_status", "write_status", "STATUS_FILE"]
+__all__ = ["LatencyHistogram", "SourceState", "SourceStatus", "read_status", "write_status", "STATUS_FILE"]
 
 STATUS_FILE = "capture-status.json"
 
@@ -49,9 +49,40 @@ class SourceStatus:
         return out
 
 
-def write_status(root: Path, *, pid: int, updated_ms: int, sources: list[SourceStatus]) -> None:
+class LatencyHistogram:
+    """Cumulative latency buckets (Prometheus' shape), carried to the API in the status file."""
+
+    BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(self.BOUNDS) + 1)  # per bucket, the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        i = next((i for i, le in enumerate(self.BOUNDS) if seconds <= le), len(self.BOUNDS))
+        self.counts[i] += 1
+        self.sum += seconds
+
+    def to_json(self) -> dict[str, Any]:
+        running, buckets = 0, []
+        for le, n in zip((*self.BOUNDS, "+Inf"), self.counts, strict=True):
+            running += n
+            buckets.append([le, running])
+        return {"buckets": buckets, "sum": self.sum, "count": running}
+
+
+def write_status(
+    root: Path,
+    *,
+    pid: int,
+    updated_ms: int,
+    sources: list[SourceStatus],
+    commit_seconds: LatencyHistogram | None = None,
+) -> None:
     root.mkdir(parents=True, exist_ok=True)
-    body = {"pid": pid, "updated_ms": updated_ms, "sources": [s.to_json() for s in sources]}
+    body: dict[str, Any] = {"pid": pid, "updated_ms": updated_ms, "sources": [s.to_json() for s in sources]}
+    if commit_seconds is not None:
+        body["commit_seconds"] = commit_seconds.to_json()
     tmp = root / (STATUS_FILE + ".tmp")
     tmp.write_text(json.dumps(body, indent=1) + "\n")
     os.replace(tmp, root / STATUS_FILE)

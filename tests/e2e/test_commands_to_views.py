@@ -78,3 +78,16 @@ def test_commands_become_a_queryable_view(fresh_db: str, tmp_path: Path) -> None
         bad = httpx.get(base + "/views/account_balances", params={"nope": "1"})
         assert bad.status_code == 422 and "nope" in bad.text
         assert httpx.get(base + "/views/missing").status_code == 404
+
+        # /metrics after a real capture and a real projection run: every operating series has data.
+        from prometheus_client.parser import text_string_to_metric_families
+
+        families = {f.name: f for f in text_string_to_metric_families(httpx.get(base + "/metrics").text)}
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+        assert samples[("tributary_projection_lag_records", (("projection", "account_balances"),))] == 0
+        assert samples[("tributary_slot_lag_bytes", (("source", "_eventstore"),))] >= 0
+        assert ("tributary_capture_changes_total", (("source", "_eventstore"),)) in samples  # the rows came by snapshot
+        assert samples[("tributary_capture_commit_seconds_count", ())] >= 1
+        assert samples[("tributary_log_records", (("topic", "events.account"),))] == 6
+        assert ("tributary_log_bytes", (("topic", "events.account"),)) in samples
+        assert "tributary_rebuild_progress_ratio" in families and "tributary_command_seconds" in families
