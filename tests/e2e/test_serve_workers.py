@@ -1,0 +1,104 @@
+"""`[api] workers = 2`: two uvicorn worker processes share the port, both serve the whole API,
+and SIGTERM stops the supervisor and every worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from eventstore.migrate import run_migrations
+from tests.servers import ROOT, free_port
+
+pytestmark = pytest.mark.e2e
+
+
+def _children(pid: int) -> set[int]:
+    """Every descendant of `pid`, read from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - out
+        out |= frontier
+    return out
+
+
+def test_two_workers_serve_commands_and_stop_on_sigterm(fresh_db: str, tmp_path: Path) -> None:
+    run_migrations(fresh_db)
+    port = free_port()
+    config = tmp_path / "t.toml"
+    config.write_text(
+        f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\n[api]\nport = {port}\nworkers = 2\n'
+    )
+    err = (tmp_path / "serve.err").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from api.cli import main; main()", "serve", "--config", str(config)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(base + "/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "serve.err").read_text()
+            time.sleep(0.2)
+        workers = [p for p in _children(proc.pid) if "multiprocessing" in Path(f"/proc/{p}/cmdline").read_text()]
+        assert len(workers) >= 2, f"expected two worker processes, found {workers}"
+
+        opened = httpx.post(base + "/commands/account/w-1", json={"type": "open", "data": {"owner": "w"}})
+        assert opened.status_code == 200, opened.text
+
+        def deposit(i: int) -> int:
+            with httpx.Client(base_url=base, timeout=30) as c:  # a new connection: any worker may answer
+                return c.post("/commands/account/w-1", json={"type": "deposit", "data": {"amount": "1.00"}}).status_code
+
+        with ThreadPoolExecutor(4) as pool:
+            codes = list(pool.map(deposit, range(40)))
+        assert codes == [200] * 40
+        state = httpx.get(base + "/streams/w-1/state").json()
+        assert state["version"] == 41 and state["balance"] == "40.00"
+    finally:
+        everyone = _children(proc.pid)
+        os.kill(proc.pid, signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        err.close()
+    assert code == 0, (tmp_path / "serve.err").read_text()
+    deadline = time.monotonic() + 10
+    while (left := {p: _cmdline(p) for p in everyone if _alive(p)}) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"processes outlived SIGTERM: {left}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited; init reaps it
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return "?"
