@@ -64,7 +64,9 @@ class Metrics:
         from api.sources import source_statuses
 
         root = Path(settings.log.root)
-        _, sources = source_statuses(settings)
+        current = read_status(root) or {}
+        self.capture_commits.status = current
+        _, sources = source_statuses(settings, current)
         for s in sources:
             self.capture_changes.labels(s["name"]).set(s.get("changes", 0))
             self.capture_rate.labels(s["name"]).set(s.get("changes_per_s", 0))
@@ -72,7 +74,6 @@ class Metrics:
                 self.capture_up.labels(s["name"], state).set(1 if s.get("state") == state else 0)
             if isinstance(s.get("slot_lag_bytes"), int):
                 self.slot_lag.labels(s["name"]).set(s["slot_lag_bytes"])
-        self.capture_commits.status = read_status(root) or {}
         try:
             with Log.open(root) as log:
                 for topic in log.topics():
@@ -114,16 +115,11 @@ class _CommitLatency(Collector):
         self.status: dict[str, Any] = {}
 
     def collect(self) -> Iterator[Metric]:
-        h = self.status.get("commit_seconds") or {"buckets": [], "sum": 0.0}
+        # `capture.status.LatencyHistogram.to_json`: cumulative [le, count] pairs ending at "+Inf"
+        h = self.status.get("commit_seconds") or {"buckets": [["+Inf", 0]], "sum": 0.0}
         family = HistogramMetricFamily(
             "tributary_capture_commit_seconds", "Capture's log commit latency (append to durable manifest)"
         )
-        buckets = [(_le(le), count) for le, count in h.get("buckets", [])]
-        if not buckets or buckets[-1][0] != "+Inf":
-            buckets.append(("+Inf", buckets[-1][1] if buckets else 0))
-        family.add_metric([], buckets, h.get("sum", 0.0))
+        buckets = [(le if le == "+Inf" else repr(float(le)), count) for le, count in h["buckets"]]
+        family.add_metric([], buckets, h["sum"])
         yield family
-
-
-def _le(bound: float | str) -> str:
-    return "+Inf" if bound in ("+Inf", float("inf")) else repr(float(bound))

@@ -139,6 +139,15 @@ def _queries(state: Any) -> dict[tuple[Any, ...], Any]:
     return cached
 
 
+def _columns(names: list[str]) -> sql.Composed:
+    return sql.SQL(", ").join(sql.Identifier(k) for k in names)
+
+
+def _casts(names: list[str], types: dict[str, str]) -> sql.Composed:
+    """One placeholder per name, cast to the column's declared type."""
+    return sql.SQL(", ").join(sql.SQL("CAST({} AS {})").format(sql.Placeholder(), sql.SQL(types[k])) for k in names)
+
+
 def _compose(
     schema: str,
     name: str,
@@ -159,28 +168,22 @@ def _compose(
         for column, op in filters
     ]
     if after:
-        lhs = sql.SQL(", ").join(sql.Identifier(k) for k in keys)
-        rhs = sql.SQL(", ").join(sql.SQL("CAST({} AS {})").format(sql.Placeholder(), sql.SQL(types[k])) for k in keys)
-        keyset = sql.SQL("({}) {} ({})")
+        op = sql.SQL("<" if descending else ">")
+        row, cursor = _columns(keys), _casts(keys, types)
         if not nullable:  # the order column is part of the key: never NULL
-            where.append(keyset.format(lhs, sql.SQL("<" if descending else ">"), rhs))
+            where.append(sql.SQL("({}) {} ({})").format(row, op, cursor))
         else:  # NULLs sort last ascending, first descending; a row comparison with NULL is NULL, not false
-            col, rest = sql.Identifier(keys[0]), keys[1:]
-            pk_lhs = sql.SQL(", ").join(sql.Identifier(k) for k in rest)
-            pk_rhs = sql.SQL(", ").join(
-                sql.SQL("CAST({} AS {})").format(sql.Placeholder(), sql.SQL(types[k])) for k in rest
-            )
-            op = sql.SQL("<" if descending else ">")
+            col, pk, pk_cursor = sql.Identifier(keys[0]), _columns(keys[1:]), _casts(keys[1:], types)
             if after_null:  # the cursor row's order value is NULL (its value is not sent)
                 form = "({} IS NOT NULL OR ({}) {} ({}))" if descending else "({} IS NULL AND ({}) {} ({}))"
-                where.append(sql.SQL(form).format(col, pk_lhs, op, pk_rhs))
+                where.append(sql.SQL(form).format(col, pk, op, pk_cursor))
             elif descending:
-                where.append(keyset.format(lhs, op, rhs))
+                where.append(sql.SQL("({}) {} ({})").format(row, op, cursor))
             else:
-                where.append(sql.SQL("(({}) {} ({}) OR {} IS NULL)").format(lhs, op, rhs, col))
+                where.append(sql.SQL("(({}) {} ({}) OR {} IS NULL)").format(row, op, cursor, col))
     direction = sql.SQL(" DESC" if descending else "")
     return sql.SQL("SELECT {} FROM {}.{} {} ORDER BY {} LIMIT {}").format(
-        sql.SQL(", ").join(sql.Identifier(c) for c in types),
+        _columns(list(types)),
         sql.Identifier(schema),
         sql.Identifier(name),
         sql.SQL("WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL(""),

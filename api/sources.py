@@ -70,9 +70,12 @@ def slot_lag_bytes(spec: SourceSpec) -> int | None:
     return None if row is None or row[0] is None else int(row[0])
 
 
-def source_statuses(settings: Settings) -> tuple[int | None, list[dict[str, Any]]]:
-    """(capture pid, one entry per source): the daemon's last status plus the live slot lag."""
-    current = read_status(settings.log.root) or {"pid": None, "sources": []}
+def source_statuses(
+    settings: Settings, current: dict[str, Any] | None = None
+) -> tuple[int | None, list[dict[str, Any]]]:
+    """(capture pid, one entry per source): the daemon's last status (`current`, else read from the
+    status file) plus the live slot lag."""
+    current = current or read_status(settings.log.root) or {"pid": None, "sources": []}
     by_name = {s["name"]: s for s in current.get("sources", [])}
     rows = []
     for spec in source_specs(settings, with_outbox=True):

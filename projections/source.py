@@ -97,18 +97,17 @@ class Segment:
 
 
 def _convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Spark task: write the Parquet copy of each sealed segment that lacks a current one."""
-    done: list[str] = []
+    """Spark task: write the Parquet copy of each sealed segment it is given (the driver re-checks
+    which copies are current afterwards, so a failure here only means "read its rows")."""
+    written = 0
     for batch in batches:
         for s in batch.to_pylist():
-            ref = SegmentRef(s["topic"], s["partition"], Path(s["path"]).parent, s["base"])
             try:
-                if not is_current(ref.pdir, ref.base):
-                    write_parquet(ref)
-            except OSError:  # read-only log directory, or a compaction raced us: read the rows
+                write_parquet(SegmentRef(s["topic"], s["partition"], Path(s["path"]).parent, s["base"]))
+                written += 1
+            except OSError:  # read-only log directory, or a compaction raced us
                 continue
-            done.append(s["path"])
-    yield pa.RecordBatch.from_pydict({"path": done}, schema=pa.schema([("path", pa.string())]))
+    yield pa.RecordBatch.from_pydict({"written": [written]}, schema=pa.schema([("written", pa.int64())]))
 
 
 def columnar_segments(spark: Any, segments: Sequence[Segment]) -> tuple[list[Segment], list[Segment]]:
@@ -120,9 +119,9 @@ def columnar_segments(spark: Any, segments: Sequence[Segment]) -> tuple[list[Seg
             [(s.topic, s.partition, s.base, s.path) for s in missing],
             "topic string, partition int, base long, path string",
         )
-        frame.repartition(len(missing)).mapInArrow(_convert, "path string").collect()
-    ok = [s for s in segments if is_current(s.ref.pdir, s.base)]
-    return ok, [s for s in segments if s not in ok]
+        frame.repartition(len(missing)).mapInArrow(_convert, "written long").collect()
+    failed = [s for s in missing if not is_current(s.ref.pdir, s.base)]
+    return [s for s in segments if s not in failed], failed
 
 
 def _native_records(spark: Any, segments: Sequence[Segment]) -> Any:
@@ -135,22 +134,21 @@ def _native_records(spark: Any, segments: Sequence[Segment]) -> Any:
             "topic string, partition int, base long, lo long, hi long",
         )
     )
-    where = F.regexp_extract(F.col("_metadata.file_path"), r"/([^/]+)/([0-9]+)/([0-9]{20})\.parquet$", 0)
-    located = (
-        spark.read.parquet(*(str(parquet_path(s.ref.pdir, s.base)) for s in segments))
-        .withColumn("_where", where)
-        .select(
-            F.regexp_extract("_where", r"^/([^/]+)/", 1).alias("topic"),
-            F.regexp_extract("_where", r"^/[^/]+/([0-9]+)/", 1).cast("int").alias("partition"),
-            F.regexp_extract("_where", r"([0-9]{20})\.parquet$", 1).cast("long").alias("base"),
-            "offset",
-            "timestamp",
-            "key",
-            "value",
-            "headers",
-        )
+
+    def located(group: int) -> Any:  # <root>/<topic>/<partition>/<base>.parquet
+        return F.regexp_extract(F.col("_metadata.file_path"), r"/([^/]+)/([0-9]+)/([0-9]{20})\.parquet$", group)
+
+    located_records = spark.read.parquet(*(str(parquet_path(s.ref.pdir, s.base)) for s in segments)).select(
+        located(1).alias("topic"),
+        located(2).cast("int").alias("partition"),
+        located(3).cast("long").alias("base"),
+        "offset",
+        "timestamp",
+        "key",
+        "value",
+        "headers",
     )
-    records = located.join(bounds, ["topic", "partition", "base"]).where(
+    records = located_records.join(bounds, ["topic", "partition", "base"]).where(
         (F.col("offset") >= F.col("lo")) & (F.col("offset") < F.col("hi"))
     )
     return with_event_time(records).select(*_ARROW.names[:8], F.coalesce(F.col("key"), F.lit("null")).alias("pkey"))
@@ -178,9 +176,14 @@ def with_event_time(records: Any) -> Any:
 RawRecord = tuple[str, int, int, int, str | None, str | None, str | None]  # topic … headers, JSON as text
 
 
+def _custom(p: Any) -> bool:
+    """The projection brings its own key or event time (Python), instead of the log's defaults."""
+    return p.key is not None or p.event_time is not None
+
+
 def _batches(p: Any, records: Iterable[RawRecord]) -> Iterator[pa.RecordBatch]:
     """Arrow batches of RECORD_SCHEMA: each record with its key and event time (Python path)."""
-    custom = p.key is not None or p.event_time is not None
+    custom = _custom(p)
     cols: dict[str, list[Any]] = {f: [] for f in _ARROW.names}
 
     def flush() -> pa.RecordBatch:
@@ -274,8 +277,7 @@ def records_frame(
         rows += [r for seg in rows_only for r in seg.splits]
         if columnar:
             native = _native_records(spark, columnar)
-            p = resolve(tuple(modules), tuple(mirror), name)
-            if p.key is not None or p.event_time is not None:  # the projection's own Python decides
+            if _custom(resolve(tuple(modules), tuple(mirror), name)):  # its own Python decides
                 native = native.select(*_ARROW.names[:7]).mapInArrow(
                     _reader(tuple(modules), tuple(mirror), name, columns=True), RECORD_SCHEMA
                 )

@@ -13,14 +13,15 @@ import httpx
 
 from api.embedded_pg import free_port
 
-__all__ = ["ROOT", "free_port", "serving"]
+__all__ = ["ROOT", "free_port", "served", "serving"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextlib.contextmanager
-def serving(config: Path, port: int, *, err_path: Path, timeout: float = 60) -> Iterator[str]:
-    """Start `tributary serve --config CONFIG`, wait for /healthz, yield the base URL; stop it after."""
+def served(config: Path, port: int, *, err_path: Path, timeout: float = 60) -> Iterator[subprocess.Popen[bytes]]:
+    """Start `tributary serve --config CONFIG`, wait for /healthz, yield the process; SIGTERM it
+    after and wait (its exit status is then `returncode`)."""
     with err_path.open("w") as err:
         proc = subprocess.Popen(
             [sys.executable, "-c", "from api.cli import main; main()", "serve", "--config", str(config)],
@@ -39,7 +40,14 @@ def serving(config: Path, port: int, *, err_path: Path, timeout: float = 60) -> 
                 pass
             assert time.monotonic() < deadline and proc.poll() is None, err_path.read_text()
             time.sleep(0.2)
-        yield base
+        yield proc
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def serving(config: Path, port: int, *, err_path: Path, timeout: float = 60) -> Iterator[str]:
+    """`served`, yielding the base URL."""
+    with served(config, port, err_path=err_path, timeout=timeout):
+        yield f"http://127.0.0.1:{port}"

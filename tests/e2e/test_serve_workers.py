@@ -3,10 +3,6 @@ and SIGTERM stops the supervisor and every worker."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +11,7 @@ import httpx
 import pytest
 
 from eventstore.migrate import run_migrations
-from tests.servers import ROOT, free_port
+from tests.servers import free_port, served
 
 pytestmark = pytest.mark.e2e
 
@@ -44,25 +40,10 @@ def test_two_workers_serve_commands_and_stop_on_sigterm(fresh_db: str, tmp_path:
     config.write_text(
         f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\n[api]\nport = {port}\nworkers = 2\n'
     )
-    err = (tmp_path / "serve.err").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from api.cli import main; main()", "serve", "--config", str(config)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=err,
-    )
     base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(base + "/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "serve.err").read_text()
-            time.sleep(0.2)
-        workers = [p for p in _children(proc.pid) if "multiprocessing" in Path(f"/proc/{p}/cmdline").read_text()]
+    with served(config, port, err_path=tmp_path / "serve.err") as proc:
+        everyone = _children(proc.pid)
+        workers = [p for p in everyone if "multiprocessing" in _cmdline(p)]
         assert len(workers) >= 2, f"expected two worker processes, found {workers}"
 
         opened = httpx.post(base + "/commands/account/w-1", json={"type": "open", "data": {"owner": "w"}})
@@ -77,12 +58,7 @@ def test_two_workers_serve_commands_and_stop_on_sigterm(fresh_db: str, tmp_path:
         assert codes == [200] * 40
         state = httpx.get(base + "/streams/w-1/state").json()
         assert state["version"] == 41 and state["balance"] == "40.00"
-    finally:
-        everyone = _children(proc.pid)
-        os.kill(proc.pid, signal.SIGTERM)
-        code = proc.wait(timeout=30)
-        err.close()
-    assert code == 0, (tmp_path / "serve.err").read_text()
+    assert proc.returncode == 0, (tmp_path / "serve.err").read_text()  # `served` sent SIGTERM
     deadline = time.monotonic() + 10
     while (left := {p: _cmdline(p) for p in everyone if _alive(p)}) and time.monotonic() < deadline:
         time.sleep(0.2)
