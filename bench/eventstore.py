@@ -232,6 +232,10 @@ def main() -> None:
     parser.add_argument("--dsn", help="use this server instead of an embedded one")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "eventstore.json")
     args = parser.parse_args()
+    try:
+        import eventsourcing  # noqa: F401 - the peer
+    except ImportError:
+        raise SystemExit("bench/eventstore.py: the peer is missing: .venv/bin/pip install -e '.[bench]'") from None
     work = Path(tempfile.mkdtemp(prefix="tributary-bench-"))
     cluster = None
     if args.dsn:
