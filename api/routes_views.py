@@ -98,8 +98,8 @@ def _parse_filters(params: dict[str, str], types: dict[str, str]) -> list[tuple[
     for raw, value in params.items():
         if raw in _RESERVED:
             continue
-        column, _, op = raw.partition("__")
-        if column not in types or op not in _OPS:
+        column, sep, op = raw.partition("__")
+        if column not in types or op not in _OPS or (sep and not op):  # `col__=v` names no operator
             unknown.append(raw)
             continue
         filters.append((column, _OPS[op], value))
