@@ -8,6 +8,7 @@ segment: new files are written and fsynced beside the old ones, then renamed ove
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from capture.log import _fileio
@@ -39,14 +40,21 @@ def keep_record(
     latest: dict[bytes, int],
     now_ms: int,
     delete_retention_ms: int,
+    covered_since: int | None = -(1 << 62),
 ) -> bool:
-    """The compaction rule (pure): keep a key's latest record; drop a latest tombstone once it is
-    `delete_retention_ms` old; records without a key are always kept."""
+    """The compaction rule (pure): keep a key's latest record (a key absent from `latest` has no
+    newer record); drop a latest tombstone once it is `delete_retention_ms` old *and* has stood
+    alone — every older record of its key gone — for that long (`covered_since`: when a pass
+    first left it so; None = not yet). Records without a key are always kept."""
     if key is None:
         return True
-    if latest.get(key) != offset:
+    if latest.get(key, offset) != offset:
         return False
-    return not (is_tombstone and now_ms - timestamp >= delete_retention_ms)
+    if not is_tombstone:
+        return True
+    if covered_since is None:
+        return True
+    return now_ms - timestamp < delete_retention_ms or now_ms - covered_since < delete_retention_ms
 
 
 def compact_partition(
@@ -58,47 +66,74 @@ def compact_partition(
     now_ms: int,
     interval: int,
     stats: CompactionStats,
-) -> None:
+    *,
+    clean_end: int = 0,
+    delete_retention_ms: int | None = None,
+    covered_since: Callable[[int], int | None] | None = None,
+    superseded: list[Path] | None = None,
+) -> int | None:
+    """Compact the partition's sealed, committed segments; returns when the earliest tombstone it
+    kept may be dropped (None: none kept).
+
+    `clean_end`: everything below it was compacted by an earlier pass, so the latest-offset map is
+    built from the records at or after it only (as Kafka's cleaner does with its dirty section).
+    `covered_since(offset)`: when a pass first covered that offset (None: never) — a tombstone is
+    dropped only once it has stood alone for the retention, so a reader that saw an older value
+    and reaches the tombstone within `delete_retention_ms` always sees it. Parquet copies of the
+    segments rewritten or removed are left in place (a stale copy still holds valid records of
+    the old version, which a running reader may be using) and appended to `superseded`."""
+    retention = cfg.delete_retention_ms if delete_retention_ms is None else delete_retention_ms
+    since = covered_since or (lambda _offset: -(1 << 62))
     pdir = partition_dir(root, topic, partition)
     sealed = [b for b in committed_segments(pdir, state) if b < state.segment]
     if not sealed:
-        return
+        return None
     latest: dict[bytes, int] = {}
-    for rec in read_partition(root, topic, partition, state, 0, state.end):
+    for rec in read_partition(root, topic, partition, state, clean_end, state.end):
         if rec.key is not None:
             latest[rec.key] = rec.offset
+    due: int | None = None
     for base in sealed:
         ref = SegmentRef(topic, partition, pdir, base)
         kept: list[tuple[int, int, bytes]] = []
         before = size = 0
-        for pos, line in iter_lines(log_path(pdir, base)):
+        try:
+            lines = list(iter_lines(log_path(pdir, base)))
+        except FileNotFoundError:
+            continue
+        for pos, line in lines:
             try:
                 off, ts, key, value, _h = decode_line(line)
             except BadLine as exc:
-                raise ref.corrupt(
-                    f"{exc} (at byte {pos}); compaction stopped", exc.offset
-                ) from None
+                raise ref.corrupt(f"{exc} (at byte {pos}); compaction stopped", exc.offset) from None
             before += 1
             size += len(line) + 1
-            if keep_record(off, ts, key, value is None, latest, now_ms, cfg.delete_retention_ms):
+            covered = since(off)
+            if keep_record(off, ts, key, value is None, latest, now_ms, retention, covered):
                 kept.append((off, ts, line))
+                if value is None and key is not None:
+                    ready = max(ts, now_ms if covered is None else covered) + retention
+                    due = ready if due is None else min(due, ready)
         stats.records_before += before
         stats.bytes_before += size
         if len(kept) == before:
             stats.records_after += before
             stats.bytes_after += size
             continue
+        if superseded is not None and parquet_path(pdir, base).exists():
+            superseded.append(parquet_path(pdir, base))
         if not kept:
-            remove_segments(pdir, [base])
+            remove_segments(pdir, [base], parquet=superseded is None)
             stats.segments_deleted += 1
             continue
-        data = _rewrite(ref, kept, interval)
+        data = _rewrite(ref, kept, interval, parquet=superseded is None)
         stats.segments_rewritten += 1
         stats.records_after += len(kept)
         stats.bytes_after += data
+    return due
 
 
-def _rewrite(ref: SegmentRef, kept: list[tuple[int, int, bytes]], interval: int) -> int:
+def _rewrite(ref: SegmentRef, kept: list[tuple[int, int, bytes]], interval: int, *, parquet: bool = True) -> int:
     """Write the kept lines and their indexes beside the segment, fsync, rename over it."""
     pdir, base = ref.pdir, ref.base
     index: list[tuple[int, int]] = []
@@ -128,7 +163,8 @@ def _rewrite(ref: SegmentRef, kept: list[tuple[int, int, bytes]], interval: int)
             _fileio.fsync(fd, f"syncing {tmp}")
         finally:
             os.close(fd)
-    parquet_path(pdir, base).unlink(missing_ok=True)  # made from the old bytes: now stale
+    if parquet:
+        parquet_path(pdir, base).unlink(missing_ok=True)  # made from the old bytes: now stale
     for final, _data in targets:
         os.replace(final.with_name(final.name + _SUFFIX), final)
     _fileio.fsync_dir(pdir)
@@ -141,9 +177,7 @@ def expired_segments(
     """Oldest sealed segments past retention_ms or beyond retention_bytes, and the new start."""
     pdir = partition_dir(root, topic, partition)
     bases = committed_segments(pdir, state)
-    sizes = {
-        b: (state.nbytes if b == state.segment else log_path(pdir, b).stat().st_size) for b in bases
-    }
+    sizes = {b: (state.nbytes if b == state.segment else log_path(pdir, b).stat().st_size) for b in bases}
     total = sum(sizes.values())
     doomed: list[int] = []
     for b in bases:
@@ -151,9 +185,7 @@ def expired_segments(
             break
         times = load_time_index(pdir, b)
         max_ts = times[-1][0] if times else None
-        by_time = cfg.retention_ms is not None and (
-            max_ts is None or now_ms - max_ts > cfg.retention_ms
-        )
+        by_time = cfg.retention_ms is not None and (max_ts is None or now_ms - max_ts > cfg.retention_ms)
         by_size = cfg.retention_bytes is not None and total - sizes[b] >= cfg.retention_bytes
         if not (by_time or by_size):
             break
@@ -163,9 +195,11 @@ def expired_segments(
     return doomed, new_start
 
 
-def remove_segments(pdir: Path, bases: list[int]) -> None:
+def remove_segments(pdir: Path, bases: list[int], *, parquet: bool = True) -> None:
+    """Unlink whole segments (and, with `parquet`, their copies; else the caller defers that)."""
     for b in bases:
         for p in (log_path(pdir, b), index_path(pdir, b), timeindex_path(pdir, b)):
             p.unlink(missing_ok=True)
-        parquet_path(pdir, b).unlink(missing_ok=True)
+        if parquet:
+            parquet_path(pdir, b).unlink(missing_ok=True)
     _fileio.fsync_dir(pdir)

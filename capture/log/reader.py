@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from capture.log.errors import LogError
 from capture.log.index import lookup_time
@@ -14,15 +15,30 @@ from capture.log.segment import (
     iter_records,
     list_segments,
     load_time_index,
+    log_path,
     seek_position,
 )
 from capture.log.types import Record
 
-__all__ = ["committed_segments", "partition_dir", "read_partition", "read_partition_from_time"]
+__all__ = [
+    "committed_segments",
+    "open_segment",
+    "partition_dir",
+    "read_partition",
+    "read_partition_from_time",
+]
 
 
 def partition_dir(root: Path, topic: str, partition: int) -> Path:
     return root / topic / str(partition)
+
+
+def open_segment(path: Path) -> BinaryIO | None:
+    """The segment file opened for reading (unbuffered), or None if it is gone."""
+    try:
+        return open(path, "rb", buffering=0)  # noqa: SIM115 - the caller closes it (with ...)
+    except FileNotFoundError:
+        return None
 
 
 def committed_segments(pdir: Path, state: PartitionState) -> list[int]:
@@ -57,18 +73,23 @@ def read_partition(
             return
         limit = state.nbytes if base == state.segment else None
         ref = SegmentRef(topic, partition, pdir, base)
-        try:
-            pos = seek_position(pdir, base, start, limit)
-            for off, ts, key, value, headers in iter_records(ref, pos, limit):
+        f = open_segment(log_path(pdir, base))
+        if f is None:
+            continue  # removed by retention or emptied by compaction: on to the next segment
+        # One open file per segment: the position found through the index is validated on it and
+        # read from it, so a compaction renaming a new version over the name meanwhile cannot
+        # mix two versions (docs/log.md, "Readers during compaction").
+        with f:
+            pos = seek_position(pdir, base, start, limit, file=f)
+            for off, ts, key, value, headers in iter_records(ref, pos, limit, file=f):
                 if off < start:
                     continue
                 if off >= end:
                     return
                 yield Record(topic, partition, off, ts, key, value, headers)
+                start = off + 1
                 if off + 1 >= end:
                     return  # do not even decode what lies beyond the range
-        except FileNotFoundError:
-            continue  # removed by retention while we read: continue at the next segment
 
 
 def read_partition_from_time(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from capture.log.codec import BadLine, Decoded, decode_line, peek_offset
 from capture.log.errors import CorruptRecordError
@@ -91,7 +93,9 @@ def load_time_index(pdir: Path, base: int) -> list[tuple[int, int]]:
         return []
 
 
-def seek_position(pdir: Path, base: int, offset: int, limit: int | None) -> int:
+def seek_position(
+    pdir: Path, base: int, offset: int, limit: int | None, *, file: BinaryIO | None = None
+) -> int:
     """Byte position of a line at or before `offset`, from the sparse index.
 
     The entry is checked against the data (a line start claiming that offset) so a stale index
@@ -104,14 +108,17 @@ def seek_position(pdir: Path, base: int, offset: int, limit: int | None) -> int:
         if pos == 0:
             return 0
         if (limit is None or pos < limit) and _line_starts_at(
-            log_path(pdir, base), pos, base + rel
+            log_path(pdir, base), pos, base + rel, file
         ):
             return pos
         entries = [e for e in entries if e[1] < pos]
     return 0
 
 
-def _line_starts_at(path: Path, pos: int, offset: int) -> bool:
+def _line_starts_at(path: Path, pos: int, offset: int, file: BinaryIO | None = None) -> bool:
+    if file is not None:  # the version the caller holds open, whatever the name points at now
+        head = os.pread(file.fileno(), 40, pos - 1)
+        return head[:1] == b"\n" and peek_offset(head[1:]) == offset
     try:
         with open(path, "rb") as f:
             f.seek(pos - 1)
@@ -121,13 +128,17 @@ def _line_starts_at(path: Path, pos: int, offset: int) -> bool:
     return head[:1] == b"\n" and peek_offset(head[1:]) == offset
 
 
-def iter_lines(path: Path, start: int = 0, limit: int | None = None) -> Iterator[tuple[int, bytes]]:
+def iter_lines(
+    path: Path, start: int = 0, limit: int | None = None, *, file: BinaryIO | None = None
+) -> Iterator[tuple[int, bytes]]:
     """(byte position, line without newline) from `start` up to `limit` (default: end of file).
 
     A final line without its newline is yielded as is: the caller decides whether that is a torn
-    tail or corruption. Raises FileNotFoundError if the segment is gone."""
-    with open(path, "rb", buffering=0) as f:
-        if start:
+    tail or corruption. Raises FileNotFoundError if the segment is gone. With `file` (an open
+    segment), that file is read instead of opening `path` again: a reader that validated a
+    position on it keeps reading the same version even if compaction replaced the name."""
+    with contextlib.nullcontext(file) if file is not None else open(path, "rb", buffering=0) as f:
+        if start or file is not None:
             f.seek(start)
         pos = start
         tail = b""
@@ -148,13 +159,18 @@ def iter_lines(path: Path, start: int = 0, limit: int | None = None) -> Iterator
 
 
 def iter_records(
-    ref: SegmentRef, start: int = 0, limit: int | None = None, after: int = -1
+    ref: SegmentRef,
+    start: int = 0,
+    limit: int | None = None,
+    after: int = -1,
+    *,
+    file: BinaryIO | None = None,
 ) -> Iterator[Decoded]:
     """Decoded records of one segment, failing loudly on anything that is not an intact record."""
     path = log_path(ref.pdir, ref.base)
     prev = after
     end_pos = start
-    for pos, line in iter_lines(path, start, limit):
+    for pos, line in iter_lines(path, start, limit, file=file):
         try:
             rec = decode_line(line)
         except BadLine as exc:
@@ -170,7 +186,7 @@ def iter_records(
         end_pos = pos + len(line) + 1
         yield rec
     if limit is not None and end_pos < limit:
-        size = path.stat().st_size
+        size = os.fstat(file.fileno()).st_size if file is not None else path.stat().st_size
         if size < limit:
             raise ref.corrupt(
                 f"segment has {size} bytes but the manifest says {limit} are committed", None

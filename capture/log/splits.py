@@ -1,65 +1,93 @@
-"""Splitting a topic's committed data into byte ranges for parallel readers (Spark tasks)."""
+"""Splitting a topic's committed data into byte ranges for parallel readers (Spark tasks).
+
+A split names a file, a byte range and the offsets it stands for, [first_offset, end_offset).
+The byte range is a fast path; the offsets are the truth. Compaction may rename a shorter version
+over the file between planning and reading: the reader then finds the offsets in the version it
+opened (validated on that one open file), so it yields whole, committed records, each offset of
+the plan at most once, never a byte range of the wrong version (docs/log.md).
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from capture.log.codec import peek_offset
 from capture.log.errors import LogError
 from capture.log.manifest import PartitionState
-from capture.log.reader import committed_segments, partition_dir
+from capture.log.reader import committed_segments, open_segment, partition_dir
 from capture.log.segment import (
     SegmentRef,
     iter_records,
     load_offset_index,
     log_path,
+    seek_position,
 )
 from capture.log.types import Record, Split
 
 __all__ = ["plan_splits", "read_split"]
 
 
-def plan_splits(
-    root: Path, topic: str, partition: int, state: PartitionState, max_bytes: int
-) -> list[Split]:
+def plan_splits(root: Path, topic: str, partition: int, state: PartitionState, max_bytes: int) -> list[Split]:
     """Cut each committed segment at index entries (line starts) into ranges of about max_bytes."""
     pdir = partition_dir(root, topic, partition)
     out: list[Split] = []
-    for base in committed_segments(pdir, state):
+    bases = committed_segments(pdir, state)
+    for i, base in enumerate(bases):
         path = log_path(pdir, base)
-        end = state.nbytes if base == state.segment else path.stat().st_size
-        if end <= 0:
-            continue
-        first = _first_offset(path)
+        f = open_segment(path)
+        if f is None:
+            continue  # emptied by compaction or removed by retention since it was listed
+        with f:
+            end = state.nbytes if base == state.segment else os.fstat(f.fileno()).st_size
+            first = peek_offset(os.pread(f.fileno(), 40, 0)) if end > 0 else None
         if first is None:
             continue
+        # every offset of this segment is below the next one's base (or the committed end)
+        stop = state.end if base == state.segment or i + 1 == len(bases) else bases[i + 1]
         cuts = [(base + rel, pos) for rel, pos in load_offset_index(pdir, base) if 0 < pos < end]
         start, start_off = 0, first
         for off, pos in cuts:
             if pos - start >= max_bytes:
-                out.append(Split(topic, partition, str(path), start, pos, start_off))
+                out.append(Split(topic, partition, str(path), start, pos, start_off, off))
                 start, start_off = pos, off
-        out.append(Split(topic, partition, str(path), start, end, start_off))
+        out.append(Split(topic, partition, str(path), start, end, start_off, stop))
     return out
 
 
-def _first_offset(path: Path) -> int | None:
-    with open(path, "rb") as f:
-        return peek_offset(f.read(40))
+def _starts_at(f: BinaryIO, pos: int, offset: int) -> bool:
+    """The line at byte `pos` of the open file is a record claiming `offset`."""
+    head = os.pread(f.fileno(), 41, max(pos - 1, 0))
+    at = head[1:] if pos else head
+    return (not pos or head[:1] == b"\n") and peek_offset(at) == offset
 
 
 def read_split(split: Split) -> Iterator[Record]:
     """Records of one split; usable in any process (needs only the split itself)."""
     path = Path(split.path)
-    with open(path, "rb") as f:
-        f.seek(max(split.start_byte - 1, 0))
-        head = f.read(41)
-    at = head[1:] if split.start_byte else head
-    if (split.start_byte and head[:1] != b"\n") or peek_offset(at) != split.first_offset:
-        raise LogError(
-            f"{path} changed since the split was planned (compacted?): plan the splits again"
-        )
     ref = SegmentRef(split.topic, split.partition, path.parent, int(path.name[:20]))
-    for off, ts, key, value, headers in iter_records(ref, split.start_byte, split.end_byte):
-        yield Record(split.topic, split.partition, off, ts, key, value, headers)
+    f = open_segment(path)
+    if f is None:
+        if split.end_offset is None:
+            raise LogError(f"{path} is gone since the split was planned: plan the splits again") from None
+        return  # every record of it was compacted away (or it aged out by retention)
+    with f:
+        unchanged = _starts_at(f, split.start_byte, split.first_offset)
+        if split.end_offset is None:  # a byte range alone can only be trusted as planned
+            if not unchanged:
+                raise LogError(f"{path} changed since the split was planned (compacted?): plan the splits again")
+            for off, ts, key, value, headers in iter_records(ref, split.start_byte, split.end_byte, file=f):
+                yield Record(split.topic, split.partition, off, ts, key, value, headers)
+            return
+        lo, hi = split.first_offset, split.end_offset
+        # rewritten by compaction since planning: find the offsets in the version we hold open
+        pos = split.start_byte if unchanged else seek_position(ref.pdir, ref.base, lo, None, file=f)
+        for off, ts, key, value, headers in iter_records(ref, pos, None, file=f):
+            if off >= hi:
+                return
+            if off >= lo:
+                yield Record(split.topic, split.partition, off, ts, key, value, headers)
+            if off + 1 >= hi:
+                return  # never decode past the range (the active segment's uncommitted tail)

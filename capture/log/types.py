@@ -84,7 +84,10 @@ class TopicConfig:
 
 @dataclass(frozen=True, slots=True)
 class Split:
-    """A byte range of one segment file holding whole committed records (for parallel readers)."""
+    """A byte range of one segment file holding whole committed records (for parallel readers).
+
+    `end_offset` (exclusive) bounds the offsets the split stands for, so a reader can still serve
+    it by offset after a compaction rewrote the file (None: the byte range alone, checked)."""
 
     topic: str
     partition: int
@@ -92,6 +95,7 @@ class Split:
     start_byte: int
     end_byte: int
     first_offset: int
+    end_offset: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
