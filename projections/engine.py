@@ -7,11 +7,20 @@ A *unit* is what one fold state belongs to: the key (plain folds, session window
 A unit either *resumes* from its stored state (every new record sorts after the last one it
 applied, so state + new records = the fold over everything) or is *recomputed* from all of its
 records; either way the result equals a rebuild's (see runner.py for who decides).
+
+Truncates (a CDC `op: "t"` record, no key, one copy on every partition of the table's topic)
+reach the units of a plain fold over a CDC topic by delivery, not by key: a truncate on a
+topic-partition is applied to every unit with a record on that topic-partition ordered before it,
+at its place in the unit's order (event time, topic, partition, offset). So a mirror's rows whose
+last change precedes the truncate go, rows changed after it stay. Each unit keeps the
+topic-partitions it has records on (`tps`), so an incremental run reaches units it has no new
+records for; a new record ordered before a truncate an earlier run already delivered makes its unit
+recomputed. Windowed folds see a truncate as a keyless record, as any other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import groupby
@@ -29,14 +38,20 @@ __all__ = [
     "Item",
     "Prior",
     "UnitOut",
+    "applies_truncates",
     "decide",
+    "deliver_truncates",
     "fold_units",
     "plan_items",
     "prepare",
+    "recompute_items",
     "render_row",
+    "truncate_items",
+    "truncate_points",
 ]
 
 Pk = tuple[str | None, ...]
+TP = tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +78,7 @@ class Prior:
     pks: tuple[Pk, ...]
     dropped: int
     resume: bool
+    tps: tuple[TP, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +93,7 @@ class UnitOut:
     deletes: tuple[Pk, ...]
     dropped: int
     errors: tuple[tuple[str, int, int, str], ...] = ()
+    tps: tuple[TP, ...] | None = None  # topic-partitions it has records on (folds that apply truncates)
 
 
 def prepare(p: Projection, record: ProjectionRecord) -> ProjectionRecord:
@@ -99,8 +116,10 @@ def plan_items(p: Projection, record: ProjectionRecord, max_before: int | None) 
     """Route a record: its key, its window(s) and whether the watermark still admits it.
 
     `max_before` is the max event time of the records before it in its topic-partition."""
-    key = canonical(p.key(record) if p.key is not None else record.key)
     w = p.window
+    if w is None and record.key is None and record.is_truncate and applies_truncates(p):
+        return []  # delivered to units by `deliver_truncates`, not routed by key
+    key = canonical(p.key(record) if p.key is not None else record.key)
     if w is None:
         return [Item(key, key, None, None, True, record)]
     wm = watermark(max_before, w.lateness)
@@ -108,6 +127,72 @@ def plan_items(p: Projection, record: ProjectionRecord, max_before: int | None) 
     if w.kind == "session":
         return [Item(key, key, None, None, admit(w, t + w.gap, wm), record)]
     return [Item(canonical([orjson.loads(key), s]), key, s, e, admit(w, e, wm), record) for s, e in assign(w, t)]
+
+
+def applies_truncates(p: Projection) -> bool:
+    """Truncates are delivered to the units of plain (unwindowed) folds over a CDC topic."""
+    return p.fold is not None and p.window is None and any(not t.startswith("events.") for t in p.topics)
+
+
+def truncate_items(truncates: Iterable[ProjectionRecord], holders: Mapping[TP, Iterable[str]]) -> list[Item]:
+    """One item per (truncate, unit holding records on the truncate's topic-partition)."""
+    return [
+        Item(unit, unit, None, None, True, r)
+        for r in truncates
+        for unit in sorted(holders.get((r.topic, r.partition), ()))
+    ]
+
+
+def _holders(items: Iterable[Item]) -> dict[TP, set[str]]:
+    out: dict[TP, set[str]] = {}
+    for it in items:
+        out.setdefault((it.record.topic, it.record.partition), set()).add(it.unit)
+    return out
+
+
+def deliver_truncates(
+    new_items: Sequence[Item],
+    truncates: Sequence[ProjectionRecord],
+    stored: Mapping[str, Prior],
+    points: Mapping[TP, tuple[int, int]],
+) -> tuple[list[Item], set[str]]:
+    """An incremental run's items with its truncates delivered — to the units of its new records
+    and to stored units that have records on the truncate's topic-partition — and the units to
+    recompute: those with a new record ordered before the latest truncate an earlier run saw on its
+    topic-partition (`points`: (event time, offset)), which a rebuild would deliver to them."""
+    holders = _holders(new_items)
+    force = {
+        it.unit
+        for it in new_items
+        if (point := points.get((it.record.topic, it.record.partition))) is not None
+        and (it.record.event_time, it.record.offset) < point
+    }
+    wanted = {(r.topic, r.partition) for r in truncates}
+    for unit, prior in stored.items():
+        for tp in prior.tps:
+            if tp in wanted:
+                holders.setdefault(tp, set()).add(unit)
+    return [*new_items, *truncate_items(truncates, holders)], force
+
+
+def recompute_items(
+    all_items: Iterable[Item], all_truncates: Iterable[ProjectionRecord], recompute: Collection[str]
+) -> list[Item]:
+    """Every item of the units to recompute, truncates of the whole log delivered to them."""
+    items = [i for i in all_items if i.unit in recompute]
+    return [*items, *truncate_items(all_truncates, _holders(items))]
+
+
+def truncate_points(
+    points: Mapping[TP, tuple[int, int]], truncates: Iterable[ProjectionRecord]
+) -> dict[TP, tuple[int, int]]:
+    """Each topic-partition's latest truncate, (event time, offset), after these truncates."""
+    out = dict(points)
+    for r in truncates:
+        tp, at = (r.topic, r.partition), (r.event_time, r.offset)
+        if tp not in out or at > out[tp]:
+            out[tp] = at
+    return out
 
 
 @lru_cache(maxsize=64)
@@ -161,14 +246,23 @@ def _fold_plain(
     assert p.fold is not None
     first = items[0]
     win = () if first.start is None else (first.start, first.end)
+    tracking = applies_truncates(p)
     if prior is not None and prior.resume:
         state, last, dropped = load_state(prior.state), prior.last, prior.dropped
+        seen = set(prior.tps)
     else:
         state, last, dropped = _call(p, p.fold.initial, orjson.loads(first.key), *win), None, 0
+        seen = set()
     for item in items:
         if not item.admitted:
             dropped += 1
             continue
+        if tracking:
+            tp = (item.record.topic, item.record.partition)
+            if not item.record.is_truncate:
+                seen.add(tp)
+            elif tp not in seen:
+                continue  # no record of this unit on that topic-partition before the truncate
         before = len(errors) if errors is not None else 0
         state = _apply(p, state, item, errors)
         if errors is None or len(errors) == before:
@@ -189,6 +283,7 @@ def _fold_plain(
         tuple(k for k in old if k not in pks),
         dropped,
         tuple(errors or ()),
+        tuple(sorted(seen)) if tracking else None,
     )
 
 
@@ -256,18 +351,21 @@ def fold_units(
         yield fold(p, unit, list(group), priors.get(unit), [] if skip_errors else None)
 
 
-def decide(stored: Mapping[str, Prior], min_new: Mapping[str, SortKey]) -> tuple[dict[str, Prior], set[str]]:
+def decide(
+    stored: Mapping[str, Prior], min_new: Mapping[str, SortKey], force: Collection[str] = ()
+) -> tuple[dict[str, Prior], set[str]]:
     """For the units new records touch: resume those whose new records all sort after the last
     record they applied; the others (a record arrived out of event-time order) are recomputed
-    from all their records. Returns (priors for the fold, units to recompute)."""
+    from all their records, as are the units in `force`. Returns (priors for the fold, units to
+    recompute)."""
     priors: dict[str, Prior] = {}
-    recompute: set[str] = set()
+    recompute: set[str] = set(force)
     for unit, first_new in min_new.items():
         prior = stored.get(unit)
         if prior is None:
             continue
-        resume = prior.last is None or first_new > prior.last
-        priors[unit] = Prior(prior.state, prior.last, prior.pks, prior.dropped, resume)
+        resume = unit not in recompute and (prior.last is None or first_new > prior.last)
+        priors[unit] = Prior(prior.state, prior.last, prior.pks, prior.dropped, resume, prior.tps)
         if not resume:
             recompute.add(unit)
     return priors, recompute

@@ -17,7 +17,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from projections.definition import Projection
-from projections.engine import Item, Prior, UnitOut, decide, fold_units, plan_items, prepare
+from projections.engine import (
+    Item,
+    Prior,
+    UnitOut,
+    applies_truncates,
+    decide,
+    deliver_truncates,
+    fold_units,
+    plan_items,
+    prepare,
+    recompute_items,
+    truncate_points,
+)
 from projections.records import ProjectionRecord, SortKey, sort_key
 from projections.windows import running_max_before
 
@@ -35,6 +47,7 @@ class LocalView:
     states: dict[str, Prior] = field(default_factory=dict)
     rows: dict[tuple[str | None, ...], str] = field(default_factory=dict)
     dead: dict[tuple[str, int, int], str] = field(default_factory=dict)
+    truncated: dict[TP, tuple[int, int]] = field(default_factory=dict)
 
     def table(self) -> list[str]:
         """The table's rows as COPY lines, ordered by primary key."""
@@ -53,7 +66,7 @@ def apply_outputs(view: LocalView, outs: list[UnitOut]) -> None:
             view.rows.pop(pk, None)
         for line, pk in zip(out.rows, out.pks[len(out.pks) - len(out.rows) :], strict=True):
             view.rows[pk] = line
-        view.states[out.unit] = Prior(out.state, out.last, out.pks, out.dropped, False)
+        view.states[out.unit] = Prior(out.state, out.last, out.pks, out.dropped, False, out.tps or ())
         for topic, part, off, err in out.errors:
             view.dead[(topic, part, off)] = err
 
@@ -69,21 +82,28 @@ def run_local(
     Returns how many new records it read."""
     new_items: list[Item] = []
     seen = 0
+    truncates = applies_truncates(p)
+    new_truncates: list[ProjectionRecord] = []
     for tp, records in log.items():
         start = view.checkpoints.get(tp, 0)
         fresh = [r for r in records if r.offset >= start]
         seen += len(fresh)
         new_items += _items(p, fresh, view.maxes.get(tp))
+        new_truncates += [prepare(p, r) for r in fresh if truncates and r.is_truncate]
+    force: set[str] = set()
+    if truncates:
+        new_items, force = deliver_truncates(new_items, new_truncates, view.states, view.truncated)
     min_new: dict[str, SortKey] = {}
     for it in new_items:
         k = sort_key(it.record)
         if it.unit not in min_new or k < min_new[it.unit]:
             min_new[it.unit] = k
-    priors, recompute = decide(view.states, min_new)
+    priors, recompute = decide(view.states, min_new, force)
     items = [i for i in new_items if i.unit not in recompute]
     if recompute:
-        for records in log.values():
-            items += [i for i in _items(p, records, None) if i.unit in recompute]
+        everything = [i for records in log.values() for i in _items(p, records, None)]
+        every_truncate = [prepare(p, r) for rs in log.values() for r in rs if truncates and r.is_truncate]
+        items += recompute_items(everything, every_truncate, recompute)
     items.sort(key=Item.order)
     apply_outputs(view, list(fold_units(p, items, priors, skip_errors=skip_errors)))
     for tp, records in log.items():
@@ -91,4 +111,5 @@ def run_local(
             view.checkpoints[tp] = records[-1].offset + 1
             top = max(r.event_time for r in (prepare(p, r) for r in records))
             view.maxes[tp] = top
+    view.truncated = truncate_points(view.truncated, new_truncates)
     return seen

@@ -45,6 +45,11 @@ class ProjectionRecord:
         return self.topic.startswith("events.")
 
     @property
+    def is_truncate(self) -> bool:
+        """A CDC truncate: `op: "t"` with no key, one copy on every partition of the table's topic."""
+        return self.key is None and not self.is_event and isinstance(self.value, dict) and self.value.get("op") == "t"
+
+    @property
     def type(self) -> str | None:
         """The event type (`events.*` topics) or the CDC op (`c|u|d|r|t`); None for a tombstone."""
         if not isinstance(self.value, dict):
