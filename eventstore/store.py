@@ -8,7 +8,8 @@ No table lock and no NOTIFY per append: commit order for readers comes from capt
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -102,8 +103,20 @@ def _jsonb(obj: Any) -> Jsonb:
 class EventStore:
     """Append and read events. Thread-safe: every call takes its own pooled connection."""
 
-    def __init__(self, pool: ConnectionPool) -> None:
+    def __init__(self, pool: WarmFirstPool) -> None:
         self.pool = pool
+        self._cursors: dict[int, psycopg.Cursor[Any]] = {}
+
+    def _cursor(self, conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
+        """The connection's reusable cursor: a new cursor per statement (what `conn.execute` makes)
+        costs ≈15 µs of CPU, a sixth of a one-event append's client time. A pooled connection
+        serves one thread at a time, and so does its cursor."""
+        cur = self._cursors.get(id(conn))
+        if cur is None or cur.connection is not conn or cur.closed:
+            if len(self._cursors) > 64:  # connections replaced by the pool: drop the stale ones
+                self._cursors.clear()
+            cur = self._cursors[id(conn)] = conn.cursor()
+        return cur
 
     @classmethod
     def connect(cls, dsn: str, *, max_size: int = 8) -> EventStore:
@@ -127,7 +140,7 @@ class EventStore:
     ) -> AppendResult:
         """Append atomically; re-appending the same event ids returns the original result."""
         for _ in range(attempts):
-            with self.pool.connection() as conn:
+            with self.pool.borrow() as conn:
                 try:
                     if command is None:
                         return self._append(conn, stream_id, stream_type, events, expected_version, None)
@@ -171,7 +184,7 @@ class EventStore:
                 raise ConcurrencyConflict(stream_id, expected, current)
             result = AppendResult(stream_id, current, ())
         else:
-            recorded = self._insert(conn, stream_id, stream_type, events, expected)
+            recorded = self._insert(self._cursor(conn), stream_id, stream_type, events, expected)
             if recorded is None:  # the expected version did not hold — unless this very batch is stored
                 original = self._existing(conn, events)
                 if original is not None:
@@ -184,7 +197,7 @@ class EventStore:
 
     @staticmethod
     def _insert(
-        conn: psycopg.Connection[Any],
+        cursor: psycopg.Cursor[Any],
         stream_id: str,
         stream_type: str,
         events: Sequence[NewEvent],
@@ -198,7 +211,7 @@ class EventStore:
         if len(events) == 1:
             e = events[0]
             one = (stream_id, stream_id, stream_type, e.event_id, e.type, e.schema_version, data[0], meta[0])
-            rows = conn.execute(_INSERT_ONE[mode], (*one, e.occurred_at, *tail)).fetchall()
+            rows = cursor.execute(_INSERT_ONE[mode], (*one, e.occurred_at, *tail)).fetchall()
         else:
             columns = (
                 [e.event_id for e in events],
@@ -208,7 +221,7 @@ class EventStore:
                 meta,
                 [e.occurred_at for e in events],
             )
-            rows = conn.execute(_INSERT_MANY[mode], (stream_id, stream_id, stream_type, *columns, *tail)).fetchall()
+            rows = cursor.execute(_INSERT_MANY[mode], (stream_id, stream_id, stream_type, *columns, *tail)).fetchall()
         if not rows:
             return None
         stored = {r[2]: r for r in rows}
@@ -249,7 +262,7 @@ class EventStore:
     # -- idempotent commands ------------------------------------------------------------------------
     def command_response(self, command_id: str, request: str) -> dict[str, Any] | None:
         """The stored answer to `command_id`; IdempotencyMismatch if it was a different command."""
-        with self.pool.connection() as conn:
+        with self.pool.borrow() as conn:
             row = conn.execute(_CMD_GET, (command_id,)).fetchone()
         if row is None:
             return None
@@ -263,30 +276,30 @@ class EventStore:
     ) -> list[RecordedEvent]:
         query = _READ_BWD if backwards else _READ_FWD
         start = from_version if not backwards or from_version > 0 else _NO_LIMIT
-        with self.pool.connection() as conn:
+        with self.pool.borrow() as conn:
             rows = conn.execute(query, (stream_id, start, limit or _NO_LIMIT)).fetchall()
         return [_row(r) for r in rows]
 
     def read_type(self, stream_type: str, *, after_position: int = 0, limit: int = 1000) -> list[RecordedEvent]:
-        with self.pool.connection() as conn:
+        with self.pool.borrow() as conn:
             rows = conn.execute(_READ_TYPE, (stream_type, after_position, limit)).fetchall()
         return [_row(r) for r in rows]
 
     def version(self, stream_id: str) -> int:
-        with self.pool.connection() as conn:
+        with self.pool.borrow() as conn:
             v = int(conn.execute(_CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
         return v
 
     # -- snapshots (a cache: they speed loading up and never change answers) ---------------------------------
     def snapshot(self, stream_id: str) -> tuple[int, dict[str, Any], int] | None:
-        with self.pool.connection() as conn:
+        with self.pool.borrow() as conn:
             row = conn.execute(_SNAP_GET, (stream_id,)).fetchone()
         return None if row is None else (int(row[0]), dict(row[1]), int(row[2]))
 
     def save_snapshot(
         self, stream_id: str, stream_type: str, version: int, state: dict[str, Any], state_version: int
     ) -> None:
-        with self.pool.connection() as conn, conn.transaction():
+        with self.pool.borrow() as conn, conn.transaction():
             conn.execute(_SNAP_PUT, (stream_id, stream_type, version, _jsonb(state), state_version))
 
 
@@ -302,6 +315,18 @@ class WarmFirstPool(ConnectionPool):
         if self._pool:
             self._pool.rotate(-1)  # the right end (last returned) becomes the one taken
         return super()._get_ready_connection(timeout)
+
+    @contextmanager
+    def borrow(self) -> Iterator[psycopg.Connection[Any]]:
+        """`connection()` without its commit-or-rollback on exit and its usage statistics, for
+        autocommit connections whose transactions are explicit `conn.transaction()` blocks
+        (measured: ≈25 µs less CPU per call). `putconn` still rolls back or discards a connection
+        returned in a transaction or broken."""
+        conn = self.getconn()
+        try:
+            yield conn
+        finally:
+            self.putconn(conn)
 
 
 class SameCommandRace(Exception):

@@ -13,7 +13,7 @@ import pytest
 from eventstore.domain.bank import bank_account
 from eventstore.errors import ConcurrencyConflict, IdempotencyMismatch, PartialDuplicateBatch
 from eventstore.handler import CommandHandler
-from eventstore.migrate import migrations_current, run_migrations
+from eventstore.migrate import head_revision, migrations_current, run_migrations
 from eventstore.model import NewEvent
 from eventstore.store import EventStore
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def store(fresh_db: str) -> Iterator[EventStore]:
     assert not migrations_current(fresh_db)
-    assert run_migrations(fresh_db) == "0001"
+    assert run_migrations(fresh_db) == head_revision()
     assert migrations_current(fresh_db)
     s = EventStore.connect(fresh_db, max_size=10)
     try:
