@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from api.cli_common import ConfigOption, UserError, settings_from
+from api.cli_log import cleaner_policy
 from api.config import Settings
 from api.sources import source_specs, source_statuses
 from capture.daemon import CaptureDaemon, DaemonOptions
@@ -106,6 +107,7 @@ def capture(
         status_interval_s=settings.capture.status_interval_s,
         max_backoff_s=settings.capture.max_backoff_s,
         until_idle_s=until_idle,
+        cleaner=cleaner_policy(settings) if settings.log.cleaner_interval_s > 0 else None,
     )
     with _SnapshotProgress(enabled=sys.stderr.isatty()) as progress:
         daemon = CaptureDaemon(specs, options, on_progress=progress.update)

@@ -11,11 +11,12 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Annotated, BinaryIO
+from typing import Annotated, Any, BinaryIO
 
 import typer
 
 from api.cli_common import ConfigOption
+from api.config import Settings
 from capture.log import (
     CompactionStats,
     Log,
@@ -24,8 +25,21 @@ from capture.log import (
     Problem,
     Record,
 )
+from capture.log.cleaner import CleanerPolicy, read_checkpoint
 
-__all__ = ["cat", "compact", "log_app", "register", "repair", "topics", "verify"]
+__all__ = [
+    "CompactedInBackground",
+    "background_state",
+    "cat",
+    "cleaner_policy",
+    "compact",
+    "compaction_state",
+    "log_app",
+    "register",
+    "repair",
+    "topics",
+    "verify",
+]
 
 DEFAULT_ROOT = Path(".tributary/log")
 
@@ -58,7 +72,8 @@ def _root(root: Path | None, config: Path | None) -> Path:
 
 
 def topics(root: Path) -> list[dict[str, object]]:
-    """Each topic's config and committed offsets."""
+    """Each topic's config, committed offsets and, for `compact` topics, what the cleaner last did."""
+    doc = read_checkpoint(root)
     with Log.open(root) as log:
         out: list[dict[str, object]] = []
         for name, cfg in sorted(log.topics().items()):
@@ -71,9 +86,27 @@ def topics(root: Path) -> list[dict[str, object]]:
                     "records": sum(e - s for s, e in zip(starts, ends, strict=True)),
                     "start_offsets": starts,
                     "end_offsets": ends,
+                    "compaction": compaction_state(doc, name, cfg.partitions) if cfg.policy == "compact" else None,
                 }
             )
         return out
+
+
+def compaction_state(doc: dict[str, Any], topic: str, partitions: int) -> dict[str, Any]:
+    """A topic's compaction as the cleaner recorded it (`cleaner.json`): when each partition was
+    last compacted and the records/bytes before → after of those compactions, summed."""
+    parts = doc.get("partitions", {})
+    lasts = [parts[k]["last"] for k in (f"{topic}/{p}" for p in range(partitions)) if (parts.get(k) or {}).get("last")]
+    at = max((f["at_ms"] for f in lasts), default=None)
+    return {
+        "last_compaction_ms": at,
+        "last_compaction": None if at is None else _utc(at),
+        "partitions_compacted": len(lasts),
+        **{f: sum(x[f] for x in lasts) for f in ("records_before", "records_after", "bytes_before", "bytes_after")},
+        "cleaner_pid": doc.get("pid"),
+        "cleaner_interval_s": None if "interval_ms" not in doc else doc["interval_ms"] / 1000,
+        "cleaner_last_pass_ms": doc.get("last_pass_ms"),
+    }
 
 
 def _merged(parts: Iterable[Iterator[Record]]) -> Iterator[Record]:
@@ -137,14 +170,68 @@ def cat(
             log.refresh()
 
 
-def compact(root: Path, topic: str | None = None, *, now_ms: int | None = None) -> CompactionStats:
-    """Compact now (needs the writer lock: refused while capture runs)."""
+class CompactedInBackground(Exception):
+    """`log compact` while capture runs: the daemon's cleaner does it; the message says how."""
+
+
+def cleaner_policy(settings: Settings) -> CleanerPolicy:
+    """The `[log]` cleaner keys as the log's policy (the daemon's and `log compact`'s)."""
+    s = settings.log
+    return CleanerPolicy(
+        interval_ms=int(s.cleaner_interval_s * 1000),
+        min_cleanable_dirty_ratio=s.min_cleanable_dirty_ratio,
+        delete_retention_ms=s.delete_retention_ms,
+        retention_ms=s.retention_ms,
+        retention_bytes=s.retention_bytes,
+        file_delete_delay_ms=s.file_delete_delay_ms,
+    )
+
+
+def _utc(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
+
+
+def background_state(root: Path) -> str:
+    """One line on the running daemon's cleaner, from `cleaner.json` (what it last recorded);
+    LogError if whoever holds the log runs no cleaner."""
+    doc = read_checkpoint(root)
+    try:
+        holder = (root / ".lock").read_text().strip() or "?"
+    except OSError:
+        holder = "?"
+    if not doc or str(doc.get("pid")) != holder:
+        raise LogError(
+            f"cannot compact: pid {holder} holds the log at {root} without a background cleaner "
+            "(capture with [log] cleaner_interval_s = 0?); stop it to compact by hand"
+        )
+    every = f"{doc.get('interval_ms', 0) / 1000:g}"
+    line = f"capture (pid {holder}) is running and compacts in the background every {every} s"
+    last = doc.get("last_compaction_ms")
+    if last is None:
+        return line + "; nothing compacted yet (no partition has enough sealed dirty data)"
+    figures = [p["last"] for p in doc.get("partitions", {}).values() if p.get("last")]
+    recent = [f for f in figures if f.get("at_ms") == last]
+    rb, ra = sum(f["records_before"] for f in recent), sum(f["records_after"] for f in recent)
+    bb, ba = sum(f["bytes_before"] for f in recent), sum(f["bytes_after"] for f in recent)
+    return line + f"; last compaction {_utc(last)}: {rb} → {ra} records, {bb} → {ba} bytes"
+
+
+def compact(
+    root: Path,
+    topic: str | None = None,
+    *,
+    now_ms: int | None = None,
+    delete_retention_ms: int | None = None,
+) -> CompactionStats:
+    """Compact now; while capture holds the log, raise `CompactedInBackground` saying what its
+    cleaner does instead (it alone may rewrite segments)."""
     try:
         log = Log.open(root, writer=True)
-    except LogLockedError as exc:
-        raise LogError(f"cannot compact while capture is running: {exc}") from None
+    except LogLockedError:
+        raise CompactedInBackground(background_state(root)) from None
     with log:
-        return log.compact(topic, now_ms=int(time.time() * 1000) if now_ms is None else now_ms)
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        return log.compact(topic, now_ms=now, delete_retention_ms=delete_retention_ms)
 
 
 def verify(root: Path) -> list[Problem]:
@@ -222,10 +309,17 @@ def compact_cmd(
     root: RootOption = None,
     config: ConfigOption = None,
 ) -> None:
-    """Compact sealed segments of `compact` topics now (refused while capture holds the log)."""
-    root = _root(root, config)
+    """Compact sealed segments of `compact` topics now (while capture runs, its background
+    cleaner does this: the command then says when it last did)."""
+    from api.cli_common import settings_from
+
+    settings = settings_from(config)
+    root = root if root is not None else settings.log.root
     try:
-        s = compact(root, topic)
+        s = compact(root, topic, delete_retention_ms=settings.log.delete_retention_ms)
+    except CompactedInBackground as exc:
+        typer.echo(str(exc))
+        return
     except LogError as exc:
         raise _fail(exc) from None
     typer.echo(

@@ -53,7 +53,40 @@ class LogSettings(_Section):
     segment_bytes: int = Field(default=134_217_728, ge=4096, description="Segment roll size.")
     linger_ms: int = Field(default=5, ge=0, description="Group-commit linger (like linger.ms).")
     batch_records: int = Field(default=10_000, ge=1, description="Commit at most this many records at once.")
-    delete_retention_ms: int = Field(default=86_400_000, ge=0, description="How long compaction keeps tombstones.")
+    delete_retention_ms: int = Field(
+        default=86_400_000,
+        ge=0,
+        description="How long compaction keeps a tombstone once no older record of its key is left "
+        "(and at least this long after it was written); a reader that reaches it within this time sees it.",
+    )
+    cleaner_interval_s: float = Field(
+        default=15.0,
+        ge=0,
+        description="How often the capture daemon looks for partitions to compact and segments to retire "
+        "(0 = no background cleaner; `tributary log compact` then works while capture is stopped).",
+    )
+    min_cleanable_dirty_ratio: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Compact a partition when its sealed bytes written since its last compaction reach this "
+        "share of its sealed bytes (Kafka's min.cleanable.dirty.ratio).",
+    )
+    retention_ms: int | None = Field(
+        default=604_800_000,
+        ge=0,
+        description="`delete` topics without their own retention: drop sealed segments whose newest record is "
+        "older than this (default 7 days, as Kafka).",
+    )
+    retention_bytes: int | None = Field(
+        default=None, ge=0, description="`delete` topics: keep at most about this many bytes per partition."
+    )
+    file_delete_delay_ms: int = Field(
+        default=60_000,
+        ge=0,
+        description="How long a Parquet copy of a segment that compaction rewrote or removed stays for readers "
+        "that planned with it (Kafka's file.delete.delay.ms).",
+    )
 
 
 class SourceSettings(_Section):

@@ -115,7 +115,8 @@ def _topics(root: Any) -> list[dict[str, Any]]:
 
 @router.get("/topics", tags=["admin"], dependencies=[Depends(require("admin"))], responses=AUTH_RESPONSES)
 async def topics(request: Request) -> list[dict[str, Any]]:
-    """Every topic: partitions, policy, committed offsets."""
+    """Every topic: partitions, policy, committed offsets; for `compact` topics, `compaction`: when the
+    capture daemon's background cleaner last compacted it and records/bytes before → after (`cleaner.json`)."""
     return await asyncio.to_thread(_topics, _settings(request).log.root)
 
 

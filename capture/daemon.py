@@ -19,6 +19,7 @@ from types import FrameType
 
 from capture.errors import CaptureError, TransientSourceError
 from capture.log import GroupCommitter, Log, LogError, Mark
+from capture.log.cleaner import Cleaner, CleanerPolicy
 from capture.source import SourceSession, SourceSpec
 from capture.status import LatencyHistogram, SourceState, write_status
 
@@ -37,6 +38,7 @@ class DaemonOptions:
     status_interval_s: float = 5.0
     max_backoff_s: float = 30.0
     until_idle_s: float | None = None  # exit 0 after this long with no new change
+    cleaner: CleanerPolicy | None = None  # background compaction/retention; None = off
 
 
 class CaptureDaemon:
@@ -53,6 +55,7 @@ class CaptureDaemon:
         self.clock = clock
         self.on_progress = on_progress
         self.log = self._open_log()
+        self.cleaner = self._new_cleaner()
         self.sessions = [SourceSession(spec, self.log, clock=clock) for spec in specs]
         self.committer = GroupCommitter(linger_ms=options.linger_ms, max_records=options.batch_records)
         self._mark: Mark | None = None  # the log's end at the newest transaction boundary
@@ -70,6 +73,11 @@ class CaptureDaemon:
             default_partitions=self.opts.default_partitions,
             segment_bytes=self.opts.segment_bytes,
         )
+
+    def _new_cleaner(self) -> Cleaner | None:
+        if self.opts.cleaner is None:
+            return None
+        return Cleaner(self.log, self.opts.cleaner, pid=os.getpid())
 
     # -- the commit protocol ------------------------------------------------------------
     def commit(self) -> None:
@@ -154,6 +162,7 @@ class CaptureDaemon:
         while self.clock() < deadline and not self._stopping:
             time.sleep(0.05)
         self.log = self._open_log()
+        self.cleaner = self._new_cleaner()
         self._mark = None
         self.sessions = [SourceSession(spec, self.log, clock=self.clock) for spec in self.specs]
         attempt_until = self.clock() + self.opts.max_backoff_s * 4
@@ -183,10 +192,22 @@ class CaptureDaemon:
                     s.confirm(now_us=int(now * 1_000_000))
                 self._last_status = now
             self._write_status()
+            self._clean(now_ms)
             if busy:
                 self._last_change = now
             elif self.opts.until_idle_s is not None and now - self._last_change >= self.opts.until_idle_s:
                 return
+
+    def _clean(self, now_ms: int) -> None:
+        """Background compaction and retention, paced: only between source transactions with
+        everything appended already committed (the log's sealed segments are the cleaner's, the
+        active ones capture's), and at most one partition per call, so a change that arrives
+        meanwhile waits for one partition's compaction at most."""
+        if self.cleaner is None or self._mark is not None or any(s.in_transaction for s in self.sessions):
+            return
+        started = time.perf_counter()
+        if self.cleaner.step(now_ms):
+            log.debug("cleaner step took %.3fs", time.perf_counter() - started)
 
     def _pump(self) -> bool:
         """Read what the sources have sent; True if any change was appended."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +34,7 @@ from capture.log.manifest import (
 from capture.log.partition import PartitionWriter
 from capture.log.partitioner import partition_for
 from capture.log.reader import partition_dir, read_partition, read_partition_from_time
-from capture.log.segment import SegmentRef
+from capture.log.segment import SegmentRef, parquet_path
 from capture.log.types import (
     CompactionStats,
     Mark,
@@ -204,9 +204,7 @@ class Log:
     def __enter__(self) -> Log:
         return self
 
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
     # -- topics ----------------------------------------------------------------------------
@@ -234,9 +232,7 @@ class Log:
         empty = PartitionState()
         for p in range(cfg.partitions):
             self._writers[(name, p)] = self._recover_partition(name, p, cfg, empty)
-        dirs = [self.root, tdir] + [
-            partition_dir(self.root, name, p) for p in range(cfg.partitions)
-        ]
+        dirs = [self.root, tdir] + [partition_dir(self.root, name, p) for p in range(cfg.partitions)]
         for p in range(cfg.partitions):
             self._writers[(name, p)].dir_dirty = False
         manifest = self._submitted.with_topic(name, TopicState(cfg, (empty,) * cfg.partitions))
@@ -266,9 +262,7 @@ class Log:
         w = self._writers.get((topic, partition))
         if w is None:
             t = self._topic_any(topic)
-            raise LogError(
-                f"topic {topic!r} has partitions 0..{t.config.partitions - 1}, not {partition}"
-            )
+            raise LogError(f"topic {topic!r} has partitions 0..{t.config.partitions - 1}, not {partition}")
         try:
             return w.append(records)
         except LogError:
@@ -280,9 +274,7 @@ class Log:
         self._check_writer("mark")
         return Mark({k: w.end() for k, w in self._writers.items()})
 
-    def commit(
-        self, *, positions: Mapping[str, str] | None = None, upto: Mark | None = None
-    ) -> None:
+    def commit(self, *, positions: Mapping[str, str] | None = None, upto: Mark | None = None) -> None:
         """Make appends (up to `upto`) and `positions` durable and visible; see `_commit_job`."""
         future = self.commit_async(positions=positions, upto=upto)
         try:
@@ -291,9 +283,7 @@ class Log:
             self._rollback()
             raise
 
-    def commit_async(
-        self, *, positions: Mapping[str, str] | None = None, upto: Mark | None = None
-    ) -> Future[None]:
+    def commit_async(self, *, positions: Mapping[str, str] | None = None, upto: Mark | None = None) -> Future[None]:
         """Start a commit and return at once; appends may continue while it fsyncs.
 
         Commits complete in order. The future's result says the commit is durable: confirm a
@@ -303,15 +293,11 @@ class Log:
         for name, t in topics.items():
             parts = list(t.partitions)
             for p, old in enumerate(parts):
-                end = (
-                    upto.ends.get((name, p)) if upto is not None else self._writers[(name, p)].end()
-                )
+                end = upto.ends.get((name, p)) if upto is not None else self._writers[(name, p)].end()
                 if end is None:
                     continue
                 if end.end < old.end:
-                    raise LogError(
-                        f"cannot commit {name}/{p} back to {end.end}: {old.end} is committed"
-                    )
+                    raise LogError(f"cannot commit {name}/{p} back to {end.end}: {old.end} is committed")
                 parts[p] = PartitionState(old.start, end.end, end.segment, end.nbytes)
             topics[name] = TopicState(t.config, tuple(parts))
         fds: list[int] = []
@@ -414,12 +400,17 @@ class Log:
     def start_offsets(self, topic: str) -> list[int]:
         return [p.start for p in self._topic(topic).partitions]
 
+    def topic_config(self, topic: str) -> TopicConfig:
+        return self._topic(topic).config
+
+    def partition_state(self, topic: str, partition: int) -> PartitionState:
+        """The committed state of one partition (start, end, active segment and its bytes)."""
+        return self._state(topic, partition)
+
     def _state(self, topic: str, partition: int) -> PartitionState:
         t = self._topic(topic)
         if not 0 <= partition < len(t.partitions):
-            raise LogError(
-                f"topic {topic!r} has partitions 0..{len(t.partitions) - 1}, not {partition}"
-            )
+            raise LogError(f"topic {topic!r} has partitions 0..{len(t.partitions) - 1}, not {partition}")
         return t.partitions[partition]
 
     def read(
@@ -430,9 +421,7 @@ class Log:
         stop = state.end if to_offset is None else min(to_offset, state.end)
         return self._read(topic, partition, from_offset, stop, state)
 
-    def _read(
-        self, topic: str, partition: int, start: int, stop: int, state: PartitionState
-    ) -> Iterator[Record]:
+    def _read(self, topic: str, partition: int, start: int, stop: int, state: PartitionState) -> Iterator[Record]:
         """A reader whose manifest is older than a compaction of what it took for the active
         segment finds that file shorter than it expected: re-read the manifest and go on."""
         while True:
@@ -452,34 +441,36 @@ class Log:
 
     def read_from_time(self, topic: str, partition: int, timestamp_ms: int) -> Iterator[Record]:
         """From the first committed record whose timestamp is >= timestamp_ms."""
-        return read_partition_from_time(
-            self.root, topic, partition, self._state(topic, partition), timestamp_ms
-        )
+        return read_partition_from_time(self.root, topic, partition, self._state(topic, partition), timestamp_ms)
 
     # -- maintenance -----------------------------------------------------------------------
 
-    def compact(self, topic: str | None = None, *, now_ms: int) -> CompactionStats:
-        """Compact the sealed, committed segments of `compact` topics (all of them by default)."""
-        from capture.log.compaction import compact_partition
+    def compact(
+        self, topic: str | None = None, *, now_ms: int, delete_retention_ms: int | None = None
+    ) -> CompactionStats:
+        """Compact the sealed, committed segments of `compact` topics (all of them by default)
+        now, whatever their dirty ratio; the pass is recorded for the cleaner (`cleaner.py`)."""
+        from capture.log.cleaner import Cleaner, CleanerPolicy
 
         self._check_writer("compact (needs the writer lock)")
-        snapshot = self._committed
-        names = [topic] if topic is not None else list(snapshot.topics)
-        stats = CompactionStats()
-        for name in names:
-            t = snapshot.topics.get(name)
-            if t is None:
-                raise TopicNotFoundError(f"no topic {name!r} in the log at {self.root}")
-            if t.config.policy != "compact":
-                continue
-            for p, state in enumerate(t.partitions):
-                compact_partition(
-                    self.root, name, p, state, t.config, now_ms, self.index_interval_bytes, stats
-                )
-        return stats
+        if topic is not None:
+            self._topic(topic)
+        policy = CleanerPolicy(delete_retention_ms=delete_retention_ms)
+        return Cleaner(self, policy).compact_now(topic, now_ms)
 
-    def enforce_retention(self, *, now_ms: int) -> int:
-        """Delete whole sealed segments of `delete` topics past retention; returns how many."""
+    def enforce_retention(
+        self,
+        *,
+        now_ms: int,
+        default_retention_ms: int | None = None,
+        default_retention_bytes: int | None = None,
+        on_removed: Callable[[Path], object] | None = None,
+    ) -> int:
+        """Delete whole sealed segments of `delete` topics past retention; returns how many.
+
+        A topic without its own `retention_ms`/`retention_bytes` uses the defaults given.
+        `on_removed(path)` takes over the Parquet copies of removed segments (the cleaner deletes
+        them after a delay); without it they are deleted with the segment."""
         from capture.log.compaction import expired_segments, remove_segments
 
         self._check_writer("enforce retention")
@@ -488,21 +479,30 @@ class Log:
         topics = dict(self._submitted.topics)
         for name, t in self._committed.topics.items():
             cfg = t.config
-            if cfg.policy != "delete" or (cfg.retention_ms is None and cfg.retention_bytes is None):
+            if cfg.policy != "delete":
                 continue
+            if cfg.retention_ms is None and cfg.retention_bytes is None:
+                if default_retention_ms is None and default_retention_bytes is None:
+                    continue
+                cfg = replace(cfg, retention_ms=default_retention_ms, retention_bytes=default_retention_bytes)
             parts = list(topics[name].partitions)
             for p, state in enumerate(t.partitions):
                 doomed, new_start = expired_segments(self.root, name, p, state, cfg, now_ms)
                 if doomed:
                     plan.append((name, p, doomed))
                     parts[p] = replace(parts[p], start=max(parts[p].start, new_start))
-            topics[name] = TopicState(cfg, tuple(parts))
+            topics[name] = TopicState(t.config, tuple(parts))
         if not plan:
             return 0
         # the new start offsets become durable first; recovery finishes unlinks a crash interrupted
         self._submit(replace(self._submitted, topics=topics), [], []).result()
         for name, p, doomed in plan:
-            remove_segments(partition_dir(self.root, name, p), doomed)
+            pdir = partition_dir(self.root, name, p)
+            if on_removed is not None:
+                for b in doomed:
+                    if parquet_path(pdir, b).exists():
+                        on_removed(parquet_path(pdir, b))
+            remove_segments(pdir, doomed, parquet=on_removed is None)
         return sum(len(d) for _, _, d in plan)
 
     def write_parquet(self, topic: str | None = None) -> int:
@@ -520,11 +520,7 @@ class Log:
                 raise TopicNotFoundError(f"no topic {name!r} in the log at {self.root}")
             for p, state in enumerate(t.partitions):
                 pdir = partition_dir(self.root, name, p)
-                todo = [
-                    b
-                    for b in committed_segments(pdir, state)
-                    if b < state.segment and not is_current(pdir, b)
-                ]
+                todo = [b for b in committed_segments(pdir, state) if b < state.segment and not is_current(pdir, b)]
                 for base in todo:
                     write_parquet(SegmentRef(name, p, pdir, base))
                 if todo:
@@ -553,11 +549,7 @@ class Log:
         from capture.log.splits import plan_splits
 
         t = self._topic(topic)
-        return [
-            s
-            for p, state in enumerate(t.partitions)
-            for s in plan_splits(self.root, topic, p, state, max_bytes)
-        ]
+        return [s for p, state in enumerate(t.partitions) for s in plan_splits(self.root, topic, p, state, max_bytes)]
 
     def ends(self) -> dict[tuple[str, int], PartitionEnd]:
         """Committed ends of every partition (for tools)."""

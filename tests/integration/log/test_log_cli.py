@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import os
+import time
 from pathlib import Path
 
 import orjson
@@ -12,6 +14,7 @@ from typer.testing import CliRunner
 from api import cli_log
 from api.cli_log import log_app
 from capture.log import Log, TopicConfig, canonical_json
+from capture.log.cleaner import Cleaner, CleanerPolicy
 
 pytestmark = pytest.mark.e2e
 
@@ -93,9 +96,7 @@ def test_cat_follow_sees_new_commits(root: Path) -> None:
         return len(polls) < 3
 
     try:
-        n = cli_log.cat(
-            root, "shop.public.orders", follow=True, out=out, poll_s=0.01, on_poll=on_poll
-        )
+        n = cli_log.cat(root, "shop.public.orders", follow=True, out=out, poll_s=0.01, on_poll=on_poll)
     finally:
         writer.close()
     got = lines(out.getvalue().decode())
@@ -113,9 +114,7 @@ def test_verify_ok_then_corrupt(root: Path) -> None:
     assert res.exit_code == 1
     assert "corrupt: shop.public.orders/" in res.stderr and "CRC mismatch" in res.stderr
     res = runner.invoke(log_app, ["cat", "shop.public.orders", "--root", str(root)])
-    assert res.exit_code == 1 and res.stderr.startswith(
-        "tributary: corrupt record in shop.public.orders/"
-    )
+    assert res.exit_code == 1 and res.stderr.startswith("tributary: corrupt record in shop.public.orders/")
 
 
 def test_compact_and_refusal_while_capture_runs(root: Path) -> None:
@@ -123,11 +122,15 @@ def test_compact_and_refusal_while_capture_runs(root: Path) -> None:
     assert res.exit_code == 0 and res.stdout.startswith("compacted:"), res.output
     with Log.open(root, writer=True):
         res = runner.invoke(log_app, ["compact", "shop.public.orders", "--root", str(root)])
-    assert res.exit_code == 1
-    assert res.stderr.strip().startswith(
-        "tributary: cannot compact while capture is running: log root"
-    )
+    assert res.exit_code == 1  # a writer without a background cleaner: nobody would compact
+    assert res.stderr.strip().startswith(f"tributary: cannot compact: pid {os.getpid()} holds the log at {root}")
     assert len(res.stderr.strip().splitlines()) == 1
+    with Log.open(root, writer=True) as log:  # a writer that runs the cleaner (as capture does)
+        Cleaner(log, CleanerPolicy(interval_ms=15_000), pid=os.getpid()).step(int(time.time() * 1000))
+        res = runner.invoke(log_app, ["compact", "shop.public.orders", "--root", str(root)])
+    assert res.exit_code == 0 and res.stderr == "", res.output
+    assert res.stdout.startswith(f"capture (pid {os.getpid()}) is running and compacts in the background every 15 s; ")
+    assert len(res.stdout.strip().splitlines()) == 1
 
 
 def test_errors_are_one_line(tmp_path: Path, root: Path) -> None:
