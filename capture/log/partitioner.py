@@ -1,6 +1,9 @@
 """Key → partition, the way Kafka's default partitioner does it (murmur2, positive, mod n).
 
-Pure and deterministic across processes: never Python's salted `hash`.
+Pure and deterministic across processes: never Python's salted `hash`. The hash runs in compiled
+code (the `murmurhash2` package: ≈0.3 µs a key instead of ≈2 µs, a tenth of capture's per-change
+time) where its wheel is installed; the Python version below is the reference and the fallback,
+and the tests hold both to Kafka's own vectors.
 """
 
 from __future__ import annotations
@@ -10,7 +13,12 @@ from typing import Any
 
 import orjson
 
-__all__ = ["canonical_json", "murmur2", "partition_for"]
+try:
+    from murmurhash2 import murmurhash2 as _compiled_murmur2
+except ImportError:  # no wheel for this platform: the pure-Python hash gives the same answers
+    _compiled_murmur2 = None
+
+__all__ = ["canonical_json", "murmur2", "murmur2_python", "partition_for"]
 
 _M = 0x5BD1E995
 _SEED = 0x9747B28C
@@ -20,6 +28,14 @@ _WORDS = struct.unpack_from
 
 def murmur2(data: bytes) -> int:
     """Kafka's `Utils.murmur2`: a signed 32-bit int, as the Java client returns it."""
+    if _compiled_murmur2 is None:
+        return murmur2_python(data)
+    h = _compiled_murmur2(data, _SEED)
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def murmur2_python(data: bytes) -> int:
+    """`murmur2` in pure Python (the reference)."""
     length = len(data)
     h = (_SEED ^ length) & _MASK
     end4 = length & ~3
@@ -48,7 +64,9 @@ def partition_for(key: bytes | None, partitions: int) -> int:
         raise ValueError(f"partitions must be positive, got {partitions}")
     if key is None:
         return 0
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
+    if _compiled_murmur2 is not None:  # unsigned, but the low 31 bits are the same
+        return (_compiled_murmur2(key, _SEED) & 0x7FFFFFFF) % partitions
+    return (murmur2_python(key) & 0x7FFFFFFF) % partitions
 
 
 def canonical_json(obj: Any) -> bytes:

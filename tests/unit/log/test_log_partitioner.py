@@ -8,8 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from capture.log.partitioner import canonical_json, murmur2, partition_for
+from capture.log import partitioner
+from capture.log.partitioner import canonical_json, murmur2, murmur2_python, partition_for
 
 pytestmark = pytest.mark.unit
 
@@ -29,6 +32,18 @@ KAFKA_VECTORS = [
 @pytest.mark.parametrize(("data", "expected"), KAFKA_VECTORS)
 def test_murmur2_matches_kafka(data: bytes, expected: int) -> None:
     assert murmur2(data) == expected
+    assert murmur2_python(data) == expected
+
+
+def test_the_compiled_hash_is_in_use_where_its_wheel_is_installed() -> None:
+    # The project depends on `murmurhash2`: on this platform the fast path must not silently fall back.
+    assert partitioner._compiled_murmur2 is not None
+
+
+@given(st.binary(max_size=200), st.integers(min_value=1, max_value=1000))
+def test_compiled_and_python_hashes_agree(data: bytes, partitions: int) -> None:
+    assert murmur2(data) == murmur2_python(data)
+    assert partition_for(data, partitions) == (murmur2_python(data) & 0x7FFFFFFF) % partitions
 
 
 def test_partition_is_kafkas_to_positive_mod() -> None:
@@ -74,9 +89,7 @@ def test_same_answer_in_another_process_with_another_hash_seed() -> None:
     outs = set()
     for seed in ("0", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root)}
-        out = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, check=True, text=True
-        )
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, check=True, text=True)
         outs.add(out.stdout)
     here = str([partition_for(canonical_json({"id": i}), 8) for i in range(200)]) + "\n"
     assert outs == {here}
