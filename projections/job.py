@@ -18,7 +18,17 @@ from projections.engine import Item, Prior, fold_units, plan_items
 from projections.loader import resolve
 from projections.records import ProjectionRecord, decode
 
-__all__ = ["ITEM_SCHEMA", "SUMMARY_SCHEMA", "fold_frame", "items_frame"]
+__all__ = [
+    "ITEM_SCHEMA",
+    "SUMMARY_SCHEMA",
+    "TRUNCATE_COLUMNS",
+    "TRUNCATE_SCHEMA",
+    "deliveries",
+    "fold_frame",
+    "is_truncate",
+    "items_frame",
+    "ordered_before",
+]
 
 ITEM_SCHEMA = (
     "topic string, partition int, offset long, timestamp long, key string, value string, "
@@ -112,6 +122,57 @@ def items_frame(
     return with_wm.mapInArrow(_planner(ref), ITEM_SCHEMA)
 
 
+TRUNCATE_COLUMNS = (*_REC, "event_time")
+TRUNCATE_SCHEMA = (
+    "topic string, partition int, offset long, timestamp long, key string, value string, headers string, "
+    "event_time long"
+)
+
+
+def is_truncate() -> Any:
+    """`ProjectionRecord.is_truncate` over a records/items frame (false, never null)."""
+    from pyspark.sql import functions as F
+
+    cond = (
+        (F.coalesce(F.col("key"), F.lit("null")) == "null")
+        & ~F.col("topic").startswith("events.")
+        & (F.get_json_object("value", "$.op") == "t")
+    )
+    return F.coalesce(cond, F.lit(False))
+
+
+def ordered_before(points: Mapping[tuple[str, int], tuple[int, int]]) -> Any:
+    """Items ordered before their topic-partition's truncate point (event time, offset)."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    et, off = F.col("event_time"), F.col("offset")
+    return reduce(
+        lambda a, b: a | b,
+        (
+            (F.col("topic") == t) & (F.col("partition") == part) & ((et < e) | ((et == e) & (off < o)))
+            for (t, part), (e, o) in points.items()
+        ),
+    )
+
+
+def deliveries(truncates: Any, holders: Any) -> Any:
+    """Items (ITEM_SCHEMA) delivering each truncate (TRUNCATE_COLUMNS) to each holder
+    (unit, topic, partition) of its topic-partition: `engine.truncate_items` as a join."""
+    from pyspark.sql import functions as F
+
+    return holders.join(truncates, ["topic", "partition"]).select(
+        *_REC,
+        "event_time",
+        "unit",
+        F.lit(None).cast("long").alias("wstart"),
+        F.lit(None).cast("long").alias("wend"),
+        F.lit(True).alias("admitted"),
+        F.col("unit").alias("ukey"),
+    )
+
+
 SUMMARY_SCHEMA = "units long, rows long, errors string"
 _SUMMARY = pa.schema([("units", pa.int64()), ("rows", pa.int64()), ("errors", pa.string())])
 
@@ -150,6 +211,7 @@ class _Stager:
                             None if u.last is None else orjson.dumps(u.last).decode(),
                             orjson.dumps(u.pks).decode(),
                             u.dropped,
+                            None if u.tps is None else orjson.dumps(u.tps).decode(),
                         )
                     )
                     self.errors.extend(u.errors)

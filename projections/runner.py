@@ -5,10 +5,13 @@ The functions the CLI and API call (`tributary project list|status|run|rebuild`)
 (`_catch_up`) is the protocol of `projections.local`, distributed:
 
  1. snapshot the log's committed ends; new records = checkpoint → end per topic-partition;
- 2. route new records to units; the earliest new record per unit decides (against the stored
-    state) whether the unit resumes or is recomputed from all its records;
+ 2. route new records to units; deliver the new truncates (plain folds over CDC topics) to the
+    units with records on their topic-partitions, stored or new; the earliest new record per unit
+    decides (against the stored state) whether the unit resumes or is recomputed from all its
+    records (as is a unit with a new record ordered before an earlier run's truncate);
  3. fold in Spark (shuffle by unit, sort by event time/topic/partition/offset, mapInArrow);
- 4. commit rows, deletes, unit states and checkpoints in one driver-side transaction.
+ 4. commit rows, deletes, unit states and checkpoints (with truncate points) in one driver-side
+    transaction.
 A crash anywhere before step 4's commit leaves the previous commit intact: a rerun redoes it.
 """
 
@@ -25,9 +28,17 @@ import psycopg
 
 from capture.log import Log, LogError, TopicNotFoundError
 from projections.definition import Projection
-from projections.engine import decide, render_row
+from projections.engine import applies_truncates, decide, render_row
 from projections.errors import LockedError, ProjectionError, RunError
-from projections.job import fold_frame, items_frame
+from projections.job import (
+    TRUNCATE_COLUMNS,
+    TRUNCATE_SCHEMA,
+    deliveries,
+    fold_frame,
+    is_truncate,
+    items_frame,
+    ordered_before,
+)
 from projections.loader import load, resolve
 from projections.source import records_frame
 from projections.spark import get_session
@@ -185,31 +196,46 @@ def _catch_up(
             if progress:
                 progress(stage, total, total)
             return _Pass(total, rows)
+        store.upgrade_state(b)
         new_records = read(lo)
         items = items_frame(spark, new_records, ref, windowed, base)
+        truncating = applies_truncates(p)
+        points = store.truncate_points(b) if truncating else {}
         priors: dict[str, Any] = {}
         recompute: set[str] = set()
+        force: set[str] = set()
         fresh = None
-        if ck:  # the state table may know these units: resume or recompute each
-            fresh = items = items.persist()  # read the new records once for both jobs
-            firsts = (
-                items.groupBy("unit")
-                .agg(F.min(F.struct("event_time", "topic", "partition", "offset")).alias("m"))
-                .collect()
-            )
-            min_new = {r["unit"]: tuple(r["m"]) for r in firsts}
-            priors, recompute = decide(store.priors(b, list(min_new)), min_new)
-        if recompute:
-            everything = items_frame(spark, read({}), ref, windowed, {})
-            rc = F.broadcast(spark.createDataFrame([(u,) for u in sorted(recompute)], "unit string"))
-            items = items.join(rc, "unit", "left_anti").unionByName(everything.join(rc, "unit", "left_semi"))
-        if windowed:  # watermarks continue from each partition's max event time
-            for r in new_records.groupBy("topic", "partition").agg(F.max("event_time").alias("m")).collect():
-                tp = (r["topic"], r["partition"])
-                prev = base.get(tp)
-                new_ck[tp] = (ends[tp], r["m"] if prev is None else max(prev, r["m"]))
-        staged = store.staging(p, b)
+        if ck or truncating:  # read the new records once for every job below
+            fresh = items = items.persist()
         try:
+            if truncating:
+                items, force, points = _deliver(spark, store, b, items, points)
+            if ck:  # the state table may know these units: resume or recompute each
+                firsts = (
+                    items.groupBy("unit")
+                    .agg(F.min(F.struct("event_time", "topic", "partition", "offset")).alias("m"))
+                    .collect()
+                )
+                min_new = {r["unit"]: tuple(r["m"]) for r in firsts}
+                priors, recompute = decide(store.priors(b, list(min_new)), min_new, force)
+            if recompute:
+                everything = items_frame(spark, read({}), ref, windowed, {})
+                rc = F.broadcast(spark.createDataFrame([(u,) for u in sorted(recompute)], "unit string"))
+                if truncating:  # all their records, and every truncate of the log delivered to them
+                    trunc = is_truncate()
+                    theirs = everything.where(~trunc).join(rc, "unit", "left_semi")
+                    holders = theirs.select("unit", "topic", "partition").distinct()
+                    every = everything.where(trunc).select(*TRUNCATE_COLUMNS)
+                    theirs = theirs.unionByName(deliveries(every, holders))
+                else:
+                    theirs = everything.join(rc, "unit", "left_semi")
+                items = items.join(rc, "unit", "left_anti").unionByName(theirs)
+            if windowed:  # watermarks continue from each partition's max event time
+                for r in new_records.groupBy("topic", "partition").agg(F.max("event_time").alias("m")).collect():
+                    tp = (r["topic"], r["partition"])
+                    prev = base.get(tp)
+                    new_ck[tp] = (ends[tp], r["m"] if prev is None else max(prev, r["m"]))
+            staged = store.staging(p, b)
             outputs = (
                 fold_frame(
                     spark,
@@ -233,10 +259,41 @@ def _catch_up(
         if type(exc).__module__.startswith(("pyspark", "py4j")):
             raise _spark_error(exc) from exc
         raise
-    rows = store.commit_run(p, b, outputs, new_ck, total, staged=staged)
+    rows = store.commit_run(p, b, outputs, new_ck, total, staged=staged, truncates=points)
     if progress:
         progress(stage, total, total)
     return _Pass(total, rows, len(recompute))
+
+
+def _deliver(
+    spark: Any, store: Store, b: BuildRow, items: Any, points: Mapping[TP, tuple[int, int]]
+) -> tuple[Any, set[str], dict[TP, tuple[int, int]]]:
+    """`engine.deliver_truncates` on Spark: the new truncates (few) come to the driver; each is
+    joined to the holders of its topic-partition — units of the new records, and stored units
+    whose `tps` name it. Returns (items with deliveries, units to recompute, new truncate points)."""
+    from pyspark.sql import functions as F
+
+    trunc = is_truncate()
+    found = items.where(trunc).select(*TRUNCATE_COLUMNS).collect()
+    items = items.where(~trunc)
+    force: set[str] = set()
+    if points:  # a new record ordered before a truncate an earlier run delivered
+        force = {r["unit"] for r in items.where(ordered_before(points)).select("unit").distinct().collect()}
+    if not found:
+        return items, force, dict(points)
+    new_points = dict(points)
+    for r in found:
+        tp, at = (r["topic"], r["partition"]), (r["event_time"], r["offset"])
+        if tp not in new_points or at > new_points[tp]:
+            new_points[tp] = at
+    tps = sorted({(r["topic"], r["partition"]) for r in found})
+    on_tps = F.broadcast(spark.createDataFrame(tps, "topic string, partition int"))
+    holders = items.join(on_tps, ["topic", "partition"], "left_semi").select("unit", "topic", "partition")
+    stored = store.holders(b, tps)
+    if stored:
+        holders = holders.unionByName(spark.createDataFrame(stored, "unit string, topic string, partition int"))
+    truncates = spark.createDataFrame([tuple(r) for r in found], TRUNCATE_SCHEMA)
+    return items.unionByName(deliveries(truncates, holders.distinct())), force, new_points
 
 
 def _session(s: RunSettings, spark: Any) -> Any:

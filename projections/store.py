@@ -1,8 +1,10 @@
 """Projection state in the service database: builds, checkpoints, per-build state, the view.
 
-Tables live in schema `tributary_projections` (created if missing, until a migration owns them):
-`builds` (one row per build of a projection, with its lifecycle status) and `checkpoints`
-(next offset and max event time per topic-partition, per build). Each build has its output table
+Tables live in schema `tributary_projections`, made by migration 0002 (`tributary init`):
+`builds` (one row per build of a projection, with its lifecycle status), `checkpoints` (next
+offset, max event time and latest truncate per topic-partition, per build) and `dead_letters`.
+On a database that was never migrated the runner still creates them itself (`Store.ensure`, the
+same definitions; `tributary init` adopts them later). Each build has its output table
 `<schema>.<name>__v<version>_<build>` and a state table beside the checkpoints.
 All SQL is composed with `psycopg.sql` (STYLE.md habit 13).
 """
@@ -24,6 +26,16 @@ from projections.errors import RunError
 __all__ = ["META", "BuildRow", "Staged", "Store"]
 
 META = "tributary_projections"
+TP = tuple[str, int]
+# everything migration 0002 makes: when present, the runner issues no DDL of its own
+_PRESENT = sql.SQL(
+    "SELECT to_regclass('tributary_projections.builds') IS NOT NULL "
+    "AND to_regclass('tributary_projections.dead_letters') IS NOT NULL "
+    "AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('tributary_projections.checkpoints') "
+    "AND attname = 'truncate_offset' AND NOT attisdropped) "
+    "AND to_regnamespace(%s) IS NOT NULL"
+)
+_STATE_COLUMNS = "unit text, state text, last text, pks text, dropped bigint, tps text"
 _DDL = [
     sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(META)),
     sql.SQL("""CREATE TABLE IF NOT EXISTS {}.builds (
@@ -36,6 +48,10 @@ _DDL = [
         projection text NOT NULL, build integer NOT NULL, topic text NOT NULL,
         partition integer NOT NULL, next_offset bigint NOT NULL, max_event_time bigint,
         PRIMARY KEY (projection, build, topic, partition))""").format(sql.Identifier(META)),
+    sql.SQL(
+        "ALTER TABLE {}.checkpoints ADD COLUMN IF NOT EXISTS truncate_event_time bigint, "
+        "ADD COLUMN IF NOT EXISTS truncate_offset bigint"
+    ).format(sql.Identifier(META)),
     sql.SQL("""CREATE TABLE IF NOT EXISTS {}.dead_letters (
         projection text NOT NULL, build integer NOT NULL, topic text NOT NULL,
         partition integer NOT NULL, "offset" bigint NOT NULL, error text NOT NULL,
@@ -75,6 +91,12 @@ class Store:
     # -- bookkeeping -----------------------------------------------------------------------
 
     def ensure(self) -> None:
+        """Make sure the bookkeeping tables and the views schema exist. On a migrated database
+        (`tributary init`) this is one catalog query; otherwise (a database never migrated, or
+        migrated before 0002) the runner creates or completes them itself, idempotently."""
+        row = self.conn.execute(_PRESENT, (self.schema,)).fetchone()
+        if row is not None and row[0]:
+            return
         with self.conn.transaction():
             self.conn.execute("SELECT pg_advisory_xact_lock(hashtext('tributary_projections_ddl'))")
             for stmt in _DDL:
@@ -122,7 +144,7 @@ class Store:
             self.conn.execute(
                 sql.SQL(
                     "CREATE TABLE {} (unit text PRIMARY KEY, state text, last text, "
-                    "pks text NOT NULL, dropped bigint NOT NULL)"
+                    "pks text NOT NULL, dropped bigint NOT NULL, tps text)"
                 ).format(sql.Identifier(META, table + "__state"))
             )
             self.conn.execute(
@@ -155,23 +177,68 @@ class Store:
         ).fetchall()
         return {(t, p): (o, m) for t, p, o, m in rows}
 
+    def truncate_points(self, b: BuildRow) -> dict[TP, tuple[int, int]]:
+        """Per topic-partition, the latest truncate a run has seen: (event time, offset)."""
+        rows = self.conn.execute(
+            sql.SQL(
+                "SELECT topic, partition, truncate_event_time, truncate_offset FROM {}.checkpoints "
+                "WHERE projection = %s AND build = %s AND truncate_offset IS NOT NULL"
+            ).format(sql.Identifier(META)),
+            (b.projection, b.build),
+        ).fetchall()
+        return {(t, p): (int(e), int(o)) for t, p, e, o in rows}
+
+    def upgrade_state(self, b: BuildRow) -> None:
+        """Builds made before truncates were applied have no `tps` column (the topic-partitions
+        each unit has records on): add it, filled from the one each unit's last record came from."""
+        state = sql.Identifier(META, b.table_name + "__state")
+        row = self.conn.execute(
+            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = 'tps' AND NOT attisdropped",
+            (state.as_string(self.conn),),
+        ).fetchone()
+        if row is not None:
+            return
+        with self.conn.transaction():
+            self.conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS tps text").format(state))
+            self.conn.execute(
+                sql.SQL(
+                    "UPDATE {} SET tps = CASE WHEN last IS NULL THEN '[]' ELSE "
+                    "jsonb_build_array(jsonb_build_array(last::jsonb -> 1, last::jsonb -> 2))::text END"
+                ).format(state)
+            )
+
     def priors(self, b: BuildRow, units: Sequence[str]) -> dict[str, Prior]:
         """Stored state of the given units (those never seen are absent)."""
         if not units:
             return {}
-        q = sql.SQL("SELECT unit, state, last, pks, dropped FROM {} WHERE unit = ANY(%s)").format(
+        q = sql.SQL("SELECT unit, state, last, pks, dropped, tps FROM {} WHERE unit = ANY(%s)").format(
             sql.Identifier(META, b.table_name + "__state")
         )
         out: dict[str, Prior] = {}
-        for unit, state, last, pks, dropped in self.conn.execute(q, (list(units),)):
+        for unit, state, last, pks, dropped, tps in self.conn.execute(q, (list(units),)):
             out[unit] = Prior(
                 state,
                 None if last is None else tuple(orjson.loads(last)),
                 tuple(tuple(k) for k in orjson.loads(pks)),
                 int(dropped),
                 False,
+                () if tps is None else tuple((t, int(p)) for t, p in orjson.loads(tps)),
             )
         return out
+
+    def holders(self, b: BuildRow, tps: Iterable[TP]) -> list[tuple[str, str, int]]:
+        """(unit, topic, partition) for each stored unit with records on one of `tps`: the units a
+        truncate on that topic-partition reaches, touched by the run or not."""
+        wanted = sorted(set(tps))
+        if not wanted:
+            return []
+        state = sql.Identifier(META, b.table_name + "__state")
+        q = sql.SQL(
+            "SELECT unit, t.e ->> 0, (t.e ->> 1)::int FROM {}, jsonb_array_elements(tps::jsonb) AS t(e) WHERE {}"
+        )
+        match = sql.SQL(" OR ").join(sql.SQL("t.e = %s::jsonb") for _ in wanted)
+        args = [orjson.dumps(list(tp)).decode() for tp in wanted]
+        return [(u, t, int(p)) for u, t, p in self.conn.execute(q.format(state, match), args)]
 
     # -- the commit: rows, deletes, states and checkpoints in one transaction -----------------
 
@@ -183,11 +250,13 @@ class Store:
         checkpoints: Mapping[tuple[str, int], tuple[int, int | None]],
         records: int,
         *,
+        truncates: Mapping[TP, tuple[int, int]] | None = None,
         rows: Iterable[str] = (),
         replace_all: bool = False,
         staged: Staged | None = None,
     ) -> int:
         """Apply one run's output and move its checkpoints, atomically. Returns rows upserted.
+        `truncates`: each topic-partition's latest truncate point, stored with its checkpoint.
 
         1. COPY rows, deleted keys and unit states into staging tables (or tasks did: `staged`);
         2. delete the rows units gave up (or, `replace_all`, every row not staged);
@@ -245,20 +314,27 @@ class Store:
             # 4. states
             cur.execute(
                 sql.SQL(
-                    "INSERT INTO {} SELECT DISTINCT ON (unit) * FROM {} ORDER BY unit "
+                    "INSERT INTO {} (unit, state, last, pks, dropped, tps) "
+                    "SELECT DISTINCT ON (unit) unit, state, last, pks, dropped, tps FROM {} ORDER BY unit "
                     "ON CONFLICT (unit) DO UPDATE SET state = EXCLUDED.state, "
                     "last = EXCLUDED.last, "
-                    "pks = EXCLUDED.pks, dropped = EXCLUDED.dropped"
+                    "pks = EXCLUDED.pks, dropped = EXCLUDED.dropped, tps = EXCLUDED.tps"
                 ).format(state, state_t)
             )
-            # 5. checkpoints
+            # 5. checkpoints (with each topic-partition's latest truncate point)
+            tr = truncates or {}
             cur.executemany(
                 sql.SQL(
-                    "INSERT INTO {}.checkpoints VALUES (%s, %s, %s, %s, %s, %s) "
+                    "INSERT INTO {}.checkpoints (projection, build, topic, partition, next_offset, "
+                    "max_event_time, truncate_event_time, truncate_offset) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
                     "ON CONFLICT (projection, build, topic, partition) DO UPDATE SET "
-                    "next_offset = EXCLUDED.next_offset, max_event_time = EXCLUDED.max_event_time"
+                    "next_offset = EXCLUDED.next_offset, max_event_time = EXCLUDED.max_event_time, "
+                    "truncate_event_time = EXCLUDED.truncate_event_time, truncate_offset = EXCLUDED.truncate_offset"
                 ).format(sql.Identifier(META)),
-                [(b.projection, b.build, t, part, o, m) for (t, part), (o, m) in checkpoints.items()],
+                [
+                    (b.projection, b.build, t, part, o, m, *tr.get((t, part), (None, None)))
+                    for (t, part), (o, m) in checkpoints.items()
+                ],
             )
             dead = [
                 (b.projection, b.build, t, part, off, err)
@@ -302,9 +378,7 @@ class Store:
         cur.execute(
             sql.SQL("CREATE TEMP TABLE _del ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(pkcols, target)
         )
-        cur.execute(
-            "CREATE TEMP TABLE _state (unit text, state text, last text, pks text, dropped bigint) ON COMMIT DROP"
-        )
+        cur.execute(f"CREATE TEMP TABLE _state ({_STATE_COLUMNS}) ON COMMIT DROP")
         with cur.copy(sql.SQL("COPY _stage ({}) FROM STDIN").format(cols)) as cp:
             for o in outputs:
                 if o["rows"]:
@@ -319,7 +393,7 @@ class Store:
                     cp.write_row(key)
         with cur.copy("COPY _state FROM STDIN") as cp:
             for o in outputs:
-                cp.write_row((o["unit"], o["state"], o["last"], o["pks"], o["dropped"]))
+                cp.write_row((o["unit"], o["state"], o["last"], o["pks"], o["dropped"], o.get("tps")))
         return n_rows
 
     def staging(self, p: Projection, b: BuildRow) -> Staged:
@@ -348,11 +422,7 @@ class Store:
             self.conn.execute(
                 sql.SQL("CREATE UNLOGGED TABLE {} AS SELECT {} FROM {} LIMIT 0").format(del_t, pkcols, target)
             )
-            self.conn.execute(
-                sql.SQL("CREATE UNLOGGED TABLE {} (unit text, state text, last text, pks text, dropped bigint)").format(
-                    state_t
-                )
-            )
+            self.conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} (" + _STATE_COLUMNS + ")").format(state_t))
         return staged
 
     # -- the swap ---------------------------------------------------------------------------
