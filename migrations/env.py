@@ -19,6 +19,8 @@ if not dsn:
     raise SystemExit("alembic: pass the service database as -x dsn=postgresql://…")
 
 engine = create_engine(sqlalchemy_url(dsn), poolclass=pool.NullPool)
+with engine.begin() as connection:  # the version table's schema must exist before Alembic reads it
+    connection.exec_driver_sql("CREATE SCHEMA IF NOT EXISTS eventstore")
 with engine.connect() as connection:
     context.configure(connection=connection, version_table="alembic_version", version_table_schema="eventstore")
     with context.begin_transaction():
