@@ -3,6 +3,10 @@
 Unchanged TOASTed columns arrive as the placeholder `__tributary_unavailable__` in `after`; the
 previous value of the key fills them in. A placeholder with no previous value stays visible
 (`unresolved` names the columns) rather than being silently nulled.
+
+A truncate (`op: "t"`, no key) reaches a plain fold over a CDC topic as a record of each key with a
+record on that topic-partition before it (projections/engine.py); here it reads as a delete, so
+`apply_change` gives None for a key truncated after its last change.
 """
 
 from __future__ import annotations
@@ -51,8 +55,9 @@ def unresolved(row: Mapping[str, Any] | None) -> list[str]:
 
 
 def apply_change(previous: Mapping[str, Any] | None, record: ProjectionRecord) -> dict[str, Any] | None:
-    """Fold step for "current row of the key": upsert with TOAST resolved, delete → None,
-    tombstone or schema record → unchanged (a tombstone follows the delete that removed the row)."""
+    """Fold step for "current row of the key": upsert with TOAST resolved, delete or truncate →
+    None, tombstone or schema record → unchanged (a tombstone follows the delete that removed the
+    row)."""
     envelope = record.value
     if not isinstance(envelope, Mapping) or "op" not in envelope:
         # a tombstone, or a schema record (column types travel on the topic too)

@@ -4,7 +4,8 @@
 with columns (key text, row jsonb); give `columns`/`primary_key` for a typed table instead.
 Records are folded in log order (event time is held constant): a key's changes are totally
 ordered by their offsets, while commit timestamps of snapshot reads and streamed changes
-may interleave.
+may interleave. A truncate removes the rows of the keys whose last change precedes it on their
+partition (the engine delivers it to those keys; `apply_change` reads it as a delete).
 """
 
 from __future__ import annotations
