@@ -220,6 +220,8 @@ def test_cleaner_compacts_while_capture_runs_and_readers_stay_correct(fresh_db: 
         assert res.stdout.startswith(
             f"capture (pid {proc.pid}) is running and compacts in the background every 0.3 s; last compaction "
         ), res.stdout
+        res = cli("log", "verify", "--config", str(config))  # a reader too, while segments are rewritten
+        assert res.returncode == 0 and res.stdout.startswith("ok"), res.stderr
         with serving(config, _port(config), err_path=tmp_path / "serve.err") as base:
             topics = {t["topic"]: t for t in httpx.get(base + "/topics").json()}
         c = topics[TOPIC]["compaction"]
