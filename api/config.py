@@ -56,36 +56,34 @@ class LogSettings(_Section):
     delete_retention_ms: int = Field(
         default=86_400_000,
         ge=0,
-        description="How long compaction keeps a tombstone once no older record of its key is left "
-        "(and at least this long after it was written); a reader that reaches it within this time sees it.",
+        description="Compaction drops a tombstone this long after no older value of its key is left (a reader "
+        "reaching it within this time sees it).",
     )
     cleaner_interval_s: float = Field(
         default=15.0,
         ge=0,
-        description="How often the capture daemon looks for partitions to compact and segments to retire "
-        "(0 = no background cleaner; `tributary log compact` then works while capture is stopped).",
+        description="How often capture looks for partitions to compact and segments to retire (0 = no "
+        "background cleaner).",
     )
     min_cleanable_dirty_ratio: float = Field(
         default=0.5,
         gt=0,
         le=1,
-        description="Compact a partition when its sealed bytes written since its last compaction reach this "
-        "share of its sealed bytes (Kafka's min.cleanable.dirty.ratio).",
+        description="Compact a partition once its sealed bytes written since its last compaction reach this "
+        "share of its sealed bytes.",
     )
     retention_ms: int | None = Field(
         default=604_800_000,
         ge=0,
-        description="`delete` topics without their own retention: drop sealed segments whose newest record is "
-        "older than this (default 7 days, as Kafka).",
+        description="`delete` topics without their own retention: drop sealed segments older than this.",
     )
     retention_bytes: int | None = Field(
-        default=None, ge=0, description="`delete` topics: keep at most about this many bytes per partition."
+        default=None, ge=0, description="`delete` topics: keep about this many bytes per partition at most."
     )
     file_delete_delay_ms: int = Field(
         default=60_000,
         ge=0,
-        description="How long a Parquet copy of a segment that compaction rewrote or removed stays for readers "
-        "that planned with it (Kafka's file.delete.delay.ms).",
+        description="How long a stale Parquet copy stays for readers that planned with it.",
     )
 
 
