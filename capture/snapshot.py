@@ -20,7 +20,9 @@ from capture.errors import TransientSourceError
 from capture.replication import connect_options, translate_connect_error
 from capture.values import type_family
 
-__all__ = ["SnapshotReader"]
+__all__ = ["JSON_BATCH", "SnapshotReader"]
+
+JSON_BATCH = 2_000  # rows per batch from json_rows
 
 
 _ROW, _KEY = "__tributary_row", "__tributary_key"  # subquery aliases in json_rows
@@ -89,8 +91,9 @@ class SnapshotReader:
         except psycopg.OperationalError as exc:
             raise TransientSourceError(f"source {self.label!r}: snapshot of {table.qualified} broke: {exc}") from None
 
-    def json_rows(self, table: TableInfo, key: Sequence[str]) -> Iterator[tuple[bytes, bytes]] | None:
-        """Every row as (key JSON, `after` JSON) built by PostgreSQL, or None when the table has a
+    def json_rows(self, table: TableInfo, key: Sequence[str]) -> Iterator[list[tuple[bytes, bytes]]] | None:
+        """Every row as (key JSON, `after` JSON) built by PostgreSQL, in batches of up to
+        `JSON_BATCH` rows (a snapshot's hot loop runs per batch), or None when the table has a
         column whose JSON PostgreSQL would spell differently from the envelope (floats, arrays)
         or no key. The bytes equal what `SnapshotEncoder` makes from `rows()` (tests check):
         same column order, the same escaping rules, and each value converted in SQL exactly as
@@ -119,16 +122,24 @@ class SnapshotReader:
         )
         return self._json_lines(table, query)
 
-    def _json_lines(self, table: TableInfo, query: sql.Composed) -> Iterator[tuple[bytes, bytes]]:
+    def _json_lines(self, table: TableInfo, query: sql.Composed) -> Iterator[list[tuple[bytes, bytes]]]:
+        batch: list[tuple[bytes, bytes]] = []
+        add = batch.append
         try:
             with self._conn.cursor().copy(query) as copy:
-                for data in copy:  # libpq hands COPY OUT over one row at a time
-                    after, _, key = bytes(data).rstrip(b"\n").partition(b"\t")  # COPY escaped any tab inside
-                    if b"\\" in after:
-                        after = _COPY_ESCAPE.sub(_unescape, after)
-                    if b"\\" in key:
-                        key = _COPY_ESCAPE.sub(_unescape, key)
-                    yield key, after
+                for data in copy:  # libpq hands COPY OUT over one row at a time: "after\tkey\n"
+                    line = bytes(data)
+                    tab = line.index(b"\t")  # COPY escaped any tab inside the JSON
+                    if b"\\" in line:
+                        add((_COPY_ESCAPE.sub(_unescape, line[tab + 1 : -1]), _COPY_ESCAPE.sub(_unescape, line[:tab])))
+                    else:
+                        add((line[tab + 1 : -1], line[:tab]))
+                    if len(batch) == JSON_BATCH:
+                        yield batch
+                        batch = []
+                        add = batch.append
+            if batch:
+                yield batch
         except psycopg.OperationalError as exc:
             raise TransientSourceError(f"source {self.label!r}: snapshot of {table.qualified} broke: {exc}") from None
 

@@ -70,6 +70,7 @@ def test_snapshot_hand_over_under_concurrent_writes(fresh_db: str, tmp_path: Pat
         assert {k: got[key][k] for k in row} == row, key
     snap = [c for c in changes(tmp_path / "log", "shop.public.items") if c["op"] == "r"]
     assert snap, "no snapshot rows"
+    assert len(snap) == len({c["after"]["id"] for c in snap}) > 4000, "each row once (batches of 2,000)"
     assert sum(1 for c in snap if c["source"]["snapshot"] == "last") == 1
 
 

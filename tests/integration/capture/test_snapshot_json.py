@@ -64,7 +64,8 @@ def test_json_rows_equal_the_python_encoding(fresh_db: str) -> None:
             )
             fast = reader.json_rows(table, table.identity_columns)
             assert fast is not None, "every column type here has an exact SQL spelling"
-            by_sql = sorted((o.key, o.value) for o in (encoder.encode_json(k, a, "last") for k, a in fast))
+            pairs = [pair for batch in fast for pair in batch]
+            by_sql = sorted((o.key, o.value) for o in (encoder.encode_json(k, a, "last") for k, a in pairs))
             by_python = sorted((o.key, o.value) for o in (encoder.encode(v, "last") for v in reader.rows(table)))
     finally:
         holder.close()
