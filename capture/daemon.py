@@ -13,6 +13,7 @@ import select
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -55,6 +56,7 @@ class CaptureDaemon:
         self.clock = clock
         self.on_progress = on_progress
         self.log = self._open_log()
+        self._cleaner_pool: ThreadPoolExecutor | None = None
         self.cleaner = self._new_cleaner()
         self.sessions = [SourceSession(spec, self.log, clock=clock) for spec in specs]
         self.committer = GroupCommitter(linger_ms=options.linger_ms, max_records=options.batch_records)
@@ -75,6 +77,7 @@ class CaptureDaemon:
         )
 
     def _new_cleaner(self) -> Cleaner | None:
+        self._cleaning: Future[object] | None = None
         if self.opts.cleaner is None:
             return None
         return Cleaner(self.log, self.opts.cleaner, pid=os.getpid())
@@ -140,6 +143,9 @@ class CaptureDaemon:
             self._write_status(force=True)
             for s in self.sessions:
                 s.close()
+            self._finish_cleaning()
+            if self._cleaner_pool is not None:
+                self._cleaner_pool.shutdown()
             self.log.close()
 
     def _open_sessions(self) -> None:
@@ -157,6 +163,7 @@ class CaptureDaemon:
             s.status.state = SourceState.RECONNECTING
             s.status.error = reason
         self._write_status(force=True)
+        self._finish_cleaning()
         self.log.close()
         deadline = self.clock() + backoff
         while self.clock() < deadline and not self._stopping:
@@ -199,15 +206,37 @@ class CaptureDaemon:
                 return
 
     def _clean(self, now_ms: int) -> None:
-        """Background compaction and retention, paced: only between source transactions with
-        everything appended already committed (the log's sealed segments are the cleaner's, the
-        active ones capture's), and at most one partition per call, so a change that arrives
-        meanwhile waits for one partition's compaction at most."""
-        if self.cleaner is None or self._mark is not None or any(s.in_transaction for s in self.sessions):
+        """Background compaction and retention, paced so capture comes first.
+
+        Scans (retention commits new start offsets, so they run on this, the writer's, thread)
+        happen only between source transactions with everything appended already committed; the
+        compaction of one partition at a time runs on the cleaner thread, touching only sealed,
+        committed segments (never the active ones capture appends to), its fsyncs and most of its
+        reading off the capture loop."""
+        if self.cleaner is None:
             return
-        started = time.perf_counter()
-        if self.cleaner.step(now_ms):
-            log.debug("cleaner step took %.3fs", time.perf_counter() - started)
+        if self._cleaning is not None:
+            if not self._cleaning.done():
+                return
+            self._finish_cleaning()
+        if self._mark is not None or any(s.in_transaction for s in self.sessions):
+            return
+        job = self.cleaner.next_job(now_ms)
+        if job is not None:
+            if self._cleaner_pool is None:
+                self._cleaner_pool = ThreadPoolExecutor(1, thread_name_prefix="log-cleaner")
+            self._cleaning = self._cleaner_pool.submit(self.cleaner.clean_and_save, *job, now_ms)
+
+    def _finish_cleaning(self) -> None:
+        """Wait for the partition being compacted (before the log closes) and report a failure:
+        a failed compaction leaves its segments as they were, so capture goes on."""
+        future, self._cleaning = self._cleaning, None
+        if future is None:
+            return
+        try:
+            future.result()
+        except (LogError, OSError) as exc:
+            log.error("background compaction failed (capture goes on; retried at the next scan): %s", exc)
 
     def _pump(self) -> bool:
         """Read what the sources have sent; True if any change was appended."""

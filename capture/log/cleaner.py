@@ -117,26 +117,48 @@ class Cleaner:
         self.queue: deque[tuple[str, int]] = deque()
         self.next_scan_ms = 0
         self.superseded: dict[Path, int] = {}  # stale Parquet copies → when to delete them
+        self.scanned_work = False
 
     # -- pacing -------------------------------------------------------------------------------
 
     def step(self, now_ms: int) -> bool:
-        """One unit of background work if any is due; True if something was done."""
+        """One unit of background work if any is due, on this thread; True if something was done."""
+        job = self.next_job(now_ms)
+        if job is None:
+            return self.scanned_work
+        self.clean_and_save(*job, now_ms)
+        return True
+
+    def next_job(self, now_ms: int) -> tuple[str, int] | None:
+        """The next partition to compact, scanning first if the queue is empty and a scan is due.
+
+        The scan (retention, which commits new start offsets, and the list of cleanable
+        partitions) runs on the caller's thread, which must be the writer's; the compaction of
+        the partition returned may run on another (`clean_and_save`), but only one at a time
+        and never while a scan runs."""
+        self.scanned_work = False
         if not self.queue:
             if now_ms < self.next_scan_ms:
-                return False
+                return None
             self.next_scan_ms = now_ms + self.policy.interval_ms
             removed = self.apply_retention(now_ms)
             self._sweep_parquet(now_ms)
             self.queue.extend(self.cleanable(now_ms))
             self.last_pass_ms = now_ms
             self.save()
-            return bool(removed or self.queue)
-        topic, p = self.queue.popleft()
-        if topic in self.log.topics():
-            self.clean(topic, p, now_ms)
+            self.scanned_work = bool(removed)
+        while self.queue:
+            topic, p = self.queue.popleft()
+            if topic in self.log.topics():
+                return topic, p
+        return None
+
+    def clean_and_save(self, topic: str, p: int, now_ms: int) -> CompactionStats:
+        """`clean` one partition and record it (safe on a thread of its own, see `next_job`)."""
+        try:
+            return self.clean(topic, p, now_ms)
+        finally:
             self.save()
-        return True
 
     def cleanable(self, now_ms: int) -> list[tuple[str, int]]:
         """Partitions of `compact` topics whose sealed dirty bytes reach the ratio, or holding a
