@@ -20,6 +20,7 @@ from psycopg import sql
 from rich.console import Console
 
 from api.cli_common import ConfigOption, settings_from
+from api.cli_log import cleaner_policy
 from api.cli_log import topics as topics_of
 from api.config import Settings
 from api.embedded_pg import EmbeddedPostgres, free_port
@@ -115,7 +116,10 @@ def demo(
     daemon = CaptureDaemon(
         specs,
         DaemonOptions(
-            log_root=settings.log.root, default_partitions=settings.log.partitions, linger_ms=settings.log.linger_ms
+            log_root=settings.log.root,
+            default_partitions=settings.log.partitions,
+            linger_ms=settings.log.linger_ms,
+            cleaner=cleaner_policy(settings) if settings.log.cleaner_interval_s > 0 else None,
         ),
     )
 
