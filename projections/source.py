@@ -10,6 +10,10 @@ the log passes through the driver. Both paths give the same rows (tests/integrat
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +23,8 @@ import pyarrow as pa
 from orjson import loads
 
 from capture.log import Log, Split, read_split
-from capture.log.columnar import is_current, parquet_path, write_parquet
-from capture.log.segment import SegmentRef
+from capture.log.columnar import copy_format, parquet_path
+from capture.log.segment import SegmentRef, iter_records, log_path
 from projections.codec import canonical
 from projections.engine import prepare
 from projections.loader import resolve
@@ -96,62 +100,135 @@ class Segment:
         return SegmentRef(self.topic, self.partition, Path(self.path).parent, self.base)
 
 
-def _convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Spark task: write the Parquet copy of each sealed segment it is given (the driver re-checks
-    which copies are current afterwards, so a failure here only means "read its rows")."""
-    written = 0
+_COPY = pa.schema(
+    [
+        ("seg", pa.int32()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.int64()),
+        ("key", pa.string()),
+        ("value", pa.string()),
+        ("headers", pa.string()),
+        ("segment_bytes", pa.int64()),
+    ]
+)
+_COPY_SCHEMA = (
+    "seg int, topic string, partition int, offset long, timestamp long, key string, value string, "
+    "headers string, segment_bytes long"
+)
+
+
+def _segment_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Spark task: the records of each sealed segment it is given, a whole segment or nothing
+    (a segment that cannot be read — compacted away meanwhile — is left to the row path)."""
     for batch in batches:
         for s in batch.to_pylist():
+            ref = SegmentRef(s["topic"], s["partition"], Path(s["path"]).parent, s["base"])
             try:
-                write_parquet(SegmentRef(s["topic"], s["partition"], Path(s["path"]).parent, s["base"]))
-                written += 1
-            except OSError:  # read-only log directory, or a compaction raced us
+                size = log_path(ref.pdir, ref.base).stat().st_size
+                out = []
+                cols: list[list[Any]] = [[] for _ in range(5)]
+                for rec in iter_records(ref):
+                    for col, v in zip(cols, rec, strict=True):
+                        col.append(v)
+                    if len(cols[0]) >= _BATCH:
+                        out.append(_copy_batch(s, size, cols))
+                if cols[0]:
+                    out.append(_copy_batch(s, size, cols))
+            except OSError:
                 continue
-    yield pa.RecordBatch.from_pydict({"written": [written]}, schema=pa.schema([("written", pa.int64())]))
+            yield from out
+
+
+def _copy_batch(s: Mapping[str, Any], size: int, cols: list[list[Any]]) -> pa.RecordBatch:
+    offs, tss, keys, values, headers = cols
+    n = len(offs)
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array([s["seg"]] * n, pa.int32()),
+            pa.array([s["topic"]] * n, pa.string()),
+            pa.array([s["partition"]] * n, pa.int32()),
+            pa.array(offs, pa.int64()),
+            pa.array(tss, pa.int64()),
+            pa.array([None if k is None else k.decode() for k in keys], pa.string()),
+            pa.array([None if v is None else v.decode() for v in values], pa.string()),
+            pa.array([None if h is None else h.decode() for h in headers], pa.string()),
+            pa.array([size] * n, pa.int64()),
+        ],
+        schema=_COPY,
+    )
+    for c in cols:
+        c.clear()
+    return batch
+
+
+def _write_copies(spark: Any, segments: Sequence[Segment]) -> None:
+    """Format-2 copies (`capture.log.columnar`) of `segments`, written by Spark tasks: the rows
+    read in Python, event time and the VARIANT value computed and shredded by Spark's writer into
+    a temporary directory under the log root, then each file renamed over `<base>.parquet`."""
+    from pyspark.sql import functions as F
+
+    root = Path(segments[0].path).parents[2]  # <root>/<topic>/<partition>/<base>.log
+    tmp = root / f".columnar-{uuid.uuid4().hex}.tmp"
+    try:
+        listed = spark.createDataFrame(
+            [(i, s.topic, s.partition, s.base, s.path) for i, s in enumerate(segments)],
+            "seg int, topic string, partition int, base long, path string",
+        )
+        rows = listed.repartition(len(segments)).mapInArrow(_segment_rows, _COPY_SCHEMA)
+        copies = with_event_time(rows).withColumn("value_v", F.expr("try_parse_json(value)"))
+        copies.write.partitionBy("seg").option("compression", "zstd").option("maxRecordsPerFile", 0).parquet(str(tmp))
+        for i, s in enumerate(segments):
+            made = list((tmp / f"seg={i}").glob("*.parquet"))
+            if len(made) != 1:
+                continue  # not read (row path): unreadable segment, or split over files
+            fd = os.open(made[0], os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(made[0], parquet_path(s.ref.pdir, s.base))
+        for pdir in {s.ref.pdir for s in segments}:
+            fd = os.open(pdir, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def columnar_segments(spark: Any, segments: Sequence[Segment]) -> tuple[list[Segment], list[Segment]]:
-    """(segments with a current Parquet copy, segments without one) — making missing copies first,
-    in parallel Spark tasks. A copy is made once per sealed segment; later runs find it."""
-    missing = [s for s in segments if not is_current(s.ref.pdir, s.base)]
+    """(segments with a current format-2 Parquet copy, segments without one) — making missing
+    or older-format copies first, in parallel Spark tasks. A copy is made once per sealed
+    segment; later runs find it. If the copies cannot be written (a read-only log directory),
+    those segments are read as rows."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    missing = [s for s in segments if copy_format(s.ref.pdir, s.base) != 2]
     if missing:
-        frame = spark.createDataFrame(
-            [(s.topic, s.partition, s.base, s.path) for s in missing],
-            "topic string, partition int, base long, path string",
-        )
-        frame.repartition(len(missing)).mapInArrow(_convert, "written long").collect()
-    failed = [s for s in missing if not is_current(s.ref.pdir, s.base)]
+        with contextlib.suppress(OSError, PySparkException, Py4JJavaError):  # checked below:
+            _write_copies(spark, missing)  # whatever was not made is read from its rows
+    failed = [s for s in missing if copy_format(s.ref.pdir, s.base) != 2]
     return [s for s in segments if s not in failed], failed
 
 
-def _native_records(spark: Any, segments: Sequence[Segment]) -> Any:
-    """The records of sealed segments from their Parquet copies, key and event time in SQL."""
+def _native_records(spark: Any, segments: Sequence[Segment], variant: bool) -> Any:
+    """The records of sealed segments from their format-2 Parquet copies: one scan, offsets
+    limited to the run's [lo, hi) per topic-partition by literal predicates (Parquet pushes them
+    down to row groups); key and event time are columns of the copy."""
     from pyspark.sql import functions as F
 
-    bounds = F.broadcast(
-        spark.createDataFrame(
-            [(s.topic, s.partition, s.base, s.lo, s.hi) for s in segments],
-            "topic string, partition int, base long, lo long, hi long",
-        )
-    )
-
-    def located(group: int) -> Any:  # <root>/<topic>/<partition>/<base>.parquet
-        return F.regexp_extract(F.col("_metadata.file_path"), r"/([^/]+)/([0-9]+)/([0-9]{20})\.parquet$", group)
-
-    located_records = spark.read.parquet(*(str(parquet_path(s.ref.pdir, s.base)) for s in segments)).select(
-        located(1).alias("topic"),
-        located(2).cast("int").alias("partition"),
-        located(3).cast("long").alias("base"),
-        "offset",
-        "timestamp",
-        "key",
-        "value",
-        "headers",
-    )
-    records = located_records.join(bounds, ["topic", "partition", "base"]).where(
-        (F.col("offset") >= F.col("lo")) & (F.col("offset") < F.col("hi"))
-    )
-    return with_event_time(records).select(*_ARROW.names[:8], F.coalesce(F.col("key"), F.lit("null")).alias("pkey"))
+    bounds = sorted({(s.topic, s.partition, s.lo, s.hi) for s in segments})
+    wanted = None
+    for topic, partition, lo, hi in bounds:
+        one = (F.col("topic") == topic) & (F.col("partition") == partition) & F.col("offset").between(lo, hi - 1)
+        wanted = one if wanted is None else wanted | one
+    records = spark.read.parquet(*(str(parquet_path(s.ref.pdir, s.base)) for s in segments)).where(wanted)
+    pkey = F.coalesce(F.col("key"), F.lit("null")).alias("pkey")
+    return records.select(*_ARROW.names[:8], pkey, *(["value_v"] if variant else []))
 
 
 def with_event_time(records: Any) -> Any:
@@ -269,22 +346,32 @@ def records_frame(
     hi: Mapping[TP, int],
     max_bytes: int = 16 << 20,
 ) -> Any:
-    """A DataFrame of the records in [lo, hi) of each topic-partition (schema RECORD_SCHEMA)."""
+    """A DataFrame of the records in [lo, hi) of each topic-partition (schema RECORD_SCHEMA; for a
+    DataFrame projection also `value_v`, the value as a VARIANT — shredded columns when read
+    from a Parquet copy, `try_parse_json(value)` for the tail)."""
+    from pyspark.sql import functions as F
+
+    p = resolve(tuple(modules), tuple(mirror), name)
+    variant = p.build is not None
     rows, sealed = plan(log, topics, lo, hi, max_bytes)
     native = None
     if sealed:
         columnar, rows_only = columnar_segments(spark, sealed)
         rows += [r for seg in rows_only for r in seg.splits]
         if columnar:
-            native = _native_records(spark, columnar)
-            if _custom(resolve(tuple(modules), tuple(mirror), name)):  # its own Python decides
+            native = _native_records(spark, columnar, variant and not _custom(p))
+            if _custom(p):  # its own Python decides key and event time
                 native = native.select(*_ARROW.names[:7]).mapInArrow(
                     _reader(tuple(modules), tuple(mirror), name, columns=True), RECORD_SCHEMA
                 )
+                if variant:
+                    native = native.withColumn("value_v", F.expr("try_parse_json(value)"))
+    if native is not None and not rows:
+        return native
     splits = spark.createDataFrame(rows, _SPLIT_SCHEMA)
     if rows:
         splits = splits.repartition(len(rows))
     frame = splits.mapInArrow(_reader(tuple(modules), tuple(mirror), name), RECORD_SCHEMA)
-    if native is None:
-        return frame
-    return native if not rows else native.unionByName(frame)
+    if variant:
+        frame = frame.withColumn("value_v", F.expr("try_parse_json(value)"))
+    return frame if native is None else native.unionByName(frame)

@@ -78,6 +78,13 @@ def get_session(master: str = "local[*]", *, shuffle_partitions: int = 4, conf: 
             .config("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
             .config("spark.python.worker.reuse", "true")
             .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
+            # Parquet copies hold the value as a VARIANT, shredded into typed columns by the
+            # writer; a `variant_get` over it reads only the columns it names.
+            .config("spark.sql.variant.writeShredding.enabled", "true")
+            .config("spark.sql.variant.inferShreddingSchema", "true")
+            .config("spark.sql.variant.allowReadingShredded", "true")
+            .config("spark.sql.variant.pushVariantIntoScan", "true")
+            .config("spark.sql.variant.pushVariantIntoScan.pullOutExtractions", "true")
         )
         for k, v in (conf or {}).items():
             builder = builder.config(k, v)

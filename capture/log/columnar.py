@@ -1,9 +1,16 @@
 """Immutable Parquet (zstd) copies of sealed, committed segments — the form Spark reads natively.
 
 A copy is `<base>.parquet` beside `<base>.log`: the same records, same offsets, key/value/headers
-as JSON text. Its metadata records the byte size of the segment it was made from, so a copy
-made before a compaction rewrote the segment is recognisably stale (and is deleted by the
-compaction anyway). The row-form `.log` stays the source of truth.
+as JSON text. It records the byte size of the segment it was made from, so a copy made before a
+compaction rewrote the segment is recognisably stale (and is deleted by the compaction anyway).
+The row-form `.log` stays the source of truth. Two formats:
+
+1. written here (`write_parquet`, pyarrow): the columns of `SCHEMA`; the size in the footer's
+   key-value metadata.
+2. written by the projection runner's Spark tasks (`projections.source`): format 1's columns plus
+   `topic`, `partition`, the default `event_time` and `value_v` (the value as a shredded Parquet
+   VARIANT, so a field read is a column read); the size is the constant column `segment_bytes`
+   (Spark's writer has no custom footer keys), checked through the row groups' statistics.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import pyarrow.parquet as pq
 from capture.log import _fileio
 from capture.log.segment import SegmentRef, iter_records, log_path, parquet_path
 
-__all__ = ["SCHEMA", "is_current", "parquet_path", "write_parquet"]
+__all__ = ["SCHEMA", "copy_format", "is_current", "parquet_path", "write_parquet"]
 
 SCHEMA = pa.schema(
     [
@@ -31,14 +38,30 @@ SCHEMA = pa.schema(
 _SIZE = b"tributary.segment_bytes"
 
 
-def is_current(pdir: Path, base: int) -> bool:
-    """A Parquet copy exists and was made from the segment as it is now."""
-    path = parquet_path(pdir, base)
+def copy_format(pdir: Path, base: int) -> int | None:
+    """The format (1 or 2, above) of the segment's Parquet copy, or None when there is no copy
+    or it was made from other bytes than the segment's as they are now."""
     try:
-        meta = pq.read_schema(path).metadata or {}
+        meta = pq.ParquetFile(parquet_path(pdir, base)).metadata
+        size = log_path(pdir, base).stat().st_size
     except (FileNotFoundError, pa.ArrowInvalid):
-        return False
-    return meta.get(_SIZE) == str(log_path(pdir, base).stat().st_size).encode()
+        return None
+    footer = meta.metadata or {}
+    if _SIZE in footer:
+        return 1 if footer[_SIZE] == str(size).encode() else None
+    column = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == "segment_bytes"), None)
+    if column is None or meta.num_row_groups == 0:
+        return None
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(column).statistics
+        if stats is None or not stats.has_min_max or not stats.min == stats.max == size:
+            return None
+    return 2
+
+
+def is_current(pdir: Path, base: int) -> bool:
+    """A Parquet copy exists (either format) and was made from the segment as it is now."""
+    return copy_format(pdir, base) is not None
 
 
 def write_parquet(ref: SegmentRef) -> int:
@@ -67,9 +90,7 @@ def write_parquet(ref: SegmentRef) -> int:
             _SIZE: str(size).encode(),
         }
     )
-    table = pa.Table.from_arrays(
-        [pa.array(c, type=f.type) for c, f in zip(cols, SCHEMA, strict=True)], schema=schema
-    )
+    table = pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, SCHEMA, strict=True)], schema=schema)
     final = parquet_path(ref.pdir, ref.base)
     tmp = final.with_name(final.name + ".tmp")
     pq.write_table(table, tmp, compression="zstd")

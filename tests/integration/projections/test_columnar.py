@@ -6,6 +6,7 @@ The Parquet path computes event time and key as SQL expressions; the row path in
 
 from __future__ import annotations
 
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import orjson
 import pytest
 
 from capture.log import Log, TopicConfig, canonical_json
-from capture.log.columnar import is_current
+from capture.log.columnar import copy_format, is_current
 from projections.records import default_event_time
 from projections.source import RECORD_SCHEMA, plan, records_frame
 
@@ -33,6 +34,8 @@ VALUES: list[Any] = [
     {"op": "d", "source": {"ts_ms": "12"}, "ts_ms": 2.5},  # not integers: log time
     {"op": "c"},
     [1, 2, 3],
+    # exact values: money as a string and as numbers with trailing zeros / 29 significant digits
+    b'{"type":"Paid","data":{"amount":"12.50","n":12345678901234567890.123456789,"z":1.10}}',
 ]
 TOPICS = ("events.thing", "shop.public.thing")
 
@@ -47,7 +50,7 @@ def _write(root: Path) -> Log:
             for i, value in enumerate(VALUES):
                 key = canonical_json({"id": i}) if i % 3 else canonical_json(f"k{i}")
                 part = log.partition_for(topic, key)
-                body = None if value is None else orjson.dumps(value)
+                body = value if value is None or isinstance(value, bytes) else orjson.dumps(value)
                 log.append(topic, part, [(key, body, ts + round_ * 100 + i, None)])
         log.commit()
     return log
@@ -76,8 +79,9 @@ def test_parquet_and_row_paths_give_identical_records(spark: Any, tmp_path: Path
     frame = records_frame(
         spark, log, modules=[_module(tmp_path)], mirror=[], name="cols", topics=TOPICS, lo={}, hi=ends
     )
-    assert all(is_current(s.ref.pdir, s.base) for s in sealed), "copies of the sealed segments were made"
-    got = sorted(tuple(r) for r in frame.collect())
+    assert all(copy_format(s.ref.pdir, s.base) == 2 for s in sealed), "copies of the sealed segments were made"
+    names = [c.split()[0] for c in RECORD_SCHEMA.split(", ")]
+    got = sorted(tuple(r) for r in frame.select(*names).collect())
 
     # The oracle: every committed record read row by row, with Python's event time and key.
     want = []
@@ -89,7 +93,7 @@ def test_parquet_and_row_paths_give_identical_records(spark: Any, tmp_path: Path
                 key = None if rec.key is None else rec.key.decode()
                 want.append((topic, part, rec.offset, rec.timestamp, key, value, None, event_time, key or "null"))
     assert got == sorted(want)
-    assert [f.name for f in frame.schema.fields] == [c.split()[0] for c in RECORD_SCHEMA.split(", ")]
+    assert [f.name for f in frame.schema.fields] == [*names, "value_v"]
 
 
 def test_offsets_inside_sealed_segments_are_honoured(spark: Any, tmp_path: Path) -> None:
@@ -102,3 +106,63 @@ def test_offsets_inside_sealed_segments_are_honoured(spark: Any, tmp_path: Path)
     got = sorted((r["topic"], r["partition"], r["offset"]) for r in frame.collect())
     want = sorted((t, p, o) for (t, p), end in ends.items() for o in range(lo[(t, p)], hi[(t, p)]))
     assert got == want
+
+
+def _variant_view(frame: Any) -> list[tuple[Any, ...]]:
+    """Each record's VARIANT value as JSON text, plus the exact-decimal reads a projection does."""
+    from pyspark.sql import functions as F
+
+    return sorted(
+        tuple(r)
+        for r in frame.select(
+            "topic",
+            "partition",
+            "offset",
+            "value",
+            F.to_json("value_v"),
+            F.expr("try_variant_get(value_v, '$.data.amount', 'decimal(20,2)')"),
+            F.expr("try_variant_get(value_v, '$.data.n', 'decimal(38,9)')"),
+            F.expr("try_variant_get(value_v, '$.data.z', 'decimal(10,2)')"),
+        ).collect()
+    )
+
+
+def test_variant_value_is_the_same_from_parquet_and_rows(spark: Any, tmp_path: Path) -> None:
+    """`value_v` (shredded VARIANT in the copies, parsed for the tail) holds each value exactly."""
+    log = _write(tmp_path / "log")
+    ends = {(t, p): e.end for (t, p), e in log.ends().items()}
+    active = {tp: e.segment for tp, e in log.ends().items()}  # offsets below: sealed (Parquet)
+    frame = records_frame(
+        spark, log, modules=[_module(tmp_path)], mirror=[], name="cols", topics=TOPICS, lo={}, hi=ends
+    )
+    got = _variant_view(frame)
+    assert len(got) == sum(ends.values())
+    paid = set()
+    for topic, part, off, value, as_json, amount, n, z in got:
+        if value is None:
+            assert as_json is None
+            continue
+        assert orjson.loads(as_json) == orjson.loads(value)
+        if '"Paid"' in value:
+            assert (amount, n, z) == (Decimal("12.50"), Decimal("12345678901234567890.123456789"), Decimal("1.10"))
+            paid.add(off < active[(topic, part)])
+    assert paid == {True, False}, "the exact values were read from both paths"
+
+
+def test_older_copies_are_remade_and_stale_ones_refused(spark: Any, tmp_path: Path) -> None:
+    """Format-1 copies (pyarrow, JSON text only: `Log.write_parquet`, older versions) are
+    rewritten in format 2 by the next run; a copy made from other bytes is not current."""
+    log = _write(tmp_path / "log")
+    ends = {(t, p): e.end for (t, p), e in log.ends().items()}
+    _, sealed = plan(log, TOPICS, {}, ends, 1 << 20)
+    assert log.write_parquet() == len(sealed)
+    assert {copy_format(s.ref.pdir, s.base) for s in sealed} == {1}
+    frame = records_frame(
+        spark, log, modules=[_module(tmp_path)], mirror=[], name="cols", topics=TOPICS, lo={}, hi=ends
+    )
+    assert frame.count() == sum(ends.values())
+    assert {copy_format(s.ref.pdir, s.base) for s in sealed} == {2}
+    a = sealed[0]
+    b = next(s for s in sealed if Path(s.path).stat().st_size != Path(a.path).stat().st_size)
+    (b.ref.pdir / f"{b.base:020d}.parquet").write_bytes((a.ref.pdir / f"{a.base:020d}.parquet").read_bytes())
+    assert copy_format(b.ref.pdir, b.base) is None and not is_current(b.ref.pdir, b.base)
