@@ -18,6 +18,7 @@ import orjson
 import psycopg
 import pytest
 
+from api import cli_log
 from api.embedded_pg import free_port
 from capture.log import Log, read_split
 from capture.log.cleaner import read_checkpoint
@@ -134,6 +135,55 @@ class Follower(threading.Thread):
             self.errors.append(f"{type(exc).__name__}: {exc}")
 
 
+class CatFollower(threading.Thread):
+    """`tributary log cat TOPIC --follow` itself (its function, writing to this object)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(daemon=True)
+        self.root = root
+        self.stop = threading.Event()
+        self.state: dict[str, Any] = {}
+        self.errors: list[str] = []
+        self.next: dict[int, int] = {}
+        self._polls_after_stop = 0
+
+    def write(self, data: bytes) -> None:
+        for line in data.splitlines():
+            r = orjson.loads(line)
+            p, off = r["partition"], r["offset"]
+            if off < self.next.get(p, 0):
+                self.errors.append(f"cat: {p}/{off} after {self.next[p] - 1}")
+            self.next[p] = off + 1
+            _fold(
+                self.state,
+                orjson.dumps(r["key"]) if r["key"] is not None else None,
+                orjson.dumps(r["value"]) if r["value"] is not None else None,
+            )
+
+    def flush(self) -> None:
+        pass
+
+    def _go_on(self) -> bool:
+        if self.stop.is_set():
+            self._polls_after_stop += 1
+        return self._polls_after_stop < 2  # one whole pass after the stop
+
+    def run(self) -> None:
+        try:
+            wait_for(lambda: TOPIC in _topics(self.root), 60, "the topic")
+            cli_log.cat(self.root, TOPIC, follow=True, out=self, poll_s=0.02, on_poll=self._go_on)  # type: ignore[arg-type]
+        except Exception as exc:  # noqa: BLE001 - the test asserts there was none
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+
+
+def _topics(root: Path) -> dict[str, Any]:
+    try:
+        with Log.open(root) as log:
+            return dict(log.topics())
+    except Exception:  # noqa: BLE001 - not created yet
+        return {}
+
+
 class Splitter(threading.Thread):
     """A Spark-like reader: plans splits, waits a little (compactions land), then reads them in a
     random order; each pass must give intact records, each offset once, below the planned end."""
@@ -195,13 +245,14 @@ def test_cleaner_compacts_while_capture_runs_and_readers_stay_correct(fresh_db: 
     root = tmp_path / "log"
     retention_ms = 1500
     config = _config(tmp_path / "t.toml", dsn=fresh_db, root=root, interval=0.3, retention_ms=retention_ms)
-    follower, splitter = Follower(root), Splitter(root)
+    follower, splitter, cat = Follower(root), Splitter(root), CatFollower(root)
     stop, counts = threading.Event(), {"tx": 0, "deleted": 0}
     writer = threading.Thread(target=_writer, args=(fresh_db, stop, counts))
     proc = spawn_capture(config)
     try:
         follower.start()
         splitter.start()
+        cat.start()
         writer.start()
         wait_for(lambda: read_checkpoint(root).get("last_compaction_ms") is not None, 60, "a background compaction")
         wait_for(lambda: counts["deleted"] >= 5 and counts["tx"] >= 2000, 120, "enough traffic")
@@ -232,14 +283,19 @@ def test_cleaner_compacts_while_capture_runs_and_readers_stay_correct(fresh_db: 
         writer.join()
     want = _table(fresh_db)
     wait_for(lambda: table_state(root, TOPIC) == want, 60, "capture to catch up")
-    follower.stop.set()
-    splitter.stop.set()
-    follower.join(60)
-    splitter.join(60)
+    for t in (follower, splitter, cat):
+        t.stop.set()
+    for t in (follower, splitter, cat):
+        t.join(60)
+        assert not t.is_alive()
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert follower.errors == [] and splitter.errors == [], (follower.errors, splitter.errors)
+    assert follower.errors == [] and splitter.errors == [] and cat.errors == [], (
+        follower.errors,
+        splitter.errors,
+        cat.errors,
+    )
     assert splitter.passes >= 3
 
     captured = records(root, TOPIC)
@@ -250,6 +306,7 @@ def test_cleaner_compacts_while_capture_runs_and_readers_stay_correct(fresh_db: 
         assert offs == sorted(set(offs))
     assert table_state(root, TOPIC) == want  # latest value per key = the source table
     assert follower.state == want  # a reader that read all along ends with the same table
+    assert cat.state == want  # … and so does `log cat --follow`
     keys = {r.key for r in captured}
     assert not keys & deleted_keys, "tombstoned keys older than delete_retention_ms must be gone"
     compactions = err.count("compacted shop.public.kv/")
