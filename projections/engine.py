@@ -10,12 +10,13 @@ records; either way the result equals a rebuild's (see runner.py for who decides
 
 Truncates (a CDC `op: "t"` record, no key, one copy on every partition of the table's topic)
 reach the units of a plain fold over a CDC topic by delivery, not by key: a truncate on a
-topic-partition is applied to every unit with a record on that topic-partition ordered before it,
-at its place in the unit's order (event time, topic, partition, offset). So a mirror's rows whose
-last change precedes the truncate go, rows changed after it stay. Each unit keeps the
-topic-partitions it has records on (`tps`), so an incremental run reaches units it has no new
-records for; a new record ordered before a truncate an earlier run already delivered makes its unit
-recomputed. Windowed folds see a truncate as a keyless record, as any other.
+topic-partition is applied to every unit with a record on that topic-partition ordered between the
+previous truncate there and this one, at its place in the unit's order (event time, topic,
+partition, offset). So a mirror's rows whose last change precedes the truncate go, rows changed
+after it stay, and a key already truncated is not reached again. Each unit keeps the
+topic-partitions it has records on since their last truncate (`tps`), so an incremental run reaches
+units it has no new records for; a new record ordered before a truncate an earlier run already
+delivered makes its unit recomputed. Windowed folds see a truncate as a keyless record.
 """
 
 from __future__ import annotations
@@ -135,7 +136,8 @@ def applies_truncates(p: Projection) -> bool:
 
 
 def truncate_items(truncates: Iterable[ProjectionRecord], holders: Mapping[TP, Iterable[str]]) -> list[Item]:
-    """One item per (truncate, unit holding records on the truncate's topic-partition)."""
+    """One item per (truncate, unit holding records on the truncate's topic-partition); the fold
+    skips those that find no record of the unit there since the previous truncate."""
     return [
         Item(unit, unit, None, None, True, r)
         for r in truncates
@@ -157,7 +159,8 @@ def deliver_truncates(
     points: Mapping[TP, tuple[int, int]],
 ) -> tuple[list[Item], set[str]]:
     """An incremental run's items with its truncates delivered — to the units of its new records
-    and to stored units that have records on the truncate's topic-partition — and the units to
+    and to stored units with records on the truncate's topic-partition since the last truncate
+    there (`Prior.tps`) — and the units to
     recompute: those with a new record ordered before the latest truncate an earlier run saw on its
     topic-partition (`points`: (event time, offset)), which a rebuild would deliver to them."""
     holders = _holders(new_items)
@@ -261,8 +264,10 @@ def _fold_plain(
             tp = (item.record.topic, item.record.partition)
             if not item.record.is_truncate:
                 seen.add(tp)
-            elif tp not in seen:
-                continue  # no record of this unit on that topic-partition before the truncate
+            elif tp in seen:
+                seen.discard(tp)  # already truncated: the next truncate there has nothing to remove
+            else:
+                continue  # no record of this unit on that topic-partition since the last truncate
         before = len(errors) if errors is not None else 0
         state = _apply(p, state, item, errors)
         if errors is None or len(errors) == before:

@@ -46,6 +46,28 @@ def _by_commit_time() -> Projection:
 BY_TIME = _by_commit_time()
 
 
+def _counting() -> Projection:
+    """Every key keeps a row counting the truncates it received: exact delivery shows."""
+
+    def apply(state: dict[str, Any], r: ProjectionRecord) -> dict[str, Any]:
+        return {**state, "truncates": state["truncates"] + r.is_truncate}
+
+    return Projection(
+        name="counting",
+        version=1,
+        topics=(TOPIC,),
+        table=Table.of({"key": "text", "truncates": "int"}, ["key"]),
+        fold=Fold(
+            initial=lambda k: {"key": k, "truncates": 0},
+            apply=apply,
+            result=lambda st: {"key": canonical(st["key"]), "truncates": st["truncates"]},
+        ),
+    )
+
+
+COUNTING = _counting()
+
+
 def _envelope(op: str, after: dict[str, Any] | None, ts: int) -> dict[str, Any]:
     return {"before": None, "after": after, "op": op, "source": {"ts_ms": ts}, "ts_ms": ts}
 
@@ -126,6 +148,24 @@ def test_user_fold_sees_the_truncate_through_the_cdc_helper() -> None:
     assert seen == "3", "the key's fold applied its two changes and the truncate between them"
 
 
+def test_a_truncate_reaches_a_key_once_per_change_before_it() -> None:
+    log = Log()
+    log.change(1, "c", 10)
+    log.truncate(11)
+    log.truncate(12)  # key 1 was already truncated: nothing to remove
+    log.change(1, "c", 13)
+    log.change(2, "c", 13)
+    log.truncate(14)
+    view = LocalView()
+    run_local(COUNTING, log.prefix({0: 3, 1: 4}), view)
+    run_local(COUNTING, log.parts, view)
+    counted = dict(line.rstrip("\n").split("\t") for line in view.table())
+    assert counted == {'{"id":1}': "2", '{"id":2}': "1"}
+    rebuilt = LocalView()
+    run_local(COUNTING, log.parts, rebuilt)
+    assert rebuilt.table() == view.table()
+
+
 def test_a_change_committed_before_an_already_applied_truncate_recomputes_its_key() -> None:
     # event time (commit ts) puts key 5's insert before the truncate, though it arrives later
     log = Log()
@@ -198,7 +238,7 @@ def test_incremental_runs_equal_one_rebuild_and_the_mirror_equals_the_table(ops:
         elif op != "d":
             log.change(key, "u" if key in table else "c", ts + jitter, total=i)
             table[key] = i
-    for p in (MIRROR, BY_TIME):
+    for p in (MIRROR, BY_TIME, COUNTING):
         rebuilt = LocalView()
         run_local(p, log.parts, rebuilt)
         view = LocalView()
