@@ -268,9 +268,15 @@ def topics_cmd(root: RootOption = None, config: ConfigOption = None) -> None:
     if not rows:
         typer.echo("no topics yet", err=True)
     for r in rows:
+        c: Any = r["compaction"]
+        compacted = ""
+        if c and c["last_compaction"]:
+            compacted = (
+                f"\tlast_compaction={c['last_compaction']} ({c['records_before']} → {c['records_after']} records)"
+            )
         typer.echo(
             f"{r['topic']}\tpartitions={r['partitions']}\tpolicy={r['policy']}\t"
-            f"records={r['records']}\tend_offsets={r['end_offsets']}"
+            f"records={r['records']}\tend_offsets={r['end_offsets']}{compacted}"
         )
 
 

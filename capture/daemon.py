@@ -221,7 +221,11 @@ class CaptureDaemon:
             self._finish_cleaning()
         if self._mark is not None or any(s.in_transaction for s in self.sessions):
             return
-        job = self.cleaner.next_job(now_ms)
+        try:
+            job = self.cleaner.next_job(now_ms)
+        except OSError as exc:  # a cleaner problem is logged; it never stops capture
+            log.error("background cleaner scan failed (retried at the next scan): %s", exc)
+            return
         if job is not None:
             if self._cleaner_pool is None:
                 self._cleaner_pool = ThreadPoolExecutor(1, thread_name_prefix="log-cleaner")
