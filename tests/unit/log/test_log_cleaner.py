@@ -177,3 +177,31 @@ def test_readers_across_compactions_see_valid_records_once_and_the_latest(tmp_pa
         assert latest(sorted(split_records, key=lambda r: r.offset) + rest) == latest(final)
         assert log.verify() == []
         assert list_segments(root / "c" / "0")
+
+
+def test_a_byte_range_only_split_refuses_a_rewritten_file(tmp_path: Path) -> None:
+    """A split without end_offset (built by an older caller) cannot be served by offset: once
+    compaction rewrote its file it asks to re-plan instead of reading the wrong bytes."""
+    from dataclasses import replace
+
+    from capture.log import LogError
+
+    with open_writer(tmp_path / "log") as log:
+        log.create_topic("c", TopicConfig(partitions=1, policy="compact"))
+        log.append("c", 0, [rec(i, i % 2, ts=i) for i in range(40)])
+        log.commit()
+        planned = log.splits("c", max_bytes=150)
+        legacy = [replace(s, end_offset=None) for s in planned]
+        log.compact(now_ms=0)
+        raised = 0
+        for s in legacy:
+            try:
+                list(read_split(s))
+            except LogError as exc:
+                assert "plan the splits again" in str(exc)
+                raised += 1
+        assert raised > 0
+        # the same splits with their offsets: whole records, each offset once, latest per key
+        got = [r for s in planned for r in read_split(s)]
+        assert [r.offset for r in got] == sorted({r.offset for r in got})
+        assert latest(got) == latest(log.read("c", 0))
