@@ -15,7 +15,7 @@ from capture.log import _fileio
 from capture.log.codec import BadLine, decode_line
 from capture.log.index import pack_offsets, pack_times
 from capture.log.manifest import PartitionState
-from capture.log.reader import committed_segments, partition_dir, read_partition
+from capture.log.reader import committed_segments, open_segment, partition_dir, read_partition
 from capture.log.segment import (
     SegmentRef,
     index_path,
@@ -97,23 +97,23 @@ def compact_partition(
         ref = SegmentRef(topic, partition, pdir, base)
         kept: list[tuple[int, int, bytes]] = []
         before = size = 0
-        try:
-            lines = list(iter_lines(log_path(pdir, base)))
-        except FileNotFoundError:
+        f = open_segment(log_path(pdir, base))
+        if f is None:
             continue
-        for pos, line in lines:
-            try:
-                off, ts, key, value, _h = decode_line(line)
-            except BadLine as exc:
-                raise ref.corrupt(f"{exc} (at byte {pos}); compaction stopped", exc.offset) from None
-            before += 1
-            size += len(line) + 1
-            covered = since(off)
-            if keep_record(off, ts, key, value is None, latest, now_ms, retention, covered):
-                kept.append((off, ts, line))
-                if value is None and key is not None:
-                    ready = max(ts, now_ms if covered is None else covered) + retention
-                    due = ready if due is None else min(due, ready)
+        with f:  # streamed: a 128 MiB segment is never held whole, only what it keeps
+            for pos, line in iter_lines(log_path(pdir, base), file=f):
+                try:
+                    off, ts, key, value, _h = decode_line(line)
+                except BadLine as exc:
+                    raise ref.corrupt(f"{exc} (at byte {pos}); compaction stopped", exc.offset) from None
+                before += 1
+                size += len(line) + 1
+                covered = since(off)
+                if keep_record(off, ts, key, value is None, latest, now_ms, retention, covered):
+                    kept.append((off, ts, line))
+                    if value is None and key is not None:
+                        ready = max(ts, now_ms if covered is None else covered) + retention
+                        due = ready if due is None else min(due, ready)
         stats.records_before += before
         stats.bytes_before += size
         if len(kept) == before:
