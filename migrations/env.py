@@ -20,7 +20,8 @@ if not dsn:
 
 engine = create_engine(sqlalchemy_url(dsn), poolclass=pool.NullPool)
 with engine.begin() as connection:  # the version table's schema must exist before Alembic reads it
-    connection.exec_driver_sql("CREATE SCHEMA IF NOT EXISTS eventstore")
+    if connection.exec_driver_sql("SELECT to_regnamespace('eventstore')").scalar() is None:
+        connection.exec_driver_sql("CREATE SCHEMA eventstore")  # (not IF NOT EXISTS: that needs CREATE on the db)
 with engine.connect() as connection:
     context.configure(connection=connection, version_table="alembic_version", version_table_schema="eventstore")
     with context.begin_transaction():
