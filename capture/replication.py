@@ -150,7 +150,7 @@ class ReplicationConnection:
             raise TransientSourceError(f"source {self.label!r}: could not send standby status: {exc}") from None
 
     # -- helpers -------------------------------------------------------------------
-    def _execute(self, query: sql.Composable) -> psycopg.Cursor[Any]:
+    def _execute(self, query: sql.Composed | sql.SQL) -> psycopg.Cursor[Any]:
         try:
             return self._conn.execute(query)
         except psycopg.errors.ObjectInUse as exc:

@@ -79,7 +79,7 @@ class SnapshotReader:
         `ordered`: by primary key. A CDC snapshot holds one row per key, so heap order is fine
         (and fastest); an outbox holds many rows per stream, whose order is the point."""
         cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns)
-        order = sql.SQL("")
+        order: sql.Composable = sql.SQL("")
         if ordered and table.primary_key:
             order = sql.SQL(" ORDER BY ") + sql.SQL(", ").join(sql.Identifier(k) for k in table.primary_key)
         query = sql.SQL("COPY (SELECT {} FROM {}.{}{}) TO STDOUT").format(

@@ -13,7 +13,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 
@@ -389,7 +389,7 @@ class SourceSession:
         if count is not None:
             return count
         if topic not in self.log.topics():
-            policy = "delete" if topic.endswith(".messages") else "compact"
+            policy: Literal["delete", "compact", "none"] = "delete" if topic.endswith(".messages") else "compact"
             if topic.startswith("events."):
                 policy = "none"
             self.log.create_topic(topic, TopicConfig(partitions=self.spec.partitions, policy=policy))

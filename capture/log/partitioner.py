@@ -9,10 +9,12 @@ and the tests hold both to Kafka's own vectors.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
+_compiled_murmur2: Callable[[bytes, int], int] | None
 try:
     from murmurhash2 import murmurhash2 as _compiled_murmur2
 except ImportError:  # no wheel for this platform: the pure-Python hash gives the same answers
