@@ -69,7 +69,7 @@ def init(
 
 
 def _migrate(settings: Settings, console: Console) -> None:
-    """Run the service database's migrations (event store); skipped when there is none yet."""
+    """Run the service database's migrations (event store, projection bookkeeping); skipped when there is none yet."""
     from api.cli_common import service_dsn
     from eventstore.migrate import run_migrations
 
