@@ -2,7 +2,9 @@
 
 For each size N (events over --keys accounts in `events.account`, 4 partitions):
   * fold      — `account_balances` rebuilt by the Spark runner (log → fold → COPY/merge → swap);
-  * dataframe — `account_totals` (DataFrame groupBy) rebuilt by the Spark runner;
+  * dataframe — `account_totals` (DataFrame groupBy over the VARIANT value `value_v`) rebuilt by
+                the Spark runner; dataframe_json — the same projection reading the JSON text with
+                `from_json` (as a file written before `value_v` existed), and whether both tables agree;
   * (a) pg    — the same aggregation as one `INSERT … SELECT … GROUP BY` inside Postgres over a
                 table holding the same rows (loaded by COPY beforehand, not timed);
   * (b) py    — a single-process Python fold reading the log (same engine, same order);
@@ -166,10 +168,15 @@ def one_size(n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: i
     tsv = work / f"events_{n}.tsv"
     write_events(log, 0, n, keys, rng, tsv)
     write_s = time.perf_counter() - t0
+    json_module = work / "account_totals_json.py"
+    json_module.write_text(
+        "from projections.examples.account_totals import make\n"
+        'PROJECTION = make(name="account_totals_json", from_json=True)\n'
+    )
     s = RunSettings(
         dsn=dsn,
         log_root=root,
-        modules=("projections.examples.account_balances", "projections.examples.account_totals"),
+        modules=("projections.examples.account_balances", "projections.examples.account_totals", str(json_module)),
         spark_master=spark.sparkContext.master,
         shuffle_partitions=8,
     )
@@ -184,6 +191,12 @@ def one_size(n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: i
     sealed_records = sum(e.segment for e in log.ends().values())  # offsets before each active segment
     fold = rebuild("account_balances", s, spark=spark)
     df = rebuild("account_totals", s, spark=spark)
+    df_json = rebuild("account_totals_json", s, spark=spark)
+    with psycopg.connect(dsn) as conn:
+        differ = conn.execute(
+            "SELECT count(*) FROM ((TABLE views.account_totals EXCEPT TABLE views.account_totals_json) "
+            "UNION ALL (TABLE views.account_totals_json EXCEPT TABLE views.account_totals)) d"
+        ).fetchone()
     write_events(log, n, incremental, keys, rng, None)
     log.close()
     inc = run("account_balances", s, spark=spark)
@@ -200,10 +213,13 @@ def one_size(n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: i
         "fold_rebuild_s": round(fold.seconds, 2),
         "fold_events_per_s": round(n / fold.seconds),
         "dataframe_rebuild_s": round(df.seconds, 2),
+        "dataframe_json_rebuild_s": round(df_json.seconds, 2),
+        "dataframe_tables_equal": differ is not None and differ[0] == 0,
         "pg_group_by_s": round(pg_s, 2),
         "py_fold_s": None if py_s is None else round(py_s, 2),
         "py_fold_units": py_units,
         "dataframe_vs_pg": round(pg_s / df.seconds, 3),
+        "dataframe_json_vs_pg": round(pg_s / df_json.seconds, 3),
         "fold_vs_py": None if py_s is None else round(py_s / fold.seconds, 3),
         "incremental_events": incremental,
         "incremental_s": round(inc.seconds, 2),

@@ -1,9 +1,11 @@
 """The log as a Spark DataFrame: sealed segments as Parquet, the rest as row splits.
 
-Sealed segments are immutable, so each gets a Parquet copy (`capture.log.columnar`, made once by
-Spark tasks the first time a run needs it) that Spark reads natively; the key and event time of
-those records are SQL expressions, so a DataFrame projection never runs Python per record. The
-active segment's committed bytes are read by `mapInArrow` tasks with `capture.log.read_split`.
+Sealed segments are immutable, so each gets a Parquet copy (`capture.log.columnar` format 2,
+made once by Spark tasks the first time a run needs it) that Spark reads natively: the default
+event time is a column of it (computed by the row path's own Python when the copy is made), the
+value is also a shredded VARIANT, so a DataFrame projection runs no Python and parses no JSON per
+record. The active segment's committed bytes are read by `mapInArrow` tasks with
+`capture.log.read_split`.
 The driver plans from one manifest snapshot and ships only file names and byte ranges: nothing of
 the log passes through the driver. Both paths give the same rows (tests/integration/projections).
 """
@@ -163,10 +165,38 @@ def _copy_batch(s: Mapping[str, Any], size: int, cols: list[list[Any]]) -> pa.Re
     return batch
 
 
+def _event_time() -> Any:
+    """`records.default_event_time` over (topic, value_v, timestamp): an event's `occurred_at`,
+    a CDC envelope's `source.ts_ms` (else `ts_ms`), else the log time. The JSON types are checked
+    as in Python: a JSON string is not an integer, a number is not an ISO-8601 time (the text
+    must start with a date)."""
+    from pyspark.sql import functions as F
+
+    def typed(path: str, kind: str, sql_type: str) -> str:
+        node = f"variant_get(value_v, '{path}')"
+        return f"CASE WHEN schema_of_variant({node}) = '{kind}' THEN variant_get({node}, '$', '{sql_type}') END"
+
+    occurred = typed("$.occurred_at", "STRING", "string")
+    micros = f"unix_micros(try_to_timestamp({occurred}))"
+    occurred_ms = F.expr(  # floor(µs / 1000) exactly, also before 1970, as Python's // does
+        f"CASE WHEN {occurred} rlike '^[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}' "
+        f"THEN ({micros} - pmod({micros}, 1000L)) div 1000L END"
+    )
+
+    def integer(path: str) -> Any:  # a JSON integer; true/false too, as Python's isinstance(x, int) says
+        return F.coalesce(
+            F.expr(typed(path, "BIGINT", "bigint")), F.expr(typed(path, "BOOLEAN", "boolean")).cast("long")
+        )
+
+    cdc = F.coalesce(integer("$.source.ts_ms"), integer("$.ts_ms"))
+    chosen = F.when(F.col("topic").startswith("events."), occurred_ms).otherwise(cdc)
+    return F.coalesce(chosen, F.col("timestamp")).cast("long")
+
+
 def _write_copies(spark: Any, segments: Sequence[Segment]) -> None:
     """Format-2 copies (`capture.log.columnar`) of `segments`, written by Spark tasks: the rows
-    read in Python, event time and the VARIANT value computed and shredded by Spark's writer into
-    a temporary directory under the log root, then each file renamed over `<base>.parquet`."""
+    read in Python; the VARIANT value, the default event time and the shredding by Spark, into a
+    temporary directory under the log root; then each file renamed over `<base>.parquet`."""
     from pyspark.sql import functions as F
 
     root = Path(segments[0].path).parents[2]  # <root>/<topic>/<partition>/<base>.log
@@ -177,7 +207,7 @@ def _write_copies(spark: Any, segments: Sequence[Segment]) -> None:
             "seg int, topic string, partition int, base long, path string",
         )
         rows = listed.repartition(len(segments)).mapInArrow(_segment_rows, _COPY_SCHEMA)
-        copies = with_event_time(rows).withColumn("value_v", F.expr("try_parse_json(value)"))
+        copies = rows.withColumn("value_v", F.expr("try_parse_json(value)")).withColumn("event_time", _event_time())
         copies.write.partitionBy("seg").option("compression", "zstd").option("maxRecordsPerFile", 0).parquet(str(tmp))
         for i, s in enumerate(segments):
             made = list((tmp / f"seg={i}").glob("*.parquet"))
@@ -229,25 +259,6 @@ def _native_records(spark: Any, segments: Sequence[Segment], variant: bool) -> A
     records = spark.read.parquet(*(str(parquet_path(s.ref.pdir, s.base)) for s in segments)).where(wanted)
     pkey = F.coalesce(F.col("key"), F.lit("null")).alias("pkey")
     return records.select(*_ARROW.names[:8], pkey, *(["value_v"] if variant else []))
-
-
-def with_event_time(records: Any) -> Any:
-    """`records.default_event_time` as Spark expressions over (topic, value, timestamp): an
-    event's `occurred_at`, a CDC envelope's `source.ts_ms` (else `ts_ms`), else the log time."""
-    from pyspark.sql import functions as F
-
-    # Typed JSON fields: a JSON string is not an integer here (as in Python), and a JSON number
-    # is not an ISO-8601 time (the text must start with a date).
-    fields = F.from_json("value", "occurred_at string, ts_ms bigint, source struct<ts_ms: bigint>")
-    occurred = "_v.occurred_at"
-    micros = f"unix_micros(try_to_timestamp({occurred}))"
-    occurred_ms = F.expr(  # floor(µs / 1000) exactly, also before 1970, as Python's // does
-        f"CASE WHEN {occurred} rlike '^[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}' THEN ({micros} - pmod({micros}, 1000L)) div 1000L END"
-    )
-    cdc = F.coalesce(F.col("_v.source.ts_ms"), F.col("_v.ts_ms"))
-    chosen = F.when(F.col("topic").startswith("events."), occurred_ms).otherwise(cdc)
-    event_time = F.coalesce(chosen, F.col("timestamp")).cast("long")
-    return records.withColumn("_v", fields).withColumn("event_time", event_time).drop("_v")
 
 
 RawRecord = tuple[str, int, int, int, str | None, str | None, str | None]  # topic … headers, JSON as text
@@ -324,6 +335,25 @@ def _column_records(batches: Iterator[pa.RecordBatch]) -> Iterator[RawRecord]:
             yield (r["topic"], r["partition"], r["offset"], r["timestamp"], r["key"], r["value"], r["headers"])
 
 
+_RAW = pa.schema(list(_ARROW)[:7])
+_RAW_SCHEMA = ", ".join(RECORD_SCHEMA.split(", ")[:7])
+
+
+def _raw_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A mapInArrow function: row splits → their records' first seven RECORD_SCHEMA columns."""
+    cols: list[list[Any]] = [[] for _ in _RAW.names]
+    for rec in _split_records(batches):
+        for col, v in zip(cols, rec, strict=True):
+            col.append(v)
+        if len(cols[0]) >= _BATCH:
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(c, f.type) for c, f in zip(cols, _RAW, strict=True)], schema=_RAW
+            )
+            cols = [[] for _ in _RAW.names]
+    if cols[0]:
+        yield pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(cols, _RAW, strict=True)], schema=_RAW)
+
+
 def _reader(modules: tuple[str, ...], mirror: tuple[str, ...], name: str, columns: bool = False):  # type: ignore[no-untyped-def]
     """A mapInArrow function: row splits (or Parquet rows, `columns=True`) → RECORD_SCHEMA."""
 
@@ -371,7 +401,12 @@ def records_frame(
     splits = spark.createDataFrame(rows, _SPLIT_SCHEMA)
     if rows:
         splits = splits.repartition(len(rows))
-    frame = splits.mapInArrow(_reader(tuple(modules), tuple(mirror), name), RECORD_SCHEMA)
-    if variant:
-        frame = frame.withColumn("value_v", F.expr("try_parse_json(value)"))
+    if variant and not _custom(p):  # key, event time and VARIANT in SQL, computed only if used
+        raw = splits.mapInArrow(_raw_rows, _RAW_SCHEMA).withColumn("value_v", F.expr("try_parse_json(value)"))
+        pkey = F.coalesce(F.col("key"), F.lit("null")).alias("pkey")
+        frame = raw.select(*_ARROW.names[:7], _event_time().alias("event_time"), pkey, "value_v")
+    else:
+        frame = splits.mapInArrow(_reader(tuple(modules), tuple(mirror), name), RECORD_SCHEMA)
+        if variant:
+            frame = frame.withColumn("value_v", F.expr("try_parse_json(value)"))
     return frame if native is None else native.unionByName(frame)

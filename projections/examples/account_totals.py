@@ -12,7 +12,7 @@ from typing import Any
 
 from projections.definition import Projection, Table
 
-__all__ = ["PROJECTION", "build", "make"]
+__all__ = ["PROJECTION", "build", "build_from_json", "make"]
 
 
 def build(records: Any) -> Any:
@@ -26,6 +26,12 @@ def build(records: Any) -> Any:
         F.expr("variant_get(value_v, '$.type', 'string')").alias("kind"),
         F.expr("variant_get(value_v, '$.data.amount', 'decimal(20,2)')").alias("amount"),
     )
+    return _totals(events)
+
+
+def _totals(events: Any) -> Any:
+    from pyspark.sql import functions as F
+
     zero = F.lit(0).cast("decimal(20,2)")
     return (
         events.groupBy("account_id")
@@ -38,12 +44,35 @@ def build(records: Any) -> Any:
     )
 
 
-def make(name: str = "account_totals", topics: tuple[str, ...] = ("events.account",), version: int = 1) -> Projection:
+def build_from_json(records: Any) -> Any:
+    """The same rows, written the way a projection reads the JSON text (`value`): one typed
+    `from_json` parse per record. Works unchanged; `build` is faster on Parquet copies."""
+    from pyspark.sql import functions as F
+
+    fields = F.from_json("value", "stream string, type string, data struct<amount: string>")
+    return _totals(
+        records.where(F.col("value").isNotNull())
+        .select(fields.alias("v"))
+        .select(
+            F.col("v.stream").alias("account_id"),
+            F.col("v.type").alias("kind"),
+            F.col("v.data.amount").cast("decimal(20,2)").alias("amount"),
+        )
+    )
+
+
+def make(
+    name: str = "account_totals",
+    topics: tuple[str, ...] = ("events.account",),
+    version: int = 1,
+    *,
+    from_json: bool = False,
+) -> Projection:
     return Projection(
         name=name,
         version=version,
         topics=topics,
-        build=build,
+        build=build_from_json if from_json else build,
         table=Table.of(
             {
                 "account_id": "text",

@@ -33,6 +33,8 @@ VALUES: list[Any] = [
     {"op": "u", "source": {"lsn": "0/1"}, "ts_ms": 1795424400777},
     {"op": "d", "source": {"ts_ms": "12"}, "ts_ms": 2.5},  # not integers: log time
     {"op": "c"},
+    {"op": "u", "source": {"ts_ms": None}, "ts_ms": 7},  # a small integer (stored narrower)
+    {"op": "u", "source": {"ts_ms": True}},  # not an integer in JSON
     [1, 2, 3],
     # exact values: money as a string and as numbers with trailing zeros / 29 significant digits
     b'{"type":"Paid","data":{"amount":"12.50","n":12345678901234567890.123456789,"z":1.10}}',
