@@ -42,7 +42,7 @@ def copy_format(pdir: Path, base: int) -> int | None:
     """The format (1 or 2, above) of the segment's Parquet copy, or None when there is no copy
     or it was made from other bytes than the segment's as they are now."""
     try:
-        meta = pq.ParquetFile(parquet_path(pdir, base)).metadata
+        meta = pq.read_metadata(parquet_path(pdir, base))
         size = log_path(pdir, base).stat().st_size
     except (FileNotFoundError, pa.ArrowInvalid):
         return None
