@@ -40,7 +40,8 @@ RECORD_SCHEMA = (
     "value string, headers string, event_time long, pkey string"
 )
 _SPLIT_SCHEMA = (
-    "topic string, partition int, path string, start_byte long, end_byte long, first_offset long, lo long, hi long"
+    "topic string, partition int, path string, start_byte long, end_byte long, first_offset long, lo long, hi long, "
+    "end_offset long"
 )
 _ARROW = pa.schema(
     [
@@ -74,7 +75,8 @@ def plan(
             nxt = splits[i + 1] if i + 1 < len(splits) and splits[i + 1].partition == s.partition else None
             if start >= stop or s.first_offset >= stop or (nxt is not None and nxt.first_offset <= start):
                 continue
-            row = (s.topic, s.partition, s.path, s.start_byte, s.end_byte, s.first_offset, start, stop)
+            # end_offset: a compaction that rewrites the file meanwhile leaves the split readable by offset
+            row = (s.topic, s.partition, s.path, s.start_byte, s.end_byte, s.first_offset, start, stop, s.end_offset)
             base = int(Path(s.path).name[:20])
             if base != ends[tp].segment:  # sealed: immutable until a compaction rewrites it
                 if not sealed or sealed[-1].path != s.path:
@@ -311,7 +313,15 @@ def _split_records(batches: Iterator[pa.RecordBatch]) -> Iterator[RawRecord]:
     """The records of each planned row split, offsets limited to the run's [lo, hi)."""
     for batch in batches:
         for s in batch.to_pylist():
-            split = Split(s["topic"], s["partition"], s["path"], s["start_byte"], s["end_byte"], s["first_offset"])
+            split = Split(
+                s["topic"],
+                s["partition"],
+                s["path"],
+                s["start_byte"],
+                s["end_byte"],
+                s["first_offset"],
+                s["end_offset"],
+            )
             lo, hi = s["lo"], s["hi"]
             for rec in read_split(split):
                 if rec.offset < lo:
