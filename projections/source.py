@@ -104,19 +104,8 @@ class Segment:
         return SegmentRef(self.topic, self.partition, Path(self.path).parent, self.base)
 
 
-_COPY = pa.schema(
-    [
-        ("seg", pa.int32()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp", pa.int64()),
-        ("key", pa.string()),
-        ("value", pa.string()),
-        ("headers", pa.string()),
-        ("segment_bytes", pa.int64()),
-    ]
-)
+# A copy's rows: the segment's index in the job, the record's first seven columns, the segment's size.
+_COPY = pa.schema([pa.field("seg", pa.int32()), *list(_ARROW)[:7], pa.field("segment_bytes", pa.int64())])
 _COPY_SCHEMA = (
     "seg int, topic string, partition int, offset long, timestamp long, key string, value string, "
     "headers string, segment_bytes long"
