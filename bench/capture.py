@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from api.embedded_pg import EmbeddedPostgres  # noqa: E402
+from bench._paced import paced_writes  # noqa: E402
 from capture.log import Log  # noqa: E402
 from capture.lsn import Lsn  # noqa: E402
 from capture.wal2json import WAL2JSON_OPTIONS  # noqa: E402
@@ -241,15 +242,7 @@ def bench_latency(dsn: str, work: Path, seconds: float, tps: int) -> dict[str, f
 
     reader = threading.Thread(target=follow)
     reader.start()
-    sent = 0
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            conn.execute("INSERT INTO lat_t (sent) VALUES (extract(epoch from clock_timestamp()))")
-            sent += 1
-            ahead = sent / tps - (time.perf_counter() - t0)
-            if ahead > 0:
-                time.sleep(ahead)
+    sent = paced_writes(dsn, "INSERT INTO lat_t (sent) VALUES (extract(epoch from clock_timestamp()))", seconds, tps)
     time.sleep(2)
     stop.set()
     reader.join()

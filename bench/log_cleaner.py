@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from api.embedded_pg import EmbeddedPostgres  # noqa: E402
+from bench._paced import paced_writes  # noqa: E402
 from capture.log import Log  # noqa: E402
 
 TOPIC = "b.public.hot"
@@ -79,17 +80,13 @@ def _run(
 
     reader = threading.Thread(target=follow)
     reader.start()
-    sent = 0
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            conn.execute(
-                "UPDATE hot SET sent = extract(epoch from clock_timestamp()) WHERE id = %s", (sent % keys + 1,)
-            )
-            sent += 1
-            ahead = sent / tps - (time.perf_counter() - t0)
-            if ahead > 0:
-                time.sleep(ahead)
+    sent = paced_writes(
+        dsn,
+        "UPDATE hot SET sent = extract(epoch from clock_timestamp()) WHERE id = %s",
+        seconds,
+        tps,
+        lambda n: (n % keys + 1,),
+    )
     time.sleep(2)
     stop.set()
     reader.join()
