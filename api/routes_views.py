@@ -35,7 +35,7 @@ async def _read_scope(request: Request) -> None:
 router = APIRouter(tags=["views"], dependencies=[Depends(_read_scope)], responses=AUTH_RESPONSES)
 
 MAX_LIMIT = 1000
-_OPS = {"": "=", "eq": "=", "ne": "<>", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
+_OPS = {"eq": "=", "ne": "<>", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}  # `col__op=v`; plain `col=v` is eq
 _RESERVED = {"limit", "cursor", "order_by"}
 _MAX_SHAPES = 4096
 
@@ -99,15 +99,16 @@ def _parse_filters(params: dict[str, str], types: dict[str, str]) -> list[tuple[
         if raw in _RESERVED:
             continue
         column, sep, op = raw.partition("__")
-        if column not in types or op not in _OPS or (sep and not op):  # `col__=v` names no operator
+        sql_op = _OPS.get(op) if sep else "="  # `col__=v` names no operator: unknown
+        if column not in types or sql_op is None:
             unknown.append(raw)
             continue
-        filters.append((column, _OPS[op], value))
+        filters.append((column, sql_op, value))
     if unknown:
         raise HTTPException(
             422,
             f"unknown column or operator: {', '.join(sorted(unknown))} "
-            f"(columns: {', '.join(types)}; operators: {', '.join(k for k in _OPS if k)})",
+            f"(columns: {', '.join(types)}; operators: {', '.join(_OPS)})",
         )
     return filters
 

@@ -216,7 +216,7 @@ class SourceSession:
                 for batch in fast:
                     if previous is not None:
                         self._snapshot_row(*previous, "true", now_ms)
-                    self._snapshot_json(encoder, batch, now_ms)
+                    self._snapshot_json(encoder, batch[:-1], now_ms)
                     previous = (encoder, batch[-1], True)
                     done = self.status.snapshot_rows_done
                     self.status.snapshot_rows_done = done + len(batch)
@@ -238,32 +238,26 @@ class SourceSession:
         if on_progress is not None:
             on_progress(self.status)
 
-    def _snapshot_json(self, encoder: env.SnapshotEncoder, batch: list[tuple[bytes, bytes]], now_ms: int) -> None:
-        """Stage every row of a `json_rows` batch but its last (the caller's lookahead): the hot loop
-        of a snapshot, what `_snapshot_row` does per row with the per-row calls and lookups hoisted."""
+    def _snapshot_json(
+        self, encoder: env.SnapshotEncoder, rows: list[tuple[bytes, bytes]], now_ms: int, marker: str = "true"
+    ) -> None:
+        """Stage (key, after) rows from `json_rows`: the hot loop of a snapshot, what
+        `_stage(encoder.encode_json(...))` does minus the Output objects and the generic loop (a
+        snapshot record has no headers; its timestamp is the read time), lookups hoisted."""
         topic = encoder.topic
         count = self._partitions.get(topic) or self._ensure_topic(topic)
         pending = self._pending
         value = encoder.value_json
-        for i in range(len(batch) - 1):
-            key, after = batch[i]
-            pending[(topic, partition_for(key, count))].append((key, value(after), now_ms, None))
-        self._pending_count += len(batch) - 1
+        for key, after in rows:
+            pending[(topic, partition_for(key, count))].append((key, value(after, marker), now_ms, None))
+        self._pending_count += len(rows)
         if self._pending_count >= _FLUSH_RECORDS:
             self._flush()
 
     def _snapshot_row(self, encoder: env.SnapshotEncoder, row: Any, is_json: bool, marker: str, now_ms: int) -> None:
         """`row`: text values from `SnapshotReader.rows`, or (key, after) JSON from `json_rows`."""
         if is_json:
-            # The hot loop of a snapshot: what `_stage(encoder.encode_json(...))` does, minus the
-            # Output object and the generic loop (a snapshot record has no headers, ts = read time).
-            key, after = row
-            topic = encoder.topic
-            partition = partition_for(key, self._partitions.get(topic) or self._ensure_topic(topic))
-            self._pending[(topic, partition)].append((key, encoder.value_json(after, marker), now_ms, None))
-            self._pending_count += 1
-            if self._pending_count >= _FLUSH_RECORDS:
-                self._flush()
+            self._snapshot_json(encoder, [row], now_ms, marker)
         elif self.spec.router is not None:
             self._stage(self.spec.router(encoder.row(row)), now_ms)
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,8 +60,7 @@ class LatencyHistogram:
         self.sum = 0.0
 
     def observe(self, seconds: float) -> None:
-        i = next((i for i, le in enumerate(self.BOUNDS) if seconds <= le), len(self.BOUNDS))
-        self.counts[i] += 1
+        self.counts[bisect_left(self.BOUNDS, seconds)] += 1  # the first bucket with seconds <= le
         self.sum += seconds
 
     def to_json(self) -> dict[str, Any]:
