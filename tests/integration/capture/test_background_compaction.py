@@ -98,52 +98,63 @@ def _on_disk(root: Path) -> int:
     return n
 
 
-class Follower(threading.Thread):
+class _Reader(threading.Thread):
+    """A reader of the log at `root` in a thread until `stop`; what goes wrong, and anything it
+    raises, is kept in `errors` (the test asserts there was none)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(daemon=True)
+        self.root = root
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        try:
+            self.read_along()
+        except Exception as exc:  # noqa: BLE001 - the test asserts there was none
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def read_along(self) -> None:
+        raise NotImplementedError
+
+
+class Follower(_Reader):
     """`log cat --follow` in a thread: reads every partition on from where it was, refreshing the
     manifest, folding what it reads; checks each record is intact, each offset new and higher."""
 
     def __init__(self, root: Path) -> None:
-        super().__init__(daemon=True)
-        self.root = root
-        self.stop = threading.Event()
+        super().__init__(root)
         self.state: dict[str, Any] = {}
-        self.errors: list[str] = []
         self.read = 0
         self.next: dict[int, int] = {}
 
-    def run(self) -> None:
-        try:
-            wait_for(lambda: (self.root / "manifest.json").exists(), what="the log")
-            log = Log.open(self.root)
-            while True:
-                done = self.stop.is_set()  # decide before reading: then one last full pass
-                log.refresh()
-                if TOPIC in log.topics():
-                    for p, end in enumerate(log.end_offsets(TOPIC)):
-                        for i, r in enumerate(log.read(TOPIC, p, self.next.get(p, 0), to_offset=end)):
-                            if r.offset < self.next.get(p, 0):
-                                self.errors.append(f"{p}: offset {r.offset} after {self.next[p] - 1}")
-                            self.next[p] = r.offset + 1
-                            _fold(self.state, r.key, r.value)
-                            self.read += 1
-                            if i % 300 == 299:
-                                time.sleep(0.005)  # slow enough for compactions to land meanwhile
-                if done:
-                    return
-                time.sleep(0.02)
-        except Exception as exc:  # noqa: BLE001 - the test asserts there was none
-            self.errors.append(f"{type(exc).__name__}: {exc}")
+    def read_along(self) -> None:
+        wait_for(lambda: (self.root / "manifest.json").exists(), what="the log")
+        log = Log.open(self.root)
+        while True:
+            done = self.stop.is_set()  # decide before reading: then one last full pass
+            log.refresh()
+            if TOPIC in log.topics():
+                for p, end in enumerate(log.end_offsets(TOPIC)):
+                    for i, r in enumerate(log.read(TOPIC, p, self.next.get(p, 0), to_offset=end)):
+                        if r.offset < self.next.get(p, 0):
+                            self.errors.append(f"{p}: offset {r.offset} after {self.next[p] - 1}")
+                        self.next[p] = r.offset + 1
+                        _fold(self.state, r.key, r.value)
+                        self.read += 1
+                        if i % 300 == 299:
+                            time.sleep(0.005)  # slow enough for compactions to land meanwhile
+            if done:
+                return
+            time.sleep(0.02)
 
 
-class CatFollower(threading.Thread):
+class CatFollower(_Reader):
     """`tributary log cat TOPIC --follow` itself (its function, writing to this object)."""
 
     def __init__(self, root: Path) -> None:
-        super().__init__(daemon=True)
-        self.root = root
-        self.stop = threading.Event()
+        super().__init__(root)
         self.state: dict[str, Any] = {}
-        self.errors: list[str] = []
         self.next: dict[int, int] = {}
         self._polls_after_stop = 0
 
@@ -168,12 +179,9 @@ class CatFollower(threading.Thread):
             self._polls_after_stop += 1
         return self._polls_after_stop < 2  # one whole pass after the stop
 
-    def run(self) -> None:
-        try:
-            wait_for(lambda: TOPIC in _topics(self.root), 60, "the topic")
-            cli_log.cat(self.root, TOPIC, follow=True, out=self, poll_s=0.02, on_poll=self._go_on)  # type: ignore[arg-type]
-        except Exception as exc:  # noqa: BLE001 - the test asserts there was none
-            self.errors.append(f"{type(exc).__name__}: {exc}")
+    def read_along(self) -> None:
+        wait_for(lambda: TOPIC in _topics(self.root), 60, "the topic")
+        cli_log.cat(self.root, TOPIC, follow=True, out=self, poll_s=0.02, on_poll=self._go_on)  # type: ignore[arg-type]
 
 
 def _topics(root: Path) -> dict[str, Any]:
@@ -184,41 +192,35 @@ def _topics(root: Path) -> dict[str, Any]:
         return {}
 
 
-class Splitter(threading.Thread):
+class Splitter(_Reader):
     """A Spark-like reader: plans splits, waits a little (compactions land), then reads them in a
     random order; each pass must give intact records, each offset once, below the planned end."""
 
     def __init__(self, root: Path) -> None:
-        super().__init__(daemon=True)
-        self.root = root
-        self.stop = threading.Event()
-        self.errors: list[str] = []
+        super().__init__(root)
         self.passes = 0
         self.rng = random.Random(7)
 
-    def run(self) -> None:
-        try:
-            wait_for(lambda: (self.root / "manifest.json").exists(), what="the log")
-            while not self.stop.is_set():
-                log = Log.open(self.root)
-                if TOPIC not in log.topics():
-                    time.sleep(0.1)
-                    continue
-                splits = log.splits(TOPIC, max_bytes=1500)
-                ends = log.end_offsets(TOPIC)
-                time.sleep(self.rng.uniform(0.05, 0.6))
-                self.rng.shuffle(splits)
-                seen: set[tuple[int, int]] = set()
-                for s in splits:
-                    for r in read_split(s):
-                        if (r.partition, r.offset) in seen or r.offset >= ends[r.partition]:
-                            self.errors.append(f"offset {r.partition}/{r.offset} twice or past the plan")
-                        seen.add((r.partition, r.offset))
-                        if r.value is not None:
-                            orjson.loads(r.value)
-                self.passes += 1
-        except Exception as exc:  # noqa: BLE001 - the test asserts there was none
-            self.errors.append(f"{type(exc).__name__}: {exc}")
+    def read_along(self) -> None:
+        wait_for(lambda: (self.root / "manifest.json").exists(), what="the log")
+        while not self.stop.is_set():
+            log = Log.open(self.root)
+            if TOPIC not in log.topics():
+                time.sleep(0.1)
+                continue
+            splits = log.splits(TOPIC, max_bytes=1500)
+            ends = log.end_offsets(TOPIC)
+            time.sleep(self.rng.uniform(0.05, 0.6))
+            self.rng.shuffle(splits)
+            seen: set[tuple[int, int]] = set()
+            for s in splits:
+                for r in read_split(s):
+                    if (r.partition, r.offset) in seen or r.offset >= ends[r.partition]:
+                        self.errors.append(f"offset {r.partition}/{r.offset} twice or past the plan")
+                    seen.add((r.partition, r.offset))
+                    if r.value is not None:
+                        orjson.loads(r.value)
+            self.passes += 1
 
 
 def _writer(dsn: str, stop: threading.Event, counts: dict[str, int]) -> None:
