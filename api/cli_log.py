@@ -102,7 +102,7 @@ def compaction_state(doc: dict[str, Any], topic: str, partitions: int) -> dict[s
         "last_compaction_ms": at,
         "last_compaction": None if at is None else _utc(at),
         "partitions_compacted": len(lasts),
-        **{f: sum(x[f] for x in lasts) for f in ("records_before", "records_after", "bytes_before", "bytes_after")},
+        **_summed(lasts),
         "cleaner_pid": doc.get("pid"),
         "cleaner_interval_s": None if "interval_ms" not in doc else doc["interval_ms"] / 1000,
         "cleaner_last_pass_ms": doc.get("last_pass_ms"),
@@ -187,6 +187,11 @@ def cleaner_policy(settings: Settings) -> CleanerPolicy:
     )
 
 
+def _summed(figures: list[dict[str, Any]]) -> dict[str, int]:
+    """Records and bytes before → after, summed over partitions' recorded compactions."""
+    return {f: sum(x[f] for x in figures) for f in ("records_before", "records_after", "bytes_before", "bytes_after")}
+
+
 def _utc(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
 
@@ -211,9 +216,9 @@ def background_state(root: Path) -> str:
         return line + "; nothing compacted yet (no partition has enough sealed dirty data)"
     figures = [p["last"] for p in doc.get("partitions", {}).values() if p.get("last")]
     recent = [f for f in figures if f.get("at_ms") == last]
-    rb, ra = sum(f["records_before"] for f in recent), sum(f["records_after"] for f in recent)
-    bb, ba = sum(f["bytes_before"] for f in recent), sum(f["bytes_after"] for f in recent)
-    return line + f"; last compaction {_utc(last)}: {rb} → {ra} records, {bb} → {ba} bytes"
+    s = _summed(recent)
+    records, nbytes = f"{s['records_before']} → {s['records_after']}", f"{s['bytes_before']} → {s['bytes_after']}"
+    return line + f"; last compaction {_utc(last)}: {records} records, {nbytes} bytes"
 
 
 def compact(
