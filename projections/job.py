@@ -30,11 +30,11 @@ __all__ = [
     "ordered_before",
 ]
 
-ITEM_SCHEMA = (
-    "topic string, partition int, offset long, timestamp long, key string, value string, "
-    "headers string, event_time long, unit string, wstart long, wend long, admitted boolean, "
-    "ukey string"
+TRUNCATE_SCHEMA = (
+    "topic string, partition int, offset long, timestamp long, key string, value string, headers string, "
+    "event_time long"
 )
+ITEM_SCHEMA = TRUNCATE_SCHEMA + ", unit string, wstart long, wend long, admitted boolean, ukey string"
 _ITEM = pa.schema(
     [
         ("topic", pa.string()),
@@ -123,10 +123,6 @@ def items_frame(
 
 
 TRUNCATE_COLUMNS = (*_REC, "event_time")
-TRUNCATE_SCHEMA = (
-    "topic string, partition int, offset long, timestamp long, key string, value string, headers string, "
-    "event_time long"
-)
 
 
 def is_truncate() -> Any:

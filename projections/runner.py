@@ -28,7 +28,7 @@ import psycopg
 
 from capture.log import Log, LogError, TopicNotFoundError
 from projections.definition import Projection
-from projections.engine import applies_truncates, decide, render_row
+from projections.engine import applies_truncates, decide, render_row, truncate_points
 from projections.errors import LockedError, ProjectionError, RunError
 from projections.job import (
     TRUNCATE_COLUMNS,
@@ -281,11 +281,7 @@ def _deliver(
         force = {r["unit"] for r in items.where(ordered_before(points)).select("unit").distinct().collect()}
     if not found:
         return items, force, dict(points)
-    new_points = dict(points)
-    for r in found:
-        tp, at = (r["topic"], r["partition"]), (r["event_time"], r["offset"])
-        if tp not in new_points or at > new_points[tp]:
-            new_points[tp] = at
+    new_points = truncate_points(points, found)  # Rows: the same attributes as a record
     tps = sorted({(r["topic"], r["partition"]) for r in found})
     on_tps = F.broadcast(spark.createDataFrame(tps, "topic string, partition int"))
     holders = items.join(on_tps, ["topic", "partition"], "left_semi").select("unit", "topic", "partition")

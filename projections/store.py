@@ -167,26 +167,22 @@ class Store:
                 (status, error, status, b.projection, b.build),
             )
 
-    def checkpoints(self, b: BuildRow) -> dict[tuple[str, int], tuple[int, int | None]]:
-        rows = self.conn.execute(
-            sql.SQL(
-                "SELECT topic, partition, next_offset, max_event_time FROM "
-                "{}.checkpoints WHERE projection = %s AND build = %s"
-            ).format(sql.Identifier(META)),
+    def _checkpoint_rows(self, b: BuildRow, *columns: str) -> list[tuple[Any, ...]]:
+        """(topic, partition, *columns) of each of the build's checkpoints."""
+        return self.conn.execute(
+            sql.SQL("SELECT topic, partition, {} FROM {}.checkpoints WHERE projection = %s AND build = %s").format(
+                sql.SQL(", ").join(map(sql.Identifier, columns)), sql.Identifier(META)
+            ),
             (b.projection, b.build),
         ).fetchall()
-        return {(t, p): (o, m) for t, p, o, m in rows}
+
+    def checkpoints(self, b: BuildRow) -> dict[tuple[str, int], tuple[int, int | None]]:
+        return {(t, p): (o, m) for t, p, o, m in self._checkpoint_rows(b, "next_offset", "max_event_time")}
 
     def truncate_points(self, b: BuildRow) -> dict[TP, tuple[int, int]]:
         """Per topic-partition, the latest truncate a run has seen: (event time, offset)."""
-        rows = self.conn.execute(
-            sql.SQL(
-                "SELECT topic, partition, truncate_event_time, truncate_offset FROM {}.checkpoints "
-                "WHERE projection = %s AND build = %s AND truncate_offset IS NOT NULL"
-            ).format(sql.Identifier(META)),
-            (b.projection, b.build),
-        ).fetchall()
-        return {(t, p): (int(e), int(o)) for t, p, e, o in rows}
+        rows = self._checkpoint_rows(b, "truncate_event_time", "truncate_offset")
+        return {(t, p): (int(e), int(o)) for t, p, e, o in rows if o is not None}
 
     def upgrade_state(self, b: BuildRow) -> None:
         """Builds made before truncates were applied have no `tps` column (the topic-partitions
