@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from capture.log import _fileio
 from capture.log.compaction import compact_partition
 from capture.log.reader import committed_segments, partition_dir
-from capture.log.segment import list_segments, log_path
+from capture.log.segment import list_segments, log_path, parquet_path
 from capture.log.types import CompactionStats
 
 if TYPE_CHECKING:
@@ -117,6 +117,7 @@ class Cleaner:
         self.queue: deque[tuple[str, int]] = deque()
         self.next_scan_ms = 0
         self.superseded: dict[Path, int] = {}  # stale Parquet copies → when to delete them
+        self._checked: dict[Path, tuple[tuple[int, ...], bool]] = {}  # copy → (file identities, is_current)
         self.scanned_work = False
 
     # -- pacing -------------------------------------------------------------------------------
@@ -282,12 +283,10 @@ class Cleaner:
                     continue
                 if not names:
                     continue
-                from capture.log.columnar import is_current
-
                 live = set(list_segments(pdir))
                 for n in names:
                     base = int(n[:20])
-                    if base in live and is_current(pdir, base):
+                    if base in live and self._is_current(pdir, base):
                         continue
                     self.superseded.setdefault(pdir / n, now_ms + self.policy.file_delete_delay_ms)
         for path, due in list(self.superseded.items()):
@@ -295,12 +294,30 @@ class Cleaner:
                 continue
             del self.superseded[path]
             base = int(path.name[:20])
-            if (path.parent / f"{path.name[:20]}.log").exists():
-                from capture.log.columnar import is_current
-
-                if is_current(path.parent, base):
-                    continue  # remade from the new version meanwhile
+            if (path.parent / f"{path.name[:20]}.log").exists() and self._is_current(path.parent, base):
+                continue  # remade from the new version meanwhile
             path.unlink(missing_ok=True)
+            self._checked.pop(path, None)
+
+    def _is_current(self, pdir: Path, base: int) -> bool:
+        """`columnar.is_current`, its footer read again only when the copy or the segment changed
+        since the last scan (a copy is replaced by rename, so a new version is a new inode): the
+        scans run on the writer's thread and would otherwise read every copy's footer each time."""
+        from capture.log.columnar import is_current
+
+        path = parquet_path(pdir, base)
+        try:
+            copy = path.stat()
+            seg_size = log_path(pdir, base).stat().st_size
+        except FileNotFoundError:
+            return is_current(pdir, base)
+        ident = (copy.st_ino, copy.st_mtime_ns, copy.st_size, seg_size)
+        seen = self._checked.get(path)
+        if seen is not None and seen[0] == ident:
+            return seen[1]
+        current = is_current(pdir, base)
+        self._checked[path] = (ident, current)
+        return current
 
     # -- the record ---------------------------------------------------------------------------
 
