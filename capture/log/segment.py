@@ -74,9 +74,7 @@ class SegmentRef:
         return f"{segment_name(self.base)}.log"
 
     def corrupt(self, message: str, offset: int | None) -> CorruptRecordError:
-        return CorruptRecordError(
-            message, topic=self.topic, partition=self.partition, segment=self.name, offset=offset
-        )
+        return CorruptRecordError(message, topic=self.topic, partition=self.partition, segment=self.name, offset=offset)
 
 
 def load_offset_index(pdir: Path, base: int) -> list[tuple[int, int]]:
@@ -93,9 +91,7 @@ def load_time_index(pdir: Path, base: int) -> list[tuple[int, int]]:
         return []
 
 
-def seek_position(
-    pdir: Path, base: int, offset: int, limit: int | None, *, file: BinaryIO | None = None
-) -> int:
+def seek_position(pdir: Path, base: int, offset: int, limit: int | None, *, file: BinaryIO | None = None) -> int:
     """Byte position of a line at or before `offset`, from the sparse index.
 
     The entry is checked against the data (a line start claiming that offset) so a stale index
@@ -107,9 +103,7 @@ def seek_position(
         rel, pos = lookup_offset(entries, offset - base)
         if pos == 0:
             return 0
-        if (limit is None or pos < limit) and _line_starts_at(
-            log_path(pdir, base), pos, base + rel, file
-        ):
+        if (limit is None or pos < limit) and _line_starts_at(log_path(pdir, base), pos, base + rel, file):
             return pos
         entries = [e for e in entries if e[1] < pos]
     return 0
@@ -117,15 +111,19 @@ def seek_position(
 
 def _line_starts_at(path: Path, pos: int, offset: int, file: BinaryIO | None = None) -> bool:
     if file is not None:  # the version the caller holds open, whatever the name points at now
-        head = os.pread(file.fileno(), 40, pos - 1)
-        return head[:1] == b"\n" and peek_offset(head[1:]) == offset
+        return starts_at(file, pos, offset)
     try:
         with open(path, "rb") as f:
-            f.seek(pos - 1)
-            head = f.read(40)
+            return starts_at(f, pos, offset)
     except OSError:
         return False
-    return head[:1] == b"\n" and peek_offset(head[1:]) == offset
+
+
+def starts_at(f: BinaryIO, pos: int, offset: int) -> bool:
+    """The line at byte `pos` of the open file is a record claiming `offset`."""
+    head = os.pread(f.fileno(), 41, max(pos - 1, 0))
+    at = head[1:] if pos else head
+    return (not pos or head[:1] == b"\n") and peek_offset(at) == offset
 
 
 def iter_lines(
@@ -188,6 +186,4 @@ def iter_records(
     if limit is not None and end_pos < limit:
         size = os.fstat(file.fileno()).st_size if file is not None else path.stat().st_size
         if size < limit:
-            raise ref.corrupt(
-                f"segment has {size} bytes but the manifest says {limit} are committed", None
-            )
+            raise ref.corrupt(f"segment has {size} bytes but the manifest says {limit} are committed", None)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
 
 from capture.log.codec import peek_offset
 from capture.log.errors import LogError
@@ -24,6 +23,7 @@ from capture.log.segment import (
     load_offset_index,
     log_path,
     seek_position,
+    starts_at,
 )
 from capture.log.types import Record, Split
 
@@ -57,13 +57,6 @@ def plan_splits(root: Path, topic: str, partition: int, state: PartitionState, m
     return out
 
 
-def _starts_at(f: BinaryIO, pos: int, offset: int) -> bool:
-    """The line at byte `pos` of the open file is a record claiming `offset`."""
-    head = os.pread(f.fileno(), 41, max(pos - 1, 0))
-    at = head[1:] if pos else head
-    return (not pos or head[:1] == b"\n") and peek_offset(at) == offset
-
-
 def read_split(split: Split) -> Iterator[Record]:
     """Records of one split; usable in any process (needs only the split itself)."""
     path = Path(split.path)
@@ -74,7 +67,7 @@ def read_split(split: Split) -> Iterator[Record]:
             raise LogError(f"{path} is gone since the split was planned: plan the splits again") from None
         return  # every record of it was compacted away (or it aged out by retention)
     with f:
-        unchanged = _starts_at(f, split.start_byte, split.first_offset)
+        unchanged = starts_at(f, split.start_byte, split.first_offset)
         if split.end_offset is None:  # a byte range alone can only be trusted as planned
             if not unchanged:
                 raise LogError(f"{path} changed since the split was planned (compacted?): plan the splits again")
