@@ -182,13 +182,13 @@ def one_size(n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: i
     )
     # Parquet copies of the sealed segments: made once per segment by the runner's Spark tasks
     # (in steady state by the incremental runs as segments seal); timed on their own.
-    ends = {(t, p): e.end for (t, p), e in log.ends().items()}
-    _, sealed = plan(log, [TOPIC], {}, ends, 16 << 20)
+    log_ends = log.ends()
+    _, sealed = plan(log, [TOPIC], {}, {tp: e.end for tp, e in log_ends.items()}, 16 << 20)
     t0 = time.perf_counter()
     columnar, _ = columnar_segments(spark, sealed)
     columnar_s = time.perf_counter() - t0
     assert len(columnar) == len(sealed)
-    sealed_records = sum(e.segment for e in log.ends().values())  # offsets before each active segment
+    sealed_records = sum(e.segment for e in log_ends.values())  # offsets before each active segment
     fold = rebuild("account_balances", s, spark=spark)
     df = rebuild("account_totals", s, spark=spark)
     df_json = rebuild("account_totals_json", s, spark=spark)

@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 from orjson import loads
 
-from capture.log import Log, Split, read_split
+from capture.log import Log, LogError, Split, _fileio, read_split
 from capture.log.columnar import copy_format, parquet_path
 from capture.log.segment import SegmentRef, iter_records, log_path
 from projections.codec import canonical
@@ -206,16 +206,12 @@ def _write_copies(spark: Any, segments: Sequence[Segment]) -> None:
                 continue  # not read (row path): unreadable segment, or split over files
             fd = os.open(made[0], os.O_RDONLY)
             try:
-                os.fsync(fd)
+                _fileio.fsync(fd, f"syncing {made[0]}")
             finally:
                 os.close(fd)
             os.replace(made[0], parquet_path(s.ref.pdir, s.base))
         for pdir in {s.ref.pdir for s in segments}:
-            fd = os.open(pdir, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fileio.fsync_dir(pdir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -230,7 +226,7 @@ def columnar_segments(spark: Any, segments: Sequence[Segment]) -> tuple[list[Seg
 
     missing = [s for s in segments if copy_format(s.ref.pdir, s.base) != 2]
     if missing:
-        with contextlib.suppress(OSError, PySparkException, Py4JJavaError):  # checked below:
+        with contextlib.suppress(OSError, LogError, PySparkException, Py4JJavaError):  # checked below:
             _write_copies(spark, missing)  # whatever was not made is read from its rows
     failed = [s for s in missing if copy_format(s.ref.pdir, s.base) != 2]
     return [s for s in segments if s not in failed], failed
