@@ -57,6 +57,7 @@ class CaptureDaemon:
         self.on_progress = on_progress
         self.log = self._open_log()
         self._cleaner_pool: ThreadPoolExecutor | None = None
+        self._cleaning: Future[object] | None = None  # the compaction running on the cleaner thread
         self.cleaner = self._new_cleaner()
         self.sessions = [SourceSession(spec, self.log, clock=clock) for spec in specs]
         self.committer = GroupCommitter(linger_ms=options.linger_ms, max_records=options.batch_records)
@@ -77,7 +78,6 @@ class CaptureDaemon:
         )
 
     def _new_cleaner(self) -> Cleaner | None:
-        self._cleaning: Future[object] | None = None
         if self.opts.cleaner is None:
             return None
         return Cleaner(self.log, self.opts.cleaner, pid=os.getpid())
