@@ -205,3 +205,28 @@ def test_a_byte_range_only_split_refuses_a_rewritten_file(tmp_path: Path) -> Non
         got = [r for s in planned for r in read_split(s)]
         assert [r.offset for r in got] == sorted({r.offset for r in got})
         assert latest(got) == latest(log.read("c", 0))
+
+
+def test_stale_parquet_copies_outlive_a_compaction_by_the_delete_delay(tmp_path: Path) -> None:
+    """A compaction rewrites segments whose Parquet copies readers may have planned with: the stale
+    copies stay for `file_delete_delay_ms`, then a scan deletes them; current copies stay."""
+    delay = 1_000
+    with open_writer(tmp_path / "log") as log:
+        log.create_topic("c", TopicConfig(partitions=1, policy="compact"))
+        log.append("c", 0, [rec(i, i % 2, ts=i) for i in range(40)])
+        log.commit()
+        assert log.write_parquet("c") > 0
+        pdir = tmp_path / "log" / "c" / "0"
+        before = set(pdir.glob("*.parquet"))
+        cleaner = Cleaner(log, CleanerPolicy(interval_ms=10, min_cleanable_dirty_ratio=0.5, file_delete_delay_ms=delay))
+        assert cleaner.step(10)  # compacts: every copy now describes an older version of its segment
+        assert set(pdir.glob("*.parquet")) == before, "stale copies are kept for readers at first"
+        cleaner.step(20)  # a scan before the delay deletes nothing
+        assert set(pdir.glob("*.parquet")) == before
+        cleaner.step(10 + delay + 20)  # the next scan after the delay
+        left = set(pdir.glob("*.parquet"))
+        assert left < before, "stale copies are deleted once the delay has passed"
+        assert log.write_parquet("c") > 0  # the rewritten segments get new copies …
+        current = set(pdir.glob("*.parquet"))
+        cleaner.step(10 + 3 * delay)
+        assert set(pdir.glob("*.parquet")) == current  # … which later scans leave alone
