@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import psycopg
 import typer
 from psycopg import sql
@@ -154,6 +153,8 @@ def demo(
         while not server.started and time.monotonic() < deadline and not stop_.is_set():
             time.sleep(0.1)
         rng = random.Random(11)
+        import httpx  # only the demo's own API client needs it
+
         with httpx.Client(base_url=url, timeout=30) as http:
             names = ["ada", "grace", "linus", "barbara"]
             for name in names:

@@ -8,14 +8,24 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from api.cli_common import ConfigOption, service_dsn, settings_from
-from projections.runner import RunResult, RunSettings, list_projections, rebuild, run, run_continuous, status
+
+if TYPE_CHECKING:
+    from projections.runner import RunResult, RunSettings
+
+
+def _runner() -> Any:
+    """projections.runner, imported when a project command runs: it pulls in pyarrow and the
+    Spark glue, which every other `tributary` command (capture above all) would pay for at start."""
+    from projections import runner
+
+    return runner
 
 __all__ = ["register"]
 
@@ -24,7 +34,7 @@ project_app = typer.Typer(help="Projections: fold the log into derived tables (P
 
 def _run_settings(config: Any, *, skip_errors: bool = False) -> RunSettings:
     settings = settings_from(config)
-    run_settings = RunSettings.from_settings(settings, dsn=service_dsn(settings))
+    run_settings = _runner().RunSettings.from_settings(settings, dsn=service_dsn(settings))
     return dataclasses.replace(run_settings, skip_errors=True) if skip_errors else run_settings
 
 
@@ -63,7 +73,7 @@ def _print_result(result: RunResult) -> None:
 @project_app.command("list")
 def list_cmd(config: ConfigOption = None) -> None:
     """Every configured projection: name, version, source topics, kind, window."""
-    rows = list_projections(_run_settings(config))
+    rows = _runner().list_projections(_run_settings(config))
     if not rows:
         typer.echo("no projections configured: add files or modules to [projections] modules (see README)")
     for p in rows:
@@ -78,7 +88,7 @@ def status_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Serving build, state, lag behind the log, late records dropped, whether a rebuild is due."""
-    rows = status(_run_settings(config), name)
+    rows = _runner().status(_run_settings(config), name)
     if as_json:
         typer.echo(
             json.dumps([r.__dict__ if hasattr(r, "__dict__") else _asdict(r) for r in rows], indent=1, default=str)
@@ -110,7 +120,7 @@ def run_cmd(
     settings = _run_settings(config, skip_errors=skip_errors)
     if not continuous:
         with _progress() as progress:
-            _print_result(run(name, settings, progress=progress))
+            _print_result(_runner().run(name, settings, progress=progress))
         return
     stopping = {"flag": False}
 
@@ -119,7 +129,7 @@ def run_cmd(
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    passes = run_continuous(name, settings, freshness_s=freshness, stop=lambda: stopping["flag"])
+    passes = _runner().run_continuous(name, settings, freshness_s=freshness, stop=lambda: stopping["flag"])
     typer.echo(f"{name}: stopped after {passes} passes")
 
 
@@ -127,7 +137,7 @@ def run_cmd(
 def rebuild_cmd(name: Annotated[str, typer.Argument(help="Projection name.")], config: ConfigOption = None) -> None:
     """Build a new table from offset 0 while the old one serves, then swap the view atomically."""
     with _progress() as progress:
-        _print_result(rebuild(name, _run_settings(config), progress=progress))
+        _print_result(_runner().rebuild(name, _run_settings(config), progress=progress))
 
 
 def register(app: typer.Typer) -> None:
