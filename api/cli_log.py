@@ -25,7 +25,7 @@ from capture.log import (
     Problem,
     Record,
 )
-from capture.log.cleaner import CleanerPolicy, read_checkpoint
+from capture.log.cleaner import CleanerPolicy, PartitionCheckpoint, read_checkpoint
 
 __all__ = [
     "CompactedInBackground",
@@ -74,16 +74,21 @@ def _root(root: Path | None, config: Path | None) -> Path:
 def topics(root: Path) -> list[dict[str, object]]:
     """Each topic's config, committed offsets and, for `compact` topics, what the cleaner last did."""
     doc = read_checkpoint(root)
+    checkpoints = doc.get("partitions", {})
     with Log.open(root) as log:
         out: list[dict[str, object]] = []
         for name, cfg in sorted(log.topics().items()):
             starts, ends = log.start_offsets(name), log.end_offsets(name)
+            spans = zip(range(cfg.partitions), starts, ends, strict=True)
             out.append(
                 {
                     "topic": name,
                     "partitions": cfg.partitions,
                     "policy": cfg.policy,
-                    "records": sum(e - s for s, e in zip(starts, ends, strict=True)),
+                    "records": sum(
+                        PartitionCheckpoint.from_json(checkpoints.get(f"{name}/{p}") or {}).records(s, e)
+                        for p, s, e in spans
+                    ),
                     "start_offsets": starts,
                     "end_offsets": ends,
                     "compaction": compaction_state(doc, name, cfg.partitions) if cfg.policy == "compact" else None,

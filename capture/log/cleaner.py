@@ -50,12 +50,23 @@ class CleanerPolicy:
 @dataclass(slots=True)
 class PartitionCheckpoint:
     """One partition's cleaning state: the clean end, the passes that moved it (offset, time),
-    when a kept tombstone becomes droppable, and the last compaction's figures."""
+    when a kept tombstone becomes droppable, the last compaction's figures, and `live`: how many
+    records the offsets below `live_end` (the clean end the last pass reached) held after that pass
+    (None: no pass yet)."""
 
     clean_end: int = 0
     passes: list[tuple[int, int]] = field(default_factory=list)
     tombstones_due_ms: int | None = None
     last: dict[str, float] | None = None
+    live: int | None = None
+    live_end: int = 0
+
+    def records(self, start: int, end: int) -> int:
+        """Records in the partition's committed offsets [start, end): the span, minus what the
+        last pass removed below `live_end` (the span itself when the record does not fit the log)."""
+        if self.live is None or not start <= self.live_end <= end or self.live > self.live_end - start:
+            return end - start
+        return self.live + end - self.live_end
 
     def covered_since(self, offset: int) -> int | None:
         """When a pass first covered `offset` (every older record of its key gone since)."""
@@ -79,6 +90,8 @@ class PartitionCheckpoint:
             "passes": [list(p) for p in self.passes],
             "tombstones_due_ms": self.tombstones_due_ms,
             "last": self.last,
+            "live": self.live,
+            "live_end": self.live_end,
         }
 
     @classmethod
@@ -88,6 +101,8 @@ class PartitionCheckpoint:
             [(int(e), int(t)) for e, t in d.get("passes", [])],
             d.get("tombstones_due_ms"),
             d.get("last"),
+            None if d.get("live") is None else int(d["live"]),
+            int(d.get("live_end", 0)),
         )
 
 
@@ -225,6 +240,8 @@ class Cleaner:
             self.superseded.setdefault(path, now_ms + self.policy.file_delete_delay_ms)
         cp.record_pass(state.segment, now_ms, retention)
         cp.tombstones_due_ms = due
+        # the pass read every sealed committed segment, so this is all of [start, state.segment)
+        cp.live, cp.live_end = stats.records_after, state.segment
         if stats.records_before:
             seconds = round(time.perf_counter() - started, 3)
             cp.last = {"at_ms": now_ms, **_figures(stats), "seconds": seconds}

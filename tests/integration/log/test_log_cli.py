@@ -120,6 +120,10 @@ def test_verify_ok_then_corrupt(root: Path) -> None:
 def test_compact_and_refusal_while_capture_runs(root: Path) -> None:
     res = runner.invoke(log_app, ["compact", "--root", str(root)])
     assert res.exit_code == 0 and res.stdout.startswith("compacted:"), res.output
+    # `records` counts what is left, not the offset span (12)
+    left = len(runner.invoke(log_app, ["cat", "shop.public.orders", "--root", str(root)]).stdout.splitlines())
+    res = runner.invoke(log_app, ["topics", "--root", str(root)])
+    assert left < 12 and f"policy=compact\trecords={left}\t" in res.stdout, res.output
     with Log.open(root, writer=True):
         res = runner.invoke(log_app, ["compact", "shop.public.orders", "--root", str(root)])
     assert res.exit_code == 1  # a writer without a background cleaner: nobody would compact
