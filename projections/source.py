@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from orjson import loads
 
 from capture.log import Log, LogError, Split, _fileio, read_split
-from capture.log.columnar import copy_format, parquet_path
+from capture.log.columnar import copy_format, decode_lines, parquet_path, read_split_columns
 from capture.log.segment import SegmentRef, iter_records, log_path
 from projections.codec import canonical
 from projections.engine import prepare
@@ -114,24 +115,47 @@ _COPY_SCHEMA = (
 
 def _segment_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Spark task: the records of each sealed segment it is given, a whole segment or nothing
-    (a segment that cannot be read — compacted away meanwhile — is left to the row path)."""
+    (a segment that cannot be read — compacted away meanwhile — is left to the row path).
+    A segment is decoded as a whole (`columnar.decode_lines`); one it refuses, line by line."""
     for batch in batches:
         for s in batch.to_pylist():
             ref = SegmentRef(s["topic"], s["partition"], Path(s["path"]).parent, s["base"])
             try:
-                size = log_path(ref.pdir, ref.base).stat().st_size
-                out = []
-                cols: list[list[Any]] = [[] for _ in range(5)]
-                for rec in iter_records(ref):
-                    for col, v in zip(cols, rec, strict=True):
-                        col.append(v)
-                    if len(cols[0]) >= _BATCH:
-                        out.append(_copy_batch(s, size, cols))
-                if cols[0]:
-                    out.append(_copy_batch(s, size, cols))
+                with open(log_path(ref.pdir, ref.base), "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    data = f.read()
             except OSError:
                 continue
-            yield from out
+            table = decode_lines(data) if len(data) == size else None
+            if table is None:
+                yield from _segment_batches(s, ref, size)
+                continue
+            n = table.num_rows
+            const = [
+                pa.array(np.full(n, s["seg"], np.int32)),
+                pa.array([s["topic"]] * n, pa.string()),
+                pa.array(np.full(n, s["partition"], np.int32)),
+            ]
+            sizes = pa.array(np.full(n, size, np.int64))
+            columns = [*const, *(c.combine_chunks() for c in table.columns), sizes]
+            yield from pa.Table.from_arrays(columns, schema=_COPY).to_batches(_BATCH)
+
+
+def _segment_batches(s: Mapping[str, Any], ref: SegmentRef, size: int) -> Iterator[pa.RecordBatch]:
+    """`_segment_rows` record by record (CRC-checked by `iter_records`, which names a bad record)."""
+    try:
+        out = []
+        cols: list[list[Any]] = [[] for _ in range(5)]
+        for rec in iter_records(ref):
+            for col, v in zip(cols, rec, strict=True):
+                col.append(v)
+            if len(cols[0]) >= _BATCH:
+                out.append(_copy_batch(s, size, cols))
+        if cols[0]:
+            out.append(_copy_batch(s, size, cols))
+    except OSError:
+        return
+    yield from out
 
 
 def _copy_batch(s: Mapping[str, Any], size: int, cols: list[list[Any]]) -> pa.RecordBatch:
@@ -294,34 +318,35 @@ def _text(raw: bytes | None) -> str | None:
     return None if raw is None else raw.decode()
 
 
+def _split(s: Mapping[str, Any]) -> Split:
+    return Split(
+        s["topic"], s["partition"], s["path"], s["start_byte"], s["end_byte"], s["first_offset"], s["end_offset"]
+    )
+
+
 def _split_records(batches: Iterator[pa.RecordBatch]) -> Iterator[RawRecord]:
     """The records of each planned row split, offsets limited to the run's [lo, hi)."""
     for batch in batches:
         for s in batch.to_pylist():
-            split = Split(
-                s["topic"],
-                s["partition"],
-                s["path"],
-                s["start_byte"],
-                s["end_byte"],
-                s["first_offset"],
-                s["end_offset"],
-            )
-            lo, hi = s["lo"], s["hi"]
-            for rec in read_split(split):
-                if rec.offset < lo:
-                    continue
-                if rec.offset >= hi:
-                    break
-                yield (
-                    rec.topic,
-                    rec.partition,
-                    rec.offset,
-                    rec.timestamp,
-                    _text(rec.key),
-                    _text(rec.value),
-                    _text(rec.headers),
-                )
+            yield from _records_of(s)
+
+
+def _records_of(s: Mapping[str, Any]) -> Iterator[RawRecord]:
+    lo, hi = s["lo"], s["hi"]
+    for rec in read_split(_split(s)):
+        if rec.offset < lo:
+            continue
+        if rec.offset >= hi:
+            break
+        yield (
+            rec.topic,
+            rec.partition,
+            rec.offset,
+            rec.timestamp,
+            _text(rec.key),
+            _text(rec.value),
+            _text(rec.headers),
+        )
 
 
 def _column_records(batches: Iterator[pa.RecordBatch]) -> Iterator[RawRecord]:
@@ -335,9 +360,27 @@ _RAW_SCHEMA = ", ".join(RECORD_SCHEMA.split(", ")[:7])
 
 
 def _raw_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """A mapInArrow function: row splits → their records' first seven RECORD_SCHEMA columns."""
+    """A mapInArrow function: row splits → their records' first seven RECORD_SCHEMA columns.
+    A split is decoded as a whole (`columnar.read_split_columns`: no Python step per field);
+    one that path refuses (changed since planning, not intact) is read record by record."""
+    for batch in batches:
+        for s in batch.to_pylist():
+            split = _split(s)
+            table = read_split_columns(split, s["lo"], s["hi"])
+            if table is None:
+                yield from _raw_batches(_records_of(s))
+                continue
+            n = table.num_rows
+            topic = pa.array([s["topic"]] * n, pa.string()) if n else pa.array([], pa.string())
+            part = pa.array(np.full(n, s["partition"], np.int32))
+            for b in table.to_batches(_BATCH):
+                i = b.num_rows
+                yield pa.RecordBatch.from_arrays([topic[:i], part[:i], *b.columns], schema=_RAW)
+
+
+def _raw_batches(records: Iterable[RawRecord]) -> Iterator[pa.RecordBatch]:
     cols: list[list[Any]] = [[] for _ in _RAW.names]
-    for rec in _split_records(batches):
+    for rec in records:
         for col, v in zip(cols, rec, strict=True):
             col.append(v)
         if len(cols[0]) >= _BATCH:

@@ -6,17 +6,21 @@ The Parquet path computes event time and key as SQL expressions; the row path in
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
 import pytest
 
-from capture.log import Log, TopicConfig, canonical_json
-from capture.log.columnar import copy_format, is_current
+from capture.log import CorruptRecordError, Log, Split, TopicConfig, canonical_json, read_split
+from capture.log.codec import decode_line, encode_batch
+from capture.log.columnar import copy_format, decode_lines, is_current, read_split_columns
+from capture.log.segment import iter_lines
 from projections.records import default_event_time
-from projections.source import RECORD_SCHEMA, plan, records_frame
+from projections.source import RECORD_SCHEMA, _raw_rows, plan, records_frame
 
 pytestmark = pytest.mark.integration
 
@@ -168,3 +172,109 @@ def test_older_copies_are_remade_and_stale_ones_refused(spark: Any, tmp_path: Pa
     b = next(s for s in sealed if Path(s.path).stat().st_size != Path(a.path).stat().st_size)
     (b.ref.pdir / f"{b.base:020d}.parquet").write_bytes((a.ref.pdir / f"{a.base:020d}.parquet").read_bytes())
     assert copy_format(b.ref.pdir, b.base) is None and not is_current(b.ref.pdir, b.base)
+
+
+# Values and headers that look like the line format inside JSON strings, non-ASCII text, escapes.
+AWKWARD = [
+    (canonical_json("a"), b'{"x":"\\","crc":1}","lens":[1,2,3]}', b'{"h":"\xc3\xa9\xe2\x82\xac"}'),
+    (None, b'"null"', None),  # a null key; the JSON string "null" is not a null value
+    (canonical_json({"id": "\u00e9"}), None, b"[]"),  # tombstone with headers
+    (canonical_json("b"), b"null", b"null"),  # spliced JSON null: read back as None
+    (canonical_json("c"), b"12345678901234567890123", b"{}"),
+    (canonical_json("d"), b'{"occurred_at":"2026-11-23T09:00:00Z","s":"\\n\\"{\\"offset\\":1}"}', None),
+]
+
+
+def _rows_of(split: Split, lo: int, hi: int) -> list[tuple[Any, ...]]:
+    def text(b: bytes | None) -> str | None:
+        return None if b is None else b.decode()
+
+    return [
+        (r.offset, r.timestamp, text(r.key), text(r.value), text(r.headers))
+        for r in read_split(split)
+        if lo <= r.offset < hi
+    ]
+
+
+def _awkward_log(root: Path) -> Log:
+    log = Log.open(root, writer=True, segment_bytes=2048)
+    log.create_topic("events.x", TopicConfig(partitions=1))
+    for round_ in range(8):
+        log.append("events.x", 0, [(k, v, -5 + round_ * 1000 + i, h) for i, (k, v, h) in enumerate(AWKWARD)])
+        log.commit()
+    return log
+
+
+def test_split_columns_equal_the_row_reader(tmp_path: Path) -> None:
+    """`read_split_columns` (the tail's whole-split decoder) gives read_split's records exactly,
+    for every split (sealed and active) and offset bounds inside, at and beyond them."""
+    log = _awkward_log(tmp_path / "log")
+    splits = log.splits("events.x", max_bytes=700)
+    assert len(splits) >= 3  # sealed segments and the active one
+    end = log.ends()[("events.x", 0)].end
+    checked = 0
+    for split in splits:
+        for lo, hi in [(0, end), (split.first_offset + 1, end), (0, split.first_offset + 2), (end, end + 1)]:
+            table = read_split_columns(split, lo, hi)
+            assert table is not None
+            got = list(zip(*(table[c].to_pylist() for c in table.column_names), strict=True))
+            assert got == _rows_of(split, lo, hi)
+            checked += len(got)
+    assert checked > len(AWKWARD) * 8
+
+
+def _lines(path: Path) -> list[bytes]:
+    return [line for _, line in iter_lines(path)]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda b: b.replace(b',"crc":', b',"crc":9', 1),  # wrong CRC
+        lambda b: b.replace(b'"lens":[', b'"lens":[1', 1),  # lengths not matching the fields
+        lambda b: b.replace(b',"value":', b',"valeu":', 1),
+        lambda b: b.replace(b'{"offset":', b'{"offset":x', 1),
+        lambda b: b.replace(b"\n", b"\n\n", 1),  # an empty line
+        lambda b: b + encode_batch(99, [(b'"k"', b'"\xc3\x28"', 1, None)])[0],  # not UTF-8, CRC right
+    ],
+)
+def test_damaged_lines_are_left_to_the_row_reader(tmp_path: Path, damage: Any) -> None:
+    """Whatever the row path refuses, the whole-split decoder refuses too (returns None), so the
+    reader falls back to `read_split`, whose error names the record."""
+    log = _awkward_log(tmp_path / "log")
+    split = log.splits("events.x", max_bytes=1 << 20)[0]
+    data = Path(split.path).read_bytes()[split.start_byte : split.end_byte]
+    assert decode_lines(data) is not None
+    bad = damage(data)
+    assert bad != data
+    assert decode_lines(bad) is None
+    with pytest.raises(ValueError):  # the row path's checks on the same bytes
+        for line in bad.split(b"\n")[:-1]:
+            decode_line(line)
+            line.decode()
+
+
+def test_tail_reader_falls_back_and_reports_corruption(tmp_path: Path) -> None:
+    """A changed file (its line at start_byte no longer claims first_offset) or a corrupt line:
+    the columnar path declines; `_raw_rows` then reads by offset, or raises the row path's error."""
+    log = _awkward_log(tmp_path / "log")
+    split = log.splits("events.x", max_bytes=1 << 20)[-1]  # the active segment
+    end = log.ends()[("events.x", 0)].end
+    row = {**asdict(split), "lo": 0, "hi": end}
+
+    def read(r: dict[str, Any]) -> list[tuple[Any, ...]]:
+        out = []
+        for b in _raw_rows(iter([pa.RecordBatch.from_pylist([r])])):
+            out += list(zip(*(b[c].to_pylist() for c in b.schema.names), strict=True))
+        return out
+
+    want = [(split.topic, split.partition, *r) for r in _rows_of(split, 0, end)]
+    assert read(row) == want
+    moved = {**row, "start_byte": row["start_byte"] + 1}  # planned bytes that no longer line up: by offset
+    assert read_split_columns(Split(**asdict(split) | {"start_byte": split.start_byte + 1}), 0, end) is None
+    assert read(moved) == want
+    path = Path(split.path)
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b',"crc":', b',"crc":9', 3))
+    with pytest.raises(CorruptRecordError, match="CRC"):
+        read(row)
