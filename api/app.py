@@ -7,7 +7,11 @@ small modules by concern; this one wires them, the pool, the limits and the erro
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import os
+import re
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from decimal import Decimal
@@ -16,18 +20,110 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
+from starlette.types import Message, Receive, Scope, Send
 
 from api import routes_admin, routes_commands, routes_views
 from api.config import Settings
 from api.limits import BodyLimit
+from api.logs import REQUEST_ID
 from api.metrics import Metrics
 from eventstore.domain.bank import bank_account
 from eventstore.handler import CommandHandler
 from eventstore.store import EventStore
 
-__all__ = ["create_app"]
+__all__ = ["Service", "create_app"]
 
 log = logging.getLogger(__name__)
+
+_INTERNAL_ERROR = b'{"detail":"internal error; see the server log"}'
+_CLIENT_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,64}")
+_VIEW_ROUTE = "/views/{name}"
+
+
+def _new_id_prefix() -> None:
+    global _id_prefix, _id_seq
+    _id_prefix, _id_seq = secrets.token_hex(5) + "-", itertools.count(1)
+
+
+_id_prefix, _id_seq = "", itertools.count(1)
+_new_id_prefix()
+os.register_at_fork(after_in_child=_new_id_prefix)  # forked workers must not repeat the parent's ids
+
+
+class Service(FastAPI):
+    """The FastAPI app, plus what every HTTP request gets before FastAPI's middleware stack:
+
+    - a request id (the client's `X-Request-ID` when it is a short token, else a new
+      `<process prefix>-<counter>`), sent back as `X-Request-ID` and in every log record written while
+      serving the request (`api.logs.REQUEST_ID`);
+    - a count in `tributary_http_requests_total` by method, route template and status;
+    - the plain successful `GET /views/{name}` served by `routes_views.fast_page` without FastAPI's
+      routing, dependencies and middleware (anything else it hands to the app).
+
+    Plain ASGI on purpose: a Starlette `BaseHTTPMiddleware` costs a task and a stream per request."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        request_id, has_body = b"", False
+        for name, value in scope["headers"]:  # ASGI header names are lower-case
+            if name == b"x-request-id":
+                request_id = value
+            elif name == b"content-length":
+                has_body = value != b"0"
+            elif name == b"transfer-encoding":
+                has_body = True
+        if not _CLIENT_REQUEST_ID.fullmatch(request_id):
+            request_id = f"{_id_prefix}{next(_id_seq):x}".encode()
+        scope["app"] = self  # as Starlette sets it: `Request(scope).app` for the fast path's auth check
+        token = REQUEST_ID.set(request_id.decode())
+        id_header = (b"x-request-id", request_id)
+        status, route = 500, _VIEW_ROUTE
+        try:
+            if (
+                scope["method"] == "GET"
+                and not has_body
+                and scope["path"].startswith("/views/")
+                and not scope.get("root_path")
+            ):
+                try:
+                    body = await routes_views.fast_page(self.state, scope)
+                except Exception:  # the route would have reached `unexpected` below: the same 500
+                    log.exception("unhandled error on GET %s", scope["path"])
+                    body, status = _INTERNAL_ERROR, 500
+                else:
+                    status = 200
+                if body is not None:
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": status,
+                            "headers": [
+                                (b"content-length", b"%d" % len(body)),
+                                (b"content-type", b"application/json"),
+                                id_header,
+                            ],
+                        }
+                    )
+                    await send({"type": "http.response.body", "body": body})
+                    return
+                status = 500  # until the app's response starts
+
+            async def send_with_id(message: Message) -> None:
+                nonlocal status
+                if message["type"] == "http.response.start":
+                    status = message["status"]
+                    message["headers"] = [*message.get("headers", ()), id_header]
+                await send(message)
+
+            try:
+                await super().__call__(scope, receive, send_with_id)
+            finally:
+                route = getattr(scope.get("route"), "path", None) or "unmatched"
+        finally:
+            self.state.metrics.count_request(scope["method"], route, status)
+            REQUEST_ID.reset(token)
 
 
 def create_app(settings: Settings, *, dsn: str) -> FastAPI:
@@ -51,7 +147,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
             await asyncio.to_thread(store.close)
             await pool.close()
 
-    app = FastAPI(
+    app = Service(
         title="tributary",
         version="0.1.0",
         description="Change-data capture, event sourcing and projections on PostgreSQL.",
@@ -60,7 +156,6 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     app.state.settings = settings
     app.state.dsn = dsn
     app.state.metrics = Metrics()
-    app.add_middleware(routes_views.ViewsFastPath)  # inside BodyLimit: added first, runs second
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
 
     app.include_router(routes_commands.router)

@@ -6,10 +6,15 @@ import logging
 import re
 import sys
 import time
+from contextvars import ContextVar
 
 import orjson
 
-__all__ = ["JsonFormatter", "configure_json_logging", "redact"]
+__all__ = ["REQUEST_ID", "JsonFormatter", "configure_json_logging", "redact"]
+
+# The id of the HTTP request being served (set by `api.app.Service` for each request's task), so
+# every record logged while serving it carries `request_id` without passing it down.
+REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 
 _DSN_PASSWORD = re.compile(r"(postgres(?:ql)?://[^:/@\s]+:)[^@\s]+@")
 _KEYWORD_PASSWORD = re.compile(r"(password\s*=\s*)\S+", re.IGNORECASE)
@@ -31,7 +36,10 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": redact(record.getMessage()),
         }
-        for extra in ("request_id", "source", "projection"):
+        request_id = getattr(record, "request_id", None) or REQUEST_ID.get()
+        if request_id is not None:
+            body["request_id"] = request_id
+        for extra in ("source", "projection"):
             if hasattr(record, extra):
                 body[extra] = getattr(record, extra)
         if record.exc_info:

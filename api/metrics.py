@@ -56,8 +56,18 @@ class Metrics:
         self.http_requests = Counter(
             "tributary_http_requests_total", "HTTP requests", ["method", "route", "status"], registry=r
         )
+        self._http_children: dict[tuple[str, str, int], Any] = {}
         self.capture_commits = _CommitLatency()
         r.register(self.capture_commits)
+
+    def count_request(self, method: str, route: str, status: int) -> None:
+        """`tributary_http_requests_total` += 1; the labelled child is looked up once per label set
+        (`labels()` validates and locks on every call: several µs per request)."""
+        key = (method, route, status)
+        child = self._http_children.get(key)
+        if child is None:
+            child = self._http_children[key] = self.http_requests.labels(method, route, str(status))
+        child.inc()
 
     def refresh(self, settings: Any, *, dsn: str | None = None, rebuilds: Iterable[Mapping[str, Any]] = ()) -> None:
         """Read every source of truth once (called per scrape, off the event loop)."""

@@ -1,0 +1,156 @@
+"""What every request gets from a real `tributary serve`: a request id (in the response and in the
+server's log), a count in `tributary_http_requests_total`, a response that leaves in one segment;
+and view values as PostgreSQL spells them (numeric) on the `GET /views/{name}` fast path."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import psycopg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.pg import PgServer, fresh_database
+from tests.servers import free_port, serving
+
+pytestmark = pytest.mark.e2e
+
+MODULE = """
+from projections.definition import Projection, Table
+
+PROJECTIONS = [
+    Projection(name="nums", version=1, topics=("none",), build=lambda df: df,
+               table=Table.of({"id": "bigint", "v": "numeric", "at": "timestamptz"}, ["id"])),
+    # declares a column its table lacks: the query fails in PostgreSQL, which is the server's error (500)
+    Projection(name="broken", version=1, topics=("none",), build=lambda df: df,
+               table=Table.of({"id": "bigint", "missing": "text"}, ["id"])),
+]
+"""
+# PostgreSQL's spelling of each value (what `numeric_out` prints); Python's str(Decimal) would
+# write some of them with an exponent (1E-7, 1.5E+20 is not one of them: Decimal keeps digits).
+NUMS = ["0.0000001", "-12.50", "150000000000000000000", "NaN", "Infinity", "3"]
+
+
+class Served:
+    def __init__(self, base: str, err: Path) -> None:
+        self.base = base
+        self.err = err
+        self.client = httpx.Client(base_url=base, timeout=30)
+
+    def log_records(self) -> list[dict[str, Any]]:
+        return [orjson.loads(line) for line in self.err.read_text().splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def served(pg_server: PgServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp = tmp_path_factory.mktemp("requests")
+    (tmp / "views.py").write_text(MODULE)
+    with fresh_database(pg_server) as dsn:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE SCHEMA views")
+            conn.execute("CREATE TABLE views.nums (id bigint PRIMARY KEY, v numeric, at timestamptz)")
+            conn.execute("CREATE TABLE views.broken (id bigint PRIMARY KEY)")
+            for i, v in enumerate(NUMS, 1):
+                conn.execute("INSERT INTO views.nums VALUES (%s, %s::numeric, '2026-01-01T00:00:00Z')", (i, v))
+        port = free_port()
+        config = tmp / "t.toml"
+        config.write_text(
+            f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{tmp / "log"}"\n'
+            f'[projections]\nmodules = ["{tmp / "views.py"}"]\n[api]\nport = {port}\n'
+        )
+        err = tmp / "serve.err"
+        with serving(config, port, err_path=err) as base:
+            s = Served(base, err)
+            try:
+                yield s
+            finally:
+                s.client.close()
+
+
+def test_numeric_values_keep_postgresql_spelling_and_page_by_cursor(served: Served) -> None:
+    got = served.client.get("/views/nums", params={"limit": 100})
+    assert got.status_code == 200, got.text
+    assert [r["v"] for r in got.json()["rows"]] == NUMS
+    assert got.json()["rows"][0]["at"] == "2026-01-01T00:00:00+00:00"
+    # ordered by the numeric column, two rows a page, every row once (the cursor carries the text)
+    seen, cursor = [], None
+    while True:
+        page = served.client.get(
+            "/views/nums", params={"order_by": "v", "limit": 2, **({"cursor": cursor} if cursor else {})}
+        )
+        assert page.status_code == 200, page.text
+        seen += [r["id"] for r in page.json()["rows"]]
+        if (cursor := page.json()["next_cursor"]) is None:
+            break
+    with psycopg.connect(_dsn_of(served)) as conn:
+        want = [r[0] for r in conn.execute("SELECT id FROM views.nums ORDER BY v, id")]
+    assert seen == want
+    assert served.client.get("/views/nums", params={"v__gt": "1E-8"}).json()["rows"][0]["v"] == "0.0000001"
+
+
+def _dsn_of(served: Served) -> str:
+    config = next(served.err.parent.glob("t.toml")).read_text()
+    return config.split('dsn = "', 1)[1].split('"', 1)[0]
+
+
+def test_request_ids_in_responses_and_log(served: Served) -> None:
+    ids = [served.client.get(path).headers["x-request-id"] for path in ("/views/nums?id=1", "/healthz", "/nowhere")]
+    assert len(set(ids)) == 3 and all(ids)
+    assert served.client.get("/views/nums?id=1", headers={"X-Request-ID": "abc-123"}).headers["x-request-id"] == (
+        "abc-123"
+    )
+    for bad in ("a" * 65, "two words", "<script>"):  # not echoed: a new id instead
+        assert served.client.get("/healthz", headers={"X-Request-ID": bad}).headers["x-request-id"] != bad
+    failed = served.client.get("/views/broken", headers={"X-Request-ID": "trace-500"})
+    assert failed.status_code == 500 and failed.json() == {"detail": "internal error; see the server log"}
+    assert failed.headers["x-request-id"] == "trace-500"
+    errors = [r for r in served.log_records() if r["level"] == "error"]
+    assert any(r.get("request_id") == "trace-500" and "missing" in r.get("exc", "") for r in errors), errors
+    assert all("request_id" not in r for r in served.log_records() if r["logger"] == "tributary.serve")
+
+
+def _requests_total(served: Served) -> dict[tuple[str, str, str], float]:
+    text = served.client.get("/metrics").text
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "tributary_http_requests")
+    return {
+        (s.labels["method"], s.labels["route"], s.labels["status"]): s.value
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+
+
+def test_requests_counted_by_route_template_and_status(served: Served) -> None:
+    before = _requests_total(served)
+    for path in ("/views/nums?id=1", "/views/nums?id=2", "/views/nums?nope=1", "/views/absent", "/nowhere/9"):
+        served.client.get(path)
+    served.client.post("/views/nums")
+    after = _requests_total(served)
+
+    def delta(key: tuple[str, str, str]) -> float:
+        return after.get(key, 0) - before.get(key, 0)
+
+    assert delta(("GET", "/views/{name}", "200")) == 2  # the fast path
+    assert delta(("GET", "/views/{name}", "422")) == 1  # the route's own error
+    assert delta(("GET", "/views/{name}", "404")) == 1
+    assert delta(("GET", "unmatched", "404")) == 1  # no raw path as a label: bounded series
+    assert delta(("POST", "/views/{name}", "405")) == 1
+    assert delta(("GET", "/metrics", "200")) == 1  # the scrape before this one
+
+
+def test_a_small_response_leaves_in_one_segment(served: Served) -> None:
+    """Headers and body in one write: the client's first read has the whole response (uvicorn's
+    stock protocol writes them separately, and most first reads then hold only the headers)."""
+    port = int(served.base.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for i in range(60):
+            sock.sendall(b"GET /views/nums?id=%d HTTP/1.1\r\nHost: t\r\n\r\n" % (i % len(NUMS) + 1))
+            first = sock.recv(65536)
+            head, _, body = first.partition(b"\r\n\r\n")
+            length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))[15:])
+            assert len(body) == length, f"request {i}: first read held {len(body)} of {length} body bytes"
