@@ -27,34 +27,35 @@ __all__ = ["CommandRecord", "EventStore", "SameCommandRace", "WarmFirstPool", "r
 _COLUMNS = "global_position, stream_id, stream_type, version, event_id, type, schema_version, data, metadata, occurred_at, recorded_at"
 _CURRENT = "SELECT coalesce(max(version), 0) FROM eventstore.events WHERE stream_id = %s"
 # One statement: the expected-version check and the insert, so a plain append is one round trip
-# (and one commit) like a raw INSERT. Versions follow the stream's current end. Only what the
-# server decides comes back (position, version, recorded_at): the rest is what we sent.
-# Positional parameters, in this order: stream, stream, type, ids, types, schema versions, data,
-# metadata, occurred_at [, expected version]. (Cheaper per call than named ones.)
-_CUR = "WITH cur AS (SELECT coalesce(max(version), 0) AS v FROM eventstore.events WHERE stream_id = %s)"
+# (and one commit) like a raw INSERT. Only what the server decides comes back (position, version,
+# recorded_at): the rest is what we sent. Positional parameters (cheaper per call than named ones).
 _TARGET = "INSERT INTO eventstore.events (stream_id, stream_type, version, event_id, type, schema_version, data, metadata, occurred_at)"
 _RETURNING = "RETURNING global_position, version, event_id, recorded_at"
-# One statement text per expected-version mode: the server plans a plain comparison, no CASE.
-_CHECKS = {
-    "any": "",
-    "no_stream": "WHERE cur.v = 0",
-    "stream_exists": "WHERE cur.v > 0",
-    "version": "WHERE cur.v = %s",
-}
-# The common case, one event: scalar parameters are cheaper to send and to plan than arrays.
+_ONE = "%s, %s, %s, %s::jsonb, %s::jsonb, %s"  # id, type, schema version, data, metadata, occurred_at
+_MANY = "unnest(%s::uuid[], %s::text[], %s::int[], %s::text[], %s::text[], %s::timestamptz[]) WITH ORDINALITY AS x(e, t, sv, d, m, o, n)"
+# An exact expected version n (an int, or no_stream = 0), the command path: versions n + 1.. go in
+# when version n exists (n = 0: nothing to find) and n + 1 does not. Two point lookups on
+# UNIQUE (stream_id, version) instead of max(version)'s backward scan, which with concurrent
+# writers lands on leaf pages they are splitting and has to step left (measured, 4 writers: ≈40 µs
+# less server CPU per append). Two appenders with the same n both pass; the unique constraint
+# decides between them. Parameters after the values: stream, n, n, stream, n.
+_AT = """WHERE NOT EXISTS (SELECT FROM eventstore.events WHERE stream_id = %s AND version = %s + 1)
+  AND (%s = 0 OR EXISTS (SELECT FROM eventstore.events WHERE stream_id = %s AND version = %s))"""
+_INSERT_ONE_AT = f"{_TARGET}\nSELECT %s, %s, %s + 1, {_ONE}\n{_AT}\n{_RETURNING}"
+_INSERT_MANY_AT = f"{_TARGET}\nSELECT %s, %s, %s + x.n, x.e, x.t, x.sv, x.d::jsonb, x.m::jsonb, x.o\nFROM {_MANY}\n{_AT}\n{_RETURNING}"
+# `any` / `stream_exists`: after the stream's current end, whatever it is. Parameters: stream,
+# stream, type, the values.
+_CUR = "WITH cur AS (SELECT coalesce(max(version), 0) AS v FROM eventstore.events WHERE stream_id = %s)"
+_CHECKS = {"any": "", "stream_exists": "WHERE cur.v > 0"}
 _INSERT_ONE = {
-    mode: f"""{_CUR}
-{_TARGET}
-SELECT %s, %s, cur.v + 1, %s, %s, %s, %s::jsonb, %s::jsonb, %s FROM cur {check}
-{_RETURNING}"""
+    mode: f"{_CUR}\n{_TARGET}\nSELECT %s, %s, cur.v + 1, {_ONE} FROM cur {check}\n{_RETURNING}"
     for mode, check in _CHECKS.items()
 }
 _INSERT_MANY = {
     mode: f"""{_CUR}
 {_TARGET}
 SELECT %s, %s, cur.v + x.n, x.e, x.t, x.sv, x.d::jsonb, x.m::jsonb, x.o
-FROM cur, unnest(%s::uuid[], %s::text[], %s::int[], %s::text[], %s::text[], %s::timestamptz[])
-     WITH ORDINALITY AS x(e, t, sv, d, m, o, n) {check}
+FROM cur, {_MANY} {check}
 {_RETURNING}"""
     for mode, check in _CHECKS.items()
 }
@@ -206,14 +207,11 @@ class EventStore:
         """Insert `events` after the stream's end if `expected` holds; None when it does not."""
         data = [dumps(e.data).decode() for e in events]
         meta = [dumps(e.metadata).decode() for e in events]
-        mode = expected if isinstance(expected, str) else "version"
-        tail = (expected,) if mode == "version" else ()
         if len(events) == 1:
             e = events[0]
-            one = (stream_id, stream_id, stream_type, e.event_id, e.type, e.schema_version, data[0], meta[0])
-            rows = cursor.execute(_INSERT_ONE[mode], (*one, e.occurred_at, *tail)).fetchall()
+            values: tuple[Any, ...] = (e.event_id, e.type, e.schema_version, data[0], meta[0], e.occurred_at)
         else:
-            columns = (
+            values = (
                 [e.event_id for e in events],
                 [e.type for e in events],
                 [e.schema_version for e in events],
@@ -221,7 +219,14 @@ class EventStore:
                 meta,
                 [e.occurred_at for e in events],
             )
-            rows = cursor.execute(_INSERT_MANY[mode], (stream_id, stream_id, stream_type, *columns, *tail)).fetchall()
+        if isinstance(expected, int) or expected == "no_stream":
+            at = 0 if expected == "no_stream" else expected
+            query = _INSERT_ONE_AT if len(events) == 1 else _INSERT_MANY_AT
+            params = (stream_id, stream_type, at, *values, stream_id, at, at, stream_id, at)
+        else:
+            query = (_INSERT_ONE if len(events) == 1 else _INSERT_MANY)[expected]
+            params = (stream_id, stream_id, stream_type, *values)
+        rows = cursor.execute(query, params).fetchall()
         if not rows:
             return None
         stored = {r[2]: r for r in rows}

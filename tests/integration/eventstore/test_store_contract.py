@@ -50,17 +50,24 @@ def ev(n: int = 1, t: str = "Happened") -> list[NewEvent]:
         (2, 1, False),
         (2, 3, False),
         (0, 1, False),
+        (2, 7, False),
+        (0, -1, False),
     ],
 )
-def test_expected_version_matrix(store: EventStore, prepared: int, expected: object, ok: bool) -> None:
+@pytest.mark.parametrize("size", [1, 3])  # one event and a batch take different statements
+def test_expected_version_matrix(store: EventStore, prepared: int, expected: object, ok: bool, size: int) -> None:
     if prepared:
         store.append("s", "t", ev(prepared), "no_stream")
     if ok:
-        result = store.append("s", "t", ev(1), expected)  # type: ignore[arg-type]
-        assert result.version == prepared + 1 and [e.version for e in result.events] == [prepared + 1]
+        batch = ev(size)
+        result = store.append("s", "t", batch, expected)  # type: ignore[arg-type]
+        versions = list(range(prepared + 1, prepared + size + 1))
+        assert result.version == prepared + size and [e.version for e in result.events] == versions
+        again = store.append("s", "t", batch, expected)  # type: ignore[arg-type]
+        assert again.duplicate and [e.position for e in again.events] == [e.position for e in result.events]
     else:
         with pytest.raises(ConcurrencyConflict) as info:
-            store.append("s", "t", ev(1), expected)  # type: ignore[arg-type]
+            store.append("s", "t", ev(size), expected)  # type: ignore[arg-type]
         assert info.value.actual == prepared and info.value.expected == expected
     assert [e.version for e in store.read_stream("s")] == list(range(1, store.version("s") + 1))
 
