@@ -35,10 +35,11 @@ _ONE = "%s, %s, %s, %s::jsonb, %s::jsonb, %s"  # id, type, schema version, data,
 _MANY = "unnest(%s::uuid[], %s::text[], %s::int[], %s::text[], %s::text[], %s::timestamptz[]) WITH ORDINALITY AS x(e, t, sv, d, m, o, n)"
 # An exact expected version n (an int, or no_stream = 0), the command path: versions n + 1.. go in
 # when version n exists (n = 0: nothing to find) and n + 1 does not. Two point lookups on
-# UNIQUE (stream_id, version) instead of max(version)'s backward scan, which with concurrent
-# writers lands on leaf pages they are splitting and has to step left (measured, 4 writers: ≈40 µs
-# less server CPU per append). Two appenders with the same n both pass; the unique constraint
-# decides between them. Parameters after the values: stream, n, n, stream, n.
+# UNIQUE (stream_id, version) instead of max(version)'s backward scan, which starts past the
+# stream's last entry, on leaf pages concurrent writers are filling and splitting (measured with 4
+# writers, interleaved in one run: 6–10 µs less server CPU per append, 3–12 % more appends/s).
+# Two appenders with the same n both pass; the unique constraint decides between them.
+# Parameters after the values: stream, n, n, stream, n.
 _AT = """WHERE NOT EXISTS (SELECT FROM eventstore.events WHERE stream_id = %s AND version = %s + 1)
   AND (%s = 0 OR EXISTS (SELECT FROM eventstore.events WHERE stream_id = %s AND version = %s))"""
 _INSERT_ONE_AT = f"{_TARGET}\nSELECT %s, %s, %s + 1, {_ONE}\n{_AT}\n{_RETURNING}"
@@ -140,8 +141,10 @@ class EventStore:
         attempts: int = 5,
     ) -> AppendResult:
         """Append atomically; re-appending the same event ids returns the original result."""
+        pool = self.pool
         for _ in range(attempts):
-            with self.pool.borrow() as conn:
+            conn = pool.getconn()  # (not `borrow()`: its generator frame is ≈2 µs of a ≈100 µs append)
+            try:
                 try:
                     if command is None:
                         return self._append(conn, stream_id, stream_type, events, expected_version, None)
@@ -160,6 +163,8 @@ class EventStore:
                 if isinstance(expected_version, int) or expected_version == "no_stream":
                     raise ConcurrencyConflict(stream_id, expected_version, actual)
                 # `any` / `stream_exists`: someone appended meanwhile; go again from the new end.
+            finally:
+                pool.putconn(conn)
         raise ConcurrencyConflict(stream_id, expected_version, actual)
 
     @staticmethod
@@ -229,17 +234,34 @@ class EventStore:
         rows = cursor.execute(query, params).fetchall()
         if not rows:
             return None
+        # The data as the store holds it (JSON, decimals as strings), like a read returns it.
+        if len(rows) == 1:
+            e, (position, version, _, recorded_at) = events[0], rows[0]
+            return (
+                RecordedEvent(
+                    position,
+                    stream_id,
+                    stream_type,
+                    version,
+                    e.event_id,
+                    e.type,
+                    e.schema_version,
+                    orjson.loads(data[0]),
+                    orjson.loads(meta[0]),
+                    _utc(e.occurred_at),
+                    recorded_at,
+                ),
+            )
         stored = {r[2]: r for r in rows}
         out = []
         for e, d, m in zip(events, data, meta, strict=True):
             position, version, _, recorded_at = stored[e.event_id]
-            # The data as the store holds it (JSON, decimals as strings), like a read returns it.
             out.append(
                 RecordedEvent(
-                    int(position),
+                    position,
                     stream_id,
                     stream_type,
-                    int(version),
+                    version,
                     e.event_id,
                     e.type,
                     e.schema_version,
