@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -71,21 +72,65 @@ def _run_threads(n: int, seconds: float, work: Work, done: list[int] | None = No
     return sum(counts) - before
 
 
-def interleaved(sides: dict[str, Work], writers: int, seconds: float, slice_s: float) -> dict[str, float]:
+def _server_ns(probe: psycopg.Connection[Any]) -> tuple[int, int]:
+    """CPU time and run-queue wait (ns) so far of this database's backends and the WAL writer,
+    from /proc/<pid>/schedstat (the server must run on this machine, as the embedded one does)."""
+    cpu = wait = 0
+    for (pid,) in probe.execute(
+        "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'"
+        " OR (backend_type = 'client backend' AND datname = current_database())"
+    ):
+        try:
+            on_cpu, queued, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
+        except (OSError, ValueError):
+            continue
+        cpu, wait = cpu + int(on_cpu), wait + int(queued)
+    return cpu, wait
+
+
+def interleaved(
+    sides: dict[str, Work], writers: int, seconds: float, slice_s: float, probe: psycopg.Connection[Any] | None = None
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """Appends/s of each side, which take turns in slices of `slice_s` (order reversed every round)
     until each has run `seconds`. The disk's fsync latency here swings several-fold within
     seconds (other work on the machine), so back-to-back blocks of seconds compare unequal
-    conditions; turns of half a second give every side the same ones."""
+    conditions; turns of half a second give every side the same ones. With `probe` (a connection
+    to the same server), also per append: WAL bytes, client CPU (this process), server CPU and
+    time its processes waited for a CPU."""
     done = {name: [0] * writers for name in sides}
     for name, work in sides.items():  # connections made and statements prepared before the clock runs
         _run_threads(writers, 0.2, work, done[name])
     n = dict.fromkeys(sides, 0)
+    costs = {name: [0.0, 0.0, 0.0, 0.0] for name in sides}  # WAL bytes, client s, server s, queued s
     rounds = max(1, round(seconds / slice_s))
     names = list(sides)
     for r in range(rounds):
         for name in names if r % 2 == 0 else reversed(names):
+            if probe is not None:
+                lsn = probe.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
+                srv, client = _server_ns(probe), time.process_time()
             n[name] += _run_threads(writers, slice_s, sides[name], done[name])
-    return {name: n[name] / (rounds * slice_s) for name in names}
+            if probe is not None:
+                client = time.process_time() - client
+                wal = probe.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", (lsn,)).fetchone()[0]  # type: ignore[index]
+                srv_end = _server_ns(probe)
+                c = costs[name]
+                c[0] += float(wal)
+                c[1] += client
+                c[2] += (srv_end[0] - srv[0]) / 1e9
+                c[3] += (srv_end[1] - srv[1]) / 1e9
+    rates = {name: n[name] / (rounds * slice_s) for name in names}
+    per_append = {
+        name: {
+            "wal_bytes": round(costs[name][0] / n[name]),
+            "client_cpu_us": round(costs[name][1] / n[name] * 1e6, 1),
+            "server_cpu_us": round(costs[name][2] / n[name] * 1e6, 1),
+            "server_cpu_wait_us": round(costs[name][3] / n[name] * 1e6, 1),
+        }
+        for name in names
+        if probe is not None and n[name]
+    }
+    return rates, per_append
 
 
 @contextmanager
@@ -149,9 +194,11 @@ def peer_side(dsn: str, writers: int) -> Iterator[Work]:
         datastore.close()
 
 
-def appends(dsn: str, store: EventStore, writers: int, seconds: float, slice_s: float) -> dict[str, float]:
+def appends(
+    dsn: str, store: EventStore, writers: int, seconds: float, slice_s: float, probe: psycopg.Connection[Any] | None
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     with raw_side(dsn, writers) as raw, peer_side(dsn, writers) as peer:
-        return interleaved({"raw": raw, "store": store_side(store), "peer": peer}, writers, seconds, slice_s)
+        return interleaved({"raw": raw, "store": store_side(store), "peer": peer}, writers, seconds, slice_s, probe)
 
 
 def load_times(store: EventStore, events: int) -> dict[str, float]:
@@ -263,6 +310,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=5.0, help="per side, writer count and repeat")
     parser.add_argument("--slice", type=float, default=0.5, help="the sides take turns of this many seconds")
+    parser.add_argument(
+        "--costs",
+        action="store_true",
+        help="also per append: WAL bytes, client CPU, server CPU and CPU wait (medians; the server on this machine)",
+    )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--load-events", type=int, default=10_000)
     parser.add_argument("--dsn", help="use this server instead of an embedded one")
@@ -286,10 +338,17 @@ def main() -> None:
             conn.execute(RAW_TABLE)
         store = EventStore.connect(dsn, max_size=8)
         runs: dict[str, list[float]] = {}
+        costs: dict[str, list[dict[str, float]]] = {}
+        probe = psycopg.connect(dsn, autocommit=True) if args.costs else None
         for _ in range(args.repeat):
             for writers in (1, 4):
-                for side, rate in appends(dsn, store, writers, args.seconds, args.slice).items():
+                rates, per_append = appends(dsn, store, writers, args.seconds, args.slice, probe)
+                for side, rate in rates.items():
                     runs.setdefault(f"{side}_{writers}w", []).append(rate)
+                for side, cost in per_append.items():
+                    costs.setdefault(f"{side}_{writers}w", []).append(cost)
+        if probe is not None:
+            probe.close()
         med = {k: round(statistics.median(v), 1) for k, v in runs.items()}
         handler = CommandHandler(store, {"account": bank_account()}, snapshot_every=100)
         py_runs, http_runs = [], []
@@ -318,6 +377,7 @@ def main() -> None:
             "peer": "eventsourcing PostgresApplicationRecorder, one event per insert_events call",
             "target_ratio_vs_peer": 1.5,
             "load": load_times(store, args.load_events),
+            **({"per_append_median": {k: med_of(v) for k, v in costs.items()}} if costs else {}),
             "runs": args.repeat,
             "seconds_per_run": args.seconds,
             "slice_s": args.slice,
