@@ -121,11 +121,25 @@ def _is(buf: np.ndarray, at: np.ndarray, text: bytes) -> np.ndarray:
     return (buf[at[:, None] + np.arange(len(text))] == np.frombuffer(text, np.uint8)).all(axis=1)
 
 
-def _texts(data: bytes, start: np.ndarray, stop: np.ndarray) -> pa.Array:
-    """The byte ranges [start, stop) of data as one string column (JSON `null` → null)."""
-    parts = list(map(data.__getitem__, map(slice, start.tolist(), stop.tolist())))
-    null = (stop - start == 4) & _is(np.frombuffer(data, np.uint8), np.minimum(start, len(data) - 4), b"null")
-    return pa.array(parts, pa.binary(), mask=null if null.any() else None).cast(pa.string())  # checks UTF-8
+def _texts(data: bytes, buf: np.ndarray, start: np.ndarray, stop: np.ndarray) -> pa.Array:
+    """The byte ranges [start, stop) of data as one string column (JSON `null` → null), built as
+    Arrow binary views into `data` (no Python object per value), then cast (which checks UTF-8)."""
+    n = len(start)
+    lengths = stop - start
+    head = buf[np.minimum(start[:, None] + np.arange(12), len(buf) - 1)]  # a view inlines up to 12 bytes
+    views = np.zeros((n, 16), np.uint8)
+    views[:, 4:] = np.where(np.arange(12) < lengths[:, None], head, 0)
+    words = views.view("<i4")  # length, then 12 inline bytes, or a 4-byte prefix, buffer 0, offset
+    words[:, 0] = lengths
+    long = lengths > 12
+    words[long, 2] = 0
+    words[long, 3] = start[long]
+    null = (lengths == 4) & (head[:, :4] == np.frombuffer(b"null", np.uint8)).all(axis=1)
+    valid = pa.array(~null, pa.bool_()).buffers()[1] if null.any() else None
+    parts = pa.Array.from_buffers(
+        pa.binary_view(), n, [valid, pa.py_buffer(views), pa.py_buffer(data)], int(null.sum())
+    )
+    return parts.cast(pa.string())
 
 
 def decode_lines(data: bytes) -> pa.Table | None:
@@ -135,7 +149,7 @@ def decode_lines(data: bytes) -> pa.Table | None:
     None when any line is not an intact record, or offsets do not ascend: the caller then reads
     the row path (`read_split`), which says what is wrong."""
     buf = np.frombuffer(data, np.uint8)
-    if not len(buf) or buf[-1] != _NEWLINE:
+    if not len(buf) or buf[-1] != _NEWLINE or len(buf) >= 1 << 31:  # views address 31 bits
         return None
     ends = np.flatnonzero(buf == _NEWLINE)  # each line's newline
     starts = np.concatenate(([0], ends[:-1] + 1))
@@ -169,12 +183,7 @@ def decode_lines(data: bytes) -> pa.Table | None:
     ):
         return None
     try:
-        stored = pc.cast(
-            pa.array(
-                map(data.__getitem__, map(slice, (he + 7).tolist(), (ends - 1).tolist())), pa.binary(), size=n
-            ).cast(pa.string()),
-            pa.int64(),
-        ).to_numpy()
+        stored = pc.cast(_texts(data, buf, he + 7, ends - 1), pa.int64()).to_numpy(zero_copy_only=False)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     view = memoryview(data)
@@ -182,7 +191,7 @@ def decode_lines(data: bytes) -> pa.Table | None:
     if not (crcs == stored).all():
         return None
     try:
-        texts = [_texts(data, ks, ke), _texts(data, vs, ve), _texts(data, hs, he)]
+        texts = [_texts(data, buf, ks, ke), _texts(data, buf, vs, ve), _texts(data, buf, hs, he)]
     except pa.ArrowInvalid:
         return None  # not UTF-8
     return pa.Table.from_arrays([pa.array(off), pa.array(ints["timestamp"]), *texts], schema=SCHEMA)
