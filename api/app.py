@@ -27,6 +27,7 @@ from api.config import Settings
 from api.limits import BodyLimit
 from api.logs import REQUEST_ID
 from api.metrics import Metrics
+from api.pg_async import KeepReaderConnection
 from eventstore.domain.bank import bank_account
 from eventstore.handler import CommandHandler
 from eventstore.store import EventStore
@@ -131,7 +132,14 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = AsyncConnectionPool(dsn, min_size=1, max_size=8, open=False, kwargs={"autocommit": True})
+        pool = AsyncConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=8,
+            open=False,
+            kwargs={"autocommit": True},
+            connection_class=KeepReaderConnection,
+        )
         await pool.open(wait=False)
         app.state.pool = pool
         store = await asyncio.to_thread(EventStore.connect, dsn)
