@@ -4,7 +4,9 @@ A 1,000,000-row view, 4 concurrent clients on loopback; a point lookup and a 100
 Each client is its own process (so the load generator's GIL is not the bottleneck) holding one
 keep-alive HTTP connection (a minimal raw-socket HTTP/1.1 client) and one psycopg connection; API
 and direct runs alternate in rounds and medians over the rounds are reported. Prints JSON; ratios are
-measured in the same run (target ≥ 0.5× direct).
+measured in the same run (target ≥ 0.5× direct). Each run also reports the CPU time per request of
+the clients, the API server and PostgreSQL (from /proc): unlike queries/s, these barely move when
+other work shares the machine, and they say where a request's cost goes.
 
     .venv/bin/python bench/api.py [--rows 1000000] [--seconds 10] [--clients 4] [--workers 1,2]
 """
@@ -15,6 +17,7 @@ import argparse
 import contextlib
 import json
 import multiprocessing as mp
+import os
 import random
 import shutil
 import socket
@@ -135,29 +138,63 @@ def _client(index: int, ports: list[int], dsn: str, rows: int, pipe: Connection)
             lat = array("d")
             while time.monotonic() < start:
                 time.sleep(0.0005)
+            cpu = time.process_time()
             while (t0 := time.monotonic()) < stop:
                 call(kind)
                 lat.append(time.monotonic() - t0)
             pipe.send_bytes(lat.tobytes())
+            pipe.send(time.process_time() - cpu)
     finally:
         http.close()
         pg.close()
 
 
-def _run(pipes: list[Connection], side: str, kind: str, seconds: float, port: int = 0) -> dict[str, float]:
+def _cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of these processes and their children (uvicorn workers, PostgreSQL backends)."""
+    total = 0
+    for pid in pids:
+        try:
+            children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        except OSError:
+            children = []
+        for p in [pid, *children]:
+            try:
+                fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # exited meanwhile
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _run(
+    pipes: list[Connection], side: str, kind: str, seconds: float, port: int = 0, *, server: int, postgres: int
+) -> dict[str, float]:
+    """One measured run; with the CPU time each party spent per request: the clients, the API server
+    (all its workers) and PostgreSQL (every backend), read from /proc at the start and the end."""
     start = time.monotonic() + 0.3
     for p in pipes:
         p.send((side, kind, port, start, start + seconds))
+    time.sleep(max(0.0, start - time.monotonic()))
+    server_cpu, pg_cpu = _cpu_seconds([server]) if side == "api" else 0.0, _cpu_seconds([postgres])
+    time.sleep(max(0.0, start + seconds - time.monotonic()))
+    server_cpu = _cpu_seconds([server]) - server_cpu if side == "api" else 0.0
+    pg_cpu = _cpu_seconds([postgres]) - pg_cpu
     flat: list[float] = []
+    client_cpu = 0.0
     for p in pipes:
         lat = array("d")
         lat.frombytes(p.recv_bytes())
         flat.extend(lat)
+        client_cpu += p.recv()
     flat.sort()
+    n = len(flat)
     return {
-        "qps": len(flat) / seconds,
-        "p50_ms": flat[len(flat) // 2] * 1e3,
-        "p99_ms": flat[int(len(flat) * 0.99)] * 1e3,
+        "qps": n / seconds,
+        "p50_ms": flat[n // 2] * 1e3,
+        "p99_ms": flat[int(n * 0.99)] * 1e3,
+        "cpu_us_client": client_cpu / n * 1e6,
+        "cpu_us_server": server_cpu / n * 1e6,
+        "cpu_us_postgres": pg_cpu / n * 1e6,
     }
 
 
@@ -236,18 +273,35 @@ def main() -> None:
             proc.start()
             procs.append(proc)
             pipes.append(ours)
+        postmaster = int((cluster.pgdata / "postmaster.pid").read_text().split()[0])
+        pids = dict(zip(ports, (s.pid for s in servers), strict=True))
         results: dict[str, list[dict[str, float]]] = {}
         per_run = args.seconds / args.rounds
         runs = [("direct", "", 0)] + [("api", f"_w{w}", port) for w, port in zip(worker_counts, ports, strict=True)]
         for r in range(args.rounds):  # interleaved; the order alternates so no side always goes first
             for kind in ("point", "page100"):
                 for side, suffix, port in runs if r % 2 == 0 else runs[::-1]:
-                    results.setdefault(f"{side}_{kind}{suffix}", []).append(_run(pipes, side, kind, per_run, port))
+                    results.setdefault(f"{side}_{kind}{suffix}", []).append(
+                        _run(pipes, side, kind, per_run, port, server=pids.get(port, 0), postgres=postmaster)
+                    )
             for w, port in zip(worker_counts, ports, strict=True):  # the floor: HTTP + framework, no database
-                results.setdefault(f"api_healthz_w{w}", []).append(_run(pipes, "api", "healthz", per_run / 2, port))
+                results.setdefault(f"api_healthz_w{w}", []).append(
+                    _run(pipes, "api", "healthz", per_run / 2, port, server=pids[port], postgres=postmaster)
+                )
         med = {k: {m: round(statistics.median(x[m] for x in v), 2) for m in v[0]} for k, v in sorted(results.items())}
         ratios = {
             f"{kind}_w{w}": round(med[f"api_{kind}_w{w}"]["qps"] / med[f"direct_{kind}"]["qps"], 3)
+            for w in worker_counts
+            for kind in ("point", "page100")
+        }
+
+        def cpu(key: str) -> float:
+            m = med[key]
+            return m["cpu_us_client"] + m["cpu_us_server"] + m["cpu_us_postgres"]
+
+        # what the ratio would be if CPU time were all that limits both sides (2 cores, no idle time)
+        cpu_ratios = {
+            f"{kind}_w{w}": round(cpu(f"direct_{kind}") / cpu(f"api_{kind}_w{w}"), 3)
             for w in worker_counts
             for kind in ("point", "page100")
         }
@@ -260,6 +314,7 @@ def main() -> None:
             "seconds_per_run": round(per_run, 2),
             "median": med,
             "ratios": ratios,
+            "cpu_ratios": cpu_ratios,
             # the first --workers value (the default [api] workers = 1) is the headline figure
             "ratio_point": ratios[f"point_w{worker_counts[0]}"],
             "ratio_page100": ratios[f"page100_w{worker_counts[0]}"],
