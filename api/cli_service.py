@@ -26,10 +26,16 @@ def _is_loopback(host: str) -> bool:
 
 def serve(
     config: ConfigOption = None,
-    host: Annotated[str | None, typer.Option(help="Bind address (default [api] host = 127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (default [api] port = 8000).")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (default \\[api] host = 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default \\[api] port = 8000).")] = None,
     workers: Annotated[
-        int | None, typer.Option(min=1, help="Worker processes sharing the port (default [api] workers = 1).")
+        int | None,
+        typer.Option(
+            min=1,
+            help="Worker processes sharing the port (default \\[api] workers = 1). One worker is the right "
+            "default when PostgreSQL shares a machine of few cores: on 2 cores a second worker made view "
+            "queries no faster (bench/api.py). Add workers when cores are left over.",
+        ),
     ] = None,
 ) -> None:
     """Serve the HTTP API, /metrics and the console page (open http://HOST:PORT/)."""
