@@ -135,12 +135,15 @@ def interleaved(
 
 @contextmanager
 def raw_side(dsn: str, writers: int) -> Iterator[Work]:
-    """The ceiling: single-row INSERTs with psycopg, one connection per writer."""
+    """The ceiling: single-row INSERTs with psycopg, one connection per writer. Each writer reuses
+    one cursor, as the store does (`conn.execute` makes a cursor per call: ≈15 µs more client CPU
+    per INSERT, measured, which handicapped the ceiling)."""
     conns = [psycopg.connect(dsn, autocommit=True) for _ in range(writers)]
+    cursors = [c.cursor() for c in conns]
     tag = uuid.uuid4().hex[:6]
 
     def work(i: int, k: int) -> None:
-        conns[i].execute(
+        cursors[i].execute(
             "INSERT INTO raw_events (stream_id, stream_type, version, event_id, type, schema_version, data, metadata) "
             "VALUES (%s, 'bench', %s, %s, 'Happened', 1, '{\"amount\": \"1.00\"}', '{}')",
             (f"raw-{tag}-{i}", k + 1, uuid.uuid4()),
