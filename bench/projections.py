@@ -3,10 +3,13 @@
 For each size N (events over --keys accounts in `events.account`, 4 partitions):
   * fold      — `account_balances` rebuilt by the Spark runner (log → fold → COPY/merge → swap);
   * dataframe — `account_totals` (DataFrame groupBy over the VARIANT value `value_v`) rebuilt by
-                the Spark runner; dataframe_json — the same projection reading the JSON text with
-                `from_json` (as a file written before `value_v` existed), and whether both tables agree;
+                the Spark runner --repeat times (the first run in this JVM is reported on its own:
+                the JIT has not compiled the VARIANT read yet); dataframe_json — the same projection
+                reading the JSON text with `from_json` (as a file written before `value_v` existed),
+                and whether both tables agree;
   * (a) pg    — the same aggregation as one `INSERT … SELECT … GROUP BY` inside Postgres over a
-                table holding the same rows (loaded by COPY beforehand, not timed);
+                table holding the same rows (loaded by COPY beforehand, not timed), --repeat times;
+                ratios are of medians, and of the first runs;
   * (b) py    — a single-process Python fold reading the log (same engine, same order);
   * incremental — `run` after --incremental new events on top of N;
   * driver RSS (this Python process) and the Spark JVM's peak RSS.
@@ -27,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,8 +126,9 @@ def python_fold(root: Path) -> tuple[float, int]:
     return time.perf_counter() - t0, n
 
 
-def pg_group_by(dsn: str, tsv: Path) -> float:
-    """Baseline (a): the DataFrame projection's aggregation as SQL inside Postgres."""
+def pg_group_by(dsn: str, tsv: Path, repeat: int) -> list[float]:
+    """Baseline (a): the DataFrame projection's aggregation as SQL inside Postgres (each run
+    into an empty table)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS bench_events, bench_totals")
         conn.execute("CREATE TABLE bench_events (stream text, type text, amount numeric(20,2))")
@@ -135,14 +140,17 @@ def pg_group_by(dsn: str, tsv: Path) -> float:
             "CREATE TABLE bench_totals (account_id text PRIMARY KEY, deposits numeric(20,2), "
             "withdrawals numeric(20,2), events bigint)"
         )
-        t0 = time.perf_counter()
-        conn.execute(
-            "INSERT INTO bench_totals SELECT stream, "
-            "coalesce(sum(amount) FILTER (WHERE type = 'MoneyDeposited'), 0), "
-            "coalesce(sum(amount) FILTER (WHERE type = 'MoneyWithdrawn'), 0), count(*) "
-            "FROM bench_events GROUP BY stream"
-        )
-        took = time.perf_counter() - t0
+        took = []
+        for _ in range(repeat):
+            conn.execute("TRUNCATE bench_totals")
+            t0 = time.perf_counter()
+            conn.execute(
+                "INSERT INTO bench_totals SELECT stream, "
+                "coalesce(sum(amount) FILTER (WHERE type = 'MoneyDeposited'), 0), "
+                "coalesce(sum(amount) FILTER (WHERE type = 'MoneyWithdrawn'), 0), count(*) "
+                "FROM bench_events GROUP BY stream"
+            )
+            took.append(time.perf_counter() - t0)
         conn.execute("DROP TABLE bench_events, bench_totals")
     return took
 
@@ -158,7 +166,9 @@ def jvm_peak_rss_mb(spark: Any) -> float | None:
     return None
 
 
-def one_size(n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: int, py_max: int) -> dict[str, Any]:
+def one_size(
+    n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: int, py_max: int, repeat: int
+) -> dict[str, Any]:
     rng = random.Random(n)
     root = work / f"log_{n}"
     shutil.rmtree(root, ignore_errors=True)
@@ -190,7 +200,7 @@ def one_size(n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: i
     assert len(columnar) == len(sealed)
     sealed_records = sum(e.segment for e in log_ends.values())  # offsets before each active segment
     fold = rebuild("account_balances", s, spark=spark)
-    df = rebuild("account_totals", s, spark=spark)
+    df_runs = [rebuild("account_totals", s, spark=spark).seconds for _ in range(repeat)]
     df_json = rebuild("account_totals_json", s, spark=spark)
     with psycopg.connect(dsn) as conn:
         differ = conn.execute(
@@ -201,7 +211,7 @@ def one_size(n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: i
     log.close()
     inc = run("account_balances", s, spark=spark)
     runner_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the baselines
-    pg_s = pg_group_by(dsn, tsv)
+    pg_runs = pg_group_by(dsn, tsv, repeat)
     tsv.unlink()
     py_s, py_units = python_fold(root) if n <= py_max else (None, None)
     return {
@@ -212,14 +222,17 @@ def one_size(n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: i
         "records_in_parquet_fraction": round(sealed_records / n, 3),
         "fold_rebuild_s": round(fold.seconds, 2),
         "fold_events_per_s": round(n / fold.seconds),
-        "dataframe_rebuild_s": round(df.seconds, 2),
+        "dataframe_rebuild_s": round(median(df_runs), 2),
+        "dataframe_rebuild_runs_s": [round(x, 2) for x in df_runs],
         "dataframe_json_rebuild_s": round(df_json.seconds, 2),
         "dataframe_tables_equal": differ is not None and differ[0] == 0,
-        "pg_group_by_s": round(pg_s, 2),
+        "pg_group_by_s": round(median(pg_runs), 2),
+        "pg_group_by_runs_s": [round(x, 2) for x in pg_runs],
         "py_fold_s": None if py_s is None else round(py_s, 2),
         "py_fold_units": py_units,
-        "dataframe_vs_pg": round(pg_s / df.seconds, 3),
-        "dataframe_json_vs_pg": round(pg_s / df_json.seconds, 3),
+        "dataframe_vs_pg": round(median(pg_runs) / median(df_runs), 3),
+        "dataframe_vs_pg_first_runs": round(pg_runs[0] / df_runs[0], 3),
+        "dataframe_json_vs_pg": round(median(pg_runs) / df_json.seconds, 3),
         "fold_vs_py": None if py_s is None else round(py_s / fold.seconds, 3),
         "incremental_events": incremental,
         "incremental_s": round(inc.seconds, 2),
@@ -234,6 +247,7 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--incremental", type=int, default=10_000)
     ap.add_argument("--py-max", type=int, default=5_000_000, help="skip the Python baseline above this size")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of the DataFrame rebuild and of the GROUP BY")
     ap.add_argument("--dsn", help="service database (default: an embedded cluster in --dir)")
     ap.add_argument("--master", default="local[*]")
     ap.add_argument("--dir", type=Path, default=None)
@@ -254,7 +268,8 @@ def main() -> None:
     warm.mapInArrow(lambda batches: batches, "id long").collect()
     try:
         sizes = [
-            one_size(int(n), args.keys, dsn, work, spark, args.incremental, args.py_max) for n in args.events.split(",")
+            one_size(int(n), args.keys, dsn, work, spark, args.incremental, args.py_max, args.repeat)
+            for n in args.events.split(",")
         ]
         result: dict[str, Any] = {
             "bench": "projections",
