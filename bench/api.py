@@ -108,7 +108,7 @@ def _client(index: int, ports: list[int], dsn: str, rows: int, pipe: Connection)
         return rng.randint(1, rows) if kind == "point" else rng.randint(0, 9999)
 
     def api(kind: str) -> None:
-        if kind == "healthz":  # the floor: HTTP + framework, no database
+        if kind == "healthz":  # HTTP + FastAPI (a route the views fast path skips), no database
             if http.get("/healthz")[0] != 200:
                 raise AssertionError("/healthz failed")
             return
@@ -284,7 +284,7 @@ def main() -> None:
                     results.setdefault(f"{side}_{kind}{suffix}", []).append(
                         _run(pipes, side, kind, per_run, port, server=pids.get(port, 0), postgres=postmaster)
                     )
-            for w, port in zip(worker_counts, ports, strict=True):  # the floor: HTTP + framework, no database
+            for w, port in zip(worker_counts, ports, strict=True):  # HTTP + FastAPI routing, no database
                 results.setdefault(f"api_healthz_w{w}", []).append(
                     _run(pipes, "api", "healthz", per_run / 2, port, server=pids[port], postgres=postmaster)
                 )
