@@ -141,6 +141,7 @@ def demo(
             port=settings.api.port,
             log_level="warning",
             access_log=False,
+            http="api.http_protocol:CoalescingHttpToolsProtocol",  # as `tributary serve` runs it
         )
     )
 
