@@ -118,7 +118,8 @@ _NEWLINE = ord("\n")
 
 def _is(buf: np.ndarray, at: np.ndarray, text: bytes) -> np.ndarray:
     """Per position: buf[at : at + len(text)] == text (positions are within buf)."""
-    return (buf[at[:, None] + np.arange(len(text))] == np.frombuffer(text, np.uint8)).all(axis=1)
+    same: np.ndarray = (buf[at[:, None] + np.arange(len(text))] == np.frombuffer(text, np.uint8)).all(axis=1)
+    return same
 
 
 def _texts(data: bytes, buf: np.ndarray, start: np.ndarray, stop: np.ndarray) -> pa.Array:
