@@ -223,43 +223,30 @@ class EventStore:
         rows = cursor.execute(query, (stream_id, stream_id, stream_type, *values, *tail)).fetchall()
         if not rows:
             return None
+
         # The data as the store holds it (JSON, decimals as strings), like a read returns it.
-        if len(events) == 1:
-            e, (position, version, recorded_at) = events[0], rows[0]
-            return (
-                RecordedEvent(
-                    position,
-                    stream_id,
-                    stream_type,
-                    version,
-                    e.event_id,
-                    e.type,
-                    e.schema_version,
-                    orjson.loads(data[0]),
-                    orjson.loads(meta[0]),
-                    _utc(e.occurred_at),
-                    recorded_at,
-                ),
+        def recorded(e: NewEvent, d: str, m: str, position: int, version: int, recorded_at: Any) -> RecordedEvent:
+            return RecordedEvent(
+                position,
+                stream_id,
+                stream_type,
+                version,
+                e.event_id,
+                e.type,
+                e.schema_version,
+                orjson.loads(d),
+                orjson.loads(m),
+                _utc(e.occurred_at),
+                recorded_at,
             )
+
+        if len(events) == 1:  # the common case: its row is the one event's (no id map)
+            return (recorded(events[0], data[0], meta[0], *rows[0]),)
         stored = {r[2]: r for r in rows}
         out = []
         for e, d, m in zip(events, data, meta, strict=True):
             position, version, _, recorded_at = stored[e.event_id]
-            out.append(
-                RecordedEvent(
-                    position,
-                    stream_id,
-                    stream_type,
-                    version,
-                    e.event_id,
-                    e.type,
-                    e.schema_version,
-                    orjson.loads(d),
-                    orjson.loads(m),
-                    _utc(e.occurred_at),
-                    recorded_at,
-                )
-            )
+            out.append(recorded(e, d, m, position, version, recorded_at))
         return tuple(out)
 
     def _existing(self, conn: psycopg.Connection[Any], events: Sequence[NewEvent]) -> AppendResult | None:
