@@ -107,7 +107,7 @@ def capture(
         status_interval_s=settings.capture.status_interval_s,
         max_backoff_s=settings.capture.max_backoff_s,
         until_idle_s=until_idle,
-        cleaner=cleaner_policy(settings) if settings.log.cleaner_interval_s > 0 else None,
+        cleaner=cleaner_policy(settings),
     )
     with _SnapshotProgress(enabled=sys.stderr.isatty()) as progress:
         daemon = CaptureDaemon(specs, options, on_progress=progress.update)

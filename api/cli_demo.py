@@ -118,7 +118,7 @@ def demo(
             log_root=settings.log.root,
             default_partitions=settings.log.partitions,
             linger_ms=settings.log.linger_ms,
-            cleaner=cleaner_policy(settings) if settings.log.cleaner_interval_s > 0 else None,
+            cleaner=cleaner_policy(settings),
         ),
     )
 

@@ -179,9 +179,12 @@ class CompactedInBackground(Exception):
     """`log compact` while capture runs: the daemon's cleaner does it; the message says how."""
 
 
-def cleaner_policy(settings: Settings) -> CleanerPolicy:
-    """The `[log]` cleaner keys as the log's policy (the daemon's and `log compact`'s)."""
+def cleaner_policy(settings: Settings) -> CleanerPolicy | None:
+    """The `[log]` cleaner keys as the capture daemon's cleaner policy; None when
+    `cleaner_interval_s` is 0 (no background cleaner)."""
     s = settings.log
+    if s.cleaner_interval_s <= 0:
+        return None
     return CleanerPolicy(
         interval_ms=int(s.cleaner_interval_s * 1000),
         min_cleanable_dirty_ratio=s.min_cleanable_dirty_ratio,

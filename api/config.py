@@ -138,7 +138,12 @@ class ApiSettings(_Section):
     port: int = Field(default=8000, ge=0, le=65535, description="Bind port.")
     keys: tuple[ApiKey, ...] = Field(default=(), description="API keys with scopes.")
     max_body_bytes: int = Field(default=1_048_576, ge=1024, description="Larger bodies get 413.")
-    workers: int = Field(default=1, ge=1, le=64, description="Server processes sharing the port (1 suits a few cores shared with PostgreSQL).")
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Server processes sharing the port (1 suits a few cores shared with PostgreSQL).",
+    )
 
 
 class Settings(BaseSettings):

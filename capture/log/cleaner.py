@@ -311,7 +311,7 @@ class Cleaner:
                 continue
             del self.superseded[path]
             base = int(path.name[:20])
-            if (path.parent / f"{path.name[:20]}.log").exists() and self._is_current(path.parent, base):
+            if log_path(path.parent, base).exists() and self._is_current(path.parent, base):
                 continue  # remade from the new version meanwhile
             path.unlink(missing_ok=True)
             self._checked.pop(path, None)

@@ -113,6 +113,7 @@ _HEAD = (
     r'^(?P<head>\{"offset":(?P<offset>\d+),"timestamp":(?P<timestamp>-?\d+),'
     r'"lens":\[(?P<kl>\d+),(?P<vl>\d+),(?P<hl>\d+)\],"key":)'
 )
+_HEAD_INTS = ("offset", "timestamp", "kl", "vl", "hl")
 _NEWLINE = ord("\n")
 
 
@@ -197,8 +198,6 @@ def decode_lines(data: bytes) -> pa.Table | None:
         return None  # not UTF-8
     return pa.Table.from_arrays([pa.array(off), pa.array(ints["timestamp"]), *texts], schema=SCHEMA)
 
-
-_HEAD_INTS = ("offset", "timestamp", "kl", "vl", "hl")
 
 
 def read_split_columns(split: Split, lo: int, hi: int) -> pa.Table | None:
