@@ -9,19 +9,22 @@ from __future__ import annotations
 import asyncio
 import base64
 import decimal
+import itertools
 import re
-import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
 import orjson
+import psycopg
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
 from psycopg import sql
+from psycopg.adapt import AdaptersMap
 from psycopg.types.string import TextLoader
 from starlette.types import Scope
 
+from api import pg_prepared
 from api.auth import AUTH_RESPONSES, error, require
 
 __all__ = ["fast_page", "router"]
@@ -146,9 +149,11 @@ def _columns(names: list[str]) -> sql.Composed:
     return sql.SQL(", ").join(sql.Identifier(k) for k in names)
 
 
-def _casts(names: list[str], types: dict[str, str]) -> sql.Composed:
+def _casts(names: list[str], types: dict[str, str], number: Iterator[int]) -> sql.Composed:
     """One placeholder per name, cast to the column's declared type."""
-    return sql.SQL(", ").join(sql.SQL("CAST({} AS {})").format(sql.Placeholder(), sql.SQL(types[k])) for k in names)
+    return sql.SQL(", ").join(
+        sql.SQL("CAST(${} AS {})").format(sql.SQL(str(next(number))), sql.SQL(types[k])) for k in names
+    )
 
 
 def _compose(
@@ -164,22 +169,25 @@ def _compose(
     nullable: bool = False,
     after_null: bool = False,
 ) -> sql.Composed:
+    number = itertools.count(1)  # libpq's `$n` placeholders, in the order of the arguments
     where: list[sql.Composable] = [
-        sql.SQL("{} {} CAST({} AS {})").format(
-            sql.Identifier(column), sql.SQL(op), sql.Placeholder(), sql.SQL(types[column])
+        sql.SQL("{} {} CAST(${} AS {})").format(
+            sql.Identifier(column), sql.SQL(op), sql.SQL(str(next(number))), sql.SQL(types[column])
         )
         for column, op in filters
     ]
     if after:
         op = sql.SQL("<" if descending else ">")
-        row, cursor = _columns(keys), _casts(keys, types)
+        row = _columns(keys)
+        # the cursor's values follow the filters' (with no order value when it is NULL: not sent)
+        cursor = _casts(keys[1:] if after_null else keys, types, number)
         if not nullable:  # the order column is part of the key: never NULL
             where.append(sql.SQL("({}) {} ({})").format(row, op, cursor))
         else:  # NULLs sort last ascending, first descending; a row comparison with NULL is NULL, not false
-            col, pk, pk_cursor = sql.Identifier(keys[0]), _columns(keys[1:]), _casts(keys[1:], types)
-            if after_null:  # the cursor row's order value is NULL (its value is not sent)
+            col = sql.Identifier(keys[0])
+            if after_null:  # the cursor row's order value is NULL
                 form = "({} IS NOT NULL OR ({}) {} ({}))" if descending else "({} IS NULL AND ({}) {} ({}))"
-                where.append(sql.SQL(form).format(col, pk, op, pk_cursor))
+                where.append(sql.SQL(form).format(col, _columns(keys[1:]), op, cursor))
             elif descending:
                 where.append(sql.SQL("({}) {} ({})").format(row, op, cursor))
             else:
@@ -240,18 +248,10 @@ def _row_builder(names: list[str]) -> Callable[[Sequence[Any]], dict[str, Any]]:
     return eval(f"lambda r: {{{body}}}", {})  # type: ignore[no-any-return]
 
 
-_cursors: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-
-
-def _cursor(conn: Any) -> Any:
-    """One cursor per pooled connection, reused (a new cursor per query costs ≈15 µs). It reads
-    `numeric` as PostgreSQL's own text, which the JSON body carries as a string anyway: no Decimal
-    per value and no `default=` call per value in orjson."""
-    cur = _cursors.get(conn)
-    if cur is None:
-        cur = _cursors[conn] = conn.cursor()
-        cur.adapters.register_loader("numeric", TextLoader)
-    return cur
+# Views read `numeric` as PostgreSQL's own text, which the JSON body carries as a string anyway: no
+# Decimal per value and no `default=` call per value in orjson.
+_ADAPTERS = AdaptersMap(psycopg.adapters)
+_ADAPTERS.register_loader("numeric", TextLoader)
 
 
 async def _page(
@@ -304,9 +304,7 @@ async def _page(
             if len(queries) >= _MAX_SHAPES:  # the connection's quoting rules
                 queries.clear()
             query = queries[shape] = query.as_bytes(conn)
-        cur = _cursor(conn)
-        await cur.execute(query, args)
-        rows = await cur.fetchall()
+        rows = await pg_prepared.fetch(conn, query, args, _ADAPTERS, view.row)
     except Exception as exc:  # noqa: BLE001 - a bad value for a typed column is the caller's error
         from psycopg import errors
 
@@ -321,7 +319,7 @@ async def _page(
         raise
     finally:
         await pool.putconn(conn)
-    page = list(map(view.row, rows[:limit]))
+    page = rows[:limit] if len(rows) > limit else rows
     next_cursor = _encode_cursor([page[-1][k] for k in keys]) if len(rows) > limit and page else None
     return orjson.dumps({"view": name, "rows": page, "next_cursor": next_cursor}, default=_default)
 
