@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +27,16 @@ import pyarrow as pa
 from orjson import loads
 
 from capture.log import Log, LogError, Split, _fileio, read_split
-from capture.log.columnar import copy_format, decode_lines, parquet_path, read_split_columns
+from capture.log.columnar import (
+    TailCopy,
+    copy_format,
+    decode_lines,
+    parquet_path,
+    read_split_columns,
+    sweep_tail_copies,
+    tail_copies,
+    tail_copy_valid,
+)
 from capture.log.segment import SegmentRef, iter_records, log_path
 from projections.codec import canonical
 from projections.engine import prepare
@@ -58,15 +68,22 @@ _ARROW = pa.schema(
     ]
 )
 _BATCH = 8192
+# A run that reads all of an active segment's uncopied committed bytes has a tail copy made of
+# them (`columnar.TailCopy`) once they reach this size; later runs read it from Parquet and only
+# what was committed after it as rows.
+TAIL_COPY_BYTES = 16 << 20
+TAIL_GRACE_S = 600.0  # a superseded tail copy is deleted this long after its successor was made
 
 
 def plan(
     log: Log, topics: Sequence[str], lo: Mapping[TP, int], hi: Mapping[TP, int], max_bytes: int
 ) -> tuple[list[tuple[Any, ...]], list[Segment]]:
-    """Row splits holding offsets in [lo, hi) per topic-partition, and the sealed segments among
-    them (one entry per segment instead of its splits: they are read from Parquet)."""
+    """Row splits holding offsets in [lo, hi) per topic-partition, and the segments read from
+    Parquet instead (one entry per segment instead of its splits): every sealed one, and the
+    committed prefix of an active one that has a tail copy — or gets one made (`_tail`)."""
     rows: list[tuple[Any, ...]] = []
     sealed: list[Segment] = []
+    active: dict[TP, list[tuple[Any, ...]]] = {}
     ends = log.ends()
     for topic in topics:
         splits: list[Split] = log.splits(topic, max_bytes=max_bytes)
@@ -84,8 +101,37 @@ def plan(
                     sealed.append(Segment(topic, s.partition, base, s.path, start, stop, []))
                 sealed[-1].splits.append(row)
                 continue
-            rows.append(row)
+            active.setdefault(tp, []).append(row)
+    for tp, splits_ in active.items():
+        copy, rest = _tail(splits_, ends[tp].end, ends[tp].nbytes)
+        if copy is not None:
+            sealed.append(copy)
+        rows += rest
     return rows, sealed
+
+
+def _tail(splits: list[tuple[Any, ...]], end: int, nbytes: int) -> tuple[Segment | None, list[tuple[Any, ...]]]:
+    """An active segment's planned row splits (committed end `end`, `nbytes`) → (the Parquet
+    part, the splits still read as rows). With a valid tail copy the rows start at its end, at
+    its byte position; a new copy is planned instead when this run reads everything uncopied
+    and that is at least TAIL_COPY_BYTES (a rebuild, a DataFrame projection's run)."""
+    topic, partition, path, _, _, _, lo, hi, _ = splits[0]
+    pdir, base = Path(path).parent, int(Path(path).name[:20])
+    copy = next((c for c in tail_copies(pdir) if c.base == base and tail_copy_valid(pdir, c, end, nbytes)), None)
+    covered, covered_bytes = (base, 0) if copy is None else (copy.end, copy.nbytes)
+    if lo <= covered and nbytes - covered_bytes >= TAIL_COPY_BYTES:
+        return Segment(topic, partition, base, path, lo, hi, splits, TailCopy(base, end, nbytes)), []
+    if copy is None or lo >= copy.end:
+        return None, splits
+    rest = []
+    for row in splits:  # the splits after the copy's end; the one holding it starts there
+        first, stop = row[5], row[8]
+        if stop is not None and stop <= copy.end:
+            continue
+        if first <= copy.end:
+            row = (*row[:3], copy.nbytes, row[4], copy.end, max(row[6], copy.end), *row[7:])
+        rest.append(row)
+    return Segment(topic, partition, base, path, lo, hi, splits, copy), rest
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -99,10 +145,28 @@ class Segment:
     lo: int
     hi: int
     splits: list[tuple[Any, ...]]  # its row splits, read if no Parquet copy can be made
+    tail: TailCopy | None = None  # an active segment: the copy of its committed prefix
 
     @property
     def ref(self) -> SegmentRef:
         return SegmentRef(self.topic, self.partition, Path(self.path).parent, self.base)
+
+    @property
+    def copy_path(self) -> Path:
+        pdir = Path(self.path).parent
+        return parquet_path(pdir, self.base) if self.tail is None else self.tail.path(pdir)
+
+    @property
+    def limit(self) -> int | None:
+        """The bytes a copy is made of (None: the whole, sealed, file)."""
+        return None if self.tail is None else self.tail.nbytes
+
+    def copied(self) -> bool:
+        """Its copy exists, is complete and is current (format 2)."""
+        pdir = Path(self.path).parent
+        if self.tail is None:
+            return copy_format(pdir, self.base) == 2
+        return tail_copy_valid(pdir, self.tail, self.tail.end, self.tail.nbytes)
 
 
 # A copy's rows: the segment's index in the job, the record's first seven columns, the segment's size.
@@ -114,21 +178,23 @@ _COPY_SCHEMA = (
 
 
 def _segment_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Spark task: the records of each sealed segment it is given, a whole segment or nothing
-    (a segment that cannot be read — compacted away meanwhile — is left to the row path).
-    A segment is decoded as a whole (`columnar.decode_lines`); one it refuses, line by line."""
+    """Spark task: the records of each segment it is given — a sealed one whole, an active one's
+    first `limit` (committed) bytes — all or nothing (a segment that cannot be read — compacted
+    away meanwhile — is left to the row path). A segment is decoded as a whole
+    (`columnar.decode_lines`); one it refuses, line by line."""
     for batch in batches:
         for s in batch.to_pylist():
             ref = SegmentRef(s["topic"], s["partition"], Path(s["path"]).parent, s["base"])
+            limit = s["limit"]
             try:
                 with open(log_path(ref.pdir, ref.base), "rb") as f:
-                    size = os.fstat(f.fileno()).st_size
-                    data = f.read()
+                    size = os.fstat(f.fileno()).st_size if limit is None else limit
+                    data = f.read() if limit is None else os.pread(f.fileno(), limit, 0)
             except OSError:
                 continue
             table = decode_lines(data) if len(data) == size else None
             if table is None:
-                yield from _segment_batches(s, ref, size)
+                yield from _segment_batches(s, ref, size, limit)
                 continue
             n = table.num_rows
             const = [
@@ -141,12 +207,12 @@ def _segment_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
             yield from pa.Table.from_arrays(columns, schema=_COPY).to_batches(_BATCH)
 
 
-def _segment_batches(s: Mapping[str, Any], ref: SegmentRef, size: int) -> Iterator[pa.RecordBatch]:
+def _segment_batches(s: Mapping[str, Any], ref: SegmentRef, size: int, limit: int | None) -> Iterator[pa.RecordBatch]:
     """`_segment_rows` record by record (CRC-checked by `iter_records`, which names a bad record)."""
     try:
         out = []
         cols: list[list[Any]] = [[] for _ in range(5)]
-        for rec in iter_records(ref):
+        for rec in iter_records(ref, 0, limit):
             for col, v in zip(cols, rec, strict=True):
                 col.append(v)
             if len(cols[0]) >= _BATCH:
@@ -218,8 +284,8 @@ def _write_copies(spark: Any, segments: Sequence[Segment]) -> None:
     tmp = root / f".columnar-{uuid.uuid4().hex}.tmp"
     try:
         listed = spark.createDataFrame(
-            [(i, s.topic, s.partition, s.base, s.path) for i, s in enumerate(segments)],
-            "seg int, topic string, partition int, base long, path string",
+            [(i, s.topic, s.partition, s.base, s.path, s.limit) for i, s in enumerate(segments)],
+            "seg int, topic string, partition int, base long, path string, limit long",
         )
         rows = listed.repartition(len(segments)).mapInArrow(_segment_rows, _COPY_SCHEMA)
         copies = rows.withColumn("value_v", F.expr("try_parse_json(value)")).withColumn("event_time", _event_time())
@@ -233,7 +299,7 @@ def _write_copies(spark: Any, segments: Sequence[Segment]) -> None:
                 _fileio.fsync(fd, f"syncing {made[0]}")
             finally:
                 os.close(fd)
-            os.replace(made[0], parquet_path(s.ref.pdir, s.base))
+            os.replace(made[0], s.copy_path)
         for pdir in {s.ref.pdir for s in segments}:
             _fileio.fsync_dir(pdir)
     finally:
@@ -243,16 +309,19 @@ def _write_copies(spark: Any, segments: Sequence[Segment]) -> None:
 def columnar_segments(spark: Any, segments: Sequence[Segment]) -> tuple[list[Segment], list[Segment]]:
     """(segments with a current format-2 Parquet copy, segments without one) — making missing
     or older-format copies first, in parallel Spark tasks. A copy is made once per sealed
-    segment; later runs find it. If the copies cannot be written (a read-only log directory),
-    those segments are read as rows."""
+    segment (and per planned tail copy); later runs find it. If the copies cannot be written
+    (a read-only log directory), those segments are read as rows."""
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
-    missing = [s for s in segments if copy_format(s.ref.pdir, s.base) != 2]
+    missing = [s for s in segments if not s.copied()]
     if missing:
         with contextlib.suppress(OSError, LogError, PySparkException, Py4JJavaError):  # checked below:
             _write_copies(spark, missing)  # whatever was not made is read from its rows
-    failed = [s for s in missing if copy_format(s.ref.pdir, s.base) != 2]
+    failed = [s for s in missing if not s.copied()]
+    for pdir, active in {(s.ref.pdir, s.base) for s in segments if s.tail is not None}:
+        with contextlib.suppress(OSError):  # a read-only log directory keeps its copies
+            sweep_tail_copies(pdir, active, time.time(), TAIL_GRACE_S)
     return [s for s in segments if s not in failed], failed
 
 
@@ -267,7 +336,7 @@ def _native_records(spark: Any, segments: Sequence[Segment], variant: bool) -> A
     for topic, partition, lo, hi in bounds:
         one = (F.col("topic") == topic) & (F.col("partition") == partition) & F.col("offset").between(lo, hi - 1)
         wanted = one if wanted is None else wanted | one
-    records = spark.read.parquet(*(str(parquet_path(s.ref.pdir, s.base)) for s in segments)).where(wanted)
+    records = spark.read.parquet(*(str(s.copy_path) for s in segments)).where(wanted)
     pkey = F.coalesce(F.col("key"), F.lit("null")).alias("pkey")
     return records.select(*_ARROW.names[:8], pkey, *(["value_v"] if variant else []))
 

@@ -16,7 +16,9 @@ The row-form `.log` stays the source of truth. Two formats:
 from __future__ import annotations
 
 import os
+import re
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +31,19 @@ from capture.log.reader import open_segment
 from capture.log.segment import SegmentRef, iter_records, log_path, parquet_path, starts_at
 from capture.log.types import Split
 
-__all__ = ["SCHEMA", "copy_format", "decode_lines", "is_current", "parquet_path", "read_split_columns", "write_parquet"]
+__all__ = [
+    "SCHEMA",
+    "TailCopy",
+    "copy_format",
+    "decode_lines",
+    "is_current",
+    "parquet_path",
+    "read_split_columns",
+    "sweep_tail_copies",
+    "tail_copies",
+    "tail_copy_valid",
+    "write_parquet",
+]
 
 SCHEMA = pa.schema(
     [
@@ -54,14 +68,7 @@ def copy_format(pdir: Path, base: int) -> int | None:
     footer = meta.metadata or {}
     if _SIZE in footer:
         return 1 if footer[_SIZE] == str(size).encode() else None
-    column = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == "segment_bytes"), None)
-    if column is None or meta.num_row_groups == 0:
-        return None
-    for g in range(meta.num_row_groups):
-        stats = meta.row_group(g).column(column).statistics
-        if stats is None or not stats.has_min_max or not stats.min == stats.max == size:
-            return None
-    return 2
+    return 2 if _constant(meta, "segment_bytes", size) else None
 
 
 def is_current(pdir: Path, base: int) -> bool:
@@ -199,7 +206,6 @@ def decode_lines(data: bytes) -> pa.Table | None:
     return pa.Table.from_arrays([pa.array(off), pa.array(ints["timestamp"]), *texts], schema=SCHEMA)
 
 
-
 def read_split_columns(split: Split, lo: int, hi: int) -> pa.Table | None:
     """The records of a row split with offsets in [lo, hi) as SCHEMA columns, decoded by
     `decode_lines` from the split's byte range; None when that fast path does not apply (the
@@ -222,3 +228,104 @@ def read_split_columns(split: Split, lo: int, hi: int) -> pa.Table | None:
     off = table["offset"].to_numpy()
     a, b = np.searchsorted(off, max(lo, split.first_offset)), np.searchsorted(off, hi)
     return table.slice(a, b - a)
+
+
+# -- tail copies: the committed prefix of a partition's active segment ---------------------------
+#
+# `<base>.tail-<end>-<nbytes>.pq`: a format-2 copy of the active segment's first `nbytes` bytes,
+# the records with offsets [base, end), all committed when it was made. The active segment only
+# grows (appends; a crash truncates uncommitted bytes only), so the copy stays true while the
+# segment is active and its line at byte `nbytes` still claims offset `end`. A newer copy (larger
+# `end`) supersedes it; once the segment is sealed its full copy does. The name does not end in
+# `.parquet`: capture's cleaner, compaction and recovery leave these files alone — their lifecycle
+# is `sweep_tail_copies`, called by the projection runner.
+
+_TAIL = re.compile(r"^(\d{20})\.tail-(\d{20})-(\d{20})\.pq$")
+
+
+@dataclass(frozen=True, slots=True)
+class TailCopy:
+    """A tail copy's name: segment base, end offset (exclusive) and the bytes it was made from."""
+
+    base: int
+    end: int
+    nbytes: int
+
+    def path(self, pdir: Path) -> Path:
+        return pdir / f"{self.base:020d}.tail-{self.end:020d}-{self.nbytes:020d}.pq"
+
+
+def tail_copies(pdir: Path) -> list[TailCopy]:
+    """The tail copies in a partition directory (any segment), newest (largest end) first."""
+    try:
+        names = os.listdir(pdir)
+    except FileNotFoundError:
+        return []
+    found = [TailCopy(*map(int, m.groups())) for m in map(_TAIL.match, names) if m is not None]
+    return sorted(found, key=lambda c: (c.base, c.end), reverse=True)
+
+
+def tail_copy_valid(pdir: Path, copy: TailCopy, committed: int, committed_bytes: int) -> bool:
+    """The copy may stand for the records [copy.base, copy.end) of the active segment `copy.base`
+    whose committed end is (`committed`, `committed_bytes`): it lies within the committed part,
+    its footer says it holds exactly end - base rows made from `nbytes` bytes, and the segment's
+    line at byte `nbytes` still claims offset `end` (or the copy ends where the commit does)."""
+    if not (copy.base < copy.end <= committed and 0 < copy.nbytes <= committed_bytes):
+        return False
+    if (copy.end == committed) != (copy.nbytes == committed_bytes):
+        return False
+    try:
+        meta = pq.read_metadata(copy.path(pdir))
+    except (OSError, pa.ArrowInvalid):
+        return False
+    if meta.num_rows != copy.end - copy.base or not _constant(meta, "segment_bytes", copy.nbytes):
+        return False
+    if copy.nbytes == committed_bytes:
+        return True
+    f = open_segment(log_path(pdir, copy.base))
+    if f is None:
+        return False
+    with f:
+        return starts_at(f, copy.nbytes, copy.end)
+
+
+def _constant(meta: pq.FileMetaData, name: str, value: int) -> bool:
+    """Every row group's statistics say column `name` holds only `value`."""
+    column = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == name), None)
+    if column is None or meta.num_row_groups == 0:
+        return False
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(column).statistics
+        if stats is None or not stats.has_min_max or not stats.min == stats.max == value:
+            return False
+    return True
+
+
+def sweep_tail_copies(pdir: Path, active: int, now: float, grace_s: float) -> list[Path]:
+    """Delete the partition's tail copies that nothing plans with any more, once `grace_s` has
+    passed since they were superseded (a run that planned with one has had that long to read
+    it): of the active segment, all but the newest, from the newest's making; of any other
+    segment, all, from the making of its full copy — or at once if the segment is gone and the
+    copy is older than `grace_s`. Returns the paths deleted."""
+    removed: list[Path] = []
+    newest: dict[int, float] = {}
+    for copy in tail_copies(pdir):  # newest first per base
+        path = copy.path(pdir)
+        try:
+            made = path.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        if copy.base == active:
+            superseded = newest.get(copy.base)
+            newest.setdefault(copy.base, made)
+        elif log_path(pdir, copy.base).exists():
+            try:
+                superseded = parquet_path(pdir, copy.base).stat().st_mtime
+            except FileNotFoundError:
+                superseded = None  # sealed, no full copy yet: harmless until one is made
+        else:
+            superseded = made
+        if superseded is not None and superseded < now - grace_s:
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
