@@ -263,6 +263,10 @@ class SnapshotEncoder:
     def value_json(self, after: bytes, marker: str = "true") -> bytes:
         return b'{"before":null,"after":' + after + self._tails[marker]
 
+    def tail(self, marker: str = "true") -> bytes:
+        """What follows the `after` object in every record of this table: `,"source":…}`."""
+        return self._tails[marker]
+
     def row(self, values: Sequence[str | None]) -> dict[str, Any]:
         return {
             name: value if conv is None or value is None else conv(value)

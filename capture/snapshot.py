@@ -20,9 +20,10 @@ from capture.errors import TransientSourceError
 from capture.replication import connect_options, translate_connect_error
 from capture.values import type_family
 
-__all__ = ["JSON_BATCH", "SnapshotReader"]
+__all__ = ["CHUNK_BYTES", "JSON_BATCH", "SnapshotReader"]
 
 JSON_BATCH = 2_000  # rows per batch from json_rows
+CHUNK_BYTES = 4 << 20  # COPY text per chunk of the columnar snapshot (≈ 30k rows of 130 bytes)
 
 
 _ROW, _KEY = "__tributary_row", "__tributary_key"  # subquery aliases in json_rows
@@ -88,6 +89,33 @@ class SnapshotReader:
         try:
             with self._conn.cursor().copy(query) as copy:
                 yield from copy.rows()
+        except psycopg.OperationalError as exc:
+            raise TransientSourceError(f"source {self.label!r}: snapshot of {table.qualified} broke: {exc}") from None
+
+    def text_chunks(self, table: TableInfo, *, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+        """Every row of `table` as COPY text lines, in chunks of about `chunk_bytes`, each led by
+        the line `-` (the columnar snapshot's CSV reader skips it; capture/snapshot_columns.py).
+        libpq hands COPY OUT over one row at a time: this loop is the one per-row Python step."""
+        cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns)
+        query = sql.SQL("COPY (SELECT {} FROM {}.{}) TO STDOUT").format(
+            cols, sql.Identifier(table.schema), sql.Identifier(table.table)
+        )
+        try:
+            with self._conn.cursor().copy(query) as copy:
+                read = copy.read
+                lines = [b"-\n"]
+                add = lines.append
+                size = 0
+                while data := read():
+                    add(bytes(data))  # a copy frees libpq's buffer at once
+                    size += len(data)
+                    if size >= chunk_bytes:
+                        yield b"".join(lines)
+                        lines = [b"-\n"]
+                        add = lines.append
+                        size = 0
+            if len(lines) > 1:
+                yield b"".join(lines)
         except psycopg.OperationalError as exc:
             raise TransientSourceError(f"source {self.label!r}: snapshot of {table.qualified} broke: {exc}") from None
 

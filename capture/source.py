@@ -8,6 +8,7 @@ session confirm the LSN to the server.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import defaultdict
@@ -47,6 +48,7 @@ class SourceSpec:
     partitions: int
     # Outbox sources: each inserted row → records (capture.outbox), instead of CDC envelopes.
     router: Callable[[dict[str, Any]], list[env.Output]] | None = None
+    columnar_snapshot: bool = True  # False: the row/JSON paths only (tests compare the two)
 
 
 class SourceSession:
@@ -192,7 +194,16 @@ class SourceSession:
     ) -> None:
         self.status.snapshot_rows_total = sum(max(t.estimated_rows, 0) for t in tables)
         now_ms = int(self.clock() * 1000)
-        previous: tuple[env.SnapshotEncoder, Any, bool] | None = None
+        # One unit (a chunk, a batch's last row, a row) of lookahead: the very last row of the
+        # snapshot is marked "last"; `previous(marker)` stages the held unit.
+        previous: Callable[[str], None] | None = None
+
+        def advance(rows: int) -> None:
+            done = self.status.snapshot_rows_done
+            self.status.snapshot_rows_done = done + rows
+            if on_progress is not None and (done + rows) // 10_000 != done // 10_000:
+                on_progress(self.status)
+
         for table in tables:
             self.status.snapshot_table = table.qualified
             columns = [(c.name, c.type, c.typeoid) for c in table.columns]
@@ -209,34 +220,77 @@ class SourceSession:
                 lsn=lsn,
                 now_ms=now_ms,
             )
-            # PostgreSQL builds the JSON where it can spell it exactly as we would (snapshot.py).
+            # Columnar where every column has an exact vector spelling (capture/snapshot_columns.py);
+            # else PostgreSQL builds the JSON where it can spell it as we would (snapshot.py);
+            # else the per-value Python path. All three give the same bytes (tests).
+            plan = self._columnar_plan(table)
+            if plan is not None:
+                for chunk in reader.text_chunks(table):
+                    if previous is not None:
+                        previous("true")
+                    previous = functools.partial(self._snapshot_chunk, encoder, plan, chunk, now_ms)
+                    advance(chunk.count(b"\n") - 1)
+                continue
             fast = None if self.spec.router is not None else reader.json_rows(table, table.identity_columns)
-            # One row of lookahead: the very last row of the snapshot is marked "last".
             if fast is not None:
                 for batch in fast:
                     if previous is not None:
-                        self._snapshot_row(*previous, "true", now_ms)
+                        previous("true")
                     self._snapshot_json(encoder, batch[:-1], now_ms)
-                    previous = (encoder, batch[-1], True)
-                    done = self.status.snapshot_rows_done
-                    self.status.snapshot_rows_done = done + len(batch)
-                    if on_progress is not None and (done + len(batch)) // 10_000 != done // 10_000:
-                        on_progress(self.status)
+                    previous = functools.partial(self._snapshot_json, encoder, batch[-1:], now_ms)
+                    advance(len(batch))
                 continue
             for row in reader.rows(table, ordered=self.spec.router is not None):
                 if previous is not None:
-                    self._snapshot_row(*previous, "true", now_ms)
-                previous = (encoder, row, False)
-                self.status.snapshot_rows_done += 1
-                if on_progress is not None and self.status.snapshot_rows_done % 10_000 == 0:
-                    on_progress(self.status)
+                    previous("true")
+                previous = functools.partial(self._snapshot_row, encoder, row, now_ms)
+                advance(1)
         if previous is not None:
-            self._snapshot_row(*previous, "last", now_ms)
+            previous("last")
         self._flush()
         self.status.snapshot_table = None
         self.status.snapshot_rows_total = self.status.snapshot_rows_done
         if on_progress is not None:
             on_progress(self.status)
+
+    def _columnar_plan(self, table: TableInfo) -> Any:
+        """The table's columnar plan, or None (outbox routing, a type without a vector spelling).
+        pyarrow is imported here, not at start-up: only a snapshot pays for it."""
+        if self.spec.router is not None or not self.spec.columnar_snapshot:
+            return None
+        from capture import snapshot_columns
+
+        return snapshot_columns.plan([(c.name, c.type) for c in table.columns], table.identity_columns)
+
+    def _snapshot_chunk(
+        self, encoder: env.SnapshotEncoder, plan: Any, chunk: bytes, now_ms: int, marker: str = "true"
+    ) -> None:
+        """Append a chunk of COPY text as records, column-wise, straight into the log's partitions
+        (lines encoded by codec_arrow; staged records go first, to keep the order)."""
+        from capture import snapshot_columns
+        from capture.log.codec_arrow import encode_columns
+
+        topic = encoder.topic
+        count = self._partitions.get(topic) or self._ensure_topic(topic)
+        self._flush()
+        recs = snapshot_columns.encode_chunk(plan, chunk, count)
+        tail = b"}" + encoder.tail("true")
+        for partition in range(count):
+            rows = snapshot_columns.rows_of(recs.partitions, partition)
+            if not len(rows):
+                continue
+            value_args = snapshot_columns.value_args(plan, recs, rows)
+            if marker != "true" and rows[-1] == recs.rows - 1:
+                value_args.append(snapshot_columns.last_tail(len(rows), tail, b"}" + encoder.tail(marker)))
+            else:
+                value_args.append(snapshot_columns.scalar(tail))
+            keys = recs.keys.take(rows)
+            self.log.append_encoded(
+                topic,
+                partition,
+                functools.partial(encode_columns, timestamp_ms=now_ms, keys=keys, value_args=value_args),
+                now_ms,
+            )
 
     def _snapshot_json(
         self, encoder: env.SnapshotEncoder, rows: list[tuple[bytes, bytes]], now_ms: int, marker: str = "true"
@@ -254,11 +308,9 @@ class SourceSession:
         if self._pending_count >= _FLUSH_RECORDS:
             self._flush()
 
-    def _snapshot_row(self, encoder: env.SnapshotEncoder, row: Any, is_json: bool, marker: str, now_ms: int) -> None:
-        """`row`: text values from `SnapshotReader.rows`, or (key, after) JSON from `json_rows`."""
-        if is_json:
-            self._snapshot_json(encoder, [row], now_ms, marker)
-        elif self.spec.router is not None:
+    def _snapshot_row(self, encoder: env.SnapshotEncoder, row: Any, now_ms: int, marker: str = "true") -> None:
+        """`row`: text values from `SnapshotReader.rows`."""
+        if self.spec.router is not None:
             self._stage(self.spec.router(encoder.row(row)), now_ms)
         else:
             self._stage((encoder.encode(row, marker),), now_ms)

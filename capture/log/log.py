@@ -269,6 +269,22 @@ class Log:
             self._rollback()
             raise
 
+    def append_encoded(
+        self, topic: str, partition: int, encode: Callable[[int], tuple[bytes, list[int]]], timestamp_ms: int
+    ) -> int:
+        """`append` for lines made elsewhere (`encode(first_offset)` → lines, sizes; one timestamp):
+        the columnar snapshot's entry. Same buffering, segments, index and commit rules."""
+        self._check_writer("append")
+        w = self._writers.get((topic, partition))
+        if w is None:
+            t = self._topic_any(topic)
+            raise LogError(f"topic {topic!r} has partitions 0..{t.config.partitions - 1}, not {partition}")
+        try:
+            return w.append_encoded(encode, timestamp_ms)
+        except LogError:
+            self._rollback()
+            raise
+
     def mark(self) -> Mark:
         """Every partition's appended end now: `commit(upto=mark)` commits exactly that prefix."""
         self._check_writer("mark")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate
 from pathlib import Path
 
@@ -41,9 +41,7 @@ _NO_TS = NO_TS
 class PartitionWriter:
     """Appends to a partition's active segment; rolls by size or by record-time age."""
 
-    def __init__(
-        self, ref: SegmentRef, *, segment_bytes: int, segment_ms: int, index_interval: int
-    ) -> None:
+    def __init__(self, ref: SegmentRef, *, segment_bytes: int, segment_ms: int, index_interval: int) -> None:
         self.ref = ref
         self.pdir = ref.pdir
         self.segment_bytes = segment_bytes
@@ -83,14 +81,10 @@ class PartitionWriter:
         damaged or missing is cut back to its last intact record instead of refusing to open;
         appends then continue at the old committed end (the lost offsets stay a gap, never reused).
         """
-        w = cls(
-            ref, segment_bytes=segment_bytes, segment_ms=segment_ms, index_interval=index_interval
-        )
+        w = cls(ref, segment_bytes=segment_bytes, segment_ms=segment_ms, index_interval=index_interval)
         pdir = ref.pdir
         if not pdir.is_dir() and repair is not None and state.end > state.start:
-            repair.append(
-                f"directory {pdir} was missing: offsets {state.start}..{state.end - 1} lost"
-            )
+            repair.append(f"directory {pdir} was missing: offsets {state.start}..{state.end - 1} lost")
             state = PartitionState(state.end, state.end, state.end, 0)
         if not pdir.is_dir():
             if state.end > state.start:
@@ -145,14 +139,8 @@ class PartitionWriter:
             f.truncate(good_pos)
             _fileio.fsync(f.fileno(), f"repairing {path}")
         self._open_active(PartitionState(state.start, last + 1, state.segment, good_pos))
-        lost = (
-            f"offsets {last + 1}..{state.end - 1} lost"
-            if last + 1 < state.end
-            else "no offset lost"
-        )
-        notes.append(
-            f"{ref.topic}/{ref.partition} {ref.name}: {why}; cut at byte {good_pos}, {lost}"
-        )
+        lost = f"offsets {last + 1}..{state.end - 1} lost" if last + 1 < state.end else "no offset lost"
+        notes.append(f"{ref.topic}/{ref.partition} {ref.name}: {why}; cut at byte {good_pos}, {lost}")
         if self.next_offset < state.end:
             self.next_offset = state.end  # the next segment starts at the old end: no reuse
             self.roll()
@@ -164,10 +152,7 @@ class PartitionWriter:
         self.ref = SegmentRef(self.ref.topic, self.ref.partition, self.pdir, base)
         if not path.exists():
             if committed:
-                raise LogError(
-                    f"segment {path} is missing but the manifest says it holds {committed} "
-                    "committed bytes"
-                )
+                raise LogError(f"segment {path} is missing but the manifest says it holds {committed} committed bytes")
             self.dir_dirty = True
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         size = os.fstat(fd).st_size
@@ -235,17 +220,30 @@ class PartitionWriter:
         if not records:
             return first
         data, sizes, tss = encode_batch(first, records)
+        self._buffer(data, sizes, tss)
+        return first
+
+    def append_encoded(self, encode: Callable[[int], tuple[bytes, list[int]]], timestamp_ms: int) -> int:
+        """Buffer lines another encoder made (the columnar snapshot: codec_arrow), all with one
+        timestamp; `encode(first_offset)` returns the lines and their sizes. The segment, index
+        and durability rules are `append`'s."""
+        first = self.next_offset
+        data, sizes = encode(first)
+        if sizes:
+            self._buffer(data, sizes, (timestamp_ms,) * len(sizes))
+        return first
+
+    def _buffer(self, data: bytes, sizes: list[int], tss: Sequence[int]) -> None:
         if not self._place_fast(len(data), sizes, tss):
-            self._place_split(data, records, sizes)
+            self._place_split(data, tss, sizes)
         else:
             self.buf.append(data)
             self.buflen += len(data)
         self.dirty = True
         if self.buflen >= FLUSH_BYTES:
             self.flush()
-        return first
 
-    def _place_fast(self, total: int, sizes: list[int], tss: tuple[int, ...]) -> bool:
+    def _place_fast(self, total: int, sizes: list[int], tss: Sequence[int]) -> bool:
         """The whole batch fits the active segment: index it by bisection instead of a loop."""
         size = self.size
         first_ts = self.first_ts if size else tss[0]
@@ -278,11 +276,11 @@ class PartitionWriter:
         self.next_offset = off0 + n
         return True
 
-    def _place_split(self, data: bytes, records: Sequence[RecordIn], sizes: list[int]) -> None:
+    def _place_split(self, data: bytes, tss: Sequence[int], sizes: list[int]) -> None:
         """Slow path: place record by record, rolling segments where needed."""
-        i, n, cut = 0, len(records), 0
+        i, n, cut = 0, len(tss), 0
         while i < n:
-            j = self._place(records, sizes, i)
+            j = self._place(tss, sizes, i)
             if j == i:
                 self.roll()
                 continue
@@ -292,7 +290,7 @@ class PartitionWriter:
             cut += piece
             i = j
 
-    def _place(self, records: Sequence[RecordIn], sizes: list[int], i: int) -> int:
+    def _place(self, tss: Sequence[int], sizes: list[int], i: int) -> int:
         """Account records i.. into the active segment until one does not fit; returns the stop."""
         pos, since, off = self.size, self.since_index, self.next_offset
         base, limit, age, interval = (
@@ -303,10 +301,10 @@ class PartitionWriter:
         )
         first_ts, max_ts = self.first_ts, self.max_ts
         index, times = self.index, self.times
-        n = len(records)
+        n = len(tss)
         j = i
         while j < n:
-            ts = records[j][2]
+            ts = tss[j]
             sz = sizes[j]
             if pos:
                 if pos + sz > limit or ts - first_ts >= age:
@@ -368,9 +366,7 @@ class PartitionWriter:
         self.ref = SegmentRef(self.ref.topic, self.ref.partition, self.pdir, self.base)
         for p in (index_path(self.pdir, self.base), timeindex_path(self.pdir, self.base)):
             open(p, "wb").close()
-        self.fd = os.open(
-            log_path(self.pdir, self.base), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644
-        )
+        self.fd = os.open(log_path(self.pdir, self.base), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         self.size, self.since_index, self.index_written = 0, 0, 0
         self.first_ts, self.max_ts = _NO_TS, _NO_TS
         self.index, self.times = [], []

@@ -1,0 +1,74 @@
+"""Segment lines (codec.py's format) for a whole column of records at once, with pyarrow.
+
+`codec.encode_batch` formats record by record in C-level `%` but still builds eight Python
+objects a record (≈ 3 µs for a 450-byte snapshot record); here the offsets, lengths, key and
+value pieces are joined by one vectorised kernel, the CRC runs over slices of that one buffer,
+and a second join adds the trailer. The bytes equal `encode_batch`'s for the same records
+(tests hold them equal). Imported only by the columnar snapshot: pyarrow stays out of the CLI.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["encode_columns"]
+
+_EMPTY = pa.scalar(b"", pa.binary())
+
+
+def _digits(values: np.ndarray) -> pa.Array:
+    return pa.array(values).cast(pa.string()).view(pa.binary())
+
+
+def _lengths(arg: pa.Array | pa.Scalar, n: int) -> np.ndarray:
+    if isinstance(arg, pa.Scalar):
+        return np.full(n, len(arg.as_py()), np.int64)
+    lengths: np.ndarray = pc.binary_length(arg).to_numpy(zero_copy_only=False).astype(np.int64)
+    return lengths
+
+
+def encode_columns(
+    first_offset: int, timestamp_ms: int, keys: pa.Array, value_args: Sequence[pa.Array | pa.Scalar]
+) -> tuple[bytes, list[int]]:
+    """Lines for records (key, the concatenation of `value_args`, `timestamp_ms`, headers null)
+    from `first_offset`; returns the bytes and each line's size. Keys and value pieces are
+    binary arrays (or scalars, the same for every record) without nulls, compact JSON text: no
+    newline inside (`encode_batch` would re-encode such a record; this never sees one)."""
+    n = len(keys)
+    if n == 0:
+        return b"", []
+    vlen = sum((_lengths(a, n) for a in value_args), np.zeros(n, np.int64))
+    klen = _lengths(keys, n)
+    body = pc.binary_join_element_wise(
+        pa.scalar(b'{"offset":', pa.binary()),
+        _digits(np.arange(first_offset, first_offset + n, dtype=np.int64)),
+        pa.scalar(b',"timestamp":%d,"lens":[' % timestamp_ms, pa.binary()),
+        _digits(klen),
+        pa.scalar(b",", pa.binary()),
+        _digits(vlen),
+        pa.scalar(b',4],"key":', pa.binary()),
+        keys,
+        pa.scalar(b',"value":', pa.binary()),
+        *value_args,
+        pa.scalar(b',"headers":null', pa.binary()),
+        _EMPTY,
+    )
+    offsets = np.frombuffer(body.buffers()[1], np.int32, n + 1, body.offset * 4)
+    view = memoryview(body.buffers()[2])
+    crcs = np.fromiter(
+        map(zlib.crc32, map(view.__getitem__, map(slice, offsets[:-1].tolist(), offsets[1:].tolist()))),
+        np.int64,
+        n,
+    )
+    lines = pc.binary_join_element_wise(
+        body, pa.scalar(b',"crc":', pa.binary()), _digits(crcs), pa.scalar(b"}\n", pa.binary()), _EMPTY
+    )
+    line_offsets = np.frombuffer(lines.buffers()[1], np.int32, n + 1, lines.offset * 4)
+    start, end = int(line_offsets[0]), int(line_offsets[-1])
+    data = lines.buffers()[2].slice(start, end - start).to_pybytes()
+    return data, np.diff(line_offsets).tolist()
