@@ -34,24 +34,38 @@ _RETURNING = "RETURNING global_position, version, event_id, recorded_at"
 _RETURNING_ONE = "RETURNING global_position, version, recorded_at"  # one event: its id is known
 _ONE = "%s, %s, %s, %s::jsonb, %s::jsonb, %s"  # id, type, schema version, data, metadata, occurred_at
 _MANY = "unnest(%s::uuid[], %s::text[], %s::int[], %s::text[], %s::text[], %s::timestamptz[]) WITH ORDINALITY AS x(e, t, sv, d, m, o, n)"
-# Versions follow the stream's current end. Parameters: stream, stream, type, the values
-# [, expected version]. One statement text per expected-version mode: the server plans a plain
-# comparison, no CASE. (Tried for an exact version: two point lookups, n there and n + 1 not,
-# instead of max(version); with 4 writers no difference beyond noise: −10 to +5 µs server CPU
-# per append in four interleaved runs.)
+# `any` / `stream_exists`: versions follow the stream's current end, `max(version)`. Parameters:
+# stream, stream, type, the values. One statement text per mode: the server plans a plain
+# comparison, no CASE.
 _CUR = "WITH cur AS (SELECT coalesce(max(version), 0) AS v FROM eventstore.events WHERE stream_id = %s)"
-_CHECKS = {"any": "", "no_stream": "WHERE cur.v = 0", "stream_exists": "WHERE cur.v > 0", "version": "WHERE cur.v = %s"}
+_CHECKS = {"any": "", "stream_exists": "WHERE cur.v > 0"}
+# An exact version n (the command path: the handler loaded n) needs no look at the stream's end:
+# the events become n + 1, …, and UNIQUE (stream_id, version) refuses them if n + 1 is taken. What
+# the constraint cannot see is a gap (n itself missing): so a point lookup of n, or none at all for
+# n = 0 (`no_stream`, the same thing: version 1 exists or it does not). Parameters: stream, type,
+# n, the values[, stream, n]. (Measured: ≈10 µs less server CPU per append than `max(version)`.)
+_EXACT_ONE = f"{_TARGET}\nSELECT %s, %s, %s + 1, {_ONE}"
+_EXACT_MANY = f"{_TARGET}\nSELECT %s, %s, %s + x.n, x.e, x.t, x.sv, x.d::jsonb, x.m::jsonb, x.o FROM {_MANY}"
+_HAS_N = "WHERE EXISTS (SELECT FROM eventstore.events WHERE stream_id = %s AND version = %s)"
 _INSERT_ONE = {
-    mode: f"{_CUR}\n{_TARGET}\nSELECT %s, %s, cur.v + 1, {_ONE} FROM cur {check}\n{_RETURNING_ONE}"
-    for mode, check in _CHECKS.items()
+    **{
+        mode: f"{_CUR}\n{_TARGET}\nSELECT %s, %s, cur.v + 1, {_ONE} FROM cur {c}\n{_RETURNING_ONE}"
+        for mode, c in _CHECKS.items()
+    },
+    "new": f"{_EXACT_ONE}\n{_RETURNING_ONE}",
+    "exact": f"{_EXACT_ONE} {_HAS_N}\n{_RETURNING_ONE}",
 }
 _INSERT_MANY = {
-    mode: f"""{_CUR}
+    **{
+        mode: f"""{_CUR}
 {_TARGET}
 SELECT %s, %s, cur.v + x.n, x.e, x.t, x.sv, x.d::jsonb, x.m::jsonb, x.o
-FROM cur, {_MANY} {check}
+FROM cur, {_MANY} {c}
 {_RETURNING}"""
-    for mode, check in _CHECKS.items()
+        for mode, c in _CHECKS.items()
+    },
+    "new": f"{_EXACT_MANY}\n{_RETURNING}",
+    "exact": f"{_EXACT_MANY} {_HAS_N}\n{_RETURNING}",
 }
 _BY_IDS = f"SELECT {_COLUMNS} FROM eventstore.events WHERE event_id = ANY(%s) ORDER BY version"
 _READ_FWD = f"SELECT {_COLUMNS} FROM eventstore.events WHERE stream_id = %s AND version >= %s ORDER BY version LIMIT %s"
@@ -145,13 +159,15 @@ class EventStore:
                         return self._append(conn, stream_id, stream_type, events, expected_version, command)
                 except psycopg.errors.UniqueViolation as exc:
                     constraint = exc.diag.constraint_name or ""
-                if "event_id" in constraint:
-                    original = self._existing(conn, events)
-                    if original is not None:
-                        return original
-                    raise PartialDuplicateBatch("some of these event ids are already stored in another batch")
                 if "commands" in constraint:
                     raise SameCommandRace()
+                # A re-append of stored events can hit either constraint first (an exact version
+                # inserts n + 1 without looking at the stream's end): the ids decide.
+                original = self._existing(conn, events)
+                if original is not None:
+                    return original
+                if "event_id" in constraint:
+                    raise PartialDuplicateBatch("some of these event ids are already stored in another batch")
                 actual = self._current(conn, stream_id)
                 if isinstance(expected_version, int) or expected_version == "no_stream":
                     raise ConcurrencyConflict(stream_id, expected_version, actual)
@@ -217,12 +233,6 @@ class EventStore:
                 meta,
                 [e.occurred_at for e in events],
             )
-        mode = expected if isinstance(expected, str) else "version"
-        tail = (expected,) if mode == "version" else ()
-        query = (_INSERT_ONE if len(events) == 1 else _INSERT_MANY)[mode]
-        rows = cursor.execute(query, (stream_id, stream_id, stream_type, *values, *tail)).fetchall()
-        if not rows:
-            return None
 
         # The data as the store holds it (JSON, decimals as strings), like a read returns it.
         def recorded(e: NewEvent, d: str, m: str, position: int, version: int, recorded_at: Any) -> RecordedEvent:
@@ -240,8 +250,22 @@ class EventStore:
                 recorded_at,
             )
 
+        queries = _INSERT_ONE if len(events) == 1 else _INSERT_MANY
+        if expected == "no_stream" or expected == 0:
+            params: tuple[Any, ...] = (stream_id, stream_type, 0, *values)
+            query = queries["new"]
+        elif isinstance(expected, int):
+            params, query = (stream_id, stream_type, expected, *values, stream_id, expected), queries["exact"]
+        else:
+            params, query = (stream_id, stream_id, stream_type, *values), queries[expected]
+        cursor.execute(query, params)
         if len(events) == 1:  # the common case: its row is the one event's (no id map)
-            return (recorded(events[0], data[0], meta[0], *rows[0]),)
+            row = cursor.fetchone()  # (fetchone: ≈9 µs less client CPU than fetchall here)
+            return None if row is None else (recorded(events[0], data[0], meta[0], *row),)
+        rows = cursor.fetchall()
+        if not rows:
+            return None
+
         stored = {r[2]: r for r in rows}
         out = []
         for e, d, m in zip(events, data, meta, strict=True):
