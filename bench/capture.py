@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -175,6 +176,36 @@ def bench_big_tx(dsn: str, rows: int, work: Path) -> dict[str, float]:
     return {"rows": rows, "tributary_changes_per_s": rows / trib_s, "tributary_peak_rss_mb": rss, "target_rss_mb": 300}
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _server_cpu(cluster: EmbeddedPostgres) -> float:
+    """CPU seconds of the whole PostgreSQL cluster so far: the postmaster with its reaped
+    backends (cutime/cstime) and every live child."""
+    try:
+        pid = int((cluster.pgdata / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(proc.name) == pid:
+            total += sum(int(f) for f in fields[11:15]) / _TICK
+        elif int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / _TICK
+    return total
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def bench_snapshot(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) -> dict[str, float]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
@@ -188,22 +219,31 @@ def bench_snapshot(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) -
         conn.execute(
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'bench_snap'"
         )
-    t0 = time.perf_counter()
+    c0, s0, t0 = _children_cpu(), _server_cpu(cluster), time.perf_counter()
     subprocess.run(
         [shutil.which("psql") or "psql", dsn, "-c", r"\copy snap_t to /dev/null"], check=True, capture_output=True
     )
     psql_s = time.perf_counter() - t0
+    psql_client, psql_server = _children_cpu() - c0, _server_cpu(cluster) - s0
     log_root = work / "log-snap"
     config = _config(work / "snap.toml", dsn, log_root, "bench_snap", "initial", "public.snap_t")
+    c0, s0 = _children_cpu(), _server_cpu(cluster)
     trib_s, rss = _run_until(config, log_root, Lsn(1))
+    trib_client, trib_server = _children_cpu() - c0, _server_cpu(cluster) - s0
     shutil.rmtree(log_root, ignore_errors=True)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_drop_replication_slot('bench_snap')")
+    us = 1e6 / rows
     return {
         "psql_copy_rows_per_s": rows / psql_s,
         "tributary_rows_per_s": rows / trib_s,
         "ratio": psql_s / trib_s,
         "tributary_peak_rss_mb": rss,
+        # CPU per row (µs): the client process (start-up included) and the whole cluster
+        "psql_client_cpu_us": psql_client * us,
+        "psql_server_cpu_us": psql_server * us,
+        "tributary_client_cpu_us": trib_client * us,
+        "tributary_server_cpu_us": trib_server * us,
     }
 
 
@@ -293,10 +333,22 @@ def main() -> None:
     def med(rows: list[dict[str, float]]) -> dict[str, float]:
         return {k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0]} if rows else {}
 
+    def spread(rows: list[dict[str, float]]) -> dict[str, list[float]]:
+        return (
+            {k: [round(min(r[k] for r in rows), 3), round(max(r[k] for r in rows), 3)] for k in rows[0]} if rows else {}
+        )
+
     result = {
         "machine": {"cpus": os.cpu_count()},
         "streaming": {"rows": args.rows, "runs": len(streams), "median": med(streams), "target_ratio": 0.8},
-        "snapshot": {"rows": args.snapshot_rows, "runs": len(snaps), "median": med(snaps), "target_ratio": 0.7},
+        "snapshot": {
+            "rows": args.snapshot_rows,
+            "runs": len(snaps),
+            "median": med(snaps),
+            "range": spread(snaps),
+            "target_ratio": 0.7,
+        },
+        "load_average": os.getloadavg(),
         "latency_1000tps": latency,
         "big_transaction": big,
     }

@@ -28,8 +28,8 @@ def _digits(values: np.ndarray) -> pa.Array:
 def _lengths(arg: pa.Array | pa.Scalar, n: int) -> np.ndarray:
     if isinstance(arg, pa.Scalar):
         return np.full(n, len(arg.as_py()), np.int64)
-    lengths: np.ndarray = pc.binary_length(arg).to_numpy(zero_copy_only=False).astype(np.int64)
-    return lengths
+    lengths = pc.binary_length(arg)  # int32, no nulls; (`to_numpy` would import pandas)
+    return np.frombuffer(lengths.buffers()[1], np.int32, n, lengths.offset * 4).astype(np.int64)
 
 
 def encode_columns(

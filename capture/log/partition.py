@@ -257,13 +257,14 @@ class PartitionWriter:
         last_entry = size - self.since_index
         max_ts = self.max_ts
         done = 0
+        uniform = tss.count(batch_max) == n  # one timestamp (a snapshot chunk): no slicing per entry
         j = bisect.bisect_left(starts, last_entry + interval, 0, n)
         while j < n:
             if starts[j] == 0:
                 j += 1
                 continue
             if j > done:
-                max_ts = max(max_ts, max(tss[done:j]))
+                max_ts = max(max_ts, batch_max if uniform else max(tss[done:j]))
                 done = j
             self.index.append((off0 + j - base, starts[j]))
             self.times.append((max_ts, off0 + j - base))
