@@ -41,7 +41,7 @@ from projections.job import (
 )
 from projections.loader import load, resolve
 from projections.source import records_frame
-from projections.spark import get_session
+from projections.spark import aggregation_session, get_session
 from projections.store import BuildRow, Store
 
 __all__ = [
@@ -173,9 +173,9 @@ def _catch_up(
         progress(stage, 0, total)
     topics = tuple(t for t in p.topics if any(tp[0] == t for tp in ends))
 
-    def read(start: Mapping[TP, int]) -> Any:
+    def read(start: Mapping[TP, int], session: Any = spark) -> Any:
         return records_frame(
-            spark,
+            session,
             log,
             modules=s.modules,
             mirror=s.mirror,
@@ -190,7 +190,7 @@ def _catch_up(
     new_ck: dict[TP, tuple[int, int | None]] = {tp: (ends[tp], base[tp]) for tp in ends}
     try:
         if p.build is not None:  # a DataFrame transform recomputes over the whole log
-            out = p.build(read({})).toArrow()
+            out = p.build(read({}, aggregation_session(spark, s.shuffle_partitions))).toArrow()
             lines = (render_row(p, row)[0] for row in out.to_pylist())
             rows = store.commit_run(p, b, [], new_ck, total, rows=lines, replace_all=True)
             if progress:

