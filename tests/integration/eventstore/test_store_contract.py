@@ -9,6 +9,8 @@ from decimal import Decimal
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from eventstore.domain.bank import bank_account
 from eventstore.errors import ConcurrencyConflict, IdempotencyMismatch, PartialDuplicateBatch
@@ -170,3 +172,46 @@ def test_concurrent_commands_on_one_account_are_retried(store: EventStore) -> No
     assert not errors
     state = handler.load("account", "hot")
     assert state.version == 101 and str(state.state.balance) == "100.00"  # type: ignore[attr-defined]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 1), st.integers(-2, 2), st.sampled_from(["append", "read", "version"]), st.booleans()),
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_two_stores_skipping_lookups_of_known_versions_never_make_a_gap(
+    fresh_db: str, ops: list[tuple[int, int, str, bool]]
+) -> None:
+    """Each store skips the lookup of n when it saw n committed (its appends, its reads); the other
+    store's appends move the stream on without it knowing. An append succeeds iff its expected
+    version is the stream's true one, and the stream stays gapless."""
+    run_migrations(fresh_db)
+    stores = [EventStore.connect(fresh_db, max_size=2) for _ in range(2)]
+    stream = f"p-{uuid.uuid4().hex[:8]}"
+    true_version = 0
+    try:
+        for who, offset, op, batch in ops:
+            s = stores[who]
+            if op == "read":
+                s.read_stream(stream)
+            elif op == "version":
+                assert s.version(stream) == true_version
+            else:
+                expected = true_version + offset
+                events = ev(2 if batch else 1)
+                if offset == 0:
+                    result = s.append(stream, "t", events, expected)
+                    true_version += len(events)
+                    assert result.version == true_version
+                else:
+                    with pytest.raises(ConcurrencyConflict) as info:
+                        s.append(stream, "t", events, expected)
+                    assert info.value.actual == true_version
+        versions = [e.version for e in stores[0].read_stream(stream)]
+        assert versions == list(range(1, true_version + 1))
+    finally:
+        for s in stores:
+            s.close()
