@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 _INTERNAL_ERROR = b'{"detail":"internal error; see the server log"}'
 _CLIENT_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,64}")
 _VIEW_ROUTE = "/views/{name}"
+_VIEW_TRIED = "tributary.view_tried"  # scope keys (ASGI allows extensions; namespaced)
+_REQUEST_ID_KEY = "tributary.request_id"
 
 
 def _new_id_prefix() -> None:
@@ -67,64 +69,95 @@ class Service(FastAPI):
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
-        request_id, has_body = b"", False
-        for name, value in scope["headers"]:  # ASGI header names are lower-case
-            if name == b"x-request-id":
-                request_id = value
-            elif name == b"content-length":
-                has_body = value != b"0"
-            elif name == b"transfer-encoding":
-                has_body = True
-        if not _CLIENT_REQUEST_ID.fullmatch(request_id):
-            request_id = f"{_id_prefix}{next(_id_seq):x}".encode()
-        scope["app"] = self  # as Starlette sets it: `Request(scope).app` for the fast path's auth check
+        if _VIEW_TRIED not in scope and (got := await self.view_response(scope)) is not None:
+            status, headers, body = got
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        request_id = _request_id(scope)
         token = REQUEST_ID.set(request_id.decode())
         id_header = (b"x-request-id", request_id)
-        status, route = 500, _VIEW_ROUTE
+        status = 500  # until the app's response starts
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), id_header]
+            await send(message)
+
         try:
-            if (
-                scope["method"] == "GET"
-                and not has_body
-                and scope["path"].startswith("/views/")
-                and not scope.get("root_path")
-            ):
-                try:
-                    body = await routes_views.fast_page(self.state, scope)
-                except Exception:  # the route would have reached `unexpected` below: the same 500
-                    log.exception("unhandled error on GET %s", scope["path"])
-                    body, status = _INTERNAL_ERROR, 500
-                else:
-                    status = 200
-                if body is not None:
-                    await send(
-                        {
-                            "type": "http.response.start",
-                            "status": status,
-                            "headers": [
-                                (b"content-length", b"%d" % len(body)),
-                                (b"content-type", b"application/json"),
-                                id_header,
-                            ],
-                        }
-                    )
-                    await send({"type": "http.response.body", "body": body})
-                    return
-                status = 500  # until the app's response starts
-
-            async def send_with_id(message: Message) -> None:
-                nonlocal status
-                if message["type"] == "http.response.start":
-                    status = message["status"]
-                    message["headers"] = [*message.get("headers", ()), id_header]
-                await send(message)
-
-            try:
-                await super().__call__(scope, receive, send_with_id)
-            finally:
-                route = getattr(scope.get("route"), "path", None) or "unmatched"
+            await super().__call__(scope, receive, send_with_id)
         finally:
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
             self.state.metrics.count_request(scope["method"], route, status)
             REQUEST_ID.reset(token)
+
+    async def view_response(self, scope: Scope) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+        """Status, headers and body of a plain successful `GET /views/{name}` (or its 500), counted
+        and logged under its request id; `None` (the scope marked as tried) hands it to the app.
+
+        `api.http_protocol` calls this for such requests before uvicorn's ASGI machinery, and
+        `__call__` for the rest of the world (any other ASGI server, test clients)."""
+        if (
+            scope["method"] != "GET"
+            or not scope["path"].startswith("/views/")
+            or scope.get("root_path")
+            or _has_body(scope)
+        ):
+            scope[_VIEW_TRIED] = True
+            return None
+        scope["app"] = self  # as Starlette sets it: `Request(scope).app` for the fast path's auth check
+        request_id = _request_id(scope)
+        token = REQUEST_ID.set(request_id.decode())
+        try:
+            try:
+                body = await routes_views.fast_page(self.state, scope)
+            except Exception:  # the route would have reached `unexpected` below: the same 500
+                log.exception("unhandled error on GET %s", scope["path"])
+                body, status = _INTERNAL_ERROR, 500
+            else:
+                if body is None:
+                    scope[_VIEW_TRIED] = True
+                    return None
+                status = 200
+            self.state.metrics.count_request("GET", _VIEW_ROUTE, status)
+        finally:
+            REQUEST_ID.reset(token)
+        return (
+            status,
+            [
+                (b"content-length", b"%d" % len(body)),
+                (b"content-type", b"application/json"),
+                (b"x-request-id", request_id),
+            ],
+            body,
+        )
+
+
+def _has_body(scope: Scope) -> bool:
+    for name, value in scope["headers"]:  # ASGI header names are lower-case
+        if name == b"content-length":
+            if value != b"0":
+                return True
+        elif name == b"transfer-encoding":
+            return True
+    return False
+
+
+def _request_id(scope: Scope) -> bytes:
+    """The client's `X-Request-ID` when it is a short token, else a new one; kept in the scope, so a
+    request handed from the fast path to the app keeps its id."""
+    request_id: bytes | None = scope.get(_REQUEST_ID_KEY)
+    if request_id is None:
+        request_id = b""
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                request_id = value
+        if not _CLIENT_REQUEST_ID.fullmatch(request_id):
+            request_id = f"{_id_prefix}{next(_id_seq):x}".encode()
+        scope[_REQUEST_ID_KEY] = request_id
+    return request_id
 
 
 def create_app(settings: Settings, *, dsn: str) -> FastAPI:

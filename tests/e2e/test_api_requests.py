@@ -154,3 +154,74 @@ def test_a_small_response_leaves_in_one_segment(served: Served) -> None:
             head, _, body = first.partition(b"\r\n\r\n")
             length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))[15:])
             assert len(body) == length, f"request {i}: first read held {len(body)} of {length} body bytes"
+
+
+def _responses(sock: socket.socket, count: int) -> list[tuple[bytes, dict[bytes, bytes], bytes]]:
+    """`count` responses read off a keep-alive socket: status line, headers (lower-case), body."""
+    sock.settimeout(10)  # a response that never comes fails the test instead of hanging it
+    buf, out = b"", []
+    while len(out) < count:
+        while b"\r\n\r\n" not in buf:
+            chunk = sock.recv(65536)
+            assert chunk, f"connection closed after {len(out)} responses"
+            buf += chunk
+        head, _, buf = buf.partition(b"\r\n\r\n")
+        status, *lines = head.split(b"\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines)}
+        length = int(headers[b"content-length"])
+        while len(buf) < length:
+            buf += sock.recv(65536)
+        out.append((status, headers, buf[:length]))
+        buf = buf[length:]
+    return out
+
+
+def _port(served: Served) -> int:
+    return int(served.base.rsplit(":", 1)[1])
+
+
+def test_pipelined_requests_answered_in_order_fast_path_and_app_alike(served: Served) -> None:
+    """Requests sent in one write, mixing the protocol's view fast path with requests it hands to the
+    app (a 422, a 404, /healthz): one response each, in request order, the connection kept open."""
+    targets = [b"/views/nums?id=1", b"/views/nums?nope=1", b"/views/nums?id=2", b"/healthz", b"/views/absent"]
+    targets += [b"/views/nums?id=%d" % i for i in range(1, 7)]
+    with socket.create_connection(("127.0.0.1", _port(served))) as sock:
+        sock.sendall(
+            b"".join(b"GET %s HTTP/1.1\r\nHost: t\r\nX-Request-ID: r%d\r\n\r\n" % (t, i) for i, t in enumerate(targets))
+        )
+        got = _responses(sock, len(targets))
+        sock.sendall(b"GET /views/nums?id=3 HTTP/1.1\r\nHost: t\r\n\r\n")  # still open after the burst
+        (last,) = _responses(sock, 1)
+    assert [s.split(b" ")[1] for s, _, _ in got] == [b"200", b"422", b"200", b"200", b"404"] + [b"200"] * 6
+    assert [h[b"x-request-id"] for _, h, _ in got] == [b"r%d" % i for i in range(len(targets))]
+    assert orjson.loads(got[2][2])["rows"][0]["id"] == 2
+    assert [orjson.loads(b)["rows"][0]["id"] for _, _, b in got[5:]] == list(range(1, 7))
+    for _, headers, _ in got:
+        assert b"date" in headers and headers[b"server"] == b"uvicorn"  # uvicorn's default headers, as before
+    assert last[0].startswith(b"HTTP/1.1 200") and orjson.loads(last[2])["rows"][0]["id"] == 3
+
+
+@pytest.mark.parametrize(
+    "request_line", [b"GET /views/nums?id=1 HTTP/1.1\r\nConnection: close", b"GET /views/nums?id=1 HTTP/1.0"]
+)
+def test_connection_close_and_http_1_0_answered_then_closed(served: Served, request_line: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", _port(served))) as sock:
+        sock.sendall(request_line + b"\r\nHost: t\r\n\r\n")
+        sock.settimeout(10)
+        data = b""
+        while chunk := sock.recv(65536):  # the server closes after the response
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"\r\nconnection: close" in head.lower()
+    assert orjson.loads(body)["rows"][0]["id"] == 1
+
+
+def test_a_client_gone_before_its_response_leaves_the_server_serving(served: Served) -> None:
+    port = _port(served)
+    for _ in range(20):
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"GET /views/nums?limit=100 HTTP/1.1\r\nHost: t\r\n\r\n")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST on close
+    got = served.client.get("/views/nums", params={"id": 4})
+    assert got.status_code == 200 and got.json()["rows"][0]["id"] == 4
+    assert not [r for r in served.log_records() if r["level"] == "error" and "trace-500" not in str(r)]
