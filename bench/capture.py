@@ -206,6 +206,10 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _children_sys() -> float:
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime
+
+
 def bench_snapshot(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) -> dict[str, float]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
@@ -227,9 +231,9 @@ def bench_snapshot(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) -
     psql_client, psql_server = _children_cpu() - c0, _server_cpu(cluster) - s0
     log_root = work / "log-snap"
     config = _config(work / "snap.toml", dsn, log_root, "bench_snap", "initial", "public.snap_t")
-    c0, s0 = _children_cpu(), _server_cpu(cluster)
+    c0, s0, k0 = _children_cpu(), _server_cpu(cluster), _children_sys()
     trib_s, rss = _run_until(config, log_root, Lsn(1))
-    trib_client, trib_server = _children_cpu() - c0, _server_cpu(cluster) - s0
+    trib_client, trib_server, trib_sys = _children_cpu() - c0, _server_cpu(cluster) - s0, _children_sys() - k0
     shutil.rmtree(log_root, ignore_errors=True)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_drop_replication_slot('bench_snap')")
@@ -243,6 +247,7 @@ def bench_snapshot(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) -
         "psql_client_cpu_us": psql_client * us,
         "psql_server_cpu_us": psql_server * us,
         "tributary_client_cpu_us": trib_client * us,
+        "tributary_client_sys_cpu_us": trib_sys * us,  # of which in the kernel (writes, fsync)
         "tributary_server_cpu_us": trib_server * us,
     }
 
