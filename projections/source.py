@@ -68,9 +68,9 @@ _ARROW = pa.schema(
     ]
 )
 _BATCH = 8192
-# A run that reads all of an active segment's uncopied committed bytes has a tail copy made of
-# them (`columnar.TailCopy`) once they reach this size; later runs read it from Parquet and only
-# what was committed after it as rows.
+# A run that reads all of an active segment has a tail copy made of its committed bytes
+# (`columnar.TailCopy`) once this many of them are in no copy yet; later runs read it from
+# Parquet and only what was committed after it as rows.
 TAIL_COPY_BYTES = 16 << 20
 TAIL_GRACE_S = 600.0  # a superseded tail copy is deleted this long after its successor was made
 
@@ -113,13 +113,15 @@ def plan(
 def _tail(splits: list[tuple[Any, ...]], end: int, nbytes: int) -> tuple[Segment | None, list[tuple[Any, ...]]]:
     """An active segment's planned row splits (committed end `end`, `nbytes`) → (the Parquet
     part, the splits still read as rows). With a valid tail copy the rows start at its end, at
-    its byte position; a new copy is planned instead when this run reads everything uncopied
-    and that is at least TAIL_COPY_BYTES (a rebuild, a DataFrame projection's run)."""
+    its byte position; a new copy is planned instead when this run reads the whole segment
+    (a rebuild, a DataFrame projection's run: making the copy reads it once more) and at least
+    TAIL_COPY_BYTES of it are not in a copy yet. An incremental run starting inside the segment
+    makes none: it would read the whole segment to copy it for the sake of its new records."""
     topic, partition, path, _, _, _, lo, hi, _ = splits[0]
     pdir, base = Path(path).parent, int(Path(path).name[:20])
     copy = next((c for c in tail_copies(pdir) if c.base == base and tail_copy_valid(pdir, c, end, nbytes)), None)
-    covered, covered_bytes = (base, 0) if copy is None else (copy.end, copy.nbytes)
-    if lo <= covered and nbytes - covered_bytes >= TAIL_COPY_BYTES:
+    covered_bytes = 0 if copy is None else copy.nbytes
+    if lo <= base and nbytes - covered_bytes >= TAIL_COPY_BYTES:
         return Segment(topic, partition, base, path, lo, hi, splits, TailCopy(base, end, nbytes)), []
     if copy is None or lo >= copy.end:
         return None, splits

@@ -173,3 +173,20 @@ def test_a_sealed_and_compacted_segment_is_not_read_from_its_tail_copy(
         sweep_tail_copies(pdir, active, time.time() + 601, 600)
         assert all(c.base == active for c in tail_copies(pdir)), "the sealed segment's copy is gone"
     assert _records(_frame(spark, log, tmp_path)) == want
+
+
+def test_a_run_starting_inside_the_segment_makes_no_copy(spark: Any, tmp_path: Path, small_copies: None) -> None:
+    """An incremental run (from a checkpoint inside the active segment) reads its new records as
+    rows, after the copy's end, and does not copy the whole segment for their sake."""
+    log = _open(tmp_path / "log")
+    _append(log, 0, 1000)
+    assert _records(_frame(spark, log, tmp_path)) == _committed(log)
+    first = _copies(log)
+    _append(log, 1000, 400)
+    module = tmp_path / "tails.py"
+    lo = {(TOPIC, p): c[0].end - 5 for p, c in first.items()}  # from a little before the copy's end
+    hi = {tp: e.end for tp, e in log.ends().items()}
+    frame = records_frame(spark, log, modules=[str(module)], mirror=[], name="tails", topics=[TOPIC], lo=lo, hi=hi)
+    want = [r for r in _committed(log) if r[1] >= lo[(TOPIC, r[0])]]
+    assert _records(frame) == want
+    assert _copies(log) == first
