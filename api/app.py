@@ -28,6 +28,7 @@ from api.limits import BodyLimit
 from api.logs import REQUEST_ID
 from api.metrics import Metrics
 from api.pg_async import KeepReaderConnection
+from api.pg_lease import Leases
 from eventstore.domain.bank import bank_account
 from eventstore.handler import CommandHandler
 from eventstore.store import EventStore
@@ -175,6 +176,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         )
         await pool.open(wait=False)
         app.state.pool = pool
+        app.state.leases = leases = Leases(pool)
         store = await asyncio.to_thread(EventStore.connect, dsn)
         app.state.handler = CommandHandler(
             store,
@@ -186,6 +188,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
             yield
         finally:
             await asyncio.to_thread(store.close)
+            await leases.close()
             await pool.close()
 
     app = Service(
