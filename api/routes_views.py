@@ -327,6 +327,14 @@ async def _page(
 _LIMIT = re.compile(r"[1-9][0-9]{0,3}")
 
 
+def _query_items(query: str) -> list[tuple[str, str]]:
+    """`parse_qsl(query, keep_blank_values=True)` (what Starlette's QueryParams uses), splitting
+    directly when nothing is escaped (a third of its cost)."""
+    if "%" in query or "+" in query:
+        return parse_qsl(query, keep_blank_values=True)
+    return [(name, value) for name, _, value in (pair.partition("=") for pair in query.split("&") if pair)]
+
+
 async def fast_page(state: Any, scope: Scope) -> bytes | None:
     """The body of a plain successful `GET /views/{name}`, computed without FastAPI's routing and
     dependency solving (most of a point lookup's CPU time); `None` hands the request to the route.
@@ -340,7 +348,7 @@ async def fast_page(state: Any, scope: Scope) -> bytes | None:
     try:
         if state.settings.api.keys:
             _check_read(Request(scope))
-        items = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)  # as QueryParams
+        items = _query_items(scope["query_string"].decode("latin-1"))
         params = dict(items)
         if len(params) != len(items):
             return None  # a repeated parameter: let the route decide which one counts
