@@ -48,8 +48,9 @@ PROJECTION = Projection(
 )
 """
 
-# The SQL the API runs for these two requests (same columns, casts, order and LIMIT n+1), so the
-# direct figure is the same database work without the HTTP service in between.
+# The SQL the API runs for these two requests (same columns, casts, order and LIMIT n+1; psycopg
+# sends `%s` as `$1`, the API's text), so the direct figure is the same database work without the
+# HTTP service in between. Both sides run it as a prepared statement (psycopg after 5 runs).
 DIRECT_SQL = {
     "point": 'SELECT "id", "grp", "val", "note" FROM "views"."bench_view" '
     'WHERE "id" = CAST(%s AS bigint) ORDER BY "id" LIMIT 101',
