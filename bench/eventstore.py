@@ -339,6 +339,43 @@ def commands_http(dsn: str, work_dir: Path, clients: int, seconds: float) -> dic
     }
 
 
+def cpu_ab(dsn: str, other_store: Path, seconds: float, repeat: int) -> dict[str, Any]:
+    """CPU per append of the store against another version of `eventstore/store.py` (e.g. an older
+    commit's, `git show <rev>:eventstore/store.py > /tmp/old_store.py`) and both ceilings, in one
+    run, with synchronous_commit off: without the fsync wait the turns measure CPU, which is what a
+    change to the statement or the client path moves. Medians and ranges over `repeat`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("other_store", other_store)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["other_store"] = module  # (dataclasses look their module up)
+    spec.loader.exec_module(module)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET synchronous_commit = off")
+        conn.execute("SELECT pg_reload_conf()")
+    store, other = EventStore.connect(dsn, max_size=8), module.EventStore.connect(dsn, max_size=8)
+    out: dict[str, Any] = {}
+    with psycopg.connect(dsn, autocommit=True) as probe:
+        for writers in (1, 4):
+            costs: dict[str, list[float]] = {}
+            for _ in range(repeat):
+                with raw_side(dsn, writers) as raw, raw_side(dsn, writers, literals=True) as rawlit:
+                    sides = {"raw": raw, "rawlit": rawlit, "other": store_side(other), "store": store_side(store)}
+                    _, per_append = interleaved(sides, writers, seconds, 0.5, probe)
+                for side, c in per_append.items():
+                    costs.setdefault(side, []).append(c["client_cpu_us"] + c["server_cpu_us"])
+                    costs.setdefault(f"{side}_client", []).append(c["client_cpu_us"])
+                    costs.setdefault(f"{side}_server", []).append(c["server_cpu_us"])
+            out[f"{writers}w_cpu_us_per_append"] = {
+                k: {"median": round(statistics.median(v), 1), "range": [round(min(v), 1), round(max(v), 1)]}
+                for k, v in costs.items()
+            }
+    store.close()
+    other.close()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=5.0, help="per side, writer count and repeat")
@@ -355,6 +392,12 @@ def main() -> None:
         help="also the ceiling before session 5: type, data and metadata literals in the INSERT (see raw_side)",
     )
     parser.add_argument("--load-events", type=int, default=10_000)
+    parser.add_argument(
+        "--cpu-ab",
+        type=Path,
+        metavar="STORE_PY",
+        help="only CPU per append (synchronous_commit off) of the store vs this other store.py and both ceilings",
+    )
     parser.add_argument("--dsn", help="use this server instead of an embedded one")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "eventstore.json")
     args = parser.parse_args()
@@ -374,6 +417,11 @@ def main() -> None:
         run_migrations(dsn)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(RAW_TABLE)
+        if args.cpu_ab:
+            if args.dsn:
+                raise SystemExit("--cpu-ab changes synchronous_commit: only on the embedded server")
+            print(json.dumps(cpu_ab(dsn, args.cpu_ab, args.seconds, args.repeat), indent=1))
+            return
         store = EventStore.connect(dsn, max_size=8)
         runs: dict[str, list[float]] = {}
         costs: dict[str, list[dict[str, float]]] = {}
