@@ -4,8 +4,9 @@ Sealed segments are immutable, so each gets a Parquet copy (`capture.log.columna
 made once by Spark tasks the first time a run needs it) that Spark reads natively: the default
 event time is a column of it (computed by the row path's own Python when the copy is made), the
 value is also a shredded VARIANT, so a DataFrame projection runs no Python and parses no JSON per
-record. The active segment's committed bytes are read by `mapInArrow` tasks with
-`capture.log.read_split`.
+record. An active segment's committed prefix may have a tail copy of the same format
+(`columnar.TailCopy`, made by a run that reads the whole segment); what is committed after it is
+read by `mapInArrow` tasks with `capture.log.read_split`.
 The driver plans from one manifest snapshot and ships only file names and byte ranges: nothing of
 the log passes through the driver. Both paths give the same rows (tests/integration/projections).
 """
@@ -138,7 +139,8 @@ def _tail(splits: list[tuple[Any, ...]], end: int, nbytes: int) -> tuple[Segment
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Segment:
-    """A sealed segment a run reads, with the run's [lo, hi) offsets of its partition."""
+    """A segment a run reads from Parquet — a sealed one, or an active one's committed prefix
+    (`tail`) — with the run's [lo, hi) offsets of its partition."""
 
     topic: str
     partition: int
