@@ -64,7 +64,12 @@ class Service(FastAPI):
     - the plain successful `GET /views/{name}` served by `routes_views.fast_page` without FastAPI's
       routing, dependencies and middleware (anything else it hands to the app).
 
-    Plain ASGI on purpose: a Starlette `BaseHTTPMiddleware` costs a task and a stream per request."""
+    Plain ASGI on purpose: a Starlette `BaseHTTPMiddleware` costs a task and a stream per request.
+    What it uses on every request are attributes of its own (`metrics`, the views' runtime): each
+    `app.state.x` is a failed attribute lookup and a `__getattr__` call."""
+
+    metrics: Metrics
+    _views: Any = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -91,7 +96,7 @@ class Service(FastAPI):
             await super().__call__(scope, receive, send_with_id)
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
-            self.state.metrics.count_request(scope["method"], route, status)
+            self.metrics.count_request(scope["method"], route, status)
             REQUEST_ID.reset(token)
 
     async def view_response(self, scope: Scope) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
@@ -113,7 +118,12 @@ class Service(FastAPI):
         token = REQUEST_ID.set(request_id.decode())
         try:
             try:
-                body = await routes_views.fast_page(self.state, scope)
+                views = self._views or routes_views.runtime(self.state)
+                if views is None:  # not started yet: the route says so
+                    scope[_VIEW_TRIED] = True
+                    return None
+                self._views = views
+                body = await routes_views.fast_page(self.state, views, scope)
             except Exception:  # the route would have reached `unexpected` below: the same 500
                 log.exception("unhandled error on GET %s", scope["path"])
                 body, status = _INTERNAL_ERROR, 500
@@ -122,7 +132,7 @@ class Service(FastAPI):
                     scope[_VIEW_TRIED] = True
                     return None
                 status = 200
-            self.state.metrics.count_request("GET", _VIEW_ROUTE, status)
+            self.metrics.count_request("GET", _VIEW_ROUTE, status)
         finally:
             REQUEST_ID.reset(token)
         return (
@@ -177,6 +187,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         await pool.open(wait=False)
         app.state.pool = pool
         app.state.leases = leases = Leases(pool)
+        app.state.views_runtime = app._views = None  # type: ignore[attr-defined] # built anew on this pool
         store = await asyncio.to_thread(EventStore.connect, dsn)
         app.state.handler = CommandHandler(
             store,
@@ -199,7 +210,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     )
     app.state.settings = settings
     app.state.dsn = dsn
-    app.state.metrics = Metrics()
+    app.state.metrics = app.metrics = Metrics()
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
 
     app.include_router(routes_commands.router)

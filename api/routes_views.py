@@ -27,7 +27,7 @@ from starlette.types import Scope
 from api import pg_prepared
 from api.auth import AUTH_RESPONSES, error, require
 
-__all__ = ["fast_page", "router"]
+__all__ = ["fast_page", "router", "runtime"]
 
 _check_read = require("read")
 
@@ -136,13 +136,28 @@ def _decode_cursor(cursor: str, width: int) -> list[Any]:
     return values
 
 
-def _queries(state: Any) -> dict[tuple[Any, ...], Any]:
-    """Rendered SQL by request shape (view, filter columns and operators, order, cursor, limit):
-    composing and quoting it costs more than running a point lookup, and projections are fixed per app."""
-    cached = getattr(state, "view_queries", None)
-    if cached is None:
-        cached = state.view_queries = {}
-    return cached
+class _Runtime:
+    """What a page query needs from the app, in one object: every `app.state.x` is a Python
+    `__getattr__` call (≈ 0.5 µs), and a point lookup made seven of them."""
+
+    __slots__ = ("keys", "leases", "meta", "queries", "schema")
+
+    def __init__(self, state: Any) -> None:
+        self.leases = state.leases
+        self.keys = bool(state.settings.api.keys)
+        self.schema: str = state.settings.projections.schema_
+        self.meta: dict[str, _View] = {}  # per view, derived once from its projection
+        # Rendered SQL by request shape (view, filter columns and operators, order, cursor, limit):
+        # composing and quoting it costs more than running a point lookup; projections are fixed per app.
+        self.queries: dict[tuple[Any, ...], Any] = {}
+
+
+def runtime(state: Any) -> _Runtime | None:
+    """The app's `_Runtime`, once its pool is up (`None` before); callers may keep it."""
+    runtime = getattr(state, "views_runtime", None)
+    if runtime is None and hasattr(state, "leases"):
+        runtime = state.views_runtime = _Runtime(state)
+    return runtime
 
 
 def _columns(names: list[str]) -> sql.Composed:
@@ -215,7 +230,11 @@ async def query_view(
 ) -> Response:
     """Rows of `views.<name>`: `?col=v`, `?col__gte=v` (eq ne gt gte lt lte), `order_by=col|-col`,
     `limit` (≤ 1000), `cursor` from the previous page's `next_cursor`."""
-    body = await _page(request.app.state, name, request.query_params, limit, cursor, order_by)
+    state = request.app.state
+    views = runtime(state)
+    if views is None:
+        raise HTTPException(503, "starting up: the database pool is not open yet")
+    body = await _page(state, views, name, request.query_params, limit, cursor, order_by)
     return Response(body, media_type="application/json")
 
 
@@ -227,10 +246,7 @@ class _View(NamedTuple):
     row: Callable[[Sequence[Any]], dict[str, Any]]  # a result row -> its JSON object
 
 
-def _view(state: Any, name: str) -> _View | None:
-    cached: dict[str, _View] | None = getattr(state, "view_meta", None)
-    if cached is None:
-        cached = state.view_meta = {}
+def _view(state: Any, cached: dict[str, _View], name: str) -> _View | None:
     view = cached.get(name)
     if view is None:
         p = _projections(state).get(name)
@@ -255,10 +271,16 @@ _ADAPTERS.register_loader("numeric", TextLoader)
 
 
 async def _page(
-    state: Any, name: str, params: Mapping[str, str], limit: int, cursor: str | None, order_by: str | None
+    state: Any,
+    runtime: _Runtime,
+    name: str,
+    params: Mapping[str, str],
+    limit: int,
+    cursor: str | None,
+    order_by: str | None,
 ) -> bytes:
     """The JSON body of one page of a view (the route and `fast_page` share it)."""
-    view = _view(state, name)
+    view = _view(state, runtime.meta, name)
     if view is None:
         raise HTTPException(404, f"no view named {name!r}; GET /views lists them")
     types, primary_key = view.types, view.primary_key
@@ -281,12 +303,11 @@ async def _page(
         after_null = nullable and values[0] is None
         args.extend(values[1:] if after_null else values)
     shape = (name, tuple((c, op) for c, op, _ in filters), tuple(keys), descending, bool(cursor), after_null, limit)
-    queries = _queries(state)
+    queries = runtime.queries
     query = queries.get(shape)
     if query is None:
-        schema = state.settings.projections.schema_
         query = _compose(
-            schema,
+            runtime.schema,
             name,
             types,
             shape[1],
@@ -297,7 +318,7 @@ async def _page(
             nullable=nullable,
             after_null=after_null,
         )
-    leases = state.leases
+    leases = runtime.leases
     conn = await leases.get()  # not `pool.connection()`: autocommit, nothing to commit
     try:
         if isinstance(query, sql.Composed):  # first request of this shape: render it once, with
@@ -335,7 +356,7 @@ def _query_items(query: str) -> list[tuple[str, str]]:
     return [(name, value) for name, _, value in (pair.partition("=") for pair in query.split("&") if pair)]
 
 
-async def fast_page(state: Any, scope: Scope) -> bytes | None:
+async def fast_page(state: Any, runtime: _Runtime, scope: Scope) -> bytes | None:
     """The body of a plain successful `GET /views/{name}`, computed without FastAPI's routing and
     dependency solving (most of a point lookup's CPU time); `None` hands the request to the route.
 
@@ -343,10 +364,10 @@ async def fast_page(state: Any, scope: Scope) -> bytes | None:
     report, a repeated or malformed parameter, a failed or missing key) is `None`, so every 4xx is the
     route's own (a GET has no body, so re-running it there is safe); unexpected errors propagate."""
     name = scope["path"][7:]
-    if not name or "/" in name or not hasattr(state, "leases"):
+    if not name or "/" in name:
         return None
     try:
-        if state.settings.api.keys:
+        if runtime.keys:
             _check_read(Request(scope))
         items = _query_items(scope["query_string"].decode("latin-1"))
         params = dict(items)
@@ -356,7 +377,13 @@ async def fast_page(state: Any, scope: Scope) -> bytes | None:
         if limit is not None and not _LIMIT.fullmatch(limit):
             return None  # FastAPI's own int parsing (and its 422) is the reference
         return await _page(
-            state, name, params, 100 if limit is None else int(limit), params.get("cursor"), params.get("order_by")
+            state,
+            runtime,
+            name,
+            params,
+            100 if limit is None else int(limit),
+            params.get("cursor"),
+            params.get("order_by"),
         )
     except HTTPException:  # every 4xx is the route's own: it re-runs the request
         return None
