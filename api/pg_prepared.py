@@ -63,6 +63,9 @@ def _state(conn: AsyncConnection[Any], adapters: AdaptersMap) -> _State:
     return got[1]
 
 
+_names: dict[bytes, bytes] = {}  # statement name by text (a caller's cached text hashes once)
+
+
 def _encode(value: Any, encoding: str) -> bytes | None:
     """A parameter as text, as psycopg would send it; `None` is NULL."""
     if value is None:
@@ -100,7 +103,11 @@ async def fetch(
     encoding = state.encoding
     values = [_encode(v, encoding) for v in params]
     pgconn = conn.pgconn
-    name = b"tributary_" + hashlib.blake2b(query, digest_size=12).hexdigest().encode()
+    name = _names.get(query)
+    if name is None:
+        if len(_names) >= MAX_PREPARED:
+            _names.clear()
+        name = _names[query] = b"tributary_" + hashlib.blake2b(query, digest_size=12).hexdigest().encode()
     if name not in state.prepared:
         if len(state.prepared) >= MAX_PREPARED:
             name = b""  # the unnamed statement: parsed per run
