@@ -34,7 +34,7 @@ def serve(
             min=1,
             help="Worker processes sharing the port (default \\[api] workers = 1). One worker is the right "
             "default when PostgreSQL shares a machine of few cores: on 2 cores a second worker served point "
-            "lookups faster but spent 12-17% more server CPU per request and served pages no faster "
+            "lookups faster but spent 13-17% more server CPU per request and served pages no faster "
             "(bench/api.py). Add workers when cores are left over.",
         ),
     ] = None,
