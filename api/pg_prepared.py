@@ -30,6 +30,8 @@ MAX_PREPARED = 4096
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
 _ACTIVE = pq.TransactionStatus.ACTIVE
+_SQLSTATE = pq.DiagnosticField.SQLSTATE
+_STALE_PLAN = b"0A000"  # feature_not_supported: "cached plan must not change result type"
 
 
 class _Loading:
@@ -82,6 +84,18 @@ def _encode(value: Any, encoding: str) -> bytes | None:
     raise TypeError(f"cannot send a {type(value).__name__} as a text parameter")
 
 
+async def _prepare(conn: AsyncConnection[Any], state: _State, name: bytes, query: bytes) -> bytes:
+    """Prepare `query` as `name` on `conn` (unnamed beyond `MAX_PREPARED`); the name it runs under."""
+    if len(state.prepared) >= MAX_PREPARED:
+        name = b""  # the unnamed statement: parsed per run
+    conn.pgconn.send_prepare(name, query)
+    results = await conn.wait(execute(conn.pgconn))
+    _check(results[-1], _COMMAND_OK, state.encoding)
+    if name:
+        state.prepared.add(name)
+    return name
+
+
 def _check(result: pq.abc.PGresult, expected: pq.ExecStatus, encoding: str) -> None:
     if result.status != expected:
         raise errors.error_from_result(result, encoding=encoding)
@@ -109,16 +123,20 @@ async def fetch(
             _names.clear()
         name = _names[query] = b"tributary_" + hashlib.blake2b(query, digest_size=12).hexdigest().encode()
     if name not in state.prepared:
-        if len(state.prepared) >= MAX_PREPARED:
-            name = b""  # the unnamed statement: parsed per run
-        pgconn.send_prepare(name, query)
-        results = await conn.wait(execute(pgconn))
-        _check(results[-1], _COMMAND_OK, encoding)
-        if name:
-            state.prepared.add(name)
+        name = await _prepare(conn, state, name, query)
     pgconn.send_query_prepared(name, values)
     results = await conn.wait(execute(pgconn))
     result = results[-1]
+    if result.status != _TUPLES_OK and name and result.error_field(_SQLSTATE) == _STALE_PLAN:
+        # The table behind the text was swapped for one of other columns (a projection's rebuild):
+        # PostgreSQL refuses the old plan ("cached plan must not change result type"). Prepare it
+        # again, once; what fails then is a real error.
+        state.prepared.discard(name)
+        pgconn.send_query(b"DEALLOCATE " + name)
+        _check((await conn.wait(execute(pgconn)))[-1], _COMMAND_OK, encoding)
+        name = await _prepare(conn, state, name, query)
+        pgconn.send_query_prepared(name, values)
+        result = (await conn.wait(execute(pgconn)))[-1]
     _check(result, _TUPLES_OK, encoding)
     tx = state.transformer
     tx.set_pgresult(result)

@@ -152,3 +152,27 @@ def test_cancelled_and_lost_queries_leave_connections_the_pool_discards(fresh_db
                 assert await pg_prepared.fetch(fresh, b"SELECT 3", [], ADAPTERS, tuple) == [(3,)]
 
     uvloop.run(main())
+
+
+def test_a_view_swapped_for_one_of_other_column_types_is_prepared_again(fresh_db: str) -> None:
+    """A projection's rebuild swaps its table for one whose columns may differ; PostgreSQL then
+    refuses the prepared statement ("cached plan must not change result type"): the query is
+    prepared again and answered, on every connection that had it."""
+
+    async def main() -> None:
+        conn = await _connect(fresh_db)
+        other = await _connect(fresh_db)
+        async with conn, other:
+            await conn.execute("CREATE SCHEMA IF NOT EXISTS views")
+            await conn.execute("CREATE TABLE views.swapped AS SELECT 1 AS k, 10 AS total")
+            query = b"SELECT * FROM views.swapped WHERE k = CAST($1 AS integer)"
+            for c in (conn, other):
+                assert await pg_prepared.fetch(c, query, ["1"], ADAPTERS, tuple) == [(1, 10)]
+            await conn.execute("CREATE TABLE views.swapped_v2 AS SELECT 1 AS k, 'ten'::text AS total, true AS extra")
+            await conn.execute("DROP TABLE views.swapped")
+            await conn.execute("ALTER TABLE views.swapped_v2 RENAME TO swapped")
+            for c in (conn, other):
+                assert await pg_prepared.fetch(c, query, ["1"], ADAPTERS, tuple) == [(1, "ten", True)]
+                assert await pg_prepared.fetch(c, query, ["1"], ADAPTERS, tuple) == [(1, "ten", True)]
+
+    uvloop.run(main())
