@@ -256,13 +256,18 @@ class Log:
         if self._failed is not None:
             raise LogError(f"an earlier commit failed ({self._failed}); reopen the log to recover")
 
-    def append(self, topic: str, partition: int, records: Sequence[RecordIn]) -> int:
-        """Buffer records at the partition's end; returns the first offset (unseen until commit)."""
+    def _writer_for(self, topic: str, partition: int) -> PartitionWriter:
+        """The partition's writer, for an append (checks the log is writable and the partition exists)."""
         self._check_writer("append")
         w = self._writers.get((topic, partition))
         if w is None:
             t = self._topic_any(topic)
             raise LogError(f"topic {topic!r} has partitions 0..{t.config.partitions - 1}, not {partition}")
+        return w
+
+    def append(self, topic: str, partition: int, records: Sequence[RecordIn]) -> int:
+        """Buffer records at the partition's end; returns the first offset (unseen until commit)."""
+        w = self._writer_for(topic, partition)
         try:
             return w.append(records)
         except LogError:
@@ -274,11 +279,7 @@ class Log:
     ) -> int:
         """`append` for lines made elsewhere (`encode(first_offset)` → lines, sizes; one timestamp):
         the columnar snapshot's entry. Same buffering, segments, index and commit rules."""
-        self._check_writer("append")
-        w = self._writers.get((topic, partition))
-        if w is None:
-            t = self._topic_any(topic)
-            raise LogError(f"topic {topic!r} has partitions 0..{t.config.partitions - 1}, not {partition}")
+        w = self._writer_for(topic, partition)
         try:
             return w.append_encoded(encode, timestamp_ms)
         except LogError:
