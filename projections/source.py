@@ -74,6 +74,7 @@ _BATCH = 8192
 # Parquet and only what was committed after it as rows.
 TAIL_COPY_BYTES = 16 << 20
 TAIL_GRACE_S = 600.0  # a superseded tail copy is deleted this long after its successor was made
+STALE_COPY_DIR_S = 86400.0  # a copy job's temporary directory this old was left by a killed job
 
 
 def plan(
@@ -278,6 +279,18 @@ def _event_time() -> Any:
     return F.coalesce(chosen, F.col("timestamp")).cast("long")
 
 
+def sweep_stale_copy_dirs(root: Path, now: float, max_age_s: float = STALE_COPY_DIR_S) -> list[Path]:
+    """Remove the temporary directories of copy jobs killed before their `finally` (kill -9, OOM):
+    those untouched for `max_age_s` (a running job's is minutes old). Returns the paths removed."""
+    removed = []
+    for tmp in root.glob(".columnar-*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            if tmp.stat().st_mtime < now - max_age_s:
+                shutil.rmtree(tmp, ignore_errors=True)
+                removed.append(tmp)
+    return removed
+
+
 def _write_copies(spark: Any, segments: Sequence[Segment]) -> None:
     """Format-2 copies (`capture.log.columnar`) of `segments`, written by Spark tasks: the rows
     read in Python; the VARIANT value, the default event time and the shredding by Spark, into a
@@ -285,6 +298,7 @@ def _write_copies(spark: Any, segments: Sequence[Segment]) -> None:
     from pyspark.sql import functions as F
 
     root = Path(segments[0].path).parents[2]  # <root>/<topic>/<partition>/<base>.log
+    sweep_stale_copy_dirs(root, time.time())
     tmp = root / f".columnar-{uuid.uuid4().hex}.tmp"
     try:
         listed = spark.createDataFrame(

@@ -190,3 +190,15 @@ def test_a_run_starting_inside_the_segment_makes_no_copy(spark: Any, tmp_path: P
     want = [r for r in _committed(log) if r[1] >= lo[(TOPIC, r[0])]]
     assert _records(frame) == want
     assert _copies(log) == first
+
+
+def test_a_killed_copy_jobs_temporary_directory_is_swept_once_stale(tmp_path: Path) -> None:
+    now = time.time()
+    stale, fresh, other = (tmp_path / ".columnar-a.tmp"), (tmp_path / ".columnar-b.tmp"), (tmp_path / "keep.tmp")
+    for d in (stale, fresh, other):
+        (d / "seg=0").mkdir(parents=True)
+        (d / "seg=0" / "part-0.parquet").write_bytes(b"x")
+    os.utime(stale, (now - source.STALE_COPY_DIR_S - 60, now - source.STALE_COPY_DIR_S - 60))
+    os.utime(other, (now - source.STALE_COPY_DIR_S - 60, now - source.STALE_COPY_DIR_S - 60))
+    assert source.sweep_stale_copy_dirs(tmp_path, now) == [stale]
+    assert not stale.exists() and fresh.exists() and other.exists()
