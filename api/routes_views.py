@@ -331,8 +331,8 @@ async def _page(
 
         if isinstance(exc, errors.DataError):
             raise HTTPException(
-                422, f"a filter value does not fit its column's type: {exc.diag.message_primary}"
-            ) from None
+                422, f"a filter value does not fit its column's type: {exc.diag.message_primary or exc}"
+            ) from None  # (no diag when the client refused it: a NUL byte, which text cannot hold)
         if isinstance(exc, errors.UndefinedTable):
             raise HTTPException(
                 404, f"view {name!r} has not been built yet: run `tributary project run {name}`"
