@@ -8,7 +8,6 @@ Rows come out of `COPY … TO STDOUT` as PostgreSQL text, the same text wal2json
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -18,7 +17,7 @@ from psycopg import pq, sql
 from capture.catalog import TableInfo
 from capture.errors import TransientSourceError
 from capture.replication import connect_options, translate_connect_error
-from capture.values import type_family
+from capture.values import copy_unescape, type_family
 
 __all__ = ["CHUNK_BYTES", "JSON_BATCH", "SnapshotReader"]
 
@@ -28,14 +27,6 @@ CHUNK_BYTES = 2 << 20  # COPY text per chunk of the columnar snapshot (≈ 15k r
 
 
 _ROW, _KEY = "__tributary_row", "__tributary_key"  # subquery aliases in json_rows
-_COPY_ESCAPE = re.compile(rb"\\(.)", re.S)
-_COPY_CHARS = {b"n": b"\n", b"t": b"\t", b"r": b"\r", b"b": b"\b", b"f": b"\f", b"v": b"\v"}
-
-
-def _unescape(match: re.Match[bytes]) -> bytes:
-    """Undo COPY text format's backslash escapes (\\n, \\t, …, and a doubled backslash)."""
-    char = match.group(1)
-    return _COPY_CHARS.get(char, char)
 
 
 def _json_expr(name: str, type_name: str) -> sql.Composable | None:
@@ -183,7 +174,7 @@ class SnapshotReader:
                     line = bytes(data)
                     tab = line.index(b"\t")  # COPY escaped any tab inside the JSON
                     if b"\\" in line:
-                        add((_COPY_ESCAPE.sub(_unescape, line[tab + 1 : -1]), _COPY_ESCAPE.sub(_unescape, line[:tab])))
+                        add((copy_unescape(line[tab + 1 : -1]), copy_unescape(line[:tab])))
                     else:
                         add((line[tab + 1 : -1], line[:tab]))
                     if len(batch) == JSON_BATCH:

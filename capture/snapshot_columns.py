@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.abc
 import io
-import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,13 +50,11 @@ finally:
     if _finder is not None:
         sys.meta_path.remove(_finder)
 
-from capture.values import text_converter, type_family  # noqa: E402
+from capture.values import copy_unescape, text_converter, type_family  # noqa: E402
 
 __all__ = ["ChunkRecords", "ColumnPlan", "encode_chunk", "murmur2_partitions", "plan"]
 
 _STRING_FAMILIES = ("text", "numeric", "tstz", "ts", "bytea")
-_COPY_ESCAPE = re.compile(rb"\\(.)", re.S)
-_COPY_CHARS = {b"n": b"\n", b"t": b"\t", b"r": b"\r", b"b": b"\b", b"f": b"\f", b"v": b"\v"}
 # What a vector kernel would spell unlike orjson: raw control characters COPY leaves unescaped
 # (orjson writes \u00XX), COPY's `\v` (orjson: \u000b); a doubled backslash before `v` also
 # matches, harmlessly (the reference path handles it too).
@@ -108,16 +105,11 @@ def plan(columns: Sequence[tuple[str, str]], key: Sequence[str]) -> ColumnPlan |
     )
 
 
-def _unescape(match: re.Match[bytes]) -> bytes:
-    char = match.group(1)
-    return _COPY_CHARS.get(char, char)
-
-
 def reference_fragment(converter: object, raw: bytes | None) -> bytes:
     """One value's JSON the way the row path spells it: COPY unescape, capture.values, orjson."""
     if raw is None or raw == b"\\N":
         return b"null"
-    text = _COPY_ESCAPE.sub(_unescape, raw).decode()
+    text = copy_unescape(raw).decode()
     return orjson.dumps(text if converter is None else converter(text))  # type: ignore[operator]
 
 

@@ -22,6 +22,7 @@ import orjson
 
 __all__ = [
     "UNAVAILABLE",
+    "copy_unescape",
     "from_stream",
     "from_text",
     "parse_array",
@@ -35,6 +36,17 @@ UNAVAILABLE = "__tributary_unavailable__"  # an unchanged TOASTed value the serv
 _TYPMOD = re.compile(r"\(\d+(,\d+)?\)")
 _INTS = {"smallint", "integer", "bigint", "oid", "int2", "int4", "int8"}
 _FLOATS = {"real", "double precision", "float4", "float8"}
+_COPY_ESCAPE = re.compile(rb"\\(.)", re.S)
+_COPY_CHARS = {b"n": b"\n", b"t": b"\t", b"r": b"\r", b"b": b"\b", b"f": b"\f", b"v": b"\v"}
+
+
+def _copy_char(match: re.Match[bytes]) -> bytes:
+    char = match.group(1)
+    return _COPY_CHARS.get(char, char)
+
+
+copy_unescape = functools.partial(_COPY_ESCAPE.sub, _copy_char)
+"""COPY text format's backslash escapes undone (\\n, \\t, …, a doubled backslash): bytes → bytes."""
 
 
 def type_family(type_name: str) -> str:
