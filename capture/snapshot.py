@@ -29,6 +29,17 @@ CHUNK_BYTES = 2 << 20  # COPY text per chunk of the columnar snapshot (≈ 15k r
 _ROW, _KEY = "__tributary_row", "__tributary_key"  # subquery aliases in json_rows
 
 
+def _copy_columns(table: TableInfo, *, ordered: bool = False) -> sql.Composed:
+    """`COPY` of the table's columns (in `table.columns` order) as text; `ordered`: by primary key."""
+    cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns)
+    order: sql.Composable = sql.SQL("")
+    if ordered and table.primary_key:
+        order = sql.SQL(" ORDER BY ") + sql.SQL(", ").join(sql.Identifier(k) for k in table.primary_key)
+    return sql.SQL("COPY (SELECT {} FROM {}.{}{}) TO STDOUT").format(
+        cols, sql.Identifier(table.schema), sql.Identifier(table.table), order
+    )
+
+
 def _json_expr(name: str, type_name: str) -> sql.Composable | None:
     """The SQL whose `row_to_json` spelling equals capture.values' conversion of the column's text."""
     col = sql.Identifier(name)
@@ -71,15 +82,8 @@ class SnapshotReader:
 
         `ordered`: by primary key. A CDC snapshot holds one row per key, so heap order is fine
         (and fastest); an outbox holds many rows per stream, whose order is the point."""
-        cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns)
-        order: sql.Composable = sql.SQL("")
-        if ordered and table.primary_key:
-            order = sql.SQL(" ORDER BY ") + sql.SQL(", ").join(sql.Identifier(k) for k in table.primary_key)
-        query = sql.SQL("COPY (SELECT {} FROM {}.{}{}) TO STDOUT").format(
-            cols, sql.Identifier(table.schema), sql.Identifier(table.table), order
-        )
         try:
-            with self._conn.cursor().copy(query) as copy:
+            with self._conn.cursor().copy(_copy_columns(table, ordered=ordered)) as copy:
                 yield from copy.rows()
         except psycopg.OperationalError as exc:
             raise TransientSourceError(f"source {self.label!r}: snapshot of {table.qualified} broke: {exc}") from None
@@ -88,12 +92,8 @@ class SnapshotReader:
         """Every row of `table` as COPY text lines, in chunks of about `chunk_bytes`, each led by
         the line `-` (the columnar snapshot's CSV reader skips it; capture/snapshot_columns.py).
         libpq hands COPY OUT over one row at a time: this loop is the one per-row Python step."""
-        cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns)
-        query = sql.SQL("COPY (SELECT {} FROM {}.{}) TO STDOUT").format(
-            cols, sql.Identifier(table.schema), sql.Identifier(table.table)
-        )
         try:
-            with self._conn.cursor().copy(query) as copy:
+            with self._conn.cursor().copy(_copy_columns(table)) as copy:
                 # psycopg's `copy.read()` costs ≈ 1 µs a row (a generator and a wait per row);
                 # libpq's non-blocking PQgetCopyData (psycopg.pq) ≈ 0.5: rows already received
                 # are taken directly, and psycopg's `read` waits when none is (0 = would block).
