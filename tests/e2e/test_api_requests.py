@@ -5,6 +5,7 @@ and view values as PostgreSQL spells them (numeric) on the `GET /views/{name}` f
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -225,3 +226,35 @@ def test_a_client_gone_before_its_response_leaves_the_server_serving(served: Ser
     got = served.client.get("/views/nums", params={"id": 4})
     assert got.status_code == 200 and got.json()["rows"][0]["id"] == 4
     assert not [r for r in served.log_records() if r["level"] == "error" and "trace-500" not in str(r)]
+
+
+def test_requests_written_behind_an_unanswered_one_are_answered_in_order(served: Served) -> None:
+    """Each request its own write, sent before the previous one is answered: whichever way each is
+    read (whole by the protocol, or queued behind the one in flight by uvicorn), the answers come in
+    request order on the one connection."""
+    targets = [b"/views/nums?limit=100", b"/healthz", b"/views/nums?id=2", b"/views/nums?nope=1", b"/views/nums?id=5"]
+    with socket.create_connection(("127.0.0.1", _port(served))) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for i, target in enumerate(targets):
+            sock.sendall(b"GET %s HTTP/1.1\r\nHost: t\r\nX-Request-ID: w%d\r\n\r\n" % (target, i))
+        got = _responses(sock, len(targets))
+    assert [h[b"x-request-id"] for _, h, _ in got] == [b"w%d" % i for i in range(len(targets))]
+    assert [s.split(b" ")[1] for s, _, _ in got] == [b"200", b"200", b"200", b"422", b"200"]
+    assert len(orjson.loads(got[0][2])["rows"]) == len(NUMS)
+    assert [orjson.loads(got[i][2])["rows"][0]["id"] for i in (2, 4)] == [2, 5]
+
+
+def test_idle_keep_alive_connection_closed_after_the_timeout_and_not_while_in_use(served: Served) -> None:
+    """uvicorn's keep-alive timeout (5 s) after view responses: a connection used every 1.2 s for 6 s
+    stays open; left idle, the server closes it about 5 s after its last response."""
+    with socket.create_connection(("127.0.0.1", _port(served))) as sock:
+        for i in range(6):
+            sock.sendall(b"GET /views/nums?id=%d HTTP/1.1\r\nHost: t\r\n\r\n" % (i + 1))
+            ((status, _, body),) = _responses(sock, 1)
+            assert status.startswith(b"HTTP/1.1 200") and orjson.loads(body)["rows"][0]["id"] == i + 1
+            if i < 5:
+                time.sleep(1.2)
+        answered = time.monotonic()
+        sock.settimeout(15)
+        assert sock.recv(65536) == b""  # closed by the server
+        assert 4.5 < time.monotonic() - answered < 8
