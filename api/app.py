@@ -165,7 +165,7 @@ def _request_id(scope: Scope) -> bytes:
         for name, value in scope["headers"]:
             if name == b"x-request-id":
                 request_id = value
-        if not _CLIENT_REQUEST_ID.fullmatch(request_id):
+        if not (request_id and _CLIENT_REQUEST_ID.fullmatch(request_id)):
             request_id = f"{_id_prefix}{next(_id_seq):x}".encode()
         scope[_REQUEST_ID_KEY] = request_id
     return request_id

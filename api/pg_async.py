@@ -45,6 +45,8 @@ class KeepReaderConnection(AsyncConnection[Any]):
     _waiter: asyncio.Future[int] | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _fd = -1  # the descriptor registered with `_loop`, or -1
+    _since = 0.0  # when the current wait began (`_loop.time()`)
+    _watch: asyncio.TimerHandle | None = None
 
     async def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
         try:
@@ -62,13 +64,16 @@ class KeepReaderConnection(AsyncConnection[Any]):
                 loop = self._loop
                 assert loop is not None
                 self._waiter = waiter = loop.create_future()
-                # As psycopg: wake up every `interval` anyway. A quiet interval also registers the socket
-                # anew: uvloop closes its poll handle on a socket error (EPOLLERR) without telling.
-                timer = loop.call_later(interval, _wake, waiter, Ready.NONE)
+                # As psycopg: a wait ends after `interval` anyway (here after `interval` to twice that:
+                # one timer per connection, armed when none is, rather than one per wait). A quiet
+                # interval also registers the socket anew: uvloop closes its poll handle on a socket
+                # error (EPOLLERR) without telling.
+                self._since = since = loop.time()
+                if self._watch is None:
+                    self._watch = loop.call_at(since + interval, self._watchdog, interval)
                 try:
                     ready = await waiter
                 finally:
-                    timer.cancel()
                     self._waiter = None
                 if not ready:
                     self._unregister()
@@ -83,6 +88,18 @@ class KeepReaderConnection(AsyncConnection[Any]):
             raise
         self._unregister()
         return await super().wait(_resumed(state, gen), interval, timeout)
+
+    def _watchdog(self, interval: float) -> None:
+        """End a wait that has lasted `interval`; else check again when the current one will have."""
+        self._watch = None
+        waiter = self._waiter
+        if waiter is None:
+            return  # nobody waits: the next wait arms it again
+        due = self._since + interval
+        if self._loop.time() >= due:  # type: ignore[union-attr]
+            _wake(waiter, Ready.NONE)
+        else:
+            self._watch = self._loop.call_at(due, self._watchdog, interval)  # type: ignore[union-attr]
 
     def _readable(self) -> None:
         waiter = self._waiter

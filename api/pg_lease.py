@@ -28,13 +28,19 @@ class Leases:
         self._every = recycle_every
         self._returns = 0
 
+    def take(self) -> Any:
+        """The connection most recently returned, or `None` (then `get` one): no coroutine to run."""
+        return self._idle.pop() if self._idle else None
+
     async def get(self) -> Any:
         """A connection: the one most recently returned, else a new lease from the pool."""
         if self._idle:
             return self._idle.pop()
         return await self.pool.getconn()
 
-    async def put(self, conn: Any) -> None:
+    def keep(self, conn: Any) -> bool:
+        """Keep a returned connection for the next `get` if it is plainly idle; `False`: it must go
+        back to the pool (`pool.putconn`, or `put` instead of this)."""
         self._returns += 1
         if (
             len(self._idle) < self._keep
@@ -43,7 +49,11 @@ class Leases:
             and not conn.closed
         ):
             self._idle.append(conn)
-        else:
+            return True
+        return False
+
+    async def put(self, conn: Any) -> None:
+        if not self.keep(conn):
             await self.pool.putconn(conn)
 
     async def close(self) -> None:

@@ -319,7 +319,7 @@ async def _page(
             after_null=after_null,
         )
     leases = runtime.leases
-    conn = await leases.get()  # not `pool.connection()`: autocommit, nothing to commit
+    conn = leases.take() or await leases.get()  # not `pool.connection()`: autocommit, nothing to commit
     try:
         if isinstance(query, sql.Composed):  # first request of this shape: render it once, with
             if len(queries) >= _MAX_SHAPES:  # the connection's quoting rules
@@ -339,7 +339,8 @@ async def _page(
             ) from None
         raise
     finally:
-        await leases.put(conn)
+        if not leases.keep(conn):
+            await leases.pool.putconn(conn)
     page = rows[:limit] if len(rows) > limit else rows
     next_cursor = _encode_cursor([page[-1][k] for k in keys]) if len(rows) > limit and page else None
     return orjson.dumps({"view": name, "rows": page, "next_cursor": next_cursor}, default=_default)

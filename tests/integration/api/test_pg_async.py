@@ -132,3 +132,22 @@ def test_pool_of_them_under_concurrency(fresh_db: str, run: Runner) -> None:
             await asyncio.gather(*(client(k) for k in range(8)))
 
     run(main())
+
+
+def test_quiet_intervals_during_a_long_query(fresh_db: str, run: Runner) -> None:
+    """A query quiet for several `interval`s (the per-connection watchdog ends each wait in turn)
+    returns its result; a second connection's queries meanwhile are unaffected."""
+
+    async def main() -> None:
+        conn = await _connect(fresh_db)
+        other = await _connect(fresh_db)
+        slow = asyncio.ensure_future(conn.execute("SELECT 7 FROM pg_sleep(0.45)"))
+        started = time.monotonic()
+        for i in range(30):
+            assert await (await other.execute("SELECT %s::int", (i,))).fetchone() == (i,)
+        assert await (await slow).fetchone() == (7,)
+        assert time.monotonic() - started >= 0.45
+        await conn.close()
+        await other.close()
+
+    run(main())

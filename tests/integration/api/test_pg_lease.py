@@ -77,3 +77,27 @@ def test_every_nth_return_goes_through_the_pool(fresh_db: str) -> None:
             assert pool.get_stats()["requests_num"] == 3
 
     uvloop.run(main())
+
+
+def test_take_and_keep_without_coroutines(fresh_db: str) -> None:
+    """`take` and `keep`, the views path's synchronous forms of `get` and `put`: the same LIFO and
+    the same refusals (a busy connection is not kept: the caller hands it to the pool)."""
+
+    async def main() -> None:
+        async with _pool(fresh_db) as pool:
+            leases = Leases(pool, keep=1, recycle_every=1000)
+            assert leases.take() is None  # nothing kept yet
+            a, b = await leases.get(), await leases.get()
+            assert leases.keep(a) and not leases.keep(b)  # room for one
+            await pool.putconn(b)
+            assert leases.take() is a and leases.take() is None
+            query = asyncio.ensure_future(a.execute("SELECT pg_sleep(30)"))
+            await asyncio.sleep(0.2)
+            query.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await query
+            assert not leases.keep(a)  # still ACTIVE
+            await pool.putconn(a)
+            assert a.closed and leases.take() is None
+
+    uvloop.run(main())
