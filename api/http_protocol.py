@@ -122,6 +122,8 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     _between = True  # httptools holds no part of a request (every byte fed to it ended a message)
     _idle_deadline: float | None = None  # when an idle connection closes; `None` while a request is read
     _idle_timer: asyncio.TimerHandle | None = None
+    _defaults: list[tuple[bytes, bytes]] | None = None  # uvicorn's default headers, and as text:
+    _defaults_text = b""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
@@ -251,8 +253,12 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     def _write(self, got: tuple[int, list[tuple[bytes, bytes]], bytes], keep_alive: bool) -> None:
         """A whole response (uvicorn's default headers first) in one write; closes unless `keep_alive`."""
         status, headers, body = got
-        content = [STATUS_LINE[status]]
-        for name, value in (*self.server_state.default_headers, *headers):
+        defaults = self.server_state.default_headers  # a new list each second (its date)
+        if defaults is not self._defaults:
+            self._defaults = defaults
+            self._defaults_text = b"".join(b"%s: %s\r\n" % pair for pair in defaults)
+        content = [STATUS_LINE[status], self._defaults_text]
+        for name, value in headers:
             content.extend((name, b": ", value, b"\r\n"))
         if not keep_alive:
             content.append(b"connection: close\r\n")

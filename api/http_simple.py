@@ -16,11 +16,14 @@ from typing import NamedTuple
 
 __all__ = ["SimpleGet", "simple_get"]
 
-# RFC 3986 characters of an origin-form target: unreserved, sub-delims, ":", "@", "/", "?" and "%"
-# (escapes are left to the query's own parser; a path with one is declined: uvicorn unquotes it).
-_TARGET = re.compile(rb"/[A-Za-z0-9\-._~!$&'()*+,;=:@/?%]*")
-_HEADER = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[\x21-\x7e][\x20-\x7e\t]*)?)")
-_TRAILING_SPACE = b" \t"
+# The request line of an origin-form target (RFC 3986 characters: unreserved, sub-delims, ":", "@",
+# "/", "?" and "%"), header lines of a token, a colon and visible ASCII, spaces or tabs, then a blank
+# line that ends the buffer (so exactly one request: a second one has no header-line form).
+_REQUEST = re.compile(
+    rb"GET (/[A-Za-z0-9\-._~!$&'()*+,;=:@/?%]*) HTTP/1\.1\r\n"
+    rb"((?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[ \t]*(?:[\x21-\x7e][\x20-\x7e\t]*)?\r\n)*)\r\n"
+)
+_BLANKS = b" \t"
 # Headers that change how the request is read or answered: declined, but for `Connection` without
 # `upgrade` (a GET has no body: a client that sends `Content-Length` anyway is left to httptools).
 _SPECIAL = frozenset((b"content-length", b"transfer-encoding", b"expect", b"upgrade", b"connection"))
@@ -36,30 +39,21 @@ class SimpleGet(NamedTuple):
 def simple_get(data: bytes, prefix: bytes = b"GET /") -> SimpleGet | None:
     """`data` read as exactly one HTTP/1.1 `GET` without a body whose request line starts with
     `prefix`, or `None` (not such a request, or not plainly one: the caller's full parser decides)."""
-    if not data.startswith(prefix) or not data.endswith(b"\r\n\r\n"):
+    if not data.startswith(prefix) or (match := _REQUEST.fullmatch(data)) is None:
         return None
-    end = len(data) - 4
-    if data.find(b"\r\n\r\n", 0, end + 3) >= 0:  # a second request (pipelined) behind the first
-        return None
-    lines = data[:end].split(b"\r\n")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or parts[2] != b"HTTP/1.1" or not _TARGET.fullmatch(target := parts[1]):
-        return None
-    path, _, query = target.partition(b"?")
+    path, _, query = match[1].partition(b"?")
     if b"%" in path:
-        return None
+        return None  # uvicorn unquotes the path: left to it
     headers = []
     keep_alive = True
-    for line in lines[1:]:
-        match = _HEADER.fullmatch(line)
-        if match is None:
-            return None  # an empty name, a line fold, a control or non-ASCII byte, no colon
-        name = match[1].lower()
-        value = match[2]  # as llhttp: without the blanks before it, with any after it
+    for line in match[2].split(b"\r\n")[:-1]:
+        name, _, value = line.partition(b":")
+        name = name.lower()
+        value = value.lstrip(_BLANKS)  # as llhttp: without the blanks before it, with any after it
         if name in _SPECIAL:
             if name != b"connection":
                 return None
-            tokens = [t.strip(_TRAILING_SPACE) for t in value.lower().split(b",")]
+            tokens = [t.strip(_BLANKS) for t in value.lower().split(b",")]
             if b"upgrade" in tokens:
                 return None
             keep_alive = keep_alive and b"close" not in tokens

@@ -302,7 +302,7 @@ async def _page(
         values = _decode_cursor(cursor, len(keys))
         after_null = nullable and values[0] is None
         args.extend(values[1:] if after_null else values)
-    shape = (name, tuple((c, op) for c, op, _ in filters), tuple(keys), descending, bool(cursor), after_null, limit)
+    shape = (name, tuple([(c, op) for c, op, _ in filters]), tuple(keys), descending, bool(cursor), after_null, limit)
     queries = runtime.queries
     query = queries.get(shape)
     if query is None:
