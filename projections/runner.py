@@ -27,8 +27,9 @@ from typing import Any
 import psycopg
 
 from capture.log import Log, LogError, TopicNotFoundError
+from projections.arrow_copy import output_lines
 from projections.definition import Projection
-from projections.engine import applies_truncates, decide, render_row, truncate_points
+from projections.engine import applies_truncates, decide, truncate_points
 from projections.errors import LockedError, ProjectionError, RunError
 from projections.job import (
     TRUNCATE_COLUMNS,
@@ -191,8 +192,7 @@ def _catch_up(
     try:
         if p.build is not None:  # a DataFrame transform recomputes over the whole log
             out = p.build(read({}, aggregation_session(spark, s.shuffle_partitions))).toArrow()
-            lines = (render_row(p, row)[0] for row in out.to_pylist())
-            rows = store.commit_run(p, b, [], new_ck, total, rows=lines, replace_all=True)
+            rows = store.commit_run(p, b, [], new_ck, total, rows=[output_lines(p, out)], replace_all=True)
             if progress:
                 progress(stage, total, total)
             return _Pass(total, rows)

@@ -89,6 +89,7 @@ def plan(
     ends = log.ends()
     for topic in topics:
         splits: list[Split] = log.splits(topic, max_bytes=max_bytes)
+        stops = {s.path: s.end_offset for s in splits}  # a file's last split ends where its offsets do
         for i, s in enumerate(splits):
             tp = (topic, s.partition)
             start, stop = lo.get(tp, 0), hi.get(tp, 0)
@@ -100,7 +101,7 @@ def plan(
             base = int(Path(s.path).name[:20])
             if base != ends[tp].segment:  # sealed: immutable until a compaction rewrites it
                 if not sealed or sealed[-1].path != s.path:
-                    sealed.append(Segment(topic, s.partition, base, s.path, start, stop, []))
+                    sealed.append(Segment(topic, s.partition, base, s.path, start, stop, [], stop=stops[s.path]))
                 sealed[-1].splits.append(row)
                 continue
             active.setdefault(tp, []).append(row)
@@ -151,6 +152,13 @@ class Segment:
     hi: int
     splits: list[tuple[Any, ...]]  # its row splits, read if no Parquet copy can be made
     tail: TailCopy | None = None  # an active segment: the copy of its committed prefix
+    stop: int | None = None  # a sealed segment: its offsets are below this (the next one's base)
+
+    @property
+    def whole(self) -> bool:
+        """Every offset its copy holds is in the run's [lo, hi): the copy needs no offset filter."""
+        stop = self.tail.end if self.tail is not None else self.stop
+        return stop is not None and self.lo <= self.base and stop <= self.hi
 
     @property
     def ref(self) -> SegmentRef:
@@ -344,19 +352,27 @@ def columnar_segments(spark: Any, segments: Sequence[Segment]) -> tuple[list[Seg
 
 
 def _native_records(spark: Any, segments: Sequence[Segment], variant: bool) -> Any:
-    """The records of sealed segments from their format-2 Parquet copies: one scan, offsets
-    limited to the run's [lo, hi) per topic-partition by literal predicates (Parquet pushes them
-    down to row groups); key and event time are columns of the copy."""
+    """The records of sealed segments from their format-2 Parquet copies: one scan of the copies
+    the run reads whole (a rebuild's: no per-row filter, so the offset, topic and partition
+    columns are not even decoded), one of the others with offsets limited to the run's [lo, hi)
+    per topic-partition by literal predicates (Parquet pushes them down to row groups); key and
+    event time are columns of the copy."""
     from pyspark.sql import functions as F
 
-    bounds = sorted({(s.topic, s.partition, s.lo, s.hi) for s in segments})
-    wanted = None
-    for topic, partition, lo, hi in bounds:
-        one = (F.col("topic") == topic) & (F.col("partition") == partition) & F.col("offset").between(lo, hi - 1)
-        wanted = one if wanted is None else wanted | one
-    records = spark.read.parquet(*(str(s.copy_path) for s in segments)).where(wanted)
+    whole = [s for s in segments if s.whole]
+    part = [s for s in segments if not s.whole]
     pkey = F.coalesce(F.col("key"), F.lit("null")).alias("pkey")
-    return records.select(*_ARROW.names[:8], pkey, *(["value_v"] if variant else []))
+    columns = [*_ARROW.names[:8], pkey, *(["value_v"] if variant else [])]
+    scans = []
+    if whole:
+        scans.append(spark.read.parquet(*(str(s.copy_path) for s in whole)).select(*columns))
+    if part:
+        wanted = None
+        for topic, partition, lo, hi in sorted({(s.topic, s.partition, s.lo, s.hi) for s in part}):
+            one = (F.col("topic") == topic) & (F.col("partition") == partition) & F.col("offset").between(lo, hi - 1)
+            wanted = one if wanted is None else wanted | one
+        scans.append(spark.read.parquet(*(str(s.copy_path) for s in part)).where(wanted).select(*columns))
+    return scans[0] if len(scans) == 1 else scans[0].unionByName(scans[1])
 
 
 RawRecord = tuple[str, int, int, int, str | None, str | None, str | None]  # topic … headers, JSON as text

@@ -247,7 +247,7 @@ class Store:
         records: int,
         *,
         truncates: Mapping[TP, tuple[int, int]] | None = None,
-        rows: Iterable[str] = (),
+        rows: Iterable[str | bytes] = (),
         replace_all: bool = False,
         staged: Staged | None = None,
     ) -> int:
@@ -365,7 +365,7 @@ class Store:
         cols: sql.Composable,
         pkcols: sql.Composable,
         outputs: list[Mapping[str, Any]],
-        rows: Iterable[str],
+        rows: Iterable[str | bytes],
     ) -> int:
         n_rows = 0
         cur.execute(
@@ -380,9 +380,9 @@ class Store:
                 if o["rows"]:
                     cp.write(o["rows"])
                     n_rows += o["rows"].count("\n")
-            for line in rows:
-                cp.write(line)
-                n_rows += 1
+            for lines in rows:  # blocks of whole COPY lines
+                cp.write(lines)
+                n_rows += lines.count(b"\n" if isinstance(lines, bytes) else "\n")
         with cur.copy(sql.SQL("COPY _del ({}) FROM STDIN").format(pkcols)) as cp:
             for o in outputs:
                 for key in orjson.loads(o["deletes"]):
