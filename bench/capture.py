@@ -118,7 +118,7 @@ def bench_streaming(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) 
     # Baseline: pg_recvlogical with the same wal2json options, writing a file.
     opts = [arg for k, v in WAL2JSON_OPTIONS.items() for arg in ("-o", f"{k}={v}")]
     out = work / "recv.jsonl"
-    t0 = time.perf_counter()
+    c0, s0, t0 = _children_cpu(), _server_cpu(cluster), time.perf_counter()
     subprocess.run(
         [
             str(cluster.bin_dir / "pg_recvlogical"),
@@ -138,9 +138,13 @@ def bench_streaming(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) 
         capture_output=True,
     )
     recv_s = time.perf_counter() - t0
+    recv_client, recv_server = _children_cpu() - c0, _server_cpu(cluster) - s0
     log_root = work / "log-stream"
     config = _config(work / "stream.toml", dsn, log_root, "bench_trib", "never", "public.stream_t")
+    c0, s0, k0 = _children_cpu(), _server_cpu(cluster), _children_sys()
     trib_s, rss = _run_until(config, log_root, end)
+    trib_client, trib_server, trib_sys = _children_cpu() - c0, _server_cpu(cluster) - s0, _children_sys() - k0
+    us = 1e6 / rows
     shutil.rmtree(log_root, ignore_errors=True)
     out.unlink(missing_ok=True)
     return {
@@ -148,6 +152,13 @@ def bench_streaming(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) 
         "tributary_changes_per_s": rows / trib_s,
         "ratio": recv_s / trib_s,
         "tributary_peak_rss_mb": rss,
+        # CPU per change (µs): each client process (tributary's start-up included) and the whole
+        # cluster (mostly the walsender decoding), from rusage and /proc
+        "pg_recvlogical_client_cpu_us": recv_client * us,
+        "pg_recvlogical_server_cpu_us": recv_server * us,
+        "tributary_client_cpu_us": trib_client * us,
+        "tributary_client_sys_cpu_us": trib_sys * us,
+        "tributary_server_cpu_us": trib_server * us,
     }
 
 
@@ -345,7 +356,14 @@ def main() -> None:
 
     result = {
         "machine": {"cpus": os.cpu_count()},
-        "streaming": {"rows": args.rows, "runs": len(streams), "median": med(streams), "target_ratio": 0.8},
+        "streaming": {
+            "rows": args.rows,
+            "runs": len(streams),
+            "median": med(streams),
+            "range": spread(streams),
+            "ratios": [round(r["ratio"], 3) for r in streams],
+            "target_ratio": 0.8,
+        },
         "snapshot": {
             "rows": args.snapshot_rows,
             "runs": len(snaps),

@@ -128,14 +128,13 @@ class ReplicationConnection:
                 continue
             if n < 0:
                 raise TransientSourceError(f"source {self.label!r}: the server ended the replication stream")
-            buf = bytes(data)
-            kind = buf[:1]
+            kind = data[0]
             yielded = True
-            if kind == b"w":
-                start, end, _ = _XLOG_HEADER.unpack_from(buf, 1)
-                yield XLogData(start, end, buf[25:])
-            elif kind == b"k":
-                end, _, reply = _KEEPALIVE.unpack_from(buf, 1)
+            if kind == 119:  # b"w"; one copy of the payload out of libpq's buffer, none of the header
+                start, end, _ = _XLOG_HEADER.unpack_from(data, 1)
+                yield XLogData(start, end, bytes(data[25:]))
+            elif kind == 107:  # b"k"
+                end, _, reply = _KEEPALIVE.unpack_from(data, 1)
                 yield Keepalive(Lsn(end), bool(reply))
 
     def send_status(self, flushed: Lsn, *, now_us: int, reply: bool = False) -> None:

@@ -35,6 +35,7 @@ class SchemaTracker:
     def __init__(self) -> None:
         self._announced: dict[tuple[str, str], tuple[ColumnSpec, ...]] = {}
         self._catalog: dict[tuple[str, str], tuple[ColumnSpec, ...]] = {}
+        self.version = 0  # bumped whenever a table's announced columns change (insert templates check it)
 
     def columns(self, schema: str, table: str) -> tuple[ColumnSpec, ...] | None:
         """The table's columns as best known: last announced, else the catalog's."""
@@ -68,6 +69,7 @@ class SchemaTracker:
         if self._announced.get((schema, table)) == current:
             return None
         self._announced[(schema, table)] = current
+        self.version += 1
         body = {
             "schema": {
                 "connector": CONNECTOR,

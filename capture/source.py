@@ -14,6 +14,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import compress, groupby, repeat
 from typing import Any, Literal
 
 import psycopg
@@ -22,7 +23,9 @@ from capture import envelope as env
 from capture import wal2json
 from capture.catalog import TableInfo, list_tables
 from capture.errors import SlotLost, SlotMissing, SourceMisconfigured
+from capture.insert_template import SPLIT, InsertTemplate, table_tag, table_tags
 from capture.log import Log, TopicConfig, partition_for
+from capture.log.partitioner import partitions_for
 from capture.lsn import Lsn
 from capture.replication import Keepalive, ReplicationConnection, XLogData, connect_options, translate_connect_error
 from capture.routing import TableFilter
@@ -35,6 +38,7 @@ __all__ = ["SourceSession", "SourceSpec"]
 log = logging.getLogger(__name__)
 
 _FLUSH_RECORDS = 5_000  # bound memory inside one huge source transaction
+_RUN_CHANGES = 200  # INSERTs held back to be encoded column-wise in one go
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,7 @@ class SourceSpec:
     # Outbox sources: each inserted row → records (capture.outbox), instead of CDC envelopes.
     router: Callable[[dict[str, Any]], list[env.Output]] | None = None
     columnar_snapshot: bool = True  # False: the row/JSON paths only (tests compare the two)
+    insert_templates: bool = True  # False: every change takes the generic path (tests compare the two)
 
 
 class SourceSession:
@@ -67,6 +72,7 @@ class SourceSession:
         self.idle_lsn: Lsn = Lsn.ZERO  # a position past which nothing of ours is pending
         self.in_transaction = False
         self._skip_tx = False
+        self._hold_inserts = False  # inside a transaction we append, with templates on: INSERTs go to `_run`
         self._tx: dict[str, Any] = {}
         self._pending: dict[tuple[str, int], list[tuple[bytes | None, bytes | None, int, bytes | None]]] = defaultdict(
             list
@@ -84,6 +90,11 @@ class SourceSession:
             "now_ms": 0,
         }
         self._partitions: dict[str, int] = {}  # topic -> partition count, once known
+        self._templates: dict[bytes, InsertTemplate | None] = {}  # table tag -> INSERT template (None: never)
+        self._tx_part: bytes | None = None  # the transaction's `source` fields, for the templates
+        self._run: list[bytes] = []  # INSERT documents not yet encoded (only ever inside a transaction)
+        self._last_tag = b""  # the table tag of the last run: most runs are all that table's
+        self.templated = 0  # changes encoded by INSERT templates (the rest took the generic path)
         self.rate_base = 0  # status.changes at the start of the current rate window
 
     # -- start-up ------------------------------------------------------------------
@@ -322,12 +333,27 @@ class SourceSession:
             if not self.in_transaction and message.wal_end > self.idle_lsn:
                 self.idle_lsn = message.wal_end
             return False
-        parsed = wal2json.parse_message(message.payload)
+        payload = message.payload
+        if self._hold_inserts and payload[11:12] == b"I":
+            # Held back; every other message first encodes what is held, so the order stays.
+            self._run.append(payload)
+            if len(self._run) >= _RUN_CHANGES:
+                self._drain_run()
+            return False
+        if self._run:
+            self._drain_run()
+        return self._apply(payload)
+
+    def _apply(self, payload: bytes) -> bool:
+        """One wal2json document through the generic path (parse, envelopes, stage)."""
+        parsed = wal2json.parse_message(payload)
         if isinstance(parsed, wal2json.Begin):
             self.in_transaction = True
             # A transaction that ends at or before the durable position is already in the log.
             self._skip_tx = parsed.nextlsn <= self.durable
+            self._hold_inserts = not self._skip_tx and self.spec.insert_templates and self.spec.router is None
             self._tx = {"xid": parsed.xid, "ts_ms": parsed.timestamp_ms, "lsn": parsed.lsn, "changes": 0}
+            self._tx_part = None
             self._ctx = {
                 "source_name": self.spec.name,
                 "db": self._db,
@@ -339,6 +365,7 @@ class SourceSession:
             return False
         if isinstance(parsed, wal2json.Commit):
             self.in_transaction = False
+            self._hold_inserts = False
             end = parsed.nextlsn
             if self._skip_tx:
                 self._skip_tx = False
@@ -377,6 +404,8 @@ class SourceSession:
                         now_ms=now_ms,
                     )
                 outputs = self._envelopes(parsed, now_ms)
+                if parsed.action == "I" and self.spec.insert_templates and self.in_transaction:
+                    self._learn_template(parsed, payload, outputs, now_ms)
             self._stage(outputs, now_ms)
             self._tx["changes"] = self._tx.get("changes", 0) + 1
             self.status.changes += 1
@@ -395,6 +424,111 @@ class SourceSession:
                 return True
             self._tx["changes"] = self._tx.get("changes", 0) + 1
         return False
+
+    def _drain_run(self) -> None:
+        """Encode the held INSERTs: each run of one table's, column-wise by its template; what a
+        template is not sure of, one by one (template, else the generic path), in order."""
+        run, self._run = self._run, []
+        at = 0
+        for tag, same in groupby(table_tags(run, self._last_tag)):
+            n = len(list(same))
+            payloads = run[at : at + n]
+            at += n
+            template = self._templates.get(tag)
+            self._last_tag = tag
+            if template is not None and template.announced == self.schemas.version:
+                tx_part = self._tx_part
+                if tx_part is None:
+                    tx_part = self._tx_part = template.tx_part(self._ctx["tx_id"], self._ctx["commit_ts_ms"])
+                now_ms = int(self.clock() * 1000)
+                records = template.encode_many(payloads, tx_part, now_ms)
+                if records is not None:
+                    self._stage_run(template.topic, *records, self._tx["ts_ms"] or now_ms)
+                    self.templated += n
+                    continue
+            for payload in payloads:
+                if not self._insert_fast(payload):
+                    self._apply(payload)
+
+    def _stage_run(self, topic: str, keys: list[bytes], values: list[bytes], timestamp_ms: int) -> None:
+        """`_stage` for a run of one topic's records (no headers, one timestamp), partition by
+        partition with C-level selection (each partition keeps the run's order)."""
+        count = self._partitions.get(topic) or self._ensure_topic(topic)
+        records = list(zip(keys, values, repeat(timestamp_ms), repeat(None)))
+        pending = self._pending
+        if count == 1:
+            pending[(topic, 0)].extend(records)
+        else:
+            partitions = partitions_for(keys, count)
+            for partition in range(count):
+                chosen = list(compress(records, map(partition.__eq__, partitions)))
+                if chosen:
+                    pending[(topic, partition)].extend(chosen)
+        n = len(records)
+        self._tx["changes"] += n
+        self.status.changes += n
+        self._pending_count += n
+        if self._pending_count >= _FLUSH_RECORDS:
+            self._flush()
+
+    def _insert_fast(self, payload: bytes) -> bool:
+        """An INSERT of a table with a template: key and value spliced from the document's bytes,
+        staged as `_stage` would (same partition, the transaction's time). False: not handled."""
+        parts = payload.split(SPLIT)
+        template = self._templates.get(table_tag(parts[0]))
+        if template is None or template.announced != self.schemas.version:
+            return False
+        tx_part = self._tx_part
+        if tx_part is None:
+            tx_part = self._tx_part = template.tx_part(self._ctx["tx_id"], self._ctx["commit_ts_ms"])
+        now_ms = int(self.clock() * 1000)
+        record = template.encode(payload, parts, tx_part, now_ms)
+        if record is None:
+            return False
+        key, value = record
+        topic = template.topic
+        count = self._partitions.get(topic) or self._ensure_topic(topic)
+        self._pending[(topic, partition_for(key, count))].append((key, value, self._tx["ts_ms"] or now_ms, None))
+        self._tx["changes"] += 1
+        self.status.changes += 1
+        self.templated += 1
+        self._pending_count += 1
+        if self._pending_count >= _FLUSH_RECORDS:
+            self._flush()
+        return True
+
+    def _learn_template(self, change: wal2json.Change, payload: bytes, outputs: list[env.Output], now_ms: int) -> None:
+        """After the generic path handled an INSERT: make (or remake) its table's template, and
+        keep it only if it gives this very change the same bytes."""
+        parts = payload.split(SPLIT)
+        tag = table_tag(parts[0])
+        if tag in self._templates:
+            old = self._templates[tag]
+            if old is None or old.announced == self.schemas.version:
+                return  # refused before, or current (it declined one value: the next change may suit it)
+        template = InsertTemplate.build(
+            change,
+            payload,
+            source_name=self.spec.name,
+            db=self._db,
+            key_columns=self._identity.get((change.schema, change.table), ()),
+            announced=self.schemas.version,
+        )
+        if template is None or len(outputs) != 1:
+            self._templates[tag] = None
+            return
+        got = template.encode(payload, parts, template.tx_part(self._ctx["tx_id"], self._ctx["commit_ts_ms"]), now_ms)
+        if got is None:
+            return  # a value it is not sure of: try again with the next change
+        if got != (outputs[0].key, outputs[0].value) or template.topic != outputs[0].topic:
+            log.warning(
+                "source %s: INSERT template for %s.%s disagrees; not used", self.spec.name, change.schema, change.table
+            )
+            self._templates[tag] = None
+            return
+        if len(self._templates) >= 4096:
+            self._templates.clear()
+        self._templates[tag] = template
 
     def _context(self) -> dict[str, Any]:
         """The envelope's transaction context: built once per transaction, `now_ms` refreshed."""

@@ -93,3 +93,8 @@ def test_same_answer_in_another_process_with_another_hash_seed() -> None:
         outs.add(out.stdout)
     here = str([partition_for(canonical_json({"id": i}), 8) for i in range(200)]) + "\n"
     assert outs == {here}
+
+
+@given(keys=st.lists(st.binary(max_size=40), max_size=50), partitions=st.integers(1, 64))
+def test_partitions_for_equals_partition_for_of_each_key(keys: list[bytes], partitions: int) -> None:
+    assert partitioner.partitions_for(keys, partitions) == [partition_for(k, partitions) for k in keys]

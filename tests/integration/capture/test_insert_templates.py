@@ -1,0 +1,164 @@
+"""Streamed INSERTs through their templates (capture/insert_template.py) against the generic path,
+on real wal2json output: the same topic, partition, offset, timestamp, key, value and headers for
+every record, whatever the values and whatever else the transactions hold."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from capture.log import Log
+from capture.replication import XLogData, connect_options
+from capture.source import SourceSession, SourceSpec
+from capture.wal2json import WAL2JSON_OPTIONS
+from tests.integration.capture.test_snapshot_columnar import _COLUMNS, _INSERT, _KEY, _row
+
+pytestmark = pytest.mark.integration
+
+_OPTIONS = [item for pair in WAL2JSON_OPTIONS.items() for item in pair]
+_NOW = 1_700_000_000.25
+
+
+def _documents(dsn: str, slot: str) -> list[bytes]:
+    """Every wal2json document of the slot so far, with capture's options and session settings
+    (the SQL interface runs the same plugin code as the replication stream)."""
+    with psycopg.connect(dsn, autocommit=True, **connect_options()) as conn:
+        rows = conn.execute(
+            "SELECT data FROM pg_logical_slot_get_changes(%s, NULL, NULL, VARIADIC %s)", (slot, _OPTIONS)
+        ).fetchall()
+    return [row[0].encode() for row in rows]
+
+
+@contextmanager
+def _slot(dsn: str, slot: str) -> Iterator[None]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'wal2json')", (slot,))
+    try:
+        yield
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+
+def _capture(dsn: str, docs: list[bytes], root: Path, *, templates: bool) -> tuple[list[tuple[Any, ...]], int]:
+    """Feed the documents to a session as the daemon would (commit at each boundary); every record
+    of the resulting log, and how many changes the templates encoded."""
+    with Log.open(root, writer=True, default_partitions=3) as log:
+        spec = SourceSpec(
+            name="shop",
+            dsn=dsn,
+            slot="unused",
+            include=("public.*",),
+            exclude=(),
+            snapshot="never",
+            partitions=3,
+            insert_templates=templates,
+        )
+        session = SourceSession(spec, log, clock=lambda: _NOW)
+        session._slot_state()  # the database name, as `open` learns it
+        session._seed_catalog()
+        for doc in docs:
+            if session.handle(XLogData(0, 0, doc)):
+                log.commit(positions={"shop": str(session.boundary)}, upto=log.mark())
+                session.committed()
+        assert not session.in_transaction
+        assert None not in session._templates.values()  # no template disagreed with the generic path
+        out = [
+            (r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers)
+            for topic in sorted(log.topics())
+            for p in range(log.topics()[topic].partitions)
+            for r in log.read(topic, p)
+        ]
+        return out, session.templated
+
+
+def _compare(dsn: str, docs: list[bytes], tmp: Path) -> tuple[int, int]:
+    fast, templated = _capture(dsn, docs, tmp / "fast", templates=True)
+    generic, none = _capture(dsn, docs, tmp / "generic", templates=False)
+    assert none == 0
+    assert fast == generic
+    return len(fast), templated
+
+
+def test_mixed_transactions_are_byte_identical(fresh_db: str, tmp_path: Path) -> None:
+    rows = [
+        (
+            i,
+            f"k{i % 5}",
+            i,
+            f'v "{i}" \\ é\n',
+            "2024-01-02 03:04:05.123456+00",
+            "1999-12-31 23:59:59",
+            f"{i}.5",
+            i % 2 == 0,
+            b"\x00\x5c",
+            None,
+            "2024-02-29",
+            "1 day",
+            i % 100,
+        )
+        for i in range(1, 1201)
+    ]
+    odd = (9, "odd", None, "tab\tnew\u0001line", "infinity", "-infinity", "-0.000", None, None, None, None, None, None)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE t ({_COLUMNS}, {_KEY})")
+        conn.execute("CREATE TABLE other (id int PRIMARY KEY, f float8, j jsonb, a int[], big numeric)")
+        conn.execute("CREATE TABLE nokey (x int, y text)")
+        conn.execute("ALTER TABLE nokey REPLICA IDENTITY FULL")
+    with _slot(fresh_db, "tpl"):
+        with psycopg.connect(fresh_db) as conn, conn.cursor() as cur:
+            cur.executemany(_INSERT.format(t="t"), rows[:700])  # one long transaction
+            conn.commit()
+            for chunk in (rows[700:701], rows[701:1000], rows[1000:]):  # inserts among other changes
+                cur.executemany(_INSERT.format(t="t"), chunk)
+                cur.execute(
+                    "INSERT INTO other VALUES (%s, 0.1, '{\"a\": [1, 2.50]}', '{1,NULL}', 1e-30)", (len(chunk),)
+                )
+                cur.execute("INSERT INTO nokey VALUES (1, 'a'), (2, NULL)")
+                cur.execute(_INSERT.format(t="t"), odd)
+                cur.execute("UPDATE t SET b = 'changed' WHERE id = %s", (chunk[0][0],))
+                cur.execute("UPDATE t SET id = -id WHERE id = %s", (chunk[-1][0],))  # a primary-key change
+                cur.execute("DELETE FROM t WHERE id = -%s", (chunk[-1][0],))
+                cur.execute("SELECT pg_logical_emit_message(true, 'p', 'm')")
+                cur.execute("DELETE FROM t WHERE id = 9")
+                conn.commit()
+            cur.execute("ALTER TABLE t ADD COLUMN extra text DEFAULT 'x'")  # the shape changes mid-stream
+            cur.executemany(
+                'INSERT INTO t (id, "k ey", a, b, extra) VALUES (%s, %s, %s, %s, %s)',
+                [(5000 + i, "z", i, "after", f"e{i}") for i in range(50)],
+            )
+            cur.execute("TRUNCATE other")
+            conn.commit()
+        docs = _documents(fresh_db, "tpl")
+    records, templated = _compare(fresh_db, docs, tmp_path)
+    inserts = sum(1 for d in docs if d.startswith(b'{"action":"I"'))
+    assert records > inserts
+    assert templated >= 0.9 * 1250  # the templates did the work, not the generic path
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(_row, min_size=1, max_size=60), split=st.integers(0, 60))
+def test_any_values_are_byte_identical(
+    fresh_db: str, tmp_path_factory: pytest.TempPathFactory, rows, split: int
+) -> None:
+    seen: set[tuple[object, object]] = set()
+    unique = [r for r in rows if (r[0], r[1]) not in seen and not seen.add((r[0], r[1]))]  # type: ignore[func-returns-value]
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS h; CREATE TABLE h ({_COLUMNS}, {_KEY})")
+    with _slot(fresh_db, "hyp"):
+        with psycopg.connect(fresh_db) as conn, conn.cursor() as cur:
+            cur.execute("SET TimeZone = 'Asia/Kolkata'")  # the stream pins UTC whatever the writer's zone
+            for part in (unique[:split], unique[split:]):
+                if part:
+                    cur.executemany(_INSERT.format(t="h"), part)
+                    conn.commit()
+        docs = _documents(fresh_db, "hyp")
+    records, _ = _compare(fresh_db, docs, tmp_path_factory.mktemp("hyp"))
+    assert records >= len(unique)
