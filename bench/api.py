@@ -79,11 +79,10 @@ class _Http:
             buf += self._recv()
         head, buf = buf[:end], buf[end + 4 :]
         status = int(head[9:12])
-        length = 0
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
+        # the Content-Length header found in one search (a lean client's way; the body is still
+        # read to its end and parsed by the caller)
+        at = head.lower().find(b"\r\ncontent-length:")
+        length = 0 if at < 0 else int(head[at + 17 :].split(b"\r\n", 1)[0])
         while len(buf) < length:
             buf += self._recv()
         self.buf = buf[length:]
