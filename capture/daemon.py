@@ -259,7 +259,7 @@ class CaptureDaemon:
         for session in candidates:
             if session.conn is None or id(session.conn) not in ready_set and not session.in_transaction:
                 continue
-            before = session.status.changes
+            before = session.seen
             handle = session.handle
             for message in session.conn.read(timeout=0):
                 if handle(message):
@@ -269,7 +269,7 @@ class CaptureDaemon:
                     session.confirm(now_us=int(self.clock() * 1_000_000), reply=False)
                 if in_tx and session.in_transaction is False:
                     break  # the open transaction ended: let other sources in
-            appended = appended or session.status.changes != before
+            appended = appended or session.seen != before
         return appended
 
     def _wait_budget(self) -> float:

@@ -602,6 +602,11 @@ class SourceSession:
         self._pending.clear()
         self._pending_count = 0
 
+    @property
+    def seen(self) -> int:
+        """Changes taken in so far, appended or held back for their template (activity, for idling)."""
+        return self.status.changes + len(self._run)
+
     # -- after a durable commit ---------------------------------------------------------------
     @property
     def has_boundary(self) -> bool:
