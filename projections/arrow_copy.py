@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from projections.definition import Projection
 from projections.engine import render_row
 
-__all__ = ["copy_lines", "output_lines"]
+__all__ = ["copy_lines", "distinct_keys", "output_lines"]
 
 _ESCAPES = (("\\", "\\\\"), ("\t", "\\t"), ("\n", "\\n"), ("\r", "\\r"))  # codec._ESCAPES, in this order
 
@@ -35,6 +35,17 @@ def output_lines(p: Projection, table: pa.Table) -> bytes:
     if block is not None:
         return block
     return "".join(render_row(p, row)[0] for row in table.to_pylist()).encode()
+
+
+def distinct_keys(p: Projection, table: pa.Table) -> bool:
+    """No two output rows share a primary key (then an empty table can take them by COPY alone:
+    `Store.commit_run(unique=True)`). False when a key column is missing."""
+    pk = list(p.table.primary_key)
+    if not set(pk) <= set(table.column_names):
+        return False
+    if len(pk) == 1:
+        return bool(pc.count_distinct(table.column(pk[0]), mode="all").as_py() == table.num_rows)
+    return bool(table.select(pk).group_by(pk).aggregate([]).num_rows == table.num_rows)
 
 
 def _text(column: pa.ChunkedArray) -> pa.ChunkedArray | None:

@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 
 from capture.log import Log, LogError, TopicNotFoundError
-from projections.arrow_copy import output_lines
+from projections.arrow_copy import distinct_keys, output_lines
 from projections.definition import Projection
 from projections.engine import applies_truncates, decide, truncate_points
 from projections.errors import LockedError, ProjectionError, RunError
@@ -192,7 +192,10 @@ def _catch_up(
     try:
         if p.build is not None:  # a DataFrame transform recomputes over the whole log
             out = p.build(read({}, aggregation_session(spark, s.shuffle_partitions))).toArrow()
-            rows = store.commit_run(p, b, [], new_ck, total, rows=[output_lines(p, out)], replace_all=True)
+            lines = output_lines(p, out)  # checks the rows (unknown columns, NULL keys) first
+            rows = store.commit_run(
+                p, b, [], new_ck, total, rows=[lines], replace_all=True, unique=distinct_keys(p, out)
+            )
             if progress:
                 progress(stage, total, total)
             return _Pass(total, rows)

@@ -250,9 +250,11 @@ class Store:
         rows: Iterable[str | bytes] = (),
         replace_all: bool = False,
         staged: Staged | None = None,
+        unique: bool = False,
     ) -> int:
         """Apply one run's output and move its checkpoints, atomically. Returns rows upserted.
         `truncates`: each topic-partition's latest truncate point, stored with its checkpoint.
+        `unique`: the `rows` have distinct primary keys (so an empty table can take them as they are).
 
         1. COPY rows, deleted keys and unit states into staging tables (or tasks did: `staged`);
         2. delete the rows units gave up (or, `replace_all`, every row not staged);
@@ -271,52 +273,58 @@ class Store:
         outputs = list(outputs)
         with self.conn.transaction():
             cur = self.conn.cursor()
-            # 1. staging (tasks already COPYed into `staged`; otherwise the driver does it here)
-            if staged is not None:
-                rows_t, del_t, state_t = (sql.Identifier(META, n) for n in staged.names)
-                n_rows = sum(int(o.get("rows") or 0) for o in outputs)
+            # 1-3 at once when a replacing run's rows have distinct keys and the table is empty (a
+            # rebuild's first pass of a DataFrame projection): COPY straight into it, no merge
+            direct = unique and replace_all and staged is None and not outputs and self._empty(cur, target)
+            if direct:
+                n_rows = self._copy_rows(cur, target, cols, rows)
             else:
-                rows_t, del_t, state_t = (
-                    sql.Identifier("_stage"),
-                    sql.Identifier("_del"),
-                    sql.Identifier("_state"),
-                )
-                n_rows = self._stage_here(cur, target, cols, pkcols, outputs, rows)
-            # each row must belong to one unit (identical duplicates are retried tasks' output)
-            clash = cur.execute(
-                sql.SQL("SELECT {} FROM {} s GROUP BY {} HAVING count(DISTINCT s::text) > 1 LIMIT 1").format(
-                    pkcols, rows_t, pkcols
-                )
-            ).fetchone()
-            if clash is not None:
-                raise RunError(
-                    f"projection {p.name!r}: two units produced different rows with primary key "
-                    f"{tuple(clash)}; make the key unique per unit (e.g. include the window start)"
-                )
-            # 2. deletes
-            if replace_all:
-                cur.execute(
-                    sql.SQL("DELETE FROM {} t WHERE NOT EXISTS (SELECT 1 FROM {} s WHERE {})").format(
-                        target, rows_t, match
+                # 1. staging (tasks already COPYed into `staged`; otherwise the driver does it here)
+                if staged is not None:
+                    rows_t, del_t, state_t = (sql.Identifier(META, n) for n in staged.names)
+                    n_rows = sum(int(o.get("rows") or 0) for o in outputs)
+                else:
+                    rows_t, del_t, state_t = (
+                        sql.Identifier("_stage"),
+                        sql.Identifier("_del"),
+                        sql.Identifier("_state"),
                     )
+                    n_rows = self._stage_here(cur, target, cols, pkcols, outputs, rows)
+                # each row must belong to one unit (identical duplicates are retried tasks' output)
+                clash = cur.execute(
+                    sql.SQL("SELECT {} FROM {} s GROUP BY {} HAVING count(DISTINCT s::text) > 1 LIMIT 1").format(
+                        pkcols, rows_t, pkcols
+                    )
+                ).fetchone()
+                if clash is not None:
+                    raise RunError(
+                        f"projection {p.name!r}: two units produced different rows with primary key "
+                        f"{tuple(clash)}; make the key unique per unit (e.g. include the window start)"
+                    )
+                # 2. deletes
+                if replace_all:
+                    cur.execute(
+                        sql.SQL("DELETE FROM {} t WHERE NOT EXISTS (SELECT 1 FROM {} s WHERE {})").format(
+                            target, rows_t, match
+                        )
+                    )
+                cur.execute(sql.SQL("DELETE FROM {} t USING {} s WHERE {}").format(target, del_t, match))
+                # 3. merge
+                cur.execute(
+                    sql.SQL(
+                        "INSERT INTO {} ({}) SELECT DISTINCT ON ({}) {} FROM {} ORDER BY {} ON CONFLICT ({}) {}"
+                    ).format(target, cols, pkcols, cols, rows_t, pkcols, pkcols, on_conflict)
                 )
-            cur.execute(sql.SQL("DELETE FROM {} t USING {} s WHERE {}").format(target, del_t, match))
-            # 3. merge
-            cur.execute(
-                sql.SQL(
-                    "INSERT INTO {} ({}) SELECT DISTINCT ON ({}) {} FROM {} ORDER BY {} ON CONFLICT ({}) {}"
-                ).format(target, cols, pkcols, cols, rows_t, pkcols, pkcols, on_conflict)
-            )
-            # 4. states
-            cur.execute(
-                sql.SQL(
-                    "INSERT INTO {} (unit, state, last, pks, dropped, tps) "
-                    "SELECT DISTINCT ON (unit) unit, state, last, pks, dropped, tps FROM {} ORDER BY unit "
-                    "ON CONFLICT (unit) DO UPDATE SET state = EXCLUDED.state, "
-                    "last = EXCLUDED.last, "
-                    "pks = EXCLUDED.pks, dropped = EXCLUDED.dropped, tps = EXCLUDED.tps"
-                ).format(state, state_t)
-            )
+                # 4. states
+                cur.execute(
+                    sql.SQL(
+                        "INSERT INTO {} (unit, state, last, pks, dropped, tps) "
+                        "SELECT DISTINCT ON (unit) unit, state, last, pks, dropped, tps FROM {} ORDER BY unit "
+                        "ON CONFLICT (unit) DO UPDATE SET state = EXCLUDED.state, "
+                        "last = EXCLUDED.last, "
+                        "pks = EXCLUDED.pks, dropped = EXCLUDED.dropped, tps = EXCLUDED.tps"
+                    ).format(state, state_t)
+                )
             # 5. checkpoints (with each topic-partition's latest truncate point)
             tr = truncates or {}
             cur.executemany(
@@ -356,6 +364,19 @@ class Store:
             if staged is not None:  # 6. the staging tables go with the commit
                 for t in (rows_t, del_t, state_t):
                     cur.execute(sql.SQL("DROP TABLE {}").format(t))
+        return n_rows
+
+    @staticmethod
+    def _empty(cur: Any, table: sql.Composable) -> bool:
+        return cur.execute(sql.SQL("SELECT NOT EXISTS (SELECT FROM {})").format(table)).fetchone()[0] is True
+
+    @staticmethod
+    def _copy_rows(cur: Any, table: sql.Composable, cols: sql.Composable, rows: Iterable[str | bytes]) -> int:
+        n_rows = 0
+        with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(table, cols)) as cp:
+            for lines in rows:  # blocks of whole COPY lines
+                cp.write(lines)
+                n_rows += lines.count(b"\n" if isinstance(lines, bytes) else "\n")
         return n_rows
 
     @staticmethod

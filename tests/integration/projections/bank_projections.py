@@ -88,3 +88,21 @@ PROJECTIONS.append(
         window=WindowSpec.hopping(24 * HOUR, 12 * HOUR),
     )
 )
+
+
+def _per_record(records: Any) -> Any:
+    """A DataFrame transform that (wrongly) emits one row per record, keyed by account."""
+    from pyspark.sql import functions as F
+
+    return records.select(F.col("key").alias("account_id"), F.col("offset").alias("events"))
+
+
+PROJECTIONS.append(
+    Projection(
+        name="bank_dupes",
+        version=1,
+        topics=TOPICS,
+        table=Table.of({"account_id": "text", "events": "bigint"}, ["account_id"]),
+        build=_per_record,
+    )
+)

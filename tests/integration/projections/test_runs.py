@@ -180,3 +180,6 @@ def test_rows_claimed_by_two_units_are_refused(spark: Any, fresh_db: str, tmp_pa
     w.close()
     with pytest.raises(RunError, match="two units produced different rows with primary key"):
         run("bank_collide", settings(fresh_db, tmp_path / "log"), spark=spark)
+    # a DataFrame projection's rows with one key (its rebuild would COPY distinct keys straight in)
+    with pytest.raises(RunError, match="two units produced different rows with primary key"):
+        rebuild("bank_dupes", settings(fresh_db, tmp_path / "log"), spark=spark)

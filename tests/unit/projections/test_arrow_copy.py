@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from projections.arrow_copy import output_lines
+from projections.arrow_copy import distinct_keys, output_lines
 from projections.definition import Projection, Table
 from projections.engine import render_row
 from projections.errors import DefinitionError
@@ -69,3 +69,18 @@ def test_other_types_fall_back_to_render_row() -> None:
 def test_invalid_rows_raise_render_rows_errors(table: pa.Table, message: str) -> None:
     with pytest.raises(DefinitionError, match=message):
         output_lines(P, table)
+
+
+def test_distinct_keys() -> None:
+    assert distinct_keys(P, pa.table({"id": ["a", "b", "é"], "n": [1, 1, 1]}))
+    assert not distinct_keys(P, pa.table({"id": ["a", "b", "a"]}))
+    assert not distinct_keys(P, pa.table({"n": [1]}))  # no key column
+    two = Projection(
+        name="pairs",
+        version=1,
+        topics=("t",),
+        table=Table.of({"a": "text", "b": "bigint"}, ["a", "b"]),
+        build=lambda records: records,
+    )
+    assert distinct_keys(two, pa.table({"a": ["x", "x", "y"], "b": [1, 2, 1]}))
+    assert not distinct_keys(two, pa.table({"a": ["x", "y", "x"], "b": [1, 1, 1]}))
