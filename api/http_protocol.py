@@ -9,7 +9,7 @@ A plain `GET /views/{name}` is answered from here, through `Service.view_respons
 ASGI cycle (the app's wrapping middleware, two `send` messages, the header checks): its status line,
 headers (uvicorn's defaults included) and body leave in one write. Anything `view_response` declines
 runs the normal ASGI way. uvicorn's own bookkeeping (its task set, keep-alive, pipelining, flow
-control, `Connection: close`) is kept: the request still has its `RequestResponseCycle`.
+control, `Connection: close`) is kept: a request httptools read still has its `RequestResponseCycle`.
 
 Such a request that arrives whole in one read, between requests, is read by `api.http_simple`
 instead of httptools (whose callbacks, scope and cycle objects cost more than the rest of the HTTP
@@ -17,7 +17,8 @@ work); while it is answered, the connection's `cycle` is a small stand-in, so re
 behind it queue in uvicorn's pipeline as behind any request. After such a response the keep-alive
 timer is not re-armed: one timer per connection is armed when none is, and on expiry it closes the
 connection if it has been idle for `timeout_keep_alive` since the last response, else waits for the
-rest (uvicorn arms and cancels a timer per request).
+rest (uvicorn arms and cancels a timer per request). Its coroutine runs under `_Run`, not an
+asyncio task.
 """
 
 from __future__ import annotations
@@ -240,7 +241,7 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
             "query_string": request.query,
         }
         pending = self.cycle = _Pending(request.keep_alive)  # type: ignore[assignment]
-        _Run(self._answer(scope, pending), self.tasks)  # type: ignore[arg-type]
+        _Run(self._answer(scope, pending), self.tasks)
 
     async def _answer(self, scope: Any, pending: _Pending) -> None:
         try:
@@ -263,8 +264,8 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        if self.pipeline:  # requests that arrived meanwhile: as uvicorn's `on_response_complete`
-            self.flow.resume_reading()
+        self.flow.resume_reading()  # as uvicorn's `on_response_complete`: requests that arrived meanwhile
+        if self.pipeline:
             self._start_asgi_task(*self.pipeline.pop())
             return
         self._idle_deadline = deadline = self.loop.time() + self.timeout_keep_alive
@@ -299,7 +300,7 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         cycle.more_body = False  # a GET without a body: the whole message is in
         cycle.message_event.set()
         cycle.disconnected = pending.disconnected
-        if self.cycle is pending:
+        if self.cycle is pending:  # type: ignore[comparison-overlap] # (`cycle` is typed as uvicorn's)
             self.cycle = cycle
         return cycle
 
