@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import compress, groupby, repeat
+from itertools import compress, groupby
 from typing import Any, Literal
 
 import psycopg
@@ -25,6 +25,7 @@ from capture.catalog import TableInfo, list_tables
 from capture.errors import SlotLost, SlotMissing, SourceMisconfigured
 from capture.insert_template import SPLIT, InsertTemplate, table_tag, table_tags
 from capture.log import Log, TopicConfig, partition_for
+from capture.log.codec import encode_plain
 from capture.log.partitioner import partitions_for
 from capture.lsn import Lsn
 from capture.replication import Keepalive, ReplicationConnection, XLogData, connect_options, translate_connect_error
@@ -451,25 +452,29 @@ class SourceSession:
                     self._apply(payload)
 
     def _stage_run(self, topic: str, keys: list[bytes], values: list[bytes], timestamp_ms: int) -> None:
-        """`_stage` for a run of one topic's records (no headers, one timestamp), partition by
-        partition with C-level selection (each partition keeps the run's order)."""
+        """A run of one topic's records (no headers, one timestamp) straight into the log's
+        partitions as encoded lines (`codec.encode_plain`), each after what is staged for the same
+        partition (so every partition keeps the stream's order); selection by C-level `compress`."""
         count = self._partitions.get(topic) or self._ensure_topic(topic)
-        records = list(zip(keys, values, repeat(timestamp_ms), repeat(None)))
         pending = self._pending
-        if count == 1:
-            pending[(topic, 0)].extend(records)
-        else:
-            partitions = partitions_for(keys, count)
-            for partition in range(count):
-                chosen = list(compress(records, map(partition.__eq__, partitions)))
-                if chosen:
-                    pending[(topic, partition)].extend(chosen)
-        n = len(records)
+        partitions = partitions_for(keys, count) if count > 1 else None
+        for partition in range(count):
+            if partitions is None:
+                ks, vs = keys, values
+            else:
+                ks = list(compress(keys, map(partition.__eq__, partitions)))
+                if not ks:
+                    continue
+                vs = list(compress(values, map(partition.__eq__, partitions)))
+            staged = pending.pop((topic, partition), None)
+            if staged:
+                self.log.append(topic, partition, staged)
+                self._pending_count -= len(staged)
+            encode = functools.partial(encode_plain, timestamp_ms=timestamp_ms, keys=ks, values=vs)
+            self.log.append_encoded(topic, partition, encode, timestamp_ms)
+        n = len(keys)
         self._tx["changes"] += n
         self.status.changes += n
-        self._pending_count += n
-        if self._pending_count >= _FLUSH_RECORDS:
-            self._flush()
 
     def _insert_fast(self, payload: bytes) -> bool:
         """An INSERT of a table with a template: key and value spliced from the document's bytes,

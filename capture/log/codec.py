@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Sequence
-from itertools import chain
+from itertools import chain, repeat
 from operator import add as _add
 
 import orjson
 
-__all__ = ["BadLine", "Decoded", "RecordIn", "decode_line", "encode_batch", "peek_offset"]
+__all__ = ["BadLine", "Decoded", "RecordIn", "decode_line", "encode_batch", "encode_plain", "peek_offset"]
 
 RecordIn = tuple[bytes | None, bytes | None, int, bytes | None]
 """(key, value, timestamp_ms, headers) as given to `append`."""
@@ -61,9 +61,7 @@ def _nulls(fields: tuple[bytes | None, ...], n: int) -> tuple[bytes, ...]:
     return tuple(_NULL if f is None else f for f in fields)
 
 
-def encode_batch(
-    first_offset: int, records: Sequence[RecordIn]
-) -> tuple[bytes, list[int], tuple[int, ...]]:
+def encode_batch(first_offset: int, records: Sequence[RecordIn]) -> tuple[bytes, list[int], tuple[int, ...]]:
     """Encode records as consecutive lines from `first_offset`.
 
     Returns the bytes, each line's size and each record's timestamp. The per-record work is
@@ -101,6 +99,32 @@ def encode_batch(
     # a line is its body + `,"crc":` + the CRC's digits + `}\n`
     sizes = list(map(_TRAILER.__add__, map(_add, map(len, bodies), map(len, map(str, crcs)))))
     return data, sizes, tss
+
+
+def encode_plain(
+    first_offset: int, timestamp_ms: int, keys: Sequence[bytes], values: Sequence[bytes]
+) -> tuple[bytes, list[int]]:
+    """`encode_batch`'s lines and sizes for records with one timestamp, no headers and no null key
+    or value (a run of streamed INSERTs): three columns fewer to interleave per record."""
+    n = len(keys)
+    if n == 0:
+        return b"", []
+    body = b'{"offset":%%d,"timestamp":%d,"lens":[%%d,%%d,4],"key":%%b,"value":%%b,"headers":null\x00' % timestamp_ms
+    args = tuple(
+        chain.from_iterable(
+            zip(range(first_offset, first_offset + n), map(len, keys), map(len, values), keys, values, strict=True)
+        )
+    )
+    bodies = ((body * n) % args).split(_SEP)
+    bodies.pop()
+    if len(bodies) == n:
+        crcs = list(map(_crc32, bodies))
+        data = (_LINE * n) % tuple(chain.from_iterable(zip(bodies, crcs, strict=True)))
+        if data.count(b"\n") == n:
+            return data, list(map(_TRAILER.__add__, map(_add, map(len, bodies), map(len, map(str, crcs)))))
+    # a NUL or a newline inside a field: the general encoder deals with those
+    data, sizes, _ = encode_batch(first_offset, list(zip(keys, values, repeat(timestamp_ms), repeat(None))))
+    return data, sizes
 
 
 def decode_line(line: bytes) -> Decoded:

@@ -6,9 +6,11 @@ import zlib
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from capture.log import GroupCommitter, Record, TopicConfig
-from capture.log.codec import BadLine, decode_line, encode_batch
+from capture.log.codec import BadLine, decode_line, encode_batch, encode_plain
 from capture.log.errors import LogError
 from capture.log.index import (
     lookup_offset,
@@ -130,9 +132,7 @@ def test_manifest_round_trip() -> None:
     assert decode_manifest(encode_manifest(m)) == m
 
 
-@pytest.mark.parametrize(
-    "bad", [b"", b"{", b'{"format": 99}', b'{"format": 1, "generation": 1}', b"[]"]
-)
+@pytest.mark.parametrize("bad", [b"", b"{", b'{"format": 99}', b'{"format": 1, "generation": 1}', b"[]"])
 def test_bad_manifest_is_a_clear_error(bad: bytes) -> None:
     with pytest.raises(LogError, match="manifest .* is unreadable"):
         decode_manifest(bad, "x/manifest.json")
@@ -165,3 +165,22 @@ def test_nul_byte_in_a_field_takes_the_slow_path_intact() -> None:
         (4, 6, None, b"2", b"{}"),
     ]
     assert sum(sizes) == len(data)
+
+
+_field = st.one_of(
+    st.integers(-(2**63), 2**63 - 1).map(lambda i: orjson.dumps({"id": i})),
+    st.text(max_size=20).map(orjson.dumps),
+    st.sampled_from([b'{"a":\n1}', b'"nul\x00"', b"[]"]),  # a newline or a NUL: the general path
+)
+
+
+@given(
+    first=st.integers(0, 2**40),
+    ts=st.integers(-(2**40), 2**41),
+    pairs=st.lists(st.tuples(_field, _field), max_size=30),
+)
+def test_encode_plain_equals_encode_batch(first: int, ts: int, pairs: list[tuple[bytes, bytes]]) -> None:
+    keys = [k for k, _ in pairs]
+    values = [v for _, v in pairs]
+    data, sizes, _ = encode_batch(first, [(k, v, ts, None) for k, v in pairs])
+    assert encode_plain(first, ts, keys, values) == (data, sizes)
