@@ -108,7 +108,7 @@ def _tstzs(toks: list[bytes]) -> list[bytes] | None:
         or set(map(bytes.find, toks, repeat(b"-"))) != _AT_5
     ):
         return _each(_tstz, toks)
-    # The token's only `"` are its first and last byte: `+00"` is its end and nowhere else.
+    # A `"` inside a JSON string follows a backslash: `+00"` is the token's end and nowhere else.
     return list(
         map(
             bytes.replace,
