@@ -38,7 +38,7 @@ test: setup
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy capture/log capture/lsn.py capture/wal2json.py capture/envelope.py capture/values.py capture/routing.py capture/schema_tracker.py eventstore/aggregate.py eventstore/domain
+	$(VENV)/bin/mypy capture/log capture/lsn.py capture/wal2json.py capture/envelope.py capture/values.py capture/routing.py capture/schema_tracker.py capture/insert_template.py capture/source.py eventstore/aggregate.py eventstore/domain
 
 bench: setup
 	$(VENV)/bin/python bench/log_append.py
