@@ -28,7 +28,7 @@ from api.limits import BodyLimit
 from api.logs import REQUEST_ID
 from api.metrics import Metrics
 from api.pg_async import KeepReaderConnection
-from api.pg_lease import Leases
+from api.pg_pipeline import Pipelines
 from eventstore.domain.bank import bank_account
 from eventstore.handler import CommandHandler
 from eventstore.store import EventStore
@@ -186,7 +186,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         )
         await pool.open(wait=False)
         app.state.pool = pool
-        app.state.leases = leases = Leases(pool)
+        app.state.view_connections = views = Pipelines(dsn)
         app.state.views_runtime = app._views = None  # type: ignore[attr-defined] # built anew on this pool
         store = await asyncio.to_thread(EventStore.connect, dsn)
         app.state.handler = CommandHandler(
@@ -199,7 +199,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
             yield
         finally:
             await asyncio.to_thread(store.close)
-            await leases.close()
+            await views.close()
             await pool.close()
 
     app = Service(

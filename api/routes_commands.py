@@ -115,7 +115,7 @@ def _http_error(exc: EventStoreError) -> HTTPException:
                 "message": str(exc),
                 "fields": [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors],
             },
-        )  # type: ignore[call-overload]
+        )
     if isinstance(exc, UnknownCommand | IdempotencyMismatch | PartialDuplicateBatch):
         return HTTPException(422, {"error": type(exc).__name__, "message": str(exc)})
     return HTTPException(400, {"error": type(exc).__name__, "message": str(exc)})

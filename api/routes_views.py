@@ -24,7 +24,7 @@ from psycopg.adapt import AdaptersMap
 from psycopg.types.string import TextLoader
 from starlette.types import Scope
 
-from api import pg_prepared
+from api import pg_pipeline
 from api.auth import AUTH_RESPONSES, error, require
 
 __all__ = ["fast_page", "router", "runtime"]
@@ -140,10 +140,10 @@ class _Runtime:
     """What a page query needs from the app, in one object: every `app.state.x` is a Python
     `__getattr__` call (≈ 0.5 µs), and a point lookup made seven of them."""
 
-    __slots__ = ("keys", "leases", "meta", "queries", "schema")
+    __slots__ = ("connections", "keys", "meta", "queries", "schema")
 
     def __init__(self, state: Any) -> None:
-        self.leases = state.leases
+        self.connections: pg_pipeline.Pipelines = state.view_connections
         self.keys = bool(state.settings.api.keys)
         self.schema: str = state.settings.projections.schema_
         self.meta: dict[str, _View] = {}  # per view, derived once from its projection
@@ -155,7 +155,7 @@ class _Runtime:
 def runtime(state: Any) -> _Runtime | None:
     """The app's `_Runtime`, once its pool is up (`None` before); callers may keep it."""
     runtime = getattr(state, "views_runtime", None)
-    if runtime is None and hasattr(state, "leases"):
+    if runtime is None and hasattr(state, "view_connections"):
         runtime = state.views_runtime = _Runtime(state)
     return runtime
 
@@ -318,14 +318,14 @@ async def _page(
             nullable=nullable,
             after_null=after_null,
         )
-    leases = runtime.leases
-    conn = leases.take() or await leases.get()  # not `pool.connection()`: autocommit, nothing to commit
+    connections = runtime.connections
     try:
+        pipeline = connections.ready() or await connections.get()
         if isinstance(query, sql.Composed):  # first request of this shape: render it once, with
             if len(queries) >= _MAX_SHAPES:  # the connection's quoting rules
                 queries.clear()
-            query = queries[shape] = query.as_bytes(conn)
-        rows = await pg_prepared.fetch(conn, query, args, _ADAPTERS, view.row)
+            query = queries[shape] = query.as_bytes(pipeline.conn)
+        rows = await pipeline.submit(query, args, _ADAPTERS, view.row)
     except Exception as exc:  # noqa: BLE001 - a bad value for a typed column is the caller's error
         from psycopg import errors
 
@@ -338,9 +338,6 @@ async def _page(
                 404, f"view {name!r} has not been built yet: run `tributary project run {name}`"
             ) from None
         raise
-    finally:
-        if not leases.keep(conn):
-            await leases.pool.putconn(conn)
     page = rows[:limit] if len(rows) > limit else rows
     next_cursor = _encode_cursor([page[-1][k] for k in keys]) if len(rows) > limit and page else None
     return orjson.dumps({"view": name, "rows": page, "next_cursor": next_cursor}, default=_default)
