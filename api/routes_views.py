@@ -337,6 +337,10 @@ async def _page(
             raise HTTPException(
                 404, f"view {name!r} has not been built yet: run `tributary project run {name}`"
             ) from None
+        if isinstance(exc, errors.OperationalError):  # lost or refused; the next request reconnects
+            raise HTTPException(
+                503, "the service database did not answer (connection lost or refused); retry"
+            ) from None
         raise
     page = rows[:limit] if len(rows) > limit else rows
     next_cursor = _encode_cursor([page[-1][k] for k in keys]) if len(rows) > limit and page else None

@@ -364,3 +364,26 @@ def test_pages_while_a_writer_inserts(views: Views, order_by: str) -> None:
     assert set(ids) - existing <= set(inserted)
     assert during >= 5 * (pages - 1), (pages, during)  # the writer really committed between every two pages
     assert set(ids) - existing, "no row inserted during the scan was seen: the scan did not overlap the writer"
+
+
+def test_lost_database_connections_give_503_then_recover(views: Views) -> None:
+    """Every connection of the service database killed (a restart, a failover, an admin's
+    pg_terminate_backend): a view request answers 200 or a one-line 503, never a 500, and the
+    connections are replaced by the next requests."""
+    assert _get(views, "things", id=1).status_code == 200
+    with psycopg.connect(views.dsn, autocommit=True) as admin:
+        killed = admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        ).fetchone()
+    assert killed is not None and killed[0] >= 1
+    statuses = []
+    for _ in range(3):
+        got = _get(views, "things", id=1)
+        statuses.append(got.status_code)
+        if got.status_code == 503:
+            assert "service database did not answer" in got.json()["detail"]
+        else:
+            assert got.status_code == 200, got.text
+            assert got.json()["rows"] == [_json_row(_row(1))]
+    assert statuses[-1] == 200 and statuses.count(503) <= 1, statuses
