@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import itertools
 import random
 import threading
 import time
@@ -387,3 +388,53 @@ def test_lost_database_connections_give_503_then_recover(views: Views) -> None:
             assert got.status_code == 200, got.text
             assert got.json()["rows"] == [_json_row(_row(1))]
     assert statuses[-1] == 200 and statuses.count(503) <= 1, statuses
+
+
+def test_readers_during_swaps_get_one_build_per_page_and_no_error(views: Views) -> None:
+    """The runner's swap (the view dropped and created over another build, in one transaction)
+    while the API answers from prepared statements on pipelined connections: every request is a
+    200 whose page comes from one build, old or new, never a mix."""
+    p = Projection(name="feed", version=1, topics=("none",), table=Table.of(COLUMNS, ["id"]), build=len)
+    with psycopg.connect(views.dsn, autocommit=True) as conn:
+        store = Store(conn)
+        original = store.current("feed")
+        assert original is not None
+        builds = []
+        for k in range(3):
+            b = store.new_build(p)
+            _insert(conn, b.table_name, [{**_row(2 * i), "note": f"b{k}"} for i in range(1, 301)])
+            builds.append(b)
+    stop = threading.Event()
+    swaps = []
+
+    def swapper() -> None:
+        with psycopg.connect(views.dsn, autocommit=True) as conn:
+            store = Store(conn)
+            for b in itertools.cycle([*builds, original]):
+                if stop.is_set():
+                    break
+                store.swap(b)
+                swaps.append(b.build)
+                time.sleep(0.005)
+            store.swap(original)
+
+    thread = threading.Thread(target=swapper)
+    thread.start()
+    seen: set[str] = set()
+    try:
+        for i in range(400):
+            got = _get(views, "feed", limit=20) if i % 2 else _get(views, "feed", id=2 * (1 + i % 300))
+            assert got.status_code == 200, got.text
+            notes = {r["note"] for r in got.json()["rows"]}
+            new = {n for n in notes if n and n.startswith("b")}
+            assert len(new) <= 1 and (not new or notes == new), notes  # one build per page
+            seen |= new or {"original"}
+    finally:
+        stop.set()
+        thread.join()
+        with psycopg.connect(views.dsn, autocommit=True) as conn:
+            store = Store(conn)
+            for b in builds:
+                store.drop_build("feed", b.table_name)
+    assert len(swaps) > 20 and len(seen) >= 2, (len(swaps), seen)
+    assert _get(views, "feed", id=2).json()["rows"][0]["note"] == _row(2)["note"]
