@@ -296,6 +296,12 @@ class Pipelines:
         pipeline = self.ready() or await self.get()
         return await pipeline.submit(query, params, adapters, make_row)
 
+    async def __aenter__(self) -> Pipelines:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     async def close(self) -> None:
         self._closed = True
         if self._opening is not None:

@@ -59,23 +59,19 @@ def test_values_as_a_cursor_loads_them(fresh_db: str) -> None:
             cur.adapters.register_loader("numeric", TextLoader)
             await cur.execute(cursor_query, [None if p is None else str(p) for p in params])
             expected = await cur.fetchall()
-        views = Pipelines(fresh_db)
-        try:
+        async with Pipelines(fresh_db) as views:
             for _ in range(3):  # prepared on the first run, reused after
                 got = await views.fetch(TYPED.encode(), params, ADAPTERS, tuple)
                 assert got == expected
             assert got[0][1] == "0.00"  # numeric(12,2) as PostgreSQL spells it, not a Decimal
             assert await views.fetch(PREPARED, [], ADAPTERS, tuple) == [(2,)]
-        finally:
-            await views.close()
 
     uvloop.run(main())
 
 
 def test_many_rows_and_make_row(fresh_db: str) -> None:
     async def main() -> None:
-        views = Pipelines(fresh_db)
-        try:
+        async with Pipelines(fresh_db) as views:
             rows = await views.fetch(
                 b"SELECT g, md5(g::text) FROM generate_series(1, CAST($1 AS integer)) g",
                 ["50000"],
@@ -84,8 +80,6 @@ def test_many_rows_and_make_row(fresh_db: str) -> None:
             )
             assert len(rows) == 50000 and rows[-1]["g"] == 50000 and len(rows[-1]["h"]) == 32
             assert await views.fetch(b"SELECT 1 WHERE false", [], ADAPTERS, tuple) == []
-        finally:
-            await views.close()
 
     uvloop.run(main())
 
@@ -95,8 +89,7 @@ def test_concurrent_requests_each_get_their_own_answer_or_error(fresh_db: str) -
     and a failing query fails only its own request."""
 
     async def main() -> None:
-        views = Pipelines(fresh_db, size=1)
-        try:
+        async with Pipelines(fresh_db, size=1) as views:
             query = b"SELECT CAST($1 AS integer) * 2, CAST($2 AS text)"
             values = [str(i) if i % 7 else f"{i}x" for i in range(600)]  # every 7th is not an integer
             got = await asyncio.gather(
@@ -109,16 +102,13 @@ def test_concurrent_requests_each_get_their_own_answer_or_error(fresh_db: str) -
                 else:
                     assert isinstance(answer, psycopg.errors.InvalidTextRepresentation), answer
             assert len({tuple(await views.fetch(PID, [], ADAPTERS, tuple)) for _ in range(3)}) == 1
-        finally:
-            await views.close()
 
     uvloop.run(main())
 
 
 def test_errors_as_a_cursor_raises_them_and_the_connection_stays_usable(fresh_db: str) -> None:
     async def main() -> None:
-        views = Pipelines(fresh_db)
-        try:
+        async with Pipelines(fresh_db) as views:
             with pytest.raises(psycopg.errors.InvalidTextRepresentation):
                 await views.fetch(b"SELECT CAST($1 AS bigint)", ["1; DROP TABLE x"], ADAPTERS, tuple)
             with pytest.raises(psycopg.errors.UndefinedTable):
@@ -131,8 +121,6 @@ def test_errors_as_a_cursor_raises_them_and_the_connection_stays_usable(fresh_db
                 await conn.execute("CREATE SCHEMA IF NOT EXISTS views")
                 await conn.execute("CREATE TABLE views.nothing_here AS SELECT 1 AS x")
             assert await views.fetch(b"SELECT * FROM views.nothing_here", [], ADAPTERS, tuple) == [(1,)]
-        finally:
-            await views.close()
 
     uvloop.run(main())
 
@@ -142,15 +130,12 @@ def test_requests_racing_a_failing_prepare_get_its_error(fresh_db: str) -> None:
     the real error (the missing table), not "prepared statement does not exist"."""
 
     async def main() -> None:
-        views = Pipelines(fresh_db, size=1)
-        try:
+        async with Pipelines(fresh_db, size=1) as views:
             got = await asyncio.gather(
                 *(views.fetch(b"SELECT * FROM views.not_yet", [], ADAPTERS, tuple) for _ in range(20)),
                 return_exceptions=True,
             )
             assert all(isinstance(g, psycopg.errors.UndefinedTable) for g in got), got
-        finally:
-            await views.close()
 
     uvloop.run(main())
 
@@ -159,23 +144,19 @@ def test_prepares_up_to_the_cap_then_runs_unnamed(fresh_db: str, monkeypatch: py
     monkeypatch.setattr(pg_prepared, "MAX_PREPARED", 3)
 
     async def main() -> None:
-        views = Pipelines(fresh_db)
-        try:
+        async with Pipelines(fresh_db) as views:
             for i in range(6):
                 query = f"SELECT CAST($1 AS integer) + {i}".encode()
                 for _ in range(2):
                     assert await views.fetch(query, ["1"], ADAPTERS, tuple) == [(1 + i,)]
             assert await views.fetch(PREPARED, [], ADAPTERS, tuple) == [(3,)]  # at the cap: unnamed
-        finally:
-            await views.close()
 
     uvloop.run(main())
 
 
 def test_a_cancelled_query_keeps_its_connection_and_a_lost_one_is_replaced(fresh_db: str) -> None:
     async def main() -> None:
-        views = Pipelines(fresh_db)
-        try:
+        async with Pipelines(fresh_db) as views:
             [(pid,)] = await views.fetch(PID, [], ADAPTERS, tuple)
             query = asyncio.ensure_future(views.fetch(b"SELECT pg_sleep(0.5)", [], ADAPTERS, tuple))
             await asyncio.sleep(0.1)
@@ -196,8 +177,6 @@ def test_a_cancelled_query_keeps_its_connection_and_a_lost_one_is_replaced(fresh
             assert await views.fetch(b"SELECT 3", [], ADAPTERS, tuple) == [(3,)]
             [(new_pid,)] = await views.fetch(PID, [], ADAPTERS, tuple)
             assert new_pid != pid
-        finally:
-            await views.close()
 
     uvloop.run(main())
 
@@ -206,8 +185,7 @@ def test_a_slow_query_does_not_hold_up_the_next(fresh_db: str) -> None:
     """A query in flight for longer than `STALL_S` sends the next requests to another connection."""
 
     async def main() -> None:
-        views = Pipelines(fresh_db, size=2)
-        try:
+        async with Pipelines(fresh_db, size=2) as views:
             await views.fetch(b"SELECT 1", [], ADAPTERS, tuple)
             slow = asyncio.ensure_future(views.fetch(b"SELECT 1 FROM pg_sleep(3)", [], ADAPTERS, tuple))
             await asyncio.sleep(Pipelines.STALL_S * 4)
@@ -215,8 +193,6 @@ def test_a_slow_query_does_not_hold_up_the_next(fresh_db: str) -> None:
             done, _ = await asyncio.wait({slow, fast}, return_when=asyncio.FIRST_COMPLETED)
             assert done == {fast} and fast.result() == [(2,)]
             assert await slow == [(1,)]
-        finally:
-            await views.close()
 
     uvloop.run(main())
 
@@ -227,8 +203,7 @@ def test_a_view_swapped_for_one_of_other_column_types_is_prepared_again(fresh_db
     prepared again and answered, on every connection that had it, concurrent requests included."""
 
     async def main() -> None:
-        views = Pipelines(fresh_db, size=2)
-        try:
+        async with Pipelines(fresh_db, size=2) as views:
             async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
                 await conn.execute("CREATE SCHEMA IF NOT EXISTS views")
                 await conn.execute("CREATE TABLE views.swapped AS SELECT 1 AS k, 10 AS total")
@@ -242,7 +217,5 @@ def test_a_view_swapped_for_one_of_other_column_types_is_prepared_again(fresh_db
             got = await asyncio.gather(*(views.fetch(query, ["1"], ADAPTERS, tuple) for _ in range(10)))
             assert got == [[(1, "ten", True)]] * 10
             assert await views.fetch(query, ["1"], ADAPTERS, tuple) == [(1, "ten", True)]
-        finally:
-            await views.close()
 
     uvloop.run(main())
