@@ -27,6 +27,7 @@ def _runner() -> Any:
 
     return runner
 
+
 __all__ = ["register"]
 
 project_app = typer.Typer(help="Projections: fold the log into derived tables (PySpark).", no_args_is_help=True)

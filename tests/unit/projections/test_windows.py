@@ -65,9 +65,7 @@ def test_assign(spec: WindowSpec, t: int, expected: list[tuple[int, int]]) -> No
         ),
     ],
 )
-def test_admit(
-    case: str, spec: WindowSpec, end: int, max_before: int | None, admitted: bool
-) -> None:
+def test_admit(case: str, spec: WindowSpec, end: int, max_before: int | None, admitted: bool) -> None:
     assert admit(spec, end, watermark(max_before, spec.lateness)) is admitted, case
 
 
