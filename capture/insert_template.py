@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from capture import compiled
 from capture import envelope as env
 from capture.routing import topic_name
 from capture.values import stream_converter, type_family
@@ -135,6 +136,8 @@ def _each(rule: Token, toks: list[bytes]) -> list[bytes] | None:
     return None if None in out else out  # type: ignore[return-value]
 
 
+# The compiled twin's code for each byte rule (capture/_speedups.c); a generic rule goes as itself.
+_C_CODES: dict[Token | None, int] = {None: 0, _numeric: 1, _tstz: 2, _ts: 3, _plain_string: 4, _string: 5}
 _QUOTE_OR_NULL = (b'"', _NULL)
 _AT_11 = {11}
 _AT_5 = {5}
@@ -185,6 +188,7 @@ class InsertTemplate:
         "_key_fmt",
         "_n",
         "_rules",
+        "_spec",
         "_tag_len",
         "_head_cut",
         "_value_fmt",
@@ -225,6 +229,21 @@ class InsertTemplate:
             + b',"source":'
             + source_head.replace(b"%", b"%%")
             + b'%d%b,"op":"c","ts_ms":%d}'
+        )
+        # The same layout as constant pieces around the tokens, for the compiled twin.
+        key_names = [orjson.dumps(k) + b":" for k in keys]
+        value_names = [orjson.dumps(n) + b":" for n in names]
+        self._spec = (
+            self._ends,
+            tuple(_C_CODES.get(rule, rule) for _, rule in rules),
+            self._tag_len,
+            self._key_at,
+            (b"{" + key_names[0], *(b"," + k for k in key_names[1:]), b"}"),
+            (
+                b'{"before":null,"after":{' + value_names[0],
+                *(b"," + v for v in value_names[1:]),
+                b'},"source":' + source_head,
+            ),
         )
 
     @classmethod
@@ -292,8 +311,20 @@ class InsertTemplate:
         return key, self._value_fmt % tuple(toks)
 
     def encode_many(self, payloads: list[bytes], tx_part: bytes, now_ms: int) -> tuple[list[bytes], list[bytes]] | None:
-        """`encode` for a run of this table's INSERTs, column by column: every per-change step is
-        a C-level `map`, no Python frame per change. None: some change needs the one-by-one path."""
+        """`encode` for a run of this table's INSERTs: in C (capture/_speedups.c) unless it is not
+        sure, then `encode_many_python`, the reference. None: some change needs the one-by-one path."""
+        c = compiled.encode_inserts
+        if c is not None:
+            got = c(self._spec, payloads, tx_part + b',"op":"c","ts_ms":%d}' % now_ms)
+            if got is not None:
+                return got
+        return self.encode_many_python(payloads, tx_part, now_ms)
+
+    def encode_many_python(
+        self, payloads: list[bytes], tx_part: bytes, now_ms: int
+    ) -> tuple[list[bytes], list[bytes]] | None:
+        """`encode_many` in Python, column by column: every per-change step is a C-level `map`,
+        no Python frame per change."""
         n = len(payloads)
         parts = list(map(bytes.split, payloads, repeat(SPLIT, n)))
         if any(map(self._n.__ne__, map(len, parts))):

@@ -102,6 +102,7 @@ class SnapshotReader:
                 lines = [b"-\n"]
                 add = lines.append
                 size = 0
+                data: bytes | bytearray | memoryview  # libpq's buffer, or what psycopg's `read` returns
                 while True:
                     nbytes, data = get(1)
                     if nbytes == 0:

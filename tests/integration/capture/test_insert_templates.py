@@ -8,12 +8,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from capture import compiled
 from capture.log import Log
 from capture.replication import XLogData, connect_options
 from capture.source import SourceSession, SourceSpec
@@ -80,10 +82,16 @@ def _capture(dsn: str, docs: list[bytes], root: Path, *, templates: bool) -> tup
 
 
 def _compare(dsn: str, docs: list[bytes], tmp: Path) -> tuple[int, int]:
+    """Templates through the compiled path (the default), through pure Python, and no templates:
+    the same records."""
+    assert compiled.encode_inserts is not None and compiled.encode_plain is not None
     fast, templated = _capture(dsn, docs, tmp / "fast", templates=True)
+    with mock.patch.multiple(compiled, encode_inserts=None, encode_plain=None):
+        python, templated_python = _capture(dsn, docs, tmp / "python", templates=True)
     generic, none = _capture(dsn, docs, tmp / "generic", templates=False)
     assert none == 0
-    assert fast == generic
+    assert templated == templated_python
+    assert fast == python == generic
     return len(fast), templated
 
 

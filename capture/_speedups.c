@@ -1,0 +1,752 @@
+/* capture._speedups: the per-change hot path of streamed INSERTs, in C.
+ *
+ * Two functions, each the compiled twin of a pure-Python reference that stays the fallback:
+ *
+ *   encode_inserts(spec, payloads, value_tail)  ~ insert_template.InsertTemplate.encode_many
+ *   encode_plain(first_offset, timestamp_ms, keys, values)  ~ log.codec.encode_plain
+ *
+ * Both answer None whenever they are not sure to give the reference's very bytes (an odd shape,
+ * a value rule that declines, a NUL or a newline inside a field, a number too wide for 64 bits):
+ * the caller then runs the Python reference, so the output is always the reference's. Data never
+ * raises here; a malformed `spec` (a programming error) raises TypeError/ValueError.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <zlib.h>
+
+/* ---------------------------------------------------------------------------------------------
+ * small byte helpers
+ */
+
+static const char SPLIT[] = ",\"value\":";
+#define SPLIT_LEN ((Py_ssize_t)(sizeof(SPLIT) - 1))
+static const char INSERT_HEAD[] = "{\"action\":\"I\",";
+#define INSERT_HEAD_LEN ((Py_ssize_t)(sizeof(INSERT_HEAD) - 1))
+static const char LSN_KEY[] = ",\"lsn\":";
+#define LSN_KEY_LEN ((Py_ssize_t)(sizeof(LSN_KEY) - 1))
+
+static int
+is_null(const char *t, Py_ssize_t n)
+{
+    return n == 4 && memcmp(t, "null", 4) == 0;
+}
+
+static int
+ends_with(const char *t, Py_ssize_t n, const char *suffix, Py_ssize_t k)
+{
+    return n >= k && memcmp(t + n - k, suffix, (size_t)k) == 0;
+}
+
+/* Index of the first `c` in t[0:n], or -1 (bytes.find of one byte). */
+static Py_ssize_t
+find_byte(const char *t, Py_ssize_t n, char c)
+{
+    const char *p = n > 0 ? memchr(t, c, (size_t)n) : NULL;
+    return p == NULL ? -1 : (Py_ssize_t)(p - t);
+}
+
+/* The first `needle` (k bytes) in t[0:n], or NULL: memchr for needle[anchor], a byte chosen to
+ * be rare in the haystack, then one compare. (glibc's memmem sets up tables on every call: too
+ * slow for short haystacks searched millions of times.) Leftmost, as bytes.find. */
+static const char *
+find_sub(const char *t, Py_ssize_t n, const char *needle, Py_ssize_t k, Py_ssize_t anchor)
+{
+    const char *p = t + anchor, *last = t + n - k + anchor; /* needle[anchor]'s last possible place */
+    while (n >= k && p <= last) {
+        p = memchr(p, needle[anchor], (size_t)(last - p + 1));
+        if (p == NULL)
+            return NULL;
+        if (memcmp(p - anchor, needle, (size_t)k) == 0)
+            return p - anchor;
+        p++;
+    }
+    return NULL;
+}
+
+static int
+contains(const char *t, Py_ssize_t n, const char *needle, Py_ssize_t k)
+{
+    return find_sub(t, n, needle, k, 0) != NULL;
+}
+
+/* `,"value":` is found by its `v`: rare in a document (no other key has one) */
+static const char *
+find_split(const char *t, Py_ssize_t n)
+{
+    return find_sub(t, n, SPLIT, SPLIT_LEN, 2);
+}
+
+/* Decimal digits of v, written backwards from `end`; returns the first digit's address. */
+static char *
+put_u64_back(char *end, uint64_t v)
+{
+    do {
+        *--end = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    return end;
+}
+
+static Py_ssize_t
+u64_len(uint64_t v)
+{
+    Py_ssize_t n = 1;
+    while (v >= 10) {
+        v /= 10;
+        n++;
+    }
+    return n;
+}
+
+static char *
+put_u64(char *d, uint64_t v)
+{
+    char tmp[24];
+    char *s = put_u64_back(tmp + sizeof(tmp), v);
+    size_t n = (size_t)(tmp + sizeof(tmp) - s);
+    memcpy(d, s, n);
+    return d + n;
+}
+
+static uint64_t
+magnitude(long long v)
+{
+    return v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+}
+
+static Py_ssize_t
+i64_len(long long v)
+{
+    return (v < 0 ? 1 : 0) + u64_len(magnitude(v));
+}
+
+static char *
+put_i64(char *d, long long v)
+{
+    if (v < 0)
+        *d++ = '-';
+    return put_u64(d, magnitude(v));
+}
+
+static char *
+put(char *d, const char *s, Py_ssize_t n)
+{
+    memcpy(d, s, (size_t)n);
+    return d + n;
+}
+
+#define PUT_LIT(d, lit) put((d), (lit), (Py_ssize_t)(sizeof(lit) - 1))
+
+/* 1 to 8 hex digits → value; -1 for anything else (the caller declines). */
+static long long
+hex32(const char *t, Py_ssize_t n)
+{
+    if (n < 1 || n > 8)
+        return -1;
+    long long v = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char c = t[i];
+        int d;
+        if (c >= '0' && c <= '9')
+            d = c - '0';
+        else if (c >= 'a' && c <= 'f')
+            d = c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F')
+            d = c - 'A' + 10;
+        else
+            return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * encode_inserts
+ *
+ * spec = (ends, rules, tag_len, key_at, key_pieces, value_pieces), built once per template:
+ *   ends[j]         the constant end of column j's piece after its value token
+ *   rules[j]        0 as printed (int, bool), 1 numeric, 2 timestamptz, 3 timestamp, 4 bytea,
+ *                   5 text-like, or a callable token -> bytes | None (the generic rule)
+ *   tag_len         the length of the table tag ending every head
+ *   key_at          the key's columns, in key order
+ *   key_pieces      len(key_at) + 1 constant pieces around the key's tokens
+ *   value_pieces    len(ends) + 1 constant pieces around the value's tokens (the last one ends
+ *                   with the source's `"lsn":`)
+ * The value is value_pieces interleaved with the tokens, the LSN in decimal, then value_tail.
+ */
+
+enum { R_PASS = 0, R_NUMERIC, R_TSTZ, R_TS, R_BYTEA, R_TEXT, R_CALL };
+
+typedef struct {
+    Py_ssize_t m;                 /* columns */
+    const char **end;             /* [m] */
+    Py_ssize_t *end_len;          /* [m] */
+    int *rule;                    /* [m] */
+    PyObject **call;              /* [m] borrowed, only for R_CALL */
+    Py_ssize_t tag_len;
+    Py_ssize_t nkey;
+    Py_ssize_t *key_at;           /* [nkey] */
+    const char **kp;              /* [nkey + 1] */
+    Py_ssize_t *kp_len;
+    const char **vp;              /* [m + 1] */
+    Py_ssize_t *vp_len;
+    Py_ssize_t key_fixed, value_fixed;  /* the pieces' total lengths */
+    void *block;                  /* one allocation for all of the above arrays */
+} Spec;
+
+static void
+spec_free(Spec *s)
+{
+    PyMem_Free(s->block);
+    s->block = NULL;
+}
+
+static int
+bytes_items(PyObject *tuple, const char *what, Py_ssize_t want, const char **ptr, Py_ssize_t *len)
+{
+    if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != want) {
+        PyErr_Format(PyExc_TypeError, "spec: %s must be a tuple of %zd bytes", what, want);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < want; i++) {
+        PyObject *b = PyTuple_GET_ITEM(tuple, i);
+        if (!PyBytes_Check(b)) {
+            PyErr_Format(PyExc_TypeError, "spec: %s must hold bytes", what);
+            return -1;
+        }
+        ptr[i] = PyBytes_AS_STRING(b);
+        len[i] = PyBytes_GET_SIZE(b);
+    }
+    return 0;
+}
+
+/* Unpack a spec tuple (borrowed references: the caller holds `obj` for the call). */
+static int
+spec_parse(PyObject *obj, Spec *s)
+{
+    memset(s, 0, sizeof(*s));
+    if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 6) {
+        PyErr_SetString(PyExc_TypeError, "spec must be a 6-tuple");
+        return -1;
+    }
+    PyObject *ends = PyTuple_GET_ITEM(obj, 0), *rules = PyTuple_GET_ITEM(obj, 1);
+    PyObject *tag = PyTuple_GET_ITEM(obj, 2), *key_at = PyTuple_GET_ITEM(obj, 3);
+    PyObject *kps = PyTuple_GET_ITEM(obj, 4), *vps = PyTuple_GET_ITEM(obj, 5);
+    if (!PyTuple_Check(ends) || !PyTuple_Check(rules) || !PyTuple_Check(key_at)) {
+        PyErr_SetString(PyExc_TypeError, "spec: ends, rules and key_at must be tuples");
+        return -1;
+    }
+    Py_ssize_t m = PyTuple_GET_SIZE(ends), nkey = PyTuple_GET_SIZE(key_at);
+    if (m < 1 || PyTuple_GET_SIZE(rules) != m || nkey < 1) {
+        PyErr_SetString(PyExc_ValueError, "spec: one rule per column and at least one key column");
+        return -1;
+    }
+    s->tag_len = PyLong_AsSsize_t(tag);
+    if (s->tag_len == -1 && PyErr_Occurred())
+        return -1;
+    if (s->tag_len < 1) {
+        PyErr_SetString(PyExc_ValueError, "spec: tag_len must be positive");
+        return -1;
+    }
+    /* one block: pointers first (aligned), then sizes, then ints */
+    size_t nptr = (size_t)m + (size_t)m + (size_t)(nkey + 1) + (size_t)(m + 1);
+    size_t nsize = (size_t)m + (size_t)nkey + (size_t)(nkey + 1) + (size_t)(m + 1);
+    char *block = PyMem_Malloc(nptr * sizeof(void *) + nsize * sizeof(Py_ssize_t) + (size_t)m * sizeof(int));
+    if (block == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    s->block = block;
+    s->m = m;
+    s->nkey = nkey;
+    void **ptrs = (void **)block;
+    s->end = (const char **)ptrs;
+    s->call = (PyObject **)(ptrs + m);
+    s->kp = (const char **)(ptrs + 2 * m);
+    s->vp = (const char **)(ptrs + 2 * m + nkey + 1);
+    Py_ssize_t *sizes = (Py_ssize_t *)(ptrs + nptr);
+    s->end_len = sizes;
+    s->key_at = sizes + m;
+    s->kp_len = sizes + m + nkey;
+    s->vp_len = sizes + m + nkey + nkey + 1;
+    s->rule = (int *)(sizes + nsize);
+
+    if (bytes_items(ends, "ends", m, s->end, s->end_len) < 0 ||
+        bytes_items(kps, "key_pieces", nkey + 1, s->kp, s->kp_len) < 0 ||
+        bytes_items(vps, "value_pieces", m + 1, s->vp, s->vp_len) < 0)
+        goto fail;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        if (s->end_len[j] < 1) {
+            PyErr_SetString(PyExc_ValueError, "spec: a piece's end is never empty");
+            goto fail;
+        }
+        PyObject *r = PyTuple_GET_ITEM(rules, j);
+        s->call[j] = NULL;
+        if (PyLong_Check(r)) {
+            long code = PyLong_AsLong(r);
+            if (code < R_PASS || code > R_TEXT) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "spec: unknown rule code");
+                goto fail;
+            }
+            s->rule[j] = (int)code;
+        }
+        else if (PyCallable_Check(r)) {
+            s->rule[j] = R_CALL;
+            s->call[j] = r;
+        }
+        else {
+            PyErr_SetString(PyExc_TypeError, "spec: a rule is an int code or a callable");
+            goto fail;
+        }
+    }
+    for (Py_ssize_t k = 0; k < nkey; k++) {
+        Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(key_at, k));
+        if (at == -1 && PyErr_Occurred())
+            goto fail;
+        if (at < 0 || at >= m) {
+            PyErr_SetString(PyExc_ValueError, "spec: key_at out of range");
+            goto fail;
+        }
+        s->key_at[k] = at;
+    }
+    for (Py_ssize_t k = 0; k <= nkey; k++)
+        s->key_fixed += s->kp_len[k];
+    for (Py_ssize_t j = 0; j <= m; j++)
+        s->value_fixed += s->vp_len[j];
+    return 0;
+fail:
+    spec_free(s);
+    return -1;
+}
+
+/* One value token → its envelope spelling's length, or -1: not sure (the run declines). */
+static Py_ssize_t
+rule_len(int rule, const char *t, Py_ssize_t n)
+{
+    switch (rule) {
+    case R_PASS:
+        return n;
+    case R_NUMERIC:
+        /* "-0" would parse to the int 0; a quoted token or nothing is not a numeric we know */
+        if (is_null(t, n))
+            return 4;
+        if (n == 0 || (n == 2 && t[0] == '-' && t[1] == '0') || t[0] == '"')
+            return -1;
+        return n + 2;
+    case R_TSTZ:
+        /* "YYYY-MM-DD hh:mm:ss[.f]+00" → "YYYY-MM-DDThh:mm:ss[.f]Z"; a second `+00"` (never
+         * printed by PostgreSQL) would make the column-wise reference differ: decline */
+        if (n >= 6 && t[5] == '-' && find_byte(t, n, ' ') == 11 && ends_with(t, n, "+00\"", 4))
+            return contains(t, n - 1, "+00\"", 4) ? -1 : n - 2;
+        return is_null(t, n) ? 4 : -1;
+    case R_TS:
+        if (n >= 6 && t[5] == '-' && find_byte(t, n, ' ') == 11 && !ends_with(t, n, " BC\"", 4))
+            return n;
+        return is_null(t, n) ? 4 : -1;
+    case R_BYTEA:
+        if (is_null(t, n) || (n >= 1 && t[0] == '"' && find_byte(t, n, '\\') < 0))
+            return n;
+        return -1;
+    case R_TEXT:
+        if (((n >= 1 && t[0] == '"') || (n >= 4 && memcmp(t, "null", 4) == 0)) && !contains(t, n, "\\u", 2))
+            return n;
+        return -1;
+    }
+    return -1;
+}
+
+/* Write what rule_len measured. */
+static char *
+rule_put(char *d, int rule, const char *t, Py_ssize_t n)
+{
+    if (is_null(t, n) && (rule == R_NUMERIC || rule == R_TSTZ || rule == R_TS))
+        return PUT_LIT(d, "null");
+    switch (rule) {
+    case R_NUMERIC:
+        *d++ = '"';
+        d = put(d, t, n);
+        *d++ = '"';
+        return d;
+    case R_TSTZ:
+        d = put(d, t, 11);
+        *d++ = 'T';
+        d = put(d, t + 12, n - 16);
+        return PUT_LIT(d, "Z\"");
+    case R_TS:
+        d = put(d, t, n);
+        d[11 - n] = 'T';
+        return d;
+    default:
+        return put(d, t, n);
+    }
+}
+
+typedef struct {
+    Py_ssize_t start, len;  /* the token within its payload */
+    Py_ssize_t out_len;     /* its envelope spelling's length */
+} Tok;
+
+static PyObject *
+encode_inserts(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "encode_inserts(spec, payloads, value_tail)");
+        return NULL;
+    }
+    if (!PyList_Check(args[1]) || !PyBytes_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "encode_inserts: payloads is a list, value_tail bytes");
+        return NULL;
+    }
+    Spec s;
+    if (spec_parse(args[0], &s) < 0)
+        return NULL;
+    /* A tuple of the payloads: a generic rule's Python code cannot free one under us. */
+    PyObject *docs = PyList_AsTuple(args[1]);
+    Tok *toks = NULL;
+    PyObject **gen = NULL;
+    uint64_t *lsns = NULL;
+    PyObject *keys = NULL, *values = NULL, *result = NULL;
+    if (docs == NULL)
+        goto done;
+    const Py_ssize_t n = PyTuple_GET_SIZE(docs), m = s.m;
+    const char *tail = PyBytes_AS_STRING(args[2]);
+    const Py_ssize_t tail_len = PyBytes_GET_SIZE(args[2]);
+    if (n == 0 || n > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(Tok) / m)
+        goto decline;
+    toks = PyMem_Malloc((size_t)(n * m) * sizeof(Tok));
+    lsns = PyMem_Malloc((size_t)n * sizeof(uint64_t));
+    if (toks == NULL || lsns == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < m; j++) {
+        if (s.rule[j] == R_CALL) {
+            gen = PyMem_Calloc((size_t)(n * m), sizeof(PyObject *));
+            if (gen == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            break;
+        }
+    }
+
+    /* 1. split each document at `,"value":` (exactly m times) and check every constant end */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *doc = PyTuple_GET_ITEM(docs, i);
+        if (!PyBytes_Check(doc))
+            goto decline;
+        const char *b = PyBytes_AS_STRING(doc);
+        const Py_ssize_t len = PyBytes_GET_SIZE(doc);
+        const char *p = find_split(b, len);
+        if (p == NULL)
+            goto decline;
+        for (Py_ssize_t j = 0; j < m; j++) {
+            Py_ssize_t start = (p - b) + SPLIT_LEN;
+            const char *q = find_split(b + start, len - start);
+            if ((q == NULL) != (j == m - 1))
+                goto decline; /* fewer or more pieces than the template's */
+            Py_ssize_t stop = q == NULL ? len : q - b;
+            if (!ends_with(b + start, stop - start, s.end[j], s.end_len[j]))
+                goto decline;
+            Tok *t = &toks[i * m + j];
+            t->start = start;
+            t->len = stop - start - s.end_len[j];
+            p = q;
+        }
+    }
+
+    /* 2. each column's rule over every token */
+    for (Py_ssize_t j = 0; j < m; j++) {
+        const int rule = s.rule[j];
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Tok *t = &toks[i * m + j];
+            const char *tb = PyBytes_AS_STRING(PyTuple_GET_ITEM(docs, i)) + t->start;
+            if (rule == R_CALL) {
+                PyObject *arg = PyBytes_FromStringAndSize(tb, t->len);
+                if (arg == NULL)
+                    goto done;
+                PyObject *got = PyObject_CallOneArg(s.call[j], arg);
+                Py_DECREF(arg);
+                if (got == NULL)
+                    goto done;
+                if (!PyBytes_Check(got)) {
+                    Py_DECREF(got);
+                    goto decline;
+                }
+                gen[i * m + j] = got;
+                t->out_len = PyBytes_GET_SIZE(got);
+            }
+            else if ((t->out_len = rule_len(rule, tb, t->len)) < 0)
+                goto decline;
+        }
+    }
+
+    /* 3. the heads: the same up to the LSN's text (`{"action":"I",…,"lsn":"`), then `X/Y"` */
+    {
+        PyObject *d0 = PyTuple_GET_ITEM(docs, 0);
+        const char *h0 = PyBytes_AS_STRING(d0);
+        Py_ssize_t h0_len = toks[0].start - SPLIT_LEN - s.tag_len;
+        if (h0_len <= 0)
+            goto decline;
+        const char *quote = memrchr(h0, '"', (size_t)h0_len);
+        if (quote == NULL)
+            goto decline;
+        const Py_ssize_t pre = quote - h0, prefix = pre + 1;
+        if (pre < INSERT_HEAD_LEN || memcmp(h0, INSERT_HEAD, INSERT_HEAD_LEN) != 0 ||
+            !ends_with(h0, pre, LSN_KEY, LSN_KEY_LEN))
+            goto decline;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const char *h = PyBytes_AS_STRING(PyTuple_GET_ITEM(docs, i));
+            const Py_ssize_t h_len = toks[i * m].start - SPLIT_LEN;
+            if (h_len < prefix || memcmp(h, h0, (size_t)prefix) != 0)
+                goto decline;
+            const Py_ssize_t lsn_len = h_len - s.tag_len - prefix;
+            const char *lsn = h + prefix;
+            Py_ssize_t slash = lsn_len > 0 ? find_byte(lsn, lsn_len, '/') : -1;
+            if (slash < 0)
+                goto decline;
+            long long hi = hex32(lsn, slash), lo = hex32(lsn + slash + 1, lsn_len - slash - 1);
+            if (hi < 0 || lo < 0)
+                goto decline;
+            lsns[i] = ((uint64_t)hi << 32) | (uint64_t)lo;
+        }
+    }
+
+    /* 4. keys and values, each written straight into a bytes object of its exact size */
+    keys = PyList_New(n);
+    values = PyList_New(n);
+    if (keys == NULL || values == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *b = PyBytes_AS_STRING(PyTuple_GET_ITEM(docs, i));
+        Tok *row = &toks[i * m];
+        PyObject **grow = gen == NULL ? NULL : &gen[i * m];
+        Py_ssize_t klen = s.key_fixed, vlen = s.value_fixed + u64_len(lsns[i]) + tail_len;
+        for (Py_ssize_t k = 0; k < s.nkey; k++)
+            klen += row[s.key_at[k]].out_len;
+        for (Py_ssize_t j = 0; j < m; j++)
+            vlen += row[j].out_len;
+        PyObject *key = PyBytes_FromStringAndSize(NULL, klen);
+        if (key == NULL)
+            goto done;
+        PyList_SET_ITEM(keys, i, key);
+        PyObject *value = PyBytes_FromStringAndSize(NULL, vlen);
+        if (value == NULL)
+            goto done;
+        PyList_SET_ITEM(values, i, value);
+
+        char *d = PyBytes_AS_STRING(key);
+        for (Py_ssize_t k = 0; k < s.nkey; k++) {
+            Py_ssize_t j = s.key_at[k];
+            d = put(d, s.kp[k], s.kp_len[k]);
+            if (grow != NULL && grow[j] != NULL)
+                d = put(d, PyBytes_AS_STRING(grow[j]), row[j].out_len);
+            else
+                d = rule_put(d, s.rule[j], b + row[j].start, row[j].len);
+        }
+        d = put(d, s.kp[s.nkey], s.kp_len[s.nkey]);
+        assert(d == PyBytes_AS_STRING(key) + klen);
+
+        d = PyBytes_AS_STRING(value);
+        for (Py_ssize_t j = 0; j < m; j++) {
+            d = put(d, s.vp[j], s.vp_len[j]);
+            if (grow != NULL && grow[j] != NULL)
+                d = put(d, PyBytes_AS_STRING(grow[j]), row[j].out_len);
+            else
+                d = rule_put(d, s.rule[j], b + row[j].start, row[j].len);
+        }
+        d = put(d, s.vp[m], s.vp_len[m]);
+        d = put_u64(d, lsns[i]);
+        d = put(d, tail, tail_len);
+        assert(d == PyBytes_AS_STRING(value) + vlen);
+    }
+    result = PyTuple_Pack(2, keys, values);
+    goto done;
+
+decline:
+    result = Py_NewRef(Py_None);
+done:
+    if (gen != NULL) {
+        for (Py_ssize_t i = 0; docs != NULL && i < PyTuple_GET_SIZE(docs) * s.m; i++)
+            Py_XDECREF(gen[i]);
+        PyMem_Free(gen);
+    }
+    PyMem_Free(toks);
+    PyMem_Free(lsns);
+    Py_XDECREF(keys);
+    Py_XDECREF(values);
+    Py_XDECREF(docs);
+    spec_free(&s);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * encode_plain: segment lines for records with one timestamp, no headers, no null key or value
+ *
+ *   {"offset":O,"timestamp":T,"lens":[K,V,4],"key":…,"value":…,"headers":null,"crc":C}\n
+ * with C = zlib.crc32 of everything before `,"crc":`. Returns (data, sizes) or None.
+ */
+
+static const char L_OFFSET[] = "{\"offset\":";
+static const char L_TS[] = ",\"timestamp\":";
+static const char L_LENS[] = ",\"lens\":[";
+static const char L_KEY[] = ",4],\"key\":";
+static const char L_VALUE[] = ",\"value\":";
+static const char L_HEADERS[] = ",\"headers\":null";
+static const char L_CRC[] = ",\"crc\":";
+#define LIT_LEN(lit) ((Py_ssize_t)(sizeof(lit) - 1))
+#define LINE_FIXED                                                                                 \
+    (LIT_LEN(L_OFFSET) + LIT_LEN(L_TS) + LIT_LEN(L_LENS) + 1 + LIT_LEN(L_KEY) + LIT_LEN(L_VALUE) + \
+     LIT_LEN(L_HEADERS) + LIT_LEN(L_CRC) + 2)
+
+static uLong
+crc32_of(const char *p, Py_ssize_t n)
+{
+    return crc32_z(0L, (const Bytef *)p, (z_size_t)n);
+}
+
+/* 1 when the field may be spliced as is: no NUL (the reference's separator) and no newline */
+static int
+plain_field(PyObject *f)
+{
+    if (!PyBytes_Check(f))
+        return 0;
+    const char *b = PyBytes_AS_STRING(f);
+    size_t n = (size_t)PyBytes_GET_SIZE(f);
+    return memchr(b, '\0', n) == NULL && memchr(b, '\n', n) == NULL;
+}
+
+static PyObject *
+encode_plain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "encode_plain(first_offset, timestamp_ms, keys, values)");
+        return NULL;
+    }
+    int overflow = 0;
+    long long first = PyLong_AsLongLongAndOverflow(args[0], &overflow);
+    if (first == -1 && PyErr_Occurred())
+        return NULL;
+    if (overflow)
+        Py_RETURN_NONE;
+    long long ts = PyLong_AsLongLongAndOverflow(args[1], &overflow);
+    if (ts == -1 && PyErr_Occurred())
+        return NULL;
+    if (overflow)
+        Py_RETURN_NONE;
+    PyObject *ks = PySequence_Fast(args[2], "keys must be a sequence");
+    if (ks == NULL)
+        return NULL;
+    PyObject *vs = PySequence_Fast(args[3], "values must be a sequence");
+    if (vs == NULL) {
+        Py_DECREF(ks);
+        return NULL;
+    }
+    PyObject *data = NULL, *sizes = NULL, *result = NULL;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(ks);
+    if (n == 0) { /* the reference answers (b"", []) whatever the values */
+        data = PyBytes_FromStringAndSize(NULL, 0);
+        sizes = PyList_New(0);
+        if (data != NULL && sizes != NULL)
+            result = PyTuple_Pack(2, data, sizes);
+        goto done;
+    }
+    if (PySequence_Fast_GET_SIZE(vs) != n || first < 0 || first > LLONG_MAX - n)
+        goto decline;
+    PyObject **kv = PySequence_Fast_ITEMS(ks), **vv = PySequence_Fast_ITEMS(vs);
+    const Py_ssize_t ts_len = i64_len(ts);
+    /* an upper bound: every CRC at 10 digits */
+    Py_ssize_t bound = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!plain_field(kv[i]) || !plain_field(vv[i]))
+            goto decline;
+        Py_ssize_t kl = PyBytes_GET_SIZE(kv[i]), vl = PyBytes_GET_SIZE(vv[i]);
+        Py_ssize_t line = LINE_FIXED + u64_len((uint64_t)(first + i)) + ts_len + u64_len((uint64_t)kl) +
+                          u64_len((uint64_t)vl) + 10;
+        if (kl > PY_SSIZE_T_MAX / 4 - line || vl > PY_SSIZE_T_MAX / 4 - line - kl ||
+            bound > PY_SSIZE_T_MAX / 2 - line - kl - vl)
+            goto decline;
+        bound += line + kl + vl;
+    }
+    data = PyBytes_FromStringAndSize(NULL, bound);
+    sizes = PyList_New(n);
+    if (data == NULL || sizes == NULL)
+        goto done;
+    char *const base = PyBytes_AS_STRING(data);
+    char *d = base;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char *line = d;
+        Py_ssize_t kl = PyBytes_GET_SIZE(kv[i]), vl = PyBytes_GET_SIZE(vv[i]);
+        d = PUT_LIT(d, L_OFFSET);
+        d = put_u64(d, (uint64_t)(first + i));
+        d = PUT_LIT(d, L_TS);
+        d = put_i64(d, ts);
+        d = PUT_LIT(d, L_LENS);
+        d = put_u64(d, (uint64_t)kl);
+        *d++ = ',';
+        d = put_u64(d, (uint64_t)vl);
+        d = PUT_LIT(d, L_KEY);
+        d = put(d, PyBytes_AS_STRING(kv[i]), kl);
+        d = PUT_LIT(d, L_VALUE);
+        d = put(d, PyBytes_AS_STRING(vv[i]), vl);
+        d = PUT_LIT(d, L_HEADERS);
+        uLong crc = crc32_of(line, d - line);
+        d = PUT_LIT(d, L_CRC);
+        d = put_u64(d, (uint64_t)crc);
+        *d++ = '}';
+        *d++ = '\n';
+        PyObject *size = PyLong_FromSsize_t(d - line);
+        if (size == NULL)
+            goto done;
+        PyList_SET_ITEM(sizes, i, size);
+    }
+    assert(d - base <= bound);
+    if (_PyBytes_Resize(&data, d - base) < 0)
+        goto done; /* data is NULL now */
+    result = PyTuple_Pack(2, data, sizes);
+    goto done;
+decline:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(data);
+    Py_XDECREF(sizes);
+    Py_DECREF(ks);
+    Py_DECREF(vs);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * module
+ */
+
+static PyMethodDef methods[] = {
+    {"encode_inserts", (PyCFunction)(void (*)(void))encode_inserts, METH_FASTCALL,
+     "encode_inserts(spec, payloads, value_tail) -> (keys, values) | None: "
+     "InsertTemplate.encode_many's bytes for a run of one table's INSERTs, or None (not sure)."},
+    {"encode_plain", (PyCFunction)(void (*)(void))encode_plain, METH_FASTCALL,
+     "encode_plain(first_offset, timestamp_ms, keys, values) -> (data, sizes) | None: "
+     "codec.encode_plain's lines and sizes, or None (a NUL or newline in a field, a too-wide number)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef_Slot slots[] = {
+    {0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "capture._speedups",
+    .m_doc = "The per-change hot path of streamed INSERTs in C; the pure-Python code is the reference.",
+    .m_size = 0,
+    .m_methods = methods,
+    .m_slots = slots,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    return PyModuleDef_Init(&module);
+}
