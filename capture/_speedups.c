@@ -1,11 +1,13 @@
 /* capture._speedups: the per-change hot path of streamed INSERTs, in C.
  *
- * Two functions, each the compiled twin of a pure-Python reference that stays the fallback:
+ * Each function is the compiled twin of a pure-Python reference that stays the fallback:
  *
- *   encode_inserts(spec, payloads, value_tail)  ~ insert_template.InsertTemplate.encode_many
- *   encode_plain(first_offset, timestamp_ms, keys, values)  ~ log.codec.encode_plain
+ *   encode_inserts(spec, payloads, value_tail)  ~ insert_template.InsertTemplate.encode_many_python
+ *   split_partitions(keys, values, partitions)  ~ log.partitioner.split_partitions_python
+ *   encode_plain(first_offset, timestamp_ms, keys, values)  ~ log.codec.encode_plain_python
+ *   take_inserts(get_copy_data, run, room)  ~ the receive loop + SourceSession.handle for held INSERTs
  *
- * Both answer None whenever they are not sure to give the reference's very bytes (an odd shape,
+ * Each answers None whenever it is not sure to give the reference's very bytes (an odd shape,
  * a value rule that declines, a NUL or a newline inside a field, a number too wide for 64 bits):
  * the caller then runs the Python reference, so the output is always the reference's. Data never
  * raises here; a malformed `spec` (a programming error) raises TypeError/ValueError.
@@ -637,16 +639,17 @@ encode_plain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
         return NULL;
     if (overflow)
         Py_RETURN_NONE;
-    PyObject *ks = PySequence_Fast(args[2], "keys must be a sequence");
+    /* tuples of the items: nothing a garbage collection runs while we allocate can free them */
+    PyObject *ks = PySequence_Tuple(args[2]);
     if (ks == NULL)
         return NULL;
-    PyObject *vs = PySequence_Fast(args[3], "values must be a sequence");
+    PyObject *vs = PySequence_Tuple(args[3]);
     if (vs == NULL) {
         Py_DECREF(ks);
         return NULL;
     }
     PyObject *data = NULL, *sizes = NULL, *result = NULL;
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(ks);
+    const Py_ssize_t n = PyTuple_GET_SIZE(ks);
     if (n == 0) { /* the reference answers (b"", []) whatever the values */
         data = PyBytes_FromStringAndSize(NULL, 0);
         sizes = PyList_New(0);
@@ -654,9 +657,9 @@ encode_plain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
             result = PyTuple_Pack(2, data, sizes);
         goto done;
     }
-    if (PySequence_Fast_GET_SIZE(vs) != n || first < 0 || first > LLONG_MAX - n)
+    if (PyTuple_GET_SIZE(vs) != n || first < 0 || first > LLONG_MAX - n)
         goto decline;
-    PyObject **kv = PySequence_Fast_ITEMS(ks), **vv = PySequence_Fast_ITEMS(vs);
+    PyObject **kv = &PyTuple_GET_ITEM(ks, 0), **vv = &PyTuple_GET_ITEM(vs, 0);
     const Py_ssize_t ts_len = i64_len(ts);
     /* an upper bound: every CRC at 10 digits */
     Py_ssize_t bound = 0;
@@ -719,6 +722,191 @@ done:
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * split_partitions: each partition's keys and values, in order, by Kafka's default partitioner
+ * (murmur2 of the key, positive, mod the partition count), as `partitioner.split_partitions_python`.
+ */
+
+static uint32_t
+murmur2(const unsigned char *data, Py_ssize_t length)
+{
+    const uint32_t m = 0x5bd1e995u;
+    uint32_t h = 0x9747b28cu ^ (uint32_t)length;
+    const Py_ssize_t end4 = length & ~(Py_ssize_t)3;
+    for (Py_ssize_t i = 0; i < end4; i += 4) {
+        uint32_t k = (uint32_t)data[i] | (uint32_t)data[i + 1] << 8 | (uint32_t)data[i + 2] << 16 |
+                     (uint32_t)data[i + 3] << 24;
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    switch (length & 3) {
+    case 3:
+        h ^= (uint32_t)data[end4 + 2] << 16;
+        /* fall through */
+    case 2:
+        h ^= (uint32_t)data[end4 + 1] << 8;
+        /* fall through */
+    case 1:
+        h ^= (uint32_t)data[end4];
+        h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    return h;
+}
+
+static PyObject *
+split_partitions(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "split_partitions(keys, values, partitions)");
+        return NULL;
+    }
+    if (!PyList_Check(args[0]) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "split_partitions: keys and values are lists");
+        return NULL;
+    }
+    int overflow = 0;
+    long count = PyLong_AsLongAndOverflow(args[2], &overflow);
+    if (count == -1 && PyErr_Occurred())
+        return NULL;
+    const Py_ssize_t n = PyList_GET_SIZE(args[0]);
+    if (overflow || count < 1 || count > 1 << 20 || PyList_GET_SIZE(args[1]) != n)
+        Py_RETURN_NONE; /* the reference raises (or answers) for these */
+    /* tuples of the items: nothing a garbage collection runs while we allocate can free them */
+    PyObject *kt = PyList_AsTuple(args[0]), *vt = kt == NULL ? NULL : PyList_AsTuple(args[1]);
+    PyObject *result = NULL;
+    Py_ssize_t *sizes = NULL;
+    uint32_t *part = NULL;
+    if (vt == NULL || PyTuple_GET_SIZE(vt) != n || PyTuple_GET_SIZE(kt) != n) {
+        if (vt != NULL)
+            result = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject **ks = &PyTuple_GET_ITEM(kt, 0), **vs = &PyTuple_GET_ITEM(vt, 0);
+    sizes = PyMem_Calloc((size_t)count, sizeof(Py_ssize_t));
+    part = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof(uint32_t));
+    if (sizes == NULL || part == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyBytes_Check(ks[i])) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        uint32_t h = murmur2((const unsigned char *)PyBytes_AS_STRING(ks[i]), PyBytes_GET_SIZE(ks[i]));
+        part[i] = (h & 0x7fffffffu) % (uint32_t)count;
+        sizes[part[i]]++;
+    }
+    result = PyList_New(count);
+    if (result == NULL)
+        goto done;
+    for (long p = 0; p < count; p++) {
+        PyObject *pk = PyList_New(sizes[p]), *pv = pk == NULL ? NULL : PyList_New(sizes[p]);
+        PyObject *pair = pv == NULL ? NULL : PyTuple_Pack(2, pk, pv);
+        Py_XDECREF(pk);
+        Py_XDECREF(pv);
+        if (pair == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, p, pair);
+        sizes[p] = 0; /* from here on: how many placed */
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *pair = PyList_GET_ITEM(result, part[i]);
+        Py_ssize_t at = sizes[part[i]]++;
+        PyList_SET_ITEM(PyTuple_GET_ITEM(pair, 0), at, Py_NewRef(ks[i]));
+        PyList_SET_ITEM(PyTuple_GET_ITEM(pair, 1), at, Py_NewRef(vs[i]));
+    }
+done:
+    PyMem_Free(sizes);
+    PyMem_Free(part);
+    Py_XDECREF(kt);
+    Py_XDECREF(vt);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * take_inserts: the receive loop for a held run of INSERTs, without a Python object per message
+ *
+ * take_inserts(get_copy_data, run, room) calls `get_copy_data(1)` (psycopg's non-blocking
+ * PQgetCopyData) and appends each XLogData payload that is an INSERT (`payload[11:12] == b"I"`, as
+ * SourceSession.handle checks) to `run`, at most `room` of them. Returns None when it took `room`
+ * or nothing is buffered (the caller compares len(run)); anything else it received, it returns
+ * untouched as get_copy_data's (n, data) for the caller's usual path.
+ */
+
+#define XLOG_HEADER 25 /* 'w', dataStart, walEnd, sendTime */
+
+static PyObject *
+take_inserts(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "take_inserts(get_copy_data, run: list, room)");
+        return NULL;
+    }
+    PyObject *get = args[0], *run = args[1];
+    Py_ssize_t room = PyLong_AsSsize_t(args[2]);
+    if (room == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *one = PyLong_FromLong(1);
+    if (one == NULL)
+        return NULL;
+    PyObject *result = NULL;
+    for (Py_ssize_t taken = 0; taken < room;) {
+        PyObject *got = PyObject_CallOneArg(get, one);
+        if (got == NULL)
+            goto done;
+        if (!PyTuple_Check(got) || PyTuple_GET_SIZE(got) != 2) {
+            PyErr_SetString(PyExc_TypeError, "get_copy_data must answer (n, data)");
+            Py_DECREF(got);
+            goto done;
+        }
+        if (!PyLong_Check(PyTuple_GET_ITEM(got, 0))) {
+            result = got;
+            goto done;
+        }
+        int overflow = 0;
+        long n = PyLong_AsLongAndOverflow(PyTuple_GET_ITEM(got, 0), &overflow);
+        if (n == 0 && !overflow) { /* nothing buffered */
+            Py_DECREF(got);
+            break;
+        }
+        Py_buffer view;
+        if (n < 0 || overflow || PyObject_GetBuffer(PyTuple_GET_ITEM(got, 1), &view, PyBUF_SIMPLE) < 0) {
+            PyErr_Clear(); /* not a buffer: the caller's path says what it is */
+            result = got;
+            goto done;
+        }
+        const char *b = view.buf;
+        if (view.len < XLOG_HEADER + 12 || b[0] != 'w' || b[XLOG_HEADER + 11] != 'I') {
+            PyBuffer_Release(&view);
+            result = got;
+            goto done;
+        }
+        PyObject *payload = PyBytes_FromStringAndSize(b + XLOG_HEADER, view.len - XLOG_HEADER);
+        PyBuffer_Release(&view);
+        Py_DECREF(got); /* frees libpq's buffer */
+        if (payload == NULL)
+            goto done;
+        int rc = PyList_Append(run, payload);
+        Py_DECREF(payload);
+        if (rc < 0)
+            goto done;
+        taken++;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    Py_DECREF(one);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * module
  */
 
@@ -729,6 +917,12 @@ static PyMethodDef methods[] = {
     {"encode_plain", (PyCFunction)(void (*)(void))encode_plain, METH_FASTCALL,
      "encode_plain(first_offset, timestamp_ms, keys, values) -> (data, sizes) | None: "
      "codec.encode_plain's lines and sizes, or None (a NUL or newline in a field, a too-wide number)."},
+    {"split_partitions", (PyCFunction)(void (*)(void))split_partitions, METH_FASTCALL,
+     "split_partitions(keys, values, partitions) -> [(keys, values), ...] | None: each partition's "
+     "records in order, by Kafka's murmur2 partitioner; None when a key is not bytes."},
+    {"take_inserts", (PyCFunction)(void (*)(void))take_inserts, METH_FASTCALL,
+     "take_inserts(get_copy_data, run, room) -> None | (n, data): held INSERT documents straight "
+     "from libpq onto `run`; returns the first other message untouched, None when full or idle."},
     {NULL, NULL, 0, NULL},
 };
 

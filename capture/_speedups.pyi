@@ -1,6 +1,7 @@
 """capture/_speedups.c: compiled twins of the streamed-INSERT hot path; None = take the reference."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 def encode_inserts(
     spec: tuple[object, ...], payloads: list[bytes], value_tail: bytes
@@ -11,3 +12,14 @@ def encode_plain(
     first_offset: int, timestamp_ms: int, keys: Sequence[bytes], values: Sequence[bytes]
 ) -> tuple[bytes, list[int]] | None:
     """`codec.encode_plain_python`'s (lines, sizes), or None."""
+
+def split_partitions(
+    keys: list[bytes], values: list[bytes], partitions: int
+) -> list[tuple[list[bytes], list[bytes]]] | None:
+    """`partitioner.split_partitions_python`'s per-partition (keys, values), or None."""
+
+def take_inserts(
+    get_copy_data: Callable[[int], tuple[int, Any]], run: list[bytes], room: int
+) -> tuple[int, Any] | None:
+    """Held INSERT payloads from libpq onto `run` (at most `room`); the first other message's
+    (n, data) untouched, or None (took `room`, or nothing is buffered)."""

@@ -261,7 +261,7 @@ class CaptureDaemon:
                 continue
             before = session.seen
             handle = session.handle
-            for message in session.conn.read(timeout=0):
+            for message in session.conn.read(timeout=0, held=session.held_run):
                 if handle(message):
                     self._mark = self.log.mark()
                     self.committer.record_appended(max(session.last_tx_changes, 1), int(self.clock() * 1000))

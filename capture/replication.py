@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import select
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from capture import compiled
 from capture.errors import SlotInUse, SlotMissing, SourceUnreachable, TransientSourceError
 from capture.lsn import Lsn
 
@@ -108,13 +109,34 @@ class ReplicationConnection:
     def fileno(self) -> int:
         return int(self._conn.pgconn.socket)
 
-    def read(self, timeout: float) -> Iterator[XLogData | Keepalive]:
-        """Yield every message already buffered; wait up to `timeout` seconds for the first."""
+    def read(
+        self, timeout: float, held: Callable[[], tuple[list[bytes], int] | None] | None = None
+    ) -> Iterator[XLogData | Keepalive]:
+        """Yield every message already buffered; wait up to `timeout` seconds for the first.
+
+        `held`: while it answers (run, room), INSERT documents are not yielded but put on `run`,
+        at most `room` at a time, by compiled code (no Python object per change; the session
+        holds them back anyway: SourceSession.held_run)."""
         pgconn = self._conn.pgconn
+        get = pgconn.get_copy_data
+        take = compiled.take_inserts if held is not None else None
         waited = yielded = False
         while True:
+            target = held() if take is not None and held is not None else None
             try:
-                n, data = pgconn.get_copy_data(1)
+                if take is not None and target is not None:
+                    run, room = target
+                    before = len(run)
+                    got = take(get, run, room)
+                    yielded = yielded or len(run) > before
+                    if got is not None:
+                        n, data = got
+                    elif len(run) - before >= room:
+                        continue  # full: `held` hands it on and makes room
+                    else:
+                        n, data = 0, b""
+                else:
+                    n, data = get(1)
             except psycopg.OperationalError as exc:
                 raise TransientSourceError(f"source {self.label!r}: replication stream broke: {exc}") from None
             if n == 0:

@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import compress, groupby
+from itertools import groupby
 from typing import Any, Literal
 
 import psycopg
@@ -26,7 +26,7 @@ from capture.errors import SlotLost, SlotMissing, SourceMisconfigured
 from capture.insert_template import SPLIT, InsertTemplate, table_tag, table_tags
 from capture.log import Log, TopicConfig, partition_for
 from capture.log.codec import encode_plain
-from capture.log.partitioner import partitions_for
+from capture.log.partitioner import split_partitions
 from capture.lsn import Lsn
 from capture.replication import Keepalive, ReplicationConnection, XLogData, connect_options, translate_connect_error
 from capture.routing import TableFilter
@@ -345,6 +345,16 @@ class SourceSession:
             self._drain_run()
         return self._apply(payload)
 
+    def held_run(self) -> tuple[list[bytes], int] | None:
+        """Where the connection may put INSERT documents straight away (`ReplicationConnection.read`
+        in compiled code) and how many, as `handle` would hold them: the run (encoded first when
+        full) and its room; None while INSERTs are not held back."""
+        if not self._hold_inserts:
+            return None
+        if len(self._run) >= _RUN_CHANGES:
+            self._drain_run()
+        return self._run, _RUN_CHANGES - len(self._run)
+
     def _apply(self, payload: bytes) -> bool:
         """One wal2json document through the generic path (parse, envelopes, stage)."""
         parsed = wal2json.parse_message(payload)
@@ -454,18 +464,13 @@ class SourceSession:
     def _stage_run(self, topic: str, keys: list[bytes], values: list[bytes], timestamp_ms: int) -> None:
         """A run of one topic's records (no headers, one timestamp) straight into the log's
         partitions as encoded lines (`codec.encode_plain`), each after what is staged for the same
-        partition (so every partition keeps the stream's order); selection by C-level `compress`."""
+        partition (so every partition keeps the stream's order)."""
         count = self._partitions.get(topic) or self._ensure_topic(topic)
         pending = self._pending
-        partitions = partitions_for(keys, count) if count > 1 else None
-        for partition in range(count):
-            if partitions is None:
-                ks, vs = keys, values
-            else:
-                ks = list(compress(keys, map(partition.__eq__, partitions)))
-                if not ks:
-                    continue
-                vs = list(compress(values, map(partition.__eq__, partitions)))
+        runs = split_partitions(keys, values, count) if count > 1 else [(keys, values)]
+        for partition, (ks, vs) in enumerate(runs):
+            if not ks:
+                continue
             staged = pending.pop((topic, partition), None)
             if staged:
                 self.log.append(topic, partition, staged)

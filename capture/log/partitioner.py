@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
-from itertools import repeat
+from itertools import compress, repeat
 from operator import and_, mod
 from typing import Any
 
 import orjson
+
+from capture import compiled
 
 _compiled_murmur2: Callable[[bytes, int], int] | None
 try:
@@ -22,7 +24,15 @@ try:
 except ImportError:  # no wheel for this platform: the pure-Python hash gives the same answers
     _compiled_murmur2 = None
 
-__all__ = ["canonical_json", "murmur2", "murmur2_python", "partition_for", "partitions_for"]
+__all__ = [
+    "canonical_json",
+    "murmur2",
+    "murmur2_python",
+    "partition_for",
+    "partitions_for",
+    "split_partitions",
+    "split_partitions_python",
+]
 
 _M = 0x5BD1E995
 _SEED = 0x9747B28C
@@ -81,6 +91,31 @@ def partitions_for(keys: Sequence[bytes], partitions: int) -> list[int]:
         return [partition_for(k, partitions) for k in keys]
     hashes = map(_compiled_murmur2, keys, repeat(_SEED))
     return list(map(mod, map(and_, hashes, repeat(0x7FFFFFFF)), repeat(partitions)))
+
+
+def split_partitions(keys: list[bytes], values: list[bytes], partitions: int) -> list[tuple[list[bytes], list[bytes]]]:
+    """Each partition's keys and values, in their order (`partition_for` of each key): in C
+    (capture/_speedups.c) unless it declines, then `split_partitions_python`, the reference."""
+    c = compiled.split_partitions
+    if c is not None:
+        got = c(keys, values, partitions)
+        if got is not None:
+            return got
+    return split_partitions_python(keys, values, partitions)
+
+
+def split_partitions_python(
+    keys: list[bytes], values: list[bytes], partitions: int
+) -> list[tuple[list[bytes], list[bytes]]]:
+    """`split_partitions` in Python: C-level `compress` per partition."""
+    if len(keys) != len(values):
+        raise ValueError("as many keys as values")
+    where = partitions_for(keys, partitions)
+    out = []
+    for partition in range(partitions):
+        mine = list(map(partition.__eq__, where))
+        out.append((list(compress(keys, mine)), list(compress(values, mine))))
+    return out
 
 
 def canonical_json(obj: Any) -> bytes:

@@ -4,6 +4,7 @@ every record, whatever the values and whatever else the transactions hold."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -170,3 +171,74 @@ def test_any_values_are_byte_identical(
         docs = _documents(fresh_db, "hyp")
     records, _ = _compare(fresh_db, docs, tmp_path_factory.mktemp("hyp"))
     assert records >= len(unique)
+
+
+def _stream(dsn: str, slot: str, root: Path, *, held: bool, transactions: int) -> list[tuple[Any, ...]]:
+    """Stream the slot through a real replication connection as the daemon does, the held INSERTs
+    taken by the compiled receive loop (`held`) or each message through `handle`; every record."""
+    with Log.open(root, writer=True, default_partitions=3) as log:
+        spec = SourceSpec(
+            name="shop", dsn=dsn, slot=slot, include=("public.*",), exclude=(), snapshot="never", partitions=3
+        )
+        session = SourceSession(spec, log, clock=lambda: _NOW)
+        session.open()
+        assert session.conn is not None
+        try:
+            deadline = time.monotonic() + 120
+            while session.status.transactions < transactions:
+                assert time.monotonic() < deadline, "the stream did not deliver every transaction"
+                for message in session.conn.read(timeout=0.2, held=session.held_run if held else None):
+                    if session.handle(message):
+                        log.commit(positions={"shop": str(session.boundary)}, upto=log.mark())
+                        session.committed()
+        finally:
+            session.close()
+        assert not session.in_transaction and session.templated > 0
+        return [
+            (r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers)
+            for topic in sorted(log.topics())
+            for p in range(log.topics()[topic].partitions)
+            for r in log.read(topic, p)
+        ]
+
+
+def test_the_compiled_receive_loop_holds_the_same_runs(fresh_db: str, tmp_path: Path) -> None:
+    """`take_inserts` (INSERT documents straight from libpq onto the held run, full runs encoded
+    at once) against every message through `handle`: the same records, on a real stream."""
+    assert compiled.take_inserts is not None
+    rows = [
+        (i, "k", i, f"v{i}", "2024-01-02 03:04:05.5+00", None, f"{i}.5", True, None, None, None, None, 1)
+        for i in range(1, 1001)
+    ]
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE t ({_COLUMNS}, {_KEY})")
+        conn.execute("CREATE TABLE other (id int PRIMARY KEY, f float8)")
+        for slot in ("held", "handled"):
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'wal2json')", (slot,))
+    with psycopg.connect(fresh_db) as conn, conn.cursor() as cur:
+        cur.executemany(_INSERT.format(t="t"), rows[:450])  # runs of 200, 200 and 50
+        conn.commit()
+        for chunk in (rows[450:451], rows[451:700], rows[700:1000]):  # runs cut by other messages
+            cur.executemany(_INSERT.format(t="t"), chunk[: len(chunk) // 2])
+            cur.execute("INSERT INTO other VALUES (%s, 0.5)", (len(chunk),))
+            cur.execute("SELECT pg_logical_emit_message(true, 'p', 'm')")
+            cur.executemany(_INSERT.format(t="t"), chunk[len(chunk) // 2 :])
+            cur.execute("UPDATE t SET b = 'changed' WHERE id = %s", (chunk[0][0],))
+            conn.commit()
+        cur.executemany(_INSERT.format(t="t"), [(5000 + i, *rows[0][1:]) for i in range(200)])  # exactly one run
+        conn.commit()
+    real = compiled.take_inserts
+    taken: list[int] = []
+
+    def counting(get: Any, run: list[bytes], room: int) -> Any:
+        before = len(run)
+        got = real(get, run, room)
+        taken.append(len(run) - before)
+        return got
+
+    with mock.patch.object(compiled, "take_inserts", counting):
+        held = _stream(fresh_db, "held", tmp_path / "held", held=True, transactions=5)
+    handled = _stream(fresh_db, "handled", tmp_path / "handled", held=False, transactions=5)
+    assert sum(taken) >= 1000  # the compiled loop took (almost) every INSERT
+    assert len(held) > 1200
+    assert held == handled

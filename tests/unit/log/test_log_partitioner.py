@@ -11,8 +11,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from capture import compiled
 from capture.log import partitioner
-from capture.log.partitioner import canonical_json, murmur2, murmur2_python, partition_for
+from capture.log.partitioner import (
+    canonical_json,
+    murmur2,
+    murmur2_python,
+    partition_for,
+    split_partitions,
+    split_partitions_python,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -98,3 +106,37 @@ def test_same_answer_in_another_process_with_another_hash_seed() -> None:
 @given(keys=st.lists(st.binary(max_size=40), max_size=50), partitions=st.integers(1, 64))
 def test_partitions_for_equals_partition_for_of_each_key(keys: list[bytes], partitions: int) -> None:
     assert partitioner.partitions_for(keys, partitions) == [partition_for(k, partitions) for k in keys]
+
+
+@given(
+    keys=st.lists(st.binary(max_size=40), max_size=60),
+    partitions=st.one_of(st.integers(1, 12), st.sampled_from([0, -1, 1000])),
+)
+def test_compiled_split_is_the_reference(keys: list[bytes], partitions: int) -> None:
+    """capture/_speedups.c `split_partitions` (Kafka's murmur2 in C) against the reference: the
+    same per-partition keys and values in the same order, or None where the reference raises."""
+    c = compiled.split_partitions
+    assert c is not None  # built by `pip install -e .`: the tests run the compiled path
+    values = [b"v%d" % i for i in range(len(keys))]
+    got = c(keys, values, partitions)
+    try:
+        want = split_partitions_python(keys, values, partitions)
+    except ValueError:
+        assert got is None
+        return
+    assert got == want
+    assert all(partition_for(k, partitions) == p for p, (ks, _) in enumerate(want) for k in ks)
+    assert split_partitions(keys, values, partitions) == want
+
+
+def test_compiled_split_odd_arguments() -> None:
+    c = compiled.split_partitions
+    assert c is not None
+    assert c([b"a"], [], 2) is None
+    assert c(["a"], [b"x"], 2) is None  # type: ignore[list-item]
+    assert c([], [], 3) == [([], []), ([], []), ([], [])]
+    assert c([b"a"], [b"x"], 2**21) is None and c([b"a"], [b"x"], 2**70) is None  # the reference's
+    with pytest.raises(TypeError):
+        c((b"a",), [b"x"], 2)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        c([b"a"], [b"x"], "2")  # type: ignore[arg-type]
