@@ -8,6 +8,10 @@ documents PostgreSQL writes it must not decline, or the compiled path would be p
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import orjson
 import pytest
 from hypothesis import example, given, settings
@@ -223,3 +227,30 @@ def test_an_empty_run_and_wrong_arguments() -> None:
     bad_key = (*template._spec[:3], (5,), *template._spec[4:])
     with pytest.raises(ValueError):
         c_encode(bad_key, [b"x"], b"")
+
+
+_WITHOUT = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "capture._speedups":
+            raise ImportError("not built")
+sys.meta_path.insert(0, Block())
+from capture import compiled
+from capture.log.codec import encode_plain
+assert compiled.encode_inserts is None and compiled.take_inserts is None
+print(encode_plain(0, 1, [b"1"], [b"2"])[1])
+"""
+
+
+@pytest.mark.parametrize("env", [{}, {"TRIBUTARY_PURE_PYTHON": "1"}])
+def test_without_the_extension_the_reference_runs_alone(env: dict[str, str]) -> None:
+    """Not built: one warning, and the pure-Python path does the work; turned off on purpose
+    (TRIBUTARY_PURE_PYTHON=1, for A/B runs): no warning."""
+    code = _WITHOUT if not env else _WITHOUT.replace('raise ImportError("not built")', "pass")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ, **env}
+    )
+    assert out.stdout.strip() == "[92]"  # one line: the reference encoded it
+    warned = "compiled hot path (capture._speedups) is not available" in out.stderr
+    assert warned == (not env), out.stderr
