@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import select
 import struct
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,8 @@ _XLOG_HEADER = struct.Struct("!QQQ")
 _KEEPALIVE = struct.Struct("!QQB")
 _STATUS = struct.Struct("!cQQQQB")
 _PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in µs since the Unix epoch
+_HELD_WAIT_S = 0.002  # how long a held run waits for the rest of its transaction in `read` before
+# the daemon's loop runs again (commits of earlier transactions, status)
 
 
 @dataclass(slots=True)  # not frozen: one per replication message, a frozen __init__ costs ≈1 µs
@@ -121,6 +124,7 @@ class ReplicationConnection:
         get = pgconn.get_copy_data
         take = compiled.take_inserts if held is not None else None
         waited = yielded = False
+        until = time.monotonic() + _HELD_WAIT_S
         while True:
             target = held() if take is not None and held is not None else None
             try:
@@ -133,6 +137,11 @@ class ReplicationConnection:
                         n, data = got
                     elif len(run) - before >= room:
                         continue  # full: `held` hands it on and makes room
+                    elif time.monotonic() < until and select.select([pgconn.socket], [], [], _HELD_WAIT_S)[0]:
+                        # Mid-transaction the server sends the rest at its own pace: wait for it
+                        # here (one select and one recv) rather than through the daemon's loop.
+                        pgconn.consume_input()
+                        continue
                     else:
                         n, data = 0, b""
                 else:
