@@ -1,10 +1,11 @@
-/* capture._speedups: the per-change hot path of streamed INSERTs, in C.
+/* capture._speedups: the per-change hot path of streamed INSERTs and the columnar snapshot, in C.
  *
  * Each function is the compiled twin of a pure-Python reference that stays the fallback:
  *
  *   encode_inserts(spec, payloads, value_tail)  ~ insert_template.InsertTemplate.encode_many_python
  *   split_partitions(keys, values, partitions)  ~ log.partitioner.split_partitions_python
  *   encode_plain(first_offset, timestamp_ms, keys, values)  ~ log.codec.encode_plain_python
+ *   encode_columns(first_offset, timestamp_ms, n, pieces)  ~ log.codec_arrow.encode_columns_python
  *   take_inserts(get_copy_data, run, room)  ~ the receive loop + SourceSession.handle for held INSERTs
  *
  * Each answers None whenever it is not sure to give the reference's very bytes (an odd shape,
@@ -722,6 +723,249 @@ done:
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * encode_columns: codec_arrow.encode_columns_python's segment lines, from Arrow binary columns
+ *
+ *   encode_columns(first_offset, timestamp_ms, n, pieces) -> (data, sizes) | None
+ *
+ * n records; pieces[0] is the key, the concatenation of pieces[1:] the value. A piece is bytes
+ * (the same for every record) or a column (offsets, data, start, rows): an Arrow binary array's
+ * int32 offsets buffer and data buffer, the array's offset, and None or an int64 buffer of n row
+ * numbers (record i is the array's row rows[i], as `take` would pick it; else row i). Row r's
+ * bytes are data[offsets[start + r]:offsets[start + r + 1]]. Lines as encode_plain's:
+ *   {"offset":O,"timestamp":T,"lens":[K,V,4],"key":…,"value":…,"headers":null,"crc":C}\n
+ * None (the reference runs) when a buffer is short, an offset runs backwards or outside its data,
+ * a row number is out of range, a number is too wide, or the data would pass 2 GiB (the
+ * reference's int32 offsets).
+ */
+
+typedef struct {
+    const char *bytes;        /* a constant piece: its bytes; NULL for a column */
+    Py_ssize_t len;           /* the constant's length */
+    const char *data;         /* a column: its data buffer */
+    Py_ssize_t data_len;
+    const unsigned char *offs; /* int32 offsets from the array's offset (unaligned reads) */
+    Py_ssize_t rows_avail;    /* rows the offsets buffer describes from `start` */
+    const unsigned char *rows; /* int64 row numbers, or NULL */
+} ColPiece;
+
+/* Record i's bytes of piece c; 0 when the buffers do not hold them (the call declines). */
+static int
+col_span(const ColPiece *c, Py_ssize_t i, const char **p, Py_ssize_t *len)
+{
+    if (c->bytes != NULL) {
+        *p = c->bytes;
+        *len = c->len;
+        return 1;
+    }
+    int64_t r = i;
+    if (c->rows != NULL)
+        memcpy(&r, c->rows + (size_t)i * 8, 8);
+    if (r < 0 || r >= c->rows_avail)
+        return 0;
+    int32_t a, b;
+    memcpy(&a, c->offs + (size_t)r * 4, 4);
+    memcpy(&b, c->offs + (size_t)r * 4 + 4, 4);
+    if (a < 0 || b < a || b > c->data_len)
+        return 0;
+    *p = c->data + a;
+    *len = (Py_ssize_t)b - a;
+    return 1;
+}
+
+/* Fill `c` from one piece; 1 done, 0 decline, -1 error. `views` gets up to 3 buffers (their
+ * count in *nviews) which the caller releases. */
+static int
+col_piece(PyObject *obj, Py_ssize_t n, ColPiece *c, Py_buffer *views, int *nviews)
+{
+    memset(c, 0, sizeof(*c));
+    if (PyBytes_Check(obj)) {
+        c->bytes = PyBytes_AS_STRING(obj);
+        c->len = PyBytes_GET_SIZE(obj);
+        return 1;
+    }
+    if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 4)
+        return 0;
+    PyObject *rows = PyTuple_GET_ITEM(obj, 3);
+    Py_ssize_t start = PyLong_AsSsize_t(PyTuple_GET_ITEM(obj, 2));
+    if (start == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError) && !PyErr_ExceptionMatches(PyExc_TypeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    if (start < 0)
+        return 0;
+    for (int k = 0; k < (rows == Py_None ? 2 : 3); k++) {
+        int flags = k == 2 ? PyBUF_FORMAT | PyBUF_C_CONTIGUOUS : PyBUF_SIMPLE;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(obj, k == 2 ? 3 : k), &views[k], flags) < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(PyExc_BufferError))
+                return -1;
+            PyErr_Clear();
+            return 0;
+        }
+        (*nviews)++;
+    }
+    Py_ssize_t words = views[0].len / 4; /* offsets in the buffer */
+    if (start > words - 1)
+        return 0;
+    c->offs = (const unsigned char *)views[0].buf + (size_t)start * 4;
+    c->rows_avail = words - 1 - start;
+    c->data = (const char *)views[1].buf;
+    c->data_len = views[1].len;
+    if (rows != Py_None) {
+        const char *f = views[2].format;
+        if (f != NULL && (*f == '<' || *f == '=' || *f == '@'))
+            f++;
+        if (views[2].itemsize != 8 || f == NULL || (strcmp(f, "q") != 0 && strcmp(f, "l") != 0) ||
+            views[2].len != n * 8)
+            return 0; /* not int64 row numbers */
+        c->rows = (const unsigned char *)views[2].buf;
+    }
+    else if (c->rows_avail < n)
+        return 0;
+    return 1;
+}
+
+#define MAX_ARROW_DATA ((Py_ssize_t)INT32_MAX)
+
+static PyObject *
+encode_columns(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "encode_columns(first_offset, timestamp_ms, n, pieces)");
+        return NULL;
+    }
+    int overflow = 0;
+    long long first = PyLong_AsLongLongAndOverflow(args[0], &overflow);
+    if (first == -1 && PyErr_Occurred())
+        return NULL;
+    if (overflow)
+        Py_RETURN_NONE;
+    long long ts = PyLong_AsLongLongAndOverflow(args[1], &overflow);
+    if (ts == -1 && PyErr_Occurred())
+        return NULL;
+    if (overflow)
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0 || n > MAX_ARROW_DATA || (n > 0 && (first < 0 || first > LLONG_MAX - n)))
+        Py_RETURN_NONE;
+    /* a tuple of the pieces: it holds them (and so their buffers' owners) for the call */
+    PyObject *ps = PySequence_Tuple(args[3]);
+    if (ps == NULL)
+        return NULL;
+    const Py_ssize_t np_ = PyTuple_GET_SIZE(ps);
+    PyObject *data = NULL, *sizes = NULL, *result = NULL;
+    ColPiece *cols = NULL;
+    Py_buffer *views = NULL;
+    int nviews = 0;
+    if (n == 0) { /* the reference answers (b"", []) */
+        data = PyBytes_FromStringAndSize(NULL, 0);
+        sizes = PyList_New(0);
+        if (data != NULL && sizes != NULL)
+            result = PyTuple_Pack(2, data, sizes);
+        goto done;
+    }
+    if (np_ < 1 || np_ > 100000)
+        goto decline;
+    cols = PyMem_Calloc((size_t)np_, sizeof(ColPiece));
+    views = PyMem_Calloc((size_t)np_ * 3, sizeof(Py_buffer));
+    if (cols == NULL || views == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < np_; j++) {
+        int got = 0;
+        int ok = col_piece(PyTuple_GET_ITEM(ps, j), n, &cols[j], views + nviews, &got);
+        nviews += got;
+        if (ok < 0)
+            goto done;
+        if (ok == 0)
+            goto decline;
+    }
+    /* pass 1: check every span, and bound the size (every CRC at 10 digits) */
+    const Py_ssize_t ts_len = i64_len(ts);
+    Py_ssize_t bound = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *p;
+        Py_ssize_t kl, vl = 0, len;
+        if (!col_span(&cols[0], i, &p, &kl))
+            goto decline;
+        if (kl > MAX_ARROW_DATA)
+            goto decline;
+        for (Py_ssize_t j = 1; j < np_; j++) {
+            if (!col_span(&cols[j], i, &p, &len) || len > MAX_ARROW_DATA - vl)
+                goto decline;
+            vl += len;
+        }
+        Py_ssize_t body = LINE_FIXED - LIT_LEN(L_CRC) - 2 + u64_len((uint64_t)(first + i)) + ts_len +
+                          u64_len((uint64_t)kl) + u64_len((uint64_t)vl) + kl + vl;
+        bound += body + LIT_LEN(L_CRC) + 10 + 2;
+        if (bound > MAX_ARROW_DATA)
+            goto decline; /* the reference's joins might pass their int32 offsets */
+    }
+    data = PyBytes_FromStringAndSize(NULL, bound);
+    sizes = PyList_New(n);
+    if (data == NULL || sizes == NULL)
+        goto done;
+    char *const base = PyBytes_AS_STRING(data);
+    char *d = base;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char *line = d;
+        const char *p;
+        Py_ssize_t kl, vl = 0, len;
+        (void)col_span(&cols[0], i, &p, &kl); /* checked in pass 1 */
+        for (Py_ssize_t j = 1; j < np_; j++) {
+            (void)col_span(&cols[j], i, &p, &len);
+            vl += len;
+        }
+        d = PUT_LIT(d, L_OFFSET);
+        d = put_u64(d, (uint64_t)(first + i));
+        d = PUT_LIT(d, L_TS);
+        d = put_i64(d, ts);
+        d = PUT_LIT(d, L_LENS);
+        d = put_u64(d, (uint64_t)kl);
+        *d++ = ',';
+        d = put_u64(d, (uint64_t)vl);
+        d = PUT_LIT(d, L_KEY);
+        (void)col_span(&cols[0], i, &p, &kl);
+        d = put(d, p, kl);
+        d = PUT_LIT(d, L_VALUE);
+        for (Py_ssize_t j = 1; j < np_; j++) {
+            (void)col_span(&cols[j], i, &p, &len);
+            d = put(d, p, len);
+        }
+        d = PUT_LIT(d, L_HEADERS);
+        uLong crc = crc32_of(line, d - line);
+        d = PUT_LIT(d, L_CRC);
+        d = put_u64(d, (uint64_t)crc);
+        *d++ = '}';
+        *d++ = '\n';
+        PyObject *size = PyLong_FromSsize_t(d - line);
+        if (size == NULL)
+            goto done;
+        PyList_SET_ITEM(sizes, i, size);
+    }
+    assert(d - base <= bound);
+    if (_PyBytes_Resize(&data, d - base) < 0)
+        goto done; /* data is NULL now */
+    result = PyTuple_Pack(2, data, sizes);
+    goto done;
+decline:
+    result = Py_NewRef(Py_None);
+done:
+    for (int k = 0; k < nviews; k++)
+        PyBuffer_Release(&views[k]);
+    PyMem_Free(views);
+    PyMem_Free(cols);
+    Py_XDECREF(data);
+    Py_XDECREF(sizes);
+    Py_DECREF(ps);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * split_partitions: each partition's keys and values, in order, by Kafka's default partitioner
  * (murmur2 of the key, positive, mod the partition count), as `partitioner.split_partitions_python`.
  */
@@ -917,6 +1161,9 @@ static PyMethodDef methods[] = {
     {"encode_plain", (PyCFunction)(void (*)(void))encode_plain, METH_FASTCALL,
      "encode_plain(first_offset, timestamp_ms, keys, values) -> (data, sizes) | None: "
      "codec.encode_plain's lines and sizes, or None (a NUL or newline in a field, a too-wide number)."},
+    {"encode_columns", (PyCFunction)(void (*)(void))encode_columns, METH_FASTCALL,
+     "encode_columns(first_offset, timestamp_ms, n, pieces) -> (data, sizes) | None: "
+     "codec_arrow.encode_columns_python's lines and sizes from Arrow binary columns, or None (not sure)."},
     {"split_partitions", (PyCFunction)(void (*)(void))split_partitions, METH_FASTCALL,
      "split_partitions(keys, values, partitions) -> [(keys, values), ...] | None: each partition's "
      "records in order, by Kafka's murmur2 partitioner; None when a key is not bytes."},

@@ -1,4 +1,4 @@
-"""capture/_speedups.c: compiled twins of the streamed-INSERT hot path; None = take the reference."""
+"""capture/_speedups.c: compiled twins of the streamed-INSERT and snapshot hot paths; None = take the reference."""
 
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -12,6 +12,13 @@ def encode_plain(
     first_offset: int, timestamp_ms: int, keys: Sequence[bytes], values: Sequence[bytes]
 ) -> tuple[bytes, list[int]] | None:
     """`codec.encode_plain_python`'s (lines, sizes), or None."""
+
+def encode_columns(
+    first_offset: int, timestamp_ms: int, n: int, pieces: Sequence[bytes | tuple[Any, Any, int, Any]]
+) -> tuple[bytes, list[int]] | None:
+    """`codec_arrow.encode_columns_python`'s (lines, sizes) for n records, or None: pieces[0] is
+    the key, the rest the value; each is bytes (every record's) or an Arrow binary array's
+    (offsets buffer, data buffer, array offset, None or n int64 row numbers to take)."""
 
 def split_partitions(
     keys: list[bytes], values: list[bytes], partitions: int
