@@ -7,6 +7,7 @@
  *   encode_plain(first_offset, timestamp_ms, keys, values)  ~ log.codec.encode_plain_python
  *   encode_columns(first_offset, timestamp_ms, n, pieces)  ~ log.codec_arrow.encode_columns_python
  *   take_inserts(get_copy_data, run, room)  ~ the receive loop + SourceSession.handle for held INSERTs
+ *   take_copy(get_copy_data, buf, limit)  ~ snapshot.take_copy_python (the columnar snapshot's COPY)
  *
  * Each answers None whenever it is not sure to give the reference's very bytes (an odd shape,
  * a value rule that declines, a NUL or a newline inside a field, a number too wide for 64 bits):
@@ -1151,6 +1152,68 @@ done:
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * take_copy: the columnar snapshot's COPY OUT loop, rows from libpq straight into one buffer
+ *
+ * take_copy(get_copy_data, buf, limit) ~ snapshot.take_copy_python: calls `get_copy_data(1)`
+ * (psycopg's non-blocking PQgetCopyData) and appends each row's bytes to the bytearray `buf`
+ * while it is shorter than `limit`. Returns 1 when `buf` reached `limit`, else get_copy_data's
+ * first non-positive n, untouched (0: nothing buffered, -1: the COPY ended, -2: it failed).
+ */
+
+static PyObject *
+take_copy(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyByteArray_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "take_copy(get_copy_data, buf: bytearray, limit)");
+        return NULL;
+    }
+    PyObject *get = args[0], *buf = args[1];
+    Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *one = PyLong_FromLong(1);
+    if (one == NULL)
+        return NULL;
+    PyObject *result = NULL;
+    while (PyByteArray_GET_SIZE(buf) < limit) {
+        PyObject *got = PyObject_CallOneArg(get, one);
+        if (got == NULL)
+            goto done;
+        if (!PyTuple_Check(got) || PyTuple_GET_SIZE(got) != 2 || !PyLong_Check(PyTuple_GET_ITEM(got, 0))) {
+            PyErr_SetString(PyExc_TypeError, "get_copy_data must answer (n: int, data)");
+            Py_DECREF(got);
+            goto done;
+        }
+        int overflow = 0;
+        long n = PyLong_AsLongAndOverflow(PyTuple_GET_ITEM(got, 0), &overflow);
+        if (overflow < 0 || (overflow == 0 && n <= 0)) {
+            result = Py_NewRef(PyTuple_GET_ITEM(got, 0));
+            Py_DECREF(got);
+            goto done;
+        }
+        Py_buffer view;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(got, 1), &view, PyBUF_SIMPLE) < 0) {
+            Py_DECREF(got);
+            goto done;
+        }
+        Py_ssize_t size = PyByteArray_GET_SIZE(buf);
+        int rc = -1;
+        if (view.len > PY_SSIZE_T_MAX - size)
+            PyErr_NoMemory();
+        else if ((rc = PyByteArray_Resize(buf, size + view.len)) == 0)
+            memcpy(PyByteArray_AS_STRING(buf) + size, view.buf, (size_t)view.len);
+        PyBuffer_Release(&view);
+        Py_DECREF(got); /* frees libpq's buffer */
+        if (rc < 0)
+            goto done;
+    }
+    result = PyLong_FromLong(1);
+done:
+    Py_DECREF(one);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * module
  */
 
@@ -1167,6 +1230,9 @@ static PyMethodDef methods[] = {
     {"split_partitions", (PyCFunction)(void (*)(void))split_partitions, METH_FASTCALL,
      "split_partitions(keys, values, partitions) -> [(keys, values), ...] | None: each partition's "
      "records in order, by Kafka's murmur2 partitioner; None when a key is not bytes."},
+    {"take_copy", (PyCFunction)(void (*)(void))take_copy, METH_FASTCALL,
+     "take_copy(get_copy_data, buf, limit) -> int: COPY rows from libpq onto the bytearray `buf` "
+     "until it holds `limit` bytes (1) or get_copy_data answers n <= 0 (that n)."},
     {"take_inserts", (PyCFunction)(void (*)(void))take_inserts, METH_FASTCALL,
      "take_inserts(get_copy_data, run, room) -> None | (n, data): held INSERT documents straight "
      "from libpq onto `run`; returns the first other message untouched, None when full or idle."},

@@ -25,6 +25,10 @@ def split_partitions(
 ) -> list[tuple[list[bytes], list[bytes]]] | None:
     """`partitioner.split_partitions_python`'s per-partition (keys, values), or None."""
 
+def take_copy(get_copy_data: Callable[[int], tuple[int, Any]], buf: bytearray, limit: int) -> int:
+    """`snapshot.take_copy_python`: COPY rows onto `buf` until it holds `limit` bytes (1), or the
+    first n <= 0 get_copy_data answers."""
+
 def take_inserts(
     get_copy_data: Callable[[int], tuple[int, Any]], run: list[bytes], room: int
 ) -> tuple[int, Any] | None:

@@ -2,7 +2,7 @@
 
 Each compiled function is a twin of a pure-Python reference (`InsertTemplate.encode_many_python`,
 `partitioner.split_partitions_python`, `codec.encode_plain_python`, `codec_arrow.encode_columns_python`,
-and for `take_inserts` the receive loop with `SourceSession.handle`) and answers None whenever it is not sure of the
+`snapshot.take_copy_python`, and for `take_inserts` the receive loop with `SourceSession.handle`) and answers None whenever it is not sure of the
 reference's result; callers then run the reference. Missing (no compiler at install time): one
 warning, then the references alone, slower. `TRIBUTARY_PURE_PYTHON=1` turns it off on purpose.
 """
@@ -14,21 +14,31 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["encode_columns", "encode_inserts", "encode_plain", "split_partitions", "take_inserts"]
+__all__ = ["encode_columns", "encode_inserts", "encode_plain", "split_partitions", "take_copy", "take_inserts"]
 
 encode_inserts: Callable[[tuple[object, ...], list[bytes], bytes], tuple[list[bytes], list[bytes]] | None] | None
 encode_plain: Callable[[int, int, Sequence[bytes], Sequence[bytes]], tuple[bytes, list[int]] | None] | None
-encode_columns: Callable[[int, int, int, Sequence[object]], tuple[bytes, list[int]] | None] | None
+encode_columns: (
+    Callable[[int, int, int, Sequence[bytes | tuple[Any, Any, int, Any]]], tuple[bytes, list[int]] | None] | None
+)
 split_partitions: Callable[[list[bytes], list[bytes], int], list[tuple[list[bytes], list[bytes]]] | None] | None
+take_copy: Callable[[Callable[[int], tuple[int, Any]], bytearray, int], int] | None
 take_inserts: Callable[[Callable[[int], tuple[int, Any]], list[bytes], int], tuple[int, Any] | None] | None
 
 if os.environ.get("TRIBUTARY_PURE_PYTHON") == "1":
-    encode_columns = encode_inserts = encode_plain = split_partitions = take_inserts = None
+    encode_columns = encode_inserts = encode_plain = split_partitions = take_copy = take_inserts = None
 else:
     try:
-        from capture._speedups import encode_columns, encode_inserts, encode_plain, split_partitions, take_inserts
+        from capture._speedups import (
+            encode_columns,
+            encode_inserts,
+            encode_plain,
+            split_partitions,
+            take_copy,
+            take_inserts,
+        )
     except ImportError as exc:  # not built: the references give the same bytes, more slowly
-        encode_columns = encode_inserts = encode_plain = split_partitions = take_inserts = None
+        encode_columns = encode_inserts = encode_plain = split_partitions = take_copy = take_inserts = None
         logging.getLogger(__name__).warning(
             "capture: the compiled hot path (capture._speedups) is not available (%s); using pure Python", exc
         )

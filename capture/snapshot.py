@@ -8,18 +8,19 @@ Rows come out of `COPY … TO STDOUT` as PostgreSQL text, the same text wal2json
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import psycopg
 from psycopg import pq, sql
 
+from capture import compiled
 from capture.catalog import TableInfo
 from capture.errors import TransientSourceError
 from capture.replication import connect_options, translate_connect_error
 from capture.values import copy_unescape, type_family
 
-__all__ = ["CHUNK_BYTES", "JSON_BATCH", "SnapshotReader"]
+__all__ = ["CHUNK_BYTES", "JSON_BATCH", "SnapshotReader", "take_copy_python"]
 
 JSON_BATCH = 2_000  # rows per batch from json_rows
 CHUNK_BYTES = 2 << 20  # COPY text per chunk of the columnar snapshot (≈ 15k rows of 130 bytes; 4 MB: more
@@ -27,6 +28,19 @@ CHUNK_BYTES = 2 << 20  # COPY text per chunk of the columnar snapshot (≈ 15k r
 
 
 _ROW, _KEY = "__tributary_row", "__tributary_key"  # subquery aliases in json_rows
+_CHUNK_HEAD = b"-\n"  # each text chunk's first line (snapshot_columns._DUMMY)
+
+
+def take_copy_python(get_copy_data: Callable[[int], tuple[int, Any]], buf: bytearray, limit: int) -> int:
+    """COPY rows from libpq (psycopg's non-blocking `get_copy_data`) onto `buf` while it is shorter
+    than `limit`: 1 when it reached `limit`, else the first n <= 0 (0: nothing buffered, -1: the
+    COPY ended, -2: it failed). The reference of capture/_speedups.c `take_copy`."""
+    while len(buf) < limit:
+        nbytes, data = get_copy_data(1)
+        if nbytes <= 0:
+            return nbytes
+        buf += data  # a copy frees libpq's buffer at once
+    return 1
 
 
 def _copy_columns(table: TableInfo, *, ordered: bool = False) -> sql.Composed:
@@ -91,7 +105,10 @@ class SnapshotReader:
     def text_chunks(self, table: TableInfo, *, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
         """Every row of `table` as COPY text lines, in chunks of about `chunk_bytes`, each led by
         the line `-` (the columnar snapshot's CSV reader skips it; capture/snapshot_columns.py).
-        libpq hands COPY OUT over one row at a time: this loop is the one per-row Python step."""
+        libpq hands COPY OUT over one row at a time: `take_copy` (compiled, or its reference
+        `take_copy_python`) is the one per-row step."""
+        take = compiled.take_copy or take_copy_python
+        limit = len(_CHUNK_HEAD) + chunk_bytes  # a chunk ends at the first row reaching `chunk_bytes`
         try:
             with self._conn.cursor().copy(_copy_columns(table)) as copy:
                 # psycopg's `copy.read()` costs ≈ 1 µs a row (a generator and a wait per row);
@@ -99,28 +116,24 @@ class SnapshotReader:
                 # are taken directly, and psycopg's `read` waits when none is (0 = would block).
                 get = self._conn.pgconn.get_copy_data
                 read = copy.read
-                lines = [b"-\n"]
-                add = lines.append
-                size = 0
-                data: bytes | bytearray | memoryview  # libpq's buffer, or what psycopg's `read` returns
+                buf = bytearray(_CHUNK_HEAD)
                 while True:
-                    nbytes, data = get(1)
+                    nbytes = take(get, buf, limit)
                     if nbytes == 0:
                         data = read()
-                        nbytes = len(data) or -3  # -3: psycopg saw the end and took the result
-                    if nbytes < 0:
+                        if not data:
+                            nbytes = -3  # psycopg saw the end and took the result
+                            break
+                        buf += data
+                    elif nbytes < 0:
                         break
-                    add(bytes(data))  # a copy frees libpq's buffer at once
-                    size += nbytes
-                    if size >= chunk_bytes:
-                        yield b"".join(lines)
-                        lines = [b"-\n"]
-                        add = lines.append
-                        size = 0
+                    if len(buf) >= limit:
+                        yield bytes(buf)
+                        buf = bytearray(_CHUNK_HEAD)
                 if nbytes != -3:
                     self._end_copy(nbytes)
-            if len(lines) > 1:
-                yield b"".join(lines)
+            if len(buf) > len(_CHUNK_HEAD):
+                yield bytes(buf)
         except psycopg.OperationalError as exc:
             raise TransientSourceError(f"source {self.label!r}: snapshot of {table.qualified} broke: {exc}") from None
 

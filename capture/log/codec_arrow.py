@@ -58,9 +58,13 @@ def encode_columns(
     """`encode_columns_python`'s lines and sizes, by the compiled twin when it is sure."""
     if compiled.encode_columns is not None:
         n = len(keys)
-        pieces = [_piece(keys, n)]
-        pieces += [_piece(a, n) for a in value_args]
-        if None not in pieces:
+        pieces: list[bytes | tuple[object, object, int, None]] = []
+        for arg in (keys, *value_args):
+            piece = _piece(arg, n)
+            if piece is None:
+                break
+            pieces.append(piece)
+        else:
             out = compiled.encode_columns(first_offset, timestamp_ms, n, pieces)
             if out is not None:
                 return out

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from capture import compiled, snapshot_columns
 from capture import envelope as env
-from capture import snapshot_columns
 from capture.catalog import list_tables
 from capture.log import Log
 from capture.log.codec import RecordIn, encode_batch
@@ -189,3 +189,38 @@ def test_snapshot_through_the_session_is_byte_identical(fresh_db: str, tmp_path:
         assert a[:5] + (_LSN.sub(b'"lsn":0', a[5] or b""), a[6]) == b[:5] + (_LSN.sub(b'"lsn":0', b[5] or b""), b[6])
     lasts = [r for r in columnar if r[5] and b'"snapshot":"last"' in r[5]]
     assert len(lasts) == 1 and lasts[0][0] == "shop.public.small"
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(_row, min_size=0, max_size=60), chunk_bytes=st.sampled_from([1, 200, 700, 1 << 20]))
+def test_text_chunks_compiled_and_pure_are_equal(
+    fresh_db: str, rows: list[tuple[object, ...]], chunk_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`text_chunks` with the compiled COPY loop (`take_copy`) and with its reference: the same
+    chunks, each `-\\n` then whole COPY lines, closed at the first line that reaches
+    `chunk_bytes`; together every line psycopg's own COPY reader gives, in order."""
+    _load(fresh_db, "chunks", rows)
+    with psycopg.connect(fresh_db, autocommit=True, **connect_options()) as conn:
+        (table,) = list_tables(conn, lambda s, t: t == "chunks")
+        with conn.cursor().copy("COPY (SELECT * FROM chunks) TO STDOUT") as copy:
+            lines = [bytes(row) for row in copy]
+    holder = psycopg.connect(fresh_db, **connect_options())
+    try:
+        holder.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        snap = holder.execute("SELECT pg_export_snapshot()").fetchone()
+        assert snap is not None
+        assert compiled.take_copy is not None  # built by `pip install -e .`
+        with SnapshotReader(fresh_db, snap[0], label="t") as reader:
+            got = list(reader.text_chunks(table, chunk_bytes=chunk_bytes))
+            with monkeypatch.context() as m:
+                m.setattr(compiled, "take_copy", None)  # not built, or TRIBUTARY_PURE_PYTHON=1
+                want = list(reader.text_chunks(table, chunk_bytes=chunk_bytes))
+            assert list(reader.text_chunks(table, chunk_bytes=chunk_bytes)) == got  # the next table's COPY too
+    finally:
+        holder.close()
+    assert got == want
+    assert all(type(c) is bytes and c.startswith(b"-\n") and len(c) > 2 for c in got)
+    assert b"".join(c[2:] for c in got) == b"".join(lines)
+    for chunk in got[:-1]:
+        last = chunk[:-1].rfind(b"\n") + 1
+        assert len(chunk) - 2 >= chunk_bytes > last - 2  # closed at the first line reaching it
