@@ -8,6 +8,8 @@
  *   encode_columns(first_offset, timestamp_ms, n, pieces)  ~ log.codec_arrow.encode_columns_python
  *   take_inserts(get_copy_data, run, room)  ~ the receive loop + SourceSession.handle for held INSERTs
  *   take_copy(get_copy_data, buf, limit)  ~ snapshot.take_copy_python (the columnar snapshot's COPY)
+ *   column_partitions(offsets, data, start, out, partitions)  ~ snapshot_columns.murmur2_partitions_python
+ *   risky_bytes(data)  ~ snapshot_columns.risky_bytes_python
  *
  * Each answers None whenever it is not sure to give the reference's very bytes (an odd shape,
  * a value rule that declines, a NUL or a newline inside a field, a number too wide for 64 bits):
@@ -1077,6 +1079,107 @@ done:
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * the columnar snapshot's per-chunk scans
+ *
+ * column_partitions(offsets, data, start, out, partitions) ~ snapshot_columns.murmur2_partitions_python:
+ *   Kafka's partition of every key of an Arrow binary array (int32 offsets buffer, data buffer,
+ *   the array's offset) into `out`, a writable int64 buffer of one slot per key. True, or None
+ *   (a short buffer, an offset outside the data, `out` not int64, partitions outside 1..2**31-1).
+ * risky_bytes(data) ~ snapshot_columns.risky_bytes_python: does `data` hold a byte below 0x20
+ *   or the two bytes `\v`?
+ */
+
+static PyObject *
+column_partitions(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "column_partitions(offsets, data, start, out, partitions)");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[2]);
+    if (start == -1 && PyErr_Occurred())
+        return NULL;
+    long partitions = PyLong_AsLong(args[4]);
+    if (partitions == -1 && PyErr_Occurred())
+        return NULL;
+    if (start < 0 || partitions < 1 || partitions > INT32_MAX)
+        Py_RETURN_NONE;
+    Py_buffer offs, data, out;
+    if (PyObject_GetBuffer(args[0], &offs, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &data, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&offs);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[3], &out, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&offs);
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    PyObject *result = Py_None;
+    const char *f = out.format;
+    if (f != NULL && (*f == '<' || *f == '=' || *f == '@'))
+        f++;
+    const Py_ssize_t n = out.len / 8;
+    if (out.itemsize != 8 || f == NULL || (strcmp(f, "q") != 0 && strcmp(f, "l") != 0))
+        goto done; /* not int64 */
+    if (start > offs.len / 4 - 1 || n > offs.len / 4 - 1 - start)
+        goto done; /* the offsets do not cover n keys */
+    const unsigned char *o = (const unsigned char *)offs.buf + (size_t)start * 4;
+    const unsigned char *d = (const unsigned char *)data.buf;
+    unsigned char *w = (unsigned char *)out.buf;
+    int32_t a, b;
+    for (Py_ssize_t i = 0; i < n; i++) { /* check all first: `out` is left as it was on None */
+        memcpy(&a, o + (size_t)i * 4, 4);
+        memcpy(&b, o + (size_t)i * 4 + 4, 4);
+        if (a < 0 || b < a || b > data.len)
+            goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        memcpy(&a, o + (size_t)i * 4, 4);
+        memcpy(&b, o + (size_t)i * 4 + 4, 4);
+        int64_t p = (int64_t)((murmur2(d + a, (Py_ssize_t)b - a) & 0x7fffffffu) % (uint32_t)partitions);
+        memcpy(w + (size_t)i * 8, &p, 8);
+    }
+    result = Py_True;
+done:
+    PyBuffer_Release(&offs);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&out);
+    return Py_NewRef(result);
+}
+
+static PyObject *
+risky_bytes(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *s = view.buf;
+    const Py_ssize_t n = view.len;
+    int hit = 0;
+    /* bytes below 0x20, eight at a time: a word has one when (w - 0x20…) & ~w & 0x80… != 0 */
+    const uint64_t ones = 0x0101010101010101u, highs = 0x8080808080808080u;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n && !hit; i += 8) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        hit = ((w - ones * 0x20) & ~w & highs) != 0;
+    }
+    for (; i < n && !hit; i++)
+        hit = s[i] < 0x20;
+    /* then `\v`: memchr for each backslash */
+    for (const unsigned char *p = s, *end = s + n; !hit && p < end; p++) {
+        p = memchr(p, '\\', (size_t)(end - p));
+        if (p == NULL)
+            break;
+        hit = p + 1 < end && p[1] == 'v';
+    }
+    PyBuffer_Release(&view);
+    return Py_NewRef(hit ? Py_True : Py_False);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * take_inserts: the receive loop for a held run of INSERTs, without a Python object per message
  *
  * take_inserts(get_copy_data, run, room) calls `get_copy_data(1)` (psycopg's non-blocking
@@ -1233,6 +1336,11 @@ static PyMethodDef methods[] = {
     {"take_copy", (PyCFunction)(void (*)(void))take_copy, METH_FASTCALL,
      "take_copy(get_copy_data, buf, limit) -> int: COPY rows from libpq onto the bytearray `buf` "
      "until it holds `limit` bytes (1) or get_copy_data answers n <= 0 (that n)."},
+    {"column_partitions", (PyCFunction)(void (*)(void))column_partitions, METH_FASTCALL,
+     "column_partitions(offsets, data, start, out, partitions) -> True | None: Kafka's partition "
+     "of every key of an Arrow binary array into the int64 buffer `out`, or None (not sure)."},
+    {"risky_bytes", (PyCFunction)risky_bytes, METH_O,
+     "risky_bytes(data) -> bool: a byte below 0x20, or the two bytes \\v, in `data`."},
     {"take_inserts", (PyCFunction)(void (*)(void))take_inserts, METH_FASTCALL,
      "take_inserts(get_copy_data, run, room) -> None | (n, data): held INSERT documents straight "
      "from libpq onto `run`; returns the first other message untouched, None when full or idle."},

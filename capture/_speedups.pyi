@@ -25,6 +25,13 @@ def split_partitions(
 ) -> list[tuple[list[bytes], list[bytes]]] | None:
     """`partitioner.split_partitions_python`'s per-partition (keys, values), or None."""
 
+def column_partitions(offsets: Any, data: Any, start: int, out: Any, partitions: int) -> bool | None:
+    """`snapshot_columns.murmur2_partitions_python` of an Arrow binary array (int32 offsets,
+    data, the array's offset) into the int64 buffer `out`: True, or None (not sure)."""
+
+def risky_bytes(data: Any) -> bool:
+    """`snapshot_columns.risky_bytes_python`: a byte below 0x20, or the two bytes `\\v`?"""
+
 def take_copy(get_copy_data: Callable[[int], tuple[int, Any]], buf: bytearray, limit: int) -> int:
     """`snapshot.take_copy_python`: COPY rows onto `buf` until it holds `limit` bytes (1), or the
     first n <= 0 get_copy_data answers."""

@@ -50,6 +50,7 @@ finally:
     if _finder is not None:
         sys.meta_path.remove(_finder)
 
+from capture import compiled  # noqa: E402
 from capture.values import copy_unescape, text_converter, type_family  # noqa: E402
 
 __all__ = ["ChunkRecords", "ColumnPlan", "encode_chunk", "murmur2_partitions", "plan"]
@@ -171,7 +172,13 @@ def _has_risky_bytes(col: pa.Array) -> bool:
     if start == end:
         return False
     data = col.buffers()[2].slice(start, end - start)
-    return b"\\v" in data.to_pybytes() or int(np.frombuffer(data, np.uint8).min()) < 0x20
+    return (compiled.risky_bytes or risky_bytes_python)(data)
+
+
+def risky_bytes_python(data: bytes | pa.Buffer) -> bool:
+    """A byte below 0x20 or the two bytes `\\v` in `data` (capture/_speedups.c `risky_bytes`)."""
+    raw = bytes(data)
+    return bool(raw) and (b"\\v" in raw or int(np.frombuffer(raw, np.uint8).min()) < 0x20)
 
 
 def parse_chunk(chunk: bytes, width: int) -> list[pa.Array]:
@@ -221,6 +228,18 @@ _SEED = 0x9747B28C
 
 
 def murmur2_partitions(keys: pa.Array, partitions: int) -> np.ndarray:
+    """Kafka's `toPositive(murmur2(key)) % n` for every key (int64): the compiled
+    `column_partitions` when it is sure, else `murmur2_partitions_python`."""
+    sure = keys.type == pa.binary() and not keys.null_count and 1 <= partitions <= 0x7FFFFFFF
+    if compiled.column_partitions is not None and sure:
+        out = np.empty(len(keys), np.int64)
+        _validity, offsets, data = keys.buffers()
+        if compiled.column_partitions(offsets, b"" if data is None else data, keys.offset, out, partitions):
+            return out
+    return murmur2_partitions_python(keys, partitions)
+
+
+def murmur2_partitions_python(keys: pa.Array, partitions: int) -> np.ndarray:
     """Kafka's `toPositive(murmur2(key)) % n` for every key at once (capture.log.partitioner is
     the reference): keys of one length are hashed together as a matrix of 4-byte words."""
     n = len(keys)
