@@ -38,6 +38,7 @@ test: setup
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check api bench capture eventstore migrations projections tests setup.py
 	$(VENV)/bin/mypy capture/log capture/lsn.py capture/wal2json.py capture/envelope.py capture/values.py capture/routing.py capture/schema_tracker.py capture/insert_template.py capture/source.py eventstore/aggregate.py eventstore/domain
 
 bench: setup

@@ -30,9 +30,7 @@ class DiskFullError(LogError):
 class CorruptRecordError(LogError):
     """A record inside committed data is damaged (bad CRC, undecodable, out of order)."""
 
-    def __init__(
-        self, message: str, *, topic: str, partition: int, segment: str, offset: int | None
-    ) -> None:
+    def __init__(self, message: str, *, topic: str, partition: int, segment: str, offset: int | None) -> None:
         where = f"{topic}/{partition} segment {segment}"
         at = f" at offset {offset}" if offset is not None else ""
         super().__init__(f"corrupt record in {where}{at}: {message}")

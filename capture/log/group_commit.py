@@ -13,9 +13,7 @@ class GroupCommitter:
 
     def __init__(self, linger_ms: float = 5, max_records: int = 1000) -> None:
         if linger_ms < 0 or max_records < 1:
-            raise ValueError(
-                f"need linger_ms >= 0 and max_records >= 1, got {linger_ms}, {max_records}"
-            )
+            raise ValueError(f"need linger_ms >= 0 and max_records >= 1, got {linger_ms}, {max_records}")
         self.linger_ms = linger_ms
         self.max_records = max_records
         self.pending = 0

@@ -67,8 +67,7 @@ def encode_manifest(m: Manifest) -> bytes:
             name: {
                 "config": t.config.to_dict(),
                 "partitions": [
-                    {"start": p.start, "end": p.end, "segment": p.segment, "bytes": p.nbytes}
-                    for p in t.partitions
+                    {"start": p.start, "end": p.end, "segment": p.segment, "bytes": p.nbytes} for p in t.partitions
                 ],
             }
             for name, t in m.topics.items()
@@ -82,16 +81,12 @@ def decode_manifest(data: bytes, source: str = MANIFEST) -> Manifest:
     try:
         doc: Any = orjson.loads(data)
         if doc.get("format") != FORMAT:
-            raise ValueError(
-                f"unsupported format {doc.get('format')!r} (this version reads {FORMAT})"
-            )
+            raise ValueError(f"unsupported format {doc.get('format')!r} (this version reads {FORMAT})")
         topics = {
             name: TopicState(
                 config=TopicConfig.from_dict(t["config"]),
                 partitions=tuple(
-                    PartitionState(
-                        int(p["start"]), int(p["end"]), int(p["segment"]), int(p["bytes"])
-                    )
+                    PartitionState(int(p["start"]), int(p["end"]), int(p["segment"]), int(p["bytes"]))
                     for p in t["partitions"]
                 ),
             )

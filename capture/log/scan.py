@@ -46,9 +46,7 @@ class Scan:
     since: int = 0
 
 
-def scan_segment(
-    ref: SegmentRef, interval: int, start: int = 0, limit: int | None = None, max_ts: int = NO_TS
-) -> Scan:
+def scan_segment(ref: SegmentRef, interval: int, start: int = 0, limit: int | None = None, max_ts: int = NO_TS) -> Scan:
     """Walk a segment from a line start, checking every record and recomputing the sparse index
     entries after `start` by the same rule `PartitionWriter._place` applies."""
     scan = Scan(last=ref.base - 1, max_ts=max_ts)
@@ -57,9 +55,7 @@ def scan_segment(
         try:
             off, ts, *_ = decode_line(line)
         except BadLine as exc:
-            raise ref.corrupt(
-                str(exc), exc.offset if exc.offset is not None else scan.last + 1
-            ) from None
+            raise ref.corrupt(str(exc), exc.offset if exc.offset is not None else scan.last + 1) from None
         if off <= scan.last and pos > start:
             raise ref.corrupt(f"offsets out of order ({off} after {scan.last})", off)
         if pos > start and since >= interval:

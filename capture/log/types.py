@@ -63,15 +63,11 @@ class TopicConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.partitions, int) or self.partitions < 1:
-            raise ValueError(
-                f"TopicConfig.partitions must be a positive int, got {self.partitions!r}"
-            )
+            raise ValueError(f"TopicConfig.partitions must be a positive int, got {self.partitions!r}")
         if self.policy not in _POLICIES:
             raise ValueError(f"TopicConfig.policy must be one of {_POLICIES}, got {self.policy!r}")
         if self.segment_bytes is not None and not 0 < self.segment_bytes < 1 << 32:
-            raise ValueError(
-                f"TopicConfig.segment_bytes must be in 1..2**32-1, got {self.segment_bytes}"
-            )
+            raise ValueError(f"TopicConfig.segment_bytes must be in 1..2**32-1, got {self.segment_bytes}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -30,9 +30,7 @@ def verify_log(root: Path, manifest: Manifest) -> list[Problem]:
     return problems
 
 
-def verify_partition(
-    root: Path, topic: str, partition: int, state: PartitionState
-) -> list[Problem]:
+def verify_partition(root: Path, topic: str, partition: int, state: PartitionState) -> list[Problem]:
     pdir = partition_dir(root, topic, partition)
     out: list[Problem] = []
 
@@ -45,8 +43,7 @@ def verify_partition(
             problem(
                 None,
                 None,
-                f"partition directory {pdir} is missing "
-                f"(manifest: offsets {state.start}..{state.end - 1})",
+                f"partition directory {pdir} is missing (manifest: offsets {state.start}..{state.end - 1})",
             )
         return out
     bases = committed_segments(pdir, state)
@@ -67,16 +64,13 @@ def verify_partition(
             size = os.fstat(f.fileno()).st_size
             last_in_segment, prev = _check_lines(path, f, base, limit, prev, problem)
         if limit is not None and size < limit:
-            problem(
-                base, None, f"the manifest points past the data: {size} bytes, {limit} committed"
-            )
+            problem(base, None, f"the manifest points past the data: {size} bytes, {limit} committed")
         at_end = base == state.segment and state.nbytes and size >= state.nbytes
         if at_end and last_in_segment is not None and last_in_segment + 1 != state.end:
             problem(
                 base,
                 last_in_segment,
-                f"the manifest says the partition ends at {state.end} "
-                f"but the data ends at {last_in_segment + 1}",
+                f"the manifest says the partition ends at {state.end} but the data ends at {last_in_segment + 1}",
             )
     return out
 

@@ -60,16 +60,12 @@ def test_kill_minus_9_at_random_points(tmp_path: Path) -> None:
             ends = log.end_offsets("t")
             for p in range(PARTS):
                 assert committed[p] <= ends[p], f"run {run}: committed data lost in partition {p}"
-                assert ends[p] <= max(intent[p], committed[p]), (
-                    f"run {run}: uncommitted data visible"
-                )
+                assert ends[p] <= max(intent[p], committed[p]), f"run {run}: uncommitted data visible"
                 # this run's records byte for byte (earlier runs' were checked then; verify() below
                 # re-checks every CRC)
                 since = max(floor[p] - 5, 0)
                 got = [(r.offset, r.value) for r in log.read("t", p, since)]
-                assert got == [(o, value(p, o)) for o in range(since, ends[p])], (
-                    f"run {run}: p{p} damaged"
-                )
+                assert got == [(o, value(p, o)) for o in range(since, ends[p])], f"run {run}: p{p} damaged"
                 seg = log.ends()[("t", p)]
                 data = root / "t" / str(p) / f"{seg.segment:020d}.log"
                 assert data.stat().st_size == seg.nbytes, "recovery left uncommitted bytes behind"
