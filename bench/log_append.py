@@ -151,18 +151,12 @@ def median(fn: Callable[[], float], repeat: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=100, help="records per step (a capture poll)")
-    ap.add_argument(
-        "--dir", type=Path, default=None, help="scratch directory (default: a temp dir)"
-    )
-    ap.add_argument(
-        "--out", type=Path, default=Path(__file__).parent / "results" / "log_append.json"
-    )
+    ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "log_append.json")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="log-bench-", dir=args.dir))
     try:

@@ -86,9 +86,7 @@ def test_flipped_bytes_in_a_sealed_segment(tmp_path: Path) -> None:
             list(log.read("t", 0))
         assert exc.value.offset == 2 and exc.value.segment == seg.name
         problems = log.verify()
-    assert [(p.topic, p.partition, p.segment, p.offset) for p in problems] == [
-        ("t", 0, seg.name, 2)
-    ]
+    assert [(p.topic, p.partition, p.segment, p.offset) for p in problems] == [("t", 0, seg.name, 2)]
     assert "CRC mismatch" in problems[0].message
 
 
@@ -103,9 +101,7 @@ def test_manifest_pointing_past_the_data(tmp_path: Path) -> None:
     root = tmp_path / "log"
     build(root)
     _edit_manifest(root, bytes=500, end=5)
-    with pytest.raises(
-        LogError, match=r"manifest points past the data: .* has \d+ bytes but \d+ are committed"
-    ):
+    with pytest.raises(LogError, match=r"manifest points past the data: .* has \d+ bytes but \d+ are committed"):
         Log.open(root, writer=True)
     with Log.open(root) as log:
         with pytest.raises(CorruptRecordError, match="the manifest says"):
@@ -155,9 +151,7 @@ def small_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple
     mnt.mkdir()
     ok = (
         request.param == "tmpfs"
-        and subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True
-        ).returncode
+        and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode
         == 0
     )
     if ok:

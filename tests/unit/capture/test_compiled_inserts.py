@@ -86,7 +86,9 @@ _TYPES: dict[str, tuple[str, int, st.SearchStrategy[bytes], list[bytes]]] = {
 
 def _token(kind: str, odd: bool) -> st.SearchStrategy[bytes]:
     _, _, usual, odd_tokens = _TYPES[kind]
-    return st.one_of(usual, st.just(b"null"), st.sampled_from(odd_tokens)) if odd else st.one_of(usual, st.just(b"null"))
+    return (
+        st.one_of(usual, st.just(b"null"), st.sampled_from(odd_tokens)) if odd else st.one_of(usual, st.just(b"null"))
+    )
 
 
 _NAME = st.one_of(st.sampled_from(["id", "a", "b", "k ey", "%d", 'q"uote', "é"]), st.text(min_size=1, max_size=4))
@@ -176,7 +178,20 @@ def test_odd_values_are_declined_or_exact(table, data: st.DataObject, tx_part: b
 
 _BYTE = st.sampled_from([b'"', b",", b"/", b"\\", b":", b" ", b"-", b"+", b"0", b"F", b"\x00", b"}", b"]", b"v", b""])
 _LSN_ODD = st.sampled_from(
-    [b"0/1", b"123456789/0", b"0/123456789", b"1/", b"/1", b"01", b"0x1/2", b" 1/2", b"1_0/2", b"-1/2", b"g/1", b"1/2/3"]
+    [
+        b"0/1",
+        b"123456789/0",
+        b"0/123456789",
+        b"1/",
+        b"/1",
+        b"01",
+        b"0x1/2",
+        b" 1/2",
+        b"1_0/2",
+        b"-1/2",
+        b"g/1",
+        b"1/2/3",
+    ]
 )
 
 

@@ -20,13 +20,9 @@ RETENTION = 50  # delete_retention_ms of the compacted topic
 
 record = st.tuples(st.integers(0, 5), st.booleans(), st.integers(0, 3))  # key, tombstone?, ts step
 ops = st.one_of(
-    st.tuples(
-        st.just("append"), st.integers(0, PARTS - 1), st.lists(record, min_size=1, max_size=8)
-    ),
+    st.tuples(st.just("append"), st.integers(0, PARTS - 1), st.lists(record, min_size=1, max_size=8)),
     st.tuples(st.just("commit")),
-    st.tuples(
-        st.just("commit_mark"), st.integers(0, PARTS - 1), st.lists(record, min_size=1, max_size=4)
-    ),
+    st.tuples(st.just("commit_mark"), st.integers(0, PARTS - 1), st.lists(record, min_size=1, max_size=4)),
     st.tuples(st.just("compact"), st.integers(0, 120)),
     st.tuples(st.just("reopen")),
 )
@@ -44,9 +40,7 @@ class Model:
     now: int = 0  # the latest compaction time
     value_seq: int = 0
 
-    def make(
-        self, p: int, spec: list[tuple[int, bool, int]]
-    ) -> list[tuple[bytes, bytes | None, int, None]]:
+    def make(self, p: int, spec: list[tuple[int, bool, int]]) -> list[tuple[bytes, bytes | None, int, None]]:
         out = []
         for key, tomb, step in spec:
             self.ts += step
@@ -105,9 +99,7 @@ def test_any_history_reads_back_committed_compacted_data(history: list[tuple]) -
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "log"
         log = open_log(root)
-        log.create_topic(
-            "c", TopicConfig(partitions=PARTS, policy="compact", delete_retention_ms=RETENTION)
-        )
+        log.create_topic("c", TopicConfig(partitions=PARTS, policy="compact", delete_retention_ms=RETENTION))
         m = Model()
         try:
             for op in history:

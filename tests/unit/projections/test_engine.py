@@ -113,9 +113,7 @@ def _count(kind: str) -> Projection:
         name=f"c_{kind}",
         version=1,
         topics=(DEP, WD),
-        table=Table.of(
-            {"k": "text", "w": "bigint", "n": "int", "total": "numeric", "seq": "jsonb"}, ["k", "w"]
-        ),
+        table=Table.of({"k": "text", "w": "bigint", "n": "int", "total": "numeric", "seq": "jsonb"}, ["k", "w"]),
         fold=Fold(initial, apply, result),
         window=window,
     )
@@ -146,9 +144,7 @@ def logs(draw: st.DrawFn) -> tuple[list[ProjectionRecord], list[dict[tuple[str, 
                 amount=f"{draw(st.integers(1, 99))}.50",
             )
         )
-    cuts = draw(
-        st.lists(st.dictionaries(st.sampled_from(sorted(nxt)), st.integers(0, 40)), max_size=4)
-    )
+    cuts = draw(st.lists(st.dictionaries(st.sampled_from(sorted(nxt)), st.integers(0, 40)), max_size=4))
     return records, cuts
 
 
@@ -175,8 +171,6 @@ def test_decide_resumes_only_in_order_units() -> None:
         "u1": Prior("{}", (5, "t", 0, 1), (), 0, False),
         "u2": Prior("{}", (5, "t", 0, 1), (), 0, False),
     }
-    priors, recompute = decide(
-        stored, {"u1": (6, "t", 0, 0), "u2": (5, "t", 0, 0), "u3": (1, "t", 0, 0)}
-    )
+    priors, recompute = decide(stored, {"u1": (6, "t", 0, 0), "u2": (5, "t", 0, 0), "u3": (1, "t", 0, 0)})
     assert priors["u1"].resume and not priors["u2"].resume
     assert recompute == {"u2"} and "u3" not in priors
