@@ -614,6 +614,66 @@ crc32_of(const char *p, Py_ssize_t n)
     return crc32_z(0L, (const Bytef *)p, (z_size_t)n);
 }
 
+/* A line's bytes up to its key: `{"offset":O,"timestamp":T,"lens":[K,V,4],"key":`. */
+static char *
+line_head(char *d, uint64_t offset, long long ts, Py_ssize_t kl, Py_ssize_t vl)
+{
+    d = PUT_LIT(d, L_OFFSET);
+    d = put_u64(d, offset);
+    d = PUT_LIT(d, L_TS);
+    d = put_i64(d, ts);
+    d = PUT_LIT(d, L_LENS);
+    d = put_u64(d, (uint64_t)kl);
+    *d++ = ',';
+    d = put_u64(d, (uint64_t)vl);
+    return PUT_LIT(d, L_KEY);
+}
+
+/* The line begun at `line`, its value written up to `d`: `,"headers":null,"crc":C}\n`. */
+static char *
+line_tail(const char *line, char *d)
+{
+    d = PUT_LIT(d, L_HEADERS);
+    uLong crc = crc32_of(line, d - line);
+    d = PUT_LIT(d, L_CRC);
+    d = put_u64(d, (uint64_t)crc);
+    *d++ = '}';
+    *d++ = '\n';
+    return d;
+}
+
+/* A line's size at most (its CRC at 10 digits) for this offset, timestamp width and key/value sizes. */
+static Py_ssize_t
+line_bound(uint64_t offset, Py_ssize_t ts_len, Py_ssize_t kl, Py_ssize_t vl)
+{
+    return LINE_FIXED + u64_len(offset) + ts_len + u64_len((uint64_t)kl) + u64_len((uint64_t)vl) + 10;
+}
+
+/* The first offset and the timestamp of a batch of lines: 1, 0 (too wide: decline) or -1 (error). */
+static int
+offset_and_ts(PyObject *first_obj, PyObject *ts_obj, long long *first, long long *ts)
+{
+    int overflow = 0;
+    *first = PyLong_AsLongLongAndOverflow(first_obj, &overflow);
+    if (*first == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow)
+        return 0;
+    *ts = PyLong_AsLongLongAndOverflow(ts_obj, &overflow);
+    if (*ts == -1 && PyErr_Occurred())
+        return -1;
+    return !overflow;
+}
+
+/* (data, sizes) for the lines written into `*data` up to `end` (shrunk to fit); steals nothing. */
+static PyObject *
+lines_result(PyObject **data, PyObject *sizes, const char *end)
+{
+    if (_PyBytes_Resize(data, end - PyBytes_AS_STRING(*data)) < 0)
+        return NULL; /* *data is NULL now */
+    return PyTuple_Pack(2, *data, sizes);
+}
+
 /* 1 when the field may be spliced as is: no NUL (the reference's separator) and no newline */
 static int
 plain_field(PyObject *f)
@@ -632,17 +692,10 @@ encode_plain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_TypeError, "encode_plain(first_offset, timestamp_ms, keys, values)");
         return NULL;
     }
-    int overflow = 0;
-    long long first = PyLong_AsLongLongAndOverflow(args[0], &overflow);
-    if (first == -1 && PyErr_Occurred())
-        return NULL;
-    if (overflow)
-        Py_RETURN_NONE;
-    long long ts = PyLong_AsLongLongAndOverflow(args[1], &overflow);
-    if (ts == -1 && PyErr_Occurred())
-        return NULL;
-    if (overflow)
-        Py_RETURN_NONE;
+    long long first, ts;
+    int ok = offset_and_ts(args[0], args[1], &first, &ts);
+    if (ok <= 0)
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
     /* tuples of the items: nothing a garbage collection runs while we allocate can free them */
     PyObject *ks = PySequence_Tuple(args[2]);
     if (ks == NULL)
@@ -654,14 +707,7 @@ encode_plain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
     }
     PyObject *data = NULL, *sizes = NULL, *result = NULL;
     const Py_ssize_t n = PyTuple_GET_SIZE(ks);
-    if (n == 0) { /* the reference answers (b"", []) whatever the values */
-        data = PyBytes_FromStringAndSize(NULL, 0);
-        sizes = PyList_New(0);
-        if (data != NULL && sizes != NULL)
-            result = PyTuple_Pack(2, data, sizes);
-        goto done;
-    }
-    if (PyTuple_GET_SIZE(vs) != n || first < 0 || first > LLONG_MAX - n)
+    if (n != 0 && (PyTuple_GET_SIZE(vs) != n || first < 0 || first > LLONG_MAX - n))
         goto decline;
     PyObject **kv = &PyTuple_GET_ITEM(ks, 0), **vv = &PyTuple_GET_ITEM(vs, 0);
     const Py_ssize_t ts_len = i64_len(ts);
@@ -671,8 +717,7 @@ encode_plain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
         if (!plain_field(kv[i]) || !plain_field(vv[i]))
             goto decline;
         Py_ssize_t kl = PyBytes_GET_SIZE(kv[i]), vl = PyBytes_GET_SIZE(vv[i]);
-        Py_ssize_t line = LINE_FIXED + u64_len((uint64_t)(first + i)) + ts_len + u64_len((uint64_t)kl) +
-                          u64_len((uint64_t)vl) + 10;
+        Py_ssize_t line = line_bound((uint64_t)(first + i), ts_len, kl, vl);
         if (kl > PY_SSIZE_T_MAX / 4 - line || vl > PY_SSIZE_T_MAX / 4 - line - kl ||
             bound > PY_SSIZE_T_MAX / 2 - line - kl - vl)
             goto decline;
@@ -687,33 +732,18 @@ encode_plain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
     for (Py_ssize_t i = 0; i < n; i++) {
         char *line = d;
         Py_ssize_t kl = PyBytes_GET_SIZE(kv[i]), vl = PyBytes_GET_SIZE(vv[i]);
-        d = PUT_LIT(d, L_OFFSET);
-        d = put_u64(d, (uint64_t)(first + i));
-        d = PUT_LIT(d, L_TS);
-        d = put_i64(d, ts);
-        d = PUT_LIT(d, L_LENS);
-        d = put_u64(d, (uint64_t)kl);
-        *d++ = ',';
-        d = put_u64(d, (uint64_t)vl);
-        d = PUT_LIT(d, L_KEY);
+        d = line_head(d, (uint64_t)(first + i), ts, kl, vl);
         d = put(d, PyBytes_AS_STRING(kv[i]), kl);
         d = PUT_LIT(d, L_VALUE);
         d = put(d, PyBytes_AS_STRING(vv[i]), vl);
-        d = PUT_LIT(d, L_HEADERS);
-        uLong crc = crc32_of(line, d - line);
-        d = PUT_LIT(d, L_CRC);
-        d = put_u64(d, (uint64_t)crc);
-        *d++ = '}';
-        *d++ = '\n';
+        d = line_tail(line, d);
         PyObject *size = PyLong_FromSsize_t(d - line);
         if (size == NULL)
             goto done;
         PyList_SET_ITEM(sizes, i, size);
     }
     assert(d - base <= bound);
-    if (_PyBytes_Resize(&data, d - base) < 0)
-        goto done; /* data is NULL now */
-    result = PyTuple_Pack(2, data, sizes);
+    result = lines_result(&data, sizes, d);
     goto done;
 decline:
     result = Py_NewRef(Py_None);
@@ -750,6 +780,16 @@ typedef struct {
     Py_ssize_t rows_avail;    /* rows the offsets buffer describes from `start` */
     const unsigned char *rows; /* int64 row numbers, or NULL */
 } ColPiece;
+
+/* 1 when `view` (got with PyBUF_FORMAT) holds int64 items (`q`, or `l` on LP64; any byte order mark). */
+static int
+is_int64(const Py_buffer *view)
+{
+    const char *f = view->format;
+    if (f != NULL && (*f == '<' || *f == '=' || *f == '@'))
+        f++;
+    return view->itemsize == 8 && f != NULL && (strcmp(f, "q") == 0 || strcmp(f, "l") == 0);
+}
 
 /* Record i's bytes of piece c; 0 when the buffers do not hold them (the call declines). */
 static int
@@ -816,11 +856,7 @@ col_piece(PyObject *obj, Py_ssize_t n, ColPiece *c, Py_buffer *views, int *nview
     c->data = (const char *)views[1].buf;
     c->data_len = views[1].len;
     if (rows != Py_None) {
-        const char *f = views[2].format;
-        if (f != NULL && (*f == '<' || *f == '=' || *f == '@'))
-            f++;
-        if (views[2].itemsize != 8 || f == NULL || (strcmp(f, "q") != 0 && strcmp(f, "l") != 0) ||
-            views[2].len != n * 8)
+        if (!is_int64(&views[2]) || views[2].len != n * 8)
             return 0; /* not int64 row numbers */
         c->rows = (const unsigned char *)views[2].buf;
     }
@@ -838,17 +874,10 @@ encode_columns(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_TypeError, "encode_columns(first_offset, timestamp_ms, n, pieces)");
         return NULL;
     }
-    int overflow = 0;
-    long long first = PyLong_AsLongLongAndOverflow(args[0], &overflow);
-    if (first == -1 && PyErr_Occurred())
-        return NULL;
-    if (overflow)
-        Py_RETURN_NONE;
-    long long ts = PyLong_AsLongLongAndOverflow(args[1], &overflow);
-    if (ts == -1 && PyErr_Occurred())
-        return NULL;
-    if (overflow)
-        Py_RETURN_NONE;
+    long long first, ts;
+    int ok = offset_and_ts(args[0], args[1], &first, &ts);
+    if (ok <= 0)
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
     Py_ssize_t n = PyLong_AsSsize_t(args[2]);
     if (n == -1 && PyErr_Occurred())
         return NULL;
@@ -867,7 +896,7 @@ encode_columns(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
         data = PyBytes_FromStringAndSize(NULL, 0);
         sizes = PyList_New(0);
         if (data != NULL && sizes != NULL)
-            result = PyTuple_Pack(2, data, sizes);
+            result = lines_result(&data, sizes, PyBytes_AS_STRING(data));
         goto done;
     }
     if (np_ < 1 || np_ > 100000)
@@ -902,9 +931,7 @@ encode_columns(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
                 goto decline;
             vl += len;
         }
-        Py_ssize_t body = LINE_FIXED - LIT_LEN(L_CRC) - 2 + u64_len((uint64_t)(first + i)) + ts_len +
-                          u64_len((uint64_t)kl) + u64_len((uint64_t)vl) + kl + vl;
-        bound += body + LIT_LEN(L_CRC) + 10 + 2;
+        bound += line_bound((uint64_t)(first + i), ts_len, kl, vl) + kl + vl;
         if (bound > MAX_ARROW_DATA)
             goto decline; /* the reference's joins might pass their int32 offsets */
     }
@@ -916,44 +943,28 @@ encode_columns(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     char *d = base;
     for (Py_ssize_t i = 0; i < n; i++) {
         char *line = d;
-        const char *p;
+        const char *key, *p;
         Py_ssize_t kl, vl = 0, len;
-        (void)col_span(&cols[0], i, &p, &kl); /* checked in pass 1 */
+        (void)col_span(&cols[0], i, &key, &kl); /* checked in pass 1 */
         for (Py_ssize_t j = 1; j < np_; j++) {
             (void)col_span(&cols[j], i, &p, &len);
             vl += len;
         }
-        d = PUT_LIT(d, L_OFFSET);
-        d = put_u64(d, (uint64_t)(first + i));
-        d = PUT_LIT(d, L_TS);
-        d = put_i64(d, ts);
-        d = PUT_LIT(d, L_LENS);
-        d = put_u64(d, (uint64_t)kl);
-        *d++ = ',';
-        d = put_u64(d, (uint64_t)vl);
-        d = PUT_LIT(d, L_KEY);
-        (void)col_span(&cols[0], i, &p, &kl);
-        d = put(d, p, kl);
+        d = line_head(d, (uint64_t)(first + i), ts, kl, vl);
+        d = put(d, key, kl);
         d = PUT_LIT(d, L_VALUE);
         for (Py_ssize_t j = 1; j < np_; j++) {
             (void)col_span(&cols[j], i, &p, &len);
             d = put(d, p, len);
         }
-        d = PUT_LIT(d, L_HEADERS);
-        uLong crc = crc32_of(line, d - line);
-        d = PUT_LIT(d, L_CRC);
-        d = put_u64(d, (uint64_t)crc);
-        *d++ = '}';
-        *d++ = '\n';
+        d = line_tail(line, d);
         PyObject *size = PyLong_FromSsize_t(d - line);
         if (size == NULL)
             goto done;
         PyList_SET_ITEM(sizes, i, size);
     }
     assert(d - base <= bound);
-    if (_PyBytes_Resize(&data, d - base) < 0)
-        goto done; /* data is NULL now */
-    result = PyTuple_Pack(2, data, sizes);
+    result = lines_result(&data, sizes, d);
     goto done;
 decline:
     result = Py_NewRef(Py_None);
@@ -1117,11 +1128,8 @@ column_partitions(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t
         return NULL;
     }
     PyObject *result = Py_None;
-    const char *f = out.format;
-    if (f != NULL && (*f == '<' || *f == '=' || *f == '@'))
-        f++;
     const Py_ssize_t n = out.len / 8;
-    if (out.itemsize != 8 || f == NULL || (strcmp(f, "q") != 0 && strcmp(f, "l") != 0))
+    if (!is_int64(&out))
         goto done; /* not int64 */
     if (start > offs.len / 4 - 1 || n > offs.len / 4 - 1 - start)
         goto done; /* the offsets do not cover n keys */

@@ -37,24 +37,24 @@ risky_bytes: Callable[[Any], bool] | None
 take_copy: Callable[[Callable[[int], tuple[int, Any]], bytearray, int], int] | None
 take_inserts: Callable[[Callable[[int], tuple[int, Any]], list[bytes], int], tuple[int, Any] | None] | None
 
-if os.environ.get("TRIBUTARY_PURE_PYTHON") == "1":
+_OFF = os.environ.get("TRIBUTARY_PURE_PYTHON") == "1"
+try:
+    if _OFF:
+        raise ImportError("TRIBUTARY_PURE_PYTHON=1")
+    from capture._speedups import (
+        column_partitions,
+        encode_columns,
+        encode_inserts,
+        encode_plain,
+        risky_bytes,
+        split_partitions,
+        take_copy,
+        take_inserts,
+    )
+except ImportError as exc:  # not built (or turned off): the references give the same bytes, more slowly
     column_partitions = encode_columns = encode_inserts = encode_plain = risky_bytes = None
     split_partitions = take_copy = take_inserts = None
-else:
-    try:
-        from capture._speedups import (
-            column_partitions,
-            encode_columns,
-            encode_inserts,
-            encode_plain,
-            risky_bytes,
-            split_partitions,
-            take_copy,
-            take_inserts,
-        )
-    except ImportError as exc:  # not built: the references give the same bytes, more slowly
-        column_partitions = encode_columns = encode_inserts = encode_plain = risky_bytes = None
-        split_partitions = take_copy = take_inserts = None
+    if not _OFF:
         logging.getLogger(__name__).warning(
             "capture: the compiled hot path (capture._speedups) is not available (%s); using pure Python", exc
         )

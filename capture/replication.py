@@ -124,7 +124,7 @@ class ReplicationConnection:
         get = pgconn.get_copy_data
         take = compiled.take_inserts if held is not None else None
         waited = yielded = False
-        until = time.monotonic() + _HELD_WAIT_S
+        until = time.monotonic() + _HELD_WAIT_S if take is not None else 0.0
         while True:
             target = held() if take is not None and held is not None else None
             try:
