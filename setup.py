@@ -10,7 +10,7 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "capture._speedups",
+            "tributary.capture._speedups",
             sources=["capture/_speedups.c"],
             libraries=["z"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],

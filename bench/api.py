@@ -37,10 +37,10 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from api.embedded_pg import EmbeddedPostgres  # noqa: E402
+from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
 
 PROJECTION = """
-from projections.definition import Projection, Table
+from tributary.projections.definition import Projection, Table
 PROJECTION = Projection(
     name="bench_view", version=1, topics=("bench.none",),
     table=Table.of({"id": "bigint", "grp": "integer", "val": "numeric(12,2)", "note": "text"}, ["id"]),
@@ -220,7 +220,7 @@ def _serve(work: Path, dsn: str, workers: int) -> tuple[subprocess.Popen[bytes],
         f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{work / "log"}"\n'
         f'[projections]\nmodules = ["{work / "bench_view.py"}"]\n[api]\nport = {port}\n'
     )
-    cmd = [sys.executable, "-c", "from api.cli import main; main()", "serve", "--config", str(config)]
+    cmd = [sys.executable, "-c", "from tributary.api.cli.main import main; main()", "serve", "--config", str(config)]
     if workers != 1:
         cmd += ["--workers", str(workers)]
     err = work / f"serve-{port}.err"

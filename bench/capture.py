@@ -26,11 +26,11 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from api.embedded_pg import EmbeddedPostgres  # noqa: E402
 from bench._paced import paced_writes  # noqa: E402
-from capture.log import Log  # noqa: E402
-from capture.lsn import Lsn  # noqa: E402
-from capture.wal2json import WAL2JSON_OPTIONS  # noqa: E402
+from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
+from tributary.capture.log import Log  # noqa: E402
+from tributary.capture.lsn import Lsn  # noqa: E402
+from tributary.capture.wal2json import WAL2JSON_OPTIONS  # noqa: E402
 
 
 def _config(path: Path, dsn: str, log_root: Path, slot: str, snapshot: str, include: str) -> Path:
@@ -43,7 +43,7 @@ def _config(path: Path, dsn: str, log_root: Path, slot: str, snapshot: str, incl
 
 def _spawn(config: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-c", "from api.cli import main; main()", "capture", "--config", str(config)],
+        [sys.executable, "-c", "from tributary.api.cli.main import main; main()", "capture", "--config", str(config)],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -34,12 +34,12 @@ from psycopg.conninfo import conninfo_to_dict
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from api.embedded_pg import EmbeddedPostgres  # noqa: E402
-from eventstore.domain.bank import bank_account  # noqa: E402
-from eventstore.handler import CommandHandler  # noqa: E402
-from eventstore.migrate import run_migrations  # noqa: E402
-from eventstore.model import NewEvent, dumps  # noqa: E402
-from eventstore.store import EventStore  # noqa: E402
+from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
+from tributary.eventstore.domain.bank import bank_account  # noqa: E402
+from tributary.eventstore.handler import CommandHandler  # noqa: E402
+from tributary.eventstore.migrate import run_migrations  # noqa: E402
+from tributary.eventstore.model import NewEvent, dumps  # noqa: E402
+from tributary.eventstore.store import EventStore  # noqa: E402
 
 RAW_TABLE = """
 CREATE TABLE IF NOT EXISTS raw_events (
@@ -294,7 +294,7 @@ def commands_http(dsn: str, work_dir: Path, clients: int, seconds: float) -> dic
     config = work_dir / "bench.toml"
     config.write_text(f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{work_dir / "log"}"\n[api]\nport = {port}\n')
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from api.cli import main; main()", "serve", "--config", str(config)],
+        [sys.executable, "-c", "from tributary.api.cli.main import main; main()", "serve", "--config", str(config)],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

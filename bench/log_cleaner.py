@@ -27,9 +27,9 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from api.embedded_pg import EmbeddedPostgres  # noqa: E402
 from bench._paced import paced_writes  # noqa: E402
-from capture.log import Log  # noqa: E402
+from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
+from tributary.capture.log import Log  # noqa: E402
 
 TOPIC = "b.public.hot"
 _STEP = re.compile(r"compacted \S+: (\d+) → (\d+) records, \d+ → \d+ bytes in ([0-9.]+)s")
@@ -53,7 +53,7 @@ def _run(
     )
     err = (work / f"{tag}.err").open("w+")
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from api.cli import main; main()", "capture", "--config", str(config)],
+        [sys.executable, "-c", "from tributary.api.cli.main import main; main()", "capture", "--config", str(config)],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=err,

@@ -40,13 +40,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ
 import orjson  # noqa: E402
 import psycopg  # noqa: E402
 
-from capture.log import Log, TopicConfig, canonical_json, partition_for  # noqa: E402
-from projections.engine import Item, fold_units  # noqa: E402
-from projections.examples import account_balances  # noqa: E402
-from projections.records import ProjectionRecord, default_event_time, ms_to_iso  # noqa: E402
-from projections.runner import RunSettings, rebuild, run  # noqa: E402
-from projections.source import columnar_segments, plan  # noqa: E402
-from projections.spark import get_session  # noqa: E402
+from tributary.capture.log import Log, TopicConfig, canonical_json, partition_for  # noqa: E402
+from tributary.projections.engine import Item, fold_units  # noqa: E402
+from tributary.projections.examples import account_balances  # noqa: E402
+from tributary.projections.records import ProjectionRecord, default_event_time, ms_to_iso  # noqa: E402
+from tributary.projections.runner import RunSettings, rebuild, run  # noqa: E402
+from tributary.projections.source import columnar_segments, plan  # noqa: E402
+from tributary.projections.spark import get_session  # noqa: E402
 
 TOPIC = "events.account"
 PARTS = 4
@@ -180,13 +180,17 @@ def one_size(
     write_s = time.perf_counter() - t0
     json_module = work / "account_totals_json.py"
     json_module.write_text(
-        "from projections.examples.account_totals import make\n"
+        "from tributary.projections.examples.account_totals import make\n"
         'PROJECTION = make(name="account_totals_json", from_json=True)\n'
     )
     s = RunSettings(
         dsn=dsn,
         log_root=root,
-        modules=("projections.examples.account_balances", "projections.examples.account_totals", str(json_module)),
+        modules=(
+            "tributary.projections.examples.account_balances",
+            "tributary.projections.examples.account_totals",
+            str(json_module),
+        ),
         spark_master=spark.sparkContext.master,
         shuffle_partitions=8,
     )
@@ -260,7 +264,7 @@ def main() -> None:
     cluster = None
     dsn = args.dsn
     if dsn is None:
-        from api.embedded_pg import EmbeddedPostgres
+        from tributary.api.devdb.embedded import EmbeddedPostgres
 
         cluster = EmbeddedPostgres(work / "pg")
         cluster.up()

@@ -41,7 +41,7 @@ _OFF = os.environ.get("TRIBUTARY_PURE_PYTHON") == "1"
 try:
     if _OFF:
         raise ImportError("TRIBUTARY_PURE_PYTHON=1")
-    from capture._speedups import (
+    from tributary.capture._speedups import (
         column_partitions,
         encode_columns,
         encode_inserts,

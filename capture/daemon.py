@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from capture.errors import CaptureError, TransientSourceError
-from capture.log import GroupCommitter, Log, LogError, Mark
-from capture.log.cleaner import Cleaner, CleanerPolicy
-from capture.replication import Keepalive
-from capture.source import SourceSession, SourceSpec
-from capture.status import LatencyHistogram, SourceState, write_status
+from tributary.capture.errors import CaptureError, TransientSourceError
+from tributary.capture.log import GroupCommitter, Log, LogError, Mark
+from tributary.capture.log.cleaner import Cleaner, CleanerPolicy
+from tributary.capture.replication import Keepalive
+from tributary.capture.source import SourceSession, SourceSpec
+from tributary.capture.status import LatencyHistogram, SourceState, write_status
 
 __all__ = ["CaptureDaemon", "DaemonOptions"]
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import orjson
 
-from capture.lsn import Lsn
-from capture.routing import topic_name
-from capture.values import UNAVAILABLE, stream_converter, text_converter, type_family
-from capture.wal2json import Change, LogicalMessage, Truncate
+from tributary.capture.lsn import Lsn
+from tributary.capture.routing import topic_name
+from tributary.capture.values import UNAVAILABLE, stream_converter, text_converter, type_family
+from tributary.capture.wal2json import Change, LogicalMessage, Truncate
 
 __all__ = [
     "CONNECTOR",

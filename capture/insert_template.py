@@ -25,11 +25,11 @@ from typing import Any
 
 import orjson
 
-from capture import compiled
-from capture import envelope as env
-from capture.routing import topic_name
-from capture.values import stream_converter, type_family
-from capture.wal2json import Change
+from tributary.capture import compiled
+from tributary.capture import envelope as env
+from tributary.capture.routing import topic_name
+from tributary.capture.values import stream_converter, type_family
+from tributary.capture.wal2json import Change
 
 __all__ = ["SPLIT", "InsertTemplate", "table_tag", "table_tags"]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from capture.envelope import Output
+from tributary.capture.envelope import Output
 
 __all__ = ["OUTBOX_TABLE", "route_event"]
 

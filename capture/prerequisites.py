@@ -14,10 +14,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from capture.catalog import list_tables, probe_wal2json, server_facts
-from capture.replication import ReplicationConnection, connect_options, translate_connect_error
-from capture.routing import TableFilter
-from capture.source import SourceSpec
+from tributary.capture.catalog import list_tables, probe_wal2json, server_facts
+from tributary.capture.replication import ReplicationConnection, connect_options, translate_connect_error
+from tributary.capture.routing import TableFilter
+from tributary.capture.source import SourceSpec
 
 __all__ = ["Finding", "Outcome", "SourceReport", "check_source"]
 

@@ -17,9 +17,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from capture import compiled
-from capture.errors import SlotInUse, SlotMissing, SourceUnreachable, TransientSourceError
-from capture.lsn import Lsn
+from tributary.capture import compiled
+from tributary.capture.errors import SlotInUse, SlotMissing, SourceUnreachable, TransientSourceError
+from tributary.capture.lsn import Lsn
 
 __all__ = ["Keepalive", "ReplicationConnection", "SlotInfo", "XLogData", "connect_options"]
 

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import orjson
 
-from capture.envelope import CONNECTOR
-from capture.routing import topic_name
+from tributary.capture.envelope import CONNECTOR
+from tributary.capture.routing import topic_name
 
 __all__ = ["SCHEMA_KEY", "SchemaRecord", "SchemaTracker"]
 

@@ -14,11 +14,11 @@ from typing import Any
 import psycopg
 from psycopg import pq, sql
 
-from capture import compiled
-from capture.catalog import TableInfo
-from capture.errors import TransientSourceError
-from capture.replication import connect_options, translate_connect_error
-from capture.values import copy_unescape, type_family
+from tributary.capture import compiled
+from tributary.capture.catalog import TableInfo
+from tributary.capture.errors import TransientSourceError
+from tributary.capture.replication import connect_options, translate_connect_error
+from tributary.capture.values import copy_unescape, type_family
 
 __all__ = ["CHUNK_BYTES", "JSON_BATCH", "SnapshotReader", "take_copy_python"]
 

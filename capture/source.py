@@ -19,20 +19,26 @@ from typing import Any, Literal
 
 import psycopg
 
-from capture import envelope as env
-from capture import wal2json
-from capture.catalog import TableInfo, list_tables
-from capture.errors import SlotLost, SlotMissing, SourceMisconfigured
-from capture.insert_template import SPLIT, InsertTemplate, table_tag, table_tags
-from capture.log import Log, TopicConfig, partition_for
-from capture.log.codec import encode_plain
-from capture.log.partitioner import split_partitions
-from capture.lsn import Lsn
-from capture.replication import Keepalive, ReplicationConnection, XLogData, connect_options, translate_connect_error
-from capture.routing import TableFilter
-from capture.schema_tracker import SchemaTracker
-from capture.snapshot import SnapshotReader
-from capture.status import SourceState, SourceStatus
+from tributary.capture import envelope as env
+from tributary.capture import wal2json
+from tributary.capture.catalog import TableInfo, list_tables
+from tributary.capture.errors import SlotLost, SlotMissing, SourceMisconfigured
+from tributary.capture.insert_template import SPLIT, InsertTemplate, table_tag, table_tags
+from tributary.capture.log import Log, TopicConfig, partition_for
+from tributary.capture.log.codec import encode_plain
+from tributary.capture.log.partitioner import split_partitions
+from tributary.capture.lsn import Lsn
+from tributary.capture.replication import (
+    Keepalive,
+    ReplicationConnection,
+    XLogData,
+    connect_options,
+    translate_connect_error,
+)
+from tributary.capture.routing import TableFilter
+from tributary.capture.schema_tracker import SchemaTracker
+from tributary.capture.snapshot import SnapshotReader
+from tributary.capture.status import SourceState, SourceStatus
 
 __all__ = ["SourceSession", "SourceSpec"]
 
@@ -270,7 +276,7 @@ class SourceSession:
         pyarrow is imported here, not at start-up: only a snapshot pays for it."""
         if self.spec.router is not None or not self.spec.columnar_snapshot:
             return None
-        from capture import snapshot_columns
+        from tributary.capture import snapshot_columns
 
         return snapshot_columns.plan([(c.name, c.type) for c in table.columns], table.identity_columns)
 
@@ -279,8 +285,8 @@ class SourceSession:
     ) -> None:
         """Append a chunk of COPY text as records, column-wise, straight into the log's partitions
         (lines encoded by codec_arrow; staged records go first, to keep the order)."""
-        from capture import snapshot_columns
-        from capture.log.codec_arrow import encode_columns
+        from tributary.capture import snapshot_columns
+        from tributary.capture.log.codec_arrow import encode_columns
 
         topic = encoder.topic
         count = self._partitions.get(topic) or self._ensure_topic(topic)

@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from eventstore.errors import InvalidCommand, UnknownCommand
+from tributary.eventstore.errors import InvalidCommand, UnknownCommand
 
 __all__ = ["Aggregate", "Upcaster", "fold"]
 

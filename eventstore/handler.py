@@ -13,10 +13,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from eventstore.aggregate import Aggregate
-from eventstore.errors import ConcurrencyConflict, UnknownStreamType
-from eventstore.model import ExpectedVersion, NewEvent, event_json
-from eventstore.store import CommandRecord, EventStore, SameCommandRace, request_hash
+from tributary.eventstore.aggregate import Aggregate
+from tributary.eventstore.errors import ConcurrencyConflict, UnknownStreamType
+from tributary.eventstore.model import ExpectedVersion, NewEvent, event_json
+from tributary.eventstore.store import CommandRecord, EventStore, SameCommandRace, request_hash
 
 __all__ = ["CommandHandler", "CommandResult", "LoadedState"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 
 from alembic import command
@@ -12,7 +13,7 @@ from sqlalchemy import create_engine, pool
 
 __all__ = ["head_revision", "migrations_current", "run_migrations", "sqlalchemy_url"]
 
-MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
+MIGRATIONS = Path(str(files("tributary.migrations")))  # a folder on disk, installed or editable
 
 
 def sqlalchemy_url(dsn: str) -> str:

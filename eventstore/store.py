@@ -21,8 +21,8 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from eventstore.errors import ConcurrencyConflict, IdempotencyMismatch, PartialDuplicateBatch
-from eventstore.model import AppendResult, ExpectedVersion, NewEvent, RecordedEvent, dumps, response_json
+from tributary.eventstore.errors import ConcurrencyConflict, IdempotencyMismatch, PartialDuplicateBatch
+from tributary.eventstore.model import AppendResult, ExpectedVersion, NewEvent, RecordedEvent, dumps, response_json
 
 __all__ = ["CommandRecord", "EventStore", "SameCommandRace", "WarmFirstPool", "request_hash"]
 

@@ -7,7 +7,7 @@ import os
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from eventstore.migrate import sqlalchemy_url
+from tributary.eventstore.migrate import sqlalchemy_url
 
 config = context.config
 dsn = (

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from projections.definition import Projection
-from projections.engine import render_row
+from tributary.projections.definition import Projection
+from tributary.projections.engine import render_row
 
 __all__ = ["copy_lines", "distinct_keys", "output_lines"]
 

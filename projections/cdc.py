@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from projections.records import ProjectionRecord
+from tributary.projections.records import ProjectionRecord
 
 __all__ = ["TOAST_PLACEHOLDER", "apply_change", "current_row", "resolve_toast", "unresolved"]
 

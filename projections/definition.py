@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from projections.errors import DefinitionError
-from projections.records import ProjectionRecord
+from tributary.projections.errors import DefinitionError
+from tributary.projections.records import ProjectionRecord
 
 __all__ = [
     "Column",

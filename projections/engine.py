@@ -29,11 +29,11 @@ from typing import Any
 
 import orjson
 
-from projections.codec import canonical, copy_line, copy_text, dump_state, load_state
-from projections.definition import Projection, Table
-from projections.errors import DefinitionError, RecordError
-from projections.records import ProjectionRecord, SortKey, sort_key
-from projections.windows import admit, assign, watermark
+from tributary.projections.codec import canonical, copy_line, copy_text, dump_state, load_state
+from tributary.projections.definition import Projection, Table
+from tributary.projections.errors import DefinitionError, RecordError
+from tributary.projections.records import ProjectionRecord, SortKey, sort_key
+from tributary.projections.windows import admit, assign, watermark
 
 __all__ = [
     "Item",

@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from projections.engine import Item, Prior, fold_units, plan_items
-from projections.loader import resolve
-from projections.records import ProjectionRecord, decode
+from tributary.projections.engine import Item, Prior, fold_units, plan_items
+from tributary.projections.loader import resolve
+from tributary.projections.records import ProjectionRecord, decode
 
 __all__ = [
     "ITEM_SCHEMA",

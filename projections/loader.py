@@ -15,8 +15,8 @@ from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
 
-from projections.definition import Projection
-from projections.errors import DefinitionError
+from tributary.projections.definition import Projection
+from tributary.projections.errors import DefinitionError
 
 __all__ = ["load", "load_module", "resolve"]
 
@@ -62,7 +62,7 @@ def _exports(module: ModuleType, ref: str) -> list[Projection]:
 @lru_cache(maxsize=32)
 def load(modules: tuple[str, ...], mirror: tuple[str, ...] = ()) -> dict[str, Projection]:
     """Every projection the config names, by name; duplicate names are an error."""
-    from projections.mirror import mirror_projection
+    from tributary.projections.mirror import mirror_projection
 
     found: dict[str, Projection] = {}
     candidates = [(ref, p) for ref in modules for p in _exports(load_module(ref), ref)]

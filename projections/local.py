@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from projections.definition import Projection
-from projections.engine import (
+from tributary.projections.definition import Projection
+from tributary.projections.engine import (
     Item,
     Prior,
     UnitOut,
@@ -30,8 +30,8 @@ from projections.engine import (
     recompute_items,
     truncate_points,
 )
-from projections.records import ProjectionRecord, SortKey, sort_key
-from projections.windows import running_max_before
+from tributary.projections.records import ProjectionRecord, SortKey, sort_key
+from tributary.projections.windows import running_max_before
 
 __all__ = ["LocalView", "run_local"]
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from projections.cdc import apply_change
-from projections.codec import canonical
-from projections.definition import Fold, Projection, Table
-from projections.records import ProjectionRecord
+from tributary.projections.cdc import apply_change
+from tributary.projections.codec import canonical
+from tributary.projections.definition import Fold, Projection, Table
+from tributary.projections.records import ProjectionRecord
 
 __all__ = ["mirror_projection"]
 

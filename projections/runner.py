@@ -26,12 +26,12 @@ from typing import Any
 
 import psycopg
 
-from capture.log import Log, LogError, TopicNotFoundError
-from projections.arrow_copy import distinct_keys, output_lines
-from projections.definition import Projection
-from projections.engine import applies_truncates, decide, truncate_points
-from projections.errors import LockedError, ProjectionError, RunError
-from projections.job import (
+from tributary.capture.log import Log, LogError, TopicNotFoundError
+from tributary.projections.arrow_copy import distinct_keys, output_lines
+from tributary.projections.definition import Projection
+from tributary.projections.engine import applies_truncates, decide, truncate_points
+from tributary.projections.errors import LockedError, ProjectionError, RunError
+from tributary.projections.job import (
     TRUNCATE_COLUMNS,
     TRUNCATE_SCHEMA,
     deliveries,
@@ -40,10 +40,10 @@ from projections.job import (
     items_frame,
     ordered_before,
 )
-from projections.loader import load, resolve
-from projections.source import records_frame
-from projections.spark import aggregation_session, get_session
-from projections.store import BuildRow, Store
+from tributary.projections.loader import load, resolve
+from tributary.projections.source import records_frame
+from tributary.projections.spark import aggregation_session, get_session
+from tributary.projections.store import BuildRow, Store
 
 __all__ = [
     "RunResult",

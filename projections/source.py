@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow as pa
 from orjson import loads
 
-from capture.log import Log, LogError, Split, _fileio, read_split
-from capture.log.columnar import (
+from tributary.capture.log import Log, LogError, Split, _fileio, read_split
+from tributary.capture.log.columnar import (
     TailCopy,
     copy_format,
     decode_lines,
@@ -38,11 +38,11 @@ from capture.log.columnar import (
     tail_copies,
     tail_copy_valid,
 )
-from capture.log.segment import SegmentRef, iter_records, log_path
-from projections.codec import canonical
-from projections.engine import prepare
-from projections.loader import resolve
-from projections.records import decode, default_event_time
+from tributary.capture.log.segment import SegmentRef, iter_records, log_path
+from tributary.projections.codec import canonical
+from tributary.projections.engine import prepare
+from tributary.projections.loader import resolve
+from tributary.projections.records import decode, default_event_time
 
 __all__ = ["RECORD_SCHEMA", "TP", "plan", "records_frame"]
 

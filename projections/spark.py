@@ -1,9 +1,8 @@
 """One SparkSession per process, from config, tuned for a small machine.
 
-Measured here (DESIGN.md "Facts about Spark"): UI off, few shuffle partitions, AQE off, quiet
-logs and a loopback address cut start-up to 6–8 s. Python workers do not see `sys.path` edits,
-so the project's root goes on PYTHONPATH (and `spark.executorEnv.PYTHONPATH`) before the JVM
-starts — the one place this package touches the environment, because Spark reads it there.
+UI off, few shuffle partitions, AQE off, quiet logs and a loopback address keep start-up short.
+Python workers do not see `sys.path` edits: they import `tributary` from the installed package,
+and the driver's PYTHONPATH (if any) travels to them as `spark.executorEnv.PYTHONPATH`.
 """
 
 from __future__ import annotations
@@ -16,9 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PROJECT_ROOT", "aggregation_session", "get_session", "local_cores", "stop_session"]
+__all__ = ["aggregation_session", "get_session", "local_cores", "stop_session"]
 
-PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 _LOCK = threading.Lock()
 _SESSION: Any = None
 
@@ -40,21 +38,13 @@ def _quiet_log4j() -> str:
     return str(path)
 
 
-def _pythonpath() -> str:
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if PROJECT_ROOT not in parts:
-        parts.insert(0, PROJECT_ROOT)
-        os.environ["PYTHONPATH"] = os.pathsep.join(parts)
-    return os.environ["PYTHONPATH"]
-
-
 def get_session(master: str = "local[*]", *, shuffle_partitions: int = 4, conf: Mapping[str, str] | None = None) -> Any:
     """The process's SparkSession (created on first use; later calls return the same one)."""
     global _SESSION
     with _LOCK:
         if _SESSION is not None:
             return _SESSION
-        pythonpath = _pythonpath()
+        pythonpath = os.environ.get("PYTHONPATH", "")
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need this venv's packages
         os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
@@ -73,7 +63,6 @@ def get_session(master: str = "local[*]", *, shuffle_partitions: int = 4, conf: 
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.executorEnv.PYTHONPATH", pythonpath)
             .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
             .config("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
             .config("spark.python.worker.reuse", "true")
@@ -89,6 +78,8 @@ def get_session(master: str = "local[*]", *, shuffle_partitions: int = 4, conf: 
             .config("spark.sql.variant.pushVariantIntoScan", "true")
             .config("spark.sql.variant.pushVariantIntoScan.pullOutExtractions", "true")
         )
+        if pythonpath:
+            builder = builder.config("spark.executorEnv.PYTHONPATH", pythonpath)
         for k, v in (conf or {}).items():
             builder = builder.config(k, v)
         session = builder.getOrCreate()

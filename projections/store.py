@@ -19,9 +19,9 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from projections.definition import Projection
-from projections.engine import Prior
-from projections.errors import RunError
+from tributary.projections.definition import Projection
+from tributary.projections.engine import Prior
+from tributary.projections.errors import RunError
 
 __all__ = ["META", "BuildRow", "Staged", "Store"]
 

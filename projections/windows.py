@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from projections.definition import WindowSpec
+from tributary.projections.definition import WindowSpec
 
 __all__ = [
     "admit",

@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.pg import PgServer, fresh_database, start_server
+from tests.pg import REPO_ROOT, PgServer, fresh_database, start_server
+
+# Spark's Python workers import the tests' own projection modules (`tests.…`) by name: they
+# see the checkout through PYTHONPATH, which the session hands to them at start.
+if str(REPO_ROOT) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
 
 
 @pytest.fixture(scope="session")

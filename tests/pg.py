@@ -16,9 +16,11 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from api.embedded_pg import EmbeddedPostgres
+from tributary.api.devdb.embedded import EmbeddedPostgres
 
-__all__ = ["PgServer", "start_server"]
+__all__ = ["REPO_ROOT", "PgServer", "start_server"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent  # the checkout: tests' own modules import from here
 
 
 def _with_db(dsn: str, dbname: str) -> str:

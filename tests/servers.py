@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from api.embedded_pg import free_port
+from tributary.api.devdb.embedded import free_port
 
 __all__ = ["ROOT", "free_port", "served", "serving"]
 

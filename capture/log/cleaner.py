@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from capture.log import _fileio
-from capture.log.compaction import compact_partition
-from capture.log.reader import committed_segments, partition_dir
-from capture.log.segment import list_segments, log_path, parquet_path
-from capture.log.types import CompactionStats
+from tributary.capture.log import _fileio
+from tributary.capture.log.compaction import compact_partition
+from tributary.capture.log.reader import committed_segments, partition_dir
+from tributary.capture.log.segment import list_segments, log_path, parquet_path
+from tributary.capture.log.types import CompactionStats
 
 if TYPE_CHECKING:
-    from capture.log.log import Log
+    from tributary.capture.log.log import Log
 
 __all__ = ["CHECKPOINT", "Cleaner", "CleanerPolicy", "PartitionCheckpoint", "read_checkpoint"]
 
@@ -320,7 +320,7 @@ class Cleaner:
         """`columnar.is_current`, its footer read again only when the copy or the segment changed
         since the last scan (a copy is replaced by rename, so a new version is a new inode): the
         scans run on the writer's thread and would otherwise read every copy's footer each time."""
-        from capture.log.columnar import is_current
+        from tributary.capture.log.columnar import is_current
 
         path = parquet_path(pdir, base)
         try:

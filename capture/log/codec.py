@@ -17,7 +17,7 @@ from operator import add as _add
 
 import orjson
 
-from capture import compiled
+from tributary.capture import compiled
 
 __all__ = [
     "BadLine",

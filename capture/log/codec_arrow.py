@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from capture import compiled
+from tributary.capture import compiled
 
 __all__ = ["encode_columns", "encode_columns_python"]
 

@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from capture.log import _fileio
-from capture.log.reader import open_segment
-from capture.log.segment import SegmentRef, iter_records, log_path, parquet_path, starts_at
-from capture.log.types import Split
+from tributary.capture.log import _fileio
+from tributary.capture.log.reader import open_segment
+from tributary.capture.log.segment import SegmentRef, iter_records, log_path, parquet_path, starts_at
+from tributary.capture.log.types import Split
 
 __all__ = [
     "SCHEMA",

@@ -11,12 +11,12 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from capture.log import _fileio
-from capture.log.codec import BadLine, decode_line
-from capture.log.index import pack_offsets, pack_times
-from capture.log.manifest import PartitionState
-from capture.log.reader import committed_segments, open_segment, partition_dir, read_partition
-from capture.log.segment import (
+from tributary.capture.log import _fileio
+from tributary.capture.log.codec import BadLine, decode_line
+from tributary.capture.log.index import pack_offsets, pack_times
+from tributary.capture.log.manifest import PartitionState
+from tributary.capture.log.reader import committed_segments, open_segment, partition_dir, read_partition
+from tributary.capture.log.segment import (
     SegmentRef,
     index_path,
     iter_lines,
@@ -25,7 +25,7 @@ from capture.log.segment import (
     parquet_path,
     timeindex_path,
 )
-from capture.log.types import CompactionStats, TopicConfig
+from tributary.capture.log.types import CompactionStats, TopicConfig
 
 __all__ = ["compact_partition", "expired_segments", "keep_record", "remove_segments"]
 

@@ -15,15 +15,15 @@ from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 
-from capture.log import _fileio
-from capture.log.codec import RecordIn
-from capture.log.errors import (
+from tributary.capture.log import _fileio
+from tributary.capture.log.codec import RecordIn
+from tributary.capture.log.errors import (
     CorruptRecordError,
     LogError,
     LogLockedError,
     TopicNotFoundError,
 )
-from capture.log.manifest import (
+from tributary.capture.log.manifest import (
     MANIFEST,
     Manifest,
     PartitionState,
@@ -31,11 +31,11 @@ from capture.log.manifest import (
     encode_manifest,
     read_manifest,
 )
-from capture.log.partition import PartitionWriter
-from capture.log.partitioner import partition_for
-from capture.log.reader import partition_dir, read_partition, read_partition_from_time
-from capture.log.segment import SegmentRef, parquet_path
-from capture.log.types import (
+from tributary.capture.log.partition import PartitionWriter
+from tributary.capture.log.partitioner import partition_for
+from tributary.capture.log.reader import partition_dir, read_partition, read_partition_from_time
+from tributary.capture.log.segment import SegmentRef, parquet_path
+from tributary.capture.log.types import (
     CompactionStats,
     Mark,
     PartitionEnd,
@@ -467,7 +467,7 @@ class Log:
     ) -> CompactionStats:
         """Compact the sealed, committed segments of `compact` topics (all of them by default)
         now, whatever their dirty ratio; the pass is recorded for the cleaner (`cleaner.py`)."""
-        from capture.log.cleaner import Cleaner, CleanerPolicy
+        from tributary.capture.log.cleaner import Cleaner, CleanerPolicy
 
         self._check_writer("compact (needs the writer lock)")
         if topic is not None:
@@ -488,7 +488,7 @@ class Log:
         A topic without its own `retention_ms`/`retention_bytes` uses the defaults given.
         `on_removed(path)` takes over the Parquet copies of removed segments (the cleaner deletes
         them after a delay); without it they are deleted with the segment."""
-        from capture.log.compaction import expired_segments, remove_segments
+        from tributary.capture.log.compaction import expired_segments, remove_segments
 
         self._check_writer("enforce retention")
         self._worker_idle()
@@ -525,8 +525,8 @@ class Log:
     def write_parquet(self, topic: str | None = None) -> int:
         """Write the immutable Parquet (zstd) copy of every sealed, committed segment that lacks
         a current one (a maintenance step like `compact`); returns how many were written."""
-        from capture.log.columnar import is_current, write_parquet
-        from capture.log.reader import committed_segments
+        from tributary.capture.log.columnar import is_current, write_parquet
+        from tributary.capture.log.reader import committed_segments
 
         self._check_writer("write Parquet copies")
         snapshot = self._committed
@@ -558,12 +558,12 @@ class Log:
             raise LogError(f"an earlier commit failed ({self._failed})")
 
     def verify(self) -> list[Problem]:
-        from capture.log.verify import verify_log
+        from tributary.capture.log.verify import verify_log
 
         return verify_log(self.root, self._committed)
 
     def splits(self, topic: str, *, max_bytes: int = 64 << 20) -> list[Split]:
-        from capture.log.splits import plan_splits
+        from tributary.capture.log.splits import plan_splits
 
         t = self._topic(topic)
         return [s for p, state in enumerate(t.partitions) for s in plan_splits(self.root, topic, p, state, max_bytes)]

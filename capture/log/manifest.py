@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from capture.log.errors import LogError
-from capture.log.types import TopicConfig
+from tributary.capture.log.errors import LogError
+from tributary.capture.log.types import TopicConfig
 
 __all__ = [
     "MANIFEST",

@@ -12,13 +12,13 @@ from collections.abc import Callable, Sequence
 from itertools import accumulate
 from pathlib import Path
 
-from capture.log import _fileio
-from capture.log.codec import BadLine, RecordIn, decode_line, encode_batch
-from capture.log.errors import LogError
-from capture.log.index import pack_offsets, pack_times
-from capture.log.manifest import PartitionState
-from capture.log.scan import NO_TS, first_timestamp, increasing, rebuild_indexes, scan_segment
-from capture.log.segment import (
+from tributary.capture.log import _fileio
+from tributary.capture.log.codec import BadLine, RecordIn, decode_line, encode_batch
+from tributary.capture.log.errors import LogError
+from tributary.capture.log.index import pack_offsets, pack_times
+from tributary.capture.log.manifest import PartitionState
+from tributary.capture.log.scan import NO_TS, first_timestamp, increasing, rebuild_indexes, scan_segment
+from tributary.capture.log.segment import (
     SegmentRef,
     index_path,
     iter_lines,
@@ -30,7 +30,7 @@ from capture.log.segment import (
     seek_position,
     timeindex_path,
 )
-from capture.log.types import PartitionEnd
+from tributary.capture.log.types import PartitionEnd
 
 __all__ = ["PartitionWriter"]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from capture import compiled
+from tributary.capture import compiled
 
 _compiled_murmur2: Callable[[bytes, int], int] | None
 try:

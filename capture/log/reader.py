@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from capture.log.errors import LogError
-from capture.log.index import lookup_time
-from capture.log.manifest import PartitionState
-from capture.log.segment import (
+from tributary.capture.log.errors import LogError
+from tributary.capture.log.index import lookup_time
+from tributary.capture.log.manifest import PartitionState
+from tributary.capture.log.segment import (
     SegmentRef,
     iter_records,
     list_segments,
@@ -18,7 +18,7 @@ from capture.log.segment import (
     log_path,
     seek_position,
 )
-from capture.log.types import Record
+from tributary.capture.log.types import Record
 
 __all__ = [
     "committed_segments",

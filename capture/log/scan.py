@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from capture.log import _fileio
-from capture.log.codec import BadLine, decode_line
-from capture.log.index import pack_offsets, pack_times
-from capture.log.segment import (
+from tributary.capture.log import _fileio
+from tributary.capture.log.codec import BadLine, decode_line
+from tributary.capture.log.index import pack_offsets, pack_times
+from tributary.capture.log.segment import (
     SegmentRef,
     index_path,
     iter_lines,

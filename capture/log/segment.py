@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from capture.log.codec import BadLine, Decoded, decode_line, peek_offset
-from capture.log.errors import CorruptRecordError
-from capture.log.index import lookup_offset, unpack_offsets, unpack_times
+from tributary.capture.log.codec import BadLine, Decoded, decode_line, peek_offset
+from tributary.capture.log.errors import CorruptRecordError
+from tributary.capture.log.index import lookup_offset, unpack_offsets, unpack_times
 
 __all__ = [
     "SegmentRef",

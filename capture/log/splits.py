@@ -13,11 +13,11 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from capture.log.codec import peek_offset
-from capture.log.errors import LogError
-from capture.log.manifest import PartitionState
-from capture.log.reader import committed_segments, open_segment, partition_dir
-from capture.log.segment import (
+from tributary.capture.log.codec import peek_offset
+from tributary.capture.log.errors import LogError
+from tributary.capture.log.manifest import PartitionState
+from tributary.capture.log.reader import committed_segments, open_segment, partition_dir
+from tributary.capture.log.segment import (
     SegmentRef,
     iter_records,
     load_offset_index,
@@ -25,7 +25,7 @@ from capture.log.segment import (
     seek_position,
     starts_at,
 )
-from capture.log.types import Record, Split
+from tributary.capture.log.types import Record, Split
 
 __all__ = ["plan_splits", "read_split"]
 

@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from eventstore.aggregate import Aggregate
-from eventstore.errors import CommandRejected
+from tributary.eventstore.aggregate import Aggregate
+from tributary.eventstore.errors import CommandRejected
 
 __all__ = ["AccountState", "bank_account"]
 

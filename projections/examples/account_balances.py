@@ -11,8 +11,8 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from projections.definition import Fold, Projection, Table
-from projections.records import ProjectionRecord, ms_to_iso
+from tributary.projections.definition import Fold, Projection, Table
+from tributary.projections.records import ProjectionRecord, ms_to_iso
 
 __all__ = ["PROJECTION", "make"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from projections.definition import Projection, Table
+from tributary.projections.definition import Projection, Table
 
 __all__ = ["PROJECTION", "build", "build_from_json", "make"]
 

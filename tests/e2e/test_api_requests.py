@@ -22,7 +22,7 @@ from tests.servers import free_port, serving
 pytestmark = pytest.mark.e2e
 
 MODULE = """
-from projections.definition import Projection, Table
+from tributary.projections.definition import Projection, Table
 
 PROJECTIONS = [
     Projection(name="nums", version=1, topics=("none",), build=lambda df: df,

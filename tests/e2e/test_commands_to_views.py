@@ -12,11 +12,11 @@ import httpx
 import psycopg
 import pytest
 
-from eventstore.domain.bank import bank_account
-from eventstore.handler import CommandHandler
-from eventstore.migrate import run_migrations
-from eventstore.store import EventStore
 from tests.servers import free_port, serving
+from tributary.eventstore.domain.bank import bank_account
+from tributary.eventstore.handler import CommandHandler
+from tributary.eventstore.migrate import run_migrations
+from tributary.eventstore.store import EventStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -39,7 +39,7 @@ def test_commands_become_a_queryable_view(fresh_db: str, tmp_path: Path) -> None
     config = tmp_path / "t.toml"
     config.write_text(
         f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\npartitions = 2\n'
-        f'[projections]\nmodules = ["projections.examples.account_balances"]\nspark_master = "local[2]"\n'
+        f'[projections]\nmodules = ["tributary.projections.examples.account_balances"]\nspark_master = "local[2]"\n'
         f"[api]\nport = {port}\n"
     )
     store = EventStore.connect(fresh_db)

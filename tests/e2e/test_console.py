@@ -11,11 +11,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from eventstore.domain.bank import bank_account
-from eventstore.handler import CommandHandler
-from eventstore.migrate import run_migrations
-from eventstore.store import EventStore
 from tests.servers import free_port, serving
+from tributary.eventstore.domain.bank import bank_account
+from tributary.eventstore.handler import CommandHandler
+from tributary.eventstore.migrate import run_migrations
+from tributary.eventstore.store import EventStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -81,7 +81,7 @@ def test_console_shows_sources_and_rebuilds_a_projection(fresh_db: str, tmp_path
     config.write_text(
         f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\npartitions = 2\n'
         f'[[sources]]\nname = "shop"\ndsn = "{fresh_db}"\nslot = "console_shop"\ninclude = ["public.*"]\n'
-        f'[projections]\nmodules = ["projections.examples.account_balances"]\nspark_master = "local[2]"\n'
+        f'[projections]\nmodules = ["tributary.projections.examples.account_balances"]\nspark_master = "local[2]"\n'
         f"[api]\nport = {port}\n"
     )
     assert (r := _cli("init", "--config", str(config))).returncode == 0, r.stdout + r.stderr

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eventstore.migrate import run_migrations
 from tests.servers import free_port, serving
+from tributary.eventstore.migrate import run_migrations
 
 pytestmark = pytest.mark.e2e
 

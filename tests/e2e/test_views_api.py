@@ -30,15 +30,15 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from projections.definition import Projection, Table
-from projections.store import Store
 from tests.pg import PgServer, fresh_database
 from tests.servers import free_port, serving
+from tributary.projections.definition import Projection, Table
+from tributary.projections.store import Store
 
 pytestmark = pytest.mark.e2e
 
 MODULE = """
-from projections.definition import Projection, Table
+from tributary.projections.definition import Projection, Table
 
 COLUMNS = {"id": "bigint", "name": "text", "amount": "numeric(12,2)", "at": "timestamptz", "note": "text"}
 PROJECTIONS = [

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.unit
 
 
 def test_cli_import_leaves_the_projection_stack_out() -> None:
-    heavy = ("pyarrow", "numpy", "pyspark", "httpx", "projections.runner")
+    heavy = ("pyarrow", "numpy", "pyspark", "httpx", "tributary.projections.runner")
     code = f"import sys; import api.cli; print(','.join(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

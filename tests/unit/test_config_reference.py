@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from api.config import Settings
-from api.config_reference import reference
+from tributary.api.settings.config import Settings
+from tributary.api.settings.reference import reference
 
 pytestmark = pytest.mark.unit
 

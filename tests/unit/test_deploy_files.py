@@ -11,8 +11,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from api.cli import app
-from api.config import Settings
+from tributary.api.cli.main import app
+from tributary.api.settings.config import Settings
 
 pytestmark = pytest.mark.unit
 

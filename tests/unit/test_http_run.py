@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from api.http_protocol import _Run
+from tributary.api.http.http_protocol import _Run
 
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="outer")
 

@@ -9,7 +9,7 @@ import httptools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.http_simple import simple_get
+from tributary.api.http.http_simple import simple_get
 
 
 class _Parsed:

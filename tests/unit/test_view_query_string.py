@@ -7,7 +7,7 @@ from urllib.parse import parse_qsl
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.routes_views import _query_items
+from tributary.api.http.routes_views import _query_items
 
 PIECES = st.sampled_from(["a", "id", "grp__gte", "=", "&", "", "x=y", "1", "%20", "+", "%", "é", ";", "==", "&&"])
 

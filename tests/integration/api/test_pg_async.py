@@ -15,7 +15,7 @@ import pytest
 import uvloop
 from psycopg_pool import AsyncConnectionPool
 
-from api.pg_async import KeepReaderConnection
+from tributary.api.http.pg_async import KeepReaderConnection
 
 pytestmark = pytest.mark.integration
 

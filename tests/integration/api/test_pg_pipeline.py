@@ -15,8 +15,8 @@ import uvloop
 from psycopg.adapt import AdaptersMap
 from psycopg.types.string import TextLoader
 
-from api import pg_prepared
-from api.pg_pipeline import Pipelines
+from tributary.api.http import pg_prepared
+from tributary.api.http.pg_pipeline import Pipelines
 
 pytestmark = pytest.mark.integration
 

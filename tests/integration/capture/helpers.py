@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from capture.log import Log
+from tributary.capture.log import Log
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -18,12 +18,11 @@ import orjson
 import psycopg
 import pytest
 
-from api import cli_log
-from api.embedded_pg import free_port
-from capture.log import Log, read_split
-from capture.log.cleaner import read_checkpoint
 from tests.integration.capture.helpers import cli, records, spawn_capture, table_state, wait_for
 from tests.servers import serving
+from tributary.api.devdb.embedded import free_port
+from tributary.capture.log import Log, admin, read_split
+from tributary.capture.log.cleaner import read_checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -181,7 +180,7 @@ class CatFollower(_Reader):
 
     def read_along(self) -> None:
         wait_for(lambda: TOPIC in _topics(self.root), 60, "the topic")
-        cli_log.cat(self.root, TOPIC, follow=True, out=self, poll_s=0.02, on_poll=self._go_on)  # type: ignore[arg-type]
+        admin.cat(self.root, TOPIC, follow=True, out=self, poll_s=0.02, on_poll=self._go_on)  # type: ignore[arg-type]
 
 
 def _topics(root: Path) -> dict[str, Any]:

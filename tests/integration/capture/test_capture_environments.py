@@ -10,9 +10,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from api.embedded_pg import EmbeddedPostgres
 from tests.integration.capture.helpers import changes, cli, write_config
 from tests.pg import PgServer
+from tributary.api.devdb.embedded import EmbeddedPostgres
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from capture.lsn import Lsn
 from tests.integration.capture.helpers import changes, cli, records, spawn_capture, table_state, write_config
 from tests.pg import PgServer
+from tributary.capture.lsn import Lsn
 
 pytestmark = pytest.mark.integration
 

@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from capture import compiled
-from capture.log import Log
-from capture.replication import XLogData, connect_options
-from capture.source import SourceSession, SourceSpec
-from capture.wal2json import WAL2JSON_OPTIONS
 from tests.integration.capture.test_snapshot_columnar import _COLUMNS, _INSERT, _KEY, _row
+from tributary.capture import compiled
+from tributary.capture.log import Log
+from tributary.capture.replication import XLogData, connect_options
+from tributary.capture.source import SourceSession, SourceSpec
+from tributary.capture.wal2json import WAL2JSON_OPTIONS
 
 pytestmark = pytest.mark.integration
 

@@ -13,17 +13,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from capture import compiled, snapshot_columns
-from capture import envelope as env
-from capture.catalog import list_tables
-from capture.log import Log
-from capture.log.codec import RecordIn, encode_batch
-from capture.log.codec_arrow import encode_columns
-from capture.log.partitioner import partition_for
-from capture.lsn import Lsn
-from capture.replication import connect_options
-from capture.snapshot import SnapshotReader
-from capture.source import SourceSession, SourceSpec
+from tributary.capture import compiled, snapshot_columns
+from tributary.capture import envelope as env
+from tributary.capture.catalog import list_tables
+from tributary.capture.log import Log
+from tributary.capture.log.codec import RecordIn, encode_batch
+from tributary.capture.log.codec_arrow import encode_columns
+from tributary.capture.log.partitioner import partition_for
+from tributary.capture.lsn import Lsn
+from tributary.capture.replication import connect_options
+from tributary.capture.snapshot import SnapshotReader
+from tributary.capture.source import SourceSession, SourceSpec
 
 pytestmark = pytest.mark.integration
 

@@ -10,12 +10,12 @@ import orjson
 import psycopg
 import pytest
 
-from capture import envelope as env
-from capture.catalog import list_tables
-from capture.lsn import Lsn
-from capture.replication import connect_options
-from capture.snapshot import SnapshotReader
 from tests.integration.capture.helpers import cli, records, write_config
+from tributary.capture import envelope as env
+from tributary.capture.catalog import list_tables
+from tributary.capture.lsn import Lsn
+from tributary.capture.replication import connect_options
+from tributary.capture.snapshot import SnapshotReader
 
 pytestmark = pytest.mark.integration
 

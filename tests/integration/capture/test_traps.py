@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from capture.values import UNAVAILABLE
 from tests.integration.capture.helpers import changes, cli, records, write_config
+from tributary.capture.values import UNAVAILABLE
 
 pytestmark = pytest.mark.integration
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from eventstore.domain.bank import bank_account
-from eventstore.handler import CommandHandler
-from eventstore.migrate import run_migrations
-from eventstore.store import EventStore
 from tests.integration.capture.helpers import cli, records, spawn_capture
+from tributary.eventstore.domain.bank import bank_account
+from tributary.eventstore.handler import CommandHandler
+from tributary.eventstore.migrate import run_migrations
+from tributary.eventstore.store import EventStore
 
 pytestmark = pytest.mark.integration
 

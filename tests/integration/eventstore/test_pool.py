@@ -13,7 +13,7 @@ import pytest
 from psycopg.pq import TransactionStatus
 from psycopg_pool import PoolClosed
 
-from eventstore.store import WarmFirstPool
+from tributary.eventstore.store import WarmFirstPool
 
 pytestmark = pytest.mark.integration
 

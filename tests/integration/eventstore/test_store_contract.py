@@ -12,12 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventstore.domain.bank import bank_account
-from eventstore.errors import ConcurrencyConflict, IdempotencyMismatch, PartialDuplicateBatch
-from eventstore.handler import CommandHandler
-from eventstore.migrate import head_revision, migrations_current, run_migrations
-from eventstore.model import NewEvent
-from eventstore.store import EventStore
+from tributary.eventstore.domain.bank import bank_account
+from tributary.eventstore.errors import ConcurrencyConflict, IdempotencyMismatch, PartialDuplicateBatch
+from tributary.eventstore.handler import CommandHandler
+from tributary.eventstore.migrate import head_revision, migrations_current, run_migrations
+from tributary.eventstore.model import NewEvent
+from tributary.eventstore.store import EventStore
 
 pytestmark = pytest.mark.integration
 

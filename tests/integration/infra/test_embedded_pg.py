@@ -9,8 +9,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from api.embedded_pg import EmbeddedPostgres, PgError
 from tests.pg import PgServer
+from tributary.api.devdb.embedded import EmbeddedPostgres, PgError
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from capture.log import (
+from tributary.capture.log import (
     CorruptRecordError,
     DiskFullError,
     Log,

@@ -11,10 +11,9 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
-from api import cli_log
-from api.cli_log import log_app
-from capture.log import Log, TopicConfig, canonical_json
-from capture.log.cleaner import Cleaner, CleanerPolicy
+from tributary.api.cli.log import log_app
+from tributary.capture.log import Log, TopicConfig, admin, canonical_json
+from tributary.capture.log.cleaner import Cleaner, CleanerPolicy
 
 pytestmark = pytest.mark.e2e
 
@@ -96,7 +95,7 @@ def test_cat_follow_sees_new_commits(root: Path) -> None:
         return len(polls) < 3
 
     try:
-        n = cli_log.cat(root, "shop.public.orders", follow=True, out=out, poll_s=0.01, on_poll=on_poll)
+        n = admin.cat(root, "shop.public.orders", follow=True, out=out, poll_s=0.01, on_poll=on_poll)
     finally:
         writer.close()
     got = lines(out.getvalue().decode())

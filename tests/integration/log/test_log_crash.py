@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from capture.log import Log
+from tributary.capture.log import Log
 
 pytestmark = pytest.mark.integration
 

@@ -3,8 +3,8 @@
 from decimal import Decimal
 from typing import Any
 
-from projections.definition import Fold, Projection, Table, WindowSpec
-from projections.examples import account_balances, account_daily_totals, account_totals
+from tributary.projections.definition import Fold, Projection, Table, WindowSpec
+from tributary.projections.examples import account_balances, account_daily_totals, account_totals
 
 TOPICS = ("events.deposits", "events.withdrawals")
 HOUR = 3_600_000

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from projections.spark import get_session, stop_session
+from tributary.projections.spark import get_session, stop_session
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,8 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from capture.log import Log, TopicConfig, canonical_json
-from projections.records import ms_to_iso
+from tributary.capture.log import Log, TopicConfig, canonical_json
+from tributary.projections.records import ms_to_iso
 
 DAY = 86_400_000
 

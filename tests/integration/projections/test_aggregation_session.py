@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from projections.spark import aggregation_session
+from tributary.projections.spark import aggregation_session
 
 pytestmark = pytest.mark.integration
 

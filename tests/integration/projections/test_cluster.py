@@ -16,9 +16,9 @@ from typing import Any
 import pyspark
 import pytest
 
-from projections.spark import PROJECT_ROOT
 from tests.integration.projections.helpers import LogWriter, dump
 from tests.integration.projections.test_runs import DEP, WD, _workload, settings
+from tests.pg import REPO_ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -26,8 +26,8 @@ SPARK_HOME = Path(pyspark.__file__).parent
 CHILD = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from projections.runner import RunSettings, rebuild
-    from projections.spark import get_session
+    from tributary.projections.runner import RunSettings, rebuild
+    from tributary.projections.spark import get_session
     spark = get_session(sys.argv[1], shuffle_partitions=2,
                         conf={"spark.executor.memory": "512m", "spark.cores.max": "1"})
     s = RunSettings(dsn=sys.argv[2], log_root=Path(sys.argv[3]), modules=(sys.argv[4],))
@@ -105,7 +105,7 @@ def test_rebuild_on_a_standalone_cluster(spark: Any, standalone: str, fresh_db: 
     w.commit()
     w.close()
     s = settings(fresh_db, root)
-    env = {**os.environ, "PYTHONPATH": PROJECT_ROOT}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     out = subprocess.run(
         [sys.executable, "-c", CHILD, standalone, fresh_db, str(root), s.modules[0]],
         capture_output=True,
@@ -116,7 +116,7 @@ def test_rebuild_on_a_standalone_cluster(spark: Any, standalone: str, fresh_db: 
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["60", "6"]
     on_cluster = dump(fresh_db, "views.bank")
-    from projections.runner import rebuild
+    from tributary.projections.runner import rebuild
 
     rebuild("bank", s, spark=spark)  # the same log on the local session: the same table
     assert dump(fresh_db, "views.bank") == on_cluster

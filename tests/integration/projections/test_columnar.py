@@ -15,12 +15,12 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from capture.log import CorruptRecordError, Log, Split, TopicConfig, canonical_json, read_split
-from capture.log.codec import decode_line, encode_batch
-from capture.log.columnar import copy_format, decode_lines, is_current, read_split_columns
-from capture.log.segment import iter_lines
-from projections.records import default_event_time
-from projections.source import RECORD_SCHEMA, _raw_rows, plan, records_frame
+from tributary.capture.log import CorruptRecordError, Log, Split, TopicConfig, canonical_json, read_split
+from tributary.capture.log.codec import decode_line, encode_batch
+from tributary.capture.log.columnar import copy_format, decode_lines, is_current, read_split_columns
+from tributary.capture.log.segment import iter_lines
+from tributary.projections.records import default_event_time
+from tributary.projections.source import RECORD_SCHEMA, _raw_rows, plan, records_frame
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +63,7 @@ def _write(root: Path) -> Log:
 
 
 PROJECTION_FILE = f"""
-from projections.definition import Projection, Table
+from tributary.projections.definition import Projection, Table
 PROJECTION = Projection(
     name="cols", version=1, topics={TOPICS!r}, table=Table.of({{"k": "text"}}, ["k"]), build=lambda df: df,
 )

@@ -14,18 +14,18 @@ from typing import Any
 
 import pytest
 
-from projections.runner import rebuild, run, status
-from projections.spark import PROJECT_ROOT
 from tests.integration.projections.helpers import LogWriter, dump
 from tests.integration.projections.test_runs import DEP, WD, _workload, settings
+from tests.pg import REPO_ROOT
+from tributary.projections.runner import rebuild, run, status
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CHILD = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from projections.runner import RunSettings, run
-    from projections.spark import get_session
+    from tributary.projections.runner import RunSettings, run
+    from tributary.projections.spark import get_session
     s = RunSettings(dsn=sys.argv[1], log_root=Path(sys.argv[2]), modules=(sys.argv[3],),
                     spark_master="local[1]", shuffle_partitions=2)
     spark = get_session("local[1]", shuffle_partitions=2)
@@ -51,7 +51,7 @@ def test_kill_9_during_run_then_rerun(spark: Any, fresh_db: str, tmp_path: Path)
     w.commit()
     w.close()
     module = s.modules[0]
-    env = {**os.environ, "PYTHONPATH": PROJECT_ROOT}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, fresh_db, str(root), module, name],
         stdout=subprocess.PIPE,

@@ -16,10 +16,10 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from capture.log import Log, TopicConfig, canonical_json
-from eventstore.migrate import head_revision, migrations_current
-from projections.runner import RunSettings, rebuild, run
 from tests.integration.projections.helpers import dump
+from tributary.capture.log import Log, TopicConfig, canonical_json
+from tributary.eventstore.migrate import head_revision, migrations_current
+from tributary.projections.runner import RunSettings, rebuild, run
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[3]

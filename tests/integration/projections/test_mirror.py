@@ -10,10 +10,10 @@ import orjson
 import psycopg
 import pytest
 
-from capture.log import Log, TopicConfig, canonical_json
-from projections.cdc import TOAST_PLACEHOLDER
-from projections.runner import RunSettings, rebuild, run
 from tests.integration.projections.helpers import dump
+from tributary.capture.log import Log, TopicConfig, canonical_json
+from tributary.projections.cdc import TOAST_PLACEHOLDER
+from tributary.projections.runner import RunSettings, rebuild, run
 
 pytestmark = pytest.mark.integration
 TOPIC = "shop.public.orders"

@@ -11,9 +11,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from projections.errors import RunError
-from projections.runner import RunSettings, rebuild, run, run_continuous, status
 from tests.integration.projections.helpers import DAY, LogWriter, dump
+from tributary.projections.errors import RunError
+from tributary.projections.runner import RunSettings, rebuild, run, run_continuous, status
 
 pytestmark = pytest.mark.integration
 

@@ -16,16 +16,16 @@ from typing import Any
 import orjson
 import pytest
 
-from capture.log import Log, TopicConfig, canonical_json
-from capture.log.columnar import TailCopy, sweep_tail_copies, tail_copies, tail_copy_valid
-from projections import source
-from projections.source import records_frame
+from tributary.capture.log import Log, TopicConfig, canonical_json
+from tributary.capture.log.columnar import TailCopy, sweep_tail_copies, tail_copies, tail_copy_valid
+from tributary.projections import source
+from tributary.projections.source import records_frame
 
 pytestmark = pytest.mark.integration
 
 TOPIC = "events.thing"
 PROJECTION_FILE = f"""
-from projections.definition import Projection, Table
+from tributary.projections.definition import Projection, Table
 PROJECTION = Projection(
     name="tails", version=1, topics=({TOPIC!r},), table=Table.of({{"k": "text"}}, ["k"]), build=lambda df: df,
 )

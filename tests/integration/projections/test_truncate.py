@@ -9,10 +9,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from capture.log import canonical_json
-from projections.runner import RunSettings, rebuild, run
 from tests.integration.capture.helpers import cli, write_config
 from tests.integration.projections.helpers import dump
+from tributary.capture.log import canonical_json
+from tributary.projections.runner import RunSettings, rebuild, run
 
 pytestmark = pytest.mark.integration
 TOPIC = "shop.public.orders"

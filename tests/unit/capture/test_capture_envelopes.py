@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from capture import envelope as env
-from capture.lsn import Lsn
-from capture.schema_tracker import SCHEMA_KEY, SchemaTracker
-from capture.values import UNAVAILABLE
-from capture.wal2json import Begin, Change, Commit, LogicalMessage, Truncate, parse_message
+from tributary.capture import envelope as env
+from tributary.capture.lsn import Lsn
+from tributary.capture.schema_tracker import SCHEMA_KEY, SchemaTracker
+from tributary.capture.values import UNAVAILABLE
+from tributary.capture.wal2json import Begin, Change, Commit, LogicalMessage, Truncate, parse_message
 
 pytestmark = pytest.mark.unit
 

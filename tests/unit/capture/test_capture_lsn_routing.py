@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from capture.lsn import Lsn
-from capture.routing import TableFilter, topic_name
+from tributary.capture.lsn import Lsn
+from tributary.capture.routing import TableFilter, topic_name
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from capture.values import from_stream, from_text, parse_array, stream_converter, text_converter, type_family
+from tributary.capture.values import from_stream, from_text, parse_array, stream_converter, text_converter, type_family
 
 pytestmark = pytest.mark.unit
 

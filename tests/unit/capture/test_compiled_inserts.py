@@ -17,9 +17,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from capture import compiled
-from capture import insert_template as it
-from capture.wal2json import Change, parse_message
+from tributary.capture import compiled
+from tributary.capture import insert_template as it
+from tributary.capture.wal2json import Change, parse_message
 
 pytestmark = pytest.mark.unit
 
@@ -248,11 +248,11 @@ _WITHOUT = """
 import sys
 class Block:
     def find_spec(self, name, path=None, target=None):
-        if name == "capture._speedups":
+        if name == "tributary.capture._speedups":
             raise ImportError("not built")
 sys.meta_path.insert(0, Block())
-from capture import compiled
-from capture.log.codec import encode_plain
+from tributary.capture import compiled
+from tributary.capture.log.codec import encode_plain
 assert compiled.encode_inserts is None and compiled.take_inserts is None
 print(encode_plain(0, 1, [b"1"], [b"2"])[1])
 """

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from capture import compiled
+from tributary.capture import compiled
 
 pytestmark = pytest.mark.unit
 

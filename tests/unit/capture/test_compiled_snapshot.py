@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from capture import compiled
-from capture.log.partitioner import partition_for
-from capture.snapshot import take_copy_python
-from capture.snapshot_columns import (
+from tributary.capture import compiled
+from tributary.capture.log.partitioner import partition_for
+from tributary.capture.snapshot import take_copy_python
+from tributary.capture.snapshot_columns import (
     encode_chunk,
     murmur2_partitions,
     murmur2_partitions_python,

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from capture import envelope as env
-from capture import insert_template as it
-from capture.values import stream_converter
-from capture.wal2json import Change, parse_message
+from tributary.capture import envelope as env
+from tributary.capture import insert_template as it
+from tributary.capture.values import stream_converter
+from tributary.capture.wal2json import Change, parse_message
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capture import snapshot_columns as sc
-from capture.values import text_converter
+from tributary.capture import snapshot_columns as sc
+from tributary.capture.values import text_converter
 
 pytestmark = pytest.mark.unit
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture.status import LatencyHistogram
+from tributary.capture.status import LatencyHistogram
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from eventstore.aggregate import fold
-from eventstore.domain.bank import (
+from tributary.eventstore.aggregate import fold
+from tributary.eventstore.domain.bank import (
     AccountClosed,
     AccountOpened,
     AccountState,
@@ -18,7 +18,7 @@ from eventstore.domain.bank import (
     OverdraftFeeCharged,
     bank_account,
 )
-from eventstore.errors import CommandRejected, InvalidCommand, UnknownCommand
+from tributary.eventstore.errors import CommandRejected, InvalidCommand, UnknownCommand
 
 pytestmark = pytest.mark.unit
 

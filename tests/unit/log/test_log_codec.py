@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from capture import compiled
-from capture.log import GroupCommitter, Record, TopicConfig
-from capture.log.codec import BadLine, decode_line, encode_batch, encode_plain, encode_plain_python
-from capture.log.errors import LogError
-from capture.log.index import (
+from tributary.capture import compiled
+from tributary.capture.log import GroupCommitter, Record, TopicConfig
+from tributary.capture.log.codec import BadLine, decode_line, encode_batch, encode_plain, encode_plain_python
+from tributary.capture.log.errors import LogError
+from tributary.capture.log.index import (
     lookup_offset,
     lookup_time,
     pack_offsets,
@@ -21,7 +21,7 @@ from capture.log.index import (
     unpack_offsets,
     unpack_times,
 )
-from capture.log.manifest import (
+from tributary.capture.log.manifest import (
     Manifest,
     PartitionState,
     TopicState,

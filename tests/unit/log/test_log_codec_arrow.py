@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capture import compiled
-from capture.log.codec import decode_line, encode_batch
-from capture.log.codec_arrow import _piece, encode_columns, encode_columns_python
-from capture.log.partitioner import partition_for
-from capture.snapshot_columns import murmur2_partitions
+from tributary.capture import compiled
+from tributary.capture.log.codec import decode_line, encode_batch
+from tributary.capture.log.codec_arrow import _piece, encode_columns, encode_columns_python
+from tributary.capture.log.partitioner import partition_for
+from tributary.capture.snapshot_columns import murmur2_partitions
 
 pytestmark = pytest.mark.unit
 

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from capture import compiled
-from capture.log import partitioner
-from capture.log.partitioner import (
+from tributary.capture import compiled
+from tributary.capture.log import partitioner
+from tributary.capture.log.partitioner import (
     canonical_json,
     murmur2,
     murmur2_python,

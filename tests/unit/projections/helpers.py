@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from projections.records import ProjectionRecord, ms_to_iso
+from tributary.projections.records import ProjectionRecord, ms_to_iso
 
 
 def event(

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from projections.arrow_copy import distinct_keys, output_lines
-from projections.definition import Projection, Table
-from projections.engine import render_row
-from projections.errors import DefinitionError
+from tributary.projections.arrow_copy import distinct_keys, output_lines
+from tributary.projections.definition import Projection, Table
+from tributary.projections.engine import render_row
+from tributary.projections.errors import DefinitionError
 
 P = Projection(
     name="totals",

@@ -1,7 +1,7 @@
 import pytest
 
-from projections.cdc import TOAST_PLACEHOLDER, apply_change, current_row, resolve_toast, unresolved
 from tests.unit.projections.helpers import change
+from tributary.projections.cdc import TOAST_PLACEHOLDER, apply_change, current_row, resolve_toast, unresolved
 
 pytestmark = pytest.mark.unit
 T = "shop.public.docs"
@@ -55,7 +55,7 @@ def test_apply_change_sequence() -> None:
 
 
 def test_schema_records_leave_the_row_alone() -> None:
-    from projections.records import ProjectionRecord
+    from tributary.projections.records import ProjectionRecord
 
     schema = ProjectionRecord(T, 0, 9, 0, None, {"schema": {"columns": []}}, None, 0)
     assert apply_change({"id": 1}, schema) == {"id": 1}

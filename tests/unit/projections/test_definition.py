@@ -2,9 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from projections.definition import Column, Fold, Projection, Table, WindowSpec
-from projections.errors import DefinitionError
-from projections.loader import load, resolve
+from tributary.projections.definition import Column, Fold, Projection, Table, WindowSpec
+from tributary.projections.errors import DefinitionError
+from tributary.projections.loader import load, resolve
 
 pytestmark = pytest.mark.unit
 
@@ -51,7 +51,7 @@ def test_bad_tables_are_refused(make: object, message: str) -> None:
 def test_loader_by_path_and_module(tmp_path: Path) -> None:
     f = tmp_path / "mine.py"
     f.write_text("from projections.examples.account_balances import make\nPROJECTION = make(name='mine')\n")
-    found = load((str(f), "projections.examples.account_daily_totals"), ("shop.public.orders",))
+    found = load((str(f), "tributary.projections.examples.account_daily_totals"), ("shop.public.orders",))
     assert sorted(found) == ["account_daily_totals", "mine", "shop_public_orders"]
     assert resolve((str(f),), (), "mine").topics == ("events.account",)
     with pytest.raises(DefinitionError, match="no projection named 'nope'"):

@@ -5,13 +5,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from projections.definition import Fold, Projection, Table, WindowSpec
-from projections.engine import Prior, decide
-from projections.errors import RecordError
-from projections.examples import account_balances, account_daily_totals
-from projections.local import LocalView, run_local
-from projections.records import ProjectionRecord
 from tests.unit.projections.helpers import event
+from tributary.projections.definition import Fold, Projection, Table, WindowSpec
+from tributary.projections.engine import Prior, decide
+from tributary.projections.errors import RecordError
+from tributary.projections.examples import account_balances, account_daily_totals
+from tributary.projections.local import LocalView, run_local
+from tributary.projections.records import ProjectionRecord
 
 pytestmark = pytest.mark.unit
 

@@ -2,8 +2,8 @@ from decimal import Decimal
 
 import pytest
 
-from projections.codec import copy_line, copy_text, dump_state, load_state
-from projections.records import decode, default_event_time, iso_to_ms, ms_to_iso, sort_key
+from tributary.projections.codec import copy_line, copy_text, dump_state, load_state
+from tributary.projections.records import decode, default_event_time, iso_to_ms, ms_to_iso, sort_key
 
 pytestmark = pytest.mark.unit
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from capture.log.columnar import TailCopy
-from projections.source import Segment
+from tributary.capture.log.columnar import TailCopy
+from tributary.projections.source import Segment
 
 
 @pytest.mark.parametrize(

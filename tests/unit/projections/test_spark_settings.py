@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from projections.spark import local_cores
+from tributary.projections.spark import local_cores
 
 
 @pytest.mark.parametrize(

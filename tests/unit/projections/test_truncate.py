@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from projections.cdc import apply_change
-from projections.codec import canonical
-from projections.definition import Fold, Projection, Table, WindowSpec
-from projections.engine import Item, Prior, applies_truncates, decide, deliver_truncates, truncate_points
-from projections.local import LocalView, run_local
-from projections.mirror import mirror_projection
-from projections.records import ProjectionRecord
+from tributary.projections.cdc import apply_change
+from tributary.projections.codec import canonical
+from tributary.projections.definition import Fold, Projection, Table, WindowSpec
+from tributary.projections.engine import Item, Prior, applies_truncates, decide, deliver_truncates, truncate_points
+from tributary.projections.local import LocalView, run_local
+from tributary.projections.mirror import mirror_projection
+from tributary.projections.records import ProjectionRecord
 
 pytestmark = pytest.mark.unit
 

@@ -1,8 +1,8 @@
 import pytest
 
-from projections.definition import WindowSpec
-from projections.errors import DefinitionError
-from projections.windows import admit, assign, running_max_before, split_sessions, watermark
+from tributary.projections.definition import WindowSpec
+from tributary.projections.errors import DefinitionError
+from tributary.projections.windows import admit, assign, running_max_before, split_sessions, watermark
 
 pytestmark = pytest.mark.unit
 

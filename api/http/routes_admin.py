@@ -12,12 +12,12 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel
 
-from api.auth import AUTH_RESPONSES, error, require
-from api.cli_log import topics as topics_of
-from api.config import Settings
-from api.sources import source_statuses
-from capture.log import LogError
-from capture.status import read_status
+from tributary.api.http.auth import AUTH_RESPONSES, error, require
+from tributary.api.settings.config import Settings
+from tributary.api.settings.sources import source_statuses
+from tributary.capture.log import LogError
+from tributary.capture.log.admin import topics as topics_of
+from tributary.capture.status import read_status
 
 __all__ = ["router"]
 
@@ -71,7 +71,7 @@ async def readyz(request: Request) -> Response:
     except Exception as exc:  # noqa: BLE001 - readiness reports, it does not raise
         checks["database"] = f"unreachable: {type(exc).__name__}"
     try:
-        from eventstore.migrate import migrations_current
+        from tributary.eventstore.migrate import migrations_current
 
         checks["migrations"] = "ok" if await asyncio.to_thread(migrations_current, request.app.state.dsn) else "pending"
     except ImportError:
@@ -127,7 +127,7 @@ _rebuild_lock = threading.Lock()
 
 
 def _run_settings(request: Request) -> Any:
-    from projections.runner import RunSettings
+    from tributary.projections.runner import RunSettings
 
     return RunSettings.from_settings(_settings(request), dsn=request.app.state.dsn)
 
@@ -135,7 +135,7 @@ def _run_settings(request: Request) -> Any:
 @router.get("/projections", tags=["admin"], dependencies=[Depends(require("admin"))], responses=AUTH_RESPONSES)
 async def projections(request: Request) -> list[dict[str, Any]]:
     """Version, serving build, state, lag, and any rebuild started from the API with its progress."""
-    from projections.runner import status
+    from tributary.projections.runner import status
 
     rows = await asyncio.to_thread(status, _run_settings(request))
     out = []
@@ -159,7 +159,7 @@ async def projections(request: Request) -> list[dict[str, Any]]:
 )
 async def start_rebuild(name: str, request: Request) -> dict[str, Any]:
     """Start a rebuild in the background; 202 with an id to poll at GET /rebuilds/{id}."""
-    from projections.loader import load
+    from tributary.projections.loader import load
 
     settings = _run_settings(request)
     if name not in load(settings.modules, settings.mirror):
@@ -185,7 +185,7 @@ async def start_rebuild(name: str, request: Request) -> dict[str, Any]:
 
 
 def _rebuild_worker(entry: dict[str, Any], settings: Any) -> None:
-    from projections.runner import rebuild
+    from tributary.projections.runner import rebuild
 
     def progress(stage: str, done: int, total: int) -> None:
         entry.update(stage=stage, done=done, total=total)

@@ -22,18 +22,18 @@ from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 from starlette.types import Message, Receive, Scope, Send
 
-from api import routes_admin, routes_commands, routes_views
-from api.config import Settings
-from api.limits import BodyLimit
-from api.logs import REQUEST_ID
-from api.metrics import Metrics
-from api.pg_async import KeepReaderConnection
-from api.pg_pipeline import Pipelines
-from eventstore.domain.bank import bank_account
-from eventstore.handler import CommandHandler
-from eventstore.store import EventStore
+from tributary.api.http import routes_admin, routes_commands, routes_views
+from tributary.api.http.limits import BodyLimit
+from tributary.api.http.metrics import Metrics
+from tributary.api.http.pg_async import KeepReaderConnection
+from tributary.api.http.pg_pipeline import Pipelines
+from tributary.api.settings.config import Settings
+from tributary.api.settings.logs import REQUEST_ID
+from tributary.eventstore.domain.bank import bank_account
+from tributary.eventstore.handler import CommandHandler
+from tributary.eventstore.store import EventStore
 
-__all__ = ["Service", "create_app"]
+__all__ = ["WORKER_CONFIG", "Service", "create_app", "worker_app"]
 
 log = logging.getLogger(__name__)
 
@@ -228,3 +228,21 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
 
 def pool_of(request: Request) -> Any:
     return request.app.state.pool
+
+
+WORKER_CONFIG = "_TRIBUTARY_SERVE_CONFIG"  # not TRIBUTARY_*: that prefix is for settings overrides
+
+
+def worker_app() -> FastAPI:
+    """The app of one `serve --workers N` worker process (uvicorn calls this factory in each):
+    each worker rebuilds it from the config file `serve` validated (path in WORKER_CONFIG)."""
+    from pathlib import Path
+
+    from tributary.api.settings.config import load_settings
+    from tributary.api.settings.logs import configure_json_logging
+    from tributary.api.settings.service import service_dsn
+
+    configure_json_logging()
+    path = os.environ.get(WORKER_CONFIG, "")
+    settings = load_settings(Path(path) if path else None)
+    return create_app(settings, dsn=service_dsn(settings))

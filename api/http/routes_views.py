@@ -24,8 +24,8 @@ from psycopg.adapt import AdaptersMap
 from psycopg.types.string import TextLoader
 from starlette.types import Scope
 
-from api import pg_pipeline
-from api.auth import AUTH_RESPONSES, error, require
+from tributary.api.http import pg_pipeline
+from tributary.api.http.auth import AUTH_RESPONSES, error, require
 
 __all__ = ["fast_page", "router", "runtime"]
 
@@ -49,7 +49,7 @@ def _projections(state: Any) -> dict[str, Any]:
     """The configured projections, loaded once per app (they are configuration, not data)."""
     cached = getattr(state, "projections", None)
     if cached is None:
-        from projections.loader import load
+        from tributary.projections.loader import load
 
         settings = state.settings
         cached = state.projections = dict(load(tuple(settings.projections.modules), tuple(settings.projections.mirror)))

@@ -14,8 +14,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.auth import AUTH_RESPONSES, error, require
-from eventstore.errors import (
+from tributary.api.http.auth import AUTH_RESPONSES, error, require
+from tributary.eventstore.errors import (
     CommandRejected,
     ConcurrencyConflict,
     EventStoreError,
@@ -25,8 +25,8 @@ from eventstore.errors import (
     UnknownCommand,
     UnknownStreamType,
 )
-from eventstore.handler import CommandHandler
-from eventstore.model import dumps, event_json
+from tributary.eventstore.handler import CommandHandler
+from tributary.eventstore.model import dumps, event_json
 
 __all__ = ["CommandReply", "CommandRequest", "EventOut", "StreamEvents", "StreamState", "router"]
 

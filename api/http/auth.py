@@ -9,7 +9,7 @@ from typing import Any, Literal
 from fastapi import HTTPException, Request
 from pydantic import BaseModel
 
-from api.config import ApiSettings
+from tributary.api.settings.config import ApiSettings
 
 __all__ = ["AUTH_RESPONSES", "ErrorBody", "Scope", "error", "require"]
 

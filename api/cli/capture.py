@@ -11,13 +11,13 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from api.cli_common import ConfigOption, UserError, settings_from
-from api.cli_log import cleaner_policy
-from api.config import Settings
-from api.sources import source_specs, source_statuses
-from capture.daemon import CaptureDaemon, DaemonOptions
-from capture.prerequisites import Outcome, check_source
-from capture.status import SourceStatus
+from tributary.api.cli.common import ConfigOption, UserError, settings_from
+from tributary.api.settings.config import Settings
+from tributary.api.settings.log import cleaner_policy
+from tributary.api.settings.sources import source_specs, source_statuses
+from tributary.capture.daemon import CaptureDaemon, DaemonOptions
+from tributary.capture.prerequisites import Outcome, check_source
+from tributary.capture.status import SourceStatus
 
 __all__ = ["register"]
 
@@ -70,8 +70,8 @@ def init(
 
 def _migrate(settings: Settings, console: Console) -> None:
     """Run the service database's migrations (event store, projection bookkeeping); skipped when there is none yet."""
-    from api.cli_common import service_dsn
-    from eventstore.migrate import run_migrations
+    from tributary.api.cli.common import service_dsn
+    from tributary.eventstore.migrate import run_migrations
 
     try:
         dsn = service_dsn(settings)

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from api.config import Settings, SourceSettings
+from tributary.api.settings.config import Settings, SourceSettings
 
 __all__ = ["reference"]
 

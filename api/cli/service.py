@@ -5,12 +5,11 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from api.cli_common import ConfigOption, UserError, service_dsn, settings_from
+from tributary.api.cli.common import ConfigOption, UserError, service_dsn, settings_from
 
 __all__ = ["register"]
 
@@ -42,8 +41,8 @@ def serve(
     """Serve the HTTP API, /metrics and the console page (open http://HOST:PORT/)."""
     import uvicorn
 
-    from api.app import create_app
-    from api.logs import configure_json_logging
+    from tributary.api.http.app import create_app
+    from tributary.api.settings.logs import configure_json_logging
 
     settings = settings_from(config)
     host = host or settings.api.host
@@ -65,29 +64,17 @@ def serve(
         "port": port,
         "log_config": None,
         "access_log": False,
-        "http": "api.http_protocol:CoalescingHttpToolsProtocol",
+        "http": "tributary.api.http.http_protocol:CoalescingHttpToolsProtocol",
     }
     if workers == 1:
         uvicorn.run(create_app(settings, dsn=dsn), **common)  # type: ignore[arg-type]
         return
     # Several processes need an import string: each worker rebuilds the app from the same config file
     # (and environment), so the settings are the ones validated here.
-    os.environ[_WORKER_CONFIG] = "" if config is None else str(config.resolve())
-    uvicorn.run("api.cli_service:worker_app", factory=True, workers=workers, **common)  # type: ignore[arg-type]
+    from tributary.api.http.app import WORKER_CONFIG
 
-
-_WORKER_CONFIG = "_TRIBUTARY_SERVE_CONFIG"  # not TRIBUTARY_*: that prefix is for settings overrides
-
-
-def worker_app() -> Any:
-    """The app of one `serve --workers N` worker process (uvicorn calls this factory in each)."""
-    from api.app import create_app
-    from api.logs import configure_json_logging
-
-    configure_json_logging()
-    path = os.environ.get(_WORKER_CONFIG, "")
-    settings = settings_from(Path(path) if path else None)
-    return create_app(settings, dsn=service_dsn(settings))
+    os.environ[WORKER_CONFIG] = "" if config is None else str(config.resolve())
+    uvicorn.run("tributary.api.http.app:worker_app", factory=True, workers=workers, **common)  # type: ignore[arg-type]
 
 
 config_app = typer.Typer(
@@ -98,7 +85,7 @@ config_app = typer.Typer(
 @config_app.command("reference")
 def config_reference() -> None:
     """Every key with its default and meaning, as TOML (generated from the settings model)."""
-    from api.config_reference import reference
+    from tributary.api.settings.reference import reference
 
     typer.echo(reference(), nl=False)
 
@@ -108,7 +95,7 @@ def config_show(config: ConfigOption = None) -> None:
     """The effective settings (file + environment), with passwords masked."""
     import json
 
-    from api.logs import redact
+    from tributary.api.settings.logs import redact
 
     typer.echo(redact(json.dumps(settings_from(config).model_dump(mode="json", by_alias=True), indent=1)))
 

@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 from psycopg import AsyncConnection, errors, pq
 from psycopg.adapt import AdaptersMap
 
-from api import pg_prepared
+from tributary.api.http import pg_prepared
 
 __all__ = ["Pipelines"]
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
-from api.http_simple import SimpleGet, simple_get
+from tributary.api.http.http_simple import SimpleGet, simple_get
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class _CoalescingTransport:
 
 def _service(app: Any) -> Any:
     """The `api.app.Service` inside uvicorn's middleware wrappers, or `None`."""
-    from api.app import Service
+    from tributary.api.http.app import Service
 
     for _ in range(16):
         if isinstance(app, Service):
@@ -170,7 +170,7 @@ _VIEW_PREFIX = b"GET /views/"
 
 
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """`uvicorn.run(..., http="api.http_protocol:CoalescingHttpToolsProtocol")`."""
+    """`uvicorn.run(..., http="tributary.api.http.http_protocol:CoalescingHttpToolsProtocol")`."""
 
     _service: Any = None
     _fast = False  # `simple_get` requests are served here (a `Service` app, no option that forbids it)

@@ -7,11 +7,11 @@ from typing import Any
 
 import psycopg
 
-from api.config import Settings
-from capture.outbox import OUTBOX_TABLE, route_event
-from capture.replication import connect_options
-from capture.source import SourceSpec
-from capture.status import read_status
+from tributary.api.settings.config import Settings
+from tributary.capture.outbox import OUTBOX_TABLE, route_event
+from tributary.capture.replication import connect_options
+from tributary.capture.source import SourceSpec
+from tributary.capture.status import read_status
 
 __all__ = ["OUTBOX_SOURCE", "outbox_spec", "slot_lag_bytes", "source_specs", "source_statuses"]
 
@@ -49,7 +49,7 @@ def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[Sourc
         for s in settings.sources
     ]
     if with_outbox and settings.capture.capture_eventstore:
-        from api.cli_common import UserError, service_dsn
+        from tributary.api.settings.service import UserError, service_dsn
 
         with contextlib.suppress(UserError):  # no service database yet: nothing to route
             specs.append(outbox_spec(settings, service_dsn(settings)))

@@ -14,16 +14,16 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from api.cli_common import ConfigOption, service_dsn, settings_from
+from tributary.api.cli.common import ConfigOption, service_dsn, settings_from
 
 if TYPE_CHECKING:
-    from projections.runner import RunResult, RunSettings
+    from tributary.projections.runner import RunResult, RunSettings
 
 
 def _runner() -> Any:
     """projections.runner, imported when a project command runs: it pulls in pyarrow and the
     Spark glue, which every other `tributary` command (capture above all) would pay for at start."""
-    from projections import runner
+    from tributary.projections import runner
 
     return runner
 

@@ -18,21 +18,24 @@ import typer
 from psycopg import sql
 from rich.console import Console
 
-from api.cli_common import ConfigOption, settings_from
-from api.cli_log import cleaner_policy
-from api.cli_log import topics as topics_of
-from api.config import Settings
-from api.embedded_pg import EmbeddedPostgres, free_port
-from api.shop import Workload, create_shop
-from api.sources import outbox_spec
-from capture.daemon import CaptureDaemon, DaemonOptions
-from capture.source import SourceSpec
+from tributary.api.cli.common import ConfigOption, settings_from
+from tributary.api.demo.shop import Workload, create_shop
+from tributary.api.devdb.embedded import EmbeddedPostgres, free_port
+from tributary.api.settings.config import Settings
+from tributary.api.settings.log import cleaner_policy
+from tributary.api.settings.sources import outbox_spec
+from tributary.capture.daemon import CaptureDaemon, DaemonOptions
+from tributary.capture.log.admin import topics as topics_of
+from tributary.capture.source import SourceSpec
 
 __all__ = ["register"]
 
 DEMO_DB = "shop"
 DEMO_SOURCE = "demo"
-DEMO_PROJECTIONS = ("projections.examples.account_balances", "projections.examples.account_daily_totals")
+DEMO_PROJECTIONS = (
+    "tributary.projections.examples.account_balances",
+    "tributary.projections.examples.account_daily_totals",
+)
 DEMO_MIRROR = (f"{DEMO_SOURCE}.public.orders",)
 
 
@@ -88,7 +91,7 @@ def demo(
     shop_dsn = cluster.dsn(DEMO_DB)
     _ensure_database(cluster.dsn("postgres"), DEMO_DB)
     create_shop(shop_dsn)
-    from eventstore.migrate import run_migrations
+    from tributary.eventstore.migrate import run_migrations
 
     run_migrations(service_dsn)
     settings = _demo_settings(base, service_dsn, free_port(base.api.port))
@@ -132,7 +135,7 @@ def demo(
 
     import uvicorn
 
-    from api.app import create_app
+    from tributary.api.http.app import create_app
 
     server = uvicorn.Server(
         uvicorn.Config(
@@ -141,7 +144,7 @@ def demo(
             port=settings.api.port,
             log_level="warning",
             access_log=False,
-            http="api.http_protocol:CoalescingHttpToolsProtocol",  # as `tributary serve` runs it
+            http="tributary.api.http.http_protocol:CoalescingHttpToolsProtocol",  # as `tributary serve` runs it
         )
     )
 
@@ -172,8 +175,8 @@ def demo(
                 stop_.wait(0.5)
 
     def projections(stop_: threading.Event) -> None:
-        from projections.loader import load
-        from projections.runner import RunSettings, run
+        from tributary.projections.loader import load
+        from tributary.projections.runner import RunSettings, run
 
         run_settings = RunSettings.from_settings(settings, dsn=service_dsn)
         names = sorted(load(run_settings.modules, run_settings.mirror))

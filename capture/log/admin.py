@@ -1,7 +1,7 @@
-"""`tributary log …`: inspect the log (topics, cat, compact, verify).
+"""The log's admin operations: topics, cat, compact, verify, repair.
 
-Each command is a thin typer wrapper around a plain function taking the log root, so the lead can
-supply the root from `--config` later. Errors print one line on stderr and exit 1.
+The command line (`tributary log …`) and the HTTP API (`GET /topics`) both call these; each takes
+the log's root directory and works on committed data only.
 """
 
 from __future__ import annotations
@@ -11,64 +11,23 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, BinaryIO
+from typing import Any, BinaryIO
 
-import typer
-
-from api.cli_common import ConfigOption
-from api.config import Settings
-from capture.log import (
-    CompactionStats,
-    Log,
-    LogError,
-    LogLockedError,
-    Problem,
-    Record,
-)
-from capture.log.cleaner import CleanerPolicy, PartitionCheckpoint, read_checkpoint
+from tributary.capture.log.cleaner import PartitionCheckpoint, read_checkpoint
+from tributary.capture.log.errors import LogError, LogLockedError
+from tributary.capture.log.log import Log
+from tributary.capture.log.types import CompactionStats, Problem, Record
 
 __all__ = [
     "CompactedInBackground",
     "background_state",
     "cat",
-    "cleaner_policy",
     "compact",
     "compaction_state",
-    "log_app",
-    "register",
     "repair",
     "topics",
     "verify",
 ]
-
-DEFAULT_ROOT = Path(".tributary/log")
-
-log_app = typer.Typer(
-    help="Inspect the log: list topics, print records, compact, verify checksums.",
-    no_args_is_help=True,
-)
-
-
-def register(app: typer.Typer) -> None:
-    """Called by api.cli: mounts these commands as `tributary log …`."""
-    app.add_typer(log_app, name="log")
-
-
-RootOption = Annotated[
-    Path | None, typer.Option("--root", help="Log root directory (default: [log] root of the config).")
-]
-
-
-def _root(root: Path | None, config: Path | None) -> Path:
-    """`--root` if given, else the config's `[log] root`."""
-    if root is not None:
-        return root
-    from api.cli_common import settings_from
-
-    return settings_from(config).log.root
-
-
-# -- plain functions (the work) -------------------------------------------------------------
 
 
 def topics(root: Path) -> list[dict[str, object]]:
@@ -179,22 +138,6 @@ class CompactedInBackground(Exception):
     """`log compact` while capture runs: the daemon's cleaner does it; the message says how."""
 
 
-def cleaner_policy(settings: Settings) -> CleanerPolicy | None:
-    """The `[log]` cleaner keys as the capture daemon's cleaner policy; None when
-    `cleaner_interval_s` is 0 (no background cleaner)."""
-    s = settings.log
-    if s.cleaner_interval_s <= 0:
-        return None
-    return CleanerPolicy(
-        interval_ms=int(s.cleaner_interval_s * 1000),
-        min_cleanable_dirty_ratio=s.min_cleanable_dirty_ratio,
-        delete_retention_ms=s.delete_retention_ms,
-        retention_ms=s.retention_ms,
-        retention_bytes=s.retention_bytes,
-        file_delete_delay_ms=s.file_delete_delay_ms,
-    )
-
-
 def _summed(figures: list[dict[str, Any]]) -> dict[str, int]:
     """Records and bytes before → after, summed over partitions' recorded compactions."""
     return {f: sum(x[f] for x in figures) for f in ("records_before", "records_after", "bytes_before", "bytes_after")}
@@ -260,123 +203,3 @@ def repair(root: Path) -> list[str]:
         raise LogError(f"cannot repair while capture is running: {exc}") from None
     with log:
         return list(log.repaired)
-
-
-# -- typer wrappers -------------------------------------------------------------------------
-
-
-def _fail(exc: Exception) -> typer.Exit:
-    typer.echo(f"tributary: {exc}", err=True)
-    return typer.Exit(1)
-
-
-@log_app.command("topics")
-def topics_cmd(root: RootOption = None, config: ConfigOption = None) -> None:
-    """List topics with their partitions, policy and committed offsets."""
-    root = _root(root, config)
-    try:
-        rows = topics(root)
-    except LogError as exc:
-        raise _fail(exc) from None
-    if not rows:
-        typer.echo("no topics yet", err=True)
-    for r in rows:
-        c: Any = r["compaction"]
-        compacted = ""
-        if c and c["last_compaction"]:
-            compacted = (
-                f"\tlast_compaction={c['last_compaction']} ({c['records_before']} → {c['records_after']} records)"
-            )
-        typer.echo(
-            f"{r['topic']}\tpartitions={r['partitions']}\tpolicy={r['policy']}\t"
-            f"records={r['records']}\tend_offsets={r['end_offsets']}{compacted}"
-        )
-
-
-@log_app.command("cat")
-def cat_cmd(
-    topic: Annotated[str, typer.Argument(help="Topic name, e.g. shop.public.orders.")],
-    partition: Annotated[int | None, typer.Option("--partition", "-p", help="Only this partition.")] = None,
-    from_offset: Annotated[int, typer.Option("--from", help="Start at this offset (per partition).")] = 0,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new commits until Ctrl-C.")] = False,
-    compacted: Annotated[bool, typer.Option("--compacted", help="Only the latest record per key.")] = False,
-    root: RootOption = None,
-    config: ConfigOption = None,
-) -> None:
-    """Print records as JSON lines: topic, partition, offset, timestamp, key, value, headers."""
-    root = _root(root, config)
-    try:
-        cat(
-            root,
-            topic,
-            partition=partition,
-            from_offset=from_offset,
-            follow=follow,
-            compacted=compacted,
-        )
-    except KeyboardInterrupt:
-        return
-    except (LogError, BrokenPipeError) as exc:
-        if isinstance(exc, BrokenPipeError):
-            return
-        raise _fail(exc) from None
-
-
-@log_app.command("compact")
-def compact_cmd(
-    topic: Annotated[str | None, typer.Argument(help="Topic (default: every compacted topic).")] = None,
-    root: RootOption = None,
-    config: ConfigOption = None,
-) -> None:
-    """Compact sealed segments of `compact` topics now (while capture runs, its background
-    cleaner does this: the command then says when it last did)."""
-    from api.cli_common import settings_from
-
-    settings = settings_from(config)
-    root = root if root is not None else settings.log.root
-    try:
-        s = compact(root, topic, delete_retention_ms=settings.log.delete_retention_ms)
-    except CompactedInBackground as exc:
-        typer.echo(str(exc))
-        return
-    except LogError as exc:
-        raise _fail(exc) from None
-    typer.echo(
-        f"compacted: {s.records_before} → {s.records_after} records, {s.bytes_before} → "
-        f"{s.bytes_after} bytes ({s.segments_rewritten} segments rewritten, "
-        f"{s.segments_deleted} removed)"
-    )
-
-
-@log_app.command("verify")
-def verify_cmd(
-    root: RootOption = None,
-    config: ConfigOption = None,
-    fix: Annotated[
-        bool,
-        typer.Option(
-            "--repair",
-            help="First cut damaged committed tails back to their last intact record "
-            "(offsets lost there stay a gap). Needs capture to be stopped.",
-        ),
-    ] = False,
-) -> None:
-    """Read every committed record and check its CRC and order; exit 1 if anything is wrong."""
-    root = _root(root, config)
-    try:
-        if fix:
-            for note in repair(root):
-                typer.echo(f"repaired: {note}", err=True)
-        problems = verify(root)
-    except LogError as exc:
-        raise _fail(exc) from None
-    for p in problems:
-        typer.echo(f"corrupt: {p}", err=True)
-    if problems:
-        typer.echo(f"tributary: {len(problems)} problem(s) found in {root}", err=True)
-        raise typer.Exit(1)
-    typer.echo(f"ok: every committed record in {root} is intact")
-
-
-if __name__ == "__main__":  # pragma: no cover - for `python -m api.cli_log`
-    sys.exit(log_app())

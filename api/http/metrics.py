@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from capture.log import Log, LogError
-from capture.status import read_status
+from tributary.capture.log import Log, LogError
+from tributary.capture.status import read_status
 
 __all__ = ["Metrics"]
 
@@ -66,7 +66,7 @@ class Metrics:
 
     def refresh(self, settings: Any, *, dsn: str | None = None, rebuilds: Iterable[Mapping[str, Any]] = ()) -> None:
         """Read every source of truth once (called per scrape, off the event loop)."""
-        from api.sources import source_statuses
+        from tributary.api.settings.sources import source_statuses
 
         root = Path(settings.log.root)
         current = read_status(root) or {}
@@ -91,7 +91,7 @@ class Metrics:
         self._refresh_projections(settings, dsn, rebuilds)
 
     def _refresh_projections(self, settings: Any, dsn: str | None, rebuilds: Iterable[Mapping[str, Any]]) -> None:
-        from projections.runner import RunSettings, status
+        from tributary.projections.runner import RunSettings, status
 
         try:
             for st in status(RunSettings.from_settings(settings, dsn=dsn)):

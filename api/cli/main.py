@@ -11,9 +11,9 @@ from typing import Annotated
 
 import typer
 
-from api.cli_common import ConfigOption, UserError, service_dsn, settings_from
-from api.config import ConfigError, Settings
-from api.embedded_pg import EmbeddedPostgres, PgError
+from tributary.api.cli.common import ConfigOption, UserError, service_dsn, settings_from
+from tributary.api.devdb.embedded import EmbeddedPostgres, PgError
+from tributary.api.settings.config import ConfigError, Settings
 
 __all__ = ["ConfigOption", "UserError", "app", "main", "service_dsn", "settings_from"]
 
@@ -73,7 +73,13 @@ def _register_subcommands() -> None:
     """Mount the command modules, kept apart by concern (each exposes `register(app)`)."""
     import importlib
 
-    for name in ("api.cli_log", "api.cli_capture", "api.cli_project", "api.cli_service", "api.cli_demo"):
+    for name in (
+        "tributary.api.cli.log",
+        "tributary.api.cli.capture",
+        "tributary.api.cli.project",
+        "tributary.api.cli.service",
+        "tributary.api.demo.demo",
+    ):
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -92,10 +98,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """Every package's error root: these print as one line instead of a traceback."""
     roots: list[type[BaseException]] = list(_USER_ERRORS)
     for mod, name in (
-        ("capture.log", "LogError"),
-        ("capture.errors", "CaptureError"),
-        ("eventstore.errors", "EventStoreError"),
-        ("projections.errors", "ProjectionError"),
+        ("tributary.capture.log", "LogError"),
+        ("tributary.capture.errors", "CaptureError"),
+        ("tributary.eventstore.errors", "EventStoreError"),
+        ("tributary.projections.errors", "ProjectionError"),
     ):
         try:
             module = __import__(mod, fromlist=[name])

@@ -1,0 +1,1 @@
+"""The `tributary` command line (typer + rich), one module per command group."""

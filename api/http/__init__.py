@@ -1,0 +1,1 @@
+"""The HTTP API (FastAPI): commands, streams, views, admin, metrics and the console page."""

@@ -1,0 +1,1 @@
+"""Configuration (`tributary.toml` + environment), its reference, logging and the wiring of sources."""

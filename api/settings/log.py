@@ -1,0 +1,24 @@
+"""The `[log]` settings as the log's own objects."""
+
+from __future__ import annotations
+
+from tributary.api.settings.config import Settings
+from tributary.capture.log.cleaner import CleanerPolicy
+
+__all__ = ["cleaner_policy"]
+
+
+def cleaner_policy(settings: Settings) -> CleanerPolicy | None:
+    """The `[log]` cleaner keys as the capture daemon's cleaner policy; None when
+    `cleaner_interval_s` is 0 (no background cleaner)."""
+    s = settings.log
+    if s.cleaner_interval_s <= 0:
+        return None
+    return CleanerPolicy(
+        interval_ms=int(s.cleaner_interval_s * 1000),
+        min_cleanable_dirty_ratio=s.min_cleanable_dirty_ratio,
+        delete_retention_ms=s.delete_retention_ms,
+        retention_ms=s.retention_ms,
+        retention_bytes=s.retention_bytes,
+        file_delete_delay_ms=s.file_delete_delay_ms,
+    )
