@@ -14,6 +14,6 @@ pytestmark = pytest.mark.unit
 
 def test_cli_import_leaves_the_projection_stack_out() -> None:
     heavy = ("pyarrow", "numpy", "pyspark", "httpx", "tributary.projections.runner")
-    code = f"import sys; import api.cli; print(','.join(m for m in {heavy!r} if m in sys.modules))"
+    code = f"import sys; import tributary.api.cli.main; print(','.join(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
