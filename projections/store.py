@@ -60,6 +60,11 @@ _DDL = [
 ]
 
 
+def _line_count(lines: str | bytes) -> int:
+    """Rows in a block of whole COPY lines."""
+    return lines.count(b"\n") if isinstance(lines, bytes) else lines.count("\n")
+
+
 @dataclass(frozen=True, slots=True)
 class Staged:
     """Where a run's Spark tasks COPY their output: (rows, deletes, states) tables in META."""
@@ -376,7 +381,7 @@ class Store:
         with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(table, cols)) as cp:
             for lines in rows:  # blocks of whole COPY lines
                 cp.write(lines)
-                n_rows += lines.count(b"\n" if isinstance(lines, bytes) else "\n")
+                n_rows += _line_count(lines)
         return n_rows
 
     @staticmethod
@@ -403,7 +408,7 @@ class Store:
                     n_rows += o["rows"].count("\n")
             for lines in rows:  # blocks of whole COPY lines
                 cp.write(lines)
-                n_rows += lines.count(b"\n" if isinstance(lines, bytes) else "\n")
+                n_rows += _line_count(lines)
         with cur.copy(sql.SQL("COPY _del ({}) FROM STDIN").format(pkcols)) as cp:
             for o in outputs:
                 for key in orjson.loads(o["deletes"]):
