@@ -6,7 +6,7 @@ offset, max event time and latest truncate per topic-partition, per build) and `
 On a database that was never migrated the runner still creates them itself (`Store.ensure`, the
 same definitions; `tributary init` adopts them later). Each build has its output table
 `<schema>.<name>__v<version>_<build>` and a state table beside the checkpoints.
-All SQL is composed with `psycopg.sql` (STYLE.md habit 13).
+All SQL is composed with `psycopg.sql`: names are quoted identifiers, values are bound.
 """
 
 from __future__ import annotations
