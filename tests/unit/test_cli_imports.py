@@ -1,6 +1,6 @@
 """The CLI starts without the projection stack: `tributary capture` (and every command but
-`project` and `demo`) must not pay for pyarrow, numpy, pyspark or httpx at start-up (capture's
-peak RSS halved when they went: 176 → 86 MB)."""
+`project` and `demo`) must not pay for pyarrow, numpy, pyspark or httpx at start-up: they would
+double capture's resident memory."""
 
 from __future__ import annotations
 
