@@ -58,13 +58,7 @@ def serve(
         log.warning("no API keys configured: the API is open to local users only (bound to %s)", host)
     dsn = service_dsn(settings)
     typer.echo(f"tributary API on http://{host}:{port}/ (console), http://{host}:{port}/docs (OpenAPI)", err=True)
-    common = {
-        "host": host,
-        "port": port,
-        "log_config": None,
-        "access_log": False,
-        "http": "tributary.api.http.http_protocol:CoalescingHttpToolsProtocol",
-    }
+    common = {"host": host, "port": port, "log_config": None, "access_log": False}
     if workers == 1:
         uvicorn.run(create_app(settings, dsn=dsn), **common)  # type: ignore[arg-type]
         return

@@ -145,7 +145,6 @@ def demo(
             port=settings.api.port,
             log_level="warning",
             access_log=False,
-            http="tributary.api.http.http_protocol:CoalescingHttpToolsProtocol",  # as `tributary serve` runs it
         )
     )
 
