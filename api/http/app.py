@@ -70,16 +70,22 @@ class Service(FastAPI):
         token = REQUEST_ID.set(request_id.decode())
         id_header = (b"x-request-id", request_id)
         status = 500  # until the app's response starts
+        started = False
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, started = message["status"], True
                 message["headers"] = [*message.get("headers", ()), id_header]
             await send(message)
 
         try:
             await super().__call__(scope, receive, send_with_id)
+        except Exception:
+            # Starlette re-raises an error after its handler (`unexpected`) has logged it and sent the
+            # 500; the server would log it a second time and drop the keep-alive connection.
+            if not started:
+                raise
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             self.metrics.count_request(scope["method"], route, status)
