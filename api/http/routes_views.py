@@ -14,12 +14,14 @@ from typing import Any, NamedTuple
 
 import orjson
 from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from psycopg import AsyncConnection, errors, sql
 from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
+from pydantic import TypeAdapter, ValidationError
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 
@@ -39,6 +41,7 @@ MAX_LIMIT = 1000
 _OPS = {"eq": "=", "ne": "<>", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}  # `col__op=v`; plain `col=v` is eq
 _RESERVED = {"limit", "cursor", "order_by"}
 _MAX_SHAPES = 4096
+PREPARE_THRESHOLD = 2  # runs of a query text on a connection before psycopg prepares it there
 
 
 def _projections(state: Any) -> dict[str, Any]:
@@ -188,6 +191,37 @@ def _compose(
     )
 
 
+# The page parameters, as FastAPI would document them were they declared in the signature
+# (`limit: int = 100, cursor: str | None = None, order_by: str | None = None`). The route reads them
+# itself: FastAPI's per-request parameter solving costs more CPU than the query's whole client side.
+_OPTIONAL_TEXT = {"anyOf": [{"type": "string"}, {"type": "null"}]}
+_PAGE_PARAMETERS = [
+    {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "default": 100, "title": "Limit"},
+    },
+    {"name": "cursor", "in": "query", "required": False, "schema": {**_OPTIONAL_TEXT, "title": "Cursor"}},
+    {"name": "order_by", "in": "query", "required": False, "schema": {**_OPTIONAL_TEXT, "title": "Order By"}},
+]
+_INT = TypeAdapter(int)
+
+
+def _limit(params: Mapping[str, str]) -> int:
+    """`limit` (default 100) read as FastAPI reads a declared `limit: int` query parameter, with its
+    422 body when it is not an integer (pydantic's lax parsing and error)."""
+    raw = params.get("limit")
+    if raw is None:
+        return 100
+    try:
+        return _INT.validate_python(raw)
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("query", "limit", *e["loc"])} for e in exc.errors(include_url=False)]
+        ) from None
+
+
 @router.get(
     "/views/{name}",
     responses={
@@ -195,17 +229,18 @@ def _compose(
         422: error("unknown column or operator, bad value, limit or cursor"),
         503: error("starting up, or the service database did not answer"),
     },
+    openapi_extra={"parameters": _PAGE_PARAMETERS},
 )
-async def query_view(
-    name: str, request: Request, limit: int = 100, cursor: str | None = None, order_by: str | None = None
-) -> Response:
+async def query_view(name: str, request: Request) -> Response:
     """Rows of `views.<name>`: `?col=v`, `?col__gte=v` (eq ne gt gte lt lte), `order_by=col|-col`,
     `limit` (≤ 1000), `cursor` from the previous page's `next_cursor`."""
+    params = request.query_params
+    limit = _limit(params)
     state = request.app.state
     views: Views | None = getattr(state, "views", None)
     if views is None:
         raise HTTPException(503, "starting up: the database pool is not open yet")
-    body = await _page(state, views, name, request.query_params, limit, cursor, order_by)
+    body = await _page(state, views, name, params, limit, params.get("cursor"), params.get("order_by"))
     return Response(body, media_type="application/json")
 
 
@@ -287,9 +322,6 @@ class Views:
             # ones, so the next request gets a live connection rather than the next dead one.
             await self.pool.check()
             raise
-
-
-PREPARE_THRESHOLD = 2  # runs of a query text on a connection before it is prepared there
 
 
 def _view(state: Any, cached: dict[str, _View], name: str) -> _View | None:
