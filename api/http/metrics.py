@@ -115,7 +115,7 @@ def _dir_bytes(path: Path) -> int:
 
 class _RequestCounts(Collector):
     """`tributary_http_requests_total` by method, route template and status, kept as plain ints: a
-    prometheus `Counter` child takes a lock and checks its labels per `inc()` (≈ 2 µs per request).
+    prometheus `Counter` child takes a lock and checks its labels per `inc()`.
     Only the event loop's thread counts; a scrape reads a copy made in one step."""
 
     def __init__(self) -> None:
