@@ -25,7 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 
-__all__ = ["PREPARE_THRESHOLD", "Views", "router"]
+__all__ = ["CONNECTION_WAIT_S", "PREPARE_THRESHOLD", "Views", "router"]
 
 _check_read = require("read")
 
@@ -42,6 +42,9 @@ _OPS = {"eq": "=", "ne": "<>", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}  
 _RESERVED = {"limit", "cursor", "order_by"}
 _MAX_SHAPES = 4096
 PREPARE_THRESHOLD = 2  # runs of a query text on a connection before psycopg prepares it there
+# How long a request waits for a pooled connection before its 503: the pool's default (30 s) would
+# hold every request that long while the service database is down.
+CONNECTION_WAIT_S = 5.0
 
 
 def _projections(state: Any) -> dict[str, Any]:
@@ -268,12 +271,13 @@ class Views:
     numerics as text and prepare a query shape after `PREPARE_THRESHOLD` runs; and what is derived
     once from the projections (each view's columns, each request shape's SQL text)."""
 
-    def __init__(self, dsn: str, schema: str, *, max_size: int = 8) -> None:
+    def __init__(self, dsn: str, schema: str, *, max_size: int = 8, timeout: float = CONNECTION_WAIT_S) -> None:
         self.schema = schema
         self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             dsn,
             min_size=1,
             max_size=max_size,
+            timeout=timeout,
             open=False,
             kwargs={"autocommit": True, "row_factory": dict_row, "prepare_threshold": PREPARE_THRESHOLD},
             configure=_configure,

@@ -1,20 +1,21 @@
 """`routes_views.Views`, the views' read side, on a real PostgreSQL under uvloop (what `tributary
 serve` runs): values as PostgreSQL spells them, text parameters cast by the query, a query text
 prepared on a connection after `PREPARE_THRESHOLD` runs, NUL refused, a cancelled query's
-connection kept, lost connections replaced after one failure, a swapped view of other column types
-answered."""
+connection kept, lost connections replaced after one failure, an unreachable database reported
+within `CONNECTION_WAIT_S`, a swapped view of other column types answered."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
 from typing import Any
 
 import psycopg
 import pytest
 import uvloop
 
-from tributary.api.http.routes_views import PREPARE_THRESHOLD, Views
+from tributary.api.http.routes_views import CONNECTION_WAIT_S, PREPARE_THRESHOLD, Views
 
 pytestmark = pytest.mark.integration
 
@@ -164,3 +165,24 @@ def test_a_view_swapped_for_one_of_other_column_types_is_answered(fresh_db: str)
         assert await views.fetch(("q",), slow, ["1"]) == [{"k": 1, "total": "ten", "extra": True}]
 
     _run(fresh_db, test)
+
+
+def test_an_unreachable_database_fails_a_request_within_the_wait() -> None:
+    """Nothing listens at the DSN's port: a request fails with `OperationalError` (the route's 503)
+    after `CONNECTION_WAIT_S`, not after the pool's default half minute."""
+    from tributary.api.devdb.embedded import free_port
+
+    dsn = f"postgresql://nobody@127.0.0.1:{free_port()}/none?connect_timeout=2"
+
+    async def main() -> float:
+        views = Views(dsn, "views")
+        await views.open()
+        try:
+            start = time.monotonic()
+            with pytest.raises(psycopg.OperationalError):
+                await views.fetch(("one",), "SELECT 1 AS one", [])
+            return time.monotonic() - start
+        finally:
+            await views.close()
+
+    assert uvloop.run(main()) < CONNECTION_WAIT_S + 3
