@@ -83,8 +83,9 @@ class Service(FastAPI):
             await super().__call__(scope, receive, send_with_id)
         except Exception:
             # Starlette re-raises an error after its handler (`unexpected`) has logged it and sent the
-            # 500; the server would log it a second time and drop the keep-alive connection.
-            if not started:
+            # 500; the server would log it a second time and drop the keep-alive connection. An error
+            # after another response had started (a body cut short) is the server's to log and close.
+            if not (started and status == 500):
                 raise
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
