@@ -243,3 +243,19 @@ def test_idle_keep_alive_connection_closed_after_the_timeout_and_not_while_in_us
         sock.settimeout(15)
         assert sock.recv(65536) == b""  # closed by the server
         assert 4.5 < time.monotonic() - answered < 8
+
+
+def test_a_500_is_logged_once_and_keeps_the_connection(served: Served) -> None:
+    """The app's error handler logs an unexpected error and answers 500; the server neither logs it
+    again nor closes the keep-alive connection."""
+    with socket.create_connection(("127.0.0.1", _port(served))) as sock:
+        sock.sendall(b"GET /views/broken HTTP/1.1\r\nHost: t\r\nX-Request-ID: once-500\r\n\r\n")
+        ((status, _, _),) = _responses(sock, 1)
+        assert status.startswith(b"HTTP/1.1 500")
+        sock.sendall(b"GET /views/nums?id=2 HTTP/1.1\r\nHost: t\r\n\r\n")
+        ((status, _, body),) = _responses(sock, 1)
+    assert status.startswith(b"HTTP/1.1 200") and orjson.loads(body)["rows"][0]["id"] == 2
+    time.sleep(0.2)  # the log line is written before the response; let the file catch up
+    errors = [r for r in served.log_records() if r["level"] == "error"]
+    assert [r.get("request_id") for r in errors if "missing" in r.get("exc", "")].count("once-500") == 1
+    assert not [r for r in errors if r["logger"] == "uvicorn.error"], errors
