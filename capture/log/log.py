@@ -16,7 +16,10 @@ from pathlib import Path
 from types import TracebackType
 
 from tributary.capture.log import _fileio
+from tributary.capture.log.cleaner import Cleaner, CleanerPolicy
 from tributary.capture.log.codec import RecordIn
+from tributary.capture.log.columnar import is_current, write_parquet
+from tributary.capture.log.compaction import expired_segments, remove_segments
 from tributary.capture.log.errors import (
     CorruptRecordError,
     LogError,
@@ -33,8 +36,9 @@ from tributary.capture.log.manifest import (
 )
 from tributary.capture.log.partition import PartitionWriter
 from tributary.capture.log.partitioner import partition_for
-from tributary.capture.log.reader import partition_dir, read_partition, read_partition_from_time
+from tributary.capture.log.reader import committed_segments, partition_dir, read_partition, read_partition_from_time
 from tributary.capture.log.segment import SegmentRef, parquet_path
+from tributary.capture.log.splits import plan_splits
 from tributary.capture.log.types import (
     CompactionStats,
     Mark,
@@ -44,6 +48,7 @@ from tributary.capture.log.types import (
     Split,
     TopicConfig,
 )
+from tributary.capture.log.verify import verify_log
 
 __all__ = ["Log"]
 
@@ -467,8 +472,6 @@ class Log:
     ) -> CompactionStats:
         """Compact the sealed, committed segments of `compact` topics (all of them by default)
         now, whatever their dirty ratio; the pass is recorded for the cleaner (`cleaner.py`)."""
-        from tributary.capture.log.cleaner import Cleaner, CleanerPolicy
-
         self._check_writer("compact (needs the writer lock)")
         if topic is not None:
             self._topic(topic)
@@ -488,8 +491,6 @@ class Log:
         A topic without its own `retention_ms`/`retention_bytes` uses the defaults given.
         `on_removed(path)` takes over the Parquet copies of removed segments (the cleaner deletes
         them after a delay); without it they are deleted with the segment."""
-        from tributary.capture.log.compaction import expired_segments, remove_segments
-
         self._check_writer("enforce retention")
         self._worker_idle()
         plan: list[tuple[str, int, list[int]]] = []
@@ -525,9 +526,6 @@ class Log:
     def write_parquet(self, topic: str | None = None) -> int:
         """Write the immutable Parquet (zstd) copy of every sealed, committed segment that lacks
         a current one (a maintenance step like `compact`); returns how many were written."""
-        from tributary.capture.log.columnar import is_current, write_parquet
-        from tributary.capture.log.reader import committed_segments
-
         self._check_writer("write Parquet copies")
         snapshot = self._committed
         written = 0
@@ -558,13 +556,9 @@ class Log:
             raise LogError(f"an earlier commit failed ({self._failed})")
 
     def verify(self) -> list[Problem]:
-        from tributary.capture.log.verify import verify_log
-
         return verify_log(self.root, self._committed)
 
     def splits(self, topic: str, *, max_bytes: int = 64 << 20) -> list[Split]:
-        from tributary.capture.log.splits import plan_splits
-
         t = self._topic(topic)
         return [s for p, state in enumerate(t.partitions) for s in plan_splits(self.root, topic, p, state, max_bytes)]
 
