@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tributary.capture.log import _fileio
-from tributary.capture.log.columnar import is_current
 from tributary.capture.log.compaction import compact_partition
 from tributary.capture.log.manifest import PartitionState
 from tributary.capture.log.reader import committed_segments, partition_dir
@@ -346,6 +345,8 @@ class Cleaner:
         """`columnar.is_current`, its footer read again only when the copy or the segment changed
         since the last scan (a copy is replaced by rename, so a new version is a new inode): the
         scans run on the writer's thread and would otherwise read every copy's footer each time."""
+        from tributary.capture.log.columnar import is_current  # loads pyarrow: only when there are copies
+
         path = parquet_path(pdir, base)
         try:
             copy = path.stat()

@@ -9,16 +9,17 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from tributary.capture.log import _fileio
 from tributary.capture.log.cleaner import Cleaner, CleanerPolicy
 from tributary.capture.log.codec import RecordIn
-from tributary.capture.log.columnar import is_current, write_parquet
 from tributary.capture.log.compaction import expired_segments, remove_segments
 from tributary.capture.log.errors import (
     CorruptRecordError,
@@ -49,6 +50,9 @@ from tributary.capture.log.types import (
     TopicConfig,
 )
 from tributary.capture.log.verify import verify_log
+
+if TYPE_CHECKING:  # the module loads pyarrow: imported where used
+    from tributary.capture.log.columnar import SegmentCopy, TailCopy
 
 __all__ = ["Log"]
 
@@ -526,6 +530,8 @@ class Log:
     def write_parquet(self, topic: str | None = None) -> int:
         """Write the immutable Parquet (zstd) copy of every sealed, committed segment that lacks
         a current one (a maintenance step like `compact`); returns how many were written."""
+        from tributary.capture.log.columnar import is_current, write_parquet  # loads pyarrow: only when used
+
         self._check_writer("write Parquet copies")
         snapshot = self._committed
         written = 0
@@ -542,6 +548,36 @@ class Log:
                     _fileio.fsync_dir(pdir)
                     written += len(todo)
         return written
+
+    def tail_copy(self, topic: str, partition: int, end: PartitionEnd) -> TailCopy | None:
+        """The newest tail copy (format 2, see `columnar`) that stands for a prefix of the
+        partition's active segment whose committed end is `end` (from `ends()`), or None."""
+        from tributary.capture.log.columnar import tail_copies, tail_copy_valid  # loads pyarrow: only when used
+
+        pdir = partition_dir(self.root, topic, partition)
+        return next(
+            (c for c in tail_copies(pdir) if c.base == end.segment and tail_copy_valid(pdir, c, end.end, end.nbytes)),
+            None,
+        )
+
+    def sweep_tail_copies(self, topic: str, partition: int, *, now: float, grace_s: float) -> list[Path]:
+        """Delete the partition's tail copies nothing plans with any more, `grace_s` after they
+        were superseded (by a newer tail copy, or by the full copy of the sealed segment);
+        returns the paths deleted."""
+        from tributary.capture.log.columnar import sweep_tail_copies  # loads pyarrow: only when used
+
+        active = self._state(topic, partition).segment
+        return sweep_tail_copies(partition_dir(self.root, topic, partition), active, now, grace_s)
+
+    def make_copies(
+        self, copies: Sequence[SegmentCopy], write: Callable[[Path, Sequence[SegmentCopy]], None]
+    ) -> list[SegmentCopy]:
+        """Make the format-2 Parquet copies `copies`, written by `write` into a staging
+        directory of the log's (`columnar.make_copies` says how) and installed atomically by
+        the log; returns those that are current now."""
+        from tributary.capture.log.columnar import make_copies  # loads pyarrow: only when used
+
+        return make_copies(self.root, copies, write, time.time())
 
     def _worker_idle(self) -> None:
         self._worker_barrier().result()
