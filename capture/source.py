@@ -24,9 +24,7 @@ from tributary.capture import wal2json
 from tributary.capture.catalog import TableInfo, list_tables
 from tributary.capture.errors import SlotLost, SlotMissing, SourceMisconfigured
 from tributary.capture.insert_template import SPLIT, InsertTemplate, table_tag, table_tags
-from tributary.capture.log import Log, TopicConfig, partition_for
-from tributary.capture.log.codec import encode_plain
-from tributary.capture.log.partitioner import split_partitions
+from tributary.capture.log import Log, TopicConfig, encode_plain, partition_for, split_partitions
 from tributary.capture.lsn import Lsn
 from tributary.capture.replication import (
     Keepalive,
@@ -286,7 +284,7 @@ class SourceSession:
         """Append a chunk of COPY text as records, column-wise, straight into the log's partitions
         (lines encoded by codec_arrow; staged records go first, to keep the order)."""
         from tributary.capture import snapshot_columns
-        from tributary.capture.log.codec_arrow import encode_columns
+        from tributary.capture.log import encode_columns
 
         topic = encoder.topic
         count = self._partitions.get(topic) or self._ensure_topic(topic)

@@ -6,6 +6,7 @@ manifest says is committed; the writer's recovery cuts everything else away on o
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -548,6 +549,18 @@ class Log:
                     _fileio.fsync_dir(pdir)
                     written += len(todo)
         return written
+
+    def disk_bytes(self, topic: str) -> int:
+        """Bytes the topic's files take (segments, indexes, Parquet copies): for monitoring, so a
+        reading racing the writer or the cleaner may be off by a file."""
+        total = 0
+        for p in range(len(self._topic(topic).partitions)):
+            with contextlib.suppress(FileNotFoundError):
+                for entry in os.scandir(partition_dir(self.root, topic, p)):
+                    with contextlib.suppress(FileNotFoundError):
+                        if entry.is_file():
+                            total += entry.stat().st_size
+        return total
 
     def tail_copy(self, topic: str, partition: int, end: PartitionEnd) -> TailCopy | None:
         """The newest tail copy (format 2, see `columnar`) that stands for a prefix of the
