@@ -120,7 +120,7 @@ def write_parquet(ref: SegmentRef) -> int:
     pq.write_table(table.replace_schema_metadata(schema.metadata), tmp, compression="zstd")
     _sync_file(tmp)
     os.replace(tmp, final)
-    return table.num_rows
+    return int(table.num_rows)
 
 
 def _records_table(ref: SegmentRef, limit: int | None = None) -> pa.Table:
