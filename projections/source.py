@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -217,7 +217,7 @@ def _event_time() -> Any:
     return F.coalesce(chosen, F.col("timestamp")).cast("long")
 
 
-def _spark_writer(spark: Any) -> Any:
+def _spark_writer(spark: Any) -> Callable[[Path, Sequence[SegmentCopy]], None]:
     """The Parquet writer of the log's copy jobs (`Log.make_copies`): Spark tasks read each copy's
     records (`_segment_rows`); Spark adds the VARIANT value and the default event time, shreds
     the VARIANT and writes one file per copy under the job's staging directory."""

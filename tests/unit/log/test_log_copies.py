@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -63,7 +63,7 @@ def _rows(log: Log, partition: int, lo: int, hi: int) -> list[tuple]:
     ]
 
 
-def _pyarrow_writer(skip: int | None = None):  # type: ignore[no-untyped-def]
+def _pyarrow_writer(skip: int | None = None) -> Callable[[Path, Sequence[SegmentCopy]], None]:
     """A Parquet writer as `make_copies` wants one: copy i's records under staging/seg=i/."""
 
     def write(staging: Path, copies: Sequence[SegmentCopy]) -> None:
