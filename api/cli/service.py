@@ -32,9 +32,8 @@ def serve(
         typer.Option(
             min=1,
             help="Worker processes sharing the port (default \\[api] workers = 1). One worker is the right "
-            "default when PostgreSQL shares a machine of few cores: on 2 cores a second worker served point "
-            "lookups faster but spent 13-17% more server CPU per request and served pages no faster "
-            "(bench/api.py). Add workers when cores are left over.",
+            "default when PostgreSQL shares a machine of few cores: a second worker serves more point lookups "
+            "but spends more server CPU per request (bench/README.md). Add workers when cores are left over.",
         ),
     ] = None,
 ) -> None:

@@ -12,6 +12,8 @@ import uvloop
 
 from tributary.api.http.http_protocol import _Run
 
+pytestmark = pytest.mark.unit
+
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="outer")
 
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import httptools
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tributary.api.http.http_simple import simple_get
+
+pytestmark = pytest.mark.unit
 
 
 class _Parsed:

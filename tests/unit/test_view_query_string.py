@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tributary.api.http.routes_views import _query_items
+
+pytestmark = pytest.mark.unit
 
 PIECES = st.sampled_from(["a", "id", "grp__gte", "=", "&", "", "x=y", "1", "%20", "+", "%", "é", ";", "==", "&&"])
 

@@ -1,8 +1,8 @@
 """The log is a lower layer with a public API: read from the source tree's imports (AST).
 
 Outside `capture/log`, the package code imports only `tributary.capture.log` (its `__all__`) and
-its admin operations (`tributary.capture.log.admin`); the log imports nothing else of
-`tributary.capture`; its modules import each other without cycles.
+its admin operations (`tributary.capture.log.admin`). That the log imports nothing else of
+`tributary.capture`, and that nothing imports in a cycle, tests/unit/test_layout.py holds.
 """
 
 from __future__ import annotations
@@ -79,34 +79,6 @@ def test_outside_the_log_only_its_public_api_is_imported() -> None:
         and not imported.startswith(f"{LOG}.admin:")
     ]
     assert wrong == []
-
-
-def test_the_log_imports_nothing_else_of_capture() -> None:
-    wrong = [
-        f"{path.relative_to(REPO)}:{line} imports {imported}"
-        for name, path in MODULES.items()
-        if name == LOG or name.startswith(f"{LOG}.")
-        for imported, line in _imports(name, path)
-        if imported.startswith("tributary") and not imported.startswith((f"{LOG}.", f"{LOG}:")) and imported != LOG
-    ]
-    assert wrong == []
-
-
-def test_the_logs_modules_import_each_other_without_cycles() -> None:
-    inside = {n: p for n, p in MODULES.items() if n.startswith(f"{LOG}.")}
-    graph = {n: {i for i, _ in _imports(n, p) if i in inside and i != n} for n, p in inside.items()}
-    assert len(graph) > 10
-    cycles = []
-    for start in graph:
-        stack, seen = [start], set()
-        while stack:
-            for nxt in graph[stack.pop()]:
-                if nxt == start:
-                    cycles.append(start)
-                elif nxt not in seen:
-                    seen.add(nxt)
-                    stack.append(nxt)
-    assert sorted(set(cycles)) == []
 
 
 def test_the_public_api_is_all_there() -> None:

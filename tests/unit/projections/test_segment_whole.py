@@ -7,6 +7,8 @@ import pytest
 from tributary.capture.log import TailCopy
 from tributary.projections.source import Segment
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("lo", "hi", "stop", "whole"),
