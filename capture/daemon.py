@@ -20,8 +20,7 @@ from pathlib import Path
 from types import FrameType
 
 from tributary.capture.errors import CaptureError, TransientSourceError
-from tributary.capture.log import GroupCommitter, Log, LogError, Mark
-from tributary.capture.log.cleaner import Cleaner, CleanerPolicy
+from tributary.capture.log import Cleaner, CleanerPolicy, GroupCommitter, Log, LogError, Mark
 from tributary.capture.replication import Keepalive
 from tributary.capture.source import SourceSession, SourceSpec
 from tributary.capture.status import LatencyHistogram, SourceState, write_status

@@ -153,7 +153,7 @@ class SnapshotSource:
         """A chunk of COPY text as records, column-wise, straight into the log's partitions (lines
         encoded by codec_arrow), after everything staged so far, to keep the order."""
         from tributary.capture import snapshot_columns
-        from tributary.capture.log.codec_arrow import encode_columns
+        from tributary.capture.log import encode_columns
 
         topic = encoder.topic
         count = self.staging.partitions(topic)

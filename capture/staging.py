@@ -14,9 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Literal
 
 from tributary.capture import envelope as env
-from tributary.capture.log import Log, TopicConfig, partition_for
-from tributary.capture.log.codec import encode_plain
-from tributary.capture.log.partitioner import split_partitions
+from tributary.capture.log import Log, TopicConfig, encode_plain, partition_for, split_partitions
 
 __all__ = ["FLUSH_RECORDS", "Staged", "Staging"]
 

@@ -85,7 +85,7 @@ class Metrics:
                     self.log_records.labels(topic).set(
                         sum(e - b for b, e in zip(log.start_offsets(topic), log.end_offsets(topic), strict=True))
                     )
-                    self.log_bytes.labels(topic).set(_dir_bytes(root / topic))
+                    self.log_bytes.labels(topic).set(log.disk_bytes(topic))
         except LogError:
             pass
         self._refresh_projections(settings, dsn, rebuilds)
@@ -107,10 +107,6 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-def _dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
 class _RequestCounts(Collector):
