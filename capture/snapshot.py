@@ -34,7 +34,7 @@ _CHUNK_HEAD = b"-\n"  # each text chunk's first line (snapshot_columns._DUMMY)
 def take_copy_python(get_copy_data: Callable[[int], tuple[int, Any]], buf: bytearray, limit: int) -> int:
     """COPY rows from libpq (psycopg's non-blocking `get_copy_data`) onto `buf` while it is shorter
     than `limit`: 1 when it reached `limit`, else the first n <= 0 (0: nothing buffered, -1: the
-    COPY ended, -2: it failed). The reference of capture/_speedups.c `take_copy`."""
+    COPY ended, -2: it failed). The reference of capture/_hotpath.pyx `take_copy`."""
     while len(buf) < limit:
         nbytes, data = get_copy_data(1)
         if nbytes <= 0:
@@ -105,7 +105,7 @@ class SnapshotReader:
     def text_chunks(self, table: TableInfo, *, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
         """Every row of `table` as COPY text lines, in chunks of about `chunk_bytes`, each led by
         the line `-` (the columnar snapshot's CSV reader skips it; capture/snapshot_columns.py).
-        libpq hands COPY OUT over one row at a time: `take_copy` (compiled, or its reference
+        libpq hands COPY OUT over one row at a time: `take_copy` (typed, or its reference
         `take_copy_python`) is the one per-row step."""
         take = compiled.take_copy or take_copy_python
         limit = len(_CHUNK_HEAD) + chunk_bytes  # a chunk ends at the first row reaching `chunk_bytes`

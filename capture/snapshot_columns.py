@@ -50,7 +50,7 @@ finally:
     if _finder is not None:
         sys.meta_path.remove(_finder)
 
-from tributary.capture import compiled  # noqa: E402
+from tributary.capture.log.partitioner import partitions_for  # noqa: E402
 from tributary.capture.values import copy_unescape, text_converter, type_family  # noqa: E402
 
 __all__ = ["ChunkRecords", "ColumnPlan", "encode_chunk", "murmur2_partitions", "plan"]
@@ -171,14 +171,8 @@ def _has_risky_bytes(col: pa.Array) -> bool:
     start, end = int(offsets[0]), int(offsets[-1])
     if start == end:
         return False
-    data = col.buffers()[2].slice(start, end - start)
-    return (compiled.risky_bytes or risky_bytes_python)(data)
-
-
-def risky_bytes_python(data: bytes | pa.Buffer) -> bool:
-    """A byte below 0x20 or the two bytes `\\v` in `data` (capture/_speedups.c `risky_bytes`)."""
-    raw = bytes(data)
-    return bool(raw) and (b"\\v" in raw or int(np.frombuffer(raw, np.uint8).min()) < 0x20)
+    raw = col.buffers()[2].slice(start, end - start).to_pybytes()
+    return b"\\v" in raw or int(np.frombuffer(raw, np.uint8).min()) < 0x20
 
 
 def parse_chunk(chunk: bytes, width: int) -> list[pa.Array]:
@@ -223,58 +217,9 @@ def encode_chunk(p: ColumnPlan, chunk: bytes, partitions: int) -> ChunkRecords:
     return ChunkRecords(keys=keys, fragments=frags, partitions=murmur2_partitions(keys, partitions), rows=n)
 
 
-_M = np.uint32(0x5BD1E995)
-_SEED = 0x9747B28C
-
-
 def murmur2_partitions(keys: pa.Array, partitions: int) -> np.ndarray:
-    """Kafka's `toPositive(murmur2(key)) % n` for every key (int64): the compiled
-    `column_partitions` when it is sure, else `murmur2_partitions_python`."""
-    sure = keys.type == pa.binary() and not keys.null_count and 1 <= partitions <= 0x7FFFFFFF
-    if compiled.column_partitions is not None and sure:
-        out = np.empty(len(keys), np.int64)
-        _validity, offsets, data = keys.buffers()
-        if compiled.column_partitions(offsets, b"" if data is None else data, keys.offset, out, partitions):
-            return out
-    return murmur2_partitions_python(keys, partitions)
-
-
-def murmur2_partitions_python(keys: pa.Array, partitions: int) -> np.ndarray:
-    """Kafka's `toPositive(murmur2(key)) % n` for every key at once (capture.log.partitioner is
-    the reference): keys of one length are hashed together as a matrix of 4-byte words."""
-    n = len(keys)
-    offsets = np.frombuffer(keys.buffers()[1], np.int32, n + 1, keys.offset * 4)
-    data = np.frombuffer(keys.buffers()[2], np.uint8)
-    lengths = np.diff(offsets)
-    out = np.empty(n, np.uint32)
-    with np.errstate(over="ignore"):
-        for length in np.unique(lengths).tolist():
-            rows = np.flatnonzero(lengths == length)
-            starts: np.ndarray = offsets[:-1][rows].astype(np.int64)
-            h = np.full(len(rows), (_SEED ^ length) & 0xFFFFFFFF, np.uint32)
-            end4 = length & ~3
-            if end4:
-                raw = data[starts[:, None] + np.arange(end4)].reshape(len(rows), end4 // 4, 4).astype(np.uint32)
-                words = raw[:, :, 0] | (raw[:, :, 1] << 8) | (raw[:, :, 2] << 16) | (raw[:, :, 3] << 24)
-                for w in range(end4 // 4):
-                    k = words[:, w] * _M
-                    k ^= k >> np.uint32(24)
-                    k *= _M
-                    h = (h * _M) ^ k
-            rest = length & 3
-            if rest:
-                tail = data[starts[:, None] + np.arange(end4, length)].astype(np.uint32)
-                if rest == 3:
-                    h ^= tail[:, 2] << np.uint32(16)
-                if rest >= 2:
-                    h ^= tail[:, 1] << np.uint32(8)
-                h ^= tail[:, 0]
-                h *= _M
-            h ^= h >> np.uint32(13)
-            h *= _M
-            h ^= h >> np.uint32(15)
-            out[rows] = h
-    return ((out & np.uint32(0x7FFFFFFF)) % np.uint32(partitions)).astype(np.int64)
+    """Kafka's `toPositive(murmur2(key)) % n` for every key (int64), by the log's partitioner."""
+    return np.array(partitions_for(keys.to_pylist(), partitions), np.int64)
 
 
 def rows_of(partitions: np.ndarray, partition: int) -> np.ndarray:

@@ -17,8 +17,6 @@ from operator import add as _add
 
 import orjson
 
-from tributary.capture import compiled
-
 __all__ = [
     "BadLine",
     "Decoded",
@@ -26,7 +24,6 @@ __all__ = [
     "decode_line",
     "encode_batch",
     "encode_plain",
-    "encode_plain_python",
     "peek_offset",
 ]
 
@@ -116,20 +113,8 @@ def encode_plain(
     first_offset: int, timestamp_ms: int, keys: Sequence[bytes], values: Sequence[bytes]
 ) -> tuple[bytes, list[int]]:
     """`encode_batch`'s lines and sizes for records with one timestamp, no headers and no null key
-    or value (a run of streamed INSERTs): in C (capture/_speedups.c) unless it is not sure (a NUL
-    or a newline in a field), then `encode_plain_python`, the reference."""
-    c = compiled.encode_plain
-    if c is not None:
-        got = c(first_offset, timestamp_ms, keys, values)
-        if got is not None:
-            return got
-    return encode_plain_python(first_offset, timestamp_ms, keys, values)
-
-
-def encode_plain_python(
-    first_offset: int, timestamp_ms: int, keys: Sequence[bytes], values: Sequence[bytes]
-) -> tuple[bytes, list[int]]:
-    """`encode_plain` in Python: three columns fewer than `encode_batch` to interleave per record."""
+    or value (a run of streamed INSERTs): three columns fewer than `encode_batch` to interleave per
+    record, the same C-level `%`-formatting, `map` and `zlib.crc32` over the whole run."""
     n = len(keys)
     if n == 0:
         return b"", []

@@ -1,13 +1,10 @@
 """Segment lines (codec.py's format) for a whole column of records at once, with pyarrow.
 
 `codec.encode_batch` formats record by record in C-level `%` but still builds eight Python
-objects a record (≈ 3 µs for a 450-byte snapshot record). The reference, `encode_columns_python`,
-joins the offsets, lengths, key and value pieces with one vectorised kernel, runs the CRC over
-slices of that one buffer, and adds the trailer with a second join. `encode_columns` hands the
-columns' Arrow buffers to the compiled twin (capture/_speedups.c `encode_columns`: the finished
-lines in one pass, CRC included) and runs the reference when it is missing or answers None. The
-bytes equal `encode_batch`'s for the same records (tests hold them equal). Imported only by the
-columnar snapshot: pyarrow stays out of the CLI.
+objects a record. `encode_columns` joins the offsets, lengths, key and value pieces with one
+vectorised kernel, runs zlib's CRC over slices of that one buffer, and adds the trailer with a
+second join. The bytes equal `encode_batch`'s for the same records (tests hold them equal).
+Imported only by the columnar snapshot: pyarrow stays out of the CLI.
 """
 
 from __future__ import annotations
@@ -19,9 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tributary.capture import compiled
-
-__all__ = ["encode_columns", "encode_columns_python"]
+__all__ = ["encode_columns"]
 
 _EMPTY = pa.scalar(b"", pa.binary())
 
@@ -37,41 +32,7 @@ def _lengths(arg: pa.Array | pa.Scalar, n: int) -> np.ndarray:
     return np.frombuffer(lengths.buffers()[1], np.int32, n, lengths.offset * 4).astype(np.int64)
 
 
-_BINARY = pa.binary()
-
-
-def _piece(arg: pa.Array | pa.Scalar, n: int) -> bytes | tuple[object, object, int, None] | None:
-    """A piece for the compiled `encode_columns`: a scalar's bytes, or a binary array's (offsets,
-    data, offset, None); None for anything else (the reference runs)."""
-    if isinstance(arg, pa.Scalar):
-        data = arg.as_py() if arg.type == _BINARY and arg.is_valid else None
-        return data if isinstance(data, bytes) else None
-    if not isinstance(arg, pa.Array) or arg.type != _BINARY or arg.null_count or len(arg) != n:
-        return None
-    _validity, offsets, data = arg.buffers()
-    return (offsets, b"" if data is None else data, arg.offset, None)
-
-
 def encode_columns(
-    first_offset: int, timestamp_ms: int, keys: pa.Array, value_args: Sequence[pa.Array | pa.Scalar]
-) -> tuple[bytes, list[int]]:
-    """`encode_columns_python`'s lines and sizes, by the compiled twin when it is sure."""
-    if compiled.encode_columns is not None:
-        n = len(keys)
-        pieces: list[bytes | tuple[object, object, int, None]] = []
-        for arg in (keys, *value_args):
-            piece = _piece(arg, n)
-            if piece is None:
-                break
-            pieces.append(piece)
-        else:
-            out = compiled.encode_columns(first_offset, timestamp_ms, n, pieces)
-            if out is not None:
-                return out
-    return encode_columns_python(first_offset, timestamp_ms, keys, value_args)
-
-
-def encode_columns_python(
     first_offset: int, timestamp_ms: int, keys: pa.Array, value_args: Sequence[pa.Array | pa.Scalar]
 ) -> tuple[bytes, list[int]]:
     """Lines for records (key, the concatenation of `value_args`, `timestamp_ms`, headers null)
