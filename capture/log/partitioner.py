@@ -7,7 +7,8 @@ it to Kafka's own vectors. The columnar snapshot partitions its keys through `pa
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Callable, Iterable
 from itertools import compress, repeat
 from operator import and_, mod
 from typing import Any
@@ -15,12 +16,21 @@ from typing import Any
 import orjson
 from murmurhash2 import murmurhash2
 
+_typed_split: Callable[[list[bytes], list[bytes], int], list[tuple[list[bytes], list[bytes]]]] | None
+try:  # the typed twin (capture/log/_typed.pyx), hashing with the same murmurhash2
+    if os.environ.get("TRIBUTARY_PURE_PYTHON") == "1":
+        raise ImportError("TRIBUTARY_PURE_PYTHON=1")
+    from tributary.capture.log._typed import split_partitions as _typed_split
+except ImportError:
+    _typed_split = None
+
 __all__ = [
     "canonical_json",
     "murmur2",
     "partition_for",
     "partitions_for",
     "split_partitions",
+    "split_partitions_python",
 ]
 
 _SEED = 0x9747B28C
@@ -51,8 +61,17 @@ def partitions_for(keys: Iterable[bytes], partitions: int) -> list[int]:
 
 
 def split_partitions(keys: list[bytes], values: list[bytes], partitions: int) -> list[tuple[list[bytes], list[bytes]]]:
-    """Each partition's keys and values, in their order (`partition_for` of each key): one C-level
-    `compress` per partition."""
+    """Each partition's keys and values, in their order (`partition_for` of each key): typed
+    (capture/log/_typed.pyx) for lists of bytes, else `split_partitions_python`, the reference."""
+    if _typed_split is not None and type(keys) is list and type(values) is list and 0 < partitions <= _POSITIVE:
+        return _typed_split(keys, values, partitions)
+    return split_partitions_python(keys, values, partitions)
+
+
+def split_partitions_python(
+    keys: list[bytes], values: list[bytes], partitions: int
+) -> list[tuple[list[bytes], list[bytes]]]:
+    """`split_partitions` in Python: one C-level `compress` per partition."""
     if len(keys) != len(values):
         raise ValueError("as many keys as values")
     where = partitions_for(keys, partitions)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tributary.capture.log import GroupCommitter, Record, TopicConfig
-from tributary.capture.log.codec import BadLine, decode_line, encode_batch, encode_plain
+from tributary.capture.log import GroupCommitter, Record, TopicConfig, codec
+from tributary.capture.log.codec import BadLine, decode_line, encode_batch, encode_plain, encode_plain_python
 from tributary.capture.log.errors import LogError
 from tributary.capture.log.index import (
     lookup_offset,
@@ -216,3 +216,47 @@ def test_encode_plain_odd_arguments() -> None:
     with pytest.raises(ValueError):
         encode_plain(0, 0, [b"1"], [])
     assert encode_plain(0, 0, (b"1",), (b"2",)) == encode_plain(0, 0, [b"1"], [b"2"])
+
+
+def test_the_typed_twin_is_built() -> None:
+    """`pip install -e .` builds capture/log/_typed.pyx in place: the tests run the typed path."""
+    assert codec._typed_plain is not None
+
+
+@given(
+    first=st.one_of(st.integers(0, 2**40), st.integers(-(2**70), 2**70)),
+    ts=st.one_of(st.integers(-(2**40), 2**41), st.integers(-(2**70), 2**70), st.sampled_from([-(2**63), 2**63 - 1])),
+    pairs=st.lists(st.tuples(_any_field, _any_field), max_size=30),
+)
+def test_typed_encode_plain_is_the_reference_or_declines(first: int, ts: int, pairs: list[tuple[bytes, bytes]]) -> None:
+    """capture/log/_typed.pyx `encode_plain` against `encode_plain_python`: the same bytes and
+    sizes, or None (a NUL or a newline in a field, a number wider than 64 bits), never anything else."""
+    typed = codec._typed_plain
+    assert typed is not None
+    keys = [k for k, _ in pairs]
+    values = [v for _, v in pairs]
+    got = typed(first, ts, keys, values)
+    try:
+        want = encode_plain_python(first, ts, keys, values)
+    except ValueError:  # a newline in a field that is not JSON: the reference refuses, typed declines
+        assert got is None
+        return
+    if got is not None:
+        assert got == want
+    clean = all(b"\x00" not in f and b"\n" not in f for f in keys + values)
+    if clean and 0 <= first < 2**62 and -(2**63) <= ts < 2**63:
+        assert got is not None
+    assert encode_plain(first, ts, keys, values) == want  # the dispatcher, whichever ran
+
+
+def test_typed_encode_plain_odd_arguments() -> None:
+    typed = codec._typed_plain
+    assert typed is not None
+    assert typed(0, 0, [], [b"x"]) == (b"", []) == encode_plain_python(0, 0, [], [b"x"])
+    assert typed(0, 0, [b"1"], []) is None  # the reference's zip(strict=True) raises: typed leaves it to it
+    assert typed(0, 0, [b"1"], ["x"]) is None  # type: ignore[list-item]
+    assert typed(0, 0, (b"1",), (b"2",)) == encode_plain_python(0, 0, [b"1"], [b"2"])
+    with pytest.raises(TypeError):
+        typed(0, 0, 5, [b"x"])  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        typed("0", 0, [b"1"], [b"2"])  # type: ignore[arg-type]

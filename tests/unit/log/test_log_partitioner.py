@@ -13,7 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tributary.capture.log import partitioner
-from tributary.capture.log.partitioner import canonical_json, murmur2, partition_for, split_partitions
+from tributary.capture.log.partitioner import (
+    canonical_json,
+    murmur2,
+    partition_for,
+    split_partitions,
+    split_partitions_python,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -145,3 +151,36 @@ def test_split_partitions_refuses_unequal_lists() -> None:
     with pytest.raises(ValueError):
         split_partitions([b"a"], [], 2)
     assert split_partitions([], [], 3) == [([], []), ([], []), ([], [])]
+
+
+def test_the_typed_split_is_built() -> None:
+    """`pip install -e .` builds capture/log/_typed.pyx in place: the tests run the typed path."""
+    assert partitioner._typed_split is not None
+
+
+@given(
+    keys=st.lists(st.binary(max_size=40), max_size=60),
+    partitions=st.one_of(st.integers(1, 12), st.just(1000)),
+)
+def test_typed_split_is_the_reference(keys: list[bytes], partitions: int) -> None:
+    """capture/log/_typed.pyx `split_partitions` against `split_partitions_python`: the same
+    per-partition keys and values in the same order."""
+    typed = partitioner._typed_split
+    assert typed is not None
+    values = [b"v%d" % i for i in range(len(keys))]
+    want = split_partitions_python(keys, values, partitions)
+    assert typed(keys, values, partitions) == want
+    assert split_partitions(keys, values, partitions) == want
+
+
+def test_typed_split_odd_arguments() -> None:
+    typed = partitioner._typed_split
+    assert typed is not None
+    with pytest.raises(ValueError):
+        typed([b"a"], [], 2)
+    with pytest.raises(ValueError):
+        typed([b"a"], [b"x"], 0)
+    with pytest.raises(TypeError):
+        typed(["a"], [b"x"], 2)  # type: ignore[list-item]  # murmurhash2 hashes bytes
+    with pytest.raises(TypeError):
+        typed((b"a",), [b"x"], 2)  # type: ignore[arg-type]

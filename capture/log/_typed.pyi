@@ -1,0 +1,11 @@
+"""capture/log/_typed.pyx: typed twins of the log's per-record steps; None = take the reference."""
+
+from collections.abc import Sequence
+
+def encode_plain(
+    first_offset: int, timestamp_ms: int, keys: Sequence[bytes], values: Sequence[bytes]
+) -> tuple[bytes, list[int]] | None:
+    """`codec.encode_plain_python`'s (lines, sizes), or None."""
+
+def split_partitions(keys: list[bytes], values: list[bytes], partitions: int) -> list[tuple[list[bytes], list[bytes]]]:
+    """`partitioner.split_partitions_python`'s per-partition (keys, values)."""
