@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Typed twins of the log's per-record steps for a run of streamed INSERTs.
+"""Typed twins of the log's per-record steps: a run of streamed INSERTs, a snapshot chunk.
 
     encode_plain(first_offset, timestamp_ms, keys, values) ~ codec.encode_plain_python
+    encode_columns(first_offset, timestamp_ms, n, pieces)  ~ codec_arrow.encode_columns_python (the snapshot)
     split_partitions(keys, values, partitions)           ~ partitioner.split_partitions_python
 
 `encode_plain` answers None whenever it is not sure to give the reference's very bytes (a NUL or
@@ -155,3 +156,140 @@ def split_partitions(list keys, list values, Py_ssize_t partitions):
         (<list>out_keys[p]).append(k)
         (<list>out_values[p]).append(values[i])
     return list(zip(out_keys, out_values))
+
+
+cdef inline bint span(const unsigned char *offs, Py_ssize_t r, Py_ssize_t data_len,
+                      Py_ssize_t *a, Py_ssize_t *b) noexcept nogil:
+    """Row r's [a, b) in its column's data from the int32 offsets (unaligned reads); False when
+    the offsets run backwards or outside the data."""
+    cdef int x, y
+    memcpy(&x, offs + r * 4, 4)
+    memcpy(&y, offs + r * 4 + 4, 4)
+    a[0] = x
+    b[0] = y
+    return 0 <= x <= y and y <= data_len
+
+
+def encode_columns(object first_offset, object timestamp_ms, Py_ssize_t n, list pieces):
+    """`codec_arrow.encode_columns_python`'s (lines, sizes) for n records, or None (not sure).
+
+    pieces[0] is the key, the concatenation of pieces[1:] the value; each is bytes (the same for
+    every record) or an Arrow binary array's (offsets buffer, data buffer, the array's offset):
+    row r's bytes are data[offsets[offset + r]:offsets[offset + r + 1]]. None when a buffer is
+    short, an offset runs backwards or outside its data, a number is too wide, or the lines would
+    pass 2 GiB (the reference's int32 offsets)."""
+    cdef long long first, ts
+    try:
+        first = first_offset
+        ts = timestamp_ms
+    except OverflowError:
+        return None
+    cdef Py_ssize_t m = len(pieces), i, j, a, b, kl, vl, bound = 0, ts_len, start
+    if n == 0:
+        return b"", []
+    if n < 0 or m < 1 or first < 0 or first > LLONG_MAX - n:
+        return None
+    cdef list keep = []  # the buffers' views, alive while their pointers are used
+    cdef const signed char[::1] offs_view  # pyarrow's buffers export signed bytes ('b')
+    cdef const signed char[::1] data_view
+    cdef const char **data = <const char **>malloc(m * sizeof(char *))
+    cdef const unsigned char **offs = <const unsigned char **>malloc(m * sizeof(char *))
+    cdef Py_ssize_t *size = <Py_ssize_t *>malloc(m * sizeof(Py_ssize_t))  # a constant's length, or a column's data length
+    cdef char *buf = NULL
+    cdef char *d
+    cdef char *line
+    cdef unsigned long crc
+    cdef list sizes
+    try:
+        if data == NULL or offs == NULL or size == NULL:
+            raise MemoryError()
+        for j in range(m):
+            piece = pieces[j]
+            if type(piece) is bytes:
+                data[j] = <bytes>piece
+                offs[j] = NULL
+                size[j] = len(<bytes>piece)
+                continue
+            if type(piece) is not tuple or len(<tuple>piece) != 3:
+                return None
+            try:
+                offs_view = piece[0]
+                data_view = piece[1]
+                start = piece[2]
+            except (TypeError, ValueError, BufferError, OverflowError):
+                return None  # not pyarrow buffers, or an offset no array has
+            keep.append((offs_view, data_view))
+            if start < 0 or offs_view.shape[0] // 4 - 1 - start < n:
+                return None  # the offsets do not cover n rows from `start`
+            offs[j] = <const unsigned char *>&offs_view[0] + start * 4
+            size[j] = data_view.shape[0]
+            data[j] = L_HEADERS  # any valid address: nothing is read from an empty column
+            if size[j]:
+                data[j] = <const char *>&data_view[0]
+        ts_len = (1 if ts < 0 else 0) + u64_len(<unsigned long long>0 - <unsigned long long>ts if ts < 0 else ts)
+        for i in range(n):
+            kl = 0
+            vl = 0
+            for j in range(m):
+                if offs[j] == NULL:
+                    a, b = 0, size[j]
+                elif not span(offs[j], i, size[j], &a, &b):
+                    return None
+                if j == 0:
+                    kl = b - a
+                else:
+                    vl += b - a
+            bound += LINE_FIXED + u64_len(first + i) + ts_len + u64_len(kl) + u64_len(vl) + 10 + kl + vl
+            if bound > 0x7FFFFFFF:
+                return None
+        buf = <char *>malloc(bound)
+        if buf == NULL:
+            raise MemoryError()
+        d = buf
+        sizes = [0] * n
+        for i in range(n):
+            line = d
+            kl = 0
+            vl = 0
+            for j in range(m):
+                if offs[j] == NULL:
+                    a, b = 0, size[j]
+                else:
+                    span(offs[j], i, size[j], &a, &b)
+                if j == 0:
+                    kl = b - a
+                else:
+                    vl += b - a
+            d = put(d, L_OFFSET, 10)
+            d = put_u64(d, first + i)
+            d = put(d, L_TS, 13)
+            d = put_i64(d, ts)
+            d = put(d, L_LENS, 9)
+            d = put_u64(d, kl)
+            d[0] = b','
+            d = put_u64(d + 1, vl)
+            d = put(d, L_KEY, 10)
+            for j in range(m):
+                if j == 1:
+                    d = put(d, L_VALUE, 9)
+                if offs[j] == NULL:
+                    d = put(d, data[j], size[j])
+                else:
+                    span(offs[j], i, size[j], &a, &b)
+                    d = put(d, data[j] + a, b - a)
+            if m == 1:
+                d = put(d, L_VALUE, 9)
+            d = put(d, L_HEADERS, 15)
+            crc = crc32(0, <const unsigned char *>line, <unsigned int>(d - line))
+            d = put(d, L_CRC, 7)
+            d = put_u64(d, crc)
+            d[0] = b'}'
+            d[1] = b'\n'
+            d += 2
+            sizes[i] = d - line
+        return buf[: d - buf], sizes
+    finally:
+        free(data)
+        free(offs)
+        free(size)
+        free(buf)
