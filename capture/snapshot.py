@@ -23,8 +23,8 @@ from tributary.capture.values import copy_unescape, type_family
 __all__ = ["CHUNK_BYTES", "JSON_BATCH", "SnapshotReader", "take_copy_python"]
 
 JSON_BATCH = 2_000  # rows per batch from json_rows
-CHUNK_BYTES = 2 << 20  # COPY text per chunk of the columnar snapshot (≈ 15k rows of 130 bytes; 4 MB: more
-# page faults for the bigger arrays, ≈ +0.3 s of kernel CPU per 400k rows, and +35 MB peak RSS)
+CHUNK_BYTES = 2 << 20  # COPY text per chunk of the columnar snapshot (bigger chunks: more page faults for
+# the bigger arrays, and a higher peak RSS)
 
 
 _ROW, _KEY = "__tributary_row", "__tributary_key"  # subquery aliases in json_rows
@@ -111,8 +111,8 @@ class SnapshotReader:
         limit = len(_CHUNK_HEAD) + chunk_bytes  # a chunk ends at the first row reaching `chunk_bytes`
         try:
             with self._conn.cursor().copy(_copy_columns(table)) as copy:
-                # psycopg's `copy.read()` costs ≈ 1 µs a row (a generator and a wait per row);
-                # libpq's non-blocking PQgetCopyData (psycopg.pq) ≈ 0.5: rows already received
+                # psycopg's `copy.read()` runs a generator and a wait per row; libpq's
+                # non-blocking PQgetCopyData (psycopg.pq) does neither: rows already received
                 # are taken directly, and psycopg's `read` waits when none is (0 = would block).
                 get = self._conn.pgconn.get_copy_data
                 read = copy.read

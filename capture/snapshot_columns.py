@@ -5,7 +5,7 @@ column names); what differs is each column's JSON fragment. PostgreSQL's COPY te
 nearly JSON string content (COPY escapes `\\`, `\\n`, `\\t`, `\\r`, `\\b`, `\\f` exactly as JSON
 does), so a chunk of rows is parsed into Arrow columns and every fragment is made by vectorised
 pyarrow compute instead of a Python loop per value: a few passes over the chunk's bytes rather
-than ≈ 4 µs of Python a row. The bytes equal what `SnapshotEncoder.encode` makes from the same
+than Python code per row. The bytes equal what `SnapshotEncoder.encode` makes from the same
 row (tests hold the two paths equal against the real server): anything a vector kernel could
 spell differently — raw control characters, COPY's `\\v`, a non-hex bytea — is converted by
 the reference (unescape, `capture.values`, orjson) for those values only.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-# pyarrow imports pandas (≈ 0.3 s of CPU in the capture process, a tenth of a 400k-row
+# pyarrow imports pandas (a noticeable share of the CPU of a small
 # snapshot) the first time it checks whether an argument is a pandas object. Hidden while that
 # first check runs, pandas stays unloaded; pyarrow imports it again if a conversion ever asks.
 
@@ -166,7 +166,7 @@ def _fragment(col: pa.Array, family: str, converter: object, has_quote: bool) ->
 def _has_risky_bytes(col: pa.Array) -> bool:
     """Does any value hold a raw control character (COPY leaves them unescaped, orjson writes
     \\u00XX) or COPY's `\\v`? One pass over the column's bytes at C speed (numpy's min and
-    a substring search); a regex over every value costs ≈ 2 µs a row."""
+    a substring search) instead of a regex over every value."""
     offsets = np.frombuffer(col.buffers()[1], np.int32, len(col) + 1, col.offset * 4)
     start, end = int(offsets[0]), int(offsets[-1])
     if start == end:
