@@ -46,7 +46,7 @@ include = ["public.*"]
 
 def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from api.cli import main; main()", *args],
+        [sys.executable, "-c", "from tributary.api.cli.main import main; main()", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -62,7 +62,7 @@ class Capture:
         self.err_path = config.with_suffix(f".{time.monotonic_ns()}.err")
         with self.err_path.open("wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", "from api.cli import main; main()", "capture", "--config", str(config), *args],
+                [sys.executable, "-c", "from tributary.api.cli.main import main; main()", "capture", "--config", str(config), *args],
                 stdout=subprocess.DEVNULL,
                 stderr=err,
                 cwd=ROOT,
