@@ -50,7 +50,7 @@ finally:
     if _finder is not None:
         sys.meta_path.remove(_finder)
 
-from tributary.capture.log.partitioner import partitions_for  # noqa: E402
+from tributary.capture.log.partitioner import hashes  # noqa: E402
 from tributary.capture.values import copy_unescape, text_converter, type_family  # noqa: E402
 
 __all__ = ["ChunkRecords", "ColumnPlan", "encode_chunk", "murmur2_partitions", "plan"]
@@ -218,8 +218,12 @@ def encode_chunk(p: ColumnPlan, chunk: bytes, partitions: int) -> ChunkRecords:
 
 
 def murmur2_partitions(keys: pa.Array, partitions: int) -> np.ndarray:
-    """Kafka's `toPositive(murmur2(key)) % n` for every key (int64), by the log's partitioner."""
-    return np.array(partitions_for(keys.to_pylist(), partitions), np.int64)
+    """Kafka's `toPositive(murmur2(key)) % n` for every key (int64): the log partitioner's hash,
+    the positive mod over the whole array."""
+    if partitions <= 0:
+        raise ValueError(f"partitions must be positive, got {partitions}")
+    h = np.fromiter(hashes(keys.to_pylist()), np.int64, len(keys))
+    return (h & 0x7FFFFFFF) % partitions
 
 
 def rows_of(partitions: np.ndarray, partition: int) -> np.ndarray:

@@ -8,7 +8,7 @@ it to Kafka's own vectors. The columnar snapshot partitions its keys through `pa
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from itertools import compress, repeat
 from operator import and_, mod
 from typing import Any
@@ -26,6 +26,7 @@ except ImportError:
 
 __all__ = [
     "canonical_json",
+    "hashes",
     "murmur2",
     "partition_for",
     "partitions_for",
@@ -52,12 +53,17 @@ def partition_for(key: bytes | None, partitions: int) -> int:
     return (murmurhash2(key, _SEED) & _POSITIVE) % partitions  # unsigned, but the low 31 bits are the same
 
 
+def hashes(keys: Iterable[bytes]) -> Iterator[int]:
+    """Kafka's murmur2 of each key as an unsigned 32-bit int (its low 31 bits are `toPositive`'s),
+    lazily, as one C-level `map`: for callers that take the positive mod over an array at once."""
+    return map(murmurhash2, keys, repeat(_SEED))
+
+
 def partitions_for(keys: Iterable[bytes], partitions: int) -> list[int]:
     """`partition_for` of each key (none None), as C-level maps: no Python frame per key."""
     if partitions <= 0:
         raise ValueError(f"partitions must be positive, got {partitions}")
-    hashes = map(murmurhash2, keys, repeat(_SEED))
-    return list(map(mod, map(and_, hashes, repeat(_POSITIVE)), repeat(partitions)))
+    return list(map(mod, map(and_, hashes(keys), repeat(_POSITIVE)), repeat(partitions)))
 
 
 def split_partitions(keys: list[bytes], values: list[bytes], partitions: int) -> list[tuple[list[bytes], list[bytes]]]:

@@ -62,7 +62,15 @@ class Capture:
         self.err_path = config.with_suffix(f".{time.monotonic_ns()}.err")
         with self.err_path.open("wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", "from tributary.api.cli.main import main; main()", "capture", "--config", str(config), *args],
+                [
+                    sys.executable,
+                    "-c",
+                    "from tributary.api.cli.main import main; main()",
+                    "capture",
+                    "--config",
+                    str(config),
+                    *args,
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=err,
                 cwd=ROOT,

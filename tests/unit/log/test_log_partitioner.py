@@ -184,3 +184,8 @@ def test_typed_split_odd_arguments() -> None:
         typed(["a"], [b"x"], 2)  # type: ignore[list-item]  # murmurhash2 hashes bytes
     with pytest.raises(TypeError):
         typed((b"a",), [b"x"], 2)  # type: ignore[arg-type]
+
+
+@given(keys=st.lists(st.binary(max_size=40), max_size=30))
+def test_hashes_are_the_unsigned_murmur2(keys: list[bytes]) -> None:
+    assert list(partitioner.hashes(keys)) == [murmur2(k) & 0xFFFFFFFF for k in keys]
