@@ -148,13 +148,12 @@ _RAW_LITERALS = (
 @contextmanager
 def raw_side(dsn: str, writers: int, *, literals: bool = False) -> Iterator[Work]:
     """The ceiling: single-row INSERTs with psycopg, one connection per writer. Each writer reuses
-    one cursor, as the store does (`conn.execute` makes a cursor per call: ≈15 µs more client CPU
-    per INSERT, measured, which handicapped the ceiling). It binds the values the store writes
-    (stream, type, event id, data and metadata serialised as the store does, occurred_at): the
-    same work per row. With `literals` (the ceiling before session 5, `--literal-ceiling`), type,
-    data and metadata are constants of the statement and occurred_at its default: the server parses
-    that JSON once per prepared plan, not once per event as any real append must (≈15 µs less CPU
-    per INSERT, measured), so it flatters the ceiling."""
+    one cursor, as the store does (`conn.execute` makes a cursor per call, extra client CPU that
+    would handicap the ceiling). It binds the values the store writes (stream, type, event id, data
+    and metadata serialised as the store does, occurred_at): the same work per row. With `literals`
+    (the older ceiling, `--literal-ceiling`), type, data and metadata are constants of the
+    statement and occurred_at its default: the server parses that JSON once per prepared plan, not
+    once per event as any real append must, so it flatters the ceiling."""
     conns = [psycopg.connect(dsn, autocommit=True) for _ in range(writers)]
     cursors = [c.cursor() for c in conns]
     tag = uuid.uuid4().hex[:6]
@@ -389,7 +388,7 @@ def main() -> None:
     parser.add_argument(
         "--literal-ceiling",
         action="store_true",
-        help="also the ceiling before session 5: type, data and metadata literals in the INSERT (see raw_side)",
+        help="also the older ceiling: type, data and metadata literals in the INSERT (see raw_side)",
     )
     parser.add_argument("--load-events", type=int, default=10_000)
     parser.add_argument(

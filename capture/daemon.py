@@ -20,8 +20,7 @@ from pathlib import Path
 from types import FrameType
 
 from tributary.capture.errors import CaptureError, TransientSourceError
-from tributary.capture.log import GroupCommitter, Log, LogError, Mark
-from tributary.capture.log.cleaner import Cleaner, CleanerPolicy
+from tributary.capture.log import Cleaner, CleanerPolicy, GroupCommitter, Log, LogError, Mark
 from tributary.capture.replication import Keepalive
 from tributary.capture.source import SourceSession, SourceSpec
 from tributary.capture.status import LatencyHistogram, SourceState, write_status
@@ -86,26 +85,22 @@ class CaptureDaemon:
 
     # -- the commit protocol ------------------------------------------------------------
     def commit(self) -> None:
-        """Make every whole transaction appended so far durable, then confirm it to its source.
-
-        1. the records were appended (segment files) as their transactions arrived;
-        2. `Log.commit` fsyncs the segment data up to the newest transaction boundary …
-        3. … and atomically replaces the manifest with the new ends and each source's LSN;
-        4. only then is each source's slot confirmed up to that LSN (never before: a crash
-           between 3 and 4 merely re-sends what step 3 already holds, and the sessions skip it).
+        """Make every whole transaction appended so far durable, then confirm it to its source:
+        steps 3 and 4 of the exactly-once story (capture/offsets.py). Never confirm first: a crash
+        between the two merely re-sends what the manifest already holds, and the sources skip it.
         """
         if self._mark is None:
             return
         positions = {s.spec.name: str(s.boundary) for s in self.sessions if s.has_boundary}
         started = time.perf_counter()
-        self.log.commit(positions=positions, upto=self._mark)  # steps 2 and 3
+        self.log.commit(positions=positions, upto=self._mark)  # step 3: fsync, then the manifest
         self.commit_seconds.observe(time.perf_counter() - started)
         self._mark = None
         now = self.clock()
         self.committer.committed(int(now * 1000))
         for session in self.sessions:
             session.committed()
-            session.confirm(now_us=int(now * 1_000_000))  # step 4
+            session.confirm(now_us=int(now * 1_000_000))  # step 4: only now
 
     # -- lifecycle ----------------------------------------------------------------------------
     def request_stop(self, *_: object) -> None:
@@ -259,17 +254,19 @@ class CaptureDaemon:
         for session in candidates:
             if session.conn is None or id(session.conn) not in ready_set and not session.in_transaction:
                 continue
-            before = session.seen
-            handle = session.handle
-            for message in session.conn.read(timeout=0, held=session.held_run):
+            stream = session.stream
+            assert stream is not None  # open sessions stream
+            before = stream.seen
+            handle = stream.handle
+            for message in session.conn.read(timeout=0, held=stream.held_run):
                 if handle(message):
                     self._mark = self.log.mark()
-                    self.committer.record_appended(max(session.last_tx_changes, 1), int(self.clock() * 1000))
+                    self.committer.record_appended(max(stream.last_tx_changes, 1), int(self.clock() * 1000))
                 elif type(message) is Keepalive and message.reply_requested:
                     session.confirm(now_us=int(self.clock() * 1_000_000), reply=False)
                 if in_tx and session.in_transaction is False:
                     break  # the open transaction ended: let other sources in
-            appended = appended or session.seen != before
+            appended = appended or stream.seen != before
         return appended
 
     def _wait_budget(self) -> float:

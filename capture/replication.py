@@ -31,7 +31,7 @@ _HELD_WAIT_S = 0.002  # how long a held run waits for the rest of its transactio
 # the daemon's loop runs again (commits of earlier transactions, status)
 
 
-@dataclass(slots=True)  # not frozen: one per replication message, a frozen __init__ costs ≈1 µs
+@dataclass(slots=True)  # not frozen: one per replication message, and a frozen __init__ is slower
 class XLogData:
     data_start: int  # LSNs as plain ints on the hot path
     wal_end: int
@@ -119,7 +119,7 @@ class ReplicationConnection:
 
         `held`: while it answers (run, room), INSERT documents are not yielded but put on `run`,
         at most `room` at a time, by compiled code (no Python object per change; the session
-        holds them back anyway: SourceSession.held_run)."""
+        holds them back anyway: StreamingSource.held_run)."""
         pgconn = self._conn.pgconn
         get = pgconn.get_copy_data
         take = compiled.take_inserts if held is not None else None

@@ -1,4 +1,4 @@
-"""An aggregate is two pure functions plus its schemas (STYLE habit 1).
+"""An aggregate is two pure functions plus its schemas: the rules are testable without a database.
 
 `decide(state, command) -> [event]` raises `CommandRejected`; `evolve(state, event) -> state`.
 Commands and events are pydantic models keyed by type name; upcasters lift old event versions on

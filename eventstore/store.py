@@ -8,23 +8,20 @@ No table lock and no NOTIFY per append: commit order for readers comes from capt
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from time import monotonic
 from typing import Any
 
 import orjson
 import psycopg
-from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from tributary.eventstore.errors import ConcurrencyConflict, IdempotencyMismatch, PartialDuplicateBatch
 from tributary.eventstore.model import AppendResult, ExpectedVersion, NewEvent, RecordedEvent, dumps, response_json
 
-__all__ = ["CommandRecord", "EventStore", "SameCommandRace", "WarmFirstPool", "request_hash"]
+__all__ = ["CommandRecord", "EventStore", "SameCommandRace", "request_hash"]
 
 _COLUMNS = "global_position, stream_id, stream_type, version, event_id, type, schema_version, data, metadata, occurred_at, recorded_at"
 _CURRENT = "SELECT coalesce(max(version), 0) FROM eventstore.events WHERE stream_id = %s"
@@ -86,7 +83,6 @@ ON CONFLICT (stream_id) DO UPDATE SET version = excluded.version, state = exclud
 """
 _NO_LIMIT = 2**62
 _KNOWN_MAX = 100_000
-_IDLE = TransactionStatus.IDLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +151,7 @@ def _jsonb(obj: Any) -> Jsonb:
 class EventStore:
     """Append and read events. Thread-safe: every call takes its own pooled connection."""
 
-    def __init__(self, pool: WarmFirstPool) -> None:
+    def __init__(self, pool: ConnectionPool[psycopg.Connection[Any]]) -> None:
         self.pool = pool
         self._cursors: dict[int, psycopg.Cursor[Any]] = {}
         # stream -> a version it is proven to have reached: one this store saw committed (its own
@@ -173,8 +169,8 @@ class EventStore:
 
     def _cursor(self, conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
         """The connection's reusable cursor: a new cursor per statement (what `conn.execute` makes)
-        costs ≈15 µs of CPU, a sixth of a one-event append's client time. A pooled connection
-        serves one thread at a time, and so does its cursor."""
+        is a noticeable part of a one-event append's client CPU. A pooled connection serves one
+        thread at a time, and so does its cursor."""
         cur = self._cursors.get(id(conn))
         if cur is None or cur.connection is not conn or cur.closed:
             if len(self._cursors) > 64:  # connections replaced by the pool: drop the stale ones
@@ -185,7 +181,9 @@ class EventStore:
     @classmethod
     def connect(cls, dsn: str, *, max_size: int = 8) -> EventStore:
         # Autocommit: a plain append is one statement, its own transaction; reads need none.
-        pool = WarmFirstPool(dsn, min_size=1, max_size=max_size, open=True, kwargs={"autocommit": True})
+        pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            dsn, min_size=1, max_size=max_size, open=True, kwargs={"autocommit": True}
+        )
         return cls(pool)
 
     def close(self) -> None:
@@ -205,7 +203,7 @@ class EventStore:
         """Append atomically; re-appending the same event ids returns the original result."""
         pool = self.pool
         for _ in range(attempts):
-            conn = pool.getconn()  # (not `borrow()`: its generator frame is ≈2 µs of a ≈100 µs append)
+            conn = pool.getconn()
             try:
                 try:
                     if command is None:
@@ -322,7 +320,7 @@ class EventStore:
     # -- idempotent commands ------------------------------------------------------------------------
     def command_response(self, command_id: str, request: str) -> dict[str, Any] | None:
         """The stored answer to `command_id`; IdempotencyMismatch if it was a different command."""
-        with self.pool.borrow() as conn:
+        with self.pool.connection() as conn:
             row = conn.execute(_CMD_GET, (command_id,)).fetchone()
         if row is None:
             return None
@@ -336,7 +334,7 @@ class EventStore:
     ) -> list[RecordedEvent]:
         query = _READ_BWD if backwards else _READ_FWD
         start = from_version if not backwards or from_version > 0 else _NO_LIMIT
-        with self.pool.borrow() as conn:
+        with self.pool.connection() as conn:
             rows = conn.execute(query, (stream_id, start, limit or _NO_LIMIT)).fetchall()
         events = [_row(r) for r in rows]
         if events:
@@ -344,86 +342,27 @@ class EventStore:
         return events
 
     def read_type(self, stream_type: str, *, after_position: int = 0, limit: int = 1000) -> list[RecordedEvent]:
-        with self.pool.borrow() as conn:
+        with self.pool.connection() as conn:
             rows = conn.execute(_READ_TYPE, (stream_type, after_position, limit)).fetchall()
         return [_row(r) for r in rows]
 
     def version(self, stream_id: str) -> int:
-        with self.pool.borrow() as conn:
+        with self.pool.connection() as conn:
             v = int(conn.execute(_CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
         self._note(stream_id, v)
         return v
 
     # -- snapshots (a cache: they speed loading up and never change answers) ---------------------------------
     def snapshot(self, stream_id: str) -> tuple[int, dict[str, Any], int] | None:
-        with self.pool.borrow() as conn:
+        with self.pool.connection() as conn:
             row = conn.execute(_SNAP_GET, (stream_id,)).fetchone()
         return None if row is None else (int(row[0]), dict(row[1]), int(row[2]))
 
     def save_snapshot(
         self, stream_id: str, stream_type: str, version: int, state: dict[str, Any], state_version: int
     ) -> None:
-        with self.pool.borrow() as conn, conn.transaction():
+        with self.pool.connection() as conn, conn.transaction():
             conn.execute(_SNAP_PUT, (stream_id, stream_type, version, _jsonb(state), state_version))
-
-
-class WarmFirstPool(ConnectionPool):
-    """psycopg's pool, handing out the most recently returned connection first (LIFO).
-
-    The stock pool is FIFO: with more idle connections than callers, every call lands on another
-    backend with cold caches (measured: 1-writer appends ≈10 % slower). LIFO keeps a few backends
-    warm, and the pool's shrinking still closes the least recently used ones (its left end).
-    """
-
-    def _get_ready_connection(self, timeout: float | None) -> Any:
-        if self._pool:
-            self._pool.rotate(-1)  # the right end (last returned) becomes the one taken
-        return super()._get_ready_connection(timeout)
-
-    # The stock getconn/putconn cost ≈17 µs of CPU per borrow between two round trips (measured
-    # in an append loop: a fifth of a one-event append's client time); most of it is generality
-    # a ready connection does not need (deadline, logging, check loop, task queue). The fast
-    # paths below do what the stock ones do for the common case, under the pool's lock, and hand
-    # every other case (no idle connection, a check or reset hook, someone waiting, a connection
-    # in a transaction, broken or expired, the pool closing or being drained) to the stock code.
-    # They read psycopg_pool 3.3's internals, as `_get_ready_connection` above does.
-    def getconn(self, timeout: float | None = None) -> Any:
-        if self._pool and self._check is None:
-            with self._lock:
-                if self._pool and not self._closed:
-                    conn = self._pool.pop()  # the last returned (LIFO, as above)
-                    self._nconns_min = min(self._nconns_min, len(self._pool))
-                    self._stats[self._REQUESTS_NUM] += 1
-                    conn._pool = self
-                    return conn
-        return super().getconn(timeout)
-
-    def putconn(self, conn: Any) -> None:
-        if (
-            conn._pool is self
-            and self._reset is None
-            and conn.pgconn.transaction_status == _IDLE
-            and conn._created_at > self._drained_at
-            and conn._expire_at > monotonic()
-        ):
-            with self._lock:
-                if not self._closed and not self._waiting and self._pool_full_event is None:
-                    conn._pool = None
-                    self._pool.append(conn)
-                    return
-        super().putconn(conn)
-
-    @contextmanager
-    def borrow(self) -> Iterator[psycopg.Connection[Any]]:
-        """`connection()` without its commit-or-rollback on exit and its usage statistics, for
-        autocommit connections whose transactions are explicit `conn.transaction()` blocks
-        (measured: ≈25 µs less CPU per call). `putconn` still rolls back or discards a connection
-        returned in a transaction or broken."""
-        conn = self.getconn()
-        try:
-            yield conn
-        finally:
-            self.putconn(conn)
 
 
 class SameCommandRace(Exception):

@@ -91,4 +91,5 @@ def _data(texts: pa.Array) -> bytes:
     first, last = pa.Array.from_buffers(pa.int64(), len(texts) + 1, [None, offsets], offset=texts.offset).to_numpy()[
         [0, -1]
     ]
-    return texts.buffers()[2].to_pybytes()[first:last]
+    data: bytes = texts.buffers()[2].to_pybytes()
+    return data[first:last]

@@ -2,8 +2,8 @@
 
 A projection module exports `PROJECTION` (or `PROJECTIONS`, a list): name, version, source
 topics, the key, the output table, and either a DataFrame transform (`build`) or a per-key fold
-(`initial`, `apply`, `result`). Spark is only the runner (STYLE.md habit 2): everything here is
-plain Python the unit tests call directly.
+(`initial`, `apply`, `result`). Spark is only the runner: everything here is plain Python the
+unit tests call directly.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One exception root for the projections package (STYLE.md habit 8)."""
+"""One exception root for the projections package: callers catch one type for every user error."""
 
 from __future__ import annotations
 

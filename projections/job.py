@@ -1,8 +1,8 @@
 """The Spark side of a fold: route records to units, shuffle by unit, fold each unit in order.
 
 `repartition(unit)` + `sortWithinPartitions(unit, event time, topic, partition, offset)` +
-a `mapInArrow` fold that carries state across batches — measured here 20× faster than
-`applyInPandas` per group. The folding itself is `projections.engine`, the same code the
+a `mapInArrow` fold that carries state across batches: far cheaper than `applyInPandas`, which
+pays a pandas round trip per group. The folding itself is `projections.engine`, the same code the
 single-process reference runs.
 """
 

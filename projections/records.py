@@ -1,7 +1,7 @@
 """The record a projection sees, decoded from a log record, and its deterministic order.
 
-Order per key is (event time, topic, partition, offset): the seed's "earliest timestamp first"
-with a total tie-break, so any two runs over the same records agree on it.
+Order per key is (event time, topic, partition, offset): earliest timestamp first, with a total
+tie-break, so any two runs over the same records agree on it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The log as a Spark DataFrame: sealed segments as Parquet, the rest as row splits.
 
-Sealed segments are immutable, so each gets a Parquet copy (`capture.log.columnar` format 2,
-made once by Spark tasks the first time a run needs it) that Spark reads natively: the default
-event time is a column of it (computed by the row path's own Python when the copy is made), the
-value is also a shredded VARIANT, so a DataFrame projection runs no Python and parses no JSON per
-record. An active segment's committed prefix may have a tail copy of the same format
-(`columnar.TailCopy`, made by a run that reads the whole segment); what is committed after it is
-read by `mapInArrow` tasks with `capture.log.read_split`.
+Sealed segments are immutable, so each gets a Parquet copy (the log's format 2, made once the
+first time a run needs it: the log plans and installs it, `Log.make_copies`; Spark tasks write
+it) that Spark reads natively: the default event time is a column of it (computed by the row
+path's own Python when the copy is made), the value is also a shredded VARIANT, so a DataFrame
+projection runs no Python and parses no JSON per record. An active segment's committed prefix may
+have a tail copy of the same format (`TailCopy`, made by a run that reads the whole segment); what
+is committed after it is read by `mapInArrow` tasks with the log's `read_split`.
 The driver plans from one manifest snapshot and ships only file names and byte ranges: nothing of
 the log passes through the driver. Both paths give the same rows (tests/integration/projections).
 """
@@ -14,12 +14,9 @@ the log passes through the driver. Both paths give the same rows (tests/integrat
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import time
-import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +24,21 @@ import numpy as np
 import pyarrow as pa
 from orjson import loads
 
-from tributary.capture.log import Log, LogError, Split, _fileio, read_split
-from tributary.capture.log.columnar import (
+from tributary.capture.log import (
+    COPY_SCHEMA,
+    Log,
+    LogError,
+    PartitionEnd,
+    SegmentCopy,
+    Split,
     TailCopy,
-    copy_format,
-    decode_lines,
-    parquet_path,
+    copy_records,
+    read_split,
     read_split_columns,
-    sweep_tail_copies,
-    tail_copies,
-    tail_copy_valid,
 )
-from tributary.capture.log.segment import SegmentRef, iter_records, log_path
+from tributary.capture.log import (
+    RECORD_SCHEMA as LOG_RECORD,
+)
 from tributary.projections.codec import canonical
 from tributary.projections.engine import prepare
 from tributary.projections.loader import resolve
@@ -47,34 +47,27 @@ from tributary.projections.records import decode, default_event_time
 __all__ = ["RECORD_SCHEMA", "TP", "plan", "records_frame"]
 
 TP = tuple[str, int]
-RECORD_SCHEMA = (
-    "topic string, partition int, offset long, timestamp long, key string, "
-    "value string, headers string, event_time long, pkey string"
-)
+# The log's record columns, then the two every projection gets: its event time and its key.
+_ARROW = LOG_RECORD.append(pa.field("event_time", pa.int64())).append(pa.field("pkey", pa.string()))
+_SPARK_TYPES = {pa.string(): "string", pa.int32(): "int", pa.int64(): "long"}
+
+
+def _ddl(schema: pa.Schema) -> str:
+    """An Arrow schema as the Spark DDL string `mapInArrow` and `createDataFrame` take."""
+    return ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in schema)
+
+
+RECORD_SCHEMA = _ddl(_ARROW)
 _SPLIT_SCHEMA = (
     "topic string, partition int, path string, start_byte long, end_byte long, first_offset long, lo long, hi long, "
     "end_offset long"
 )
-_ARROW = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp", pa.int64()),
-        ("key", pa.string()),
-        ("value", pa.string()),
-        ("headers", pa.string()),
-        ("event_time", pa.int64()),
-        ("pkey", pa.string()),
-    ]
-)
 _BATCH = 8192
 # A run that reads all of an active segment has a tail copy made of its committed bytes
-# (`columnar.TailCopy`) once this many of them are in no copy yet; later runs read it from
+# (`TailCopy`) once this many of them are in no copy yet; later runs read it from
 # Parquet and only what was committed after it as rows.
 TAIL_COPY_BYTES = 16 << 20
 TAIL_GRACE_S = 600.0  # a superseded tail copy is deleted this long after its successor was made
-STALE_COPY_DIR_S = 86400.0  # a copy job's temporary directory this old was left by a killed job
 
 
 def plan(
@@ -98,7 +91,7 @@ def plan(
                 continue
             # end_offset: a compaction that rewrites the file meanwhile leaves the split readable by offset
             row = (s.topic, s.partition, s.path, s.start_byte, s.end_byte, s.first_offset, start, stop, s.end_offset)
-            base = int(Path(s.path).name[:20])
+            base = s.base
             if base != ends[tp].segment:  # sealed: immutable until a compaction rewrites it
                 if not sealed or sealed[-1].path != s.path:
                     sealed.append(Segment(topic, s.partition, base, s.path, start, stop, [], stop=stops[s.path]))
@@ -106,23 +99,23 @@ def plan(
                 continue
             active.setdefault(tp, []).append(row)
     for tp, splits_ in active.items():
-        copy, rest = _tail(splits_, ends[tp].end, ends[tp].nbytes)
+        copy, rest = _tail(log, splits_, ends[tp])
         if copy is not None:
             sealed.append(copy)
         rows += rest
     return rows, sealed
 
 
-def _tail(splits: list[tuple[Any, ...]], end: int, nbytes: int) -> tuple[Segment | None, list[tuple[Any, ...]]]:
-    """An active segment's planned row splits (committed end `end`, `nbytes`) → (the Parquet
+def _tail(log: Log, splits: list[tuple[Any, ...]], at: PartitionEnd) -> tuple[Segment | None, list[tuple[Any, ...]]]:
+    """An active segment's planned row splits (committed end `at`) → (the Parquet
     part, the splits still read as rows). With a valid tail copy the rows start at its end, at
     its byte position; a new copy is planned instead when this run reads the whole segment
     (a rebuild, a DataFrame projection's run: making the copy reads it once more) and at least
     TAIL_COPY_BYTES of it are not in a copy yet. An incremental run starting inside the segment
     makes none: it would read the whole segment to copy it for the sake of its new records."""
     topic, partition, path, _, _, _, lo, hi, _ = splits[0]
-    pdir, base = Path(path).parent, int(Path(path).name[:20])
-    copy = next((c for c in tail_copies(pdir) if c.base == base and tail_copy_valid(pdir, c, end, nbytes)), None)
+    base, end, nbytes = at.segment, at.end, at.nbytes
+    copy = log.tail_copy(topic, partition, at)
     covered_bytes = 0 if copy is None else copy.nbytes
     if lo <= base and nbytes - covered_bytes >= TAIL_COPY_BYTES:
         return Segment(topic, partition, base, path, lo, hi, splits, TailCopy(base, end, nbytes)), []
@@ -161,102 +154,39 @@ class Segment:
         return stop is not None and self.lo <= self.base and stop <= self.hi
 
     @property
-    def ref(self) -> SegmentRef:
-        return SegmentRef(self.topic, self.partition, Path(self.path).parent, self.base)
+    def copy(self) -> SegmentCopy:
+        """Its Parquet copy, as the log names it."""
+        return SegmentCopy(self.topic, self.partition, self.path, self.tail)
 
     @property
     def copy_path(self) -> Path:
-        pdir = Path(self.path).parent
-        return parquet_path(pdir, self.base) if self.tail is None else self.tail.path(pdir)
-
-    @property
-    def limit(self) -> int | None:
-        """The bytes a copy is made of (None: the whole, sealed, file)."""
-        return None if self.tail is None else self.tail.nbytes
+        return self.copy.path
 
     def copied(self) -> bool:
         """Its copy exists, is complete and is current (format 2)."""
-        pdir = Path(self.path).parent
-        if self.tail is None:
-            return copy_format(pdir, self.base) == 2
-        return tail_copy_valid(pdir, self.tail, self.tail.end, self.tail.nbytes)
+        return self.copy.current()
 
 
-# A copy's rows: the segment's index in the job, the record's first seven columns, the segment's size.
-_COPY = pa.schema([pa.field("seg", pa.int32()), *list(_ARROW)[:7], pa.field("segment_bytes", pa.int64())])
-_COPY_SCHEMA = (
-    "seg int, topic string, partition int, offset long, timestamp long, key string, value string, "
-    "headers string, segment_bytes long"
-)
+# A copy job's rows: the segment's index in the job, then what the log makes a copy of.
+_COPY = pa.schema([pa.field("seg", pa.int32()), *COPY_SCHEMA])
+_COPY_SCHEMA = _ddl(_COPY)
+_LISTED_SCHEMA = "seg int, topic string, partition int, segment string, tail_end long, tail_nbytes long"
 
 
 def _segment_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Spark task: the records of each segment it is given — a sealed one whole, an active one's
-    first `limit` (committed) bytes — all or nothing (a segment that cannot be read — compacted
-    away meanwhile — is left to the row path). A segment is decoded as a whole
-    (`columnar.decode_lines`); one it refuses, line by line."""
+    """Spark task: the records of each copy it is given (`copy_records`: a sealed segment whole,
+    an active one's committed prefix), all or nothing (a segment that cannot be read — compacted
+    away meanwhile — is left to the row path)."""
     for batch in batches:
         for s in batch.to_pylist():
-            ref = SegmentRef(s["topic"], s["partition"], Path(s["path"]).parent, s["base"])
-            limit = s["limit"]
-            try:
-                with open(log_path(ref.pdir, ref.base), "rb") as f:
-                    size = os.fstat(f.fileno()).st_size if limit is None else limit
-                    data = f.read() if limit is None else os.pread(f.fileno(), limit, 0)
-            except OSError:
-                continue
-            table = decode_lines(data) if len(data) == size else None
+            copy = SegmentCopy(s["topic"], s["partition"], s["segment"])
+            if s["tail_end"] is not None:
+                copy = replace(copy, tail=TailCopy(copy.base, s["tail_end"], s["tail_nbytes"]))
+            table = copy_records(copy)
             if table is None:
-                yield from _segment_batches(s, ref, size, limit)
                 continue
-            n = table.num_rows
-            const = [
-                pa.array(np.full(n, s["seg"], np.int32)),
-                pa.array([s["topic"]] * n, pa.string()),
-                pa.array(np.full(n, s["partition"], np.int32)),
-            ]
-            sizes = pa.array(np.full(n, size, np.int64))
-            columns = [*const, *(c.combine_chunks() for c in table.columns), sizes]
-            yield from pa.Table.from_arrays(columns, schema=_COPY).to_batches(_BATCH)
-
-
-def _segment_batches(s: Mapping[str, Any], ref: SegmentRef, size: int, limit: int | None) -> Iterator[pa.RecordBatch]:
-    """`_segment_rows` record by record (CRC-checked by `iter_records`, which names a bad record)."""
-    try:
-        out = []
-        cols: list[list[Any]] = [[] for _ in range(5)]
-        for rec in iter_records(ref, 0, limit):
-            for col, v in zip(cols, rec, strict=True):
-                col.append(v)
-            if len(cols[0]) >= _BATCH:
-                out.append(_copy_batch(s, size, cols))
-        if cols[0]:
-            out.append(_copy_batch(s, size, cols))
-    except OSError:
-        return
-    yield from out
-
-
-def _copy_batch(s: Mapping[str, Any], size: int, cols: list[list[Any]]) -> pa.RecordBatch:
-    offs, tss, keys, values, headers = cols
-    n = len(offs)
-    batch = pa.RecordBatch.from_arrays(
-        [
-            pa.array([s["seg"]] * n, pa.int32()),
-            pa.array([s["topic"]] * n, pa.string()),
-            pa.array([s["partition"]] * n, pa.int32()),
-            pa.array(offs, pa.int64()),
-            pa.array(tss, pa.int64()),
-            pa.array([None if k is None else k.decode() for k in keys], pa.string()),
-            pa.array([None if v is None else v.decode() for v in values], pa.string()),
-            pa.array([None if h is None else h.decode() for h in headers], pa.string()),
-            pa.array([size] * n, pa.int64()),
-        ],
-        schema=_COPY,
-    )
-    for c in cols:
-        c.clear()
-    return batch
+            seg = pa.array(np.full(table.num_rows, s["seg"], np.int32))
+            yield from pa.Table.from_arrays([seg, *table.columns], schema=_COPY).to_batches(_BATCH)
 
 
 def _event_time() -> Any:
@@ -287,52 +217,30 @@ def _event_time() -> Any:
     return F.coalesce(chosen, F.col("timestamp")).cast("long")
 
 
-def sweep_stale_copy_dirs(root: Path, now: float, max_age_s: float = STALE_COPY_DIR_S) -> list[Path]:
-    """Remove the temporary directories of copy jobs killed before their `finally` (kill -9, OOM):
-    those untouched for `max_age_s` (a running job's is minutes old). Returns the paths removed."""
-    removed = []
-    for tmp in root.glob(".columnar-*.tmp"):
-        with contextlib.suppress(FileNotFoundError):
-            if tmp.stat().st_mtime < now - max_age_s:
-                shutil.rmtree(tmp, ignore_errors=True)
-                removed.append(tmp)
-    return removed
+def _spark_writer(spark: Any) -> Callable[[Path, Sequence[SegmentCopy]], None]:
+    """The Parquet writer of the log's copy jobs (`Log.make_copies`): Spark tasks read each copy's
+    records (`_segment_rows`); Spark adds the VARIANT value and the default event time, shreds
+    the VARIANT and writes one file per copy under the job's staging directory."""
 
+    def write(staging: Path, copies: Sequence[SegmentCopy]) -> None:
+        from pyspark.sql import functions as F
 
-def _write_copies(spark: Any, segments: Sequence[Segment]) -> None:
-    """Format-2 copies (`capture.log.columnar`) of `segments`, written by Spark tasks: the rows
-    read in Python; the VARIANT value, the default event time and the shredding by Spark, into a
-    temporary directory under the log root; then each file renamed over `<base>.parquet`."""
-    from pyspark.sql import functions as F
-
-    root = Path(segments[0].path).parents[2]  # <root>/<topic>/<partition>/<base>.log
-    sweep_stale_copy_dirs(root, time.time())
-    tmp = root / f".columnar-{uuid.uuid4().hex}.tmp"
-    try:
         listed = spark.createDataFrame(
-            [(i, s.topic, s.partition, s.base, s.path, s.limit) for i, s in enumerate(segments)],
-            "seg int, topic string, partition int, base long, path string, limit long",
+            [
+                (i, c.topic, c.partition, c.segment, *((None, None) if c.tail is None else (c.tail.end, c.tail.nbytes)))
+                for i, c in enumerate(copies)
+            ],
+            _LISTED_SCHEMA,
         )
-        rows = listed.repartition(len(segments)).mapInArrow(_segment_rows, _COPY_SCHEMA)
-        copies = rows.withColumn("value_v", F.expr("try_parse_json(value)")).withColumn("event_time", _event_time())
-        copies.write.partitionBy("seg").option("compression", "zstd").option("maxRecordsPerFile", 0).parquet(str(tmp))
-        for i, s in enumerate(segments):
-            made = list((tmp / f"seg={i}").glob("*.parquet"))
-            if len(made) != 1:
-                continue  # not read (row path): unreadable segment, or split over files
-            fd = os.open(made[0], os.O_RDONLY)
-            try:
-                _fileio.fsync(fd, f"syncing {made[0]}")
-            finally:
-                os.close(fd)
-            os.replace(made[0], s.copy_path)
-        for pdir in {s.ref.pdir for s in segments}:
-            _fileio.fsync_dir(pdir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        rows = listed.repartition(len(copies)).mapInArrow(_segment_rows, _COPY_SCHEMA)
+        copies_ = rows.withColumn("value_v", F.expr("try_parse_json(value)")).withColumn("event_time", _event_time())
+        writer = copies_.write.partitionBy("seg").option("compression", "zstd").option("maxRecordsPerFile", 0)
+        writer.parquet(str(staging))
+
+    return write
 
 
-def columnar_segments(spark: Any, segments: Sequence[Segment]) -> tuple[list[Segment], list[Segment]]:
+def columnar_segments(spark: Any, log: Log, segments: Sequence[Segment]) -> tuple[list[Segment], list[Segment]]:
     """(segments with a current format-2 Parquet copy, segments without one) — making missing
     or older-format copies first, in parallel Spark tasks. A copy is made once per sealed
     segment (and per planned tail copy); later runs find it. If the copies cannot be written
@@ -343,11 +251,11 @@ def columnar_segments(spark: Any, segments: Sequence[Segment]) -> tuple[list[Seg
     missing = [s for s in segments if not s.copied()]
     if missing:
         with contextlib.suppress(OSError, LogError, PySparkException, Py4JJavaError):  # checked below:
-            _write_copies(spark, missing)  # whatever was not made is read from its rows
+            log.make_copies([s.copy for s in missing], _spark_writer(spark))  # the rest is read as rows
     failed = [s for s in missing if not s.copied()]
-    for pdir, active in {(s.ref.pdir, s.base) for s in segments if s.tail is not None}:
+    for topic, partition in {(s.topic, s.partition) for s in segments if s.tail is not None}:
         with contextlib.suppress(OSError):  # a read-only log directory keeps its copies
-            sweep_tail_copies(pdir, active, time.time(), TAIL_GRACE_S)
+            log.sweep_tail_copies(topic, partition, now=time.time(), grace_s=TAIL_GRACE_S)
     return [s for s in segments if s not in failed], failed
 
 
@@ -458,8 +366,8 @@ def _column_records(batches: Iterator[pa.RecordBatch]) -> Iterator[RawRecord]:
             yield (r["topic"], r["partition"], r["offset"], r["timestamp"], r["key"], r["value"], r["headers"])
 
 
-_RAW = pa.schema(list(_ARROW)[:7])
-_RAW_SCHEMA = ", ".join(RECORD_SCHEMA.split(", ")[:7])
+_RAW = LOG_RECORD
+_RAW_SCHEMA = _ddl(_RAW)
 
 
 def _raw_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -527,7 +435,7 @@ def records_frame(
     rows, sealed = plan(log, topics, lo, hi, max_bytes)
     native = None
     if sealed:
-        columnar, rows_only = columnar_segments(spark, sealed)
+        columnar, rows_only = columnar_segments(spark, log, sealed)
         rows += [r for seg in rows_only for r in seg.splits]
         if columnar:
             native = _native_records(spark, columnar, variant and not _custom(p))

@@ -66,8 +66,8 @@ def get_session(master: str = "local[*]", *, shuffle_partitions: int = 4, conf: 
             .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
             .config("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
             .config("spark.python.worker.reuse", "true")
-            # local mode runs the tasks in this JVM: 1 GB (the default) made a 3M-event fold's
-            # sort spill (60 s against 46 s with 3 GB, one run on a busy machine); the heap grows as needed
+            # local mode runs the tasks in this JVM: the default 1 GB made a large fold's sort spill
+            # to disk; the heap grows only as needed
             .config("spark.driver.memory", "3g")
             .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
             # Parquet copies hold the value as a VARIANT, shredded into typed columns by the
@@ -112,8 +112,7 @@ def aggregation_session(spark: Any, shuffle_partitions: int) -> Any:
     """A session sharing `spark`'s context whose shuffles (a DataFrame projection's groupBy) use
     at most one partition per local task slot. After the map side's partial aggregation the
     reduce side holds at most one row per group, so more partitions than slots add only per-task
-    work: a 3M-event `account_totals` on 2 cores took 5.9 s of CPU with 2 partitions against
-    7.8 s with 8 (medians of 3). The fold keeps `shuffle_partitions` (its sorts hold every record)."""
+    work. The fold keeps `shuffle_partitions` (its sorts hold every record)."""
     cores = local_cores(spark.sparkContext.master)
     wanted = shuffle_partitions if cores is None else max(1, min(shuffle_partitions, cores))
     if int(spark.conf.get("spark.sql.shuffle.partitions")) == wanted:

@@ -6,7 +6,7 @@ offset, max event time and latest truncate per topic-partition, per build) and `
 On a database that was never migrated the runner still creates them itself (`Store.ensure`, the
 same definitions; `tributary init` adopts them later). Each build has its output table
 `<schema>.<name>__v<version>_<build>` and a state table beside the checkpoints.
-All SQL is composed with `psycopg.sql` (STYLE.md habit 13).
+All SQL is composed with `psycopg.sql`: names are quoted identifiers, values are bound.
 """
 
 from __future__ import annotations
@@ -58,6 +58,11 @@ _DDL = [
         at timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (projection, build, topic, partition, "offset"))""").format(sql.Identifier(META)),
 ]
+
+
+def _line_count(lines: str | bytes) -> int:
+    """Rows in a block of whole COPY lines."""
+    return lines.count(b"\n") if isinstance(lines, bytes) else lines.count("\n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,7 +381,7 @@ class Store:
         with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(table, cols)) as cp:
             for lines in rows:  # blocks of whole COPY lines
                 cp.write(lines)
-                n_rows += lines.count(b"\n" if isinstance(lines, bytes) else "\n")
+                n_rows += _line_count(lines)
         return n_rows
 
     @staticmethod
@@ -403,7 +408,7 @@ class Store:
                     n_rows += o["rows"].count("\n")
             for lines in rows:  # blocks of whole COPY lines
                 cp.write(lines)
-                n_rows += lines.count(b"\n" if isinstance(lines, bytes) else "\n")
+                n_rows += _line_count(lines)
         with cur.copy(sql.SQL("COPY _del ({}) FROM STDIN").format(pkcols)) as cp:
             for o in outputs:
                 for key in orjson.loads(o["deletes"]):

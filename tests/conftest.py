@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.markers import pytest_collection_modifyitems  # noqa: F401  (a hook: every test has its level)
 from tests.pg import REPO_ROOT, PgServer, fresh_database, start_server
 
 # Spark's Python workers import the tests' own projection modules (`tests.…`) by name: they

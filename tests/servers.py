@@ -24,7 +24,7 @@ def served(config: Path, port: int, *, err_path: Path, timeout: float = 60) -> I
     after and wait (its exit status is then `returncode`)."""
     with err_path.open("w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-c", "from api.cli import main; main()", "serve", "--config", str(config)],
+            [sys.executable, "-c", "from tributary.api.cli.main import main; main()", "serve", "--config", str(config)],
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=err,

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from tributary.api.cli.common import ConfigOption, UserError, settings_from
 from tributary.api.settings.config import Settings
@@ -121,7 +121,7 @@ class _SnapshotProgress:
     def __init__(self, *, enabled: bool) -> None:
         self.enabled = enabled
         self._progress: Progress | None = None
-        self._tasks: dict[str, int] = {}
+        self._tasks: dict[str, TaskID] = {}
 
     def __enter__(self) -> _SnapshotProgress:
         if self.enabled:

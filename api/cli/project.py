@@ -35,7 +35,7 @@ project_app = typer.Typer(help="Projections: fold the log into derived tables (P
 
 def _run_settings(config: Any, *, skip_errors: bool = False) -> RunSettings:
     settings = settings_from(config)
-    run_settings = _runner().RunSettings.from_settings(settings, dsn=service_dsn(settings))
+    run_settings: RunSettings = _runner().RunSettings.from_settings(settings, dsn=service_dsn(settings))
     return dataclasses.replace(run_settings, skip_errors=True) if skip_errors else run_settings
 
 

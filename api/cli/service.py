@@ -32,9 +32,8 @@ def serve(
         typer.Option(
             min=1,
             help="Worker processes sharing the port (default \\[api] workers = 1). One worker is the right "
-            "default when PostgreSQL shares a machine of few cores: on 2 cores a second worker served point "
-            "lookups faster but spent 13-17% more server CPU per request and served pages no faster "
-            "(bench/api.py). Add workers when cores are left over.",
+            "default when PostgreSQL shares a machine of few cores: a second worker serves more point lookups "
+            "but spends more server CPU per request (bench/README.md). Add workers when cores are left over.",
         ),
     ] = None,
 ) -> None:
@@ -59,13 +58,7 @@ def serve(
         log.warning("no API keys configured: the API is open to local users only (bound to %s)", host)
     dsn = service_dsn(settings)
     typer.echo(f"tributary API on http://{host}:{port}/ (console), http://{host}:{port}/docs (OpenAPI)", err=True)
-    common = {
-        "host": host,
-        "port": port,
-        "log_config": None,
-        "access_log": False,
-        "http": "tributary.api.http.http_protocol:CoalescingHttpToolsProtocol",
-    }
+    common = {"host": host, "port": port, "log_config": None, "access_log": False}
     if workers == 1:
         uvicorn.run(create_app(settings, dsn=dsn), **common)  # type: ignore[arg-type]
         return

@@ -63,7 +63,8 @@ class _Stage(threading.Thread):
 
     def __init__(self, name: str, body: Any, stop: threading.Event) -> None:
         super().__init__(name=name, daemon=True)
-        self.body, self.stop_event, self.error = body, stop, None
+        self.body, self.stop_event = body, stop
+        self.error: str | None = None
 
     def run(self) -> None:
         try:
@@ -144,7 +145,6 @@ def demo(
             port=settings.api.port,
             log_level="warning",
             access_log=False,
-            http="tributary.api.http.http_protocol:CoalescingHttpToolsProtocol",  # as `tributary serve` runs it
         )
     )
 

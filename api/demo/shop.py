@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 __all__ = ["SHOP_SCHEMA", "Workload", "create_shop"]
 
@@ -72,7 +73,7 @@ class Workload:
                         f"Product {i}",
                         f"{self.rng.randint(100, 99999) / 100:.2f}",
                         ["demo", f"group{i % 3}"],
-                        psycopg.types.json.Jsonb({"color": self.rng.choice(["red", "blue"])}),
+                        Jsonb({"color": self.rng.choice(["red", "blue"])}),
                     ),
                 )
             for i in range(customers):

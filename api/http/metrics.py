@@ -85,7 +85,7 @@ class Metrics:
                     self.log_records.labels(topic).set(
                         sum(e - b for b, e in zip(log.start_offsets(topic), log.end_offsets(topic), strict=True))
                     )
-                    self.log_bytes.labels(topic).set(_dir_bytes(root / topic))
+                    self.log_bytes.labels(topic).set(log.disk_bytes(topic))
         except LogError:
             pass
         self._refresh_projections(settings, dsn, rebuilds)
@@ -109,13 +109,9 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def _dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
-
-
 class _RequestCounts(Collector):
     """`tributary_http_requests_total` by method, route template and status, kept as plain ints: a
-    prometheus `Counter` child takes a lock and checks its labels per `inc()` (≈ 2 µs per request).
+    prometheus `Counter` child takes a lock and checks its labels per `inc()`.
     Only the event loop's thread counts; a scrape reads a copy made in one step."""
 
     def __init__(self) -> None:

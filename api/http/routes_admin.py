@@ -224,5 +224,5 @@ async def console() -> Response:
     if _CONSOLE is None:
         from importlib.resources import files
 
-        _CONSOLE = (files("api") / "static" / "console.html").read_bytes()
+        _CONSOLE = (files("tributary.api.http") / "static" / "console.html").read_bytes()
     return Response(_CONSOLE, media_type="text/html; charset=utf-8")

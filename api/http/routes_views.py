@@ -9,25 +9,23 @@ from __future__ import annotations
 import asyncio
 import base64
 import decimal
-import itertools
-import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
-from urllib.parse import parse_qsl
 
 import orjson
-import psycopg
 from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from psycopg import sql
-from psycopg.adapt import AdaptersMap
-from psycopg.types.string import TextLoader
-from starlette.types import Scope
+from psycopg import AsyncConnection, errors, sql
+from psycopg.abc import Buffer
+from psycopg.adapt import Loader
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+from pydantic import TypeAdapter, ValidationError
 
-from tributary.api.http import pg_pipeline
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 
-__all__ = ["fast_page", "router", "runtime"]
+__all__ = ["CONNECTION_WAIT_S", "PREPARE_THRESHOLD", "Views", "router"]
 
 _check_read = require("read")
 
@@ -43,6 +41,10 @@ MAX_LIMIT = 1000
 _OPS = {"eq": "=", "ne": "<>", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}  # `col__op=v`; plain `col=v` is eq
 _RESERVED = {"limit", "cursor", "order_by"}
 _MAX_SHAPES = 4096
+PREPARE_THRESHOLD = 2  # runs of a query text on a connection before psycopg prepares it there
+# How long a request waits for a pooled connection before its 503: the pool's default (30 s) would
+# hold every request that long while the service database is down.
+CONNECTION_WAIT_S = 5.0
 
 
 def _projections(state: Any) -> dict[str, Any]:
@@ -136,39 +138,13 @@ def _decode_cursor(cursor: str, width: int) -> list[Any]:
     return values
 
 
-class _Runtime:
-    """What a page query needs from the app, in one object: every `app.state.x` is a Python
-    `__getattr__` call (≈ 0.5 µs), and a point lookup made seven of them."""
-
-    __slots__ = ("connections", "keys", "meta", "queries", "schema")
-
-    def __init__(self, state: Any) -> None:
-        self.connections: pg_pipeline.Pipelines = state.view_connections
-        self.keys = bool(state.settings.api.keys)
-        self.schema: str = state.settings.projections.schema_
-        self.meta: dict[str, _View] = {}  # per view, derived once from its projection
-        # Rendered SQL by request shape (view, filter columns and operators, order, cursor, limit):
-        # composing and quoting it costs more than running a point lookup; projections are fixed per app.
-        self.queries: dict[tuple[Any, ...], Any] = {}
-
-
-def runtime(state: Any) -> _Runtime | None:
-    """The app's `_Runtime`, once its pool is up (`None` before); callers may keep it."""
-    runtime = getattr(state, "views_runtime", None)
-    if runtime is None and hasattr(state, "view_connections"):
-        runtime = state.views_runtime = _Runtime(state)
-    return runtime
-
-
 def _columns(names: list[str]) -> sql.Composed:
     return sql.SQL(", ").join(sql.Identifier(k) for k in names)
 
 
-def _casts(names: list[str], types: dict[str, str], number: Iterator[int]) -> sql.Composed:
+def _casts(names: list[str], types: dict[str, str]) -> sql.Composed:
     """One placeholder per name, cast to the column's declared type."""
-    return sql.SQL(", ").join(
-        sql.SQL("CAST(${} AS {})").format(sql.SQL(str(next(number))), sql.SQL(types[k])) for k in names
-    )
+    return sql.SQL(", ").join(sql.SQL("CAST({} AS {})").format(sql.Placeholder(), sql.SQL(types[k])) for k in names)
 
 
 def _compose(
@@ -184,10 +160,10 @@ def _compose(
     nullable: bool = False,
     after_null: bool = False,
 ) -> sql.Composed:
-    number = itertools.count(1)  # libpq's `$n` placeholders, in the order of the arguments
+    """The page query; its placeholders take the filter values, then the cursor's (in that order)."""
     where: list[sql.Composable] = [
-        sql.SQL("{} {} CAST(${} AS {})").format(
-            sql.Identifier(column), sql.SQL(op), sql.SQL(str(next(number))), sql.SQL(types[column])
+        sql.SQL("{} {} CAST({} AS {})").format(
+            sql.Identifier(column), sql.SQL(op), sql.Placeholder(), sql.SQL(types[column])
         )
         for column, op in filters
     ]
@@ -195,7 +171,7 @@ def _compose(
         op = sql.SQL("<" if descending else ">")
         row = _columns(keys)
         # the cursor's values follow the filters' (with no order value when it is NULL: not sent)
-        cursor = _casts(keys[1:] if after_null else keys, types, number)
+        cursor = _casts(keys[1:] if after_null else keys, types)
         if not nullable:  # the order column is part of the key: never NULL
             where.append(sql.SQL("({}) {} ({})").format(row, op, cursor))
         else:  # NULLs sort last ascending, first descending; a row comparison with NULL is NULL, not false
@@ -218,23 +194,56 @@ def _compose(
     )
 
 
+# The page parameters, as FastAPI would document them were they declared in the signature
+# (`limit: int = 100, cursor: str | None = None, order_by: str | None = None`). The route reads them
+# itself: FastAPI's per-request parameter solving costs more CPU than the query's whole client side.
+_OPTIONAL_TEXT = {"anyOf": [{"type": "string"}, {"type": "null"}]}
+_PAGE_PARAMETERS = [
+    {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "default": 100, "title": "Limit"},
+    },
+    {"name": "cursor", "in": "query", "required": False, "schema": {**_OPTIONAL_TEXT, "title": "Cursor"}},
+    {"name": "order_by", "in": "query", "required": False, "schema": {**_OPTIONAL_TEXT, "title": "Order By"}},
+]
+_INT = TypeAdapter(int)
+
+
+def _limit(params: Mapping[str, str]) -> int:
+    """`limit` (default 100) read as FastAPI reads a declared `limit: int` query parameter, with its
+    422 body when it is not an integer (pydantic's lax parsing and error)."""
+    raw = params.get("limit")
+    if raw is None:
+        return 100
+    try:
+        return _INT.validate_python(raw)
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("query", "limit", *e["loc"])} for e in exc.errors(include_url=False)]
+        ) from None
+
+
 @router.get(
     "/views/{name}",
     responses={
         404: error("no such view, or not built yet"),
         422: error("unknown column or operator, bad value, limit or cursor"),
+        503: error("starting up, or the service database did not answer"),
     },
+    openapi_extra={"parameters": _PAGE_PARAMETERS},
 )
-async def query_view(
-    name: str, request: Request, limit: int = 100, cursor: str | None = None, order_by: str | None = None
-) -> Response:
+async def query_view(name: str, request: Request) -> Response:
     """Rows of `views.<name>`: `?col=v`, `?col__gte=v` (eq ne gt gte lt lte), `order_by=col|-col`,
     `limit` (≤ 1000), `cursor` from the previous page's `next_cursor`."""
+    params = request.query_params
+    limit = _limit(params)
     state = request.app.state
-    views = runtime(state)
+    views: Views | None = getattr(state, "views", None)
     if views is None:
         raise HTTPException(503, "starting up: the database pool is not open yet")
-    body = await _page(state, views, name, request.query_params, limit, cursor, order_by)
+    body = await _page(state, views, name, params, limit, params.get("cursor"), params.get("order_by"))
     return Response(body, media_type="application/json")
 
 
@@ -243,7 +252,80 @@ class _View(NamedTuple):
 
     types: dict[str, str]  # column -> declared SQL type, in table order
     primary_key: tuple[str, ...]
-    row: Callable[[Sequence[Any]], dict[str, Any]]  # a result row -> its JSON object
+
+
+class _NumericText(Loader):
+    """`numeric` as PostgreSQL's own text (`numeric_out`), which the JSON body carries as a string
+    anyway: exact, spelled as the database spells it (no exponent), no `Decimal` per value."""
+
+    def load(self, data: Buffer) -> str:
+        return str(data, "ascii")
+
+
+async def _configure(conn: AsyncConnection[Any]) -> None:
+    conn.adapters.register_loader("numeric", _NumericText)
+
+
+class Views:
+    """The views' read side of one app: a pool of autocommit connections that return rows as dicts,
+    numerics as text and prepare a query shape after `PREPARE_THRESHOLD` runs; and what is derived
+    once from the projections (each view's columns, each request shape's SQL text)."""
+
+    def __init__(self, dsn: str, schema: str, *, max_size: int = 8, timeout: float = CONNECTION_WAIT_S) -> None:
+        self.schema = schema
+        self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=max_size,
+            timeout=timeout,
+            open=False,
+            kwargs={"autocommit": True, "row_factory": dict_row, "prepare_threshold": PREPARE_THRESHOLD},
+            configure=_configure,
+        )
+        self.meta: dict[str, _View] = {}
+        # SQL text by request shape (view, filter columns and operators, order, cursor, limit):
+        # composing and quoting it costs more than a point lookup's query; projections are fixed per app.
+        self.queries: dict[tuple[Any, ...], str] = {}
+
+    async def open(self) -> None:
+        await self.pool.open(wait=False)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def fetch(self, shape: tuple[Any, ...], query: str | sql.Composable, args: Sequence[str | None]) -> list[Any]:
+        """The rows of `query`, a request shape's SQL text (or its composition, rendered here once and
+        kept under `shape`).
+
+        A view swapped by a rebuild for a table of other column types makes PostgreSQL refuse a plan
+        prepared before the swap (feature_not_supported, "cached plan must not change result
+        type"), on every connection that prepared it: that connection is closed (the pool opens
+        another) and the query runs once more, unprepared, on the next one. A lost connection
+        raises `OperationalError` (the route's 503) after the pool has checked its idle ones."""
+        try:
+            async with self.pool.connection() as conn:
+                if isinstance(query, str):
+                    text = query
+                else:  # rendered with the connection's quoting rules
+                    if len(self.queries) >= _MAX_SHAPES:
+                        self.queries.clear()
+                    text = self.queries[shape] = query.as_string(conn)
+                try:
+                    cur = await conn.execute(text, args)
+                    rows: list[Any] = await cur.fetchall()
+                    return rows
+                except errors.FeatureNotSupported:
+                    await conn.close()
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(text, args, prepare=False)
+                rows = await cur.fetchall()
+                return rows
+        except errors.OperationalError:
+            # Lost or refused (a restart, a failover, pg_terminate_backend): the other idle
+            # connections are likely gone too. The pool checks them all now and replaces the dead
+            # ones, so the next request gets a live connection rather than the next dead one.
+            await self.pool.check()
+            raise
 
 
 def _view(state: Any, cached: dict[str, _View], name: str) -> _View | None:
@@ -252,35 +334,21 @@ def _view(state: Any, cached: dict[str, _View], name: str) -> _View | None:
         p = _projections(state).get(name)
         if p is None:
             return None
-        types = {c.name: c.type for c in p.table.columns}
-        view = cached[name] = _View(types, tuple(p.table.primary_key), _row_builder(list(types)))
+        view = cached[name] = _View({c.name: c.type for c in p.table.columns}, tuple(p.table.primary_key))
     return view
-
-
-def _row_builder(names: list[str]) -> Callable[[Sequence[Any]], dict[str, Any]]:
-    """`lambda r: {"id": r[0], ...}`: a dict display is half the cost of `dict(zip(names, r))`
-    (measured: 14 vs 31 µs for a 100-row page). The names are `repr()` literals, never code."""
-    body = ", ".join(f"{n!r}: r[{i}]" for i, n in enumerate(names))
-    return eval(f"lambda r: {{{body}}}", {})  # type: ignore[no-any-return]
-
-
-# Views read `numeric` as PostgreSQL's own text, which the JSON body carries as a string anyway: no
-# Decimal per value and no `default=` call per value in orjson.
-_ADAPTERS = AdaptersMap(psycopg.adapters)
-_ADAPTERS.register_loader("numeric", TextLoader)
 
 
 async def _page(
     state: Any,
-    runtime: _Runtime,
+    views: Views,
     name: str,
     params: Mapping[str, str],
     limit: int,
     cursor: str | None,
     order_by: str | None,
 ) -> bytes:
-    """The JSON body of one page of a view (the route and `fast_page` share it)."""
-    view = _view(state, runtime.meta, name)
+    """The JSON body of one page of a view."""
+    view = _view(state, views.meta, name)
     if view is None:
         raise HTTPException(404, f"no view named {name!r}; GET /views lists them")
     types, primary_key = view.types, view.primary_key
@@ -295,97 +363,37 @@ async def _page(
     if order_col in primary_key:
         keys = [order_col] + [k for k in primary_key if k != order_col]
 
-    args: list[Any] = [value for _, _, value in filters]
+    # Every value goes as text, cast by the query to the column's declared type.
+    args: list[str | None] = [value for _, _, value in filters]
     nullable = keys[0] not in primary_key
     after_null = False
     if cursor:
         values = _decode_cursor(cursor, len(keys))
         after_null = nullable and values[0] is None
-        args.extend(values[1:] if after_null else values)
+        args.extend(None if v is None else str(v) for v in (values[1:] if after_null else values))
     shape = (name, tuple([(c, op) for c, op, _ in filters]), tuple(keys), descending, bool(cursor), after_null, limit)
-    queries = runtime.queries
-    query = queries.get(shape)
-    if query is None:
-        query = _compose(
-            runtime.schema,
-            name,
-            types,
-            shape[1],
-            keys,
-            descending=descending,
-            after=bool(cursor),
-            limit=limit,
-            nullable=nullable,
-            after_null=after_null,
-        )
-    connections = runtime.connections
+    query = views.queries.get(shape) or _compose(
+        views.schema,
+        name,
+        types,
+        shape[1],
+        keys,
+        descending=descending,
+        after=bool(cursor),
+        limit=limit,
+        nullable=nullable,
+        after_null=after_null,
+    )
     try:
-        pipeline = connections.ready() or await connections.get()
-        if isinstance(query, sql.Composed):  # first request of this shape: render it once, with
-            if len(queries) >= _MAX_SHAPES:  # the connection's quoting rules
-                queries.clear()
-            query = queries[shape] = query.as_bytes(pipeline.conn)
-        rows = await pipeline.submit(query, args, _ADAPTERS, view.row)
-    except Exception as exc:  # noqa: BLE001 - a bad value for a typed column is the caller's error
-        from psycopg import errors
-
-        if isinstance(exc, errors.DataError):
-            raise HTTPException(
-                422, f"a filter value does not fit its column's type: {exc.diag.message_primary or exc}"
-            ) from None  # (no diag when the client refused it: a NUL byte, which text cannot hold)
-        if isinstance(exc, errors.UndefinedTable):
-            raise HTTPException(
-                404, f"view {name!r} has not been built yet: run `tributary project run {name}`"
-            ) from None
-        if isinstance(exc, errors.OperationalError):  # lost or refused; the next request reconnects
-            raise HTTPException(
-                503, "the service database did not answer (connection lost or refused); retry"
-            ) from None
-        raise
+        rows = await views.fetch(shape, query, args)
+    except errors.DataError as exc:  # a bad value for a typed column is the caller's error
+        raise HTTPException(
+            422, f"a filter value does not fit its column's type: {exc.diag.message_primary or exc}"
+        ) from None  # (no diag when psycopg refused it: a NUL byte, which text cannot hold)
+    except errors.UndefinedTable:
+        raise HTTPException(404, f"view {name!r} has not been built yet: run `tributary project run {name}`") from None
+    except errors.OperationalError:  # lost or refused (`Views.fetch` has the pool checked); retry
+        raise HTTPException(503, "the service database did not answer (connection lost or refused); retry") from None
     page = rows[:limit] if len(rows) > limit else rows
     next_cursor = _encode_cursor([page[-1][k] for k in keys]) if len(rows) > limit and page else None
     return orjson.dumps({"view": name, "rows": page, "next_cursor": next_cursor}, default=_default)
-
-
-_LIMIT = re.compile(r"[1-9][0-9]{0,3}")
-
-
-def _query_items(query: str) -> list[tuple[str, str]]:
-    """`parse_qsl(query, keep_blank_values=True)` (what Starlette's QueryParams uses), splitting
-    directly when nothing is escaped (a third of its cost)."""
-    if "%" in query or "+" in query:
-        return parse_qsl(query, keep_blank_values=True)
-    return [(name, value) for name, _, value in (pair.partition("=") for pair in query.split("&") if pair)]
-
-
-async def fast_page(state: Any, runtime: _Runtime, scope: Scope) -> bytes | None:
-    """The body of a plain successful `GET /views/{name}`, computed without FastAPI's routing and
-    dependency solving (most of a point lookup's CPU time); `None` hands the request to the route.
-
-    Same code (`_page`), same auth check, same body as the route. Anything unusual (an error to
-    report, a repeated or malformed parameter, a failed or missing key) is `None`, so every 4xx is the
-    route's own (a GET has no body, so re-running it there is safe); unexpected errors propagate."""
-    name = scope["path"][7:]
-    if not name or "/" in name:
-        return None
-    try:
-        if runtime.keys:
-            _check_read(Request(scope))
-        items = _query_items(scope["query_string"].decode("latin-1"))
-        params = dict(items)
-        if len(params) != len(items):
-            return None  # a repeated parameter: let the route decide which one counts
-        limit = params.get("limit")
-        if limit is not None and not _LIMIT.fullmatch(limit):
-            return None  # FastAPI's own int parsing (and its 422) is the reference
-        return await _page(
-            state,
-            runtime,
-            name,
-            params,
-            100 if limit is None else int(limit),
-            params.get("cursor"),
-            params.get("order_by"),
-        )
-    except HTTPException:  # every 4xx is the route's own: it re-runs the request
-        return None

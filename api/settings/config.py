@@ -1,7 +1,7 @@
 """Configuration: `tributary.toml` + `TRIBUTARY_<SECTION>__<KEY>` environment overrides.
 
 Frozen at the edge (the CLI loads it once) and passed down as plain values; nothing deeper reads
-the environment. Key names are a contract (DESIGN.md "Configuration"): add keys, rename none.
+the environment. Key names are a contract (users' files and environments name them): add keys, rename none.
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Environment wins over the file (passed as init kwargs), as DESIGN.md asks.
+        # Environment wins over the file (passed as init kwargs): a deployment overrides a shared file.
         return (env_settings, init_settings)
 
 

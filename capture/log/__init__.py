@@ -1,6 +1,41 @@
-"""tributary's log storage engine: topics → partitions → segments of JSON lines, one writer,
-commit = fsync + atomic manifest replace. See docs/log.md."""
+"""tributary's log: topics → partitions → segments of JSON lines under one root directory, one
+writer process, any number of readers; a commit is fsync + an atomic manifest replace.
 
+This package's names (`__all__`) are its whole public API; its modules are its own business.
+See docs/log.md.
+
+Writing (one process per root holds the writer lock):
+    `Log.open(root, writer=True)`, `create_topic(name, TopicConfig(...))`, `append`/`append_encoded`
+    then `commit` (or `commit_async`, `mark` + `commit(upto=...)`); `GroupCommitter` batches
+    commits of concurrent producers. Keys: `canonical_json`, `partition_for` (Kafka's murmur2
+    partitioning, `murmur2`, `split_partitions`); bulk writers pre-encode lines with
+    `encode_plain` (rows) or `encode_columns` (Arrow columns). `Cleaner` with a `CleanerPolicy`
+    compacts and applies retention between batches; `Log.compact`, `Log.enforce_retention` and
+    `Log.write_parquet` do it on demand.
+
+Reading (any process, committed data only):
+    `Log.open(root)`, `read`/`read_from_time` → `Record`s; `ends()`, `end_offsets`,
+    `start_offsets`, `positions`; `refresh()` to see newer commits.
+
+Parallel readers (Spark): `Log.splits(topic)` → `Split`s (byte ranges of whole records), read
+    anywhere with `read_split` (records) or `read_split_columns` (Arrow columns).
+
+Columnar copies: `RECORD_SCHEMA` is a record's Arrow schema. Sealed segments — and an active
+    segment's committed prefix (`Log.tail_copy`) — get Parquet copies that the log plans
+    (`SegmentCopy`), reads (`copy_records`, `COPY_SCHEMA`) and installs (`Log.make_copies`, whose
+    caller brings the Parquet writer); `SegmentCopy.path` is the file to read once `current()`.
+
+Admin operations (what `tributary log …` and `GET /topics` run): `tributary.capture.log.admin`.
+Errors: every failure is a `LogError`; the subclasses say what a caller may handle.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tributary.capture.log import admin
+from tributary.capture.log.cleaner import Cleaner, CleanerPolicy
+from tributary.capture.log.codec import RecordIn, encode_plain
 from tributary.capture.log.errors import (
     CorruptRecordError,
     DiskFullError,
@@ -10,7 +45,7 @@ from tributary.capture.log.errors import (
 )
 from tributary.capture.log.group_commit import GroupCommitter
 from tributary.capture.log.log import Log
-from tributary.capture.log.partitioner import canonical_json, murmur2, partition_for
+from tributary.capture.log.partitioner import canonical_json, murmur2, partition_for, split_partitions
 from tributary.capture.log.splits import read_split
 from tributary.capture.log.types import (
     CompactionStats,
@@ -23,7 +58,22 @@ from tributary.capture.log.types import (
     TopicConfig,
 )
 
+if TYPE_CHECKING:
+    from tributary.capture.log.codec_arrow import encode_columns
+    from tributary.capture.log.columnar import (
+        COPY_SCHEMA,
+        RECORD_SCHEMA,
+        SegmentCopy,
+        TailCopy,
+        copy_records,
+        read_split_columns,
+    )
+
 __all__ = [
+    "COPY_SCHEMA",
+    "RECORD_SCHEMA",
+    "Cleaner",
+    "CleanerPolicy",
     "CompactionStats",
     "CorruptRecordError",
     "DiskFullError",
@@ -36,11 +86,43 @@ __all__ = [
     "Policy",
     "Problem",
     "Record",
+    "RecordIn",
+    "SegmentCopy",
     "Split",
+    "TailCopy",
     "TopicConfig",
     "TopicNotFoundError",
+    "admin",
     "canonical_json",
+    "copy_records",
+    "encode_columns",
+    "encode_plain",
     "murmur2",
     "partition_for",
     "read_split",
+    "read_split_columns",
+    "split_partitions",
 ]
+
+# Names whose modules load pyarrow: imported on first use, so that opening a log, the CLI and
+# the capture daemon's start do not pay for it.
+_LAZY = {
+    "COPY_SCHEMA": "columnar",
+    "RECORD_SCHEMA": "columnar",
+    "SegmentCopy": "columnar",
+    "TailCopy": "columnar",
+    "copy_records": "columnar",
+    "read_split_columns": "columnar",
+    "encode_columns": "codec_arrow",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

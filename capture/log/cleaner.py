@@ -16,23 +16,48 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tributary.capture.log import _fileio
 from tributary.capture.log.compaction import compact_partition
+from tributary.capture.log.manifest import PartitionState
 from tributary.capture.log.reader import committed_segments, partition_dir
 from tributary.capture.log.segment import list_segments, log_path, parquet_path
-from tributary.capture.log.types import CompactionStats
+from tributary.capture.log.types import CompactionStats, TopicConfig
 
-if TYPE_CHECKING:
-    from tributary.capture.log.log import Log
-
-__all__ = ["CHECKPOINT", "Cleaner", "CleanerPolicy", "PartitionCheckpoint", "read_checkpoint"]
+__all__ = ["CHECKPOINT", "Cleaner", "CleanerPolicy", "CleanedLog", "PartitionCheckpoint", "read_checkpoint"]
 
 CHECKPOINT = "cleaner.json"
 _log = logging.getLogger(__name__)
+
+
+class CleanedLog(Protocol):
+    """What the cleaner needs of the log it cleans (a `Log` opened as the writer). A protocol,
+    so that the log can own a cleaner (`Log.compact`) without the two modules importing each other."""
+
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def index_interval_bytes(self) -> int: ...
+
+    def topics(self) -> dict[str, TopicConfig]: ...
+
+    def topic_config(self, topic: str) -> TopicConfig: ...
+
+    def partition_state(self, topic: str, partition: int) -> PartitionState: ...
+
+    def enforce_retention(
+        self,
+        *,
+        now_ms: int,
+        default_retention_ms: int | None = None,
+        default_retention_bytes: int | None = None,
+        on_removed: Callable[[Path], object] | None = None,
+    ) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +145,7 @@ class Cleaner:
     """Compaction and retention for one writer, a little at a time: `step(now_ms)` does at most
     one partition's compaction (or one retention sweep) and returns."""
 
-    def __init__(self, log: Log, policy: CleanerPolicy, *, pid: int | None = None) -> None:
+    def __init__(self, log: CleanedLog, policy: CleanerPolicy, *, pid: int | None = None) -> None:
         self.log = log
         self.policy = policy
         self.pid = pid
@@ -320,7 +345,7 @@ class Cleaner:
         """`columnar.is_current`, its footer read again only when the copy or the segment changed
         since the last scan (a copy is replaced by rename, so a new version is a new inode): the
         scans run on the writer's thread and would otherwise read every copy's footer each time."""
-        from tributary.capture.log.columnar import is_current
+        from tributary.capture.log.columnar import is_current  # loads pyarrow: only when there are copies
 
         path = parquet_path(pdir, base)
         try:

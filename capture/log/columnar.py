@@ -1,23 +1,33 @@
-"""Immutable Parquet (zstd) copies of sealed, committed segments — the form Spark reads natively.
+"""The log's Parquet (zstd) copies of its segments — the form Spark reads natively — and the
+record's Arrow schema (`RECORD_SCHEMA`, defined here once).
 
 A copy is `<base>.parquet` beside `<base>.log`: the same records, same offsets, key/value/headers
 as JSON text. It records the byte size of the segment it was made from, so a copy made before a
 compaction rewrote the segment is recognisably stale (and is deleted by the compaction anyway).
 The row-form `.log` stays the source of truth. Two formats:
 
-1. written here (`write_parquet`, pyarrow): the columns of `SCHEMA`; the size in the footer's
-   key-value metadata.
-2. written by the projection runner's Spark tasks (`projections.source`): format 1's columns plus
-   `topic`, `partition`, the default `event_time` and `value_v` (the value as a shredded Parquet
-   VARIANT, so a field read is a column read); the size is the constant column `segment_bytes`
-   (Spark's writer has no custom footer keys), checked through the row groups' statistics.
+1. written by `write_parquet` (pyarrow, `Log.write_parquet`): the columns of `SCHEMA`; the size in
+   the footer's key-value metadata.
+2. made by `make_copies` (`Log.make_copies`): the log plans the copy (`SegmentCopy`: which bytes,
+   which file), reads the records (`copy_records`, the columns of `COPY_SCHEMA`: format 1's plus
+   `topic`, `partition` and `segment_bytes`), and installs the finished file atomically; the
+   Parquet writer is the caller's (the projection runner's Spark tasks, which add the default
+   `event_time` and `value_v`, the value as a shredded Parquet VARIANT, so a field read is a
+   column read). The size is the constant column `segment_bytes` (Spark's writer has no custom
+   footer keys), checked through the row groups' statistics.
+
+An active segment's committed prefix may have a format-2 *tail copy* (`TailCopy`, below).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
+import uuid
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,24 +39,34 @@ import pyarrow.parquet as pq
 from tributary.capture.log import _fileio
 from tributary.capture.log.reader import open_segment
 from tributary.capture.log.segment import SegmentRef, iter_records, log_path, parquet_path, starts_at
-from tributary.capture.log.types import Split
+from tributary.capture.log.types import Split, segment_base
 
 __all__ = [
+    "COPY_SCHEMA",
+    "RECORD_SCHEMA",
     "SCHEMA",
+    "STALE_COPY_DIR_S",
+    "SegmentCopy",
     "TailCopy",
     "copy_format",
+    "copy_records",
     "decode_lines",
     "is_current",
+    "make_copies",
     "parquet_path",
     "read_split_columns",
+    "sweep_stale_copy_dirs",
     "sweep_tail_copies",
     "tail_copies",
     "tail_copy_valid",
     "write_parquet",
 ]
 
-SCHEMA = pa.schema(
+# A `Record` as Arrow columns: key, value and headers as JSON text (null: JSON null).
+RECORD_SCHEMA = pa.schema(
     [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
         ("offset", pa.int64()),
         ("timestamp", pa.int64()),
         ("key", pa.string()),
@@ -54,6 +74,12 @@ SCHEMA = pa.schema(
         ("headers", pa.string()),
     ]
 )
+# One partition's records (topic and partition are the file's): format 1, `decode_lines`.
+SCHEMA = pa.schema([RECORD_SCHEMA.field(n) for n in RECORD_SCHEMA.names[2:]])
+# What a format-2 copy is made of (`copy_records`): the records and the segment's byte size.
+COPY_SCHEMA = RECORD_SCHEMA.append(pa.field("segment_bytes", pa.int64()))
+STALE_COPY_DIR_S = 86400.0  # a copy job's staging directory this old was left by a killed job
+_BATCH = 8192
 _SIZE = b"tributary.segment_bytes"
 
 
@@ -77,23 +103,10 @@ def is_current(pdir: Path, base: int) -> bool:
 
 
 def write_parquet(ref: SegmentRef) -> int:
-    """Write (atomically: temp file, fsync, rename) the Parquet copy of a sealed segment; returns
+    """Write (atomically: temp file, fsync, rename) the format-1 copy of a sealed segment; returns
     its row count. The caller fsyncs the directory."""
     size = log_path(ref.pdir, ref.base).stat().st_size
-    cols: tuple[list[int], list[int], list[str | None], list[str | None], list[str | None]] = (
-        [],
-        [],
-        [],
-        [],
-        [],
-    )
-    offs, tss, keys, values, headers = cols
-    for off, ts, key, value, hdr in iter_records(ref):
-        offs.append(off)
-        tss.append(ts)
-        keys.append(None if key is None else key.decode())
-        values.append(None if value is None else value.decode())
-        headers.append(None if hdr is None else hdr.decode())
+    table = _records_table(ref)
     schema = SCHEMA.with_metadata(
         {
             b"tributary.topic": ref.topic.encode(),
@@ -102,17 +115,34 @@ def write_parquet(ref: SegmentRef) -> int:
             _SIZE: str(size).encode(),
         }
     )
-    table = pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, SCHEMA, strict=True)], schema=schema)
     final = parquet_path(ref.pdir, ref.base)
     tmp = final.with_name(final.name + ".tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    fd = os.open(tmp, os.O_RDONLY)
+    pq.write_table(table.replace_schema_metadata(schema.metadata), tmp, compression="zstd")
+    _sync_file(tmp)
+    os.replace(tmp, final)
+    return int(table.num_rows)
+
+
+def _records_table(ref: SegmentRef, limit: int | None = None) -> pa.Table:
+    """The segment's records (its first `limit` bytes) as SCHEMA columns, record by record:
+    `iter_records` checks each one and names a bad one in the CorruptRecordError it raises."""
+    cols: tuple[list[int], list[int], list[str | None], list[str | None], list[str | None]] = ([], [], [], [], [])
+    offs, tss, keys, values, headers = cols
+    for off, ts, key, value, hdr in iter_records(ref, 0, limit):
+        offs.append(off)
+        tss.append(ts)
+        keys.append(None if key is None else key.decode())
+        values.append(None if value is None else value.decode())
+        headers.append(None if hdr is None else hdr.decode())
+    return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, SCHEMA, strict=True)], schema=SCHEMA)
+
+
+def _sync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
-        _fileio.fsync(fd, f"syncing {tmp}")
+        _fileio.fsync(fd, f"syncing {path}")
     finally:
         os.close(fd)
-    os.replace(tmp, final)
-    return len(offs)
 
 
 # A line's head up to its key (codec.py's format); the lengths locate key, value and headers.
@@ -328,4 +358,107 @@ def sweep_tail_copies(pdir: Path, active: int, now: float, grace_s: float) -> li
         if superseded is not None and superseded < now - grace_s:
             path.unlink(missing_ok=True)
             removed.append(path)
+    return removed
+
+
+# -- format-2 copies: planned, read and installed by the log, written by the caller's engine -------
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentCopy:
+    """A format-2 copy of one segment's records: of the whole, sealed, segment (`tail` None), or
+    of an active segment's committed prefix (`tail`, see `Log.tail_copy`). `segment` is the
+    segment file as a `Split` names it (`Split.path`)."""
+
+    topic: str
+    partition: int
+    segment: str
+    tail: TailCopy | None = None
+
+    @property
+    def base(self) -> int:
+        """The segment's base offset."""
+        return segment_base(self.segment)
+
+    @property
+    def path(self) -> Path:
+        """The copy's file (read it with any Parquet reader once `current()`)."""
+        pdir = Path(self.segment).parent
+        return parquet_path(pdir, self.base) if self.tail is None else self.tail.path(pdir)
+
+    @property
+    def nbytes(self) -> int | None:
+        """The segment bytes the copy is made of (None: the whole, sealed, file)."""
+        return None if self.tail is None else self.tail.nbytes
+
+    def current(self) -> bool:
+        """The copy exists, is complete, is format 2 and was made from the segment's bytes as
+        they are now."""
+        pdir = Path(self.segment).parent
+        if self.tail is None:
+            return copy_format(pdir, self.base) == 2
+        return tail_copy_valid(pdir, self.tail, self.tail.end, self.tail.nbytes)
+
+
+def copy_records(copy: SegmentCopy) -> pa.Table | None:
+    """The records a copy is made of — a sealed segment whole, an active one's first
+    `copy.nbytes` (committed) bytes — as COPY_SCHEMA columns; None when the segment file cannot
+    be read (compacted away since the copy was planned: read its records as rows). Decoded as a
+    whole (`decode_lines`); bytes that path refuses, record by record (a bad record raises
+    CorruptRecordError, naming it)."""
+    pdir, base, limit = Path(copy.segment).parent, copy.base, copy.nbytes
+    try:
+        with open(log_path(pdir, base), "rb") as f:
+            size = os.fstat(f.fileno()).st_size if limit is None else limit
+            data = f.read() if limit is None else os.pread(f.fileno(), limit, 0)
+        table = decode_lines(data) if len(data) == size else None
+        if table is None:
+            table = _records_table(SegmentRef(copy.topic, copy.partition, pdir, base), limit)
+    except OSError:
+        return None
+    n = table.num_rows
+    columns = [
+        pa.array([copy.topic] * n, pa.string()),
+        pa.array(np.full(n, copy.partition, np.int32)),
+        *(c.combine_chunks() for c in table.columns),
+        pa.array(np.full(n, size, np.int64)),
+    ]
+    return pa.Table.from_arrays(columns, schema=COPY_SCHEMA)
+
+
+def make_copies(
+    root: Path, copies: Sequence[SegmentCopy], write: Callable[[Path, Sequence[SegmentCopy]], None], now: float
+) -> list[SegmentCopy]:
+    """Make the format-2 copies `copies` of the log at `root`. `write(staging, copies)` is the
+    Parquet writer: it writes copy i's rows (`copy_records`, plus columns of its own) as one
+    file `staging/seg=<i>/*.parquet`, or none for a copy it could not read. Each file found is
+    synced and renamed over the copy's name, the directories synced, the staging directory (under
+    `root`) removed; staging directories left by killed jobs are swept first. Returns the copies
+    that are current now: the others' records are to be read as rows."""
+    sweep_stale_copy_dirs(root, now)
+    staging = root / f".columnar-{uuid.uuid4().hex}.tmp"
+    try:
+        write(staging, copies)
+        for i, c in enumerate(copies):
+            made = list((staging / f"seg={i}").glob("*.parquet"))
+            if len(made) != 1:
+                continue  # not read, or split over files: left to the row path
+            _sync_file(made[0])
+            os.replace(made[0], c.path)
+        for pdir in {Path(c.segment).parent for c in copies}:
+            _fileio.fsync_dir(pdir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [c for c in copies if c.current()]
+
+
+def sweep_stale_copy_dirs(root: Path, now: float, max_age_s: float = STALE_COPY_DIR_S) -> list[Path]:
+    """Remove the staging directories of copy jobs killed before their cleanup (kill -9, OOM):
+    those untouched for `max_age_s` (a running job's is minutes old). Returns the paths removed."""
+    removed = []
+    for tmp in root.glob(".columnar-*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            if tmp.stat().st_mtime < now - max_age_s:
+                shutil.rmtree(tmp, ignore_errors=True)
+                removed.append(tmp)
     return removed

@@ -6,17 +6,22 @@ manifest says is committed; the writer's recovery cuts everything else away on o
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from tributary.capture.log import _fileio
+from tributary.capture.log.cleaner import Cleaner, CleanerPolicy
 from tributary.capture.log.codec import RecordIn
+from tributary.capture.log.compaction import expired_segments, remove_segments
 from tributary.capture.log.errors import (
     CorruptRecordError,
     LogError,
@@ -33,8 +38,9 @@ from tributary.capture.log.manifest import (
 )
 from tributary.capture.log.partition import PartitionWriter
 from tributary.capture.log.partitioner import partition_for
-from tributary.capture.log.reader import partition_dir, read_partition, read_partition_from_time
+from tributary.capture.log.reader import committed_segments, partition_dir, read_partition, read_partition_from_time
 from tributary.capture.log.segment import SegmentRef, parquet_path
+from tributary.capture.log.splits import plan_splits
 from tributary.capture.log.types import (
     CompactionStats,
     Mark,
@@ -44,6 +50,10 @@ from tributary.capture.log.types import (
     Split,
     TopicConfig,
 )
+from tributary.capture.log.verify import verify_log
+
+if TYPE_CHECKING:  # the module loads pyarrow: imported where used
+    from tributary.capture.log.columnar import SegmentCopy, TailCopy
 
 __all__ = ["Log"]
 
@@ -467,8 +477,6 @@ class Log:
     ) -> CompactionStats:
         """Compact the sealed, committed segments of `compact` topics (all of them by default)
         now, whatever their dirty ratio; the pass is recorded for the cleaner (`cleaner.py`)."""
-        from tributary.capture.log.cleaner import Cleaner, CleanerPolicy
-
         self._check_writer("compact (needs the writer lock)")
         if topic is not None:
             self._topic(topic)
@@ -488,8 +496,6 @@ class Log:
         A topic without its own `retention_ms`/`retention_bytes` uses the defaults given.
         `on_removed(path)` takes over the Parquet copies of removed segments (the cleaner deletes
         them after a delay); without it they are deleted with the segment."""
-        from tributary.capture.log.compaction import expired_segments, remove_segments
-
         self._check_writer("enforce retention")
         self._worker_idle()
         plan: list[tuple[str, int, list[int]]] = []
@@ -525,8 +531,7 @@ class Log:
     def write_parquet(self, topic: str | None = None) -> int:
         """Write the immutable Parquet (zstd) copy of every sealed, committed segment that lacks
         a current one (a maintenance step like `compact`); returns how many were written."""
-        from tributary.capture.log.columnar import is_current, write_parquet
-        from tributary.capture.log.reader import committed_segments
+        from tributary.capture.log.columnar import is_current, write_parquet  # loads pyarrow: only when used
 
         self._check_writer("write Parquet copies")
         snapshot = self._committed
@@ -545,6 +550,48 @@ class Log:
                     written += len(todo)
         return written
 
+    def disk_bytes(self, topic: str) -> int:
+        """Bytes the topic's files take (segments, indexes, Parquet copies): for monitoring, so a
+        reading racing the writer or the cleaner may be off by a file."""
+        total = 0
+        for p in range(len(self._topic(topic).partitions)):
+            with contextlib.suppress(FileNotFoundError):
+                for entry in os.scandir(partition_dir(self.root, topic, p)):
+                    with contextlib.suppress(FileNotFoundError):
+                        if entry.is_file():
+                            total += entry.stat().st_size
+        return total
+
+    def tail_copy(self, topic: str, partition: int, end: PartitionEnd) -> TailCopy | None:
+        """The newest tail copy (format 2, see `columnar`) that stands for a prefix of the
+        partition's active segment whose committed end is `end` (from `ends()`), or None."""
+        from tributary.capture.log.columnar import tail_copies, tail_copy_valid  # loads pyarrow: only when used
+
+        pdir = partition_dir(self.root, topic, partition)
+        return next(
+            (c for c in tail_copies(pdir) if c.base == end.segment and tail_copy_valid(pdir, c, end.end, end.nbytes)),
+            None,
+        )
+
+    def sweep_tail_copies(self, topic: str, partition: int, *, now: float, grace_s: float) -> list[Path]:
+        """Delete the partition's tail copies nothing plans with any more, `grace_s` after they
+        were superseded (by a newer tail copy, or by the full copy of the sealed segment);
+        returns the paths deleted."""
+        from tributary.capture.log.columnar import sweep_tail_copies  # loads pyarrow: only when used
+
+        active = self._state(topic, partition).segment
+        return sweep_tail_copies(partition_dir(self.root, topic, partition), active, now, grace_s)
+
+    def make_copies(
+        self, copies: Sequence[SegmentCopy], write: Callable[[Path, Sequence[SegmentCopy]], None]
+    ) -> list[SegmentCopy]:
+        """Make the format-2 Parquet copies `copies`, written by `write` into a staging
+        directory of the log's (`columnar.make_copies` says how) and installed atomically by
+        the log; returns those that are current now."""
+        from tributary.capture.log.columnar import make_copies  # loads pyarrow: only when used
+
+        return make_copies(self.root, copies, write, time.time())
+
     def _worker_idle(self) -> None:
         self._worker_barrier().result()
 
@@ -558,13 +605,9 @@ class Log:
             raise LogError(f"an earlier commit failed ({self._failed})")
 
     def verify(self) -> list[Problem]:
-        from tributary.capture.log.verify import verify_log
-
         return verify_log(self.root, self._committed)
 
     def splits(self, topic: str, *, max_bytes: int = 64 << 20) -> list[Split]:
-        from tributary.capture.log.splits import plan_splits
-
         t = self._topic(topic)
         return [s for p, state in enumerate(t.partitions) for s in plan_splits(self.root, topic, p, state, max_bytes)]
 

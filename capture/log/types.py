@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import PurePath
 from typing import Any, Literal
 
 import orjson
@@ -92,6 +93,16 @@ class Split:
     end_byte: int
     first_offset: int
     end_offset: int | None = None
+
+    @property
+    def base(self) -> int:
+        """The base offset of the segment the split is in."""
+        return segment_base(self.path)
+
+
+def segment_base(path: str) -> int:
+    """The base offset of the segment file at `path` (segment files are named by it)."""
+    return int(PurePath(path).name[:20])
 
 
 @dataclass(frozen=True, slots=True)

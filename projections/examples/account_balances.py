@@ -3,7 +3,7 @@
 Balance, status, last version, overdraft fees charged (OverdraftFeeCharged events) and
 `overdrafts`: how many withdrawals took the balance below zero. Processed by event time, a
 deposit made before a withdrawal counts first even when the two travel on different topics
-or partitions — the seed's example of a false overdraft that arrival order would report.
+or partitions: arrival order would report a false overdraft there.
 """
 
 from __future__ import annotations

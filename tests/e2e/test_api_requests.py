@@ -1,6 +1,6 @@
 """What every request gets from a real `tributary serve`: a request id (in the response and in the
-server's log), a count in `tributary_http_requests_total`, a response that leaves in one segment;
-and view values as PostgreSQL spells them (numeric) on the `GET /views/{name}` fast path."""
+server's log), a count in `tributary_http_requests_total`; HTTP/1.1 keep-alive, pipelining and
+`Connection: close` as uvicorn serves them; and view values as PostgreSQL spells them (numeric)."""
 
 from __future__ import annotations
 
@@ -135,26 +135,12 @@ def test_requests_counted_by_route_template_and_status(served: Served) -> None:
     def delta(key: tuple[str, str, str]) -> float:
         return after.get(key, 0) - before.get(key, 0)
 
-    assert delta(("GET", "/views/{name}", "200")) == 2  # the fast path
+    assert delta(("GET", "/views/{name}", "200")) == 2
     assert delta(("GET", "/views/{name}", "422")) == 1  # the route's own error
     assert delta(("GET", "/views/{name}", "404")) == 1
     assert delta(("GET", "unmatched", "404")) == 1  # no raw path as a label: bounded series
     assert delta(("POST", "/views/{name}", "405")) == 1
     assert delta(("GET", "/metrics", "200")) == 1  # the scrape before this one
-
-
-def test_a_small_response_leaves_in_one_segment(served: Served) -> None:
-    """Headers and body in one write: the client's first read has the whole response (uvicorn's
-    stock protocol writes them separately, and most first reads then hold only the headers)."""
-    port = int(served.base.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for i in range(60):
-            sock.sendall(b"GET /views/nums?id=%d HTTP/1.1\r\nHost: t\r\n\r\n" % (i % len(NUMS) + 1))
-            first = sock.recv(65536)
-            head, _, body = first.partition(b"\r\n\r\n")
-            length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))[15:])
-            assert len(body) == length, f"request {i}: first read held {len(body)} of {length} body bytes"
 
 
 def _responses(sock: socket.socket, count: int) -> list[tuple[bytes, dict[bytes, bytes], bytes]]:
@@ -181,9 +167,9 @@ def _port(served: Served) -> int:
     return int(served.base.rsplit(":", 1)[1])
 
 
-def test_pipelined_requests_answered_in_order_fast_path_and_app_alike(served: Served) -> None:
-    """Requests sent in one write, mixing the protocol's view fast path with requests it hands to the
-    app (a 422, a 404, /healthz): one response each, in request order, the connection kept open."""
+def test_pipelined_requests_answered_in_order(served: Served) -> None:
+    """Requests sent in one write, mixing view pages with errors (a 422, a 404) and /healthz: one
+    response each, in request order, the connection kept open."""
     targets = [b"/views/nums?id=1", b"/views/nums?nope=1", b"/views/nums?id=2", b"/healthz", b"/views/absent"]
     targets += [b"/views/nums?id=%d" % i for i in range(1, 7)]
     with socket.create_connection(("127.0.0.1", _port(served))) as sock:
@@ -198,7 +184,7 @@ def test_pipelined_requests_answered_in_order_fast_path_and_app_alike(served: Se
     assert orjson.loads(got[2][2])["rows"][0]["id"] == 2
     assert [orjson.loads(b)["rows"][0]["id"] for _, _, b in got[5:]] == list(range(1, 7))
     for _, headers, _ in got:
-        assert b"date" in headers and headers[b"server"] == b"uvicorn"  # uvicorn's default headers, as before
+        assert b"date" in headers and headers[b"server"] == b"uvicorn"  # uvicorn's default headers
     assert last[0].startswith(b"HTTP/1.1 200") and orjson.loads(last[2])["rows"][0]["id"] == 3
 
 
@@ -229,9 +215,8 @@ def test_a_client_gone_before_its_response_leaves_the_server_serving(served: Ser
 
 
 def test_requests_written_behind_an_unanswered_one_are_answered_in_order(served: Served) -> None:
-    """Each request its own write, sent before the previous one is answered: whichever way each is
-    read (whole by the protocol, or queued behind the one in flight by uvicorn), the answers come in
-    request order on the one connection."""
+    """Each request its own write, sent before the previous one is answered (uvicorn queues it behind
+    the one in flight): the answers come in request order on the one connection."""
     targets = [b"/views/nums?limit=100", b"/healthz", b"/views/nums?id=2", b"/views/nums?nope=1", b"/views/nums?id=5"]
     with socket.create_connection(("127.0.0.1", _port(served))) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -258,3 +243,19 @@ def test_idle_keep_alive_connection_closed_after_the_timeout_and_not_while_in_us
         sock.settimeout(15)
         assert sock.recv(65536) == b""  # closed by the server
         assert 4.5 < time.monotonic() - answered < 8
+
+
+def test_a_500_is_logged_once_and_keeps_the_connection(served: Served) -> None:
+    """The app's error handler logs an unexpected error and answers 500; the server neither logs it
+    again nor closes the keep-alive connection."""
+    with socket.create_connection(("127.0.0.1", _port(served))) as sock:
+        sock.sendall(b"GET /views/broken HTTP/1.1\r\nHost: t\r\nX-Request-ID: once-500\r\n\r\n")
+        ((status, _, _),) = _responses(sock, 1)
+        assert status.startswith(b"HTTP/1.1 500")
+        sock.sendall(b"GET /views/nums?id=2 HTTP/1.1\r\nHost: t\r\n\r\n")
+        ((status, _, body),) = _responses(sock, 1)
+    assert status.startswith(b"HTTP/1.1 200") and orjson.loads(body)["rows"][0]["id"] == 2
+    time.sleep(0.2)  # the log line is written before the response; let the file catch up
+    errors = [r for r in served.log_records() if r["level"] == "error"]
+    assert [r.get("request_id") for r in errors if "missing" in r.get("exc", "")].count("once-500") == 1
+    assert not [r for r in errors if r["logger"] == "uvicorn.error"], errors

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from api.cli import main; main()", *args],
+        [sys.executable, "-c", "from tributary.api.cli.main import main; main()", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

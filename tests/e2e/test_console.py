@@ -25,7 +25,7 @@ ARTIFACTS = ROOT / "test-artifacts"
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from api.cli import main; main()", *args],
+        [sys.executable, "-c", "from tributary.api.cli.main import main; main()", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

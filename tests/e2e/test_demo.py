@@ -19,7 +19,7 @@ def test_demo_runs_end_to_end_and_reports_work(tmp_path: Path) -> None:
     env = {**os.environ, "TRIBUTARY_PG_DATA_DIR": str(tmp_path / "pg"), "TRIBUTARY_LOG__ROOT": str(tmp_path / "log")}
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", "from api.cli import main; main()", "demo", "--duration", "60"],
+            [sys.executable, "-c", "from tributary.api.cli.main import main; main()", "demo", "--duration", "60"],
             cwd=tmp_path,
             env=env,
             capture_output=True,
@@ -48,7 +48,7 @@ def test_demo_runs_end_to_end_and_reports_work(tmp_path: Path) -> None:
             [
                 sys.executable,
                 "-c",
-                "from api.cli import main; main()",
+                "from tributary.api.cli.main import main; main()",
                 "pg",
                 "down",
                 "--data-dir",

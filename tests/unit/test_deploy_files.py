@@ -47,18 +47,30 @@ def test_compose_services_use_real_commands_and_keys() -> None:
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     services = compose["services"]
     assert {"postgres", "capture", "api", "projections", "spark-master", "spark-worker"} <= set(services)
+    commands, keys = set(), set()
     for name, service in services.items():
         command = service.get("command")
         if command and command[0] == "tributary":
             assert _cli_accepts(command), f"{name}: {command} is not a tributary command"
+            commands.add(name)
         for env in service.get("environment", {}):
             if env.startswith("TRIBUTARY_"):
                 assert _is_config_key(env), f"{name}: {env} is not a configuration key"
+                keys.add(env)
+    # the loops above checked something: every tributary service, and the settings they share
+    assert commands == {"init", "capture", "api", "projections"}, commands
+    assert {"TRIBUTARY_SERVICE__DSN", "TRIBUTARY_LOG__ROOT", "TRIBUTARY_SOURCES"} <= keys, keys
     assert "healthcheck" in services["postgres"] and "healthcheck" in services["api"]
 
 
 def test_systemd_units_run_real_commands() -> None:
-    for unit in DEPLOY.glob("systemd/*.service"):
+    units = sorted(DEPLOY.glob("systemd/*.service"))
+    assert [u.name for u in units] == [  # a missing or renamed unit fails here, not silently
+        "tributary-api.service",
+        "tributary-capture.service",
+        "tributary-projections@.service",
+    ]
+    for unit in units:
         exec_start = re.search(r"^ExecStart=(\S+) (.*)$", unit.read_text(), re.M)
         assert exec_start, unit.name
         argv = ["tributary", *exec_start.group(2).replace("%i", "account_balances").split()]

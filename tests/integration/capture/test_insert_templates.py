@@ -19,8 +19,15 @@ from hypothesis import strategies as st
 from tests.integration.capture.test_snapshot_columnar import _COLUMNS, _INSERT, _KEY, _row
 from tributary.capture import compiled
 from tributary.capture.log import Log
+from tributary.capture.offsets import OffsetContext
 from tributary.capture.replication import XLogData, connect_options
+from tributary.capture.routing import TableFilter
+from tributary.capture.slot import sql_connection
 from tributary.capture.source import SourceSession, SourceSpec
+from tributary.capture.staging import Staging
+from tributary.capture.status import SourceStatus
+from tributary.capture.streaming_source import StreamingSource
+from tributary.capture.tables import SourceTables
 from tributary.capture.wal2json import WAL2JSON_OPTIONS
 
 pytestmark = pytest.mark.integration
@@ -51,35 +58,34 @@ def _slot(dsn: str, slot: str) -> Iterator[None]:
 
 
 def _capture(dsn: str, docs: list[bytes], root: Path, *, templates: bool) -> tuple[list[tuple[Any, ...]], int]:
-    """Feed the documents to a session as the daemon would (commit at each boundary); every record
-    of the resulting log, and how many changes the templates encoded."""
+    """Feed the documents to a streaming source (with or without templates) as the daemon would
+    (commit at each boundary); every record of the resulting log, and how many changes the
+    templates encoded."""
     with Log.open(root, writer=True, default_partitions=3) as log:
         spec = SourceSpec(
-            name="shop",
-            dsn=dsn,
-            slot="unused",
-            include=("public.*",),
-            exclude=(),
-            snapshot="never",
-            partitions=3,
-            insert_templates=templates,
+            name="shop", dsn=dsn, slot="unused", include=("public.*",), exclude=(), snapshot="never", partitions=3
         )
-        session = SourceSession(spec, log, clock=lambda: _NOW)
-        session._slot_state()  # the database name, as `open` learns it
-        session._seed_catalog()
+        staging = Staging(log, partitions=spec.partitions)
+        tables = SourceTables(spec.name, TableFilter(spec.include, spec.exclude), staging, schema_records=True)
+        with sql_connection(dsn, label=spec.name) as conn:
+            tables.seed(conn)  # as `SourceSession.open` does
+            db = str(conn.info.dbname)
+        offsets = OffsetContext()
+        status = SourceStatus(name=spec.name, slot=spec.slot)
+        stream = StreamingSource(spec, staging, tables, offsets, status, db=db, clock=lambda: _NOW, templates=templates)
         for doc in docs:
-            if session.handle(XLogData(0, 0, doc)):
-                log.commit(positions={"shop": str(session.boundary)}, upto=log.mark())
-                session.committed()
-        assert not session.in_transaction
-        assert None not in session._templates.values()  # no template disagreed with the generic path
+            if stream.handle(XLogData(0, 0, doc)):
+                log.commit(positions={"shop": str(offsets.boundary)}, upto=log.mark())
+                offsets.committed()
+        assert not offsets.in_transaction
+        assert stream.templates is None or not stream.templates.refused  # none disagreed with the generic path
         out = [
             (r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers)
             for topic in sorted(log.topics())
             for p in range(log.topics()[topic].partitions)
             for r in log.read(topic, p)
         ]
-        return out, session.templated
+        return out, stream.templated
 
 
 def _compare(dsn: str, docs: list[bytes], tmp: Path) -> tuple[int, int]:
@@ -182,18 +188,19 @@ def _stream(dsn: str, slot: str, root: Path, *, held: bool, transactions: int) -
         )
         session = SourceSession(spec, log, clock=lambda: _NOW)
         session.open()
-        assert session.conn is not None
+        stream = session.stream
+        assert session.conn is not None and stream is not None
         try:
             deadline = time.monotonic() + 120
             while session.status.transactions < transactions:
                 assert time.monotonic() < deadline, "the stream did not deliver every transaction"
-                for message in session.conn.read(timeout=0.2, held=session.held_run if held else None):
-                    if session.handle(message):
+                for message in session.conn.read(timeout=0.2, held=stream.held_run if held else None):
+                    if stream.handle(message):
                         log.commit(positions={"shop": str(session.boundary)}, upto=log.mark())
                         session.committed()
         finally:
             session.close()
-        assert not session.in_transaction and session.templated > 0
+        assert not session.in_transaction and stream.templated > 0
         return [
             (r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers)
             for topic in sorted(log.topics())

@@ -23,6 +23,7 @@ from tributary.capture.log.partitioner import partition_for
 from tributary.capture.lsn import Lsn
 from tributary.capture.replication import connect_options
 from tributary.capture.snapshot import SnapshotReader
+from tributary.capture.snapshot_source import SnapshotSource
 from tributary.capture.source import SourceSession, SourceSpec
 
 pytestmark = pytest.mark.integration
@@ -130,21 +131,29 @@ def test_columnar_records_equal_the_row_path(fresh_db: str, rows: list[tuple[obj
 def _snapshot_log(
     dsn: str, root: Path, slot: str, *, columnar: bool
 ) -> list[tuple[str, int, int, int, bytes | None, bytes | None, bytes | None]]:
+    """The snapshot's log: `columnar` through the session (the product's choice of path per
+    table), else every table down the per-row path (`SnapshotSource(columnar=False)`)."""
     spec = SourceSpec(
-        name="shop",
-        dsn=dsn,
-        slot=slot,
-        include=("public.*",),
-        exclude=(),
-        snapshot="initial",
-        partitions=3,
-        columnar_snapshot=columnar,
+        name="shop", dsn=dsn, slot=slot, include=("public.*",), exclude=(), snapshot="initial", partitions=3
     )
     progress: list[int] = []
     with Log.open(root, writer=True, fsync=False) as log_:
         session = SourceSession(spec, log_, clock=lambda: 1_700_000_000.0)
         try:
-            session.open(on_progress=lambda s: progress.append(s.snapshot_rows_done))
+            if columnar:
+                session.open(on_progress=lambda s: progress.append(s.snapshot_rows_done))
+            else:
+                state = session.slot.inspect()
+                rowwise = SnapshotSource(
+                    spec,
+                    session.staging,
+                    session.tables,
+                    session.status,
+                    db=state.database,
+                    clock=session.clock,
+                    columnar=False,
+                )
+                rowwise.take(session.slot, state, on_progress=lambda s: progress.append(s.snapshot_rows_done))
         finally:
             session.close()
         log_.commit()

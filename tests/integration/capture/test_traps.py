@@ -1,4 +1,4 @@
-"""The eight wal2json traps of DESIGN.md ("Facts about the source"), each against a real server,
+"""The eight wal2json traps (docs/design.md, "Capture"), each against a real server,
 plus every value type round-tripping exactly and snapshot rows equal to streamed rows."""
 
 from __future__ import annotations

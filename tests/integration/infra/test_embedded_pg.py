@@ -29,7 +29,7 @@ def test_server_has_logical_decoding_and_wal2json(pg_server: PgServer, fresh_db:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from api.cli import main; main()", *args],
+        [sys.executable, "-c", "from tributary.api.cli.main import main; main()", *args],
         capture_output=True,
         text=True,
         timeout=180,

@@ -1,4 +1,4 @@
-"""One SparkSession for every Spark test (start-up costs 6–8 s; DESIGN.md "Facts about Spark")."""
+"""One SparkSession for every Spark test: a session takes seconds to start, so tests share one."""
 
 from __future__ import annotations
 

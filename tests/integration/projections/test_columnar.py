@@ -85,7 +85,7 @@ def test_parquet_and_row_paths_give_identical_records(spark: Any, tmp_path: Path
     frame = records_frame(
         spark, log, modules=[_module(tmp_path)], mirror=[], name="cols", topics=TOPICS, lo={}, hi=ends
     )
-    assert all(copy_format(s.ref.pdir, s.base) == 2 for s in sealed), "copies of the sealed segments were made"
+    assert all(copy_format(Path(s.path).parent, s.base) == 2 for s in sealed), "copies of the sealed segments were made"
     names = [c.split()[0] for c in RECORD_SCHEMA.split(", ")]
     got = sorted(tuple(r) for r in frame.select(*names).collect())
 
@@ -162,16 +162,16 @@ def test_older_copies_are_remade_and_stale_ones_refused(spark: Any, tmp_path: Pa
     ends = {(t, p): e.end for (t, p), e in log.ends().items()}
     _, sealed = plan(log, TOPICS, {}, ends, 1 << 20)
     assert log.write_parquet() == len(sealed)
-    assert {copy_format(s.ref.pdir, s.base) for s in sealed} == {1}
+    assert {copy_format(Path(s.path).parent, s.base) for s in sealed} == {1}
     frame = records_frame(
         spark, log, modules=[_module(tmp_path)], mirror=[], name="cols", topics=TOPICS, lo={}, hi=ends
     )
     assert frame.count() == sum(ends.values())
-    assert {copy_format(s.ref.pdir, s.base) for s in sealed} == {2}
+    assert {copy_format(Path(s.path).parent, s.base) for s in sealed} == {2}
     a = sealed[0]
     b = next(s for s in sealed if Path(s.path).stat().st_size != Path(a.path).stat().st_size)
-    (b.ref.pdir / f"{b.base:020d}.parquet").write_bytes((a.ref.pdir / f"{a.base:020d}.parquet").read_bytes())
-    assert copy_format(b.ref.pdir, b.base) is None and not is_current(b.ref.pdir, b.base)
+    b.copy_path.write_bytes(a.copy_path.read_bytes())
+    assert copy_format(Path(b.path).parent, b.base) is None and not is_current(Path(b.path).parent, b.base)
 
 
 # Values and headers that look like the line format inside JSON strings, non-ASCII text, escapes.

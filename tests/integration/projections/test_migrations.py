@@ -27,7 +27,7 @@ TOPIC = "shop.public.items"
 NAME = "shop_public_items"
 VIEW = f"views.{NAME}"
 
-# what session 2's runner ran (projections/store.py `_DDL` before revision 0002), verbatim
+# what the runner ran before revision 0002 (projections/store.py `_DDL` then), verbatim
 OLD_RUNNER_DDL = [
     "CREATE SCHEMA IF NOT EXISTS tributary_projections",
     """CREATE TABLE IF NOT EXISTS tributary_projections.builds (

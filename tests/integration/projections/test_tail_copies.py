@@ -17,7 +17,14 @@ import orjson
 import pytest
 
 from tributary.capture.log import Log, TopicConfig, canonical_json
-from tributary.capture.log.columnar import TailCopy, sweep_tail_copies, tail_copies, tail_copy_valid
+from tributary.capture.log.columnar import (
+    STALE_COPY_DIR_S,
+    TailCopy,
+    sweep_stale_copy_dirs,
+    sweep_tail_copies,
+    tail_copies,
+    tail_copy_valid,
+)
 from tributary.projections import source
 from tributary.projections.source import records_frame
 
@@ -198,7 +205,7 @@ def test_a_killed_copy_jobs_temporary_directory_is_swept_once_stale(tmp_path: Pa
     for d in (stale, fresh, other):
         (d / "seg=0").mkdir(parents=True)
         (d / "seg=0" / "part-0.parquet").write_bytes(b"x")
-    os.utime(stale, (now - source.STALE_COPY_DIR_S - 60, now - source.STALE_COPY_DIR_S - 60))
-    os.utime(other, (now - source.STALE_COPY_DIR_S - 60, now - source.STALE_COPY_DIR_S - 60))
-    assert source.sweep_stale_copy_dirs(tmp_path, now) == [stale]
+    os.utime(stale, (now - STALE_COPY_DIR_S - 60, now - STALE_COPY_DIR_S - 60))
+    os.utime(other, (now - STALE_COPY_DIR_S - 60, now - STALE_COPY_DIR_S - 60))
+    assert sweep_stale_copy_dirs(tmp_path, now) == [stale]
     assert not stale.exists() and fresh.exists() and other.exists()

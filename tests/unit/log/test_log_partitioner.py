@@ -109,7 +109,7 @@ def test_fixed_table_is_stable() -> None:
 
 def test_same_answer_in_another_process_with_another_hash_seed() -> None:
     code = (
-        "from capture.log.partitioner import partition_for, canonical_json;"
+        "from tributary.capture.log.partitioner import partition_for, canonical_json;"
         "print([partition_for(canonical_json({'id': i}), 8) for i in range(200)])"
     )
     root = Path(__file__).resolve().parents[3]

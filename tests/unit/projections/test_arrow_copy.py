@@ -17,6 +17,8 @@ from tributary.projections.definition import Projection, Table
 from tributary.projections.engine import render_row
 from tributary.projections.errors import DefinitionError
 
+pytestmark = pytest.mark.unit
+
 P = Projection(
     name="totals",
     version=1,

@@ -50,7 +50,7 @@ def test_bad_tables_are_refused(make: object, message: str) -> None:
 
 def test_loader_by_path_and_module(tmp_path: Path) -> None:
     f = tmp_path / "mine.py"
-    f.write_text("from projections.examples.account_balances import make\nPROJECTION = make(name='mine')\n")
+    f.write_text("from tributary.projections.examples.account_balances import make\nPROJECTION = make(name='mine')\n")
     found = load((str(f), "tributary.projections.examples.account_daily_totals"), ("shop.public.orders",))
     assert sorted(found) == ["account_daily_totals", "mine", "shop_public_orders"]
     assert resolve((str(f),), (), "mine").topics == ("events.account",)
@@ -60,7 +60,7 @@ def test_loader_by_path_and_module(tmp_path: Path) -> None:
 
 def test_loader_refuses_duplicates_and_empty_modules(tmp_path: Path) -> None:
     dup = tmp_path / "dup.py"
-    dup.write_text("from projections.examples.account_balances import make\nPROJECTIONS = [make(), make()]\n")
+    dup.write_text("from tributary.projections.examples.account_balances import make\nPROJECTIONS = [make(), make()]\n")
     with pytest.raises(DefinitionError, match="two projections are named 'account_balances'"):
         load((str(dup),))
     empty = tmp_path / "empty.py"

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tributary.capture.log.columnar import TailCopy
+from tributary.capture.log import TailCopy
 from tributary.projections.source import Segment
+
+pytestmark = pytest.mark.unit
 
 
 @pytest.mark.parametrize(

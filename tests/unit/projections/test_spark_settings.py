@@ -8,6 +8,8 @@ import pytest
 
 from tributary.projections.spark import local_cores
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("master", "slots"),

@@ -1,0 +1,98 @@
+"""The source's replication slot: inspect it, (re)create it, stream from it, confirm to it.
+
+Everything capture says to the server about the slot is here, so what the slot holds (the WAL
+since its confirmed position) is easy to audit: it is only ever advanced by `confirm`, and the
+caller passes only an LSN a durable manifest covers (capture/offsets.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from tributary.capture.errors import SourceMisconfigured
+from tributary.capture.lsn import Lsn
+from tributary.capture.replication import ReplicationConnection, SlotInfo, connect_options, translate_connect_error
+
+__all__ = ["Slot", "SlotState", "sql_connection"]
+
+
+def sql_connection(dsn: str, *, label: str) -> psycopg.Connection[Any]:
+    """A plain autocommit connection with capture's session settings (catalog reads, slot checks)."""
+    try:
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=10, **connect_options())
+    except psycopg.OperationalError as exc:
+        raise translate_connect_error(exc, f"source {label!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class SlotState:
+    """What `Slot.inspect` found: `status` None = missing, "lost" = invalidated, else its wal_status."""
+
+    database: str
+    status: str | None
+
+    @property
+    def usable(self) -> bool:
+        """Does the slot still hold every change since its confirmed position?"""
+        return self.status is not None and self.status != "lost"
+
+
+class Slot:
+    """One wal2json slot of one database, and the replication connection streaming from it."""
+
+    def __init__(self, dsn: str, name: str, *, label: str) -> None:
+        self.dsn = dsn
+        self.name = name
+        self.label = label
+        self.conn: ReplicationConnection | None = None  # while streaming
+
+    def inspect(self) -> SlotState:
+        """The slot's state; a slot of that name for another plugin or database is a configuration
+        error (capture must not consume someone else's slot)."""
+        with sql_connection(self.dsn, label=self.label) as conn:
+            database = str(conn.info.dbname)
+            row = conn.execute(
+                "SELECT plugin, wal_status, database FROM pg_replication_slots WHERE slot_name = %s", (self.name,)
+            ).fetchone()
+        if row is None:
+            return SlotState(database, None)
+        plugin, wal_status, slot_database = row
+        if plugin != "wal2json" or slot_database != database:
+            raise SourceMisconfigured(
+                f"source {self.label!r}: slot {self.name!r} exists but is not a wal2json slot of database {database!r}"
+            )
+        return SlotState(database, "lost" if wal_status == "lost" else str(wal_status))
+
+    @contextmanager
+    def recreate(self, state: SlotState, *, export_snapshot: bool) -> Iterator[SlotInfo]:
+        """Drop the slot if it exists and create it again. With `export_snapshot`, the snapshot it
+        names lives only until this connection runs its next command, i.e. while the block runs:
+        import it (`SnapshotReader`) inside the block."""
+        with ReplicationConnection(self.dsn, label=self.label) as repl:
+            if state.status is not None:
+                repl.drop_slot(self.name)
+            yield repl.create_slot(self.name, export_snapshot=export_snapshot)
+
+    def start_streaming(self, start: Lsn, options: Mapping[str, str]) -> ReplicationConnection:
+        """START_REPLICATION from `start` (Lsn.ZERO: the slot's confirmed_flush_lsn)."""
+        self.close()
+        self.conn = ReplicationConnection(self.dsn, label=self.label)
+        self.conn.start(self.name, start, options)
+        return self.conn
+
+    def confirm(self, lsn: Lsn, *, now_us: int, reply: bool = False) -> bool:
+        """Let the server drop WAL up to `lsn`; False when not streaming (nothing sent)."""
+        if self.conn is None:
+            return False
+        self.conn.send_status(lsn, now_us=now_us, reply=reply)
+        return True
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None

@@ -1,0 +1,193 @@
+"""The initial snapshot: every included table, read inside the slot's exported snapshot, as `op: "r"` records.
+
+Each table takes the first of three paths that can spell all its columns exactly; all three write
+the same bytes (key, value, headers, partition, offsets: tests/integration/capture/
+test_snapshot_columnar.py and test_snapshot_json.py). None exists for history only:
+
+* **columnar** (capture/snapshot_columns.py): COPY text in chunks, every column's JSON made by
+  vector kernels, lines encoded per partition. The fast path, for tables of plain columns.
+* **JSON from PostgreSQL** (`SnapshotReader.json_rows`): `row_to_json` over per-type SQL
+  conversions. For json/jsonb columns, which must be embedded verbatim (their own whitespace)
+  and have no vector spelling; the server builds the JSON, so such tables go faster than per row.
+* **per row** (`SnapshotEncoder.encode` over `SnapshotReader.rows`): what neither can do — an
+  outbox table (its router needs each row as values, in key order), floats and arrays (their
+  text needs Python's conversion), a table without a key.
+
+The records are appended, not committed: the daemon commits them in one go with the slot's
+consistent point (capture/offsets.py, step 2), so a crash mid-snapshot leaves nothing visible
+and the next start snapshots again from scratch.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from tributary.capture import envelope as env
+from tributary.capture.catalog import TableInfo, list_tables
+from tributary.capture.lsn import Lsn
+from tributary.capture.slot import Slot, SlotState, sql_connection
+from tributary.capture.snapshot import SnapshotReader
+from tributary.capture.spec import SourceSpec
+from tributary.capture.staging import Staging
+from tributary.capture.status import SourceState, SourceStatus
+from tributary.capture.tables import SourceTables
+
+__all__ = ["PROGRESS_ROWS", "SnapshotSource"]
+
+PROGRESS_ROWS = 10_000  # `on_progress` is called each time this many more rows are copied
+
+Progress = Callable[[SourceStatus], None]
+
+
+class SnapshotSource:
+    """Copies a source's tables into the log (appended, not committed)."""
+
+    def __init__(
+        self,
+        spec: SourceSpec,
+        staging: Staging,
+        tables: SourceTables,
+        status: SourceStatus,
+        *,
+        db: str,
+        clock: Callable[[], float] = time.time,
+        columnar: bool = True,
+    ) -> None:
+        """`columnar=False` leaves the columnar path out (tests hold the paths equal)."""
+        self.spec = spec
+        self.staging = staging
+        self.tables = tables
+        self.status = status
+        self.db = db
+        self.clock = clock
+        self.columnar = columnar
+
+    def take(self, slot: Slot, state: SlotState, on_progress: Progress | None = None) -> Lsn:
+        """(Re)create the slot with an exported snapshot and copy every included table inside it;
+        returns the slot's consistent point, where the stream takes over."""
+        with slot.recreate(state, export_snapshot=True) as info:
+            assert info.snapshot_name is not None
+            self.status.state = SourceState.SNAPSHOTTING
+            with SnapshotReader(self.spec.dsn, info.snapshot_name, label=self.spec.name) as reader:
+                with sql_connection(self.spec.dsn, label=self.spec.name) as conn:
+                    included = list_tables(conn, self.tables.matches)
+                self.copy(reader, included, info.consistent_point, on_progress)
+        return info.consistent_point
+
+    def copy(
+        self, reader: SnapshotReader, tables: list[TableInfo], lsn: Lsn, on_progress: Progress | None = None
+    ) -> None:
+        """Every row of `tables`, the very last one marked `source.snapshot = "last"`."""
+        status = self.status
+        status.snapshot_rows_total = sum(max(t.estimated_rows, 0) for t in tables)
+        now_ms = int(self.clock() * 1000)
+        # One unit (a chunk, a batch, a row) of lookahead: the very last row of the snapshot is
+        # marked "last"; `previous(marker)` stages the held unit, its last row marked `marker`.
+        previous: Callable[[str], None] | None = None
+
+        def advance(rows: int) -> None:
+            done = status.snapshot_rows_done
+            status.snapshot_rows_done = done + rows
+            if on_progress is not None and (done + rows) // PROGRESS_ROWS != done // PROGRESS_ROWS:
+                on_progress(status)
+
+        for table in tables:
+            status.snapshot_table = table.qualified
+            columns = [(c.name, c.type, c.typeoid) for c in table.columns]
+            self.tables.observe(
+                table.schema, table.table, columns, complete=True, key=table.identity_columns, now_ms=now_ms
+            )
+            encoder = env.SnapshotEncoder(
+                schema=table.schema,
+                table=table.table,
+                columns=columns,
+                primary_key=table.identity_columns,
+                source_name=self.spec.name,
+                db=self.db,
+                lsn=lsn,
+                now_ms=now_ms,
+            )
+            for unit, rows in self._units(reader, table, encoder, now_ms):
+                if previous is not None:
+                    previous("true")
+                previous = unit
+                advance(rows)
+        if previous is not None:
+            previous("last")
+        self.staging.flush()
+        status.snapshot_table = None
+        status.snapshot_rows_total = status.snapshot_rows_done
+        if on_progress is not None:
+            on_progress(status)
+
+    def _units(
+        self, reader: SnapshotReader, table: TableInfo, encoder: env.SnapshotEncoder, now_ms: int
+    ) -> Iterator[tuple[Callable[[str], None], int]]:
+        """The table's rows as units (stage, rows), by the first path that spells every column."""
+        plan = self._columnar_plan(table)
+        if plan is not None:
+            for chunk in reader.text_chunks(table):
+                yield functools.partial(self._chunk, encoder, plan, chunk, now_ms), chunk.count(b"\n") - 1
+            return
+        batches = None if self.spec.router is not None else reader.json_rows(table, table.identity_columns)
+        if batches is not None:
+            for batch in batches:
+                yield functools.partial(self._json, encoder, batch, now_ms), len(batch)
+            return
+        for row in reader.rows(table, ordered=self.spec.router is not None):
+            yield functools.partial(self._row, encoder, row, now_ms), 1
+
+    def _columnar_plan(self, table: TableInfo) -> Any:
+        """The table's columnar plan, or None: another path (see the module's docstring).
+        pyarrow is imported here, not at start-up: only a snapshot pays for it."""
+        if self.spec.router is not None or not self.columnar:
+            return None
+        from tributary.capture import snapshot_columns
+
+        return snapshot_columns.plan([(c.name, c.type) for c in table.columns], table.identity_columns)
+
+    def _chunk(self, encoder: env.SnapshotEncoder, plan: Any, chunk: bytes, now_ms: int, marker: str) -> None:
+        """A chunk of COPY text as records, column-wise, straight into the log's partitions (lines
+        encoded by codec_arrow), after everything staged so far, to keep the order."""
+        from tributary.capture import snapshot_columns
+        from tributary.capture.log import encode_columns
+
+        topic = encoder.topic
+        count = self.staging.partitions(topic)
+        self.staging.flush()
+        recs = snapshot_columns.encode_chunk(plan, chunk, count)
+        tail = b"}" + encoder.tail("true")
+        for partition in range(count):
+            rows = snapshot_columns.rows_of(recs.partitions, partition)
+            if not len(rows):
+                continue
+            value_args = snapshot_columns.value_args(plan, recs, rows)
+            if marker != "true" and rows[-1] == recs.rows - 1:
+                value_args.append(snapshot_columns.last_tail(len(rows), tail, b"}" + encoder.tail(marker)))
+            else:
+                value_args.append(snapshot_columns.scalar(tail))
+            keys = recs.keys.take(rows)
+            self.staging.append_encoded(
+                topic,
+                partition,
+                functools.partial(encode_columns, timestamp_ms=now_ms, keys=keys, value_args=value_args),
+                now_ms,
+            )
+
+    def _json(self, encoder: env.SnapshotEncoder, rows: list[tuple[bytes, bytes]], now_ms: int, marker: str) -> None:
+        """A batch of (key, after) rows from `json_rows`: `encoder.encode_json` minus the Output objects."""
+        value = encoder.value_json
+        pairs = [(key, value(after)) for key, after in rows[:-1]]
+        key, after = rows[-1]
+        pairs.append((key, value(after, marker)))
+        self.staging.stage_pairs(encoder.topic, pairs, now_ms)
+
+    def _row(self, encoder: env.SnapshotEncoder, row: Any, now_ms: int, marker: str) -> None:
+        """`row`: text values from `SnapshotReader.rows`; a snapshot record's time is its read time."""
+        if self.spec.router is not None:
+            self.staging.stage(self.spec.router(encoder.row(row)), now_ms)
+        else:
+            self.staging.stage((encoder.encode(row, marker),), now_ms)

@@ -1,0 +1,26 @@
+"""`SourceSpec`: what one captured database is, as configured (`[[sources]]`, or the event store's outbox)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tributary.capture import envelope as env
+
+__all__ = ["SourceSpec"]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSpec:
+    """One source's settings; product configuration only (how capture encodes is not configured)."""
+
+    name: str
+    dsn: str
+    slot: str
+    include: tuple[str, ...]
+    exclude: tuple[str, ...]
+    snapshot: str  # initial | never | when_needed
+    partitions: int
+    # Outbox sources: each inserted row → records (capture.outbox), instead of CDC envelopes.
+    router: Callable[[dict[str, Any]], list[env.Output]] | None = None

@@ -1,0 +1,121 @@
+"""Records on their way into the log: staged per partition, then appended to segment files.
+
+Snapshot and stream stage alike: each record goes to its key's partition after whatever is
+already staged there (each partition keeps the source's order), staged records are appended in
+batches (a bound on memory inside a huge transaction) and topics are created on first use.
+Appending is not committing: records stay invisible until the daemon commits (capture/offsets.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Literal
+
+from tributary.capture import envelope as env
+from tributary.capture.log import Log, TopicConfig, encode_plain, partition_for, split_partitions
+
+__all__ = ["FLUSH_RECORDS", "Staged", "Staging"]
+
+FLUSH_RECORDS = 5_000  # staged records that trigger an append: bounds memory in one huge transaction
+
+Staged = tuple[bytes | None, bytes | None, int, bytes | None]
+"""(key, value, timestamp_ms, headers), as `Log.append` takes them."""
+
+
+class Staging:
+    """One source's staged records, by (topic, partition)."""
+
+    def __init__(self, log_: Log, *, partitions: int) -> None:
+        self.log = log_
+        self.new_topic_partitions = partitions
+        self.pending: defaultdict[tuple[str, int], list[Staged]] = defaultdict(list)
+        self.count = 0  # records in `pending`
+        self._partitions: dict[str, int] = {}  # topic -> partition count, once known
+
+    def partitions(self, topic: str) -> int:
+        """The topic's partition count, creating the topic on first use: CDC topics compacted
+        (a key's last record is its state), `.messages` deleted by retention, events kept."""
+        count = self._partitions.get(topic)
+        if count is not None:
+            return count
+        if topic not in self.log.topics():
+            policy: Literal["delete", "compact", "none"] = "delete" if topic.endswith(".messages") else "compact"
+            if topic.startswith("events."):
+                policy = "none"
+            self.log.create_topic(topic, TopicConfig(partitions=self.new_topic_partitions, policy=policy))
+        count = self._partitions[topic] = self.log.topics()[topic].partitions
+        return count
+
+    def stage(self, outputs: Iterable[env.Output], timestamp_ms: int) -> None:
+        """Each output to its key's partition; `timestamp_ms` for those that carry none."""
+        pending = self.pending
+        counts = self._partitions
+        staged = 0
+        for out in outputs:
+            topic = out.topic
+            count = counts.get(topic) or self.partitions(topic)
+            ts = timestamp_ms if out.timestamp_ms is None else out.timestamp_ms
+            pending[(topic, partition_for(out.key, count))].append((out.key, out.value, ts, out.headers))
+            staged += 1
+        self.count += staged
+        if self.count >= FLUSH_RECORDS:
+            self.flush()
+
+    def stage_record(self, topic: str, key: bytes, value: bytes, timestamp_ms: int) -> None:
+        """One record without headers: `stage` minus the Output object (a templated INSERT)."""
+        count = self._partitions.get(topic) or self.partitions(topic)
+        self.pending[(topic, partition_for(key, count))].append((key, value, timestamp_ms, None))
+        self.count += 1
+        if self.count >= FLUSH_RECORDS:
+            self.flush()
+
+    def stage_pairs(self, topic: str, pairs: list[tuple[bytes, bytes]], timestamp_ms: int) -> None:
+        """(key, value) records of one topic, no headers, one timestamp (a snapshot's batch)."""
+        pending = self.pending
+        count = self._partitions.get(topic) or self.partitions(topic)
+        for key, value in pairs:
+            pending[(topic, partition_for(key, count))].append((key, value, timestamp_ms, None))
+        self.count += len(pairs)
+        if self.count >= FLUSH_RECORDS:
+            self.flush()
+
+    def to_all_partitions(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int) -> None:
+        """A record every partition's reader must see (a schema change, a truncate)."""
+        for partition in range(self.partitions(topic)):
+            self.pending[(topic, partition)].append((key, value, timestamp_ms, None))
+            self.count += 1
+
+    def append_run(self, topic: str, keys: list[bytes], values: list[bytes], timestamp_ms: int) -> None:
+        """A run of one topic's records (no headers, one timestamp) straight into the log as
+        encoded lines (`encode_plain`), each partition's after what is staged for it."""
+        count = self._partitions.get(topic) or self.partitions(topic)
+        runs = split_partitions(keys, values, count) if count > 1 else [(keys, values)]
+        for partition, (ks, vs) in enumerate(runs):
+            if not ks:
+                continue
+            self._append_staged(topic, partition)
+            encode = functools.partial(encode_plain, timestamp_ms=timestamp_ms, keys=ks, values=vs)
+            self.log.append_encoded(topic, partition, encode, timestamp_ms)
+
+    def append_encoded(
+        self, topic: str, partition: int, encode: Callable[[int], tuple[bytes, list[int]]], timestamp_ms: int
+    ) -> None:
+        """Lines encoded elsewhere (`Log.append_encoded`), after what is staged for the partition."""
+        self._append_staged(topic, partition)
+        self.log.append_encoded(topic, partition, encode, timestamp_ms)
+
+    def _append_staged(self, topic: str, partition: int) -> None:
+        staged = self.pending.pop((topic, partition), None)
+        if staged:
+            self.log.append(topic, partition, staged)
+            self.count -= len(staged)
+
+    def flush(self) -> None:
+        """Append every staged record to the log's files (not committed: the daemon decides)."""
+        for (topic, partition), records in self.pending.items():
+            if records:
+                self.log.append(topic, partition, records)
+        self.pending.clear()
+        self.count = 0

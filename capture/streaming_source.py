@@ -1,0 +1,261 @@
+"""The stream: wal2json messages from the slot → records staged for the log, transaction by transaction.
+
+An INSERT takes one of two paths, which write the same bytes (topic, partition, offset, timestamp,
+key, value, headers: tests/integration/capture/test_insert_templates.py):
+
+* **template** (capture/insert_template.py, learnt by capture/template_cache.py): inside a
+  transaction being appended, INSERTs are held back (at most `RUN_CHANGES`, and only until any
+  other message) and encoded a run of one table at a time, straight into the log's partitions;
+* **generic** (`wal2json.parse_message` → `envelope.envelopes_for`): everything else — updates,
+  deletes, truncates, messages, an outbox's rows, a table's first INSERT (which teaches its
+  template), a value a template is not sure of.
+
+The source never commits or confirms: it reports each commit point (`handle` returns True) and
+keeps the positions in an `OffsetContext` (capture/offsets.py), which the daemon's commit reads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from itertools import groupby
+from typing import Any
+
+from tributary.capture import envelope as env
+from tributary.capture import wal2json
+from tributary.capture.insert_template import SPLIT, table_tag, table_tags
+from tributary.capture.offsets import OffsetContext
+from tributary.capture.replication import Keepalive, XLogData
+from tributary.capture.spec import SourceSpec
+from tributary.capture.staging import Staging
+from tributary.capture.status import SourceStatus
+from tributary.capture.tables import SourceTables
+from tributary.capture.template_cache import TemplateCache
+
+__all__ = ["RUN_CHANGES", "StreamingSource"]
+
+RUN_CHANGES = 200  # INSERTs held back to be encoded column-wise in one go
+
+
+class StreamingSource:
+    """Applies one source's replication messages: stages records, advances its offsets."""
+
+    def __init__(
+        self,
+        spec: SourceSpec,
+        staging: Staging,
+        tables: SourceTables,
+        offsets: OffsetContext,
+        status: SourceStatus,
+        *,
+        db: str,
+        clock: Callable[[], float] = time.time,
+        templates: bool = True,
+    ) -> None:
+        """`templates=False` sends every change down the generic path (tests hold the two equal)."""
+        self.spec = spec
+        self.staging = staging
+        self.tables = tables
+        self.offsets = offsets
+        self.status = status
+        self.db = db
+        self.clock = clock
+        self.matches = tables.filter.matches
+        # An outbox's rows are routed, not enveloped: no templates.
+        self.templates = TemplateCache(spec.name, tables.schemas) if templates and spec.router is None else None
+        self.templated = 0  # changes encoded by INSERT templates (the rest took the generic path)
+        self.last_tx_changes = 0  # changes in the last transaction closed (the group commit counts them)
+        self._hold_inserts = False  # inside a transaction being appended, with templates: INSERTs go to `_run`
+        self._tx: dict[str, Any] = {}
+        self._ctx: dict[str, Any] = {
+            "source_name": spec.name,
+            "db": db,
+            "lsn": None,
+            "tx_id": None,
+            "commit_ts_ms": None,
+            "now_ms": 0,
+        }
+        self._tx_part: bytes | None = None  # the transaction's `source` fields, for the templates
+        self._run: list[bytes] = []  # INSERT documents not yet encoded (only ever inside a transaction)
+        self._last_tag = b""  # the table tag of the last run: most runs are all that table's
+
+    @property
+    def seen(self) -> int:
+        """Changes taken in so far, appended or held back for their template (activity, for idling)."""
+        return self.status.changes + len(self._run)
+
+    def handle(self, message: XLogData | Keepalive) -> bool:
+        """Apply one replication message; True when it closed a transaction (a commit point)."""
+        if isinstance(message, Keepalive):
+            self.offsets.keepalive(message.wal_end)
+            return False
+        payload = message.payload
+        if self._hold_inserts and payload[11:12] == b"I":
+            # Held back; every other message first encodes what is held, so the order stays.
+            self._run.append(payload)
+            if len(self._run) >= RUN_CHANGES:
+                self._drain_run()
+            return False
+        if self._run:
+            self._drain_run()
+        return self._apply(payload)
+
+    def held_run(self) -> tuple[list[bytes], int] | None:
+        """Where the connection may put INSERT documents straight away (`ReplicationConnection.read`
+        in compiled code) and how many, as `handle` would hold them: the run (encoded first when
+        full) and its room; None while INSERTs are not held back."""
+        if not self._hold_inserts:
+            return None
+        if len(self._run) >= RUN_CHANGES:
+            self._drain_run()
+        return self._run, RUN_CHANGES - len(self._run)
+
+    def _apply(self, payload: bytes) -> bool:
+        """One wal2json document through the generic path (parse, envelopes, stage)."""
+        parsed = wal2json.parse_message(payload)
+        offsets = self.offsets
+        if isinstance(parsed, wal2json.Begin):
+            appending = offsets.begin(parsed.nextlsn)
+            self._hold_inserts = appending and self.templates is not None
+            self._tx = {"xid": parsed.xid, "ts_ms": parsed.timestamp_ms, "lsn": parsed.lsn, "changes": 0}
+            self._tx_part = None
+            self._ctx = {
+                "source_name": self.spec.name,
+                "db": self.db,
+                "lsn": parsed.lsn,
+                "tx_id": parsed.xid,
+                "commit_ts_ms": parsed.timestamp_ms,
+                "now_ms": 0,
+            }
+            return False
+        if isinstance(parsed, wal2json.Commit):
+            self._hold_inserts = False
+            changes = self._tx.get("changes", 0)
+            if not offsets.end(parsed.nextlsn, changes=changes):
+                return False  # skipped, or nothing of ours in it
+            self.staging.flush()
+            self.last_tx_changes = changes
+            self.status.last_lsn = str(parsed.nextlsn)
+            self.status.transactions += 1
+            return True
+        if offsets.skipping:
+            return False
+        now_ms = int(self.clock() * 1000)
+        if isinstance(parsed, wal2json.Change):
+            if not self.matches(parsed.schema, parsed.table):
+                return False
+            if self.spec.router is not None:
+                if parsed.action != "I":
+                    return False  # events are immutable: only inserts carry news
+                outputs = self.spec.router(env.stream_row(parsed.raw_columns))
+            else:
+                if parsed.action != "D":
+                    self.tables.observe(
+                        parsed.schema,
+                        parsed.table,
+                        parsed.column_types(),
+                        complete=parsed.action == "I",
+                        key=parsed.pk,
+                        now_ms=now_ms,
+                    )
+                outputs = self._envelopes(parsed, now_ms)
+                if parsed.action == "I" and self.templates is not None and offsets.in_transaction:
+                    self.templates.learn(
+                        parsed,
+                        payload,
+                        outputs,
+                        db=self.db,
+                        key_columns=self.tables.identity.get((parsed.schema, parsed.table), ()),
+                        tx_id=self._ctx["tx_id"],
+                        commit_ts_ms=self._ctx["commit_ts_ms"],
+                        now_ms=now_ms,
+                    )
+            self._stage(outputs, now_ms)
+            self._tx["changes"] = self._tx.get("changes", 0) + 1
+            self.status.changes += 1
+        elif isinstance(parsed, wal2json.Truncate):
+            if self.matches(parsed.schema, parsed.table):
+                for out in env.truncate_envelope(parsed, **self._context()):
+                    self.staging.to_all_partitions(out.topic, out.key, out.value, now_ms)
+                self._tx["changes"] = self._tx.get("changes", 0) + 1
+        elif isinstance(parsed, wal2json.LogicalMessage):
+            self._stage(env.message_envelope(parsed, **self._context()), now_ms)
+            if not offsets.in_transaction and parsed.lsn is not None:
+                # A non-transactional message stands alone: it is its own commit point.
+                self.staging.flush()
+                self.last_tx_changes = 1
+                offsets.standalone(parsed.lsn)
+                return True
+            self._tx["changes"] = self._tx.get("changes", 0) + 1
+        return False
+
+    def _stage(self, outputs: Iterable[env.Output], now_ms: int) -> None:
+        """A streamed record's timestamp is its transaction's commit time (event time)."""
+        ts = self._tx.get("ts_ms") or now_ms if self.offsets.in_transaction else now_ms
+        self.staging.stage(outputs, ts)
+
+    def _drain_run(self) -> None:
+        """Encode the held INSERTs: each run of one table's, column-wise by its template; what a
+        template is not sure of, one by one (template, else the generic path), in order."""
+        assert self.templates is not None  # INSERTs are held only with templates
+        run, self._run = self._run, []
+        at = 0
+        for tag, same in groupby(table_tags(run, self._last_tag)):
+            n = len(list(same))
+            payloads = run[at : at + n]
+            at += n
+            template = self.templates.current(tag)
+            self._last_tag = tag
+            if template is not None:
+                tx_part = self._tx_part
+                if tx_part is None:
+                    tx_part = self._tx_part = template.tx_part(self._ctx["tx_id"], self._ctx["commit_ts_ms"])
+                now_ms = int(self.clock() * 1000)
+                records = template.encode_many(payloads, tx_part, now_ms)
+                if records is not None:
+                    keys, values = records
+                    self.staging.append_run(template.topic, keys, values, self._tx["ts_ms"] or now_ms)
+                    self._tx["changes"] += n
+                    self.status.changes += n
+                    self.templated += n
+                    continue
+            for payload in payloads:
+                if not self._insert_fast(payload):
+                    self._apply(payload)
+
+    def _insert_fast(self, payload: bytes) -> bool:
+        """An INSERT of a table with a template: key and value spliced from the document's bytes,
+        staged as `_stage` would (same partition, the transaction's time). False: not handled."""
+        assert self.templates is not None
+        parts = payload.split(SPLIT)
+        template = self.templates.current(table_tag(parts[0]))
+        if template is None:
+            return False
+        tx_part = self._tx_part
+        if tx_part is None:
+            tx_part = self._tx_part = template.tx_part(self._ctx["tx_id"], self._ctx["commit_ts_ms"])
+        now_ms = int(self.clock() * 1000)
+        record = template.encode(payload, parts, tx_part, now_ms)
+        if record is None:
+            return False
+        self._tx["changes"] += 1
+        self.status.changes += 1
+        self.templated += 1
+        self.staging.stage_record(template.topic, *record, self._tx["ts_ms"] or now_ms)
+        return True
+
+    def _context(self) -> dict[str, Any]:
+        """The envelope's transaction context: built once per transaction, `now_ms` refreshed."""
+        ctx = self._ctx
+        ctx["now_ms"] = int(self.clock() * 1000)
+        return ctx
+
+    def _envelopes(self, change: Any, now_ms: int) -> list[env.Output]:
+        ctx = self._ctx
+        ctx["now_ms"] = now_ms  # the clock read once per change, not once per use
+        return env.envelopes_for(
+            change,
+            known_columns=self.tables.schemas.columns(change.schema, change.table) if change.action == "U" else None,
+            key_columns=self.tables.identity.get((change.schema, change.table)),
+            **ctx,
+        )

@@ -1,0 +1,117 @@
+"""The distribution as a user installs it: one package, `tributary`, that works from a wheel.
+
+The wheel is built from this checkout and installed into a fresh virtual environment. That
+environment sees the test environment's third-party packages (a `.pth` line, so no download), but
+not this checkout nor its editable install: `tributary` must come from the wheel alone.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.pg import REPO_ROOT
+
+pytestmark = pytest.mark.integration
+
+FOLDERS = ("api", "capture", "eventstore", "migrations", "projections")
+
+
+def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the checkout stays out of sight
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the wheel, the fresh venv's bin directory)."""
+    work = tmp_path_factory.mktemp("wheel")
+    built = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(work),
+            str(REPO_ROOT),
+        ],
+        work,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = work.glob("tributary-*.whl")
+    venv = work / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], work).check_returncode()
+    deps = _run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], work)
+    (site,) = venv.glob("lib/python*/site-packages")
+    (site / "test-env-deps.pth").write_text(deps.stdout.strip() + "\n")
+    pip = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "--no-deps",
+            "--ignore-installed",
+            "-q",
+            str(wheel),
+        ],
+        work,
+    )
+    assert pip.returncode == 0, pip.stderr
+    return wheel, venv / "bin"
+
+
+def test_the_wheel_holds_one_top_level_package(installed: tuple[Path, Path]) -> None:
+    wheel, _ = installed
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/", 1)[0] for n in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"tributary"}
+    for data in (
+        "tributary/migrations/alembic.ini",
+        "tributary/migrations/env.py",
+        "tributary/api/http/static/console.html",
+    ):
+        assert data in names
+    assert any(n.startswith("tributary/migrations/versions/") and n.endswith(".py") for n in names)
+
+
+def test_the_installed_cli_runs_from_the_wheel(installed: tuple[Path, Path], tmp_path: Path) -> None:
+    _, bin_dir = installed
+    helped = _run([str(bin_dir / "tributary"), "--help"], tmp_path)
+    assert helped.returncode == 0, helped.stderr
+    assert "capture" in helped.stdout and "serve" in helped.stdout
+    reference = _run([str(bin_dir / "tributary"), "config", "reference"], tmp_path)
+    assert reference.returncode == 0, reference.stderr
+    assert "[service]" in reference.stdout and "[log]" in reference.stdout
+
+
+def test_only_tributary_is_importable_and_migrations_come_from_the_package(
+    installed: tuple[Path, Path], tmp_path: Path
+) -> None:
+    _, bin_dir = installed
+    probe = (
+        "import importlib.util, tributary\n"
+        "from tributary.eventstore.migrate import MIGRATIONS, head_revision\n"
+        f"print([n for n in {FOLDERS!r} if importlib.util.find_spec(n) is not None])\n"
+        "print(tributary.__file__)\n"
+        "print(MIGRATIONS)\n"
+        "print(head_revision())\n"
+    )
+    out = _run([str(bin_dir / "python"), "-c", probe], tmp_path)
+    assert out.returncode == 0, out.stderr
+    found, package, migrations, head = out.stdout.splitlines()
+    assert found == "[]"  # `import capture`, `import api`, … find nothing of ours
+    venv = bin_dir.parent
+    assert Path(package).is_relative_to(venv) and Path(migrations).is_relative_to(venv)
+    assert head and head != "None"

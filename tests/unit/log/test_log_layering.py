@@ -1,0 +1,86 @@
+"""The log is a lower layer with a public API: read from the source tree's imports (AST).
+
+Outside `capture/log`, the package code imports only `tributary.capture.log` (its `__all__`) and
+its admin operations (`tributary.capture.log.admin`). That the log imports nothing else of
+`tributary.capture`, and that nothing imports in a cycle, tests/unit/test_layout.py holds.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import tributary.capture.log as log_api
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[3]
+LOG = "tributary.capture.log"
+PUBLIC = {LOG, f"{LOG}.admin", *(f"{LOG}:{name}" for name in log_api.__all__)}
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the installed package, by dotted name (pyproject's package-dir mapping)."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    out: dict[str, Path] = {}
+    for package in config["packages"]:
+        folder = REPO / config["package-dir"].get(package, package.replace(".", "/"))
+        if package not in config["package-dir"]:  # a sub-package lives under its parent's folder
+            parent, _, leaf = package.rpartition(".")
+            folder = REPO / config["package-dir"].get(parent, parent.replace(".", "/")) / leaf
+        for f in folder.glob("*.py"):
+            out[package if f.stem == "__init__" else f"{package}.{f.stem}"] = f
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> Iterator[tuple[str, int]]:
+    """(module imported, line) for each import in the file: for `from a import b`, `a.b` when
+    b is a module, else `a` (then also `a:b`, the name taken from it); relative imports are
+    resolved against `name`."""
+    package = name if path.stem == "__init__" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            for alias in node.names:
+                module = f"{base}.{alias.name}"
+                if module in MODULES:
+                    yield module, node.lineno
+                else:
+                    yield base, node.lineno
+                    yield f"{base}:{alias.name}", node.lineno
+
+
+def test_the_scan_sees_the_package() -> None:
+    assert f"{LOG}.log" in MODULES and "tributary.projections.source" in MODULES
+    assert "tributary.api.http.metrics" in MODULES and "tributary.capture.daemon" in MODULES
+
+
+def test_outside_the_log_only_its_public_api_is_imported() -> None:
+    wrong = [
+        f"{path.relative_to(REPO)}:{line} imports {imported}"
+        for name, path in MODULES.items()
+        if not name.startswith(f"{LOG}.") and name != LOG
+        for imported, line in _imports(name, path)
+        if imported.startswith((f"{LOG}.", f"{LOG}:"))
+        and imported not in PUBLIC
+        and not imported.startswith(f"{LOG}.admin:")
+    ]
+    assert wrong == []
+
+
+def test_the_public_api_is_all_there() -> None:
+    for name in log_api.__all__:
+        assert getattr(log_api, name) is not None, name

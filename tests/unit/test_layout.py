@@ -1,0 +1,177 @@
+"""The package's shape, checked from the source: one namespace, layers that import downwards only,
+no import cycles, and no private names of other packages or of dependencies."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.pg import REPO_ROOT
+
+pytestmark = pytest.mark.unit
+
+# folder → package, as pyproject.toml's [tool.setuptools.package-dir] maps them
+FOLDERS = {"tributary": "tributary", "api": "tributary.api", "capture": "tributary.capture"}
+FOLDERS |= {"eventstore": "tributary.eventstore", "migrations": "tributary.migrations"}
+FOLDERS |= {"projections": "tributary.projections"}
+OTHER_CODE = ("tests", "bench")
+
+
+def _files(*folders: str) -> Iterator[Path]:
+    for folder in folders:
+        found = sorted((REPO_ROOT / folder).rglob("*.py"))
+        assert found, f"no Python files under {folder}/"
+        yield from found
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(REPO_ROOT)
+    parts = [FOLDERS[rel.parts[0]], *rel.with_suffix("").parts[1:]]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module(p): p for p in _files(*FOLDERS)}
+
+
+def _imports(path: Path) -> Iterator[tuple[int, str, list[str]]]:
+    """(line, module, imported names) of each import, wherever it stands; relative ones resolved."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, []
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                package = _module(path) if path.name == "__init__.py" else _module(path).rpartition(".")[0]
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, module] if module else base)
+            yield node.lineno, module, [a.name for a in node.names]
+
+
+def test_nothing_imports_the_folders_by_their_own_names() -> None:
+    """`import capture` finds nothing once installed: code says `tributary.capture`."""
+    old = {f for f in FOLDERS if f != "tributary"}
+    names = "|".join(sorted(old))
+    spelled = re.compile(
+        rf"(?:^|[;\n]\s*)(?:from (?:{names})(?:\.\w+)* import |import (?:{names})(?:\.\w+)*\s*(?:$|[;\n]))"
+    )
+    bad = []
+    for path in _files(*FOLDERS, *OTHER_CODE):
+        for line, module, _ in _imports(path):
+            if module.split(".")[0] in old:
+                bad.append(f"{path.relative_to(REPO_ROOT)}:{line}: {module}")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and spelled.search(node.value):
+                bad.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}: code in a string imports {node.value!r}")
+    assert bad == []
+
+
+def test_http_and_settings_never_import_the_cli() -> None:
+    bad = [
+        f"{_module(p)} imports {m}"
+        for p in _files("api/http", "api/settings")
+        for _, m, names in _imports(p)
+        if m.startswith("tributary.api.cli") or (m == "tributary.api" and "cli" in names)
+    ]
+    assert bad == []
+
+
+def _private(module: str) -> bool:
+    return any(part.startswith("_") and not part.startswith("__") for part in module.split("."))
+
+
+def test_no_private_module_or_name_is_imported_across_packages() -> None:
+    """A module may use the underscore modules of its own package only; nobody imports a
+    dependency's private names."""
+    bad = []
+    for mod, path in MODULES.items():
+        home = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for line, target, names in _imports(path):
+            where = f"{path.relative_to(REPO_ROOT)}:{line}"
+            if target.startswith("tributary."):
+                owner = target.rpartition(".")[0] if _private(target.rpartition(".")[2]) else target
+                if _private(target) and not home.startswith(owner):
+                    bad.append(f"{where}: {target}")
+                for name in names:
+                    if _private(name) and f"{target}.{name}" in MODULES and not home.startswith(target):
+                        bad.append(f"{where}: {target}.{name}")
+            elif target != "__future__":
+                bad += [f"{where}: {target}.{n}" for n in names if n.startswith("_")]
+                if _private(target):
+                    bad.append(f"{where}: {target}")
+    assert bad == []
+
+
+def _graph() -> dict[str, set[str]]:
+    """Imports between our modules, deferred (inside a function) and TYPE_CHECKING ones included:
+    a cycle hidden by a late import is still two modules that cannot be understood apart."""
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for mod, path in MODULES.items():
+        for _, target, names in _imports(path):
+            if not target.startswith("tributary"):
+                continue
+            subs = {f"{target}.{n}" for n in names if f"{target}.{n}" in MODULES}
+            for t in subs or {target}:
+                if t in MODULES and t != mod:
+                    graph[mod].add(t)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_the_log_imports_nothing_else_from_capture() -> None:
+    """The log is a lower layer: capture, projections, the API and consumers build on it."""
+    bad = [
+        f"{_module(p)} imports {m}"
+        for p in _files("capture/log")
+        for _, m, _names in _imports(p)
+        if m.startswith("tributary.") and not m.startswith("tributary.capture.log")
+    ]
+    assert bad == []
