@@ -6,7 +6,7 @@ Prints one JSON document. Ratios, not single timings, are the result: the machin
     .venv/bin/python bench/capture.py --rows 200000 --snapshot-rows 400000 --repeat 1
     .venv/bin/python bench/capture.py --compare-to /work/baseline   # also that checkout's capture, alternating
 
-`--compare-to CHECKOUT` runs another checkout's capture (its `.venv/bin/python`, its CLI entry) on
+`--compare-to CHECKOUT` runs another checkout's capture (its `.venv/bin/tributary`) on
 the same table right after this one's in each repeat, alternating which goes first, and reports
 both rates and the ratio this/that.
 """
@@ -50,17 +50,12 @@ def _config(path: Path, dsn: str, log_root: Path, slot: str, snapshot: str, incl
 _CLI = "from tributary.api.cli.main import main; main()"
 
 
-def _cli_of(checkout: Path) -> str:
-    """The capture CLI's entry in another checkout: the one-package layout, or the older top-level `api`."""
-    if (checkout / "api" / "cli" / "main.py").exists():
-        return _CLI
-    return "from api.cli import main; main()"
-
-
 def _spawn(config: Path, checkout: Path | None = None) -> subprocess.Popen[bytes]:
-    python = sys.executable if checkout is None else str(checkout / ".venv" / "bin" / "python")
+    """This checkout's capture, or `checkout`'s through its venv's `tributary` console script
+    (whatever the layout its CLI entry has there)."""
+    cmd = [sys.executable, "-c", _CLI] if checkout is None else [str(checkout / ".venv" / "bin" / "tributary")]
     return subprocess.Popen(
-        [python, "-c", _CLI if checkout is None else _cli_of(checkout), "capture", "--config", str(config)],
+        [*cmd, "capture", "--config", str(config)],
         cwd=ROOT if checkout is None else checkout,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
