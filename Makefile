@@ -23,7 +23,7 @@ apt:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-$(VENV)/.installed: pyproject.toml setup.py capture/_speedups.c
+$(VENV)/.installed: pyproject.toml capture/_hotpath.pyx capture/log/_typed.pyx
 	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[test]'

@@ -4,11 +4,17 @@ Prints one JSON document. Ratios, not single timings, are the result: the machin
 
     .venv/bin/python bench/capture.py                 # 1M-row backlog, 2M-row snapshot
     .venv/bin/python bench/capture.py --rows 200000 --snapshot-rows 400000 --repeat 1
+    .venv/bin/python bench/capture.py --compare-to /work/baseline   # also that checkout's capture, alternating
+
+`--compare-to CHECKOUT` runs another checkout's capture (its `.venv/bin/tributary`) on
+the same table right after this one's in each repeat, alternating which goes first, and reports
+both rates and the ratio this/that.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -41,10 +47,16 @@ def _config(path: Path, dsn: str, log_root: Path, slot: str, snapshot: str, incl
     return path
 
 
-def _spawn(config: Path) -> subprocess.Popen[bytes]:
+_CLI = "from tributary.api.cli.main import main; main()"
+
+
+def _spawn(config: Path, checkout: Path | None = None) -> subprocess.Popen[bytes]:
+    """This checkout's capture, or `checkout`'s through its venv's `tributary` console script
+    (whatever the layout its CLI entry has there)."""
+    cmd = [sys.executable, "-c", _CLI] if checkout is None else [str(checkout / ".venv" / "bin" / "tributary")]
     return subprocess.Popen(
-        [sys.executable, "-c", "from tributary.api.cli.main import main; main()", "capture", "--config", str(config)],
-        cwd=ROOT,
+        [*cmd, "capture", "--config", str(config)],
+        cwd=ROOT if checkout is None else checkout,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -69,10 +81,13 @@ def _peak_rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _run_until(config: Path, log_root: Path, target: Lsn, timeout: float = 1800) -> tuple[float, float]:
-    """Start capture, wait until the manifest covers `target`; (seconds, peak RSS MB)."""
+def _run_until(
+    config: Path, log_root: Path, target: Lsn, timeout: float = 1800, checkout: Path | None = None
+) -> tuple[float, float]:
+    """Start capture (this checkout's, or `checkout`'s), wait until the manifest covers `target`;
+    (seconds, peak RSS MB)."""
     start = time.perf_counter()
-    proc = _spawn(config)
+    proc = _spawn(config, checkout)
     peak = 0.0
     try:
         while True:
@@ -97,12 +112,64 @@ def _current_lsn(dsn: str) -> Lsn:
     return Lsn.parse(row[0])
 
 
-def bench_streaming(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) -> dict[str, float]:
+def _captures(
+    cluster: EmbeddedPostgres,
+    work: Path,
+    name: str,
+    dsn: str,
+    slot: str,
+    snapshot: str,
+    include: str,
+    target: Lsn,
+    compare_to: Path | None,
+    turn: int,
+) -> dict[str, float]:
+    """This checkout's capture (and `compare_to`'s, on its own slot `slot` + "_old"), alternating
+    which goes first by `turn`: seconds, client CPU (of which kernel), server CPU and peak RSS of each."""
+    cluster_cpu = functools.partial(_server_cpu, cluster)
+    runs: list[tuple[str, Path | None, str]] = [("tributary", None, slot)]
+    if compare_to is not None:
+        runs.append(("old", compare_to, slot + "_old"))
+        if turn % 2:
+            runs.reverse()
+    out: dict[str, float] = {}
+    for label, checkout, slot_name in runs:
+        log_root = work / f"log-{name}-{label}"
+        config = _config(work / f"{name}-{label}.toml", dsn, log_root, slot_name, snapshot, include)
+        c0, s0, k0 = _children_cpu(), cluster_cpu(), _children_sys()
+        seconds, rss = _run_until(config, log_root, target, checkout=checkout)
+        out[f"{label}_s"] = seconds
+        out[f"{label}_client_cpu_s"] = _children_cpu() - c0
+        out[f"{label}_client_sys_cpu_s"] = _children_sys() - k0
+        out[f"{label}_server_cpu_s"] = cluster_cpu() - s0
+        out[f"{label}_peak_rss_mb"] = rss
+        shutil.rmtree(log_root, ignore_errors=True)
+    return out
+
+
+def _compare(rows: int, runs: dict[str, float], compare_to: Path | None, unit: str) -> dict[str, float]:
+    """The old checkout's rate, CPU and RSS, and this/that: rate ratio (> 1: this one is faster)."""
+    if compare_to is None:
+        return {}
+    us = 1e6 / rows
+    return {
+        f"old_{unit}_per_s": rows / runs["old_s"],
+        "new_vs_old_rate_ratio": runs["old_s"] / runs["tributary_s"],
+        "old_client_cpu_us": runs["old_client_cpu_s"] * us,
+        "old_client_sys_cpu_us": runs["old_client_sys_cpu_s"] * us,
+        "old_server_cpu_us": runs["old_server_cpu_s"] * us,
+        "old_peak_rss_mb": runs["old_peak_rss_mb"],
+    }
+
+
+def bench_streaming(
+    cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path, compare_to: Path | None = None, turn: int = 0
+) -> dict[str, float]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             "DROP TABLE IF EXISTS stream_t; CREATE TABLE stream_t (id bigserial PRIMARY KEY, a int, b text, c timestamptz)"
         )
-        for slot in ("bench_recv", "bench_trib"):
+        for slot in ("bench_recv", "bench_trib", *(["bench_trib_old"] if compare_to else [])):
             conn.execute(
                 "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
             )
@@ -139,15 +206,18 @@ def bench_streaming(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) 
     )
     recv_s = time.perf_counter() - t0
     recv_client, recv_server = _children_cpu() - c0, _server_cpu(cluster) - s0
-    log_root = work / "log-stream"
-    config = _config(work / "stream.toml", dsn, log_root, "bench_trib", "never", "public.stream_t")
-    c0, s0, k0 = _children_cpu(), _server_cpu(cluster), _children_sys()
-    trib_s, rss = _run_until(config, log_root, end)
-    trib_client, trib_server, trib_sys = _children_cpu() - c0, _server_cpu(cluster) - s0, _children_sys() - k0
+    runs = _captures(cluster, work, "stream", dsn, "bench_trib", "never", "public.stream_t", end, compare_to, turn)
+    trib_s, rss = runs["tributary_s"], runs["tributary_peak_rss_mb"]
+    trib_client, trib_server = runs["tributary_client_cpu_s"], runs["tributary_server_cpu_s"]
+    trib_sys = runs["tributary_client_sys_cpu_s"]
     us = 1e6 / rows
-    shutil.rmtree(log_root, ignore_errors=True)
     out.unlink(missing_ok=True)
+    if compare_to is not None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_drop_replication_slot('bench_trib_old')")
     return {
+        **_compare(rows, runs, compare_to, "changes"),
+        "old_ratio": recv_s / runs["old_s"] if compare_to else 0.0,
         "pg_recvlogical_changes_per_s": rows / recv_s,
         "tributary_changes_per_s": rows / trib_s,
         "ratio": recv_s / trib_s,
@@ -221,7 +291,9 @@ def _children_sys() -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime
 
 
-def bench_snapshot(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) -> dict[str, float]:
+def bench_snapshot(
+    cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path, compare_to: Path | None = None, turn: int = 0
+) -> dict[str, float]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             "DROP TABLE IF EXISTS snap_t; CREATE TABLE snap_t (id bigserial PRIMARY KEY, a int, b text, c timestamptz)"
@@ -232,7 +304,8 @@ def bench_snapshot(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) -
         )
         conn.execute("VACUUM ANALYZE snap_t")
         conn.execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'bench_snap'"
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+            " WHERE slot_name IN ('bench_snap', 'bench_snap_old')"
         )
     c0, s0, t0 = _children_cpu(), _server_cpu(cluster), time.perf_counter()
     subprocess.run(
@@ -240,16 +313,17 @@ def bench_snapshot(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) -
     )
     psql_s = time.perf_counter() - t0
     psql_client, psql_server = _children_cpu() - c0, _server_cpu(cluster) - s0
-    log_root = work / "log-snap"
-    config = _config(work / "snap.toml", dsn, log_root, "bench_snap", "initial", "public.snap_t")
-    c0, s0, k0 = _children_cpu(), _server_cpu(cluster), _children_sys()
-    trib_s, rss = _run_until(config, log_root, Lsn(1))
-    trib_client, trib_server, trib_sys = _children_cpu() - c0, _server_cpu(cluster) - s0, _children_sys() - k0
-    shutil.rmtree(log_root, ignore_errors=True)
+    runs = _captures(cluster, work, "snap", dsn, "bench_snap", "initial", "public.snap_t", Lsn(1), compare_to, turn)
+    trib_s, rss = runs["tributary_s"], runs["tributary_peak_rss_mb"]
+    trib_client, trib_server = runs["tributary_client_cpu_s"], runs["tributary_server_cpu_s"]
+    trib_sys = runs["tributary_client_sys_cpu_s"]
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_drop_replication_slot('bench_snap')")
+        if compare_to is not None:
+            conn.execute("SELECT pg_drop_replication_slot('bench_snap_old')")
     us = 1e6 / rows
     return {
+        **_compare(rows, runs, compare_to, "rows"),
         "psql_copy_rows_per_s": rows / psql_s,
         "tributary_rows_per_s": rows / trib_s,
         "ratio": psql_s / trib_s,
@@ -325,7 +399,11 @@ def main() -> None:
     parser.add_argument("--big-tx-rows", type=int, default=0, help="also capture one transaction of this many rows")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: streaming,snapshot,latency")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "capture.json")
+    parser.add_argument(
+        "--compare-to", type=Path, default=None, help="another checkout (with its .venv) to run on the same tables"
+    )
     args = parser.parse_args()
+    compare_to = args.compare_to.resolve() if args.compare_to else None
     work = Path(tempfile.mkdtemp(prefix="tributary-bench-"))
     cluster = EmbeddedPostgres(work / "pg")
     cluster.up()
@@ -333,12 +411,16 @@ def main() -> None:
     try:
         skip = set(filter(None, args.skip.split(",")))
         streams = (
-            [] if "streaming" in skip else [bench_streaming(cluster, dsn, args.rows, work) for _ in range(args.repeat)]
+            []
+            if "streaming" in skip
+            else [bench_streaming(cluster, dsn, args.rows, work, compare_to, turn) for turn in range(args.repeat)]
         )
         snaps = (
             []
             if "snapshot" in skip
-            else [bench_snapshot(cluster, dsn, args.snapshot_rows, work) for _ in range(args.repeat)]
+            else [
+                bench_snapshot(cluster, dsn, args.snapshot_rows, work, compare_to, turn) for turn in range(args.repeat)
+            ]
         )
         latency = {} if "latency" in skip else bench_latency(dsn, work, args.latency_seconds, 1000)
         big = bench_big_tx(dsn, args.big_tx_rows, work) if args.big_tx_rows else None
@@ -356,12 +438,14 @@ def main() -> None:
 
     result = {
         "machine": {"cpus": os.cpu_count()},
+        "compare_to": str(compare_to) if compare_to else None,
         "streaming": {
             "rows": args.rows,
             "runs": len(streams),
             "median": med(streams),
             "range": spread(streams),
             "ratios": [round(r["ratio"], 3) for r in streams],
+            "new_vs_old_rate_ratios": [round(r["new_vs_old_rate_ratio"], 3) for r in streams if compare_to],
             "target_ratio": 0.8,
         },
         "snapshot": {
@@ -369,6 +453,7 @@ def main() -> None:
             "runs": len(snaps),
             "median": med(snaps),
             "range": spread(snaps),
+            "new_vs_old_rate_ratios": [round(r["new_vs_old_rate_ratio"], 3) for r in snaps if compare_to],
             "target_ratio": 0.7,
         },
         "load_average": os.getloadavg(),

@@ -136,7 +136,7 @@ def _each(rule: Token, toks: list[bytes]) -> list[bytes] | None:
     return None if None in out else out  # type: ignore[return-value]
 
 
-# The compiled twin's code for each byte rule (capture/_speedups.c); a generic rule goes as itself.
+# The typed twin's code for each byte rule (capture/_hotpath.pyx); a generic rule goes as itself.
 _C_CODES: dict[Token | None, int] = {None: 0, _numeric: 1, _tstz: 2, _ts: 3, _plain_string: 4, _string: 5}
 _QUOTE_OR_NULL = (b'"', _NULL)
 _AT_11 = {11}
@@ -230,7 +230,7 @@ class InsertTemplate:
             + source_head.replace(b"%", b"%%")
             + b'%d%b,"op":"c","ts_ms":%d}'
         )
-        # The same layout as constant pieces around the tokens, for the compiled twin.
+        # The same layout as constant pieces around the tokens, for the typed twin.
         key_names = [orjson.dumps(k) + b":" for k in keys]
         value_names = [orjson.dumps(n) + b":" for n in names]
         self._spec = (
@@ -311,7 +311,7 @@ class InsertTemplate:
         return key, self._value_fmt % tuple(toks)
 
     def encode_many(self, payloads: list[bytes], tx_part: bytes, now_ms: int) -> tuple[list[bytes], list[bytes]] | None:
-        """`encode` for a run of this table's INSERTs: in C (capture/_speedups.c) unless it is not
+        """`encode` for a run of this table's INSERTs: typed (capture/_hotpath.pyx) unless it is not
         sure, then `encode_many_python`, the reference. None: some change needs the one-by-one path."""
         c = compiled.encode_inserts
         if c is not None:

@@ -23,8 +23,8 @@ from tributary.capture.values import copy_unescape, type_family
 __all__ = ["CHUNK_BYTES", "JSON_BATCH", "SnapshotReader", "take_copy_python"]
 
 JSON_BATCH = 2_000  # rows per batch from json_rows
-CHUNK_BYTES = 2 << 20  # COPY text per chunk of the columnar snapshot (≈ 15k rows of 130 bytes; 4 MB: more
-# page faults for the bigger arrays, ≈ +0.3 s of kernel CPU per 400k rows, and +35 MB peak RSS)
+CHUNK_BYTES = 2 << 20  # COPY text per chunk of the columnar snapshot (bigger chunks: more page faults for
+# the bigger arrays, and a higher peak RSS)
 
 
 _ROW, _KEY = "__tributary_row", "__tributary_key"  # subquery aliases in json_rows
@@ -34,7 +34,7 @@ _CHUNK_HEAD = b"-\n"  # each text chunk's first line (snapshot_columns._DUMMY)
 def take_copy_python(get_copy_data: Callable[[int], tuple[int, Any]], buf: bytearray, limit: int) -> int:
     """COPY rows from libpq (psycopg's non-blocking `get_copy_data`) onto `buf` while it is shorter
     than `limit`: 1 when it reached `limit`, else the first n <= 0 (0: nothing buffered, -1: the
-    COPY ended, -2: it failed). The reference of capture/_speedups.c `take_copy`."""
+    COPY ended, -2: it failed). The reference of capture/_hotpath.pyx `take_copy`."""
     while len(buf) < limit:
         nbytes, data = get_copy_data(1)
         if nbytes <= 0:
@@ -105,14 +105,14 @@ class SnapshotReader:
     def text_chunks(self, table: TableInfo, *, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
         """Every row of `table` as COPY text lines, in chunks of about `chunk_bytes`, each led by
         the line `-` (the columnar snapshot's CSV reader skips it; capture/snapshot_columns.py).
-        libpq hands COPY OUT over one row at a time: `take_copy` (compiled, or its reference
+        libpq hands COPY OUT over one row at a time: `take_copy` (typed, or its reference
         `take_copy_python`) is the one per-row step."""
         take = compiled.take_copy or take_copy_python
         limit = len(_CHUNK_HEAD) + chunk_bytes  # a chunk ends at the first row reaching `chunk_bytes`
         try:
             with self._conn.cursor().copy(_copy_columns(table)) as copy:
-                # psycopg's `copy.read()` costs ≈ 1 µs a row (a generator and a wait per row);
-                # libpq's non-blocking PQgetCopyData (psycopg.pq) ≈ 0.5: rows already received
+                # psycopg's `copy.read()` runs a generator and a wait per row; libpq's
+                # non-blocking PQgetCopyData (psycopg.pq) does neither: rows already received
                 # are taken directly, and psycopg's `read` waits when none is (0 = would block).
                 get = self._conn.pgconn.get_copy_data
                 read = copy.read

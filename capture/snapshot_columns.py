@@ -5,7 +5,7 @@ column names); what differs is each column's JSON fragment. PostgreSQL's COPY te
 nearly JSON string content (COPY escapes `\\`, `\\n`, `\\t`, `\\r`, `\\b`, `\\f` exactly as JSON
 does), so a chunk of rows is parsed into Arrow columns and every fragment is made by vectorised
 pyarrow compute instead of a Python loop per value: a few passes over the chunk's bytes rather
-than ≈ 4 µs of Python a row. The bytes equal what `SnapshotEncoder.encode` makes from the same
+than Python code per row. The bytes equal what `SnapshotEncoder.encode` makes from the same
 row (tests hold the two paths equal against the real server): anything a vector kernel could
 spell differently — raw control characters, COPY's `\\v`, a non-hex bytea — is converted by
 the reference (unescape, `capture.values`, orjson) for those values only.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-# pyarrow imports pandas (≈ 0.3 s of CPU in the capture process, a tenth of a 400k-row
+# pyarrow imports pandas (a noticeable share of the CPU of a small
 # snapshot) the first time it checks whether an argument is a pandas object. Hidden while that
 # first check runs, pandas stays unloaded; pyarrow imports it again if a conversion ever asks.
 
@@ -50,7 +50,7 @@ finally:
     if _finder is not None:
         sys.meta_path.remove(_finder)
 
-from tributary.capture import compiled  # noqa: E402
+from tributary.capture.log import hashes  # noqa: E402
 from tributary.capture.values import copy_unescape, text_converter, type_family  # noqa: E402
 
 __all__ = ["ChunkRecords", "ColumnPlan", "encode_chunk", "murmur2_partitions", "plan"]
@@ -166,19 +166,13 @@ def _fragment(col: pa.Array, family: str, converter: object, has_quote: bool) ->
 def _has_risky_bytes(col: pa.Array) -> bool:
     """Does any value hold a raw control character (COPY leaves them unescaped, orjson writes
     \\u00XX) or COPY's `\\v`? One pass over the column's bytes at C speed (numpy's min and
-    a substring search); a regex over every value costs ≈ 2 µs a row."""
+    a substring search) instead of a regex over every value."""
     offsets = np.frombuffer(col.buffers()[1], np.int32, len(col) + 1, col.offset * 4)
     start, end = int(offsets[0]), int(offsets[-1])
     if start == end:
         return False
-    data = col.buffers()[2].slice(start, end - start)
-    return (compiled.risky_bytes or risky_bytes_python)(data)
-
-
-def risky_bytes_python(data: bytes | pa.Buffer) -> bool:
-    """A byte below 0x20 or the two bytes `\\v` in `data` (capture/_speedups.c `risky_bytes`)."""
-    raw = bytes(data)
-    return bool(raw) and (b"\\v" in raw or int(np.frombuffer(raw, np.uint8).min()) < 0x20)
+    raw = col.buffers()[2].slice(start, end - start).to_pybytes()
+    return b"\\v" in raw or int(np.frombuffer(raw, np.uint8).min()) < 0x20
 
 
 def parse_chunk(chunk: bytes, width: int) -> list[pa.Array]:
@@ -223,58 +217,13 @@ def encode_chunk(p: ColumnPlan, chunk: bytes, partitions: int) -> ChunkRecords:
     return ChunkRecords(keys=keys, fragments=frags, partitions=murmur2_partitions(keys, partitions), rows=n)
 
 
-_M = np.uint32(0x5BD1E995)
-_SEED = 0x9747B28C
-
-
 def murmur2_partitions(keys: pa.Array, partitions: int) -> np.ndarray:
-    """Kafka's `toPositive(murmur2(key)) % n` for every key (int64): the compiled
-    `column_partitions` when it is sure, else `murmur2_partitions_python`."""
-    sure = keys.type == pa.binary() and not keys.null_count and 1 <= partitions <= 0x7FFFFFFF
-    if compiled.column_partitions is not None and sure:
-        out = np.empty(len(keys), np.int64)
-        _validity, offsets, data = keys.buffers()
-        if compiled.column_partitions(offsets, b"" if data is None else data, keys.offset, out, partitions):
-            return out
-    return murmur2_partitions_python(keys, partitions)
-
-
-def murmur2_partitions_python(keys: pa.Array, partitions: int) -> np.ndarray:
-    """Kafka's `toPositive(murmur2(key)) % n` for every key at once (capture.log.partitioner is
-    the reference): keys of one length are hashed together as a matrix of 4-byte words."""
-    n = len(keys)
-    offsets = np.frombuffer(keys.buffers()[1], np.int32, n + 1, keys.offset * 4)
-    data = np.frombuffer(keys.buffers()[2], np.uint8)
-    lengths = np.diff(offsets)
-    out = np.empty(n, np.uint32)
-    with np.errstate(over="ignore"):
-        for length in np.unique(lengths).tolist():
-            rows = np.flatnonzero(lengths == length)
-            starts: np.ndarray = offsets[:-1][rows].astype(np.int64)
-            h = np.full(len(rows), (_SEED ^ length) & 0xFFFFFFFF, np.uint32)
-            end4 = length & ~3
-            if end4:
-                raw = data[starts[:, None] + np.arange(end4)].reshape(len(rows), end4 // 4, 4).astype(np.uint32)
-                words = raw[:, :, 0] | (raw[:, :, 1] << 8) | (raw[:, :, 2] << 16) | (raw[:, :, 3] << 24)
-                for w in range(end4 // 4):
-                    k = words[:, w] * _M
-                    k ^= k >> np.uint32(24)
-                    k *= _M
-                    h = (h * _M) ^ k
-            rest = length & 3
-            if rest:
-                tail = data[starts[:, None] + np.arange(end4, length)].astype(np.uint32)
-                if rest == 3:
-                    h ^= tail[:, 2] << np.uint32(16)
-                if rest >= 2:
-                    h ^= tail[:, 1] << np.uint32(8)
-                h ^= tail[:, 0]
-                h *= _M
-            h ^= h >> np.uint32(13)
-            h *= _M
-            h ^= h >> np.uint32(15)
-            out[rows] = h
-    return ((out & np.uint32(0x7FFFFFFF)) % np.uint32(partitions)).astype(np.int64)
+    """Kafka's `toPositive(murmur2(key)) % n` for every key (int64): the log partitioner's hash,
+    the positive mod over the whole array."""
+    if partitions <= 0:
+        raise ValueError(f"partitions must be positive, got {partitions}")
+    h = np.fromiter(hashes(keys.to_pylist()), np.int64, len(keys))
+    return (h & 0x7FFFFFFF) % partitions
 
 
 def rows_of(partitions: np.ndarray, partition: int) -> np.ndarray:

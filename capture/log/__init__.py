@@ -8,7 +8,7 @@ Writing (one process per root holds the writer lock):
     `Log.open(root, writer=True)`, `create_topic(name, TopicConfig(...))`, `append`/`append_encoded`
     then `commit` (or `commit_async`, `mark` + `commit(upto=...)`); `GroupCommitter` batches
     commits of concurrent producers. Keys: `canonical_json`, `partition_for` (Kafka's murmur2
-    partitioning, `murmur2`, `split_partitions`); bulk writers pre-encode lines with
+    partitioning, `murmur2`, `hashes`, `split_partitions`); bulk writers pre-encode lines with
     `encode_plain` (rows) or `encode_columns` (Arrow columns). `Cleaner` with a `CleanerPolicy`
     compacts and applies retention between batches; `Log.compact`, `Log.enforce_retention` and
     `Log.write_parquet` do it on demand.
@@ -45,7 +45,7 @@ from tributary.capture.log.errors import (
 )
 from tributary.capture.log.group_commit import GroupCommitter
 from tributary.capture.log.log import Log
-from tributary.capture.log.partitioner import canonical_json, murmur2, partition_for, split_partitions
+from tributary.capture.log.partitioner import canonical_json, hashes, murmur2, partition_for, split_partitions
 from tributary.capture.log.splits import read_split
 from tributary.capture.log.types import (
     CompactionStats,
@@ -97,6 +97,7 @@ __all__ = [
     "copy_records",
     "encode_columns",
     "encode_plain",
+    "hashes",
     "murmur2",
     "partition_for",
     "read_split",

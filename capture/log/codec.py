@@ -9,15 +9,22 @@ A JSON `null` key/value/headers reads back as None (a null value is a tombstone)
 
 from __future__ import annotations
 
+import os
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import chain, repeat
 from operator import add as _add
 
 import orjson
 
-from tributary.capture import compiled
+_typed_plain: Callable[[int, int, Sequence[bytes], Sequence[bytes]], tuple[bytes, list[int]] | None] | None
+try:  # the typed twin (capture/log/_typed.pyx); capture/compiled.py warns when the build is missing
+    if os.environ.get("TRIBUTARY_PURE_PYTHON") == "1":
+        raise ImportError("TRIBUTARY_PURE_PYTHON=1")
+    from tributary.capture.log._typed import encode_plain as _typed_plain
+except ImportError:
+    _typed_plain = None
 
 __all__ = [
     "BadLine",
@@ -116,11 +123,10 @@ def encode_plain(
     first_offset: int, timestamp_ms: int, keys: Sequence[bytes], values: Sequence[bytes]
 ) -> tuple[bytes, list[int]]:
     """`encode_batch`'s lines and sizes for records with one timestamp, no headers and no null key
-    or value (a run of streamed INSERTs): in C (capture/_speedups.c) unless it is not sure (a NUL
-    or a newline in a field), then `encode_plain_python`, the reference."""
-    c = compiled.encode_plain
-    if c is not None:
-        got = c(first_offset, timestamp_ms, keys, values)
+    or value (a run of streamed INSERTs): typed (capture/log/_typed.pyx) unless it is not sure (a
+    NUL or a newline in a field), then `encode_plain_python`, the reference."""
+    if _typed_plain is not None:
+        got = _typed_plain(first_offset, timestamp_ms, keys, values)
         if got is not None:
             return got
     return encode_plain_python(first_offset, timestamp_ms, keys, values)
@@ -129,7 +135,8 @@ def encode_plain(
 def encode_plain_python(
     first_offset: int, timestamp_ms: int, keys: Sequence[bytes], values: Sequence[bytes]
 ) -> tuple[bytes, list[int]]:
-    """`encode_plain` in Python: three columns fewer than `encode_batch` to interleave per record."""
+    """`encode_plain` in Python: three columns fewer than `encode_batch` to interleave per record,
+    the same C-level `%`-formatting, `map` and `zlib.crc32` over the whole run."""
     n = len(keys)
     if n == 0:
         return b"", []

@@ -1,29 +1,37 @@
 """Segment lines (codec.py's format) for a whole column of records at once, with pyarrow.
 
 `codec.encode_batch` formats record by record in C-level `%` but still builds eight Python
-objects a record (≈ 3 µs for a 450-byte snapshot record). The reference, `encode_columns_python`,
-joins the offsets, lengths, key and value pieces with one vectorised kernel, runs the CRC over
-slices of that one buffer, and adds the trailer with a second join. `encode_columns` hands the
-columns' Arrow buffers to the compiled twin (capture/_speedups.c `encode_columns`: the finished
-lines in one pass, CRC included) and runs the reference when it is missing or answers None. The
-bytes equal `encode_batch`'s for the same records (tests hold them equal). Imported only by the
-columnar snapshot: pyarrow stays out of the CLI.
+objects a record. The reference, `encode_columns_python`, joins the offsets, lengths, key and value
+pieces with one vectorised kernel, runs zlib's CRC over slices of that one buffer, and adds the
+trailer with a second join; `encode_columns` hands the columns' Arrow buffers to the typed twin
+(capture/log/_typed.pyx) and runs the reference when it is missing or answers None. The bytes equal `encode_batch`'s for the same records (tests hold them equal).
+Imported only by the columnar snapshot: pyarrow stays out of the CLI.
 """
 
 from __future__ import annotations
 
+import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tributary.capture import compiled
+_typed_columns: Callable[[int, int, int, list[Any]], tuple[bytes, list[int]] | None] | None
+try:  # the typed twin (capture/log/_typed.pyx)
+    if os.environ.get("TRIBUTARY_PURE_PYTHON") == "1":
+        raise ImportError("TRIBUTARY_PURE_PYTHON=1")
+    from tributary.capture.log._typed import encode_columns as _typed_columns
+except ImportError:
+    _typed_columns = None
 
 __all__ = ["encode_columns", "encode_columns_python"]
 
 _EMPTY = pa.scalar(b"", pa.binary())
+_BINARY = pa.binary()
+_NO_DATA = pa.py_buffer(b"")
 
 
 def _digits(values: np.ndarray) -> pa.Array:
@@ -37,35 +45,33 @@ def _lengths(arg: pa.Array | pa.Scalar, n: int) -> np.ndarray:
     return np.frombuffer(lengths.buffers()[1], np.int32, n, lengths.offset * 4).astype(np.int64)
 
 
-_BINARY = pa.binary()
-
-
-def _piece(arg: pa.Array | pa.Scalar, n: int) -> bytes | tuple[object, object, int, None] | None:
-    """A piece for the compiled `encode_columns`: a scalar's bytes, or a binary array's (offsets,
-    data, offset, None); None for anything else (the reference runs)."""
+def _piece(arg: pa.Array | pa.Scalar, n: int) -> bytes | tuple[Any, Any, int] | None:
+    """A piece for the typed `encode_columns`: a scalar's bytes, or a binary array's (offsets,
+    data, offset); None for anything else (the reference runs)."""
     if isinstance(arg, pa.Scalar):
         data = arg.as_py() if arg.type == _BINARY and arg.is_valid else None
         return data if isinstance(data, bytes) else None
     if not isinstance(arg, pa.Array) or arg.type != _BINARY or arg.null_count or len(arg) != n:
         return None
     _validity, offsets, data = arg.buffers()
-    return (offsets, b"" if data is None else data, arg.offset, None)
+    return (offsets, _NO_DATA if data is None else data, arg.offset)
 
 
 def encode_columns(
     first_offset: int, timestamp_ms: int, keys: pa.Array, value_args: Sequence[pa.Array | pa.Scalar]
 ) -> tuple[bytes, list[int]]:
-    """`encode_columns_python`'s lines and sizes, by the compiled twin when it is sure."""
-    if compiled.encode_columns is not None:
+    """`encode_columns_python`'s lines and sizes, by the typed twin (capture/log/_typed.pyx) when
+    it is sure: the finished lines in one pass over the columns' buffers, CRC included."""
+    if _typed_columns is not None:
         n = len(keys)
-        pieces: list[bytes | tuple[object, object, int, None]] = []
+        pieces: list[Any] = []
         for arg in (keys, *value_args):
             piece = _piece(arg, n)
             if piece is None:
                 break
             pieces.append(piece)
         else:
-            out = compiled.encode_columns(first_offset, timestamp_ms, n, pieces)
+            out = _typed_columns(first_offset, timestamp_ms, n, pieces)
             if out is not None:
                 return out
     return encode_columns_python(first_offset, timestamp_ms, keys, value_args)

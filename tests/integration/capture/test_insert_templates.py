@@ -89,11 +89,11 @@ def _capture(dsn: str, docs: list[bytes], root: Path, *, templates: bool) -> tup
 
 
 def _compare(dsn: str, docs: list[bytes], tmp: Path) -> tuple[int, int]:
-    """Templates through the compiled path (the default), through pure Python, and no templates:
+    """Templates through the typed path (the default), through pure Python, and no templates:
     the same records."""
-    assert compiled.encode_inserts is not None and compiled.encode_plain is not None
+    assert compiled.encode_inserts is not None
     fast, templated = _capture(dsn, docs, tmp / "fast", templates=True)
-    with mock.patch.multiple(compiled, encode_inserts=None, encode_plain=None):
+    with mock.patch.multiple(compiled, encode_inserts=None):
         python, templated_python = _capture(dsn, docs, tmp / "python", templates=True)
     generic, none = _capture(dsn, docs, tmp / "generic", templates=False)
     assert none == 0
@@ -181,7 +181,7 @@ def test_any_values_are_byte_identical(
 
 def _stream(dsn: str, slot: str, root: Path, *, held: bool, transactions: int) -> list[tuple[Any, ...]]:
     """Stream the slot through a real replication connection as the daemon does, the held INSERTs
-    taken by the compiled receive loop (`held`) or each message through `handle`; every record."""
+    taken by the typed receive loop (`held`) or each message through `handle`; every record."""
     with Log.open(root, writer=True, default_partitions=3) as log:
         spec = SourceSpec(
             name="shop", dsn=dsn, slot=slot, include=("public.*",), exclude=(), snapshot="never", partitions=3
@@ -209,7 +209,7 @@ def _stream(dsn: str, slot: str, root: Path, *, held: bool, transactions: int) -
         ]
 
 
-def test_the_compiled_receive_loop_holds_the_same_runs(fresh_db: str, tmp_path: Path) -> None:
+def test_the_typed_receive_loop_holds_the_same_runs(fresh_db: str, tmp_path: Path) -> None:
     """`take_inserts` (INSERT documents straight from libpq onto the held run, full runs encoded
     at once) against every message through `handle`: the same records, on a real stream."""
     assert compiled.take_inserts is not None
@@ -246,6 +246,6 @@ def test_the_compiled_receive_loop_holds_the_same_runs(fresh_db: str, tmp_path: 
     with mock.patch.object(compiled, "take_inserts", counting):
         held = _stream(fresh_db, "held", tmp_path / "held", held=True, transactions=5)
     handled = _stream(fresh_db, "handled", tmp_path / "handled", held=False, transactions=5)
-    assert sum(taken) >= 1000  # the compiled loop took (almost) every INSERT
+    assert sum(taken) >= 1000  # the typed loop took (almost) every INSERT
     assert len(held) > 1200
     assert held == handled

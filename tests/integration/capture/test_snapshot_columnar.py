@@ -202,10 +202,10 @@ def test_snapshot_through_the_session_is_byte_identical(fresh_db: str, tmp_path:
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(_row, min_size=0, max_size=60), chunk_bytes=st.sampled_from([1, 200, 700, 1 << 20]))
-def test_text_chunks_compiled_and_pure_are_equal(
+def test_text_chunks_typed_and_pure_are_equal(
     fresh_db: str, rows: list[tuple[object, ...]], chunk_bytes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`text_chunks` with the compiled COPY loop (`take_copy`) and with its reference: the same
+    """`text_chunks` with the typed COPY loop (`take_copy`) and with its reference: the same
     chunks, each `-\\n` then whole COPY lines, closed at the first line that reaches
     `chunk_bytes`; together every line psycopg's own COPY reader gives, in order."""
     _load(fresh_db, "chunks", rows)

@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tributary.capture import compiled
-from tributary.capture.log import GroupCommitter, Record, TopicConfig
+from tributary.capture.log import GroupCommitter, Record, TopicConfig, codec
 from tributary.capture.log.codec import BadLine, decode_line, encode_batch, encode_plain, encode_plain_python
 from tributary.capture.log.errors import LogError
 from tributary.capture.log.index import (
@@ -189,7 +188,7 @@ def test_encode_plain_equals_encode_batch(first: int, ts: int, pairs: list[tuple
 
 _any_field = st.one_of(
     _field,
-    st.binary(max_size=12),  # NUL, newline, anything: C declines what it cannot splice as is
+    st.binary(max_size=12),  # NUL, newline, anything: the general encoder's cases
     st.sampled_from([b"", b"\n", b"\x00", b'"\\n"', b"x" * 300]),
 )
 
@@ -199,19 +198,47 @@ _any_field = st.one_of(
     ts=st.one_of(st.integers(-(2**40), 2**41), st.integers(-(2**70), 2**70), st.sampled_from([-(2**63), 2**63 - 1])),
     pairs=st.lists(st.tuples(_any_field, _any_field), max_size=30),
 )
-def test_compiled_encode_plain_is_the_reference_or_declines(
-    first: int, ts: int, pairs: list[tuple[bytes, bytes]]
-) -> None:
-    """capture/_speedups.c `encode_plain` against `encode_plain_python`: the same bytes and sizes,
-    or None (a NUL or a newline in a field, a number wider than 64 bits), never anything else."""
-    c = compiled.encode_plain
-    assert c is not None  # built by `pip install -e .`: the tests run the compiled path
+def test_encode_plain_is_encode_batch_for_any_field(first: int, ts: int, pairs: list[tuple[bytes, bytes]]) -> None:
+    """A NUL or a newline in a field, numbers past 64 bits: still `encode_batch`'s bytes, or its error."""
     keys = [k for k, _ in pairs]
     values = [v for _, v in pairs]
-    got = c(first, ts, keys, values)
+    try:
+        data, sizes, _ = encode_batch(first, [(k, v, ts, None) for k, v in pairs])
+    except ValueError:  # a newline in a field that is not JSON
+        with pytest.raises(ValueError):
+            encode_plain(first, ts, keys, values)
+        return
+    assert encode_plain(first, ts, keys, values) == (data, sizes)
+
+
+def test_encode_plain_odd_arguments() -> None:
+    assert encode_plain(0, 0, [], [b"x"]) == (b"", [])
+    with pytest.raises(ValueError):
+        encode_plain(0, 0, [b"1"], [])
+    assert encode_plain(0, 0, (b"1",), (b"2",)) == encode_plain(0, 0, [b"1"], [b"2"])
+
+
+def test_the_typed_twin_is_built() -> None:
+    """`pip install -e .` builds capture/log/_typed.pyx in place: the tests run the typed path."""
+    assert codec._typed_plain is not None
+
+
+@given(
+    first=st.one_of(st.integers(0, 2**40), st.integers(-(2**70), 2**70)),
+    ts=st.one_of(st.integers(-(2**40), 2**41), st.integers(-(2**70), 2**70), st.sampled_from([-(2**63), 2**63 - 1])),
+    pairs=st.lists(st.tuples(_any_field, _any_field), max_size=30),
+)
+def test_typed_encode_plain_is_the_reference_or_declines(first: int, ts: int, pairs: list[tuple[bytes, bytes]]) -> None:
+    """capture/log/_typed.pyx `encode_plain` against `encode_plain_python`: the same bytes and
+    sizes, or None (a NUL or a newline in a field, a number wider than 64 bits), never anything else."""
+    typed = codec._typed_plain
+    assert typed is not None
+    keys = [k for k, _ in pairs]
+    values = [v for _, v in pairs]
+    got = typed(first, ts, keys, values)
     try:
         want = encode_plain_python(first, ts, keys, values)
-    except ValueError:  # a newline in a field that is not JSON: the reference refuses, C declines
+    except ValueError:  # a newline in a field that is not JSON: the reference refuses, typed declines
         assert got is None
         return
     if got is not None:
@@ -222,14 +249,14 @@ def test_compiled_encode_plain_is_the_reference_or_declines(
     assert encode_plain(first, ts, keys, values) == want  # the dispatcher, whichever ran
 
 
-def test_compiled_encode_plain_odd_arguments() -> None:
-    c = compiled.encode_plain
-    assert c is not None
-    assert c(0, 0, [], [b"x"]) == (b"", []) == encode_plain_python(0, 0, [], [b"x"])
-    assert c(0, 0, [b"1"], []) is None  # the reference's zip(strict=True) raises: C leaves it to it
-    assert c(0, 0, [b"1"], ["x"]) is None  # type: ignore[list-item]
-    assert c(0, 0, (b"1",), (b"2",)) == encode_plain_python(0, 0, [b"1"], [b"2"])
+def test_typed_encode_plain_odd_arguments() -> None:
+    typed = codec._typed_plain
+    assert typed is not None
+    assert typed(0, 0, [], [b"x"]) == (b"", []) == encode_plain_python(0, 0, [], [b"x"])
+    assert typed(0, 0, [b"1"], []) is None  # the reference's zip(strict=True) raises: typed leaves it to it
+    assert typed(0, 0, [b"1"], ["x"]) is None  # type: ignore[list-item]
+    assert typed(0, 0, (b"1",), (b"2",)) == encode_plain_python(0, 0, [b"1"], [b"2"])
     with pytest.raises(TypeError):
-        c(0, 0, 5, [b"x"])  # type: ignore[arg-type]
+        typed(0, 0, 5, [b"x"])  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        c("0", 0, [b"1"], [b"2"])  # type: ignore[arg-type]
+        typed("0", 0, [b"1"], [b"2"])  # type: ignore[arg-type]

@@ -1,5 +1,5 @@
-"""codec_arrow.encode_columns writes the same lines as codec.encode_batch; its compiled twin the
-reference's (or declines); the vectorised murmur2 partitions like Kafka's (capture/log/partitioner.py)."""
+"""codec_arrow.encode_columns writes the same lines as codec.encode_batch; its typed twin the
+reference's (or declines); the snapshot's column partitions are Kafka's (capture/log/partitioner.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tributary.capture import compiled
+from tributary.capture.log import codec_arrow
 from tributary.capture.log.codec import decode_line, encode_batch
 from tributary.capture.log.codec_arrow import _piece, encode_columns, encode_columns_python
 from tributary.capture.log.partitioner import partition_for
@@ -63,18 +63,18 @@ def test_encode_columns_on_sliced_arrays() -> None:
 
 @settings(max_examples=300)
 @given(keys=st.lists(st.binary(max_size=40), min_size=1, max_size=50), partitions=st.integers(1, 64))
-def test_vectorised_murmur2_partitions_like_kafka(keys: list[bytes], partitions: int) -> None:
+def test_column_partitions_like_kafka(keys: list[bytes], partitions: int) -> None:
     got = murmur2_partitions(pa.array(keys, pa.binary()), partitions).tolist()
     assert got == [partition_for(k, partitions) for k in keys]
 
 
-def test_vectorised_murmur2_on_a_sliced_array() -> None:
+def test_column_partitions_on_a_sliced_array() -> None:
     keys = [b'{"id":%d}' % i for i in range(100)]
     arr = pa.array(keys, pa.binary()).slice(37, 40)
     assert murmur2_partitions(arr, 5).tolist() == [partition_for(k, 5) for k in keys[37:77]]
 
 
-# --- the compiled twin (capture/_speedups.c `encode_columns`) against `encode_columns_python` ---
+# --- the typed twin (capture/log/_typed.pyx `encode_columns`) against `encode_columns_python` ---
 
 _any_bits = st.binary(max_size=24)  # NUL, newline, anything: both sides splice bytes verbatim
 
@@ -102,19 +102,24 @@ def _records(draw: st.DrawFn) -> tuple[pa.Array, list[pa.Array | pa.Scalar]]:
     return keys, args
 
 
+def test_the_typed_twin_is_built() -> None:
+    """`pip install -e .` builds capture/log/_typed.pyx in place: the tests run the typed path."""
+    assert codec_arrow._typed_columns is not None
+
+
 @settings(max_examples=400)
 @given(
     first=st.one_of(st.integers(0, 2**40), st.integers(0, 2**63 - 1), st.integers(-(2**70), 2**70)),
     ts=st.one_of(st.integers(-(2**40), 2**41), st.sampled_from([-(2**63), 2**63 - 1, 0])),
     records=_records(),
 )
-def test_compiled_encode_columns_is_the_reference_or_declines(
+def test_typed_encode_columns_is_the_reference_or_declines(
     first: int, ts: int, records: tuple[pa.Array, list[pa.Array | pa.Scalar]]
 ) -> None:
     """The same bytes and sizes as the pyarrow reference, or None; the dispatcher always gives the
     reference's answer (or its error)."""
-    c = compiled.encode_columns
-    assert c is not None  # built by `pip install -e .`: the tests run the compiled path
+    c = codec_arrow._typed_columns
+    assert c is not None
     keys, args = records
     n = len(keys)
     pieces = [_piece(keys, n), *(_piece(a, n) for a in args)]
@@ -132,50 +137,30 @@ def test_compiled_encode_columns_is_the_reference_or_declines(
     assert encode_columns(first, ts, keys, args) == want  # the dispatcher, whichever ran
 
 
-@settings(max_examples=200)
-@given(
-    values=st.lists(_any_bits, min_size=1, max_size=30),
-    head=_any_bits,
-    data=st.data(),
-)
-def test_compiled_encode_columns_takes_rows_like_take(values: list[bytes], head: bytes, data: st.DataObject) -> None:
-    """With row numbers, record i is the arrays' row rows[i], as `Array.take` would pick it."""
-    c = compiled.encode_columns
-    assert c is not None
-    arr = pa.array([b"x", *values], pa.binary()).slice(1)
-    keys = pa.array([b"k%d" % i for i in range(len(values))], pa.binary())
-    rows = np.array(data.draw(st.lists(st.integers(0, len(values) - 1), max_size=20)), np.int64)
-    want = encode_columns_python(5, 6, keys.take(rows), [pa.scalar(head, pa.binary()), arr.take(rows)])
-    offsets, buf = arr.buffers()[1:]
-    got = c(5, 6, len(rows), [(keys.buffers()[1], keys.buffers()[2], 0, rows), head, (offsets, buf, 1, rows)])
-    assert got == want
+def _buf(values: list[int]) -> pa.Buffer:
+    return pa.py_buffer(np.array(values, np.int32))
 
 
-def test_compiled_encode_columns_declines_what_it_cannot_hold() -> None:
-    c = compiled.encode_columns
+def test_typed_encode_columns_declines_what_it_cannot_hold() -> None:
+    c = codec_arrow._typed_columns
     assert c is not None
-    off = np.array([0, 1, 3], np.int32)
-    ok = (off, b"abc", 0, None)
+    off, abc = _buf([0, 1, 3]), pa.py_buffer(b"abc")
+    ok = (off, abc, 0)
     assert c(0, 0, 2, [ok]) == encode_columns_python(0, 0, pa.array([b"a", b"bc"], pa.binary()), [])
     assert c(0, 0, 0, []) == (b"", [])  # no records: the reference's answer, whatever the pieces
     assert c(0, 0, 3, [ok]) is None  # offsets for 2 rows, 3 asked
-    assert c(0, 0, 2, [(off, b"abc", 1, None)]) is None  # from the array's offset 1: one row left
-    assert c(0, 0, 1, [(off, b"abc", 3, None)]) is None  # an offset past the buffer
-    assert c(0, 0, 1, [(off, b"abc", -1, None)]) is None
-    assert c(0, 0, 1, [(off, b"abc", 2**80, None)]) is None
-    assert c(0, 0, 1, [(off, b"abc", "0", None)]) is None
-    assert c(0, 0, 2, [(off, b"ab", 0, None)]) is None  # an offset past the data
-    assert c(0, 0, 2, [(np.array([0, 3, 1], np.int32), b"abc", 0, None)]) is None  # backwards
-    assert c(0, 0, 1, [(np.array([-1, 1], np.int32), b"abc", 0, None)]) is None  # negative
-    assert c(0, 0, 2, [(off[:2], b"abc", 0, None)]) is None  # a short offsets buffer
-    assert c(0, 0, 2, [(b"\x00\x00", b"abc", 0, None)]) is None  # not even one offset
-    assert c(0, 0, 2, [(off, b"abc", 0, np.array([0, 2], np.int64))]) is None  # row 2 of 2
-    assert c(0, 0, 2, [(off, b"abc", 0, np.array([0, -1], np.int64))]) is None
-    assert c(0, 0, 2, [(off, b"abc", 0, np.array([0, 1], np.int32))]) is None  # not int64
-    assert c(0, 0, 2, [(off, b"abc", 0, np.array([0, 1, 1], np.int64))]) is None  # not n rows
-    assert c(0, 0, 2, [(off, b"abc", 0, np.array([0.0, 1.0]))]) is None
-    assert c(0, 0, 2, [(off, 5, 0, None)]) is None  # not a buffer
-    assert c(0, 0, 2, [(off, b"abc", 0)]) is None  # not a piece
+    assert c(0, 0, 2, [(off, abc, 1)]) is None  # from the array's offset 1: one row left
+    assert c(0, 0, 1, [(off, abc, 3)]) is None  # an offset past the buffer
+    assert c(0, 0, 1, [(off, abc, -1)]) is None
+    assert c(0, 0, 1, [(off, abc, 2**80)]) is None
+    assert c(0, 0, 1, [(off, abc, "0")]) is None
+    assert c(0, 0, 2, [(off, pa.py_buffer(b"ab"), 0)]) is None  # an offset past the data
+    assert c(0, 0, 2, [(_buf([0, 3, 1]), abc, 0)]) is None  # backwards
+    assert c(0, 0, 1, [(_buf([-1, 1]), abc, 0)]) is None  # negative
+    assert c(0, 0, 2, [(_buf([0, 1]), abc, 0)]) is None  # a short offsets buffer
+    assert c(0, 0, 2, [(pa.py_buffer(b"\x00\x00"), abc, 0)]) is None  # not even one offset
+    assert c(0, 0, 2, [(off, 5, 0)]) is None  # not a buffer
+    assert c(0, 0, 2, [(off, abc, 0, None)]) is None  # not a piece
     assert c(0, 0, 2, ["ab"]) is None
     assert c(0, 0, 2, []) is None  # no key
     assert c(0, 0, -1, [ok]) is None
@@ -191,7 +176,7 @@ def test_compiled_encode_columns_declines_what_it_cannot_hold() -> None:
         c("0", 0, 2, [ok])  # type: ignore[arg-type]
 
 
-def test_encode_columns_runs_the_reference_for_what_the_compiled_twin_does_not_take(
+def test_encode_columns_runs_the_reference_for_what_the_typed_twin_does_not_take(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     keys = pa.array([b"1", b"2"], pa.binary())
@@ -200,6 +185,6 @@ def test_encode_columns_runs_the_reference_for_what_the_compiled_twin_does_not_t
     for args in ([with_null], [big], [pa.scalar(None, pa.binary())], [pa.scalar("s", pa.string())]):
         assert _piece(args[0], 2) is None
     assert encode_columns(0, 0, keys, [with_null]) == encode_columns_python(0, 0, keys, [with_null])
-    monkeypatch.setattr(compiled, "encode_columns", None)  # not built, or TRIBUTARY_PURE_PYTHON=1
+    monkeypatch.setattr(codec_arrow, "_typed_columns", None)  # not built, or TRIBUTARY_PURE_PYTHON=1
     args = [pa.array([b"x", b"yy"], pa.binary())]
     assert encode_columns(3, 4, keys, args) == encode_columns_python(3, 4, keys, args)

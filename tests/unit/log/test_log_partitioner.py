@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -11,12 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tributary.capture import compiled
 from tributary.capture.log import partitioner
 from tributary.capture.log.partitioner import (
     canonical_json,
     murmur2,
-    murmur2_python,
     partition_for,
     split_partitions,
     split_partitions_python,
@@ -40,18 +39,38 @@ KAFKA_VECTORS = [
 @pytest.mark.parametrize(("data", "expected"), KAFKA_VECTORS)
 def test_murmur2_matches_kafka(data: bytes, expected: int) -> None:
     assert murmur2(data) == expected
-    assert murmur2_python(data) == expected
+    assert murmur2_reference(data) == expected
 
 
-def test_the_compiled_hash_is_in_use_where_its_wheel_is_installed() -> None:
-    # The project depends on `murmurhash2`: on this platform the fast path must not silently fall back.
-    assert partitioner._compiled_murmur2 is not None
+def murmur2_reference(data: bytes) -> int:
+    """Kafka's `Utils.murmur2` transcribed line by line (the test's own reference, every tail length)."""
+    m, mask = 0x5BD1E995, 0xFFFFFFFF
+    length = len(data)
+    h = (0x9747B28C ^ length) & mask
+    end4 = length & ~3
+    for (k,) in struct.iter_unpack("<I", data[:end4]):
+        k = (k * m) & mask
+        k ^= k >> 24
+        k = (k * m) & mask
+        h = ((h * m) & mask) ^ k
+    rest = length & 3
+    if rest == 3:
+        h ^= data[end4 + 2] << 16
+    if rest >= 2:
+        h ^= data[end4 + 1] << 8
+    if rest >= 1:
+        h ^= data[end4]
+        h = (h * m) & mask
+    h ^= h >> 13
+    h = (h * m) & mask
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
 
 
 @given(st.binary(max_size=200), st.integers(min_value=1, max_value=1000))
-def test_compiled_and_python_hashes_agree(data: bytes, partitions: int) -> None:
-    assert murmur2(data) == murmur2_python(data)
-    assert partition_for(data, partitions) == (murmur2_python(data) & 0x7FFFFFFF) % partitions
+def test_the_hash_is_kafkas_for_every_length(data: bytes, partitions: int) -> None:
+    assert murmur2(data) == murmur2_reference(data)
+    assert partition_for(data, partitions) == (murmur2_reference(data) & 0x7FFFFFFF) % partitions
 
 
 def test_partition_is_kafkas_to_positive_mod() -> None:
@@ -112,31 +131,61 @@ def test_partitions_for_equals_partition_for_of_each_key(keys: list[bytes], part
     keys=st.lists(st.binary(max_size=40), max_size=60),
     partitions=st.one_of(st.integers(1, 12), st.sampled_from([0, -1, 1000])),
 )
-def test_compiled_split_is_the_reference(keys: list[bytes], partitions: int) -> None:
-    """capture/_speedups.c `split_partitions` (Kafka's murmur2 in C) against the reference: the
-    same per-partition keys and values in the same order, or None where the reference raises."""
-    c = compiled.split_partitions
-    assert c is not None  # built by `pip install -e .`: the tests run the compiled path
+def test_split_partitions_keeps_each_partitions_order(keys: list[bytes], partitions: int) -> None:
+    """Each partition's keys and values in their order, every key where `partition_for` puts it."""
     values = [b"v%d" % i for i in range(len(keys))]
-    got = c(keys, values, partitions)
-    try:
-        want = split_partitions_python(keys, values, partitions)
-    except ValueError:
-        assert got is None
+    if partitions <= 0:
+        with pytest.raises(ValueError):
+            split_partitions(keys, values, partitions)
         return
+    got = split_partitions(keys, values, partitions)
+    assert len(got) == partitions
+    want: list[tuple[list[bytes], list[bytes]]] = [([], []) for _ in range(partitions)]
+    for k, v in zip(keys, values, strict=True):
+        want[partition_for(k, partitions)][0].append(k)
+        want[partition_for(k, partitions)][1].append(v)
     assert got == want
-    assert all(partition_for(k, partitions) == p for p, (ks, _) in enumerate(want) for k in ks)
+
+
+def test_split_partitions_refuses_unequal_lists() -> None:
+    with pytest.raises(ValueError):
+        split_partitions([b"a"], [], 2)
+    assert split_partitions([], [], 3) == [([], []), ([], []), ([], [])]
+
+
+def test_the_typed_split_is_built() -> None:
+    """`pip install -e .` builds capture/log/_typed.pyx in place: the tests run the typed path."""
+    assert partitioner._typed_split is not None
+
+
+@given(
+    keys=st.lists(st.binary(max_size=40), max_size=60),
+    partitions=st.one_of(st.integers(1, 12), st.just(1000)),
+)
+def test_typed_split_is_the_reference(keys: list[bytes], partitions: int) -> None:
+    """capture/log/_typed.pyx `split_partitions` against `split_partitions_python`: the same
+    per-partition keys and values in the same order."""
+    typed = partitioner._typed_split
+    assert typed is not None
+    values = [b"v%d" % i for i in range(len(keys))]
+    want = split_partitions_python(keys, values, partitions)
+    assert typed(keys, values, partitions) == want
     assert split_partitions(keys, values, partitions) == want
 
 
-def test_compiled_split_odd_arguments() -> None:
-    c = compiled.split_partitions
-    assert c is not None
-    assert c([b"a"], [], 2) is None
-    assert c(["a"], [b"x"], 2) is None  # type: ignore[list-item]
-    assert c([], [], 3) == [([], []), ([], []), ([], [])]
-    assert c([b"a"], [b"x"], 2**21) is None and c([b"a"], [b"x"], 2**70) is None  # the reference's
+def test_typed_split_odd_arguments() -> None:
+    typed = partitioner._typed_split
+    assert typed is not None
+    with pytest.raises(ValueError):
+        typed([b"a"], [], 2)
+    with pytest.raises(ValueError):
+        typed([b"a"], [b"x"], 0)
     with pytest.raises(TypeError):
-        c((b"a",), [b"x"], 2)  # type: ignore[arg-type]
+        typed(["a"], [b"x"], 2)  # type: ignore[list-item]  # murmurhash2 hashes bytes
     with pytest.raises(TypeError):
-        c([b"a"], [b"x"], "2")  # type: ignore[arg-type]
+        typed((b"a",), [b"x"], 2)  # type: ignore[arg-type]
+
+
+@given(keys=st.lists(st.binary(max_size=40), max_size=30))
+def test_hashes_are_the_unsigned_murmur2(keys: list[bytes]) -> None:
+    assert list(partitioner.hashes(keys)) == [murmur2(k) & 0xFFFFFFFF for k in keys]

@@ -1,7 +1,7 @@
-"""The compiled receive loop for held INSERTs (capture/_speedups.c `take_inserts`) against a Python
+"""The typed receive loop for held INSERTs (capture/_hotpath.pyx `take_inserts`) against a Python
 model of what `ReplicationConnection.read` + `SourceSession.handle` do with each message. Pure: a
 scripted `get_copy_data` stands in for libpq. The same loop on a real replication stream is
-tests/integration/capture/test_insert_templates.py::test_the_compiled_receive_loop_holds_the_same_runs.
+tests/integration/capture/test_insert_templates.py::test_the_typed_receive_loop_holds_the_same_runs.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _model(get: Callable[[int], tuple[int, Any]], run: list[bytes], room: int) -
 
 @given(messages=st.lists(_MESSAGES, max_size=30), room=st.integers(0, 12), held=st.lists(st.binary(), max_size=3))
 def test_take_inserts_is_the_python_loop(messages: list[tuple[int, Any]], room: int, held: list[bytes]) -> None:
-    assert take is not None  # built by `pip install -e .`: the tests run the compiled path
+    assert take is not None  # built by `pip install -e .`: the tests run the typed path
     want_get, got_get = _Script(messages), _Script(messages)
     want_run, got_run = list(held), list(held)
     want = _model(want_get, want_run, room)

@@ -1,9 +1,9 @@
-"""The compiled INSERT encoder (capture/_speedups.c `encode_inserts`) against its Python reference
-(`InsertTemplate.encode_many_python`). Pure.
+"""The typed INSERT encoder (capture/_hotpath.pyx `encode_inserts`, Cython) against its Python
+reference (`InsertTemplate.encode_many_python`). Pure.
 
-The law: on any input the C function answers None (the caller then runs the reference) or exactly
-the reference's (keys, values); where the reference declines or raises, C declines. On the
-documents PostgreSQL writes it must not decline, or the compiled path would be pointless.
+The law: on any input the typed function answers None (the caller then runs the reference) or
+exactly the reference's (keys, values); where the reference declines or raises, it declines. On
+the documents PostgreSQL writes it must not decline, or the typed path would be pointless.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ c_encode = compiled.encode_inserts
 
 
 def test_the_extension_is_built() -> None:
-    """`pip install -e .` builds capture/_speedups.c in place: the tests run the compiled path."""
-    assert compiled.encode_inserts is not None and compiled.encode_plain is not None
+    """`pip install -e .` builds capture/_hotpath.pyx in place: the tests run the typed path."""
+    assert compiled.encode_inserts is not None and compiled.take_inserts is not None
 
 
 # Per type: (wal2json type name, typeoid, tokens PostgreSQL prints, tokens a rule must decline or
@@ -127,13 +127,13 @@ def _template(doc: bytes) -> it.InsertTemplate | None:
 
 
 def _agree(template: it.InsertTemplate, docs: list[bytes], tx_part: bytes, now_ms: int) -> object:
-    """C's answer equals the reference's, or C declined; returns C's answer."""
+    """The typed answer equals the reference's, or it declined; returns the typed answer."""
     assert c_encode is not None
     tail = tx_part + b',"op":"c","ts_ms":%d}' % now_ms
     got = c_encode(template._spec, docs, tail)
     try:
         want = template.encode_many_python(docs, tx_part, now_ms)
-    except (ValueError, IndexError):  # the reference raises on what C declines (an LSN `int` cannot read)
+    except (ValueError, IndexError):  # the reference raises on what the typed path declines (an LSN `int` cannot read)
         assert got is None
         return got
     if got is not None:
@@ -148,7 +148,7 @@ _TX = st.sampled_from([it.InsertTemplate.tx_part(7, 1000), it.InsertTemplate.tx_
 
 @settings(max_examples=300)
 @given(table=_table(), data=st.data(), tx_part=_TX, now_ms=st.integers(-(2**70), 2**70))
-def test_usual_documents_are_encoded_in_c_exactly(table, data: st.DataObject, tx_part: bytes, now_ms: int) -> None:
+def test_usual_documents_are_encoded_typed_exactly(table, data: st.DataObject, tx_part: bytes, now_ms: int) -> None:
     kinds, names, pk = table
     rows = data.draw(st.lists(st.tuples(*[_token(k, odd=False) for k in kinds]), min_size=1, max_size=8))
     lsns = data.draw(st.lists(_LSN, min_size=len(rows), max_size=len(rows)))
@@ -203,8 +203,8 @@ _LSN_ODD = st.sampled_from(
 )
 @example(table=(["bigint"], ["id"], ["id"]), edits=[], lsn=b"123456789/0")  # a 65-bit LSN
 def test_any_bytes_are_declined_or_exact(table, edits: list[tuple[int, int, bytes]], lsn: bytes) -> None:
-    """Arbitrary damage (bytes replaced or cut anywhere, LSNs `int(…, 16)` reads or refuses): C
-    never crashes and never differs."""
+    """Arbitrary damage (bytes replaced or cut anywhere, LSNs `int(…, 16)` reads or refuses): the
+    typed path never crashes and never differs."""
     kinds, names, pk = table
     first = _doc(kinds, names, pk, [b"null"] * len(kinds), b"0/1", 1)
     template = _template(first)
@@ -217,8 +217,8 @@ def test_any_bytes_are_declined_or_exact(table, edits: list[tuple[int, int, byte
         _agree(template, docs, it.InsertTemplate.tx_part(7, 1000), 5)
 
 
-def test_the_generic_rule_runs_in_c_too() -> None:
-    """A float column's rule is Python (`orjson` parse and dump) called from C, per token."""
+def test_the_generic_rule_runs_in_the_typed_path_too() -> None:
+    """A float column's rule is Python (`orjson` parse and dump) called from the typed loop, per token."""
     kinds, names = ["bigint", "float"], ["id", "f"]
     docs = [_doc(kinds, names, ["id"], [b"%d" % i, b"%d.50" % i], b"0/%X" % i, 9) for i in range(1, 40)]
     template = _template(docs[0])
@@ -248,7 +248,7 @@ _WITHOUT = """
 import sys
 class Block:
     def find_spec(self, name, path=None, target=None):
-        if name == "tributary.capture._speedups":
+        if name == "tributary.capture._hotpath":
             raise ImportError("not built")
 sys.meta_path.insert(0, Block())
 from tributary.capture import compiled
@@ -267,5 +267,5 @@ def test_without_the_extension_the_reference_runs_alone(env: dict[str, str]) -> 
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ, **env}
     )
     assert out.stdout.strip() == "[92]"  # one line: the reference encoded it
-    warned = "compiled hot path (capture._speedups) is not available" in out.stderr
+    warned = "typed hot path (capture._hotpath) is not available" in out.stderr
     assert warned == (not env), out.stderr
