@@ -1,8 +1,8 @@
 """wal2json format-version 2 messages → typed values. Pure: bytes in, dataclasses out.
 
-orjson parses the common case fast (≈2 µs a change). It would turn a `numeric` such as
+orjson parses the common case fast. It would turn a `numeric` such as
 12345678901234567890.123456789 into a float, so any change carrying a numeric column takes an
-exact path (the standard library, keeping each fraction's literal text): exactness first (DESIGN trap 1).
+exact path (the standard library, keeping each fraction's literal text): exactness first.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Commit:
     timestamp_ms: int
 
 
-@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs ≈1 µs per object on the hot path
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ is slower, and this is the hot path
 class Change:
     """An INSERT/UPDATE/DELETE. Columns stay the dicts wal2json sent ({"name", "type",
     "typeoid", "value"}): building an object per column cost more than the JSON parse itself."""

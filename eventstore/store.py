@@ -1,6 +1,6 @@
 """The event store on PostgreSQL (schema `eventstore`, created by the Alembic migrations).
 
-Concurrency by constraint (STYLE habit 7): UNIQUE (stream_id, version) decides who wins; the
+Concurrency by constraint: UNIQUE (stream_id, version) decides who wins; the
 loser's UniqueViolation is translated once into `ConcurrencyConflict` with the actual version.
 No table lock and no NOTIFY per append: commit order for readers comes from capture.
 """
@@ -43,7 +43,7 @@ _CHECKS = {"any": "", "stream_exists": "WHERE cur.v > 0"}
 # the constraint cannot see is a gap (n itself missing): so a point lookup of n ("exact"), or none
 # at all ("new") when n = 0 (`no_stream`, the same thing: version 1 exists or it does not) or when
 # n is already proven to exist (`EventStore._known`). Parameters: stream, type, n, the values
-# [, stream, n]. (Measured: ≈10 µs less server CPU per append than `max(version)`, the lookup ≈10 µs.)
+# [, stream, n]. (Cheaper for the server than reading `max(version)` of the stream.)
 _EXACT_ONE = f"{_TARGET}\nSELECT %s, %s, %s + 1, {_ONE}"
 _EXACT_MANY = f"{_TARGET}\nSELECT %s, %s, %s + x.n, x.e, x.t, x.sv, x.d::jsonb, x.m::jsonb, x.o FROM {_MANY}"
 _HAS_N = "WHERE EXISTS (SELECT FROM eventstore.events WHERE stream_id = %s AND version = %s)"
@@ -282,7 +282,7 @@ class EventStore:
             d, m = dumps(e.data).decode(), dumps(e.metadata).decode()
             values: tuple[Any, ...] = (e.event_id, e.type, e.schema_version, d, m, e.occurred_at)
             cursor.execute(*_statement(_INSERT_ONE, stream_id, stream_type, values, expected, known))
-            row = cursor.fetchone()  # (fetchone: a few µs less client CPU than fetchall)
+            row = cursor.fetchone()
             return None if row is None else (_recorded(stream_id, stream_type, e, d, m, *row),)
         data = [dumps(e.data).decode() for e in events]
         meta = [dumps(e.metadata).decode() for e in events]

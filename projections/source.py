@@ -307,7 +307,7 @@ def _batches(p: Any, records: Iterable[RawRecord]) -> Iterator[pa.RecordBatch]:
             r = prepare(p, decode(topic, partition, offset, timestamp, key, value, headers))
             event_time = r.event_time
             pkey = canonical(p.key(r) if p.key is not None else r.key)
-        else:  # log keys are canonical JSON already (DESIGN.md "Topics, keys, records")
+        else:  # log keys are canonical JSON already (sorted keys, no whitespace)
             event_time = default_event_time(topic, None if value is None else loads(value), timestamp)
             pkey = "null" if key is None else key
         cols["topic"].append(topic)
