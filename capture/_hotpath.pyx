@@ -227,6 +227,15 @@ cdef struct Tok:
     Py_ssize_t out_len  # its envelope spelling's length
 
 
+cdef inline char *put_field(char *d, int r, list gen, Py_ssize_t at, const Tok *t, const char *b):
+    """One column's envelope spelling: the generic rule's answer (`gen[at]`), else the typed rule's."""
+    cdef bytes got
+    if r == R_CALL:
+        got = <bytes>gen[at]
+        return put(d, got, t.out_len)
+    return rule_put(d, r, b + t.start, t.len)
+
+
 def encode_inserts(tuple spec, list payloads, bytes value_tail):
     """`InsertTemplate.encode_many_python`'s (keys, values) for a run of one table's INSERTs, or None.
 
@@ -264,7 +273,7 @@ def encode_inserts(tuple spec, list payloads, bytes value_tail):
     cdef const char *lsn
     cdef const char *tail = value_tail
     cdef char *d
-    cdef bytes piece, got_bytes
+    cdef bytes piece
     cdef list keys, values
     cdef Tok *t
     try:
@@ -394,11 +403,7 @@ def encode_inserts(tuple spec, list payloads, bytes value_tail):
                 j = kat[k]
                 piece = <bytes>kps[k]
                 d = put(d, piece, len(piece))
-                if rule[j] == R_CALL:
-                    got_bytes = <bytes>gen[i * m + j]
-                    d = put(d, got_bytes, t[j].out_len)
-                else:
-                    d = rule_put(d, rule[j], b + t[j].start, t[j].len)
+                d = put_field(d, rule[j], gen, i * m + j, &t[j], b)
             piece = <bytes>kps[nkey]
             d = put(d, piece, len(piece))
             keys[i] = scratch[:klen]
@@ -406,11 +411,7 @@ def encode_inserts(tuple spec, list payloads, bytes value_tail):
             for j in range(m):
                 piece = <bytes>vps[j]
                 d = put(d, piece, len(piece))
-                if rule[j] == R_CALL:
-                    got_bytes = <bytes>gen[i * m + j]
-                    d = put(d, got_bytes, t[j].out_len)
-                else:
-                    d = rule_put(d, rule[j], b + t[j].start, t[j].len)
+                d = put_field(d, rule[j], gen, i * m + j, &t[j], b)
             piece = <bytes>vps[m]
             d = put(d, piece, len(piece))
             d = put_u64(d, lsns[i])

@@ -64,6 +64,17 @@ cdef inline char *put(char *d, const char *s, Py_ssize_t n) noexcept nogil:
     return d + n
 
 
+cdef inline char *close_line(const char *line, char *d) noexcept nogil:
+    """The line's end, after its value: no headers, the CRC of everything before `,"crc":`, `}` and newline."""
+    d = put(d, L_HEADERS, 15)
+    cdef unsigned long crc = crc32(0, <const unsigned char *>line, <unsigned int>(d - line))
+    d = put(d, L_CRC, 7)
+    d = put_u64(d, crc)
+    d[0] = b'}'
+    d[1] = b'\n'
+    return d + 2
+
+
 cdef inline bint plain(object f):
     """The field may be spliced as is: bytes, without a NUL (the reference's separator) or a newline."""
     cdef const char *b
@@ -104,7 +115,6 @@ def encode_plain(object first_offset, object timestamp_ms, object keys, object v
         raise MemoryError()
     cdef char *d = buf
     cdef char *line
-    cdef unsigned long crc
     cdef list sizes = [0] * n
     cdef bytes k, v
     try:
@@ -126,13 +136,7 @@ def encode_plain(object first_offset, object timestamp_ms, object keys, object v
             d = put(d, k, kl)
             d = put(d, L_VALUE, 9)
             d = put(d, v, vl)
-            d = put(d, L_HEADERS, 15)
-            crc = crc32(0, <const unsigned char *>line, <unsigned int>(d - line))
-            d = put(d, L_CRC, 7)
-            d = put_u64(d, crc)
-            d[0] = b'}'
-            d[1] = b'\n'
-            d += 2
+            d = close_line(line, d)
             sizes[i] = d - line
         return buf[: d - buf], sizes
     finally:
@@ -198,7 +202,6 @@ def encode_columns(object first_offset, object timestamp_ms, Py_ssize_t n, list 
     cdef char *buf = NULL
     cdef char *d
     cdef char *line
-    cdef unsigned long crc
     cdef list sizes
     try:
         if data == NULL or offs == NULL or size == NULL:
@@ -279,13 +282,7 @@ def encode_columns(object first_offset, object timestamp_ms, Py_ssize_t n, list 
                     d = put(d, data[j] + a, b - a)
             if m == 1:
                 d = put(d, L_VALUE, 9)
-            d = put(d, L_HEADERS, 15)
-            crc = crc32(0, <const unsigned char *>line, <unsigned int>(d - line))
-            d = put(d, L_CRC, 7)
-            d = put_u64(d, crc)
-            d[0] = b'}'
-            d[1] = b'\n'
-            d += 2
+            d = close_line(line, d)
             sizes[i] = d - line
         return buf[: d - buf], sizes
     finally:

@@ -9,7 +9,6 @@ A JSON `null` key/value/headers reads back as None (a null value is a tombstone)
 
 from __future__ import annotations
 
-import os
 import re
 import zlib
 from collections.abc import Callable, Sequence
@@ -18,13 +17,10 @@ from operator import add as _add
 
 import orjson
 
+from tributary.capture.log._twins import typed_twin
+
 _typed_plain: Callable[[int, int, Sequence[bytes], Sequence[bytes]], tuple[bytes, list[int]] | None] | None
-try:  # the typed twin (capture/log/_typed.pyx); capture/compiled.py warns when the build is missing
-    if os.environ.get("TRIBUTARY_PURE_PYTHON") == "1":
-        raise ImportError("TRIBUTARY_PURE_PYTHON=1")
-    from tributary.capture.log._typed import encode_plain as _typed_plain
-except ImportError:
-    _typed_plain = None
+_typed_plain = typed_twin("encode_plain")  # capture/compiled.py warns when the build is missing
 
 __all__ = [
     "BadLine",

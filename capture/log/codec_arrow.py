@@ -10,7 +10,6 @@ Imported only by the columnar snapshot: pyarrow stays out of the CLI.
 
 from __future__ import annotations
 
-import os
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,13 +18,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tributary.capture.log._twins import typed_twin
+
 _typed_columns: Callable[[int, int, int, list[Any]], tuple[bytes, list[int]] | None] | None
-try:  # the typed twin (capture/log/_typed.pyx)
-    if os.environ.get("TRIBUTARY_PURE_PYTHON") == "1":
-        raise ImportError("TRIBUTARY_PURE_PYTHON=1")
-    from tributary.capture.log._typed import encode_columns as _typed_columns
-except ImportError:
-    _typed_columns = None
+_typed_columns = typed_twin("encode_columns")
 
 __all__ = ["encode_columns", "encode_columns_python"]
 

@@ -7,7 +7,6 @@ it to Kafka's own vectors. The columnar snapshot partitions its keys through `pa
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Iterator
 from itertools import compress, repeat
 from operator import and_, mod
@@ -16,13 +15,10 @@ from typing import Any
 import orjson
 from murmurhash2 import murmurhash2
 
+from tributary.capture.log._twins import typed_twin
+
 _typed_split: Callable[[list[bytes], list[bytes], int], list[tuple[list[bytes], list[bytes]]]] | None
-try:  # the typed twin (capture/log/_typed.pyx), hashing with the same murmurhash2
-    if os.environ.get("TRIBUTARY_PURE_PYTHON") == "1":
-        raise ImportError("TRIBUTARY_PURE_PYTHON=1")
-    from tributary.capture.log._typed import split_partitions as _typed_split
-except ImportError:
-    _typed_split = None
+_typed_split = typed_twin("split_partitions")  # hashes with the same murmurhash2
 
 __all__ = [
     "canonical_json",
