@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tributary.api.settings.config import Settings, load_settings
+from tributary.api.settings.config import ConfigError, Settings, load_settings
 from tributary.api.settings.service import UserError, service_dsn
 
 __all__ = ["ConfigOption", "UserError", "service_dsn", "settings_from"]
@@ -19,4 +19,11 @@ ConfigOption = Annotated[
 
 
 def settings_from(config: Path | None) -> Settings:
-    return load_settings(config)
+    """The validated settings; on a bad config, every problem on its own line on stderr, exit 1
+    (a user fixing a file wants all of its mistakes at once, not one per run)."""
+    try:
+        return load_settings(config)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            typer.echo(f"tributary: {problem}", err=True)
+        raise typer.Exit(1) from None

@@ -85,12 +85,12 @@ def config_reference() -> None:
 
 @config_app.command("show")
 def config_show(config: ConfigOption = None) -> None:
-    """The effective settings (file + environment), with passwords masked."""
+    """The effective settings (file + environment), with API keys and passwords masked."""
     import json
 
-    from tributary.api.settings.logs import redact
+    from tributary.api.settings.masking import masked
 
-    typer.echo(redact(json.dumps(settings_from(config).model_dump(mode="json", by_alias=True), indent=1)))
+    typer.echo(json.dumps(masked(settings_from(config)), indent=1))
 
 
 def register(app: typer.Typer) -> None:

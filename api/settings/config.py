@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from tributary.api.settings.environment import read_environment
+from tributary.api.settings.errors import ConfigError, describe, describe_toml_bytes
 
 __all__ = [
     "ApiSettings",
@@ -29,13 +31,15 @@ __all__ = [
 
 DEFAULT_CONFIG = Path("tributary.toml")
 
-
-class ConfigError(Exception):
-    """A configuration problem, phrased for the user (names the key and the file)."""
+# Durations in ms and sizes in bytes have an upper bound too: a value past it is a typo, and an
+# unbounded one would overflow where it meets a timer or a 64-bit field instead of failing here.
+_MAX_MS = 100 * 365 * 86_400_000  # a century: "forever" for retention
+_MAX_SEGMENT_BYTES = (1 << 32) - 1  # the log's offset index holds 32-bit byte positions (Log.open refuses more)
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan=False: `inf` or `nan` in a float key is a mistake that would only crash later.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class ServiceSettings(_Section):
@@ -50,18 +54,22 @@ class ServiceSettings(_Section):
 class LogSettings(_Section):
     root: Path = Field(default=Path(".tributary/log"), description="Directory of the log.")
     partitions: int = Field(default=4, ge=1, le=1024, description="Default partitions per topic.")
-    segment_bytes: int = Field(default=134_217_728, ge=4096, description="Segment roll size.")
-    linger_ms: int = Field(default=5, ge=0, description="Group-commit linger (like linger.ms).")
-    batch_records: int = Field(default=10_000, ge=1, description="Commit at most this many records at once.")
+    segment_bytes: int = Field(default=134_217_728, ge=4096, le=_MAX_SEGMENT_BYTES, description="Segment roll size.")
+    linger_ms: int = Field(default=5, ge=0, le=60_000, description="Group-commit linger (like linger.ms).")
+    batch_records: int = Field(
+        default=10_000, ge=1, le=1_000_000, description="Commit at most this many records at once."
+    )
     delete_retention_ms: int = Field(
         default=86_400_000,
         ge=0,
+        le=_MAX_MS,
         description="Compaction drops a tombstone this long after no older value of its key is left (a reader "
         "reaching it within this time sees it).",
     )
     cleaner_interval_s: float = Field(
         default=15.0,
         ge=0,
+        le=86_400,
         description="How often capture looks for partitions to compact and segments to retire (0 = no "
         "background cleaner).",
     )
@@ -75,14 +83,16 @@ class LogSettings(_Section):
     retention_ms: int | None = Field(
         default=604_800_000,
         ge=0,
+        le=_MAX_MS,
         description="`delete` topics without their own retention: drop sealed segments older than this.",
     )
     retention_bytes: int | None = Field(
-        default=None, ge=0, description="`delete` topics: keep about this many bytes per partition at most."
+        default=None, ge=0, le=1 << 50, description="`delete` topics: keep about this many bytes per partition at most."
     )
     file_delete_delay_ms: int = Field(
         default=60_000,
         ge=0,
+        le=_MAX_MS,
         description="How long a stale Parquet copy stays for readers that planned with it.",
     )
 
@@ -110,7 +120,7 @@ class CaptureSettings(_Section):
     capture_eventstore: bool = Field(
         default=True, description="Also capture eventstore.events into events.<stream_type>."
     )
-    max_backoff_s: float = Field(default=30.0, gt=0, description="Reconnect backoff ceiling.")
+    max_backoff_s: float = Field(default=30.0, gt=0, le=3600, description="Reconnect backoff ceiling.")
 
 
 class ProjectionSettings(_Section):
@@ -122,7 +132,9 @@ class ProjectionSettings(_Section):
 
 class EventStoreSettings(_Section):
     max_retries: int = Field(default=3, ge=0, le=100, description="Retries of a command on a version conflict.")
-    snapshot_every: int = Field(default=100, ge=0, description="Snapshot an aggregate every N events (0 = never).")
+    snapshot_every: int = Field(
+        default=100, ge=0, le=1_000_000, description="Snapshot an aggregate every N events (0 = never)."
+    )
     overdraft_fee: str = Field(
         default="5.00", pattern=r"^\d+(\.\d{1,2})?$", description="Bank example: fee per overdraft."
     )
@@ -132,12 +144,23 @@ class ApiKey(_Section):
     key: str
     scopes: tuple[Literal["read", "write", "admin"], ...] = ("read",)
 
+    @field_validator("key")
+    @classmethod
+    def _usable_key(cls, key: str) -> str:
+        # An empty key would count as "keys configured" (lifting the loopback-only bind) while
+        # matching no request; spaces or non-ASCII can never arrive in an Authorization header.
+        if not key:
+            raise ValueError("must not be empty")
+        if not all("!" <= c <= "~" for c in key):
+            raise ValueError("must be printable ASCII without spaces (it is sent in an HTTP header)")
+        return key
+
 
 class ApiSettings(_Section):
     host: str = Field(default="127.0.0.1", description="Bind address.")
     port: int = Field(default=8000, ge=0, le=65535, description="Bind port.")
     keys: tuple[ApiKey, ...] = Field(default=(), description="API keys with scopes.")
-    max_body_bytes: int = Field(default=1_048_576, ge=1024, description="Larger bodies get 413.")
+    max_body_bytes: int = Field(default=1_048_576, ge=1024, le=1 << 26, description="Larger bodies get 413.")
     workers: int = Field(
         default=1,
         ge=1,
@@ -146,14 +169,11 @@ class ApiSettings(_Section):
     )
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="TRIBUTARY_",
-        env_nested_delimiter="__",
-        frozen=True,
-        extra="forbid",
-        populate_by_name=True,
-    )
+class Settings(BaseModel):
+    """Every key; `load_settings` fills it from the file and the `TRIBUTARY_*` environment
+    (`Settings()` alone is the built-in defaults)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
     service: ServiceSettings = ServiceSettings()
     log: LogSettings = LogSettings()
@@ -173,38 +193,38 @@ class Settings(BaseSettings):
             raise ValueError(f"duplicate source name(s): {', '.join(dupes)}")
         return sources
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Environment wins over the file (passed as init kwargs): a deployment overrides a shared file.
-        return (env_settings, init_settings)
-
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config error in {path}: {exc}") from None
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8-sig")  # a byte-order mark (some Windows editors) is not an error
+    except UnicodeDecodeError as exc:
+        raise ConfigError(describe_toml_bytes(path, raw, exc)) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config error in {path}: {exc}") from None
 
 
-def _describe(exc: ValidationError, origin: str) -> str:
-    first = exc.errors()[0]
-    key = ".".join(str(p) for p in first["loc"]) or "(root)"
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"config error in {origin}: {key}: {first['msg']}{more}"
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`, tables merged key by key, anything else replaced whole."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def load_settings(path: Path | None = None) -> Settings:
-    """Load and validate settings; `path=None` means ./tributary.toml if present, else defaults."""
+    """Load and validate settings; `path=None` means ./tributary.toml if present, else defaults.
+
+    The environment (`TRIBUTARY_<SECTION>__<KEY>`) wins over the file, so a deployment overrides a
+    shared file. Every problem found is reported at once (ConfigError.problems), each naming its key."""
     explicit = path is not None
     path = path if path is not None else DEFAULT_CONFIG
     data: dict[str, Any] = {}
@@ -212,10 +232,13 @@ def load_settings(path: Path | None = None) -> Settings:
         data = _read_toml(path)
     elif explicit:
         raise ConfigError(f"config file not found: {path}")
-    origin = str(path) if path.exists() else "built-in defaults"
-    if any(k.startswith("TRIBUTARY_") for k in os.environ):
-        origin += " + TRIBUTARY_* environment"
+    env = read_environment(Settings, os.environ)
+    problems = list(env.problems)
+    merged = _merge(data, env.data)
     try:
-        return Settings(**data)
+        settings = Settings(**merged)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, origin)) from None
+        problems.extend(describe(exc, Settings, merged, origin=str(path), provenance=env.provenance))
+    if problems:
+        raise ConfigError(*problems)
+    return settings

@@ -1,0 +1,51 @@
+"""Settings as they may be shown (`tributary config show`): API keys and DSN passwords masked.
+
+Masking works on each value, not on the rendered text, so the output stays valid JSON whatever a
+password contains (quotes, spaces, `@`)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel
+
+__all__ = ["MASK", "mask_dsn", "masked"]
+
+MASK = "***"
+
+_URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<netloc>[^/?#]*)(?P<rest>.*)$", re.DOTALL)
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")
+# libpq keyword/value form: password=secret or password='it''s quoted \' with spaces'
+_KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']\S*)")
+
+
+def mask_dsn(text: str) -> str:
+    """`text` with the password of a URL (`scheme://user:pw@host`, `?password=`) or of a libpq
+    keyword string (`password=…`) replaced by ***; anything else unchanged."""
+    url = _URL.match(text)
+    if url is None:
+        return _KEYWORD_PASSWORD.sub(lambda m: m.group(1) + MASK, text)
+    netloc = url["netloc"]
+    userinfo, at, hosts = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        netloc = f"{userinfo.partition(':')[0]}:{MASK}@{hosts}"
+    rest = _QUERY_PASSWORD.sub(lambda m: m.group(1) + MASK, url["rest"])
+    return f"{url['scheme']}{netloc}{rest}"
+
+
+def _mask(value: Any, key: str | None) -> Any:
+    if isinstance(value, dict):
+        return {k: _mask(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask(v, key) for v in value]
+    if isinstance(value, str):
+        return MASK if key == "key" else mask_dsn(value)
+    return value
+
+
+def masked(settings: BaseModel) -> dict[str, Any]:
+    """The settings as JSON-ready data (keys as the TOML spells them), every API key (a `key`
+    field) and every password in a DSN or URL replaced by ***."""
+    data: dict[str, Any] = _mask(settings.model_dump(mode="json", by_alias=True), None)
+    return data
