@@ -69,10 +69,11 @@ def _place(model: type[BaseModel], loc: Loc, data: Mapping[str, Any]) -> str:
         text = f"[{head}]"
     elif model_of(_walk(model, (head, 0))[0]) is not None:  # an array of tables
         text = f"[[{head}]]"
-        if rest and isinstance(rest[0], int):
-            count = len(data.get(head) or ()) if isinstance(data.get(head), list | tuple) else 0
-            index = rest.pop(0)
-            if count > 1:
+        index = rest[0] if rest else None
+        if isinstance(index, int):
+            rest.pop(0)
+            entries = data.get(head)
+            if isinstance(entries, list | tuple) and len(entries) > 1:
                 text += f" #{index + 1}"
     else:
         text = head
