@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from typer.testing import CliRunner
 
 from tributary.api.cli.main import app
 from tributary.api.settings.config import Settings, load_settings
-from tributary.api.settings.environment import model_of, union_members
+from tributary.api.settings.environment import NOT_SETTINGS, model_of, setting_names, union_members
 from tributary.capture.log import Log
 
 pytestmark = pytest.mark.unit
@@ -295,3 +296,20 @@ def test_the_real_command_prints_one_line_and_exits_1(tmp_path: Path) -> None:
         "tributary: config error in TRIBUTARY_SOURCES: not valid JSON (Expecting property name enclosed in "
         "double quotes: line 1 column 3 (char 2)); set it to a JSON array"
     ]
+
+
+def test_every_tributary_variable_the_project_names_is_accepted() -> None:
+    """A `TRIBUTARY_*` name the code, the deploy files or the docs use must be a setting or one of
+    NOT_SETTINGS; otherwise the CLI would refuse an environment that follows the project's own docs."""
+    root = Path(__file__).resolve().parents[2]
+    files = [root / "README.md", *root.glob("docs/*.md"), *root.glob("deploy/**/*")]
+    for folder in ("api", "capture", "eventstore", "projections", "migrations"):
+        files += root.glob(f"{folder}/**/*.py")
+    used = {
+        name
+        for path in files
+        if path.is_file()
+        for name in re.findall(r"\bTRIBUTARY_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace"))
+    }
+    assert {"TRIBUTARY_PURE_PYTHON", "TRIBUTARY_SERVICE__DSN", "TRIBUTARY_SOURCES"} <= used  # the scan found them
+    assert sorted(used - set(setting_names(Settings)) - NOT_SETTINGS) == []
