@@ -102,11 +102,10 @@ def _put(env: EnvironmentData, path: Path_, value: Any, name: str) -> None:
     """Set `path` to `value`; remember `name` for each key a section's JSON object sets, so an
     error in a key the file set is not blamed on the variable."""
     if len(path) == 2:
-        section = env.data.get(path[0])
-        if not isinstance(section, dict):
-            section = env.data[path[0]] = {}
-        section[path[1]] = value
-        env.provenance[path] = name
+        section = env.data.setdefault(path[0], {})
+        if isinstance(section, dict):  # else the section's variable is not a JSON object: reported then
+            section[path[1]] = value
+            env.provenance[path] = name
     elif isinstance(value, dict):
         env.data[path[0]] = value
         env.provenance.update({(path[0], str(key)): name for key in value})

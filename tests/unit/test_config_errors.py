@@ -233,6 +233,13 @@ def test_errors_from_the_environment_name_the_variable_and_file_errors_the_file(
     ]
 
 
+def test_a_section_variable_that_is_not_an_object_is_not_dropped() -> None:
+    env = {"TRIBUTARY_LOG": "[1]", "TRIBUTARY_LOG__ROOT": "/data/log"}
+    assert _fails(["config", "show"], env=env) == [
+        "tributary: config error in TRIBUTARY_LOG: [log]: expected a table, got an array"
+    ]
+
+
 def test_the_environment_overrides_the_file_key_by_key(tmp_path: Path) -> None:
     path = _write(tmp_path, '[log]\npartitions = 2\nlinger_ms = 7\n\n[[sources]]\nname = "a"\ndsn = "x"\n')
     env = {
