@@ -246,4 +246,4 @@ def test_bad_environments_each_give_one_clear_line(fresh_db: str, tmp_path: Path
     bad = tmp_path / "c.toml"
     bad.write_text('[log]\npartitions = "many"\n')
     res = cli("capture", "--config", str(bad))
-    assert res.returncode == 1 and "log.partitions" in res.stderr
+    assert res.returncode == 1 and "[log] partitions: expected an integer, got 'many'" in res.stderr
