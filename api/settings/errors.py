@@ -156,14 +156,12 @@ def _unknown(model: type[BaseModel], loc: Loc, data: Mapping[str, Any]) -> tuple
     meant = difflib.get_close_matches(key, candidates, n=1)
     if not container:
         value = data.get(key)
-        if isinstance(value, dict):
-            hint = f" — did you mean [{meant[0]}]?" if meant else ""
-            return f"unknown section [{key}]{hint}", None
-        homes = [
-            f"[{name}]"
-            for name, info in model.model_fields.items()
-            if model_of(info.annotation) is not None and key in _keys(model_of(info.annotation))  # type: ignore[arg-type]
-        ]
+        if isinstance(value, dict) or (isinstance(value, list) and value and isinstance(value[0], dict)):
+            spelt = f"[{key}]" if isinstance(value, dict) else f"[[{key}]]"
+            hint = f" — did you mean {_place(model, (meant[0],), data)}?" if meant else ""
+            return f"unknown section {spelt}{hint}", None
+        sections = {name: model_of(info.annotation) for name, info in model.model_fields.items()}
+        homes = [f"[{name}]" for name, section in sections.items() if section is not None and key in _keys(section)]
         if not meant and homes:
             return f"unknown key '{key}' at the top level — it belongs in {' or '.join(homes)}", None
         hint = f" — did you mean '{meant[0]}'?" if meant else ""

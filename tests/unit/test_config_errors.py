@@ -89,6 +89,14 @@ def test_several_mistakes_show_every_one_in_the_users_words(tmp_path: Path) -> N
     ]
 
 
+def test_misspelt_sections_suggest_the_header_as_written(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[[sorces]]\nname = "a"\n\n[servce]\ndsn = "x"\n')
+    assert _fails(["config", "show", "-c", str(path)]) == [
+        f"tributary: config error in {path}: unknown section [[sorces]] — did you mean [[sources]]?",
+        f"tributary: config error in {path}: unknown section [servce] — did you mean [service]?",
+    ]
+
+
 def test_a_key_outside_its_section_says_where_it_belongs(tmp_path: Path) -> None:
     path = _write(tmp_path, "linger_ms = 1\n")
     assert _fails(["config", "show", "-c", str(path)]) == [
