@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tributary.api.settings.environment import read_environment
-from tributary.api.settings.errors import ConfigError, describe, describe_toml_bytes
+from tributary.api.settings.errors import ConfigError, describe, describe_toml_bytes, describe_toml_syntax
 
 __all__ = [
     "ApiSettings",
@@ -206,7 +206,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config error in {path}: {exc}") from None
+        raise ConfigError(describe_toml_syntax(path, text, exc)) from None
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

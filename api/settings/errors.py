@@ -19,7 +19,7 @@ from pydantic_core import ErrorDetails
 
 from tributary.api.settings.environment import model_of, union_members
 
-__all__ = ["ConfigError", "describe", "describe_toml_bytes"]
+__all__ = ["ConfigError", "describe", "describe_toml_bytes", "describe_toml_syntax"]
 
 Loc = tuple[int | str, ...]
 
@@ -217,20 +217,36 @@ def describe(
     return [f"config error in {_origin(loc, origin, provenance)}: {line}" for loc, line in lines]
 
 
-_HEADER = re.compile(rb"^\s*(\[\[?[^\]]*\]\]?)")
+_HEADER = re.compile(r"^\s*(\[\[?[^\]]*\]\]?)")
+_TOML_AT = re.compile(r"^(?P<what>.*) \(at line (?P<line>\d+), column (?P<column>\d+)\)$")
+
+
+def _where(lines: list[str], line_no: int) -> str:
+    """`line 5, [[sources]] name`: a line of the file with the table and key it is in."""
+    line = lines[line_no - 1] if 0 < line_no <= len(lines) else ""
+    key = line.split("=", 1)[0].strip() if "=" in line else ""
+    header = ""
+    for previous in reversed(lines[: line_no - 1]):
+        found = _HEADER.match(previous)
+        if found:
+            header = found.group(1) + " "
+            break
+    return f"line {line_no}" + (f", {header}{key}" if key else "")
 
 
 def describe_toml_bytes(path: Path, raw: bytes, exc: UnicodeDecodeError) -> str:
     """The line for a file that is not UTF-8: where the bad byte is and under which key."""
     line_no = raw.count(b"\n", 0, exc.start) + 1
-    lines = raw.split(b"\n")
-    line = lines[line_no - 1]
-    key = line.split(b"=", 1)[0].strip().decode("utf-8", "replace") if b"=" in line else ""
-    header = ""
-    for previous in reversed(lines[: line_no - 1]):
-        found = _HEADER.match(previous)
-        if found:
-            header = found.group(1).decode("utf-8", "replace") + " "
-            break
-    where = f"line {line_no}" + (f", {header}{key}" if key else "")
+    where = _where(raw.decode("utf-8", "replace").split("\n"), line_no)
     return f"config error in {path}: {where}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8"
+
+
+def describe_toml_syntax(path: Path, text: str, exc: ValueError) -> str:
+    """The line for a TOML syntax error, with the table and key of the line it points at."""
+    message = str(exc)
+    at = _TOML_AT.match(message)
+    if at is None:  # "(at end of document)": no line to point at
+        return f"config error in {path}: {message[:1].lower()}{message[1:]}"
+    where = _where(text.split("\n"), int(at["line"]))
+    what = at["what"]
+    return f"config error in {path}: {where}: {what[:1].lower()}{what[1:]} (column {at['column']})"

@@ -69,6 +69,13 @@ def test_non_utf8_file_names_the_line_and_key(tmp_path: Path) -> None:
     ]
 
 
+def test_a_toml_syntax_error_names_the_line_and_key(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[log]\npartitions = 4\nlinger_ms = five\n")
+    assert _fails(["config", "show", "-c", str(path)]) == [
+        f"tributary: config error in {path}: line 3, [log] linger_ms: invalid value (column 13)"
+    ]
+
+
 def test_a_byte_order_mark_is_not_an_error(tmp_path: Path) -> None:
     path = _write(tmp_path, b"\xef\xbb\xbf[log]\npartitions = 8\n")
     assert _show(["-c", str(path)])["log"]["partitions"] == 8  # type: ignore[index]
