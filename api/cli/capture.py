@@ -10,9 +10,8 @@ from collections.abc import Callable, Sequence
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from tributary.api.cli.common import ConfigOption, UserError, settings_from
@@ -51,7 +50,8 @@ def init(
         typer.Option("--allow-without-key", help="schema.table whose lost UPDATEs/DELETEs you accept (repeatable)."),
     ] = None,
 ) -> None:
-    """Check every source's prerequisites, create slots, run the service migrations; say what is missing."""
+    """Run the service database's migrations ([service] dsn, else the embedded cluster), then check every
+    [[sources]] entry's prerequisites and create its slot; say what is missing."""
     settings = settings_from(config)
     console = make_console()
     failed = []
@@ -167,35 +167,41 @@ class _LiveStatus:
         self.sources = sources
         self.started = time.monotonic()
 
-    def render(self) -> Table:
-        grid = Table.grid(padding=(0, 2))
-        for _ in range(5):
-            grid.add_column(no_wrap=True, overflow="ellipsis")
+    def render(self) -> Group:
         elapsed = int(time.monotonic() - self.started)
-        grid.add_row(
-            Text(f"capture → {self.root}", style="bold"),
-            Text(f"{elapsed // 60}:{elapsed % 60:02d}", style="dim"),
-            "",
-            "",
-            Text("Ctrl-C stops (after a commit)", style="dim"),
-        )
-        for s in self.sources():
+        lines = [
+            self._line(
+                (f"capture → {self.root}", "bold"),
+                (f"  {elapsed // 60}:{elapsed % 60:02d}  Ctrl-C stops after a commit", "dim"),
+            )
+        ]
+        sources = list(self.sources())
+        width = max((len(s.name) for s in sources), default=0)
+        for s in sources:
             state = s.state.value
             if state == "snapshotting" and s.snapshot_rows_total:
                 detail = (
-                    f"snapshot {s.snapshot_table or ''} {s.snapshot_rows_done:,}/{s.snapshot_rows_total:,} rows "
+                    f"snapshot {s.snapshot_table + ' ' if s.snapshot_table else ''}"
+                    f"{s.snapshot_rows_done:,}/{s.snapshot_rows_total:,} rows "
                     f"({100 * s.snapshot_rows_done // max(s.snapshot_rows_total, 1)}%)"
                 )
             else:
                 detail = f"lsn {s.last_lsn or '-'}"
-            grid.add_row(
-                Text(s.name, style="bold"),
-                Text(state, style=_STATE_STYLES.get(state, "")),
-                f"{s.changes:,} changes",
-                f"{s.changes_per_s:,.1f} changes/s",
-                Text(f"{detail}  {s.error}" if s.error else detail, style="red" if s.error else ""),
+            lines.append(
+                self._line(
+                    (f"{s.name:<{width}}  ", "bold"),
+                    (f"{state:<12}", _STATE_STYLES.get(state, "")),
+                    (f"  {s.changes:>11,} changes  {s.changes_per_s:>9,.1f} changes/s  {detail}", ""),
+                )
             )
-        return grid
+            if s.error:
+                lines.append(self._line((f"{'':<{width}}  {s.error}", "red")))
+        return Group(*lines)
+
+    @staticmethod
+    def _line(*parts: tuple[str, str]) -> Text:
+        """One screen line: never wrapped (a wrapped line would break the redraw), cut with … instead."""
+        return Text.assemble(*parts, no_wrap=True, overflow="ellipsis")
 
 
 @capture_app.command("status")

@@ -125,7 +125,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
 def main() -> None:
     """Console-script entry: run the app; our errors become one line on stderr and exit 1."""
     try:
-        app()
+        app(prog_name="tributary")  # also under `python -c`/`-m`, where argv[0] is not the command's name
     except user_errors() as exc:
         print(f"tributary: {exc}", file=sys.stderr)
         sys.exit(1)
