@@ -10,6 +10,7 @@ that step should do; whatever the script started is stopped afterwards even when
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -118,7 +119,9 @@ def test_quickstart_runs_as_written(tmp_path: Path) -> None:
     assert "balances: rebuilt build 1 (balances__v1_1)" in project, project
     assert "balances: rebuilt build 2 (balances__v2_2)" in project, project
 
-    # everything stopped: capture exited cleanly, the cluster is down
+    # everything stopped: capture committed and said so for every source, the cluster is down
     assert "stopped" in stop, stop
+    captured = json.loads((work / ".tributary" / "log" / "capture-status.json").read_text())
+    assert {s["name"]: s["state"] for s in captured["sources"]} == {"shop": "stopped", "_eventstore": "stopped"}
     assert "Traceback" not in logs, logs
     assert not left_running
