@@ -50,8 +50,10 @@ def init(
         typer.Option("--allow-without-key", help="schema.table whose lost UPDATEs/DELETEs you accept (repeatable)."),
     ] = None,
 ) -> None:
-    """Run the service database's migrations ([service] dsn, else the embedded cluster), then check every
-    [[sources]] entry's prerequisites and create its slot; say what is missing."""
+    """Check every source's prerequisites, create slots, run the service migrations; say what is missing.
+
+    The sources are the [[sources]] entries of the config (and the event store's outbox); the service
+    database is [service] dsn, else the running embedded cluster."""
     settings = settings_from(config)
     console = make_console()
     failed = []
