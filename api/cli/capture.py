@@ -5,13 +5,18 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
+from collections.abc import Callable, Sequence
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
 
 from tributary.api.cli.common import ConfigOption, UserError, settings_from
+from tributary.api.cli.output import console as make_console
+from tributary.api.cli.output import is_terminal, literal
 from tributary.api.settings.config import Settings
 from tributary.api.settings.log import cleaner_policy
 from tributary.api.settings.sources import source_specs, source_statuses
@@ -45,23 +50,28 @@ def init(
         typer.Option("--allow-without-key", help="schema.table whose lost UPDATEs/DELETEs you accept (repeatable)."),
     ] = None,
 ) -> None:
-    """Check every source's prerequisites, create slots, run the service migrations; say what is missing."""
+    """Check every source's prerequisites, create slots, run the service migrations; say what is missing.
+
+    The sources are the [[sources]] entries of the config (and the event store's outbox); the service
+    database is [service] dsn, else the running embedded cluster."""
     settings = settings_from(config)
-    console = Console(stderr=False, highlight=False)
+    console = make_console()
     failed = []
     _migrate(settings, console)
     specs = source_specs(settings, with_outbox=True)
     if not settings.sources:
         console.print(
-            "no [[sources]] configured: nothing to capture yet (see README, 'Pointing it at your own database')"
+            literal(
+                "no [[sources]] configured: nothing to capture yet (see README, 'Pointing it at your own database')"
+            )
         )
     for spec in specs:
         report = check_source(
             spec, replica_identity_full=replica_identity_full, allow_without_key=allow_without_key or ()
         )
-        console.print(f"[bold]source {spec.name}[/] ({len(report.tables)} tables)")
+        console.print(f"[bold]source {literal(spec.name)}[/] ({len(report.tables)} tables)")
         for finding in report.findings:
-            console.print(f"  {_MARKS[finding.outcome]:>8} {finding.message}")
+            console.print(f"  {_MARKS[finding.outcome]:>8} {literal(finding.message)}")
         if not report.ok:
             failed.append(spec.name)
     if failed:
@@ -76,7 +86,7 @@ def _migrate(settings: Settings, console: Console) -> None:
     try:
         dsn = service_dsn(settings)
     except UserError as exc:
-        console.print(f"[yellow]service database skipped[/]: {exc}")
+        console.print(f"[yellow]service database skipped[/]: {literal(exc)}")
         return
     revision = run_migrations(dsn)
     console.print(f"[bold]service database[/]: migrations at {revision}")
@@ -97,7 +107,6 @@ def capture(
     specs = source_specs(settings, with_outbox=True)
     if not specs:
         raise UserError("nothing to capture: configure [[sources]] in tributary.toml (or start the service database)")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     options = DaemonOptions(
         log_root=settings.log.root,
         default_partitions=settings.log.partitions,
@@ -109,49 +118,92 @@ def capture(
         until_idle_s=until_idle,
         cleaner=cleaner_policy(settings),
     )
-    with _SnapshotProgress(enabled=sys.stderr.isatty()) as progress:
-        daemon = CaptureDaemon(specs, options, on_progress=progress.update)
+    if not is_terminal():  # a service manager, a pipe, a file: its logs only
+        logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT, stream=sys.stderr)
+        daemon = CaptureDaemon(specs, options)
         daemon.install_signal_handlers()
+        raise typer.Exit(daemon.run())
+    live = Console(stderr=True, highlight=False)
+    handler = _ConsoleLogHandler(live)
+    handler.setFormatter(logging.Formatter(_LOG_FORMAT))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    daemon = CaptureDaemon(specs, options)
+    daemon.install_signal_handlers()
+    status = _LiveStatus(str(settings.log.root), lambda: [s.status for s in daemon.sessions])
+    with Live(get_renderable=status.render, console=live, refresh_per_second=2, redirect_stdout=False):
         raise typer.Exit(daemon.run())
 
 
-class _SnapshotProgress:
-    """A rich progress bar for snapshots, shown only on a terminal."""
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-    def __init__(self, *, enabled: bool) -> None:
-        self.enabled = enabled
-        self._progress: Progress | None = None
-        self._tasks: dict[str, TaskID] = {}
+_STATE_STYLES = {
+    "streaming": "green",
+    "snapshotting": "cyan",
+    "starting": "yellow",
+    "reconnecting": "yellow",
+    "stopped": "dim",
+    "failed": "bold red",
+}
 
-    def __enter__(self) -> _SnapshotProgress:
-        if self.enabled:
-            self._progress = Progress(
-                TextColumn("snapshot {task.description}"),
-                BarColumn(),
-                TextColumn("{task.completed:,}/{task.total:,} rows"),
-                TimeElapsedColumn(),
-                console=Console(stderr=True),
+
+class _ConsoleLogHandler(logging.Handler):
+    """Log lines printed through the live display's console, so they scroll above it whole."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__()
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.console.print(Text(self.format(record)), soft_wrap=True)
+        except Exception:  # noqa: BLE001 - logging must never stop capture
+            self.handleError(record)
+
+
+class _LiveStatus:
+    """What `capture` shows on a terminal: where it writes, then one line per source with its
+    state, changes so far and changes/s (or its snapshot's progress), redrawn twice a second."""
+
+    def __init__(self, root: str, sources: Callable[[], Sequence[SourceStatus]]) -> None:
+        self.root = root
+        self.sources = sources
+        self.started = time.monotonic()
+
+    def render(self) -> Group:
+        elapsed = int(time.monotonic() - self.started)
+        lines = [
+            self._line(
+                (f"capture → {self.root}", "bold"),
+                (f"  {elapsed // 60}:{elapsed % 60:02d}  Ctrl-C stops after a commit", "dim"),
             )
-            self._progress.start()
-        return self
-
-    def update(self, status: object) -> None:
-        if self._progress is None or not isinstance(status, SourceStatus):
-            return
-        task = self._tasks.get(status.name)
-        if task is None:
-            task = self._tasks[status.name] = self._progress.add_task(
-                status.name, total=status.snapshot_rows_total or None
+        ]
+        sources = list(self.sources())
+        width = max((len(s.name) for s in sources), default=0)
+        for s in sources:
+            state = s.state.value
+            if state == "snapshotting" and s.snapshot_rows_total:
+                detail = (
+                    f"snapshot {s.snapshot_table + ' ' if s.snapshot_table else ''}"
+                    f"{s.snapshot_rows_done:,}/{s.snapshot_rows_total:,} rows "
+                    f"({100 * s.snapshot_rows_done // max(s.snapshot_rows_total, 1)}%)"
+                )
+            else:
+                detail = f"lsn {s.last_lsn or '-'}"
+            lines.append(
+                self._line(
+                    (f"{s.name:<{width}}  ", "bold"),
+                    (f"{state:<12}", _STATE_STYLES.get(state, "")),
+                    (f"  {s.changes:>11,} changes  {s.changes_per_s:>9,.1f} changes/s  {detail}", ""),
+                )
             )
-        self._progress.update(
-            task,
-            completed=status.snapshot_rows_done,
-            total=max(status.snapshot_rows_total, status.snapshot_rows_done) or None,
-        )
+            if s.error:
+                lines.append(self._line((f"{'':<{width}}  {s.error}", "red")))
+        return Group(*lines)
 
-    def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()
+    @staticmethod
+    def _line(*parts: tuple[str, str]) -> Text:
+        """One screen line: never wrapped (a wrapped line would break the redraw), cut with … instead."""
+        return Text.assemble(*parts, no_wrap=True, overflow="ellipsis")
 
 
 @capture_app.command("status")
@@ -164,17 +216,20 @@ def status(
     if as_json:
         typer.echo(json.dumps({"pid": pid, "sources": rows}, indent=1))
         return
-    console = Console(highlight=False)
+    console = make_console()
     for r in rows:
         snap = ""
         if r.get("snapshot_rows_total"):
             snap = f" snapshot {r.get('snapshot_rows_done', 0):,}/{r['snapshot_rows_total']:,}"
         lag = r["slot_lag_bytes"]
-        console.print(
-            f"[bold]{r['name']}[/] {r.get('state')} slot={r.get('slot')} lsn={r.get('last_lsn')} "
+        line = (
+            f"{r.get('state')} slot={r.get('slot')} lsn={r.get('last_lsn')} "
             f"confirmed={r.get('confirmed_lsn')} lag={'?' if lag is None else f'{lag:,}B'} "
             f"changes={r.get('changes', 0):,} ({r.get('changes_per_s', 0)}/s){snap}"
-            + (f" [red]{r['error']}[/]" if r.get("error") else "")
+        )
+        console.print(
+            f"[bold]{literal(r['name'])}[/] {literal(line)}"
+            + (f" [red]{literal(r['error'])}[/]" if r.get("error") else "")
         )
 
 

@@ -28,6 +28,8 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    # Help is plain text: rich markup would read `[api] host` as a style tag and print ` host`.
+    rich_markup_mode=None,
 )
 pg_app = typer.Typer(
     help="The embedded PostgreSQL (wal2json, wal_level=logical) for demos and tests.", no_args_is_help=True
@@ -61,12 +63,19 @@ def pg_down(config: ConfigOption = None, data_dir: DataDirOption = None) -> None
 
 
 @pg_app.command("dsn")
-def pg_dsn(config: ConfigOption = None, data_dir: DataDirOption = None) -> None:
-    """Print the embedded cluster's DSN (fails if it is not running)."""
+def pg_dsn(
+    config: ConfigOption = None,
+    data_dir: DataDirOption = None,
+    database: Annotated[
+        str | None,
+        typer.Option("--database", "-d", help="Another database of the cluster (default: the service database)."),
+    ] = None,
+) -> None:
+    """Print the embedded cluster's DSN (fails if it is not running), e.g. for psql or [[sources]] dsn."""
     cluster = _embedded(settings_from(config), data_dir)
     if not cluster.is_running():
         raise UserError(f"the embedded cluster in {cluster.data_dir} is not running: run `tributary pg up`")
-    typer.echo(cluster.dsn())
+    typer.echo(cluster.dsn() if database is None else cluster.dsn(database))
 
 
 def _register_subcommands() -> None:
@@ -116,7 +125,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
 def main() -> None:
     """Console-script entry: run the app; our errors become one line on stderr and exit 1."""
     try:
-        app()
+        app(prog_name="tributary")  # also under `python -c`/`-m`, where argv[0] is not the command's name
     except user_errors() as exc:
         print(f"tributary: {exc}", file=sys.stderr)
         sys.exit(1)

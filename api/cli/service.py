@@ -25,13 +25,13 @@ def _is_loopback(host: str) -> bool:
 
 def serve(
     config: ConfigOption = None,
-    host: Annotated[str | None, typer.Option(help="Bind address (default \\[api] host = 127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (default \\[api] port = 8000).")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (default [api] host = 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default [api] port = 8000).")] = None,
     workers: Annotated[
         int | None,
         typer.Option(
             min=1,
-            help="Worker processes sharing the port (default \\[api] workers = 1). One worker is the right "
+            help="Worker processes sharing the port (default [api] workers = 1). One worker is the right "
             "default when PostgreSQL shares a machine of few cores: a second worker serves more point lookups "
             "but spends more server CPU per request (bench/README.md). Add workers when cores are left over.",
         ),
