@@ -7,6 +7,7 @@ the log's root directory and works on committed data only.
 from __future__ import annotations
 
 import heapq
+import os
 import re
 import sys
 import time
@@ -40,6 +41,10 @@ SCHEMA_KEY = b'{"__schema__":true}'
 `topics` counts them apart from the data records."""
 
 _CHUNK = 4 << 20
+_SEALED: dict[tuple[bytes, int, int, int, int], tuple[int, int]] = {}
+"""Counts of sealed segments by (key, device, inode, size, mtime): a sealed segment changes only
+by being replaced (compaction renames a new file over it), so a long-running reader (the HTTP
+API's `GET /topics`) reads each version once."""
 
 
 def _line_head(key: bytes) -> re.Pattern[bytes]:
@@ -52,9 +57,9 @@ def _line_head(key: bytes) -> re.Pattern[bytes]:
 def _count_lines(f: BinaryIO, limit: int | None, needle: bytes, head: re.Pattern[bytes]) -> tuple[int, int]:
     """(records, records with the key) in the first `limit` bytes of a segment (all: None).
 
-    Reads whole lines in chunks; counts newlines and occurrences of `,"key":<key>,"value":` with
-    `bytes.count` (C speed), and checks each occurrence against the line's head, so a value that
-    happens to contain the same bytes is not counted."""
+    Reads whole lines in chunks; counts newlines (`bytes.count`) and finds `,"key":<key>,"value":`
+    (`bytes.find`), both at memory speed, and checks each find against its line's head, so a value
+    that happens to contain the same bytes is not counted."""
     records = keyed = 0
     carry = b""
     remaining = limit
@@ -70,13 +75,12 @@ def _count_lines(f: BinaryIO, limit: int | None, needle: bytes, head: re.Pattern
             continue
         block, carry = carry + chunk[:cut], chunk[cut:]
         records += block.count(b"\n")
-        if block.count(needle):
-            at = block.find(needle)
-            while at >= 0:
-                start = block.rfind(b"\n", 0, at) + 1
-                end = at + len(needle) - len(b',"value":')
-                keyed += head.match(block, start, end) is not None
-                at = block.find(needle, at + 1)
+        at = block.find(needle)
+        while at >= 0:
+            start = block.rfind(b"\n", 0, at) + 1
+            end = at + len(needle) - len(b',"value":')
+            keyed += head.match(block, start, end) is not None
+            at = block.find(needle, at + 1)
     return records, keyed
 
 
@@ -94,7 +98,17 @@ def _counts(root: Path, topic: str, partition: int, state: PartitionState, key: 
         if f is None:
             continue  # removed by retention, or emptied by the cleaner, since listed
         with f:
-            n, k = _count_lines(f, state.nbytes if base == state.segment else None, needle, head)
+            if base == state.segment:
+                n, k = _count_lines(f, state.nbytes, needle, head)
+            else:
+                st = os.fstat(f.fileno())
+                version = (key, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+                cached = _SEALED.get(version)
+                if cached is None:
+                    if len(_SEALED) >= 100_000:
+                        _SEALED.clear()
+                    cached = _SEALED[version] = _count_lines(f, None, needle, head)
+                n, k = cached
         records, keyed = records + n, keyed + k
     return records, keyed
 
@@ -103,9 +117,11 @@ def topics(root: Path, *, schema_key: bytes = SCHEMA_KEY) -> list[dict[str, obje
     """Each topic's config, committed offsets, records (`data_records` + `schema_records`, the
     latter keyed `schema_key`) and, for `compact` topics, what the cleaner last did.
 
-    Counting reads the committed bytes once (no record is decoded): `records` counts the
-    committed lines, `schema_records` the lines whose key field is `schema_key`, found as bytes
-    and checked against the line's head (see `_count_lines`)."""
+    Counting reads the committed bytes (no record is decoded; a process that asks again reads
+    only the active segments and sealed ones rewritten since): `records` counts the committed
+    lines, `schema_records` the lines whose key field is `schema_key`, found as bytes and checked
+    against the line's head (see `_count_lines`). The cleaner's record cannot tell schema
+    records from data, so it is not used for the counts."""
     doc = read_checkpoint(root)
     with Log.open(root) as log:
         out: list[dict[str, object]] = []
