@@ -233,3 +233,28 @@ def test_the_schema_key_is_captures() -> None:
     from tributary.capture.schema_tracker import SCHEMA_KEY
 
     assert admin.SCHEMA_KEY == SCHEMA_KEY
+
+
+def test_get_topics_answers_503_with_the_repair_line(root: Path) -> None:
+    import asyncio
+
+    import httpx
+
+    from tributary.api.http.app import create_app
+    from tributary.api.settings.config import Settings
+
+    settings = Settings.model_validate(
+        {"log": {"root": str(root)}, "api": {"keys": [{"key": "k-admin-123", "scopes": ["admin"]}]}}
+    )
+    app = create_app(settings, dsn="postgresql://127.0.0.1:1/none")  # /topics needs no database
+
+    async def get() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            return await client.get("/topics", headers={"Authorization": "Bearer k-admin-123"})
+
+    assert asyncio.run(get()).status_code == 200
+    (root / "manifest.json").unlink()
+    res = asyncio.run(get())
+    assert res.status_code == 503, res.text  # it answered [] ("nothing captured yet")
+    one_line_naming_the_fix(Exception(res.json()["detail"]), root)
