@@ -39,7 +39,7 @@ from tributary.capture.log.manifest import (
 from tributary.capture.log.partition import PartitionWriter
 from tributary.capture.log.partitioner import partition_for
 from tributary.capture.log.reader import committed_segments, partition_dir, read_partition, read_partition_from_time
-from tributary.capture.log.rebuild import rebuild, require_metadata, topics_with_data, unlisted, write_topic_meta
+from tributary.capture.log.rebuild import read_checked, rebuild, require_metadata, topics_with_data, write_topic_meta
 from tributary.capture.log.segment import SegmentRef, parquet_path
 from tributary.capture.log.splits import plan_splits
 from tributary.capture.log.types import (
@@ -160,9 +160,8 @@ class Log:
         else:
             if not log.root.is_dir():
                 raise LogError(f"no log at {log.root}")
-            data = topics_with_data(log.root)  # before the manifest: see require_metadata
-            manifest = read_manifest(log.root)
-            require_metadata(log.root, manifest, data)
+            manifest, missing = read_checked(log.root)
+            require_metadata(log.root, manifest, missing)
             log._committed = manifest or Manifest()
         return log
 
@@ -189,13 +188,13 @@ class Log:
     def _recover(self, *, repair: bool = False) -> None:
         """Cut every partition back to the manifest's committed end and reopen it for appends."""
         (self.root / f"{MANIFEST}.tmp").unlink(missing_ok=True)
-        data = topics_with_data(self.root)
-        found = read_manifest(self.root)
-        if repair and unlisted(found, data):
-            found, notes = rebuild(self.root, found, unlisted(found, data))
+        found, missing = read_checked(self.root)
+        if repair and missing:
+            found, notes = rebuild(self.root, found, missing)
             self.repaired += notes
             self._rebuilt = True
-        require_metadata(self.root, found, data)
+        else:
+            require_metadata(self.root, found, missing)
         manifest = found or Manifest()
         for w in self._writers.values():
             w.close()
@@ -232,7 +231,7 @@ class Log:
         if not self.writer:
             manifest = read_manifest(self.root)
             if manifest is None and self._committed.topics:
-                require_metadata(self.root, None, topics_with_data(self.root))
+                require_metadata(self.root, None, topics_with_data(self.root))  # it vanished since
             self._committed = manifest or Manifest()
 
     def close(self) -> None:

@@ -17,12 +17,13 @@ import orjson
 
 from tributary.capture.log.codec import BadLine, decode_line
 from tributary.capture.log.errors import LogError
-from tributary.capture.log.manifest import MANIFEST, Manifest, PartitionState, TopicState
+from tributary.capture.log.manifest import MANIFEST, Manifest, PartitionState, TopicState, read_manifest
 from tributary.capture.log.segment import iter_lines, list_segments, log_path
 from tributary.capture.log.types import TopicConfig
 
 __all__ = [
     "TOPIC_META",
+    "read_checked",
     "rebuild",
     "require_metadata",
     "topics_with_data",
@@ -56,29 +57,49 @@ def _has_data(pdir: Path) -> bool:
     return False
 
 
+def _topic_dirs(root: Path) -> list[str]:
+    try:
+        with os.scandir(root) as entries:
+            return sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
+    except FileNotFoundError:
+        return []
+
+
+def _holds_data(tdir: Path) -> bool:
+    return any(_has_data(tdir / str(p)) for p in _partition_dirs(tdir))
+
+
 def topics_with_data(root: Path) -> list[str]:
     """Directories under `root` laid out as topics (numbered partition directories) whose segment
     files hold data: a few directory listings, no file is read."""
-    try:
-        with os.scandir(root) as entries:
-            names = sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
-    except FileNotFoundError:
-        return []
-    return [n for n in names if any(_has_data(root / n / str(p)) for p in _partition_dirs(root / n))]
+    return [n for n in _topic_dirs(root) if _holds_data(root / n)]
 
 
-def unlisted(manifest: Manifest | None, data: list[str]) -> list[str]:
-    """The topics holding data that `manifest` does not list."""
+def unlisted(manifest: Manifest | None, topics: list[str]) -> list[str]:
+    """Those of `topics` that `manifest` does not list."""
     listed = manifest.topics if manifest is not None else {}
-    return [t for t in data if t not in listed]
+    return [t for t in topics if t not in listed]
 
 
-def require_metadata(root: Path, manifest: Manifest | None, data: list[str]) -> None:
-    """Refuse a root whose segments hold data its manifest does not account for, in one line
-    that names the recovery command. `data` must be listed before `manifest` was read: a writer
-    commits a topic to the manifest before it writes a record there, so a concurrent writer
-    creating topics is never mistaken for lost metadata."""
-    missing = unlisted(manifest, data)
+def read_checked(root: Path) -> tuple[Manifest | None, list[str]]:
+    """The manifest (None: there is none) and the topics holding data that it does not list.
+
+    Only directories the manifest does not list are looked into, so this costs one listing of
+    the root when all is well. A writer commits a topic to the manifest before it writes a
+    record there, so a topic found holding data is looked up again in a manifest read after
+    that: a writer creating topics meanwhile is never mistaken for lost metadata."""
+    names = _topic_dirs(root)
+    manifest = read_manifest(root)
+    missing = [n for n in unlisted(manifest, names) if _holds_data(root / n)]
+    if missing:
+        manifest = read_manifest(root)
+        missing = unlisted(manifest, missing)
+    return manifest, missing
+
+
+def require_metadata(root: Path, manifest: Manifest | None, missing: list[str]) -> None:
+    """Refuse topics holding data that `manifest` does not list (see `read_checked`), in one
+    line that names the recovery command."""
     if not missing:
         return
     fix = f"run `tributary log verify --repair --root {root}` to rebuild it from the segments"
