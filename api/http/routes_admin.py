@@ -123,8 +123,9 @@ def _topics(root: Any) -> list[dict[str, Any]]:
     responses={**AUTH_RESPONSES, 503: error("the log cannot be read as it is (the message says how to repair it)")},
 )
 async def topics(request: Request) -> list[dict[str, Any]]:
-    """Every topic: partitions, policy, committed offsets; for `compact` topics, `compaction`: when the
-    capture daemon's background cleaner last compacted it and records/bytes before → after (`cleaner.json`)."""
+    """Every topic: partitions, policy, `records` (`data_records` + `schema_records`), committed
+    offsets; for `compact` topics, `compaction`: when the capture daemon's background cleaner last
+    compacted it and records/bytes before → after (`cleaner.json`)."""
     return await asyncio.to_thread(_topics, _settings(request).log.root)
 
 
