@@ -45,6 +45,12 @@ _SEALED: dict[tuple[bytes, int, int, int, int], tuple[int, int]] = {}
 """Counts of sealed segments by (key, device, inode, size, mtime): a sealed segment changes only
 by being replaced (compaction renames a new file over it), so a long-running reader (the HTTP
 API's `GET /topics`) reads each version once."""
+_ACTIVE: dict[tuple[bytes, str, int, int], tuple[int, bytes, int, int]] = {}
+"""Counts of active segments' committed prefixes by (key, path, device, inode): (bytes counted,
+the bytes just before that point, records, keyed). An active segment only grows at its end, so a
+later call counts only what was committed since; a prefix that no longer ends in the same bytes
+(a repair cut it) is counted again from the start."""
+_TAIL = 32
 
 
 def _line_head(key: bytes) -> re.Pattern[bytes]:
@@ -99,7 +105,7 @@ def _counts(root: Path, topic: str, partition: int, state: PartitionState, key: 
             continue  # removed by retention, or emptied by the cleaner, since listed
         with f:
             if base == state.segment:
-                n, k = _count_lines(f, state.nbytes, needle, head)
+                n, k = _count_active(f, str(log_path(pdir, base)), state.nbytes, key, needle, head)
             else:
                 st = os.fstat(f.fileno())
                 version = (key, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -113,12 +119,31 @@ def _counts(root: Path, topic: str, partition: int, state: PartitionState, key: 
     return records, keyed
 
 
+def _count_active(
+    f: BinaryIO, path: str, nbytes: int, key: bytes, needle: bytes, head: re.Pattern[bytes]
+) -> tuple[int, int]:
+    """`_count_lines` over an active segment's committed `nbytes`, from where the last call stopped."""
+    fd = f.fileno()
+    st = os.fstat(fd)
+    ident = (key, path, st.st_dev, st.st_ino)
+    upto, tail, n, k = _ACTIVE.get(ident, (0, b"", 0, 0))
+    if upto > nbytes or os.pread(fd, len(tail), upto - len(tail)) != tail:
+        upto, n, k = 0, 0, 0
+    f.seek(upto)
+    more, keyed = _count_lines(f, nbytes - upto, needle, head)
+    if len(_ACTIVE) >= 10_000:
+        _ACTIVE.clear()
+    size = min(_TAIL, nbytes)
+    _ACTIVE[ident] = (nbytes, os.pread(fd, size, nbytes - size), n + more, k + keyed)
+    return n + more, k + keyed
+
+
 def topics(root: Path, *, schema_key: bytes = SCHEMA_KEY) -> list[dict[str, object]]:
     """Each topic's config, committed offsets, records (`data_records` + `schema_records`, the
     latter keyed `schema_key`) and, for `compact` topics, what the cleaner last did.
 
     Counting reads the committed bytes (no record is decoded; a process that asks again reads
-    only the active segments and sealed ones rewritten since): `records` counts the committed
+    only what was committed since, and sealed segments rewritten since): `records` counts the committed
     lines, `schema_records` the lines whose key field is `schema_key`, found as bytes and checked
     against the line's head (see `_count_lines`). The cleaner's record cannot tell schema
     records from data, so it is not used for the counts."""

@@ -258,3 +258,33 @@ def test_get_topics_answers_503_with_the_repair_line(root: Path) -> None:
     res = asyncio.run(get())
     assert res.status_code == 503, res.text  # it answered [] ("nothing captured yet")
     one_line_naming_the_fix(Exception(res.json()["detail"]), root)
+
+
+def test_topics_counts_stay_right_in_a_process_that_asks_again(tmp_path: Path) -> None:
+    root = tmp_path / "log"
+    schema = (b'{"__schema__":true}', b'{"schema":{}}', 1, None)
+
+    def counts() -> tuple[object, object]:
+        (row,) = admin.topics(root)
+        return row["records"], row["schema_records"]
+
+    with Log.open(root, writer=True, segment_bytes=2000) as log:
+        log.create_topic("t", TopicConfig(partitions=1, policy="compact"))
+        log.append("t", 0, [schema, *(rec(i) for i in range(5))])
+        log.commit()
+        assert counts() == (6, 1)
+        log.append("t", 0, [schema, *(rec(i) for i in range(30))])  # the first segment rolls
+        log.commit()
+        assert counts() == (37, 2)
+        log.append("t", 0, [rec(99), schema])
+        log.commit()
+        assert counts() == (39, 3)
+        active = log.partition_state("t", 0).segment
+    path = root / "t" / "0" / f"{active:020d}.log"
+    path.write_bytes(path.read_bytes()[:-10])  # the committed tail torn: repair cuts one record
+    admin.repair(root)
+    with Log.open(root, writer=True) as log:  # new records where the cut one was, past the bytes counted
+        log.append("t", 0, [rec(7), rec(8), schema])
+        log.commit()
+    assert counts() == (41, 3)
+    assert counts() == (len(everything(root)), sum(1 for r in everything(root) if r.key == schema[0]))
