@@ -54,7 +54,8 @@ def _fail(exc: Exception) -> typer.Exit:
 
 @log_app.command("topics")
 def topics_cmd(root: RootOption = None, config: ConfigOption = None) -> None:
-    """List topics with their partitions, policy and committed offsets."""
+    """List topics with their partitions, policy, records (data and schema records apart) and
+    committed offsets."""
     root = _root(root, config)
     try:
         rows = topics(root)
@@ -71,7 +72,8 @@ def topics_cmd(root: RootOption = None, config: ConfigOption = None) -> None:
             )
         typer.echo(
             f"{r['topic']}\tpartitions={r['partitions']}\tpolicy={r['policy']}\t"
-            f"records={r['records']}\tend_offsets={r['end_offsets']}{compacted}"
+            f"records={r['records']}\tdata_records={r['data_records']}\tschema_records={r['schema_records']}\t"
+            f"end_offsets={r['end_offsets']}{compacted}"
         )
 
 
@@ -139,7 +141,8 @@ def verify_cmd(
         typer.Option(
             "--repair",
             help="First cut damaged committed tails back to their last intact record "
-            "(offsets lost there stay a gap). Needs capture to be stopped.",
+            "(offsets lost there stay a gap) and rebuild a lost manifest.json from the segment "
+            "files, with the source positions capture resumes from. Needs capture to be stopped.",
         ),
     ] = False,
 ) -> None:
@@ -147,7 +150,9 @@ def verify_cmd(
     root = _root(root, config)
     try:
         if fix:
-            for note in repair(root):
+            from tributary.capture.resume import positions_in
+
+            for note in repair(root, positions_from=positions_in):
                 typer.echo(f"repaired: {note}", err=True)
         problems = verify(root)
     except LogError as exc:

@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -107,16 +108,24 @@ async def sources(request: Request) -> list[dict[str, Any]]:
 
 
 def _topics(root: Any) -> list[dict[str, Any]]:
+    if not Path(root).is_dir():
+        return []  # nothing captured yet
     try:
         return topics_of(root)
-    except LogError:
-        return []  # nothing captured yet
+    except LogError as exc:  # e.g. segments without a manifest: not an empty log
+        raise HTTPException(503, str(exc)) from None
 
 
-@router.get("/topics", tags=["admin"], dependencies=[Depends(require("admin"))], responses=AUTH_RESPONSES)
+@router.get(
+    "/topics",
+    tags=["admin"],
+    dependencies=[Depends(require("admin"))],
+    responses={**AUTH_RESPONSES, 503: error("the log cannot be read as it is (the message says how to repair it)")},
+)
 async def topics(request: Request) -> list[dict[str, Any]]:
-    """Every topic: partitions, policy, committed offsets; for `compact` topics, `compaction`: when the
-    capture daemon's background cleaner last compacted it and records/bytes before → after (`cleaner.json`)."""
+    """Every topic: partitions, policy, `records` (`data_records` + `schema_records`), committed
+    offsets; for `compact` topics, `compaction`: when the capture daemon's background cleaner last
+    compacted it and records/bytes before → after (`cleaner.json`)."""
     return await asyncio.to_thread(_topics, _settings(request).log.root)
 
 

@@ -7,18 +7,24 @@ the log's root directory and works on committed data only.
 from __future__ import annotations
 
 import heapq
+import os
+import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from tributary.capture.log.cleaner import PartitionCheckpoint, read_checkpoint
+from tributary.capture.log.cleaner import read_checkpoint
 from tributary.capture.log.errors import LogError, LogLockedError
 from tributary.capture.log.log import Log
+from tributary.capture.log.manifest import PartitionState
+from tributary.capture.log.reader import committed_segments, open_segment, partition_dir
+from tributary.capture.log.segment import log_path
 from tributary.capture.log.types import CompactionStats, Problem, Record
 
 __all__ = [
+    "SCHEMA_KEY",
     "CompactedInBackground",
     "background_state",
     "cat",
@@ -30,26 +36,135 @@ __all__ = [
 ]
 
 
-def topics(root: Path) -> list[dict[str, object]]:
-    """Each topic's config, committed offsets and, for `compact` topics, what the cleaner last did."""
+SCHEMA_KEY = b'{"__schema__":true}'
+"""The key of capture's schema records (capture/schema_tracker.py; the log cannot import capture):
+`topics` counts them apart from the data records."""
+
+_CHUNK = 4 << 20
+_SEALED: dict[tuple[bytes, int, int, int, int], tuple[int, int]] = {}
+"""Counts of sealed segments by (key, device, inode, size, mtime): a sealed segment changes only
+by being replaced (compaction renames a new file over it), so a long-running reader (the HTTP
+API's `GET /topics`) reads each version once."""
+_ACTIVE: dict[tuple[bytes, str, int, int], tuple[int, bytes, int, int]] = {}
+"""Counts of active segments' committed prefixes by (key, path, device, inode): (bytes counted,
+the bytes just before that point, records, keyed). An active segment only grows at its end, so a
+later call counts only what was committed since; a prefix that no longer ends in the same bytes
+(a repair cut it) is counted again from the start."""
+_TAIL = 32
+
+
+def _line_head(key: bytes) -> re.Pattern[bytes]:
+    """A record line's head up to the end of a given key (the codec's line format)."""
+    return re.compile(
+        rb'\{"offset":\d+,"timestamp":-?\d+,"lens":\[%d,\d+,\d+\],"key":%b\Z' % (len(key), re.escape(key))
+    )
+
+
+def _count_lines(f: BinaryIO, limit: int | None, needle: bytes, head: re.Pattern[bytes]) -> tuple[int, int]:
+    """(records, records with the key) in the first `limit` bytes of a segment (all: None).
+
+    Reads whole lines in chunks; counts newlines (`bytes.count`) and finds `,"key":<key>,"value":`
+    (`bytes.find`), both at memory speed, and checks each find against its line's head, so a value
+    that happens to contain the same bytes is not counted."""
+    records = keyed = 0
+    carry = b""
+    remaining = limit
+    while remaining is None or remaining > 0:
+        chunk = f.read(_CHUNK if remaining is None else min(_CHUNK, remaining))
+        if not chunk:
+            break
+        if remaining is not None:
+            remaining -= len(chunk)
+        cut = chunk.rfind(b"\n") + 1
+        if not cut:  # inside one long line
+            carry += chunk
+            continue
+        block, carry = carry + chunk[:cut], chunk[cut:]
+        records += block.count(b"\n")
+        at = block.find(needle)
+        while at >= 0:
+            start = block.rfind(b"\n", 0, at) + 1
+            end = at + len(needle) - len(b',"value":')
+            keyed += head.match(block, start, end) is not None
+            at = block.find(needle, at + 1)
+    return records, keyed
+
+
+def _counts(root: Path, topic: str, partition: int, state: PartitionState, key: bytes) -> tuple[int, int]:
+    """(records, records whose key is `key`) committed in one partition."""
+    needle = b',"key":' + key + b',"value":'
+    head = _line_head(key)
+    pdir = partition_dir(root, topic, partition)
+    bases = committed_segments(pdir, state)
+    records = keyed = 0
+    for i, base in enumerate(bases):
+        if i + 1 < len(bases) and bases[i + 1] <= state.start:
+            continue  # below the start: retention is removing it
+        f = open_segment(log_path(pdir, base))
+        if f is None:
+            continue  # removed by retention, or emptied by the cleaner, since listed
+        with f:
+            if base == state.segment:
+                n, k = _count_active(f, str(log_path(pdir, base)), state.nbytes, key, needle, head)
+            else:
+                st = os.fstat(f.fileno())
+                version = (key, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+                cached = _SEALED.get(version)
+                if cached is None:
+                    if len(_SEALED) >= 100_000:
+                        _SEALED.clear()
+                    cached = _SEALED[version] = _count_lines(f, None, needle, head)
+                n, k = cached
+        records, keyed = records + n, keyed + k
+    return records, keyed
+
+
+def _count_active(
+    f: BinaryIO, path: str, nbytes: int, key: bytes, needle: bytes, head: re.Pattern[bytes]
+) -> tuple[int, int]:
+    """`_count_lines` over an active segment's committed `nbytes`, from where the last call stopped."""
+    fd = f.fileno()
+    st = os.fstat(fd)
+    ident = (key, path, st.st_dev, st.st_ino)
+    upto, tail, n, k = _ACTIVE.get(ident, (0, b"", 0, 0))
+    if upto > nbytes or os.pread(fd, len(tail), upto - len(tail)) != tail:
+        upto, n, k = 0, 0, 0
+    f.seek(upto)
+    more, keyed = _count_lines(f, nbytes - upto, needle, head)
+    if len(_ACTIVE) >= 10_000:
+        _ACTIVE.clear()
+    size = min(_TAIL, nbytes)
+    _ACTIVE[ident] = (nbytes, os.pread(fd, size, nbytes - size), n + more, k + keyed)
+    return n + more, k + keyed
+
+
+def topics(root: Path, *, schema_key: bytes = SCHEMA_KEY) -> list[dict[str, object]]:
+    """Each topic's config, committed offsets, records (`data_records` + `schema_records`, the
+    latter keyed `schema_key`) and, for `compact` topics, what the cleaner last did.
+
+    Counting reads the committed bytes (no record is decoded; a process that asks again reads
+    only what was committed since, and sealed segments rewritten since): `records` counts the committed
+    lines, `schema_records` the lines whose key field is `schema_key`, found as bytes and checked
+    against the line's head (see `_count_lines`). The cleaner's record cannot tell schema
+    records from data, so it is not used for the counts."""
     doc = read_checkpoint(root)
-    checkpoints = doc.get("partitions", {})
     with Log.open(root) as log:
         out: list[dict[str, object]] = []
         for name, cfg in sorted(log.topics().items()):
-            starts, ends = log.start_offsets(name), log.end_offsets(name)
-            spans = zip(range(cfg.partitions), starts, ends, strict=True)
+            records = schema = 0
+            for p in range(cfg.partitions):
+                n, k = _counts(root, name, p, log.partition_state(name, p), schema_key)
+                records, schema = records + n, schema + k
             out.append(
                 {
                     "topic": name,
                     "partitions": cfg.partitions,
                     "policy": cfg.policy,
-                    "records": sum(
-                        PartitionCheckpoint.from_json(checkpoints.get(f"{name}/{p}") or {}).records(s, e)
-                        for p, s, e in spans
-                    ),
-                    "start_offsets": starts,
-                    "end_offsets": ends,
+                    "records": records,
+                    "data_records": records - schema,
+                    "schema_records": schema,
+                    "start_offsets": log.start_offsets(name),
+                    "end_offsets": log.end_offsets(name),
                     "compaction": compaction_state(doc, name, cfg.partitions) if cfg.policy == "compact" else None,
                 }
             )
@@ -182,7 +297,7 @@ def compact(
     """Compact now; while capture holds the log, raise `CompactedInBackground` saying what its
     cleaner does instead (it alone may rewrite segments)."""
     try:
-        log = Log.open(root, writer=True)
+        log = Log.open(root, writer=True, create=False)
     except LogLockedError:
         raise CompactedInBackground(background_state(root)) from None
     with log:
@@ -195,10 +310,14 @@ def verify(root: Path) -> list[Problem]:
         return log.verify()
 
 
-def repair(root: Path) -> list[str]:
-    """Cut damaged committed tails back to the last intact record (needs the writer lock)."""
+def repair(root: Path, *, positions_from: Callable[[Log], Mapping[str, str]] | None = None) -> list[str]:
+    """Cut damaged committed tails back to the last intact record and rebuild a lost (or
+    partial) manifest from the segments (needs the writer lock); returns what was done.
+
+    Source positions are the writer's business: `positions_from` reads them back from the
+    rebuilt log (see `Log.open`). Never creates a log: "no log at …" for a wrong root."""
     try:
-        log = Log.open(root, writer=True, repair=True)
+        log = Log.open(root, writer=True, repair=True, create=False, positions_from=positions_from)
     except LogLockedError as exc:
         raise LogError(f"cannot repair while capture is running: {exc}") from None
     with log:

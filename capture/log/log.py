@@ -39,6 +39,7 @@ from tributary.capture.log.manifest import (
 from tributary.capture.log.partition import PartitionWriter
 from tributary.capture.log.partitioner import partition_for
 from tributary.capture.log.reader import committed_segments, partition_dir, read_partition, read_partition_from_time
+from tributary.capture.log.rebuild import read_checked, rebuild, require_metadata, topics_with_data, write_topic_meta
 from tributary.capture.log.segment import SegmentRef, parquet_path
 from tributary.capture.log.splits import plan_splits
 from tributary.capture.log.types import (
@@ -90,6 +91,7 @@ class Log:
         self._syncers: ThreadPoolExecutor | None = None
         self._failed: BaseException | None = None
         self.repaired: list[str] = []
+        self._rebuilt = False  # the manifest was (partly) rebuilt from segments by this open's repair
         self._closed = False
 
     # -- opening ---------------------------------------------------------------------------
@@ -106,11 +108,22 @@ class Log:
         index_interval_bytes: int = 4096,
         fsync: bool = True,
         repair: bool = False,
+        create: bool = True,
+        positions_from: Callable[[Log], Mapping[str, str]] | None = None,
     ) -> Log:
         """Open a log root: a writer takes the lock and recovers; a reader reads the manifest.
 
+        Segment files holding records that the manifest does not list (it was deleted, or is an
+        older copy) are refused with a LogError naming `tributary log verify --repair`: taken for
+        an empty log, they would be cut away by the writer.
+
         `repair=True` (writer only) cuts a partition whose committed tail is damaged back to its
-        last intact record instead of refusing to open; what was cut is in `log.repaired`."""
+        last intact record instead of refusing to open, and rebuilds the manifest's missing topics
+        from their segments; what was done is in `log.repaired`. Source positions are the
+        writer's, opaque to the log: on a rebuild, `positions_from(log)` supplies those the
+        manifest lost, read from the rebuilt log before anything is committed.
+        `create=False` (writer) opens only an existing log: "no log at …" otherwise; only the
+        process that writes the log (capture) creates its root."""
         if not 0 < segment_bytes < 1 << 32:
             raise ValueError(f"segment_bytes must be in 1..2**32-1, got {segment_bytes}")
         log = cls(
@@ -123,20 +136,33 @@ class Log:
             fsync=fsync,
         )
         if writer:
+            if not create and not (
+                log.root.is_dir() and ((log.root / MANIFEST).exists() or topics_with_data(log.root))
+            ):
+                raise LogError(f"no log at {log.root}")
             log._lock()
             try:
                 log._recover(repair=repair)
+                log._worker = ThreadPoolExecutor(1, thread_name_prefix="log-commit")
+                log._syncers = ThreadPoolExecutor(4, thread_name_prefix="log-fsync")
+                if log._rebuilt:
+                    found = dict(positions_from(log)) if positions_from is not None else {}
+                    positions = {**found, **log._submitted.positions}
+                    shown = ", ".join(f"{k} {v}" for k, v in sorted(positions.items())) or "none found"
+                    log.repaired.append(f"source positions: {shown}")
+                    rebuilt = replace(log._submitted, positions=positions)
+                    log._submit(rebuilt, [], [log.root]).result()  # written even if nothing else changes
+                if log.repaired:
+                    log.commit()  # the repaired state becomes the committed one at once
             except BaseException:
-                log._unlock()
+                log.close()
                 raise
-            log._worker = ThreadPoolExecutor(1, thread_name_prefix="log-commit")
-            log._syncers = ThreadPoolExecutor(4, thread_name_prefix="log-fsync")
-            if log.repaired:
-                log.commit()  # the repaired state becomes the committed one at once
         else:
             if not log.root.is_dir():
-                raise LogError(f"no log at {log.root} (nothing has been captured there yet?)")
-            log.refresh()
+                raise LogError(f"no log at {log.root}")
+            manifest, missing = read_checked(log.root)
+            require_metadata(log.root, manifest, missing)
+            log._committed = manifest or Manifest()
         return log
 
     def _lock(self) -> None:
@@ -162,7 +188,14 @@ class Log:
     def _recover(self, *, repair: bool = False) -> None:
         """Cut every partition back to the manifest's committed end and reopen it for appends."""
         (self.root / f"{MANIFEST}.tmp").unlink(missing_ok=True)
-        manifest = read_manifest(self.root) or Manifest()
+        found, missing = read_checked(self.root)
+        if repair and missing:
+            found, notes = rebuild(self.root, found, missing)
+            self.repaired += notes
+            self._rebuilt = True
+        else:
+            require_metadata(self.root, found, missing)
+        manifest = found or Manifest()
         for w in self._writers.values():
             w.close()
         self._writers = {}
@@ -193,9 +226,13 @@ class Log:
         )
 
     def refresh(self) -> None:
-        """Re-read the manifest (readers); the writer already knows its own commits."""
+        """Re-read the manifest (readers); the writer already knows its own commits. A manifest
+        that vanished since is an error, not an empty log."""
         if not self.writer:
-            self._committed = read_manifest(self.root) or Manifest()
+            manifest = read_manifest(self.root)
+            if manifest is None and self._committed.topics:
+                require_metadata(self.root, None, topics_with_data(self.root))  # it vanished since
+            self._committed = manifest or Manifest()
 
     def close(self) -> None:
         """Release everything without committing (uncommitted appends are cut on the next open)."""
@@ -239,6 +276,7 @@ class Log:
         cfg = config or TopicConfig(partitions=self.default_partitions)
         tdir = self.root / name
         tdir.mkdir(exist_ok=True)
+        write_topic_meta(tdir, cfg, sync=self.fsync)
         empty = PartitionState()
         for p in range(cfg.partitions):
             self._writers[(name, p)] = self._recover_partition(name, p, cfg, empty)
@@ -554,9 +592,12 @@ class Log:
         """Bytes the topic's files take (segments, indexes, Parquet copies): for monitoring, so a
         reading racing the writer or the cleaner may be off by a file."""
         total = 0
-        for p in range(len(self._topic(topic).partitions)):
+        dirs = [self.root / topic] + [
+            partition_dir(self.root, topic, p) for p in range(len(self._topic(topic).partitions))
+        ]
+        for d in dirs:  # the topic's own files (its config), then each partition's
             with contextlib.suppress(FileNotFoundError):
-                for entry in os.scandir(partition_dir(self.root, topic, p)):
+                for entry in os.scandir(d):
                     with contextlib.suppress(FileNotFoundError):
                         if entry.is_file():
                             total += entry.stat().st_size

@@ -153,3 +153,46 @@ def test_verify_repair_cuts_a_torn_committed_tail(root: Path) -> None:
     assert res.exit_code == 0, res.output
     assert res.stderr.startswith("repaired: shop.public.orders/0 ") and "lost" in res.stderr
     assert runner.invoke(log_app, ["cat", "shop.public.orders", "--root", str(root)]).exit_code == 0
+
+
+def test_without_its_manifest_every_command_refuses_until_repair_rebuilds_it(root: Path) -> None:
+    Log.open(root, writer=True).close()  # recovery drops the fixture's uncommitted record
+    before = runner.invoke(log_app, ["cat", "shop.public.orders", "--root", str(root)]).stdout
+    topics_before = runner.invoke(log_app, ["topics", "--root", str(root)]).stdout
+    assert before and "shop.public.orders" in topics_before
+    (root / "manifest.json").unlink()
+    refusal = (
+        f"tributary: the log at {root} has segment files but no manifest.json, so it is not empty; "
+        f"run `tributary log verify --repair --root {root}` to rebuild it from the segments\n"
+    )
+    for cmd in (["topics"], ["cat", "shop.public.orders"], ["verify"], ["compact"]):
+        res = runner.invoke(log_app, [*cmd, "--root", str(root)])
+        assert res.exit_code == 1 and res.stderr == refusal, (cmd, res.output)
+    res = runner.invoke(log_app, ["verify", "--repair", "--root", str(root)])
+    assert res.exit_code == 0, res.output
+    assert res.stderr.startswith("repaired: manifest.json was missing: rebuilt from the segment files\n")
+    assert res.stdout == f"ok: every committed record in {root} is intact\n"
+    assert runner.invoke(log_app, ["cat", "shop.public.orders", "--root", str(root)]).stdout == before
+    assert runner.invoke(log_app, ["topics", "--root", str(root)]).stdout == topics_before
+
+
+@pytest.mark.parametrize(
+    "cmd", [["compact"], ["verify", "--repair"], ["verify"], ["topics"], ["cat", "shop.public.orders"]]
+)
+def test_a_mistyped_root_is_no_log_and_is_not_created(tmp_path: Path, cmd: list[str]) -> None:
+    wrong = tmp_path / "lgo"
+    res = runner.invoke(log_app, [*cmd, "--root", str(wrong)])
+    assert res.exit_code == 1 and res.stderr == f"tributary: no log at {wrong}\n", res.output
+    assert not wrong.exists()
+
+
+def test_topics_shows_schema_records_apart(tmp_path: Path) -> None:
+    root = tmp_path / "log"
+    with Log.open(root, writer=True) as log:
+        log.create_topic("shop.public.t", TopicConfig(partitions=1, policy="compact"))
+        schema = (b'{"__schema__":true}', b'{"schema":{"columns":[["id","integer",23]]}}', 1, None)
+        log.append("shop.public.t", 0, [schema, (b'{"id":1}', b'{"op":"r"}', 2, None), (b'{"id":2}', b"{}", 3, None)])
+        log.commit()
+    res = runner.invoke(log_app, ["topics", "--root", str(root)])
+    assert res.exit_code == 0, res.output
+    assert "\trecords=3\tdata_records=2\tschema_records=1\t" in res.stdout

@@ -1,0 +1,79 @@
+"""Where capture resumes after its manifest was rebuilt: the source positions it lost.
+
+The log keeps each source's position (the LSN its committed records reach) in the manifest, as
+an opaque string; when `tributary log verify --repair` rebuilds a lost manifest from the segments,
+the log asks this module for them (`positions_in`), so capture continues the slot instead of
+taking a new snapshot that would append everything again.
+
+A position found here is never past what the log holds (a later one would make capture skip
+transactions the log lacks): the largest of
+* the `confirmed_lsn` of the source in `capture-status.json` (capture confirms an LSN only once
+  the log holds everything of the source before it), and
+* the largest `source.lsn` of the source's records (a change's own LSN: the transaction holding
+  it is in the log, and every transaction that ended before it).
+An earlier position than the lost one costs nothing: the server streams from the slot's confirmed
+position anyway. A source found in neither (the outbox's records carry no LSN) has no position:
+capture then decides as for a new source.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from tributary.capture.log import Log
+from tributary.capture.lsn import Lsn
+from tributary.capture.status import read_status
+
+__all__ = ["positions_in"]
+
+
+def _from_status(root: Path) -> dict[str, Lsn]:
+    try:
+        doc = read_status(root) or {}
+    except (OSError, ValueError):
+        return {}
+    found: dict[str, Lsn] = {}
+    for source in doc.get("sources") or []:
+        try:
+            found[str(source["name"])] = Lsn.parse(str(source["confirmed_lsn"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return found
+
+
+def _source_lsn(value: bytes | None) -> tuple[str, int] | None:
+    """(source name, lsn) of a capture envelope, None for anything else (tombstones, events)."""
+    if value is None or b'"source"' not in value:
+        return None
+    try:
+        source = orjson.loads(value).get("source")
+        return str(source["name"]), int(source["lsn"])
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _from_records(log: Log) -> dict[str, Lsn]:
+    """The largest `source.lsn` per source. A partition holds its source's records in the
+    source's order, so its newest segment is read first; older data only if that has none."""
+    found: dict[str, int] = {}
+    for (topic, partition), end in log.ends().items():
+        for start in dict.fromkeys((end.segment, 0)):
+            seen = False
+            for rec in log.read(topic, partition, start):
+                hit = _source_lsn(rec.value)
+                if hit is not None:
+                    seen = True
+                    found[hit[0]] = max(found.get(hit[0], 0), hit[1])
+            if seen:
+                break
+    return {name: Lsn(lsn) for name, lsn in found.items()}
+
+
+def positions_in(log: Log) -> dict[str, str]:
+    """Every source position the log's status file and records show (see the module's doc)."""
+    found = _from_status(log.root)
+    for name, lsn in _from_records(log).items():
+        found[name] = max(found.get(name, Lsn.ZERO), lsn)
+    return {name: str(lsn) for name, lsn in found.items()}
