@@ -8,6 +8,7 @@ import pytest
 
 from tests.unit.projections.helpers import change
 from tributary.projections.definition import Fold, Projection, Table, WindowSpec
+from tributary.projections.errors import RecordError
 from tributary.projections.local import LocalView, run_local
 from tributary.projections.records import ProjectionRecord
 
@@ -90,3 +91,9 @@ def test_a_key_of_none_drops_the_record() -> None:
     view = LocalView()
     run_local(p, _log(), view)  # order 2 has no customer: dropped, not a NULL primary key
     assert _rows(view) == [["ann", "4"]]
+
+
+def test_a_key_function_that_raises_names_the_record() -> None:
+    p = _counting(key=lambda r: r.value["after"]["missing"])
+    with pytest.raises(RecordError, match=r"failed on shop\.public\.orders/0@1: key: KeyError: 'missing'"):
+        run_local(p, _log(), LocalView())
