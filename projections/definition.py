@@ -136,9 +136,12 @@ class Fold:
 class Projection:
     """One projection. Exactly one of `fold` and `build` is set.
 
-    `key(record)` picks the fold key (default: the log key, a JSON value); `event_time(record)`
+    `key(record)` picks the fold key (default: the log key, a JSON value); returning None drops
+    the record (truncates excepted: they are delivered by topic-partition). `event_time(record)`
     the event time in ms (default: the event's `occurred_at`, a CDC envelope's `source.ts_ms`,
-    else the log timestamp). Bumping `version` asks for a rebuild.
+    else the log timestamp). `schema_records=True` also delivers the CDC topics' schema records
+    (`record.is_schema`), which a projection does not see otherwise. Bumping `version` asks for a
+    rebuild.
     """
 
     name: str
@@ -152,6 +155,7 @@ class Projection:
     event_time: Callable[[ProjectionRecord], int] | None = None
     description: str = ""
     options: Mapping[str, Any] = field(default_factory=dict)
+    schema_records: bool = False
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name) or "__" in self.name:

@@ -45,6 +45,8 @@ __all__ = [
     "fold_units",
     "plan_items",
     "prepare",
+    "reaches",
+    "unit_key",
     "recompute_items",
     "render_row",
     "truncate_items",
@@ -113,14 +115,43 @@ def prepare(p: Projection, record: ProjectionRecord) -> ProjectionRecord:
         ) from exc
 
 
+def unit_key(p: Projection, record: ProjectionRecord) -> str | None:
+    """The record's fold key as canonical JSON, or None when the projection's `key` function
+    returned None for it: the record is dropped. A truncate is never dropped (it is delivered by
+    topic-partition, or routed to the key `null` of a windowed fold)."""
+    if p.key is None:
+        return canonical(record.key)
+    try:
+        key = p.key(record)
+    except Exception as exc:  # user code: say which record
+        raise RecordError(
+            p.name, record.topic, record.partition, record.offset, f"key: {type(exc).__name__}: {exc}"
+        ) from exc
+    if key is None and not record.is_truncate:
+        return None
+    return canonical(key)
+
+
+def reaches(p: Projection, record: ProjectionRecord) -> bool:
+    """Whether the projection sees the record at all: schema records only when it asked for
+    them (`schema_records=True`), and not a record its `key` function gave None."""
+    if record.is_schema and not p.schema_records:
+        return False
+    return p.key is None or unit_key(p, record) is not None
+
+
 def plan_items(p: Projection, record: ProjectionRecord, max_before: int | None) -> list[Item]:
     """Route a record: its key, its window(s) and whether the watermark still admits it.
 
     `max_before` is the max event time of the records before it in its topic-partition."""
     w = p.window
+    if record.is_schema and not p.schema_records:
+        return []
     if w is None and record.key is None and record.is_truncate and applies_truncates(p):
         return []  # delivered to units by `deliver_truncates`, not routed by key
-    key = canonical(p.key(record) if p.key is not None else record.key)
+    key = unit_key(p, record)
+    if key is None:
+        return []
     if w is None:
         return [Item(key, key, None, None, True, record)]
     wm = watermark(max_before, w.lateness)

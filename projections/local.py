@@ -27,6 +27,7 @@ from tributary.projections.engine import (
     fold_units,
     plan_items,
     prepare,
+    reaches,
     recompute_items,
     truncate_points,
 )
@@ -55,7 +56,7 @@ class LocalView:
 
 
 def _items(p: Projection, records: Sequence[ProjectionRecord], base: int | None) -> list[Item]:
-    recs = [prepare(p, r) for r in records]
+    recs = [r for r in (prepare(p, r) for r in records) if reaches(p, r)]
     befores = running_max_before((r.event_time for r in recs), base)
     return [i for r, mb in zip(recs, befores, strict=True) for i in plan_items(p, r, mb)]
 

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 __all__ = [
+    "SCHEMA_KEY",
     "ProjectionRecord",
     "SortKey",
     "decode",
@@ -23,6 +24,8 @@ __all__ = [
 ]
 
 SortKey = tuple[int, str, int, int]
+# The log key of a CDC topic's schema records (capture writes it canonical: docs/envelope.md).
+SCHEMA_KEY = '{"__schema__":true}'
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
 
@@ -43,6 +46,12 @@ class ProjectionRecord:
     @property
     def is_event(self) -> bool:
         return self.topic.startswith("events.")
+
+    @property
+    def is_schema(self) -> bool:
+        """A schema record (key `{"__schema__": true}`): the table's columns and types, not a row.
+        Only projections declared with `schema_records=True` receive them."""
+        return isinstance(self.key, dict) and self.key.get("__schema__") is True and not self.is_event
 
     @property
     def is_truncate(self) -> bool:

@@ -39,10 +39,9 @@ from tributary.capture.log import (
 from tributary.capture.log import (
     RECORD_SCHEMA as LOG_RECORD,
 )
-from tributary.projections.codec import canonical
-from tributary.projections.engine import prepare
+from tributary.projections.engine import prepare, unit_key
 from tributary.projections.loader import resolve
-from tributary.projections.records import decode, default_event_time
+from tributary.projections.records import SCHEMA_KEY, decode, default_event_time
 
 __all__ = ["RECORD_SCHEMA", "TP", "plan", "records_frame"]
 
@@ -286,6 +285,13 @@ def _native_records(spark: Any, segments: Sequence[Segment], variant: bool) -> A
 RawRecord = tuple[str, int, int, int, str | None, str | None, str | None]  # topic … headers, JSON as text
 
 
+def _not_schema() -> Any:
+    """Records that are not schema records (a keyless truncate is kept)."""
+    from pyspark.sql import functions as F
+
+    return F.col("key").isNull() | (F.col("key") != F.lit(SCHEMA_KEY))
+
+
 def _custom(p: Any) -> bool:
     """The projection brings its own key or event time (Python), instead of the log's defaults."""
     return p.key is not None or p.event_time is not None
@@ -302,11 +308,17 @@ def _batches(p: Any, records: Iterable[RawRecord]) -> Iterator[pa.RecordBatch]:
             v.clear()
         return batch
 
+    skip_schema = not p.schema_records
     for topic, partition, offset, timestamp, key, value, headers in records:
+        if skip_schema and key == SCHEMA_KEY:
+            continue
         if custom:
             r = prepare(p, decode(topic, partition, offset, timestamp, key, value, headers))
             event_time = r.event_time
-            pkey = canonical(p.key(r) if p.key is not None else r.key)
+            found = unit_key(p, r)
+            if found is None:  # the projection's key function dropped it
+                continue
+            pkey = found
         else:  # log keys are canonical JSON already (sorted keys, no whitespace)
             event_time = default_event_time(topic, None if value is None else loads(value), timestamp)
             pkey = "null" if key is None else key
@@ -439,6 +451,8 @@ def records_frame(
         rows += [r for seg in rows_only for r in seg.splits]
         if columnar:
             native = _native_records(spark, columnar, variant and not _custom(p))
+            if not p.schema_records:
+                native = native.where(_not_schema())
             if _custom(p):  # its own Python decides key and event time
                 native = native.select(*_ARROW.names[:7]).mapInArrow(
                     _reader(tuple(modules), tuple(mirror), name, columns=True), RECORD_SCHEMA
@@ -451,7 +465,10 @@ def records_frame(
     if rows:
         splits = splits.repartition(len(rows))
     if variant and not _custom(p):  # key, event time and VARIANT in SQL, computed only if used
-        raw = splits.mapInArrow(_raw_rows, _RAW_SCHEMA).withColumn("value_v", F.expr("try_parse_json(value)"))
+        raw = splits.mapInArrow(_raw_rows, _RAW_SCHEMA)
+        if not p.schema_records:
+            raw = raw.where(_not_schema())
+        raw = raw.withColumn("value_v", F.expr("try_parse_json(value)"))
         pkey = F.coalesce(F.col("key"), F.lit("null")).alias("pkey")
         frame = raw.select(*_ARROW.names[:7], _event_time().alias("event_time"), pkey, "value_v")
     else:

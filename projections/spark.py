@@ -3,6 +3,11 @@
 UI off, few shuffle partitions, AQE off, quiet logs and a loopback address keep start-up short.
 Python workers do not see `sys.path` edits: they import `tributary` from the installed package,
 and the driver's PYTHONPATH (if any) travels to them as `spark.executorEnv.PYTHONPATH`.
+
+The JVM writes to its standard error on its own (`WARNING: Using incubator modules`, Spark's
+"Setting default log level" hint, log4j lines, task failures' Java stack traces), and its Python
+workers inherit that stream. None of it is for a terminal: the JVM is started with its standard
+error on a file (`jvm_log`, set by `log_jvm_to`), where log4j also writes (warnings and up).
 """
 
 from __future__ import annotations
@@ -11,31 +16,66 @@ import os
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["aggregation_session", "get_session", "local_cores", "stop_session"]
+__all__ = ["aggregation_session", "get_session", "jvm_log", "local_cores", "log_jvm_to", "stop_session"]
 
 _LOCK = threading.Lock()
 _SESSION: Any = None
+_JVM_LOG: Path | None = None
 
+# The repl logger at the root's level: Spark prints its "sc.setLogLevel" hint when they differ.
 _LOG4J = """\
-rootLogger.level = error
+rootLogger.level = warn
 rootLogger.appenderRef.stdout.ref = console
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = warn
 appender.console.type = Console
 appender.console.name = console
 appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+appender.console.layout.pattern = %d{yyyy-MM-dd HH:mm:ss} %p %c{1}: %m%n
 """
 
 
 def _quiet_log4j() -> str:
-    path = Path(tempfile.gettempdir()) / "tributary-log4j2.properties"
-    if not path.exists():
-        path.write_text(_LOG4J)
+    path = Path(tempfile.gettempdir()) / f"tributary-log4j2-{os.getuid()}.properties"
+    if not path.exists() or path.read_text() != _LOG4J:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(_LOG4J)
+        tmp.replace(path)
     return str(path)
+
+
+def log_jvm_to(path: Path) -> None:
+    """Where the JVM started by the next `get_session` writes its standard error (appended)."""
+    global _JVM_LOG
+    _JVM_LOG = path
+
+
+def jvm_log() -> Path:
+    """The JVM's standard error: the file `log_jvm_to` named, else one in the temp directory."""
+    return _JVM_LOG or Path(tempfile.gettempdir()) / f"tributary-spark-{os.getuid()}.log"
+
+
+@contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """Point file descriptor 2 at `path` while a child process starts: the child keeps it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(fd, 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
 
 
 def get_session(master: str = "local[*]", *, shuffle_partitions: int = 4, conf: Mapping[str, str] | None = None) -> Any:
@@ -82,8 +122,8 @@ def get_session(master: str = "local[*]", *, shuffle_partitions: int = 4, conf: 
             builder = builder.config("spark.executorEnv.PYTHONPATH", pythonpath)
         for k, v in (conf or {}).items():
             builder = builder.config(k, v)
-        session = builder.getOrCreate()
-        session.sparkContext.setLogLevel("ERROR")
+        with _stderr_to(jvm_log()):
+            session = builder.getOrCreate()
         _SESSION = session
         return session
 

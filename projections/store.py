@@ -19,9 +19,12 @@ import orjson
 import psycopg
 from psycopg import sql
 
+from tributary.projections.cdc import TOAST_PLACEHOLDER
+from tributary.projections.codec import load_state
 from tributary.projections.definition import Projection
 from tributary.projections.engine import Prior
 from tributary.projections.errors import RunError
+from tributary.projections.mirror import SCHEMA_UNIT, TYPED_VIEW, typed_columns
 
 __all__ = ["META", "BuildRow", "Staged", "Store"]
 
@@ -369,7 +372,71 @@ class Store:
             if staged is not None:  # 6. the staging tables go with the commit
                 for t in (rows_t, del_t, state_t):
                     cur.execute(sql.SQL("DROP TABLE {}").format(t))
+            if p.options.get(TYPED_VIEW) and self._is_current(b):  # a schema change shows at once
+                self._point_view(b, only_if_changed=True)
         return n_rows
+
+    def _is_current(self, b: BuildRow) -> bool:
+        row = self.conn.execute(
+            sql.SQL("SELECT current FROM {}.builds WHERE projection = %s AND build = %s").format(sql.Identifier(META)),
+            (b.projection, b.build),
+        ).fetchone()
+        return bool(row and row[0])
+
+    def _typed_view(self, b: BuildRow) -> tuple[sql.Composable, str] | None:
+        """A mirror build's typed view: the captured table's columns typed from the latest schema
+        record (kept in the state of the schema unit), then `key` and `row`; with its description
+        (what the view's comment holds). None for any other build or before a schema is seen."""
+        table = sql.Identifier(self.schema, b.table_name)
+        shape = self.conn.execute(
+            "SELECT array_agg(attname::text ORDER BY attnum) FROM pg_attribute "
+            "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
+            (table.as_string(self.conn),),
+        ).fetchone()
+        if shape is None or shape[0] != ["key", "row"]:
+            return None
+        found = self.conn.execute(
+            sql.SQL("SELECT state FROM {} WHERE unit = %s").format(sql.Identifier(META, b.table_name + "__state")),
+            (SCHEMA_UNIT,),
+        ).fetchone()
+        state = load_state(found[0]) if found else None
+        columns = typed_columns(state.get("row") if isinstance(state, dict) else None)
+        if not columns:
+            return None
+        exprs = []
+        for name, typ, how in columns:
+            field = sql.Literal(name)
+            text = sql.SQL("NULLIF(t.row ->> {}, {})").format(field, sql.Literal(TOAST_PLACEHOLDER))
+            if how == "json":
+                expr = sql.SQL("t.row -> {}").format(field)
+            elif how == "hex":
+                expr = sql.SQL("decode({}, 'hex')").format(text)
+            elif how == "text":
+                expr = sql.SQL("CAST(t.row ->> {} AS {})").format(field, sql.SQL(typ))
+            else:
+                expr = sql.SQL("CAST({} AS {})").format(text, sql.SQL(typ))
+            exprs.append(sql.SQL("{} AS {}").format(expr, sql.Identifier(name)))
+        query = sql.SQL("SELECT {}, t.key, t.row FROM {} t").format(sql.SQL(", ").join(exprs), table)
+        about = "typed from the schema of " + ", ".join(f"{n} {t}" for n, t, _ in columns)
+        return query, about
+
+    def _point_view(self, b: BuildRow, *, only_if_changed: bool = False) -> None:
+        """(Re)define `<schema>.<name>` over this build: typed for a mirror with a schema, else
+        `SELECT *`. `only_if_changed`: leave a view whose comment already says this shape."""
+        view = sql.Identifier(self.schema, b.projection)
+        typed = self._typed_view(b)
+        if only_if_changed:
+            if typed is None:
+                return
+            now = self.conn.execute("SELECT obj_description(to_regclass(%s), 'pg_class')", (view.as_string(self.conn),))
+            row = now.fetchone()
+            if row is not None and row[0] == typed[1]:
+                return
+        query = typed[0] if typed else sql.SQL("SELECT * FROM {}").format(sql.Identifier(self.schema, b.table_name))
+        self.conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(view))
+        self.conn.execute(sql.SQL("CREATE VIEW {} AS {}").format(view, query))
+        if typed is not None:
+            self.conn.execute(sql.SQL("COMMENT ON VIEW {} IS {}").format(view, sql.Literal(typed[1])))
 
     @staticmethod
     def _empty(cur: Any, table: sql.Composable) -> bool:
@@ -451,12 +518,8 @@ class Store:
 
     def swap(self, b: BuildRow) -> list[str]:
         """Point `<schema>.<name>` at this build in one transaction; returns old builds' tables."""
-        view = sql.Identifier(self.schema, b.projection)
         with self.conn.transaction():
-            self.conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(view))
-            self.conn.execute(
-                sql.SQL("CREATE VIEW {} AS SELECT * FROM {}").format(view, sql.Identifier(self.schema, b.table_name))
-            )
+            self._point_view(b)
             self.conn.execute(
                 sql.SQL(
                     "UPDATE {}.builds SET current = (build = %s), "

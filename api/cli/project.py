@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -30,6 +32,9 @@ def _runner() -> Any:
 
 __all__ = ["register"]
 
+_LOG = logging.getLogger("tributary.projections.cli")
+_LOG.propagate = False  # the trace goes to project.log; the terminal gets the one line
+
 project_app = typer.Typer(help="Projections: fold the log into derived tables (PySpark).", no_args_is_help=True)
 
 
@@ -37,6 +42,35 @@ def _run_settings(config: Any, *, skip_errors: bool = False) -> RunSettings:
     settings = settings_from(config)
     run_settings: RunSettings = _runner().RunSettings.from_settings(settings, dsn=service_dsn(settings))
     return dataclasses.replace(run_settings, skip_errors=True) if skip_errors else run_settings
+
+
+@contextmanager
+def _reporting(settings: RunSettings) -> Iterator[None]:
+    """Keep a run's terminal to its result or one line: the JVM's output goes to `spark.log` and
+    a failure's full trace (the Python worker's, Spark's) to `project.log`, both beside the log
+    root; the one line names the projection, the record, the exception and that file."""
+    from tributary.api.settings.logs import JsonFormatter
+    from tributary.projections.errors import ProjectionError, RunError
+    from tributary.projections.spark import log_jvm_to
+
+    home = Path(settings.log_root).resolve().parent
+    log_jvm_to(home / "spark.log")
+    trace = home / "project.log"
+    try:
+        yield
+    except ProjectionError as exc:
+        if exc.__cause__ is None:  # ours from the start (a bad file, a lock): the line says it all
+            raise
+        home.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(trace, encoding="utf-8")
+        handler.setFormatter(JsonFormatter())
+        _LOG.addHandler(handler)
+        try:
+            _LOG.error("%s", exc, exc_info=exc)
+        finally:
+            _LOG.removeHandler(handler)
+            handler.close()
+        raise RunError(f"{exc} (full trace in {trace})") from exc
 
 
 @contextmanager
@@ -120,7 +154,7 @@ def run_cmd(
     """Catch the projection up to the log end (rebuilding first if its version changed)."""
     settings = _run_settings(config, skip_errors=skip_errors)
     if not continuous:
-        with _progress() as progress:
+        with _reporting(settings), _progress() as progress:
             _print_result(_runner().run(name, settings, progress=progress))
         return
     stopping = {"flag": False}
@@ -130,15 +164,17 @@ def run_cmd(
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    passes = _runner().run_continuous(name, settings, freshness_s=freshness, stop=lambda: stopping["flag"])
+    with _reporting(settings):
+        passes = _runner().run_continuous(name, settings, freshness_s=freshness, stop=lambda: stopping["flag"])
     typer.echo(f"{name}: stopped after {passes} passes")
 
 
 @project_app.command("rebuild")
 def rebuild_cmd(name: Annotated[str, typer.Argument(help="Projection name.")], config: ConfigOption = None) -> None:
     """Build a new table from offset 0 while the old one serves, then swap the view atomically."""
-    with _progress() as progress:
-        _print_result(_runner().rebuild(name, _run_settings(config), progress=progress))
+    settings = _run_settings(config)
+    with _reporting(settings), _progress() as progress:
+        _print_result(_runner().rebuild(name, settings, progress=progress))
 
 
 def register(app: typer.Typer) -> None:
