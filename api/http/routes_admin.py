@@ -13,6 +13,7 @@ from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
+from tributary.api.http.definitions import current_run_settings
 from tributary.api.settings.config import Settings
 from tributary.api.settings.sources import source_statuses
 from tributary.capture.log import LogError
@@ -127,9 +128,8 @@ _rebuild_lock = threading.Lock()
 
 
 def _run_settings(request: Request) -> Any:
-    from tributary.projections.runner import RunSettings
-
-    return RunSettings.from_settings(_settings(request), dsn=request.app.state.dsn)
+    """The runner's settings with `[projections]` as the config file says now."""
+    return current_run_settings(request.app.state)
 
 
 @router.get("/projections", tags=["admin"], dependencies=[Depends(require("admin"))], responses=AUTH_RESPONSES)
@@ -137,7 +137,7 @@ async def projections(request: Request) -> list[dict[str, Any]]:
     """Version, serving build, state, lag, and any rebuild started from the API with its progress."""
     from tributary.projections.runner import status
 
-    rows = await asyncio.to_thread(status, _run_settings(request))
+    rows = await asyncio.to_thread(lambda: status(_run_settings(request)))
     out = []
     for r in rows:
         entry = {k: getattr(r, k) for k in r.__slots__}
@@ -158,11 +158,12 @@ async def projections(request: Request) -> list[dict[str, Any]]:
     responses={**AUTH_RESPONSES, 404: error("no projection with this name")},
 )
 async def start_rebuild(name: str, request: Request) -> dict[str, Any]:
-    """Start a rebuild in the background; 202 with an id to poll at GET /rebuilds/{id}."""
-    from tributary.projections.loader import load
+    """Start a rebuild in the background (in its own process, reading the projection files as they
+    are now); 202 with an id to poll at GET /rebuilds/{id}."""
+    from tributary.projections.loader import load_current
 
-    settings = _run_settings(request)
-    if name not in load(settings.modules, settings.mirror):
+    settings = await asyncio.to_thread(_run_settings, request)
+    if name not in await asyncio.to_thread(load_current, settings.modules, settings.mirror):
         raise HTTPException(404, f"no projection named {name!r}")
     with _rebuild_lock:
         running = [b for b in _rebuilds.values() if b["projection"] == name and b["state"] == "running"]
@@ -185,16 +186,17 @@ async def start_rebuild(name: str, request: Request) -> dict[str, Any]:
 
 
 def _rebuild_worker(entry: dict[str, Any], settings: Any) -> None:
-    from tributary.projections.runner import rebuild
+    from tributary.projections.runner import rebuild_process
 
     def progress(stage: str, done: int, total: int) -> None:
         entry.update(stage=stage, done=done, total=total)
 
     try:
-        result = rebuild(entry["projection"], settings, progress=progress)
-        entry.update(state="done", build=result.build, table=result.table, records=result.records)
+        result = rebuild_process(entry["projection"], settings, progress=progress)
+        entry.update(state="done", stage="done", build=result.build, table=result.table, records=result.records)
     except Exception as exc:  # noqa: BLE001 - reported through the API, not raised into a thread
-        entry.update(state="failed", error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        error_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        entry.update(state="failed", stage="failed", error=error_line)
     entry["finished_at"] = time.time()
 
 
