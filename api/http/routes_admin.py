@@ -52,9 +52,11 @@ def _settings(request: Request) -> Settings:
 
 
 @router.get("/healthz", tags=["ops"])
-async def healthz() -> dict[str, str]:
-    """The process is up."""
-    return {"status": "ok"}
+async def healthz(request: Request) -> dict[str, Any]:
+    """The process is up; `problems` (only when there are any): parts running in this process that
+    failed, by name (`tributary demo` runs capture, projections and workloads beside the API)."""
+    problems: dict[str, str] | None = getattr(request.app.state, "problems", None)
+    return {"status": "ok", "problems": dict(problems)} if problems else {"status": "ok"}
 
 
 @router.get(

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 EVENTS = 7  # records on events.account
 
-TALLY = '''
+TALLY = """
 from tributary.projections.definition import Fold, Projection, Table
 
 CODE_VERSION = {version}
@@ -49,7 +49,7 @@ PROJECTION = Projection(
     table=Table.of({{"stream": "text", "n": "bigint", "code_version": "integer"}}, ["stream"]),
     fold=Fold(initial=initial, apply=apply, result=result),
 )
-'''
+"""
 
 
 def _config(path: Path, dsn: str, root: Path, port: int, modules: list[Path]) -> None:
@@ -85,7 +85,9 @@ def test_serve_follows_added_and_edited_projections(fresh_db: str, tmp_path: Pat
     writer = LogWriter(root)
     writer.topic("events.account")
     for i in range(EVENTS):
-        writer.append("events.account", f"acct-{i % 3}", i // 3 + 1, "MoneyDeposited", 1_700_000_000_000 + i, amount="1")
+        writer.append(
+            "events.account", f"acct-{i % 3}", i // 3 + 1, "MoneyDeposited", 1_700_000_000_000 + i, amount="1"
+        )
     writer.commit()
     writer.close()
 
