@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -29,8 +30,8 @@ CLI = [sys.executable, "-c", "from tributary.api.cli.main import main; main()"]
 
 
 @contextmanager
-def _demo(tmp_path: Path, duration: int) -> Iterator[tuple[subprocess.Popen[str], Path, Path]]:
-    """`tributary demo --duration N` in the background: (process, stdout file, stderr file)."""
+def _demo(tmp_path: Path, duration: int | None) -> Iterator[tuple[subprocess.Popen[str], Path, Path]]:
+    """`tributary demo [--duration N]` in the background: (process, stdout file, stderr file)."""
     env = {
         **os.environ,
         "TRIBUTARY_PG_DATA_DIR": str(tmp_path / "pg"),
@@ -39,9 +40,8 @@ def _demo(tmp_path: Path, duration: int) -> Iterator[tuple[subprocess.Popen[str]
     }
     out, err = tmp_path / "demo.out", tmp_path / "demo.err"
     with out.open("w") as o, err.open("w") as e:
-        proc = subprocess.Popen(
-            [*CLI, "demo", "--duration", str(duration)], cwd=tmp_path, env=env, stdout=o, stderr=e, text=True
-        )
+        args = ["demo"] if duration is None else ["demo", "--duration", str(duration)]
+        proc = subprocess.Popen([*CLI, *args], cwd=tmp_path, env=env, stdout=o, stderr=e, text=True)
     try:
         yield proc, out, err
     finally:
@@ -78,14 +78,14 @@ def _get(url: str) -> Any:
 
 
 def test_demo_runs_end_to_end_through_a_rebuild_and_reports_work(tmp_path: Path) -> None:
-    with _demo(tmp_path, 150) as (proc, out, err):
+    with _demo(tmp_path, None) as (proc, out, err):
         base = _until(lambda: _url(out), 180, "the console URL", proc, err)
 
-        def built() -> bool:
+        def balances() -> dict[str, Any] | None:
             rows = _get(base + "/projections") or []
-            return any(p["name"] == "account_balances" and p["build"] is not None for p in rows)
+            return next((p for p in rows if p["name"] == "account_balances" and p["build"] is not None), None)
 
-        _until(built, 180, "a first projection run", proc, err)
+        _until(balances, 180, "a first projection run", proc, err)
         sources = _get(base + "/sources") or []
         assert "shop" in [s["name"] for s in sources], sources
         # the rebuild the demo suggests, as the console's button sends it
@@ -94,7 +94,11 @@ def test_demo_runs_end_to_end_through_a_rebuild_and_reports_work(tmp_path: Path)
         rebuild = f"{base}/rebuilds/{r.json()['id']}"
         done = _until(lambda: (b := _get(rebuild)) and b["state"] != "running" and b, 240, "the rebuild", proc, err)
         assert done["state"] == "done" and done["stage"] == "done", done
+        # the demo's loop goes on over the new build: it reads the bank's new events
+        rebuilt = _until(lambda: (p := balances()) and p["build"] == done["build"] and p, 60, "the swap", proc, err)
+        _until(lambda: (p := balances()) and p["records"] > rebuilt["records"], 120, "a run after", proc, err)
         assert (_get(base + "/healthz") or {}).get("problems") is None
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
         proc.wait(timeout=300)
     stdout, stderr = out.read_text(), err.read_text()
     assert proc.returncode == 0, stdout + stderr
