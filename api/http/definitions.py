@@ -2,14 +2,15 @@
 
 `tributary serve` runs for weeks while users add `[projections] modules` and edit projection files:
 `/projections`, `/views` and rebuilds must see those changes without a restart. Reading is cheap:
-one `stat` of the config file and of each projection file per call; a file is read again only when
-its stamp (mtime, size) changed.
+one `stat` of the config file and of each projection file (at most once a second for `/views`); a
+file is read again only when its stamp (mtime, size) changed.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from tributary.api.settings.config import DEFAULT_CONFIG, ConfigError, Projectio
 __all__ = ["config_file", "current_projection_settings", "current_projections", "current_run_settings"]
 
 log = logging.getLogger(__name__)
+RECHECK_S = 1.0  # how stale the definitions `/views` serves may be
 _lock = threading.Lock()
 
 
@@ -57,14 +59,19 @@ def current_projection_settings(state: Any) -> ProjectionSettings:
 
 
 def current_projections(state: Any) -> dict[str, Any]:
-    """Every configured projection by name, from the files as they are now."""
+    """Every configured projection by name, from the files as they were at most `RECHECK_S` ago
+    (the views route calls this per request: the `stat`s are paid once per interval, not per page)."""
     from tributary.projections.loader import load_current
 
+    now = time.monotonic()
+    last: dict[str, Any] | None = getattr(state, "last_projections", None)
+    if last is not None and now - getattr(state, "projections_checked_at", 0.0) < RECHECK_S:
+        return last
+    state.projections_checked_at = now
     pr = current_projection_settings(state)
     try:
         found = load_current(tuple(pr.modules), tuple(pr.mirror))
     except Exception as exc:  # noqa: BLE001 - a file saved half-way: keep serving what loaded last
-        last: dict[str, Any] | None = getattr(state, "last_projections", None)
         if last is None:
             raise
         log.warning("a projection file does not load (%s: %s); serving its last definitions", type(exc).__name__, exc)

@@ -111,8 +111,11 @@ def test_serve_follows_added_and_edited_projections(fresh_db: str, tmp_path: Pat
         time.sleep(0.01)  # a later mtime on file systems with coarse timestamps
         _config(config, fresh_db, root, port, [waiting, tally])
         assert _projection(base, "tally")["lag"] == EVENTS
-        r = httpx.get(base + "/views/tally", timeout=30)
-        assert r.status_code == 404 and "not been built yet" in r.json()["detail"], r.text
+        deadline = time.monotonic() + 5  # /views looks at the files at most once a second
+        while "not been built yet" not in (r := httpx.get(base + "/views/tally", timeout=30)).text:
+            assert time.monotonic() < deadline, r.text
+            time.sleep(0.2)
+        assert r.status_code == 404, r.text
 
         done = _rebuild(base, "tally")
         assert done["state"] == "done" and done["stage"] == "done", done
