@@ -21,6 +21,7 @@ import httpx
 import psycopg
 import pytest
 
+from tests.e2e.test_console import _browser, _wait
 from tributary.api.devdb.embedded import EmbeddedPostgres
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -129,6 +130,12 @@ def test_a_failing_stage_shows_at_once_and_the_demo_exits_1(tmp_path: Path) -> N
         assert "orders" in line.group(0), line.group(0)
         problems = _until(lambda: (_get(base + "/healthz") or {}).get("problems"), 10, "/healthz", proc, err)
         assert "shop" in problems, problems
+        driver = _browser(tmp_path / "chromium-profile")  # and the console says it
+        try:
+            driver.get(base + "/")
+            _wait(driver, lambda d: "shop failed" in d.find_element("id", "problems").text, 20, "the problem")
+        finally:
+            driver.quit()
         proc.wait(timeout=300)
     assert proc.returncode == 1, out.read_text() + err.read_text()
     assert "shop failed" in out.read_text()  # and again in the summary
