@@ -10,6 +10,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+import threading
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -102,6 +103,7 @@ def _stamp(ref: str) -> tuple[str, int, int] | None:
 
 
 _stamps: dict[str, tuple[str, int, int] | None] = {}
+_stamps_lock = threading.RLock()
 
 
 def file_stamps(modules: Sequence[str]) -> tuple[tuple[str, int, int] | None, ...]:
@@ -114,16 +116,17 @@ def load_current(modules: tuple[str, ...], mirror: tuple[str, ...] = ()) -> dict
 
     A long-running process (`tributary serve`) calls this per request: a projection file added to
     the config or edited on disk is seen without a restart. Unchanged files cost one `stat` each."""
-    changed = False
-    for ref in modules:
-        stamp = _stamp(ref)
-        if ref in _stamps and _stamps[ref] != stamp:
-            changed = True
-            _forget(ref)
-        _stamps[ref] = stamp
-    if changed:
-        load.cache_clear()
-    return load(modules, mirror)
+    with _stamps_lock:  # the API's threads (views, status, metrics) may ask at the same time
+        changed = False
+        for ref in modules:
+            stamp = _stamp(ref)
+            if ref in _stamps and _stamps[ref] != stamp:
+                changed = True
+                _forget(ref)
+            _stamps[ref] = stamp
+        if changed:
+            load.cache_clear()
+        return load(modules, mirror)
 
 
 def _forget(ref: str) -> None:
