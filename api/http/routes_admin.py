@@ -31,7 +31,8 @@ class Readiness(BaseModel):
 
 
 class Rebuild(BaseModel):
-    """A rebuild started from the API; `build`, `table`, `records` once done, `finished_at` once over."""
+    """A rebuild started from the API; `build`, `table`, `records` once done, `finished_at` once over;
+    `stage` ends as `done` or `failed` (with `error`)."""
 
     id: str
     projection: str
