@@ -11,7 +11,22 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, pool
 
-__all__ = ["head_revision", "migrations_current", "run_migrations", "sqlalchemy_url"]
+__all__ = [
+    "NOT_INITIALIZED",
+    "NotInitializedError",
+    "head_revision",
+    "migrations_current",
+    "require_initialized",
+    "run_migrations",
+    "sqlalchemy_url",
+]
+
+NOT_INITIALIZED = "the service database has no tributary schema yet (or an older one): run `tributary init`"
+
+
+class NotInitializedError(Exception):
+    """The service database is reachable but not migrated to this version's head."""
+
 
 MIGRATIONS = Path(str(files("tributary.migrations")))  # a folder on disk, installed or editable
 
@@ -55,3 +70,18 @@ def migrations_current(dsn: str) -> bool:
     finally:
         engine.dispose()
     return current == head_revision()
+
+
+def require_initialized(dsn: str) -> None:
+    """Raise `NotInitializedError` (its message: `NOT_INITIALIZED`) unless the service database is
+    at the migrations' head. `serve`, `capture` and `project run` share it, so a newcomer who skips
+    `init` gets the same one line from each. A database that cannot be reached is not judged here:
+    the caller's own connection reports that."""
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        current = migrations_current(dsn)
+    except OperationalError:
+        return
+    if not current:
+        raise NotInitializedError(NOT_INITIALIZED)

@@ -10,6 +10,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+import threading
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -18,7 +19,7 @@ from types import ModuleType
 from tributary.projections.definition import Projection
 from tributary.projections.errors import DefinitionError
 
-__all__ = ["load", "load_module", "resolve"]
+__all__ = ["file_stamps", "load", "load_current", "load_module", "resolve"]
 
 
 def load_module(ref: str) -> ModuleType:
@@ -80,3 +81,59 @@ def resolve(modules: Sequence[str], mirror: Sequence[str], name: str) -> Project
         known = ", ".join(sorted(projections)) or "none"
         raise DefinitionError(f"no projection named {name!r} (configured: {known})")
     return projections[name]
+
+
+def _stamp(ref: str) -> tuple[str, int, int] | None:
+    """(path, mtime_ns, size) of the file a reference names, None when it has none (a namespace)."""
+    if ref.endswith(".py") or "/" in ref:
+        path = Path(ref).resolve()
+    else:
+        try:
+            spec = importlib.util.find_spec(ref)
+        except (ImportError, ValueError):
+            return None
+        if spec is None or not spec.origin or not spec.has_location:
+            return None
+        path = Path(spec.origin)
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return str(path), st.st_mtime_ns, st.st_size
+
+
+_stamps: dict[str, tuple[str, int, int] | None] = {}
+_stamps_lock = threading.RLock()
+
+
+def file_stamps(modules: Sequence[str]) -> tuple[tuple[str, int, int] | None, ...]:
+    """What the projection files look like on disk now: equal stamps, same code."""
+    return tuple(_stamp(ref) for ref in modules)
+
+
+def load_current(modules: tuple[str, ...], mirror: tuple[str, ...] = ()) -> dict[str, Projection]:
+    """`load`, re-reading every module whose file changed since this process last read it.
+
+    A long-running process (`tributary serve`) calls this per request: a projection file added to
+    the config or edited on disk is seen without a restart. Unchanged files cost one `stat` each."""
+    with _stamps_lock:  # the API's threads (views, status, metrics) may ask at the same time
+        changed = False
+        for ref in modules:
+            stamp = _stamp(ref)
+            if ref in _stamps and _stamps[ref] != stamp:
+                changed = True
+                _forget(ref)
+            _stamps[ref] = stamp
+        if changed:
+            load.cache_clear()
+        return load(modules, mirror)
+
+
+def _forget(ref: str) -> None:
+    """Drop a module from `sys.modules` so that the next `load_module` executes its file again."""
+    if ref.endswith(".py") or "/" in ref:
+        path = Path(ref).resolve()
+        digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+        sys.modules.pop(f"tributary_projection_{path.stem}_{digest}", None)
+    else:
+        sys.modules.pop(ref, None)

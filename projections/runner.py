@@ -40,7 +40,7 @@ from tributary.projections.job import (
     items_frame,
     ordered_before,
 )
-from tributary.projections.loader import load, resolve
+from tributary.projections.loader import file_stamps, load_current, resolve
 from tributary.projections.source import records_frame
 from tributary.projections.spark import aggregation_session, get_session
 from tributary.projections.store import BuildRow, Store
@@ -50,6 +50,8 @@ __all__ = [
     "RunSettings",
     "list_projections",
     "rebuild",
+    "rebuild_main",
+    "rebuild_process",
     "run",
     "run_continuous",
     "status",
@@ -323,6 +325,7 @@ class _Locked:
 
 def _rebuild(s: RunSettings, spark: Any, store: Store, p: Projection, progress: Progress | None) -> RunResult:
     t0 = time.monotonic()
+    stamps = file_stamps(s.modules)
     log = Log.open(s.log_root)
     b = store.new_build(p)
     records = rows = 0
@@ -335,6 +338,8 @@ def _rebuild(s: RunSettings, spark: Any, store: Store, p: Projection, progress: 
                 break
             if i == 0:
                 store.set_status(b, "catching_up")
+        if file_stamps(s.modules) != stamps:  # Spark workers may have run the edited code
+            raise RunError(f"projection files changed while {p.name!r} was being rebuilt; rebuild it again")
         store.set_status(b, "swapping")
         old = store.swap(b)
         for table in old:
@@ -354,6 +359,71 @@ def rebuild(name: str, settings: RunSettings, *, spark: Any = None, progress: Pr
     p = resolve(settings.modules, settings.mirror, name)
     with _Locked(settings, name) as store:
         return _rebuild(settings, _session(settings, spark), store, p, progress)
+
+
+_MARK = "tributary-rebuild "  # the child's protocol lines on stdout; Spark may print other lines there
+
+
+def rebuild_process(name: str, settings: RunSettings, *, progress: Progress | None = None) -> RunResult:
+    """`rebuild` in a new Python process: it imports the projection files as they are now, so a
+    long-running caller (`tributary serve`) never builds with, or labels a build after, code it
+    loaded earlier. Progress comes back line by line; a failure raises `RunError` with its line."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    args = json.dumps({"name": name, "settings": {**_settings_json(settings)}})
+    code = "from tributary.projections.runner import rebuild_main; rebuild_main()"
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, args], stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1
+        )
+        result: dict[str, Any] | None = None
+        failure: str | None = None
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if not line.startswith(_MARK):
+                continue
+            msg = json.loads(line[len(_MARK) :])
+            if "progress" in msg and progress is not None:
+                progress(*msg["progress"])
+            result, failure = msg.get("result", result), msg.get("error", failure)
+        code_ = proc.wait()
+        if result is not None and code_ == 0:
+            return RunResult(**result)
+        if failure is None:
+            err.seek(0)
+            lines = [x for x in err.read().splitlines() if x.strip()]
+            failure = f"the rebuild process exited with status {code_}" + (f": {lines[-1]}" if lines else "")
+        raise RunError(failure)
+
+
+def _settings_json(s: RunSettings) -> dict[str, Any]:
+    return {f: (str(v) if isinstance(v, Path) else v) for f in s.__slots__ if (v := getattr(s, f)) is not None}
+
+
+def rebuild_main() -> None:
+    """The child of `rebuild_process`: argv[1] is {"name", "settings"}; reports on stdout."""
+    import json
+    import sys
+
+    args = json.loads(sys.argv[1])
+    raw = args["settings"]
+    s = RunSettings(
+        **{**raw, "log_root": Path(raw["log_root"]), "modules": tuple(raw["modules"]), "mirror": tuple(raw["mirror"])}
+    )
+
+    def say(msg: dict[str, Any]) -> None:
+        sys.stdout.write(_MARK + json.dumps(msg) + "\n")
+        sys.stdout.flush()
+
+    try:
+        result = rebuild(args["name"], s, progress=lambda stage, done, total: say({"progress": [stage, done, total]}))
+    except Exception as exc:  # noqa: BLE001 - one line to the parent, which reports it
+        say({"error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__})
+        sys.exit(1)
+    say({"result": {f: getattr(result, f) for f in result.__slots__}})
 
 
 def run(name: str, settings: RunSettings, *, spark: Any = None, progress: Progress | None = None) -> RunResult:
@@ -421,14 +491,14 @@ def list_projections(settings: RunSettings) -> list[dict[str, Any]]:
             "window": None if p.window is None else p.window.kind,
             "description": p.description,
         }
-        for p in load(settings.modules, settings.mirror).values()
+        for p in load_current(settings.modules, settings.mirror).values()
     ]
 
 
 def status(settings: RunSettings, name: str | None = None) -> list[ProjectionStatus]:
     """Per projection: serving build, its lifecycle state, records read, lag behind the log,
     late records dropped, and whether the file's version asks for a rebuild."""
-    projections: Mapping[str, Projection] = load(settings.modules, settings.mirror)
+    projections: Mapping[str, Projection] = load_current(settings.modules, settings.mirror)
     names = [name] if name else sorted(projections)
     out: list[ProjectionStatus] = []
     with _connect(settings) as conn:
@@ -439,12 +509,12 @@ def status(settings: RunSettings, name: str | None = None) -> list[ProjectionSta
         except LogError:  # nothing captured yet: lag unknown, status still useful
             log = None
         for n in names:
-            p = resolve(settings.modules, settings.mirror, n)
+            p = projections[n] if n in projections else resolve(settings.modules, settings.mirror, n)
             builds = store.builds(n)
             cur = next((b for b in builds if b.current), None)
             lag = 0
-            if cur is not None and log is not None:
-                ck = store.checkpoints(cur)
+            if log is not None:  # never run: everything in its topics is waiting
+                ck = store.checkpoints(cur) if cur is not None else {}
                 lag = sum(max(0, e - ck.get(tp, (0, None))[0]) for tp, e in _ends(log, p.topics).items())
             others = tuple(f"{b.table_name}:{b.status}" for b in builds if not b.current)
             out.append(

@@ -107,6 +107,7 @@ def capture(
     specs = source_specs(settings, with_outbox=True)
     if not specs:
         raise UserError("nothing to capture: configure [[sources]] in tributary.toml (or start the service database)")
+    _require_init(settings)
     options = DaemonOptions(
         log_root=settings.log.root,
         default_partitions=settings.log.partitions,
@@ -135,6 +136,22 @@ def capture(
 
 
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _require_init(settings: Settings) -> None:
+    """Refuse before `tributary init` (the outbox table and slots do not exist yet)."""
+    from tributary.api.cli.common import service_dsn
+    from tributary.eventstore.migrate import NotInitializedError, require_initialized
+
+    try:
+        dsn = service_dsn(settings)
+    except UserError:
+        return  # no service database: only [[sources]] to capture, nothing of ours to check
+    try:
+        require_initialized(dsn)
+    except NotInitializedError as exc:
+        raise UserError(str(exc)) from None
+
 
 _STATE_STYLES = {
     "streaming": "green",

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tributary.api.cli.common import ConfigOption, service_dsn, settings_from
+from tributary.api.cli.common import ConfigOption, UserError, service_dsn, settings_from
 
 if TYPE_CHECKING:
     from tributary.projections.runner import RunResult, RunSettings
@@ -105,6 +105,16 @@ def _print_result(result: RunResult) -> None:
     )
 
 
+def _require_init(dsn: str) -> None:
+    """Refuse to run before `tributary init` instead of folding an empty log into fresh tables."""
+    from tributary.eventstore.migrate import NotInitializedError, require_initialized
+
+    try:
+        require_initialized(dsn)
+    except NotInitializedError as exc:
+        raise UserError(str(exc)) from None
+
+
 @project_app.command("list")
 def list_cmd(config: ConfigOption = None) -> None:
     """Every configured projection: name, version, source topics, kind, window."""
@@ -153,6 +163,7 @@ def run_cmd(
 ) -> None:
     """Catch the projection up to the log end (rebuilding first if its version changed)."""
     settings = _run_settings(config, skip_errors=skip_errors)
+    _require_init(settings.dsn)
     if not continuous:
         with _reporting(settings), _progress() as progress:
             _print_result(_runner().run(name, settings, progress=progress))
@@ -173,6 +184,7 @@ def run_cmd(
 def rebuild_cmd(name: Annotated[str, typer.Argument(help="Projection name.")], config: ConfigOption = None) -> None:
     """Build a new table from offset 0 while the old one serves, then swap the view atomically."""
     settings = _run_settings(config)
+    _require_init(settings.dsn)
     with _reporting(settings), _progress() as progress:
         _print_result(_runner().rebuild(name, settings, progress=progress))
 

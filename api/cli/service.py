@@ -60,7 +60,11 @@ def serve(
     typer.echo(f"tributary API on http://{host}:{port}/ (console), http://{host}:{port}/docs (OpenAPI)", err=True)
     common = {"host": host, "port": port, "log_config": None, "access_log": False}
     if workers == 1:
-        uvicorn.run(create_app(settings, dsn=dsn), **common)  # type: ignore[arg-type]
+        from tributary.api.http.definitions import config_file
+
+        app = create_app(settings, dsn=dsn)
+        app.state.config_path = config_file(config)  # `[projections]` changes are followed
+        uvicorn.run(app, **common)  # type: ignore[arg-type]
         return
     # Several processes need an import string: each worker rebuilds the app from the same config file
     # (and environment), so the settings are the ones validated here.

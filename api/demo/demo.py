@@ -8,6 +8,7 @@ opened and used through that API. Ctrl-C (or `--duration`) stops it all and prin
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,19 +20,19 @@ from psycopg import sql
 from rich.console import Console
 
 from tributary.api.cli.common import ConfigOption, settings_from
+from tributary.api.cli.output import literal
 from tributary.api.demo.shop import Workload, create_shop
 from tributary.api.devdb.embedded import EmbeddedPostgres, free_port
-from tributary.api.settings.config import Settings
+from tributary.api.settings.config import Settings, SourceSettings
 from tributary.api.settings.log import cleaner_policy
-from tributary.api.settings.sources import outbox_spec
+from tributary.api.settings.sources import source_specs
 from tributary.capture.daemon import CaptureDaemon, DaemonOptions
 from tributary.capture.log.admin import topics as topics_of
-from tributary.capture.source import SourceSpec
 
 __all__ = ["register"]
 
 DEMO_DB = "shop"
-DEMO_SOURCE = "demo"
+DEMO_SOURCE = "shop"  # topics shop.public.*, as in the README's Quick start
 DEMO_PROJECTIONS = (
     "tributary.projections.examples.account_balances",
     "tributary.projections.examples.account_daily_totals",
@@ -45,11 +46,14 @@ def _ensure_database(admin_dsn: str, name: str) -> None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
-def _demo_settings(base: Settings, service_dsn: str, port: int) -> Settings:
-    """The user's settings with the demo's pieces filled in (service DB, projections, port)."""
+def _demo_settings(base: Settings, service_dsn: str, shop_dsn: str, port: int) -> Settings:
+    """The user's settings with the demo's pieces filled in (service DB, the shop as a source, so
+    that `/sources` and the console show it, projections, port)."""
+    shop = SourceSettings(name=DEMO_SOURCE, dsn=shop_dsn, include=("public.*",))
     return base.model_copy(
         update={
             "service": base.service.model_copy(update={"dsn": service_dsn}),
+            "sources": [shop],
             "projections": base.projections.model_copy(
                 update={"modules": DEMO_PROJECTIONS, "mirror": DEMO_MIRROR, "spark_master": "local[2]"}
             ),
@@ -59,24 +63,31 @@ def _demo_settings(base: Settings, service_dsn: str, port: int) -> Settings:
 
 
 class _Stage(threading.Thread):
-    """A demo component in a thread: runs `body(stop)` and keeps its error for the summary."""
+    """A demo component in a thread: runs `body(stop)`. A failure is said at once (stderr, and
+    `problems`, which the API's /healthz and the console show) and kept for the summary."""
 
-    def __init__(self, name: str, body: Any, stop: threading.Event) -> None:
+    def __init__(self, name: str, body: Any, stop: threading.Event, problems: dict[str, str]) -> None:
         super().__init__(name=name, daemon=True)
-        self.body, self.stop_event = body, stop
+        self.body, self.stop_event, self.problems = body, stop, problems
         self.error: str | None = None
 
     def run(self) -> None:
         try:
             self.body(self.stop_event)
-        except Exception as exc:  # noqa: BLE001 - reported in the summary, the other stages go on
-            self.error = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - reported now and in the summary; the other stages go on
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            self.error = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+            self.problems[self.name] = self.error
+            print(f"tributary demo: {self.name} failed: {self.error}", file=sys.stderr, flush=True)
 
 
 def demo(
     config: ConfigOption = None,
     duration: Annotated[
-        float | None, typer.Option("--duration", metavar="SECONDS", help="Run this long, print a summary, exit 0.")
+        float | None,
+        typer.Option(
+            "--duration", metavar="SECONDS", help="Run this long, print a summary, exit 0 (1 if a stage failed)."
+        ),
     ] = None,
     rate: Annotated[float, typer.Option(help="Shop workload transactions per second.")] = 20.0,
 ) -> None:
@@ -95,27 +106,16 @@ def demo(
     from tributary.eventstore.migrate import run_migrations
 
     run_migrations(service_dsn)
-    settings = _demo_settings(base, service_dsn, free_port(base.api.port))
+    settings = _demo_settings(base, service_dsn, shop_dsn, free_port(base.api.port))
     url = f"http://127.0.0.1:{settings.api.port}"
     console.print(f"[bold]postgres[/]   {service_dsn} (sample shop in database {DEMO_DB!r})")
 
     stop = threading.Event()
-    counts = {"accounts": 0, "commands": 0, "projection_runs": 0, "rows_written": 0}
+    counts = {"accounts": 0, "commands": 0, "projection_runs": 0, "rows_written": 0, "waits": 0}
     workload = Workload(shop_dsn)
     workload.seed_catalog()
 
-    specs = [
-        SourceSpec(
-            name=DEMO_SOURCE,
-            dsn=shop_dsn,
-            slot="tributary_demo",
-            include=("public.*",),
-            exclude=(),
-            snapshot="initial",
-            partitions=settings.log.partitions,
-        ),
-        outbox_spec(settings, service_dsn),
-    ]
+    specs = source_specs(settings, with_outbox=True)  # the shop and the event store's outbox
     daemon = CaptureDaemon(
         specs,
         DaemonOptions(
@@ -138,9 +138,12 @@ def demo(
 
     from tributary.api.http.app import create_app
 
+    problems: dict[str, str] = {}  # stage → its failure, shown by /healthz and the console
+    app = create_app(settings, dsn=service_dsn)
+    app.state.problems = problems
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(settings, dsn=service_dsn),
+            app,
             host="127.0.0.1",
             port=settings.api.port,
             log_level="warning",
@@ -175,6 +178,7 @@ def demo(
                 stop_.wait(0.5)
 
     def projections(stop_: threading.Event) -> None:
+        from tributary.projections.errors import LockedError
         from tributary.projections.loader import load
         from tributary.projections.runner import RunSettings, run
 
@@ -185,13 +189,17 @@ def demo(
             for name in names:
                 if stop_.is_set():
                     break
-                result = run(name, run_settings)
+                try:
+                    result = run(name, run_settings)
+                except LockedError:  # a rebuild (the API's, the console's) holds it: carry on after it
+                    counts["waits"] += 1
+                    continue
                 counts["projection_runs"] += 1
                 counts["rows_written"] += result.rows
             stop_.wait(2)
 
     stages = [
-        _Stage(n, b, stop)
+        _Stage(n, b, stop, problems)
         for n, b in (("capture", capture), ("shop", shop), ("api", api), ("bank", bank), ("projections", projections))
     ]
     for stage in stages:
@@ -224,6 +232,8 @@ def demo(
     if started_here:
         cluster.down()
         console.print(f"stopped the embedded Postgres (data kept in {cluster.data_dir})")
+    if problems:
+        raise typer.Exit(1)
 
 
 def _summary(console: Console, root: Path, shop: dict[str, int], counts: dict[str, int], stages: list[_Stage]) -> None:
@@ -234,11 +244,12 @@ def _summary(console: Console, root: Path, shop: dict[str, int], counts: dict[st
         console.print(f"  {t['topic']:<34} {t['records']:>7,} records ({t['policy']})")
     for stage in stages:
         if stage.error:
-            console.print(f"[red]{stage.name} failed[/]: {stage.error}")
+            console.print(f"[red]{literal(stage.name)} failed[/]: {literal(stage.error)}")
     console.print(
         f"[bold]summary[/] shop transactions={shop['transactions']:,}; records in log={total:,} (changes captured); "
         f"accounts opened={counts['accounts']}, commands accepted={counts['commands']:,} (events appended); "
-        f"projection runs={counts['projection_runs']:,}, rows written={counts['rows_written']:,} (views refreshed)"
+        f"projection runs={counts['projection_runs']:,}, rows written={counts['rows_written']:,} (views refreshed; "
+        f"{counts['waits']:,} waits for a rebuild)"
     )
 
 

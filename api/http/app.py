@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from decimal import Decimal
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
@@ -156,6 +157,19 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return JSONResponse({"detail": "internal error; see the server log"}, status_code=500)
 
+    async def missing_schema(request: Request, exc: Exception) -> JSONResponse:
+        # Served before `tributary init`: say so (503, one line) instead of a 500 and a trace.
+        from tributary.eventstore.migrate import NotInitializedError, require_initialized
+
+        try:
+            await asyncio.to_thread(require_initialized, dsn)
+        except NotInitializedError as missing:
+            return JSONResponse({"detail": str(missing)}, status_code=503)
+        return await unexpected(request, exc)
+
+    app.add_exception_handler(psycopg.errors.UndefinedTable, missing_schema)
+    app.add_exception_handler(psycopg.errors.InvalidSchemaName, missing_schema)
+
     return app
 
 
@@ -171,6 +185,7 @@ def worker_app() -> FastAPI:
     each worker rebuilds it from the config file `serve` validated (path in WORKER_CONFIG)."""
     from pathlib import Path
 
+    from tributary.api.http.definitions import config_file
     from tributary.api.settings.config import load_settings
     from tributary.api.settings.logs import configure_json_logging
     from tributary.api.settings.service import service_dsn
@@ -178,4 +193,6 @@ def worker_app() -> FastAPI:
     configure_json_logging()
     path = os.environ.get(WORKER_CONFIG, "")
     settings = load_settings(Path(path) if path else None)
-    return create_app(settings, dsn=service_dsn(settings))
+    app = create_app(settings, dsn=service_dsn(settings))
+    app.state.config_path = config_file(Path(path) if path else None)  # `[projections]` changes are followed
+    return app

@@ -14,6 +14,7 @@ from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
+from tributary.api.http.definitions import current_run_settings
 from tributary.api.settings.config import Settings
 from tributary.api.settings.sources import source_statuses
 from tributary.capture.log import LogError
@@ -31,7 +32,8 @@ class Readiness(BaseModel):
 
 
 class Rebuild(BaseModel):
-    """A rebuild started from the API; `build`, `table`, `records` once done, `finished_at` once over."""
+    """A rebuild started from the API; `build`, `table`, `records` once done, `finished_at` once over;
+    `stage` ends as `done` or `failed` (with `error`)."""
 
     id: str
     projection: str
@@ -52,9 +54,11 @@ def _settings(request: Request) -> Settings:
 
 
 @router.get("/healthz", tags=["ops"])
-async def healthz() -> dict[str, str]:
-    """The process is up."""
-    return {"status": "ok"}
+async def healthz(request: Request) -> dict[str, Any]:
+    """The process is up; `problems` (only when there are any): parts running in this process that
+    failed, by name (`tributary demo` runs capture, projections and workloads beside the API)."""
+    problems: dict[str, str] | None = getattr(request.app.state, "problems", None)
+    return {"status": "ok", "problems": dict(problems)} if problems else {"status": "ok"}
 
 
 @router.get(
@@ -136,9 +140,8 @@ _rebuild_lock = threading.Lock()
 
 
 def _run_settings(request: Request) -> Any:
-    from tributary.projections.runner import RunSettings
-
-    return RunSettings.from_settings(_settings(request), dsn=request.app.state.dsn)
+    """The runner's settings with `[projections]` as the config file says now."""
+    return current_run_settings(request.app.state)
 
 
 @router.get("/projections", tags=["admin"], dependencies=[Depends(require("admin"))], responses=AUTH_RESPONSES)
@@ -146,7 +149,7 @@ async def projections(request: Request) -> list[dict[str, Any]]:
     """Version, serving build, state, lag, and any rebuild started from the API with its progress."""
     from tributary.projections.runner import status
 
-    rows = await asyncio.to_thread(status, _run_settings(request))
+    rows = await asyncio.to_thread(lambda: status(_run_settings(request)))
     out = []
     for r in rows:
         entry = {k: getattr(r, k) for k in r.__slots__}
@@ -167,11 +170,12 @@ async def projections(request: Request) -> list[dict[str, Any]]:
     responses={**AUTH_RESPONSES, 404: error("no projection with this name")},
 )
 async def start_rebuild(name: str, request: Request) -> dict[str, Any]:
-    """Start a rebuild in the background; 202 with an id to poll at GET /rebuilds/{id}."""
-    from tributary.projections.loader import load
+    """Start a rebuild in the background (in its own process, reading the projection files as they
+    are now); 202 with an id to poll at GET /rebuilds/{id}."""
+    from tributary.projections.loader import load_current
 
-    settings = _run_settings(request)
-    if name not in load(settings.modules, settings.mirror):
+    settings = await asyncio.to_thread(_run_settings, request)
+    if name not in await asyncio.to_thread(load_current, settings.modules, settings.mirror):
         raise HTTPException(404, f"no projection named {name!r}")
     with _rebuild_lock:
         running = [b for b in _rebuilds.values() if b["projection"] == name and b["state"] == "running"]
@@ -194,16 +198,17 @@ async def start_rebuild(name: str, request: Request) -> dict[str, Any]:
 
 
 def _rebuild_worker(entry: dict[str, Any], settings: Any) -> None:
-    from tributary.projections.runner import rebuild
+    from tributary.projections.runner import rebuild_process
 
     def progress(stage: str, done: int, total: int) -> None:
         entry.update(stage=stage, done=done, total=total)
 
     try:
-        result = rebuild(entry["projection"], settings, progress=progress)
-        entry.update(state="done", build=result.build, table=result.table, records=result.records)
+        result = rebuild_process(entry["projection"], settings, progress=progress)
+        entry.update(state="done", stage="done", build=result.build, table=result.table, records=result.records)
     except Exception as exc:  # noqa: BLE001 - reported through the API, not raised into a thread
-        entry.update(state="failed", error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        error_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        entry.update(state="failed", stage="failed", error=error_line)
     entry["finished_at"] = time.time()
 
 

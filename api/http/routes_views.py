@@ -24,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 from pydantic import TypeAdapter, ValidationError
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
+from tributary.api.http.definitions import current_projections
 
 __all__ = ["CONNECTION_WAIT_S", "PREPARE_THRESHOLD", "Views", "router"]
 
@@ -48,14 +49,9 @@ CONNECTION_WAIT_S = 5.0
 
 
 def _projections(state: Any) -> dict[str, Any]:
-    """The configured projections, loaded once per app (they are configuration, not data)."""
-    cached = getattr(state, "projections", None)
-    if cached is None:
-        from tributary.projections.loader import load
-
-        settings = state.settings
-        cached = state.projections = dict(load(tuple(settings.projections.modules), tuple(settings.projections.mirror)))
-    return cached
+    """The configured projections as the config and projection files say now (`serve` follows
+    edits without a restart); unchanged files cost a `stat` each."""
+    return current_projections(state)
 
 
 def _default(obj: Any) -> Any:
@@ -329,12 +325,22 @@ class Views:
 
 
 def _view(state: Any, cached: dict[str, _View], name: str) -> _View | None:
+    """A view's columns, derived again when its projection's definition changed (an edited file)."""
+    p = _projections(state).get(name)
+    if p is None:
+        cached.pop(name, None)
+        return None
+    sources: dict[str, Any] | None = getattr(state, "view_sources", None)
+    if sources is None:
+        sources = state.view_sources = {}
     view = cached.get(name)
-    if view is None:
-        p = _projections(state).get(name)
-        if p is None:
-            return None
+    if view is None or sources.get(name) is not p:
         view = cached[name] = _View({c.name: c.type for c in p.table.columns}, tuple(p.table.primary_key))
+        if name in sources:  # the columns may differ: the SQL texts composed for the old ones must go
+            views = getattr(state, "views", None)
+            if views is not None:
+                views.queries.clear()
+        sources[name] = p
     return view
 
 

@@ -106,3 +106,62 @@ def test_console_shows_sources_and_rebuilds_a_projection(fresh_db: str, tmp_path
             driver.save_screenshot(str(ARTIFACTS / "console.png"))
         finally:
             driver.quit()
+
+
+DOCS = """
+from tributary.projections.definition import Projection, Table
+
+PROJECTION = Projection(
+    name="docs",
+    version=1,
+    topics=("none",),
+    table=Table.of({"id": "bigint", "attrs": "jsonb", "tags": "jsonb"}, ["id"]),
+    build=lambda df: df,
+)
+"""
+
+
+def test_console_sends_its_key_in_a_header_and_shows_jsonb_as_json(fresh_db: str, tmp_path: Path) -> None:
+    """With API keys configured the console asks for one and sends it as `Authorization`, never in
+    the URL (which browsers keep in their history); jsonb cells read as JSON, not "[object Object]"."""
+    from tributary.projections.definition import Projection, Table
+    from tributary.projections.store import Store
+
+    run_migrations(fresh_db)
+    (tmp_path / "docs.py").write_text(DOCS)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        store = Store(conn)
+        store.ensure()
+        table = Table.of({"id": "bigint", "attrs": "jsonb", "tags": "jsonb"}, ["id"])
+        build = store.new_build(Projection(name="docs", version=1, topics=("none",), table=table, build=len))
+        store.swap(build)
+        conn.execute(
+            f'INSERT INTO views.{build.table_name} VALUES (1, \'{{"color": "red"}}\', \'["a", 2]\')'  # noqa: S608
+        )
+    port = free_port()
+    secret = "console-key-0123456789"
+    config = tmp_path / "t.toml"
+    config.write_text(
+        f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\n'
+        f'[projections]\nmodules = ["{tmp_path / "docs.py"}"]\n'
+        f'[api]\nport = {port}\nkeys = [{{key = "{secret}", scopes = ["admin"]}}]\n'
+    )
+    with serving(config, port, err_path=tmp_path / "serve.err") as base:
+        driver = _browser(tmp_path / "chromium-profile")
+        try:
+            driver.get(base + "/")
+            _wait(driver, lambda d: d.find_element("id", "keyform").is_displayed(), 30, "the key prompt (401)")
+            driver.find_element("id", "key").send_keys(secret)
+            driver.find_element("css selector", "#keyform button[type=submit]").click()
+            _wait(driver, lambda d: "docs" in d.find_element("id", "projections").text, 30, "the projection")
+            driver.find_element("css selector", "#viewform button[type=submit]").click()
+            _wait(driver, lambda d: "tags" in d.find_element("id", "viewrows").text, 30, "the view's rows")
+            cells = driver.find_element("id", "viewrows").text
+            assert '{"color":"red"}' in cells and '["a",2]' in cells, cells
+            assert "[object Object]" not in cells, cells
+            assert secret not in driver.current_url
+            driver.refresh()  # the key lives for the tab, not in the URL: still signed in
+            _wait(driver, lambda d: "docs" in d.find_element("id", "projections").text, 30, "the projection again")
+            assert secret not in driver.current_url
+        finally:
+            driver.quit()
