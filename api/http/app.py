@@ -18,11 +18,15 @@ from decimal import Decimal
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
+from starlette.exceptions import HTTPException
 from starlette.types import Message, Receive, Scope, Send
 
 from tributary.api.http import routes_admin, routes_commands, routes_views
+from tributary.api.http.head import HeadAsGet
 from tributary.api.http.limits import BodyLimit
 from tributary.api.http.metrics import Metrics
 from tributary.api.http.routes_views import Views
@@ -140,15 +144,30 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         version="0.1.0",
         description="Change-data capture, event sourcing and projections on PostgreSQL.",
         lifespan=lifespan,
+        # No redirect of `/views/` to `/views`: Starlette builds its absolute URL from the Host header.
+        redirect_slashes=False,
     )
     app.state.settings = settings
     app.state.dsn = dsn
     app.state.metrics = app.metrics = Metrics()
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
+    app.add_middleware(HeadAsGet)
 
     app.include_router(routes_commands.router)
     app.include_router(routes_views.router)
     app.include_router(routes_admin.router)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own body, made encodable: it echoes the input, which may hold a lone surrogate.
+        try:
+            return _invalid_response(exc.errors())
+        except RecursionError:  # an echoed input nested deeper than the encoders recurse: leave it out
+            return _invalid_response([{k: v for k, v in e.items() if k != "input"} for e in exc.errors()])
+
+    @app.exception_handler(HTTPException)
+    async def refused(request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse({"detail": _encodable(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -157,6 +176,28 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         return JSONResponse({"detail": "internal error; see the server log"}, status_code=500)
 
     return app
+
+
+def _invalid_response(errors: Any) -> JSONResponse:
+    return JSONResponse({"detail": _encodable(jsonable_encoder(errors))}, status_code=422)
+
+
+def _encodable(value: Any) -> Any:
+    """`value` with every unpaired UTF-16 surrogate in its strings replaced by U+FFFD, so that the
+    response can be encoded as UTF-8 (JSON's `\\ud83d` escape decodes to such a string)."""
+    if isinstance(value, str):
+        if value.isascii():
+            return value
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return value
+    if isinstance(value, dict):
+        return {_encodable(k): _encodable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_encodable(v) for v in value]
+    return value
 
 
 def pool_of(request: Request) -> Any:
