@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 import re
@@ -22,7 +23,6 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
-from starlette.exceptions import HTTPException
 from starlette.types import Message, Receive, Scope, Send
 
 from tributary.api.http import routes_admin, routes_commands, routes_views
@@ -159,15 +159,8 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # FastAPI's own body, made encodable: it echoes the input, which may hold a lone surrogate.
-        try:
-            return _invalid_response(exc.errors())
-        except RecursionError:  # an echoed input nested deeper than the encoders recurse: leave it out
-            return _invalid_response([{k: v for k, v in e.items() if k != "input"} for e in exc.errors()])
-
-    @app.exception_handler(HTTPException)
-    async def refused(request: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse({"detail": _encodable(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+        # FastAPI's own body; it echoes the input, which may hold a lone surrogate.
+        return _EncodableJSON({"detail": jsonable_encoder(exc.errors())}, status_code=422)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -178,26 +171,16 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     return app
 
 
-def _invalid_response(errors: Any) -> JSONResponse:
-    return JSONResponse({"detail": _encodable(jsonable_encoder(errors))}, status_code=422)
+class _EncodableJSON(JSONResponse):
+    """JSON whose unpaired UTF-16 surrogates (JSON's `\\ud83d` escape decodes to one; UTF-8 cannot
+    encode it) are sent as U+FFFD."""
 
-
-def _encodable(value: Any) -> Any:
-    """`value` with every unpaired UTF-16 surrogate in its strings replaced by U+FFFD, so that the
-    response can be encoded as UTF-8 (JSON's `\\ud83d` escape decodes to such a string)."""
-    if isinstance(value, str):
-        if value.isascii():
-            return value
+    def render(self, content: Any) -> bytes:
+        text = json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
         try:
-            value.encode()
+            return text.encode()
         except UnicodeEncodeError:
-            return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-        return value
-    if isinstance(value, dict):
-        return {_encodable(k): _encodable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_encodable(v) for v in value]
-    return value
+            return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode()
 
 
 def pool_of(request: Request) -> Any:
