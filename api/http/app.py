@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -159,8 +159,12 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # FastAPI's own body; it echoes the input, which may hold a lone surrogate.
-        return _EncodableJSON({"detail": jsonable_encoder(exc.errors())}, status_code=422)
+        # FastAPI's own body, whose echo of the input JSON can carry (a lone surrogate, NaN, Infinity).
+        errors = jsonable_encoder(exc.errors())
+        try:
+            return JSONResponse({"detail": _carriable(errors)}, status_code=422)
+        except RecursionError:  # an input nested deeper than the walk may go: not echoed
+            return JSONResponse({"detail": _carriable([_without_input(e) for e in errors])}, status_code=422)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -171,16 +175,24 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     return app
 
 
-class _EncodableJSON(JSONResponse):
-    """JSON whose unpaired UTF-16 surrogates (JSON's `\\ud83d` escape decodes to one; UTF-8 cannot
-    encode it) are sent as U+FFFD."""
+def _carriable(value: Any) -> Any:
+    """`value` as JSON can carry it in UTF-8: an unpaired UTF-16 surrogate (JSON's `\\ud83d`
+    escape decodes to one) becomes U+FFFD, NaN and infinities their names as strings."""
+    if isinstance(value, str):
+        if value.isascii():
+            return value
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {_carriable(k): _carriable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_carriable(v) for v in value]
+    return value
 
-    def render(self, content: Any) -> bytes:
-        text = json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
-        try:
-            return text.encode()
-        except UnicodeEncodeError:
-            return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode()
+
+def _without_input(error: Any) -> Any:
+    return {k: v for k, v in error.items() if k != "input"} if isinstance(error, dict) else error
 
 
 def pool_of(request: Request) -> Any:
