@@ -35,7 +35,7 @@ __all__ = ["CommandReply", "CommandRequest", "EventOut", "StreamEvents", "Stream
 
 router = APIRouter(tags=["commands"])
 
-_MAX_VERSION = 2**63 - 1  # versions are `bigint`
+_MAX_VERSION = 2**53 - 1  # versions are `bigint`; this bound is also exact as a JSON number (a double)
 
 
 class CommandRequest(BaseModel):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -34,7 +33,9 @@ class Api:
         self.client, self.server, self.dbname = client, server, dbname
 
     def raw(self, stream: str, body: bytes) -> httpx.Response:
-        return self.client.post(f"/commands/account/{stream}", content=body, headers={"content-type": "application/json"})
+        return self.client.post(
+            f"/commands/account/{stream}", content=body, headers={"content-type": "application/json"}
+        )
 
 
 @pytest.fixture(scope="module")

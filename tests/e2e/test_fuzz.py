@@ -16,7 +16,6 @@ import json
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -136,9 +135,7 @@ STREAM_ID = st.one_of(ACCOUNTS, ACCOUNTS, TEXT.filter(bool))
 COMMAND_DATA = st.one_of(
     st.builds(
         lambda known, other: {**known, **other},
-        st.fixed_dictionaries(
-            {}, optional={"owner": st.one_of(TEXT, JSON), "overdraft_limit": MONEY, "amount": MONEY}
-        ),
+        st.fixed_dictionaries({}, optional={"owner": st.one_of(TEXT, JSON), "overdraft_limit": MONEY, "amount": MONEY}),
         st.dictionaries(TEXT, JSON, max_size=2) | st.just({}),
     ),
     JSON,
@@ -159,7 +156,9 @@ PLAUSIBLE = st.builds(  # the right fields for the command type, mostly good val
         st.fixed_dictionaries(
             {"type": st.just("open"), "data": st.fixed_dictionaries({"owner": st.sampled_from(["ada", "bob"]) | TEXT})}
         ),
-        st.fixed_dictionaries({"type": st.sampled_from(["deposit", "withdraw"]), "data": st.fixed_dictionaries(_AMOUNT)}),
+        st.fixed_dictionaries(
+            {"type": st.sampled_from(["deposit", "withdraw"]), "data": st.fixed_dictionaries(_AMOUNT)}
+        ),
         st.just({"type": "close", "data": {}}),
     ),
     st.fixed_dictionaries(
@@ -195,9 +194,11 @@ def test_fuzzed_commands_never_get_a_5xx(server: Server) -> None:
 
 
 FILTER_KEY = st.one_of(
-    st.builds(lambda c, op: f"{c}__{op}" if op else c, st.sampled_from(list(COLUMNS)), st.sampled_from(
-        ["", "eq", "ne", "gt", "gte", "lt", "lte", "like", ""]
-    )),
+    st.builds(
+        lambda c, op: f"{c}__{op}" if op else c,
+        st.sampled_from(list(COLUMNS)),
+        st.sampled_from(["", "eq", "ne", "gt", "gte", "lt", "lte", "like", ""]),
+    ),
     st.sampled_from(["limit", "cursor", "order_by"]),
     TEXT,
 )
@@ -232,9 +233,7 @@ READ = st.one_of(
         lambda stream, tail, params: f"/streams/{_url_part(stream)}{tail}?{_query(params)}",
         STREAM_ID,
         st.sampled_from(["", "/state"]),
-        st.lists(
-            st.tuples(st.sampled_from(["from_version", "limit", "x"]), st.one_of(INT.map(str), TEXT)), max_size=2
-        ),
+        st.lists(st.tuples(st.sampled_from(["from_version", "limit", "x"]), st.one_of(INT.map(str), TEXT)), max_size=2),
     ),
 )
 
