@@ -8,10 +8,10 @@ No table lock and no NOTIFY per append: commit order for readers comes from capt
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any
 
 import orjson
@@ -96,18 +96,24 @@ _KNOWN_MAX = 100_000
 CONNECTION_WAIT_S = 5.0
 
 
-@contextmanager
-def _database() -> Iterator[None]:
-    """The driver errors a caller can act on, translated once (the rest stay errors of the store):
-    a value the database refused, and a database that did not answer."""
-    try:
-        yield
-    except psycopg.DataError as exc:
-        raise InvalidValue("a value", f"cannot be stored: {exc.diag.message_primary or exc}") from None
-    except psycopg.OperationalError as exc:  # refused, lost, or no pooled connection in time (PoolTimeout)
-        raise StoreUnavailable(
-            f"the service database did not answer ({type(exc).__name__}); retry the request"
-        ) from exc
+class _DatabaseErrors:
+    """`with _database:` translates, once, the driver errors a caller can act on (the rest stay
+    errors of the store): a value the database refused, and a database that did not answer. A
+    class, not `@contextmanager`: it wraps every append, and a generator costs more per use."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if isinstance(exc, psycopg.DataError):
+            raise InvalidValue("a value", f"cannot be stored: {exc.diag.message_primary or exc}") from None
+        if isinstance(exc, psycopg.OperationalError):  # refused, lost, or no pooled connection in time (PoolTimeout)
+            raise StoreUnavailable(
+                f"the service database did not answer ({type(exc).__name__}); retry the request"
+            ) from exc
+
+
+_database = _DatabaseErrors()
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +233,7 @@ class EventStore:
     ) -> AppendResult:
         """Append atomically; re-appending the same event ids returns the original result."""
         check_id("stream id", stream_id)
-        with _database():
+        with _database:
             return self._append_attempts(stream_id, stream_type, events, expected_version, command, attempts)
 
     def _append_attempts(
@@ -359,7 +365,7 @@ class EventStore:
     def command_response(self, command_id: str, request: str) -> dict[str, Any] | None:
         """The stored answer to `command_id`; IdempotencyMismatch if it was a different command."""
         check_id("command_id", command_id)
-        with _database(), self.pool.connection() as conn:
+        with _database, self.pool.connection() as conn:
             row = conn.execute(_CMD_GET, (command_id,)).fetchone()
         if row is None:
             return None
@@ -374,7 +380,7 @@ class EventStore:
         query = _READ_BWD if backwards else _READ_FWD
         start = from_version if not backwards or from_version > 0 else _NO_LIMIT
         check_id("stream id", stream_id)
-        with _database(), self.pool.connection() as conn:
+        with _database, self.pool.connection() as conn:
             rows = conn.execute(query, (stream_id, start, limit or _NO_LIMIT)).fetchall()
         events = [_row(r) for r in rows]
         if events:
@@ -382,13 +388,13 @@ class EventStore:
         return events
 
     def read_type(self, stream_type: str, *, after_position: int = 0, limit: int = 1000) -> list[RecordedEvent]:
-        with _database(), self.pool.connection() as conn:
+        with _database, self.pool.connection() as conn:
             rows = conn.execute(_READ_TYPE, (stream_type, after_position, limit)).fetchall()
         return [_row(r) for r in rows]
 
     def version(self, stream_id: str) -> int:
         check_id("stream id", stream_id)
-        with _database(), self.pool.connection() as conn:
+        with _database, self.pool.connection() as conn:
             v = int(conn.execute(_CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
         self._note(stream_id, v)
         return v
@@ -396,14 +402,14 @@ class EventStore:
     # -- snapshots (a cache: they speed loading up and never change answers) ---------------------------------
     def snapshot(self, stream_id: str) -> tuple[int, dict[str, Any], int] | None:
         check_id("stream id", stream_id)
-        with _database(), self.pool.connection() as conn:
+        with _database, self.pool.connection() as conn:
             row = conn.execute(_SNAP_GET, (stream_id,)).fetchone()
         return None if row is None else (int(row[0]), dict(row[1]), int(row[2]))
 
     def save_snapshot(
         self, stream_id: str, stream_type: str, version: int, state: dict[str, Any], state_version: int
     ) -> None:
-        with _database(), self.pool.connection() as conn, conn.transaction():
+        with _database, self.pool.connection() as conn, conn.transaction():
             conn.execute(_SNAP_PUT, (stream_id, stream_type, version, _jsonb(state), state_version))
 
 

@@ -27,5 +27,11 @@ class HeadAsGet:
                 message = {"type": "http.response.body", "body": b"", "more_body": False}
             await send(message)
 
-        # A copy: the server keeps its own scope (and its HEAD) to frame the response.
-        await self.app({**scope, "method": "GET"}, receive, without_body)
+        # A copy: the server keeps its own scope (and its HEAD) to frame the response. The route the
+        # router matched goes back to the caller's scope (the request counts label it).
+        as_get = {**scope, "method": "GET"}
+        try:
+            await self.app(as_get, receive, without_body)
+        finally:
+            if "route" in as_get:
+                scope["route"] = as_get["route"]

@@ -34,6 +34,11 @@ def test_head_answers_like_get_without_a_body(path: str) -> None:
     assert head.headers["content-length"] == str(len(get.content))
 
 
+def test_head_requests_are_counted_by_their_route() -> None:
+    _send("HEAD", "/healthz")
+    assert APP.metrics.http_requests.counts.get(("HEAD", "/healthz", 200), 0) >= 1  # type: ignore[attr-defined]
+
+
 def test_head_on_readyz_is_not_a_405() -> None:
     assert _send("HEAD", "/readyz").status_code == _send("GET", "/readyz").status_code != 405
 
