@@ -1,9 +1,10 @@
 """Command handling: load (snapshot + tail), decide, append with the loaded version.
 
 A conflict with a concurrent writer is retried a bounded number of times, after a pause drawn
-from an exponentially growing range ("full jitter": writers that collided once do not collide again
-in lockstep), unless the caller pinned `expected_version`: then the conflict is theirs to see. A `command_id` makes a command
-idempotent: its answer is stored with its events, in one transaction.
+from an exponentially growing range ("full jitter": writers that collided once do not collide
+again in lockstep), unless the caller pinned `expected_version`: then the conflict is theirs to
+see. A `command_id` makes a command idempotent: its answer is stored with its events, in one
+transaction.
 """
 
 from __future__ import annotations
