@@ -10,7 +10,9 @@ __all__ = [
     "EventStoreError",
     "IdempotencyMismatch",
     "InvalidCommand",
+    "InvalidValue",
     "PartialDuplicateBatch",
+    "StoreUnavailable",
     "UnknownCommand",
     "UnknownStreamType",
 ]
@@ -21,11 +23,18 @@ class EventStoreError(Exception):
 
 
 class ConcurrencyConflict(EventStoreError):
-    """The stream is not at the version the append expected."""
+    """The stream is not at the version the append expected; `attempts` > 1 when the handler retried
+    (with backoff) and every attempt lost to another writer."""
 
-    def __init__(self, stream_id: str, expected: object, actual: int) -> None:
-        super().__init__(f"stream {stream_id!r} is at version {actual}, expected {expected}")
-        self.stream_id, self.expected, self.actual = stream_id, expected, actual
+    def __init__(self, stream_id: str, expected: object, actual: int, *, attempts: int = 1) -> None:
+        if attempts > 1:
+            what = f"other writers changed stream {stream_id!r} during each of {attempts} attempts (now at version {actual})"
+            hint = "retry the command"
+        else:
+            what = f"stream {stream_id!r} is at version {actual}, expected {expected}"
+            hint = "read the stream again and retry (with expected_version set to the version you read)"
+        super().__init__(f"{what}; {hint}")
+        self.stream_id, self.expected, self.actual, self.attempts = stream_id, expected, actual, attempts
 
 
 class CommandRejected(EventStoreError):
@@ -44,6 +53,19 @@ class InvalidCommand(EventStoreError):
         field = ".".join(str(p) for p in first.get("loc", ())) or "(body)"
         super().__init__(f"{command}: {field}: {first.get('msg')}")
         self.command, self.errors = command, errors
+
+
+class InvalidValue(EventStoreError):
+    """A stream id, command id or data value the store cannot hold (too long, a NUL character, an
+    unpaired UTF-16 surrogate, an integer beyond 64 bits); `field` names where it was."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field} {problem}")
+        self.field, self.problem = field, problem
+
+
+class StoreUnavailable(EventStoreError):
+    """The service database did not answer (refused, lost or pool exhausted): retrying may succeed."""
 
 
 class UnknownStreamType(EventStoreError):

@@ -1,13 +1,17 @@
 """Command handling: load (snapshot + tail), decide, append with the loaded version.
 
-A conflict with a concurrent writer is retried a bounded number of times (unless the caller
-pinned `expected_version`: then the conflict is theirs to see). A `command_id` makes a command
-idempotent: its answer is stored with its events, in one transaction.
+A conflict with a concurrent writer is retried a bounded number of times, after a pause drawn
+from an exponentially growing range ("full jitter": writers that collided once do not collide
+again in lockstep), unless the caller pinned `expected_version`: then the conflict is theirs to
+see. A `command_id` makes a command idempotent: its answer is stored with its events, in one
+transaction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import random
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +21,14 @@ from tributary.eventstore.aggregate import Aggregate
 from tributary.eventstore.errors import ConcurrencyConflict, UnknownStreamType
 from tributary.eventstore.model import ExpectedVersion, NewEvent, event_json
 from tributary.eventstore.store import CommandRecord, EventStore, SameCommandRace, request_hash
+from tributary.eventstore.values import check_data, check_id
 
-__all__ = ["CommandHandler", "CommandResult", "LoadedState"]
+__all__ = ["CommandHandler", "CommandResult", "LoadedState", "backoff"]
+
+
+def backoff(attempt: int, *, base_s: float, cap_s: float, rng: random.Random) -> float:
+    """The pause before retry `attempt` (0-based): uniform in [0, min(cap, base * 2**attempt)]."""
+    return rng.uniform(0.0, min(cap_s, base_s * 2.0**attempt))
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +57,18 @@ class CommandHandler:
         *,
         max_retries: int = 3,
         snapshot_every: int | None = 100,
+        retry_base_s: float = 0.005,
+        retry_cap_s: float = 0.2,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
     ) -> None:
         self.store = store
         self.aggregates = dict(aggregates)
         self.max_retries = max_retries
         self.snapshot_every = snapshot_every
+        self.retry_base_s, self.retry_cap_s = retry_base_s, retry_cap_s
+        self._sleep = sleep
+        self._rng = rng or random.Random()
 
     def aggregate(self, stream_type: str) -> Aggregate[Any]:
         try:
@@ -87,6 +104,12 @@ class CommandHandler:
         metadata: Mapping[str, Any] | None = None,
     ) -> CommandResult:
         agg = self.aggregate(stream_type)
+        check_id("stream id", stream_id)
+        if command_id is not None:
+            check_id("command_id", command_id)
+        check_data("data", data)
+        if metadata:
+            check_data("metadata", metadata)
         command = agg.parse_command(command_type, data)
         req = request_hash(stream_type, stream_id, command_type, dict(data), expected_version)
         if command_id is not None:
@@ -103,9 +126,12 @@ class CommandHandler:
             record = None if command_id is None else CommandRecord(command_id, req)
             try:
                 appended = self.store.append(stream_id, stream_type, events, expected, command=record)
-            except ConcurrencyConflict:
-                if expected_version is not None or attempt == self.max_retries:
+            except ConcurrencyConflict as exc:
+                if expected_version is not None:
                     raise
+                if attempt == self.max_retries:
+                    raise ConcurrencyConflict(stream_id, exc.expected, exc.actual, attempts=attempt + 1) from None
+                self._sleep(backoff(attempt, base_s=self.retry_base_s, cap_s=self.retry_cap_s, rng=self._rng))
                 continue
             except SameCommandRace:
                 stored = self.store.command_response(command_id or "", req)

@@ -11,6 +11,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any
 
 import orjson
@@ -18,10 +19,17 @@ import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from tributary.eventstore.errors import ConcurrencyConflict, IdempotencyMismatch, PartialDuplicateBatch
+from tributary.eventstore.errors import (
+    ConcurrencyConflict,
+    IdempotencyMismatch,
+    InvalidValue,
+    PartialDuplicateBatch,
+    StoreUnavailable,
+)
 from tributary.eventstore.model import AppendResult, ExpectedVersion, NewEvent, RecordedEvent, dumps, response_json
+from tributary.eventstore.values import check_id
 
-__all__ = ["CommandRecord", "EventStore", "SameCommandRace", "request_hash"]
+__all__ = ["CONNECTION_WAIT_S", "CommandRecord", "EventStore", "SameCommandRace", "request_hash"]
 
 _COLUMNS = "global_position, stream_id, stream_type, version, event_id, type, schema_version, data, metadata, occurred_at, recorded_at"
 _CURRENT = "SELECT coalesce(max(version), 0) FROM eventstore.events WHERE stream_id = %s"
@@ -83,6 +91,29 @@ ON CONFLICT (stream_id) DO UPDATE SET version = excluded.version, state = exclud
 """
 _NO_LIMIT = 2**62
 _KNOWN_MAX = 100_000
+# How long a call waits for a pooled connection before StoreUnavailable: the pool's default (30 s)
+# would hold every command that long while the service database is down.
+CONNECTION_WAIT_S = 5.0
+
+
+class _DatabaseErrors:
+    """`with _database:` translates, once, the driver errors a caller can act on (the rest stay
+    errors of the store): a value the database refused, and a database that did not answer. A
+    class, not `@contextmanager`: it wraps every append, and a generator costs more per use."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if isinstance(exc, psycopg.DataError):
+            raise InvalidValue("a value", f"cannot be stored: {exc.diag.message_primary or exc}") from None
+        if isinstance(exc, psycopg.OperationalError):  # refused, lost, or no pooled connection in time (PoolTimeout)
+            raise StoreUnavailable(
+                f"the service database did not answer ({type(exc).__name__}); retry the request"
+            ) from exc
+
+
+_database = _DatabaseErrors()
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,10 +210,10 @@ class EventStore:
         return cur
 
     @classmethod
-    def connect(cls, dsn: str, *, max_size: int = 8) -> EventStore:
+    def connect(cls, dsn: str, *, max_size: int = 8, timeout: float = CONNECTION_WAIT_S) -> EventStore:
         # Autocommit: a plain append is one statement, its own transaction; reads need none.
         pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
-            dsn, min_size=1, max_size=max_size, open=True, kwargs={"autocommit": True}
+            dsn, min_size=1, max_size=max_size, timeout=timeout, open=True, kwargs={"autocommit": True}
         )
         return cls(pool)
 
@@ -201,6 +232,19 @@ class EventStore:
         attempts: int = 5,
     ) -> AppendResult:
         """Append atomically; re-appending the same event ids returns the original result."""
+        check_id("stream id", stream_id)
+        with _database:
+            return self._append_attempts(stream_id, stream_type, events, expected_version, command, attempts)
+
+    def _append_attempts(
+        self,
+        stream_id: str,
+        stream_type: str,
+        events: Sequence[NewEvent],
+        expected_version: ExpectedVersion,
+        command: CommandRecord | None,
+        attempts: int,
+    ) -> AppendResult:
         pool = self.pool
         for _ in range(attempts):
             conn = pool.getconn()
@@ -230,7 +274,7 @@ class EventStore:
                 # `any` / `stream_exists`: someone appended meanwhile; go again from the new end.
             finally:
                 pool.putconn(conn)
-        raise ConcurrencyConflict(stream_id, expected_version, actual)
+        raise ConcurrencyConflict(stream_id, expected_version, actual, attempts=attempts)
 
     @staticmethod
     def _current(conn: psycopg.Connection[Any], stream_id: str) -> int:
@@ -320,7 +364,8 @@ class EventStore:
     # -- idempotent commands ------------------------------------------------------------------------
     def command_response(self, command_id: str, request: str) -> dict[str, Any] | None:
         """The stored answer to `command_id`; IdempotencyMismatch if it was a different command."""
-        with self.pool.connection() as conn:
+        check_id("command_id", command_id)
+        with _database, self.pool.connection() as conn:
             row = conn.execute(_CMD_GET, (command_id,)).fetchone()
         if row is None:
             return None
@@ -334,7 +379,8 @@ class EventStore:
     ) -> list[RecordedEvent]:
         query = _READ_BWD if backwards else _READ_FWD
         start = from_version if not backwards or from_version > 0 else _NO_LIMIT
-        with self.pool.connection() as conn:
+        check_id("stream id", stream_id)
+        with _database, self.pool.connection() as conn:
             rows = conn.execute(query, (stream_id, start, limit or _NO_LIMIT)).fetchall()
         events = [_row(r) for r in rows]
         if events:
@@ -342,26 +388,28 @@ class EventStore:
         return events
 
     def read_type(self, stream_type: str, *, after_position: int = 0, limit: int = 1000) -> list[RecordedEvent]:
-        with self.pool.connection() as conn:
+        with _database, self.pool.connection() as conn:
             rows = conn.execute(_READ_TYPE, (stream_type, after_position, limit)).fetchall()
         return [_row(r) for r in rows]
 
     def version(self, stream_id: str) -> int:
-        with self.pool.connection() as conn:
+        check_id("stream id", stream_id)
+        with _database, self.pool.connection() as conn:
             v = int(conn.execute(_CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
         self._note(stream_id, v)
         return v
 
     # -- snapshots (a cache: they speed loading up and never change answers) ---------------------------------
     def snapshot(self, stream_id: str) -> tuple[int, dict[str, Any], int] | None:
-        with self.pool.connection() as conn:
+        check_id("stream id", stream_id)
+        with _database, self.pool.connection() as conn:
             row = conn.execute(_SNAP_GET, (stream_id,)).fetchone()
         return None if row is None else (int(row[0]), dict(row[1]), int(row[2]))
 
     def save_snapshot(
         self, stream_id: str, stream_type: str, version: int, state: dict[str, Any], state_version: int
     ) -> None:
-        with self.pool.connection() as conn, conn.transaction():
+        with _database, self.pool.connection() as conn, conn.transaction():
             conn.execute(_SNAP_PUT, (stream_id, stream_type, version, _jsonb(state), state_version))
 
 

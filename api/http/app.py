@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import os
 import re
 import secrets
@@ -19,11 +20,14 @@ from typing import Any
 
 import psycopg
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 from starlette.types import Message, Receive, Scope, Send
 
 from tributary.api.http import routes_admin, routes_commands, routes_views
+from tributary.api.http.head import HeadAsGet
 from tributary.api.http.limits import BodyLimit
 from tributary.api.http.metrics import Metrics
 from tributary.api.http.routes_views import Views
@@ -141,15 +145,27 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         version="0.1.0",
         description="Change-data capture, event sourcing and projections on PostgreSQL.",
         lifespan=lifespan,
+        # No redirect of `/views/` to `/views`: Starlette builds its absolute URL from the Host header.
+        redirect_slashes=False,
     )
     app.state.settings = settings
     app.state.dsn = dsn
     app.state.metrics = app.metrics = Metrics()
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
+    app.add_middleware(HeadAsGet)
 
     app.include_router(routes_commands.router)
     app.include_router(routes_views.router)
     app.include_router(routes_admin.router)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own body, whose echo of the input JSON can carry (a lone surrogate, NaN, Infinity).
+        errors = jsonable_encoder(exc.errors())
+        try:
+            return JSONResponse({"detail": _carriable(errors)}, status_code=422)
+        except RecursionError:  # an input nested deeper than the walk may go: not echoed
+            return JSONResponse({"detail": _carriable([_without_input(e) for e in errors])}, status_code=422)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -171,6 +187,26 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     app.add_exception_handler(psycopg.errors.InvalidSchemaName, missing_schema)
 
     return app
+
+
+def _carriable(value: Any) -> Any:
+    """`value` as JSON can carry it in UTF-8: an unpaired UTF-16 surrogate (JSON's `\\ud83d`
+    escape decodes to one) becomes U+FFFD, NaN and infinities their names as strings."""
+    if isinstance(value, str):
+        if value.isascii():
+            return value
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {_carriable(k): _carriable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_carriable(v) for v in value]
+    return value
+
+
+def _without_input(error: Any) -> Any:
+    return {k: v for k, v in error.items() if k != "input"} if isinstance(error, dict) else error
 
 
 def pool_of(request: Request) -> Any:

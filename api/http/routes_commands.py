@@ -21,16 +21,21 @@ from tributary.eventstore.errors import (
     EventStoreError,
     IdempotencyMismatch,
     InvalidCommand,
+    InvalidValue,
     PartialDuplicateBatch,
+    StoreUnavailable,
     UnknownCommand,
     UnknownStreamType,
 )
 from tributary.eventstore.handler import CommandHandler
 from tributary.eventstore.model import dumps, event_json
+from tributary.eventstore.values import MAX_ID_LENGTH
 
 __all__ = ["CommandReply", "CommandRequest", "EventOut", "StreamEvents", "StreamState", "router"]
 
 router = APIRouter(tags=["commands"])
+
+_MAX_VERSION = 2**53 - 1  # versions are `bigint`; this bound is also exact as a JSON number (a double)
 
 
 class CommandRequest(BaseModel):
@@ -39,7 +44,7 @@ class CommandRequest(BaseModel):
     type: str = Field(min_length=1, max_length=100, description="Command type, e.g. `deposit`.")
     data: dict[str, Any] = Field(default_factory=dict, description="The command's fields.")
     expected_version: int | None = Field(
-        default=None, ge=0, description="Fail with 409 unless the stream is at this version."
+        default=None, ge=0, le=_MAX_VERSION, description="Fail with 409 unless the stream is at this version."
     )
     command_id: str | None = Field(
         default=None, min_length=1, max_length=200, description="Makes the command idempotent."
@@ -101,8 +106,20 @@ def _json(body: Any, status: int = 200) -> JSONResponse:
 def _http_error(exc: EventStoreError) -> HTTPException:
     if isinstance(exc, ConcurrencyConflict):
         return HTTPException(
-            409, {"error": "conflict", "message": str(exc), "expected": exc.expected, "actual": exc.actual}
+            409,
+            {
+                "error": "conflict",
+                "message": str(exc),
+                "stream": exc.stream_id,
+                "expected": exc.expected,
+                "actual": exc.actual,
+                "attempts": exc.attempts,
+            },
         )
+    if isinstance(exc, StoreUnavailable):
+        return HTTPException(503, {"error": "unavailable", "message": str(exc)})
+    if isinstance(exc, InvalidValue):
+        return HTTPException(422, {"error": "invalid_value", "field": exc.field, "message": str(exc)})
     if isinstance(exc, UnknownStreamType):
         return HTTPException(404, {"error": "unknown_stream_type", "message": str(exc)})
     if isinstance(exc, CommandRejected):
@@ -129,9 +146,13 @@ def _http_error(exc: EventStoreError) -> HTTPException:
         **AUTH_RESPONSES,
         400: error("the body is not JSON"),
         404: error("unknown stream type"),
-        409: error("version conflict: the stream is not at `expected_version`"),
+        409: error(
+            "version conflict: the stream is not at `expected_version`, or other writers won every retry "
+            "(`stream`, `expected`, `actual`, `attempts`, and a `message` that says what to do)"
+        ),
         413: error("the body is larger than `[api] max_body_bytes`"),
-        422: error("invalid or rejected command"),
+        422: error(f"invalid or rejected command, or a stream id over {MAX_ID_LENGTH} characters"),
+        503: error("the service database did not answer; retry (a `command_id` makes the retry safe)"),
     },
 )
 async def send_command(stream_type: str, stream_id: str, body: CommandRequest, request: Request) -> JSONResponse:
@@ -159,7 +180,12 @@ async def send_command(stream_type: str, stream_id: str, body: CommandRequest, r
     return _json(result.to_json())
 
 
-_STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {**AUTH_RESPONSES, 404: error("no stream with this id")}
+_STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **AUTH_RESPONSES,
+    404: error("no stream with this id"),
+    422: error(f"not a stream id the store can hold (over {MAX_ID_LENGTH} characters, or a NUL)"),
+    503: error("the service database did not answer; retry"),
+}
 
 
 @router.get(
@@ -168,11 +194,17 @@ _STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {**AUTH_RESPONSES, 404: err
     responses={200: {"model": StreamEvents, "description": "events, oldest first"}, **_STREAM_RESPONSES},
 )
 async def read_stream(
-    stream_id: str, request: Request, from_version: int = Query(1, ge=1), limit: int = Query(100, ge=1, le=1000)
+    stream_id: str,
+    request: Request,
+    from_version: int = Query(1, ge=1, le=_MAX_VERSION),
+    limit: int = Query(100, ge=1, le=1000),
 ) -> JSONResponse:
     """The stream's events, oldest first, from `from_version`."""
     store = _handler(request).store
-    events = await asyncio.to_thread(store.read_stream, stream_id, from_version=from_version, limit=limit)
+    try:
+        events = await asyncio.to_thread(store.read_stream, stream_id, from_version=from_version, limit=limit)
+    except EventStoreError as exc:
+        raise _http_error(exc) from None
     if not events and from_version == 1:
         raise HTTPException(404, {"error": "unknown_stream", "message": f"no stream {stream_id!r}"})
     return _json({"stream_id": stream_id, "events": [event_json(e) for e in events]})
@@ -186,7 +218,10 @@ async def read_stream(
 async def stream_state(stream_id: str, request: Request) -> JSONResponse:
     """The aggregate's folded state and version."""
     handler = _handler(request)
-    first = await asyncio.to_thread(handler.store.read_stream, stream_id, limit=1)
+    try:
+        first = await asyncio.to_thread(handler.store.read_stream, stream_id, limit=1)
+    except EventStoreError as exc:
+        raise _http_error(exc) from None
     if not first:
         raise HTTPException(404, {"error": "unknown_stream", "message": f"no stream {stream_id!r}"})
     stream_type = first[0].stream_type

@@ -362,7 +362,7 @@ async def _page(
     if not 1 <= limit <= MAX_LIMIT:
         raise HTTPException(422, f"limit must be between 1 and {MAX_LIMIT}")
     descending = bool(order_by and order_by.startswith("-"))
-    order_col = order_by.lstrip("-") if order_by else None
+    order_col = (order_by[1:] if descending else order_by) if order_by else None  # one `-` at most
     if order_col is not None and order_col not in types:
         raise HTTPException(422, f"cannot order by unknown column {order_col!r}")
     keys = ([order_col] if order_col and order_col not in primary_key else []) + list(primary_key)

@@ -14,12 +14,15 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from tributary.eventstore.aggregate import Aggregate
 from tributary.eventstore.errors import CommandRejected
 
-__all__ = ["AccountState", "bank_account"]
+__all__ = ["MAX_BALANCE", "AccountState", "bank_account"]
 
 _CENTS = Decimal("0.01")
 _Cents = AfterValidator(lambda d: d.quantize(_CENTS))  # "20" and "20.0" are both 20.00
 Money = Annotated[Decimal, Field(max_digits=20, decimal_places=2), _Cents]
 PositiveMoney = Annotated[Decimal, Field(gt=0, max_digits=20, decimal_places=2), _Cents]
+# The largest balance (either sign) that `Money` holds: the state is `Money` too, and a snapshot of a
+# state that does not validate could not be loaded again.
+MAX_BALANCE = Decimal("999999999999999999.99")
 
 
 class _Model(BaseModel):
@@ -81,6 +84,11 @@ def _must_be_open(state: AccountState) -> None:
         raise CommandRejected("account_must_be_open", "the account is closed")
 
 
+def _within_limits(balance: Decimal) -> None:
+    if abs(balance) > MAX_BALANCE:
+        raise CommandRejected("balance_limit", f"the balance would be {balance}, beyond ±{MAX_BALANCE}")
+
+
 def bank_account(*, overdraft_fee: Decimal = Decimal("5.00")) -> Aggregate[AccountState]:
     """The aggregate, with the fee charged whenever a withdrawal takes the balance below zero."""
 
@@ -94,6 +102,7 @@ def bank_account(*, overdraft_fee: Decimal = Decimal("5.00")) -> Aggregate[Accou
             return [AccountOpened(owner=command.owner, overdraft_limit=command.overdraft_limit)]
         _must_be_open(state)
         if isinstance(command, Deposit):
+            _within_limits(state.balance + command.amount)
             return [MoneyDeposited(amount=command.amount)]
         if isinstance(command, Withdraw):
             after = state.balance - command.amount
@@ -105,6 +114,8 @@ def bank_account(*, overdraft_fee: Decimal = Decimal("5.00")) -> Aggregate[Accou
             events: list[BaseModel] = [MoneyWithdrawn(amount=command.amount)]
             if after < 0 and overdraft_fee > 0:
                 events.append(OverdraftFeeCharged(amount=overdraft_fee))
+                after -= overdraft_fee
+            _within_limits(after)
             return events
         if isinstance(command, Close):
             if state.balance != 0:
