@@ -16,8 +16,9 @@ __all__ = ["REQUEST_ID", "JsonFormatter", "configure_json_logging", "redact"]
 # every record logged while serving it carries `request_id` without passing it down.
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 
-_DSN_PASSWORD = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]+@")  # the user may be empty: postgresql://:pw@host
-_KEYWORD_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)  # libpq quotes values with spaces
+# The user may be empty (postgresql://:pw@host); libpq quotes a keyword value that holds spaces.
+_DSN_PASSWORD = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]+@")
+_KEYWORD_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 _BEARER = re.compile(r"(Bearer\s+)\S+", re.IGNORECASE)
 
 
