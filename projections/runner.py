@@ -26,7 +26,7 @@ from typing import Any
 
 import psycopg
 
-from tributary.capture.log import Log, LogError, TopicNotFoundError
+from tributary.capture.log import Log, LogError, MissingMetadataError, TopicNotFoundError
 from tributary.projections.arrow_copy import distinct_keys, output_lines
 from tributary.projections.definition import Projection
 from tributary.projections.engine import applies_truncates, decide, truncate_points
@@ -506,6 +506,8 @@ def status(settings: RunSettings, name: str | None = None) -> list[ProjectionSta
         store.ensure()
         try:
             log: Log | None = Log.open(settings.log_root)
+        except MissingMetadataError:
+            raise  # segments without a manifest are not "nothing captured yet"
         except LogError:  # nothing captured yet: lag unknown, status still useful
             log = None
         for n in names:

@@ -41,6 +41,7 @@ from tributary.capture.log.errors import (
     DiskFullError,
     LogError,
     LogLockedError,
+    MissingMetadataError,
     TopicNotFoundError,
 )
 from tributary.capture.log.group_commit import GroupCommitter
@@ -81,6 +82,7 @@ __all__ = [
     "Log",
     "LogError",
     "LogLockedError",
+    "MissingMetadataError",
     "Mark",
     "PartitionEnd",
     "Policy",

@@ -7,6 +7,7 @@ __all__ = [
     "DiskFullError",
     "LogError",
     "LogLockedError",
+    "MissingMetadataError",
     "TopicNotFoundError",
 ]
 
@@ -17,6 +18,12 @@ class LogError(Exception):
 
 class LogLockedError(LogError):
     """Another process holds the writer lock on this log root."""
+
+
+class MissingMetadataError(LogError):
+    """Segment files that the manifest does not list: not an empty log; `log verify --repair`
+    rebuilds the manifest. Readers that treat a missing log as "nothing captured yet" must not
+    treat this one so."""
 
 
 class TopicNotFoundError(LogError):

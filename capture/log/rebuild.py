@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 
 from tributary.capture.log.codec import BadLine, decode_line
-from tributary.capture.log.errors import LogError
+from tributary.capture.log.errors import LogError, MissingMetadataError
 from tributary.capture.log.manifest import MANIFEST, Manifest, PartitionState, TopicState, read_manifest
 from tributary.capture.log.segment import iter_lines, list_segments, log_path
 from tributary.capture.log.types import TopicConfig
@@ -104,9 +104,11 @@ def require_metadata(root: Path, manifest: Manifest | None, missing: list[str]) 
         return
     fix = f"run `tributary log verify --repair --root {root}` to rebuild it from the segments"
     if manifest is None:
-        raise LogError(f"the log at {root} has segment files but no {MANIFEST}, so it is not empty; {fix}")
+        raise MissingMetadataError(f"the log at {root} has segment files but no {MANIFEST}, so it is not empty; {fix}")
     names = ", ".join(missing)
-    raise LogError(f"the log at {root} holds topic(s) {names} with segment files that {MANIFEST} does not list; {fix}")
+    raise MissingMetadataError(
+        f"the log at {root} holds topic(s) {names} with segment files that {MANIFEST} does not list; {fix}"
+    )
 
 
 def write_topic_meta(tdir: Path, config: TopicConfig, *, sync: bool = True) -> None:

@@ -71,3 +71,23 @@ def test_a_rebuild_refuses_to_swap_when_its_file_changed_under_it(spark: Any, fr
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         builds = Store(conn).builds("counted")
     assert [(b.version, b.status, b.current) for b in builds] == [(1, "failed", False)]
+
+
+def test_status_refuses_a_log_whose_manifest_is_gone(fresh_db: str, tmp_path: Path) -> None:
+    """Segments without a manifest are not "nothing captured yet": status says so instead of a lag of 0."""
+    from tributary.capture.log import MissingMetadataError
+
+    w = LogWriter(tmp_path / "log")
+    w.topic("events.account")
+    w.append("events.account", "s0", 1, "MoneyDeposited", 1_000, amount="1")
+    w.commit()
+    w.close()
+    (tmp_path / "log" / "manifest.json").unlink()
+    path = tmp_path / "counted.py"
+    _write(path, 1)
+    s = RunSettings(dsn=fresh_db, log_root=tmp_path / "log", modules=(str(path),), spark_master="local[2]")
+    with pytest.raises(MissingMetadataError, match="log verify --repair"):
+        status(s)
+    (tmp_path / "log").rename(tmp_path / "elsewhere")  # no log at all: nothing captured yet
+    [never] = status(s)
+    assert never.lag == 0
