@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -21,6 +21,20 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _connection_limits(settings: Any) -> dict[str, Any]:
+    """Uvicorn settings that bound what one client holds (`tributary.api.http.limits`): the h11 parser
+    under the connection guard (timeouts, connection limit) with a cap on a request head's bytes, and
+    the peer address taken from the socket, never from `X-Forwarded-For` (the guard finds a request's
+    connection by it)."""
+    from tributary.api.http.limits import GuardedH11
+
+    return {
+        "http": GuardedH11,
+        "h11_max_incomplete_event_size": settings.api.max_header_bytes,
+        "proxy_headers": False,
+    }
 
 
 def serve(
@@ -58,7 +72,7 @@ def serve(
         log.warning("no API keys configured: the API is open to local users only (bound to %s)", host)
     dsn = service_dsn(settings)
     typer.echo(f"tributary API on http://{host}:{port}/ (console), http://{host}:{port}/docs (OpenAPI)", err=True)
-    common = {"host": host, "port": port, "log_config": None, "access_log": False}
+    common = {"host": host, "port": port, "log_config": None, "access_log": False, **_connection_limits(settings)}
     if workers == 1:
         uvicorn.run(create_app(settings, dsn=dsn), **common)  # type: ignore[arg-type]
         return

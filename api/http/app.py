@@ -23,7 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.types import Message, Receive, Scope, Send
 
 from tributary.api.http import routes_admin, routes_commands, routes_views
-from tributary.api.http.limits import BodyLimit
+from tributary.api.http.limits import BodyLimit, RequestTracker, connections
 from tributary.api.http.metrics import Metrics
 from tributary.api.http.routes_views import Views
 from tributary.api.settings.config import Settings
@@ -118,7 +118,12 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         )
         await pool.open(wait=False)
         app.state.pool = pool
-        views = Views(dsn, settings.projections.schema_)
+        views = Views(
+            dsn,
+            settings.projections.schema_,
+            statement_timeout_ms=settings.api.statement_timeout_ms,
+            prepared_max=settings.api.prepared_max,
+        )
         await views.open()
         app.state.views = views
         store = await asyncio.to_thread(EventStore.connect, dsn)
@@ -128,9 +133,12 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
             max_retries=settings.eventstore.max_retries,
             snapshot_every=settings.eventstore.snapshot_every or None,
         )
+        app.metrics.known_stream_types(app.state.handler.aggregates)
+        status = routes_admin.start_status(app)
         try:
             yield
         finally:
+            status.cancel()
             await asyncio.to_thread(store.close)
             await views.close()
             await pool.close()
@@ -145,6 +153,8 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     app.state.dsn = dsn
     app.state.metrics = app.metrics = Metrics()
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
+    app.add_middleware(RequestTracker, max_header_bytes=settings.api.max_header_bytes)
+    connections.configure(timeout_s=settings.api.request_timeout_s, max_connections=settings.api.max_connections)
 
     app.include_router(routes_commands.router)
     app.include_router(routes_views.router)
