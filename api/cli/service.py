@@ -74,14 +74,14 @@ def serve(
     typer.echo(f"tributary API on http://{host}:{port}/ (console), http://{host}:{port}/docs (OpenAPI)", err=True)
     common = {"host": host, "port": port, "log_config": None, "access_log": False, **_connection_limits(settings)}
     if workers == 1:
-        uvicorn.run(create_app(settings, dsn=dsn), **common)  # type: ignore[arg-type]
+        uvicorn.run(create_app(settings, dsn=dsn), **common)
         return
     # Several processes need an import string: each worker rebuilds the app from the same config file
     # (and environment), so the settings are the ones validated here.
     from tributary.api.http.app import WORKER_CONFIG
 
     os.environ[WORKER_CONFIG] = "" if config is None else str(config.resolve())
-    uvicorn.run("tributary.api.http.app:worker_app", factory=True, workers=workers, **common)  # type: ignore[arg-type]
+    uvicorn.run("tributary.api.http.app:worker_app", factory=True, workers=workers, **common)
 
 
 config_app = typer.Typer(

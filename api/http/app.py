@@ -133,7 +133,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
             max_retries=settings.eventstore.max_retries,
             snapshot_every=settings.eventstore.snapshot_every or None,
         )
-        app.metrics.known_stream_types(app.state.handler.aggregates)
+        app.state.metrics.known_stream_types(app.state.handler.aggregates)
         status = routes_admin.start_status(app)
         try:
             yield

@@ -148,7 +148,8 @@ class ApiSettings(_Section):
         default=16_384,
         ge=1024,
         le=1_048_576,
-        description="Request line plus headers larger than this get 400 and the connection is closed.",
+        description="Request line plus headers larger than this are refused (431, or 400 while they still "
+        "arrive) and the connection is closed.",
     )
     request_timeout_s: float = Field(
         default=10.0,
