@@ -24,14 +24,14 @@ def _is_loopback(host: str) -> bool:
 
 
 def _connection_limits(settings: Any) -> dict[str, Any]:
-    """Uvicorn settings that bound what one client holds (`tributary.api.http.limits`): the h11 parser
-    under the connection guard (timeouts, connection limit) with a cap on a request head's bytes, and
+    """Uvicorn settings that bound what one client holds (`tributary.api.http.limits`): the HTTP parser
+    (`[api] http`) under the connection guard (timeouts, connection limit), h11's cap on a head's bytes, and
     the peer address taken from the socket, never from `X-Forwarded-For` (the guard finds a request's
     connection by it)."""
-    from tributary.api.http.limits import GuardedH11
+    from tributary.api.http.limits import GuardedH11, GuardedHttpTools
 
     return {
-        "http": GuardedH11,
+        "http": GuardedH11 if settings.api.http == "h11" else GuardedHttpTools,
         "h11_max_incomplete_event_size": settings.api.max_header_bytes,
         "proxy_headers": False,
     }

@@ -1,8 +1,9 @@
 """What one client may hold of the server: a request body (413 past `max_bytes`), a connection slot and
 the time it may take to send a request or read a response.
 
-Connections are guarded below the HTTP parser: `GuardedH11` wraps uvicorn's h11 protocol through the
-`asyncio.Protocol` interface only (it forwards every call and reads nothing of the inner protocol),
+Connections are guarded below the HTTP parser: `GuardedH11` (or `GuardedHttpTools`, `[api] http`) wraps
+uvicorn's protocol through the `asyncio.Protocol` interface only (it forwards every call and reads
+nothing of the inner protocol),
 and `RequestTracker`, an ASGI middleware, tells the guard when a connection's request reached the app
 and when its response ended. Uvicorn has no public option for either: its keep-alive timer starts only
 after a response, and every received byte cancels it (uvicorn issue #157).
@@ -16,7 +17,7 @@ from typing import Any, cast
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["BodyLimit", "ConnectionGuard", "GuardedH11", "RequestTracker", "connections"]
+__all__ = ["BodyLimit", "ConnectionGuard", "GuardedH11", "GuardedHttpTools", "RequestTracker", "connections"]
 
 
 class BodyLimit:
@@ -169,16 +170,15 @@ class _Connection:
         self.transport.abort()
 
 
-class GuardedH11(asyncio.Protocol):
-    """Uvicorn's h11 protocol under the process's `ConnectionGuard` (pass as uvicorn's `http`).
+class _Guarded(asyncio.Protocol):
+    """An HTTP protocol of uvicorn's under the process's `ConnectionGuard` (a subclass is passed as
+    uvicorn's `http`): every `asyncio.Protocol` call is forwarded, the constructor's arguments too."""
 
-    h11 is the parser that bounds a connection: it stops reading while a response is pending (no
-    queue of pipelined requests) and refuses a request head past `h11_max_incomplete_event_size`."""
+    def _inner(self, *args: Any, **kwargs: Any) -> asyncio.Protocol:
+        raise NotImplementedError
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        from uvicorn.protocols.http.h11_impl import H11Protocol
-
-        self.inner: asyncio.Protocol = H11Protocol(*args, **kwargs)
+        self.inner = self._inner(*args, **kwargs)
         self.conn: _Connection | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -243,9 +243,31 @@ class RequestTracker:
             return
         conn.request_started()
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, _body_within(receive, conn), send)
         finally:
             conn.request_done()
+
+
+def _body_within(receive: Receive, conn: _Connection) -> Receive:
+    """`receive`, with the request's body due within the guard's timeout of the request's start: a body
+    that does not arrive in time aborts the connection (the app sees a disconnect). Once the body is
+    complete, `receive` only waits for a disconnect, as long as the response takes."""
+    deadline = conn.loop.time() + conn.guard.timeout_s
+    complete = False
+
+    async def receive_within() -> Message:
+        nonlocal complete
+        if complete:
+            return await receive()
+        try:
+            message = await asyncio.wait_for(receive(), max(0.0, deadline - conn.loop.time()))
+        except TimeoutError:
+            conn.drop()
+            return {"type": "http.disconnect"}
+        complete = message["type"] != "http.request" or not message.get("more_body", False)
+        return message
+
+    return receive_within
 
 
 async def _refuse_head(send: Send, limit: int) -> None:
@@ -262,3 +284,24 @@ async def _refuse_head(send: Send, limit: int) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+class GuardedH11(_Guarded):
+    """h11 under the guard: the parser that bounds a connection. It stops reading while a response is
+    pending (pipelined requests wait in the socket) and refuses a head that grows past
+    `h11_max_incomplete_event_size` while it arrives (400)."""
+
+    def _inner(self, *args: Any, **kwargs: Any) -> asyncio.Protocol:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        return H11Protocol(*args, **kwargs)
+
+
+class GuardedHttpTools(_Guarded):
+    """httptools under the guard: less CPU per request, but it queues every pipelined request it has
+    read and takes a head of any size; for a server behind a proxy that bounds both."""
+
+    def _inner(self, *args: Any, **kwargs: Any) -> asyncio.Protocol:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        return HttpToolsProtocol(*args, **kwargs)

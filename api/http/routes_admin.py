@@ -78,11 +78,15 @@ class Status:
 
     async def run(self, app: Any) -> None:
         """Refresh until cancelled (the app's lifespan starts and stops it)."""
+        failure = None
         while True:
             try:
                 await self.refresh(app)
-            except Exception:  # noqa: BLE001 - the loop must outlive one failed refresh; it is logged
-                log.exception("refreshing /readyz and /metrics failed; retrying in %s s", self.interval_s)
+                failure = None
+            except Exception as exc:  # noqa: BLE001 - the loop outlives a failed refresh; each new failure is logged
+                if repr(exc) != failure:
+                    log.exception("refreshing /readyz and /metrics failed; retrying every %s s", self.interval_s)
+                failure = repr(exc)
             self.refreshed.set()
             await asyncio.sleep(self.interval_s)
 

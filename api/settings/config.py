@@ -144,6 +144,12 @@ class ApiSettings(_Section):
         le=64,
         description="Server processes sharing the port (1 suits a few cores shared with PostgreSQL).",
     )
+    http: Literal["h11", "httptools"] = Field(
+        default="h11",
+        description="HTTP/1.1 parser. h11 bounds each connection (head size, no queue of pipelined requests); "
+        "httptools costs less CPU per request but queues pipelined requests and takes heads of any size: "
+        "only behind a proxy that bounds both.",
+    )
     max_header_bytes: int = Field(
         default=16_384,
         ge=1024,

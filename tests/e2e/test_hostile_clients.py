@@ -211,6 +211,16 @@ def test_a_trickled_request_gets_408_and_is_closed(db: str, tmp_path: Path) -> N
         elapsed = time.monotonic() - started
         assert answer.startswith(b"HTTP/1.1 408 "), answer
         assert elapsed < timeout_s + 1.5
+    with serve(db, tmp_path, f"request_timeout_s = {timeout_s}") as server, server.connect() as sock:
+        # a body that never completes: the connection is closed once the timeout has passed
+        sock.sendall(b"POST /commands/account/slow HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
+        sock.sendall(b'Content-Length: 100\r\n\r\n{"type": "open"')
+        started = time.monotonic()
+        sock.settimeout(timeout_s + 5)
+        with contextlib.suppress(ConnectionResetError):
+            while sock.recv(4096):
+                pass
+        assert time.monotonic() - started < timeout_s + 1.5
 
 
 def _metrics_size(base: str) -> int:
