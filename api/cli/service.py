@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -21,6 +21,20 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _connection_limits(settings: Any) -> dict[str, Any]:
+    """Uvicorn settings that bound what one client holds (`tributary.api.http.limits`): the HTTP parser
+    (`[api] http`) under the connection guard (timeouts, connection limit), h11's cap on a head's bytes, and
+    the peer address taken from the socket, never from `X-Forwarded-For` (the guard finds a request's
+    connection by it)."""
+    from tributary.api.http.limits import GuardedH11, GuardedHttpTools
+
+    return {
+        "http": GuardedH11 if settings.api.http == "h11" else GuardedHttpTools,
+        "h11_max_incomplete_event_size": settings.api.max_header_bytes,
+        "proxy_headers": False,
+    }
 
 
 def serve(
@@ -58,20 +72,20 @@ def serve(
         log.warning("no API keys configured: the API is open to local users only (bound to %s)", host)
     dsn = service_dsn(settings)
     typer.echo(f"tributary API on http://{host}:{port}/ (console), http://{host}:{port}/docs (OpenAPI)", err=True)
-    common = {"host": host, "port": port, "log_config": None, "access_log": False}
+    common = {"host": host, "port": port, "log_config": None, "access_log": False, **_connection_limits(settings)}
     if workers == 1:
         from tributary.api.http.definitions import config_file
 
         app = create_app(settings, dsn=dsn)
         app.state.config_path = config_file(config)  # `[projections]` changes are followed
-        uvicorn.run(app, **common)  # type: ignore[arg-type]
+        uvicorn.run(app, **common)
         return
     # Several processes need an import string: each worker rebuilds the app from the same config file
     # (and environment), so the settings are the ones validated here.
     from tributary.api.http.app import WORKER_CONFIG
 
     os.environ[WORKER_CONFIG] = "" if config is None else str(config.resolve())
-    uvicorn.run("tributary.api.http.app:worker_app", factory=True, workers=workers, **common)  # type: ignore[arg-type]
+    uvicorn.run("tributary.api.http.app:worker_app", factory=True, workers=workers, **common)
 
 
 config_app = typer.Typer(

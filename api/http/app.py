@@ -28,7 +28,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from tributary.api.http import routes_admin, routes_commands, routes_views
 from tributary.api.http.head import HeadAsGet
-from tributary.api.http.limits import BodyLimit
+from tributary.api.http.limits import BodyLimit, RequestTracker, connections
 from tributary.api.http.metrics import Metrics
 from tributary.api.http.routes_views import Views
 from tributary.api.settings.config import Settings
@@ -123,7 +123,12 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         )
         await pool.open(wait=False)
         app.state.pool = pool
-        views = Views(dsn, settings.projections.schema_)
+        views = Views(
+            dsn,
+            settings.projections.schema_,
+            statement_timeout_ms=settings.api.statement_timeout_ms,
+            prepared_max=settings.api.prepared_max,
+        )
         await views.open()
         app.state.views = views
         store = await asyncio.to_thread(EventStore.connect, dsn)
@@ -133,9 +138,12 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
             max_retries=settings.eventstore.max_retries,
             snapshot_every=settings.eventstore.snapshot_every or None,
         )
+        app.state.metrics.known_stream_types(app.state.handler.aggregates)
+        status = routes_admin.start_status(app)
         try:
             yield
         finally:
+            status.cancel()
             await asyncio.to_thread(store.close)
             await views.close()
             await pool.close()
@@ -153,6 +161,8 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     app.state.metrics = app.metrics = Metrics()
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
     app.add_middleware(HeadAsGet)
+    app.add_middleware(RequestTracker, max_header_bytes=settings.api.max_header_bytes)
+    connections.configure(timeout_s=settings.api.request_timeout_s, max_connections=settings.api.max_connections)
 
     app.include_router(routes_commands.router)
     app.include_router(routes_views.router)

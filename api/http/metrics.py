@@ -1,5 +1,7 @@
-"""Prometheus metrics: one registry per app; gauges refreshed on scrape from the capture daemon's
-status file, the sources' slots, the log and the projections' state tables.
+"""Prometheus metrics: one registry per app; gauges refreshed in the background (`routes_admin.Status`)
+from the capture daemon's status file, the sources' slots, the log and the projections' state tables.
+Every label comes from a bounded set: route templates, HTTP's methods, configured sources and
+projections, the log's topics, the command handler's stream types.
 
 The capture daemon is another process: its commit-latency histogram travels in its status file
 (cumulative bucket counts) and is exposed here as a real histogram.
@@ -43,29 +45,39 @@ class Metrics:
         self.rebuild_progress = Gauge(
             "tributary_rebuild_progress_ratio", "Progress of the running rebuild", ["projection"], registry=r
         )
-        self.commands = Counter(
-            "tributary_commands_total", "Commands handled by outcome", ["stream_type", "outcome"], registry=r
+        self.stream_types: frozenset[str] = frozenset()
+        self.commands = _KnownStreamTypes(
+            Counter("tributary_commands_total", "Commands handled by outcome", ["stream_type", "outcome"], registry=r),
+            self,
         )
-        self.command_seconds = Histogram(
-            "tributary_command_seconds",
-            "Command latency",
-            ["stream_type"],
-            registry=r,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+        self.command_seconds = _KnownStreamTypes(
+            Histogram(
+                "tributary_command_seconds",
+                "Command latency",
+                ["stream_type"],
+                registry=r,
+                buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            ),
+            self,
         )
         self.http_requests = _RequestCounts()
         r.register(self.http_requests)
         self.capture_commits = _CommitLatency()
         r.register(self.capture_commits)
 
+    def known_stream_types(self, names: Iterable[str]) -> None:
+        """The stream types that may label command series; any other (a client's typo, a scan) is "other"."""
+        self.stream_types = frozenset(names)
+
     def count_request(self, method: str, route: str, status: int) -> None:
-        """`tributary_http_requests_total` += 1 (on the event loop, which serves every request)."""
+        """`tributary_http_requests_total` += 1 (on the event loop, which serves every request).
+        `route` is a route template or "unmatched"; a method outside HTTP's own is "other"."""
         counts = self.http_requests.counts
-        key = (method, route, status)
+        key = (method if method in _METHODS else "other", route, status)
         counts[key] = counts.get(key, 0) + 1
 
     def refresh(self, settings: Any, *, dsn: str | None = None, rebuilds: Iterable[Mapping[str, Any]] = ()) -> None:
-        """Read every source of truth once (called per scrape, off the event loop)."""
+        """Read every source of truth once (called by the background refresh, off the event loop)."""
         from tributary.api.settings.sources import source_statuses
 
         root = Path(settings.log.root)
@@ -107,6 +119,21 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
+
+
+class _KnownStreamTypes:
+    """A metric labelled by stream type first: a type the command handler does not know becomes
+    "other", so URLs cannot add series (the URL's type reaches the metric even when the answer is 404)."""
+
+    def __init__(self, metric: Any, metrics: Metrics) -> None:
+        self.metric = metric
+        self.metrics = metrics
+
+    def labels(self, stream_type: str, *rest: str) -> Any:
+        return self.metric.labels(stream_type if stream_type in self.metrics.stream_types else "other", *rest)
 
 
 class _RequestCounts(Collector):

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import PlainTextResponse, Response
+from psycopg import errors
 from pydantic import BaseModel
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
@@ -21,9 +25,11 @@ from tributary.capture.log import LogError
 from tributary.capture.log.admin import topics as topics_of
 from tributary.capture.status import read_status
 
-__all__ = ["router"]
+__all__ = ["Status", "router", "start_status"]
 
+log = logging.getLogger(__name__)
 router = APIRouter()
+_JSON = "application/json"
 
 
 class Readiness(BaseModel):
@@ -61,46 +67,108 @@ async def healthz(request: Request) -> dict[str, Any]:
     return {"status": "ok", "problems": dict(problems)} if problems else {"status": "ok"}
 
 
+class Status:
+    """What /readyz and /metrics report, refreshed in the background every `[api] status_refresh_s`.
+
+    Both routes need no key, so a call answers from the last refresh: however often anonymous clients
+    call, the database sees the pool's one query per refresh, the sources and the log one walk per
+    refresh, and the log no line per call (a change of readiness is logged once)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.body = orjson.dumps({"ready": False, "checks": {"status": "starting"}})
+        self.ready = False
+        self.refreshed = asyncio.Event()
+        self.head: str | None = None  # the migrations' head revision, read once
+
+    async def run(self, app: Any) -> None:
+        """Refresh until cancelled (the app's lifespan starts and stops it)."""
+        failure = None
+        while True:
+            try:
+                await self.refresh(app)
+                failure = None
+            except Exception as exc:  # noqa: BLE001 - the loop outlives a failed refresh; each new failure is logged
+                if repr(exc) != failure:
+                    log.exception("refreshing /readyz and /metrics failed; retrying every %s s", self.interval_s)
+                failure = repr(exc)
+            self.refreshed.set()
+            await asyncio.sleep(self.interval_s)
+
+    async def refresh(self, app: Any) -> None:
+        state = app.state
+        checks = await self._database(state.pool)
+        current = await asyncio.to_thread(read_status, state.settings.log.root) or {"sources": []}
+        failed = [s["name"] for s in current.get("sources", []) if s.get("state") == "failed"]
+        checks["capture"] = f"failed: {', '.join(failed)}" if failed else "ok"
+        ready = all(v == "ok" for v in checks.values())
+        if ready != self.ready:
+            log.log(logging.INFO if ready else logging.WARNING, "readiness: %s", "ready" if ready else checks)
+        self.ready, self.body = ready, orjson.dumps({"ready": ready, "checks": checks})
+        await asyncio.to_thread(state.metrics.refresh, state.settings, dsn=state.dsn, rebuilds=list(_rebuilds.values()))
+
+    async def _database(self, pool: Any) -> dict[str, str]:
+        """Service database reachable (one pooled connection) and migrations at head (its revision
+        read from the table Alembic keeps, compared with the head read once from the scripts)."""
+        checks: dict[str, str] = {}
+        if self.head is None:
+            try:
+                from tributary.eventstore.migrate import head_revision
+
+                self.head = await asyncio.to_thread(head_revision)
+            except ImportError:
+                pass
+        try:
+            async with pool.connection(timeout=3) as conn:
+                try:
+                    cur = await conn.execute("SELECT version_num FROM eventstore.alembic_version")
+                    row = await cur.fetchone()
+                    revision = row[0] if row else None
+                except errors.UndefinedTable:
+                    revision = None
+            checks["database"] = "ok"
+            if self.head is not None:
+                checks["migrations"] = "ok" if revision == self.head else "pending"
+        except Exception as exc:  # noqa: BLE001 - readiness reports, it does not raise
+            checks["database"] = f"unreachable: {type(exc).__name__}"
+        return checks
+
+
+def start_status(app: Any) -> asyncio.Task[None]:
+    """Create the app's `Status` and start refreshing it; the caller cancels the task on shutdown."""
+    status = app.state.status = Status(app.state.settings.api.status_refresh_s)
+    return asyncio.create_task(status.run(app), name="status-refresh")
+
+
+async def _status(request: Request) -> Status | None:
+    """The app's `Status` once it has been refreshed once (a call right after start-up waits for it)."""
+    status: Status | None = getattr(request.app.state, "status", None)
+    if status is not None and not status.refreshed.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(status.refreshed.wait(), timeout=10)
+    return status
+
+
 @router.get(
     "/readyz",
     tags=["ops"],
     responses={200: {"model": Readiness}, 503: {"model": Readiness, "description": "not ready: see `checks`"}},
 )
 async def readyz(request: Request) -> Response:
-    """Service database reachable, migrations current, capture not failed."""
-    checks: dict[str, str] = {}
-    try:
-        async with request.app.state.pool.connection(timeout=3) as conn:
-            await conn.execute("SELECT 1")
-        checks["database"] = "ok"
-    except Exception as exc:  # noqa: BLE001 - readiness reports, it does not raise
-        checks["database"] = f"unreachable: {type(exc).__name__}"
-    try:
-        from tributary.eventstore.migrate import migrations_current
-
-        checks["migrations"] = "ok" if await asyncio.to_thread(migrations_current, request.app.state.dsn) else "pending"
-    except ImportError:
-        pass
-    except Exception as exc:  # noqa: BLE001
-        checks["migrations"] = f"unknown: {type(exc).__name__}"
-    status = read_status(_settings(request).log.root) or {"sources": []}
-    failed = [s["name"] for s in status.get("sources", []) if s.get("state") == "failed"]
-    checks["capture"] = f"failed: {', '.join(failed)}" if failed else "ok"
-    ready = all(v == "ok" for v in checks.values())
-    import orjson
-
-    return Response(
-        orjson.dumps({"ready": ready, "checks": checks}),
-        status_code=200 if ready else 503,
-        media_type="application/json",
-    )
+    """Service database reachable, migrations current, capture not failed (as of the last background
+    refresh, at most `[api] status_refresh_s` old)."""
+    status = await _status(request)
+    if status is None:
+        return Response(orjson.dumps({"ready": False, "checks": {"status": "starting"}}), 503, media_type=_JSON)
+    return Response(status.body, status_code=200 if status.ready else 503, media_type=_JSON)
 
 
 @router.get("/metrics", tags=["ops"], response_class=PlainTextResponse)
 async def metrics(request: Request) -> Response:
-    """Prometheus text format."""
+    """Prometheus text format: request and command counts as of now, gauges as of the last background
+    refresh (at most `[api] status_refresh_s` old)."""
+    await _status(request)
     m = request.app.state.metrics
-    await asyncio.to_thread(m.refresh, _settings(request), dsn=request.app.state.dsn, rebuilds=list(_rebuilds.values()))
     return Response(m.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

@@ -26,7 +26,7 @@ from pydantic import TypeAdapter, ValidationError
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.definitions import current_projections
 
-__all__ = ["CONNECTION_WAIT_S", "PREPARE_THRESHOLD", "Views", "router"]
+__all__ = ["CONNECTION_WAIT_S", "PREPARE_THRESHOLD", "StatementTimeout", "Views", "router"]
 
 _check_read = require("read")
 
@@ -258,30 +258,56 @@ class _NumericText(Loader):
         return str(data, "ascii")
 
 
-async def _configure(conn: AsyncConnection[Any]) -> None:
-    conn.adapters.register_loader("numeric", _NumericText)
+class StatementTimeout(Exception):
+    """A view query ran past `[api] statement_timeout_ms` and PostgreSQL cancelled it."""
 
 
 class Views:
     """The views' read side of one app: a pool of autocommit connections that return rows as dicts,
-    numerics as text and prepare a query shape after `PREPARE_THRESHOLD` runs; and what is derived
-    once from the projections (each view's columns, each request shape's SQL text)."""
+    numerics as text, prepare a query shape after `PREPARE_THRESHOLD` runs and keep at most
+    `prepared_max` shapes prepared (each prepared plan holds backend memory), and whose statements
+    PostgreSQL cancels after `statement_timeout_ms` (so slow filtered sorts cannot hold every pooled
+    connection while point lookups wait); and what is derived once from the projections (each view's
+    columns, each request shape's SQL text)."""
 
-    def __init__(self, dsn: str, schema: str, *, max_size: int = 8, timeout: float = CONNECTION_WAIT_S) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        schema: str,
+        *,
+        max_size: int = 8,
+        timeout: float = CONNECTION_WAIT_S,
+        statement_timeout_ms: int = 0,
+        prepared_max: int = 32,
+    ) -> None:
         self.schema = schema
+        self.statement_timeout_ms = statement_timeout_ms
+        self.prepared_max = prepared_max
         self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             dsn,
             min_size=1,
             max_size=max_size,
             timeout=timeout,
             open=False,
-            kwargs={"autocommit": True, "row_factory": dict_row, "prepare_threshold": PREPARE_THRESHOLD},
-            configure=_configure,
+            kwargs={
+                "autocommit": True,
+                "row_factory": dict_row,
+                "prepare_threshold": PREPARE_THRESHOLD if prepared_max else None,
+            },
+            configure=self._configure,
         )
         self.meta: dict[str, _View] = {}
         # SQL text by request shape (view, filter columns and operators, order, cursor, limit):
         # composing and quoting it costs more than a point lookup's query; projections are fixed per app.
         self.queries: dict[tuple[Any, ...], str] = {}
+
+    async def _configure(self, conn: AsyncConnection[Any]) -> None:
+        conn.adapters.register_loader("numeric", _NumericText)
+        conn.prepared_max = self.prepared_max or None
+        if self.statement_timeout_ms:
+            await conn.execute(
+                sql.SQL("SET statement_timeout = {}").format(sql.Literal(self.statement_timeout_ms)), prepare=False
+            )
 
     async def open(self) -> None:
         await self.pool.open(wait=False)
@@ -316,6 +342,10 @@ class Views:
                 cur = await conn.execute(text, args, prepare=False)
                 rows = await cur.fetchall()
                 return rows
+        except errors.QueryCanceled:  # statement_timeout (the connection is fine)
+            raise StatementTimeout(
+                f"the view query ran past [api] statement_timeout_ms = {self.statement_timeout_ms}"
+            ) from None
         except errors.OperationalError:
             # Lost or refused (a restart, a failover, pg_terminate_backend): the other idle
             # connections are likely gone too. The pool checks them all now and replaces the dead
@@ -398,6 +428,12 @@ async def _page(
         ) from None  # (no diag when psycopg refused it: a NUL byte, which text cannot hold)
     except errors.UndefinedTable:
         raise HTTPException(404, f"view {name!r} has not been built yet: run `tributary project run {name}`") from None
+    except StatementTimeout:
+        raise HTTPException(
+            503,
+            f"the query ran longer than the server allows ([api] statement_timeout_ms = {views.statement_timeout_ms}); "
+            "narrow the filters or order by an indexed column",
+        ) from None
     except errors.OperationalError:  # lost or refused (`Views.fetch` has the pool checked); retry
         raise HTTPException(503, "the service database did not answer (connection lost or refused); retry") from None
     page = rows[:limit] if len(rows) > limit else rows

@@ -167,6 +167,53 @@ class ApiSettings(_Section):
         le=64,
         description="Server processes sharing the port (1 suits a few cores shared with PostgreSQL).",
     )
+    http: Literal["h11", "httptools"] = Field(
+        default="h11",
+        description="HTTP/1.1 parser. h11 bounds each connection (head size, no queue of pipelined requests); "
+        "httptools costs less CPU per request but queues pipelined requests and takes heads of any size: "
+        "only behind a proxy that bounds both.",
+    )
+    max_header_bytes: int = Field(
+        default=16_384,
+        ge=1024,
+        le=1_048_576,
+        description="Request line plus headers larger than this are refused (431, or 400 while they still "
+        "arrive) and the connection is closed.",
+    )
+    request_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="A connection must send a request's head within this many seconds of connecting or of "
+        "its previous response (else 408 and closed), and read a response within it (else closed).",
+    )
+    max_connections: int = Field(
+        default=1000,
+        ge=1,
+        le=1_000_000,
+        description="Open connections per server process, kept below the open-files limit; at the limit a "
+        "new connection closes the one waiting longest for a request.",
+    )
+    statement_timeout_ms: int = Field(
+        default=5000,
+        ge=0,
+        le=86_400_000,
+        description="PostgreSQL statement_timeout of view queries (0 = none); a query that hits it gets 503.",
+    )
+    prepared_max: int = Field(
+        default=32,
+        ge=0,
+        le=10_000,
+        description="Prepared query shapes kept per view connection (psycopg prepared_max; 0 = never prepare); "
+        "bounds the memory of each database backend serving views.",
+    )
+    status_refresh_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="How often /readyz and /metrics refresh their figures in the background (each call "
+        "answers from the last refresh).",
+    )
 
 
 class Settings(BaseModel):
