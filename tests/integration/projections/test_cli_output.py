@@ -11,6 +11,7 @@ import pytest
 
 from tests.integration.projections.helpers import DAY, LogWriter
 from tests.pg import REPO_ROOT
+from tributary.eventstore.migrate import run_migrations
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -52,6 +53,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _setup(tmp_path: Path, dsn: str, amounts: list[str]) -> Path:
+    run_migrations(dsn)  # what `tributary init` does: projections refuse to run before it
     w = LogWriter(tmp_path / "log")
     w.topic(TOPIC, partitions=1)
     for i, amount in enumerate(amounts):
