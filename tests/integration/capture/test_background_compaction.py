@@ -23,6 +23,7 @@ from tests.servers import serving
 from tributary.api.devdb.embedded import free_port
 from tributary.capture.log import Log, admin, read_split
 from tributary.capture.log.cleaner import read_checkpoint
+from tributary.eventstore.migrate import run_migrations
 
 pytestmark = pytest.mark.integration
 
@@ -30,6 +31,7 @@ TOPIC = "shop.public.kv"
 
 
 def _config(path: Path, *, dsn: str, root: Path, interval: float, retention_ms: int, ratio: float = 0.3) -> Path:
+    run_migrations(dsn)  # what `tributary init` does: capture refuses a service database before it
     path.write_text(
         f"""
 [service]
