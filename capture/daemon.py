@@ -48,6 +48,8 @@ FIRST_BACKOFF_S = 0.5  # a failed source's first wait; doubled per failure up to
 # plugin file such as wal2json (58P01), privileges and missing objects (class 42), and
 # authentication (28): such a source retries at the backoff ceiling.
 _CONFIG_SQLSTATES = ("55000", "58P01", "42", "28", "3D000")
+# The same refusals while connecting, where libpq gives only the server's text.
+_CONFIG_TEXTS = ("must be superuser or replication role", "permission denied", "wal_level", "could not access file")
 
 
 class SourcesFailed(CaptureError):
@@ -464,6 +466,8 @@ def _error_kind(exc: BaseException) -> str:
     cause = exc if isinstance(exc, psycopg.Error) else exc.__context__
     sqlstate = cause.sqlstate if isinstance(cause, psycopg.Error) else None
     if sqlstate is not None and sqlstate.startswith(_CONFIG_SQLSTATES):
+        return "misconfigured"
+    if any(text in str(exc) for text in _CONFIG_TEXTS):
         return "misconfigured"
     if isinstance(exc, TransientSourceError | psycopg.OperationalError):
         return "unreachable"

@@ -10,6 +10,7 @@ import json
 import signal
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,9 @@ pytestmark = pytest.mark.integration
 PASSWORD = "s3cret-never-shown"
 
 
-def _config(path: Path, *, dsn: str, root: Path, far_dsn: str, far_slot: str = "slot_far", outbox: bool) -> Path:
+def _config(
+    path: Path, *, dsn: str, root: Path, far_dsn: str, far_slot: str = "slot_far", outbox: bool, extra: str = ""
+) -> Path:
     run_migrations(dsn)  # what `tributary init` does: capture refuses a service database before it
     path.write_text(
         f"""
@@ -61,6 +64,7 @@ name = "far"
 dsn = "{far_dsn}"
 slot = "{far_slot}"
 include = ["public.*"]
+{extra}
 """
     )
     return path
@@ -216,27 +220,42 @@ def test_a_source_cut_mid_transaction_is_re_read_whole_while_the_other_commits(
 
 
 def test_a_misconfigured_source_fails_with_its_reason_and_recovers_once_fixed(fresh_db: str, tmp_path: Path) -> None:
-    """A configuration error waiting cannot cure (here: the slot name is taken by a pgoutput slot)
-    fails that source only, retried at the backoff ceiling; fixing it needs no restart."""
+    """Configuration errors waiting cannot cure (a slot name taken by a pgoutput slot, a role that
+    may not replicate) fail those sources only, retried at the backoff ceiling; fixing them needs
+    no restart."""
     root = tmp_path / "log"
+    role = f"norep_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE a (id int PRIMARY KEY)")
         conn.execute("SELECT pg_create_logical_replication_slot('taken_slot', 'pgoutput')")
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"GRANT SELECT ON a TO {role}")
+    norep_dsn = fresh_db.replace("postgres@", f"{role}@", 1)
+    assert role in norep_dsn
+    extra = f'[[sources]]\nname = "norep"\ndsn = "{norep_dsn}"\nslot = "slot_{role}"\ninclude = ["public.*"]\n'
     config = _config(
-        tmp_path / "t.toml", dsn=fresh_db, root=root, far_dsn=fresh_db, far_slot="taken_slot", outbox=False
+        tmp_path / "t.toml", dsn=fresh_db, root=root, far_dsn=fresh_db, far_slot="taken_slot", outbox=False, extra=extra
     )
     proc = spawn_capture(config)
     try:
-        wait_for(lambda: _state(root, "far") == "failed" and _state(root, "shop") == "streaming", 60, "far failed")
-        far = _source(root, "far")
+        wait_for(
+            lambda: _state(root, "far") == _state(root, "norep") == "failed" and _state(root, "shop") == "streaming",
+            60,
+            "far and norep failed, the shop streaming",
+        )
+        far, norep = _source(root, "far"), _source(root, "norep")
         assert far["error_kind"] == "misconfigured" and "not a wal2json slot" in far["error"]
+        assert norep["error_kind"] == "misconfigured" and "replication role" in norep["error"], norep
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute("INSERT INTO a SELECT generate_series(1, 10)")
         wait_for(lambda: len(table_state(root, "shop.public.a")) == 10, 30, "the shop goes on")
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute("SELECT pg_drop_replication_slot('taken_slot')")
+            conn.execute(f"ALTER ROLE {role} REPLICATION")
         wait_for(lambda: _state(root, "far") == "streaming", 30, "far recovered once its slot was freed")
+        wait_for(lambda: _state(root, "norep") == "streaming", 30, "norep recovered once granted")
         wait_for(lambda: len(table_state(root, "far.public.a")) == 10, 30, "far's snapshot")
+        wait_for(lambda: len(table_state(root, "norep.public.a")) == 10, 30, "norep's snapshot")
         # What still stops capture as a whole: a second writer of the same log, one line, exit 1.
         second = cli("capture", "--config", str(config), "--until-idle", "1")
         assert second.returncode == 1 and len(second.stderr.strip().splitlines()) == 1, second.stderr
@@ -244,6 +263,13 @@ def test_a_misconfigured_source_fails_with_its_reason_and_recovers_once_fixed(fr
         if proc.proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                (f"slot_{role}",),
+            )
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")
     assert proc.returncode == 0, err
 
 
