@@ -21,6 +21,7 @@ import pytest
 from tests.integration.capture.helpers import cli, records, spawn_capture, table_state, wait_for
 from tests.servers import serving
 from tributary.api.devdb.embedded import EmbeddedPostgres, free_port
+from tributary.capture.log import Log
 from tributary.capture.status import read_status
 from tributary.eventstore.migrate import run_migrations
 from tributary.eventstore.model import NewEvent
@@ -276,3 +277,68 @@ def test_a_misconfigured_source_fails_with_its_reason_and_recovers_once_fixed(fr
 def _api_port(config: Path) -> int:
     text = config.read_text()
     return int(text.split("[api]\nport = ")[1].split("\n")[0])
+
+
+def test_a_source_transaction_becomes_visible_whole_while_another_source_commits(
+    fresh_db: str, pg_server: Any, tmp_path: Path
+) -> None:
+    """Sources share the log, one source transaction appended at a time: while one source's big
+    transaction streams in, another source's small commits must not commit a part of it (a source
+    that then failed would have it cut in two, and readers would see half of it)."""
+    far_db = pg_server.create_database("far")
+    far_dsn = pg_server.dsn(far_db)
+    try:
+        root = tmp_path / "log"
+        config = _config(
+            tmp_path / "t.toml", dsn=fresh_db, root=root, far_dsn=far_dsn, far_slot="slot_whole", outbox=False
+        )
+        # The big transactions on the first source (read first in a round), the small on the second.
+        with psycopg.connect(far_dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE ticks (id int PRIMARY KEY)")
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute("CREATE TABLE bulk (id int PRIMARY KEY, pad text)")
+        proc = spawn_capture(config)
+        done = threading.Event()
+        try:
+            wait_for(lambda: _state(root, "far") == "streaming" and _state(root, "shop") == "streaming", 60, "both")
+
+            def tick() -> None:
+                with psycopg.connect(far_dsn, autocommit=True) as conn:
+                    n = 0
+                    while not done.is_set():
+                        n += 1
+                        conn.execute("INSERT INTO ticks VALUES (%s)", (n,))
+
+            ticker = threading.Thread(target=tick, daemon=True)
+            ticker.start()
+            time.sleep(0.5)
+            rows, seen = 200_000, set()
+            for round_ in range(3):
+                with psycopg.connect(fresh_db, autocommit=True) as conn:
+                    conn.execute(
+                        "INSERT INTO bulk SELECT g, repeat('x', 20) FROM generate_series(%s, %s) g",
+                        (round_ * rows + 1, (round_ + 1) * rows),
+                    )
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    with Log.open(root) as log:
+                        topic = "shop.public.bulk"
+                        n = sum(log.end_offsets(topic)) if topic in log.topics() else 0
+                    seen.add(n)
+                    if n >= (round_ + 1) * rows:
+                        break
+                    time.sleep(0.005)
+            done.set()
+            ticker.join()
+            # Committed counts seen: each transaction's records appear all at once (plus, at most,
+            # the table's schema records before its first change).
+            partial = sorted(n for n in seen if n % rows > 8)
+            assert partial == [], f"parts of a transaction were committed: {partial[:5]}"
+        finally:
+            done.set()
+            if proc.proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    finally:
+        pg_server.drop_database(far_db)
