@@ -78,9 +78,7 @@ class SchemaTracker:
             if omitted:
                 existed = self.existed
                 current = current + tuple(
-                    c
-                    for c in omitted
-                    if toastable(c[1]) and (existed is None or existed(schema, table, c[0], xid))
+                    c for c in omitted if toastable(c[1]) and (existed is None or existed(schema, table, c[0], xid))
                 )
             order = {c[0]: i for i, c in enumerate(base)}
             current = tuple(sorted(current, key=lambda c: order.get(c[0], len(order))))

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import cli, records, spawn_capture, wait_for, write_config
+from tributary.capture.catalog import ColumnHistory
 from tributary.capture.log import LogError
 from tributary.capture.schema_tracker import SCHEMA_KEY
 from tributary.capture.values import UNAVAILABLE
@@ -63,7 +64,9 @@ def _timelines(log: Path) -> dict[int, list[dict[str, Any]]]:
 def _timeline(log: Path, key: int = 1) -> list[dict[str, Any]]:
     """The partition holding row `key`'s changes."""
     for timeline in _timelines(log).values():
-        if any(e.get("after", e.get("before")) and (e["after"] or e["before"])["id"] == key for e in timeline if "op" in e):
+        if any(
+            e.get("after", e.get("before")) and (e["after"] or e["before"])["id"] == key for e in timeline if "op" in e
+        ):
             return timeline
     return []
 
@@ -155,3 +158,83 @@ def test_restart_after_add_rename_and_retype_reads_changes_before_and_after(fres
     ]
     types = [e for e in records(tmp_path / "log", TOPIC) if e.partition == 0 and e.key == SCHEMA_KEY]
     assert [_type_of(r.value, "n") for r in types][-3:] == ["integer", "bigint", "bigint"]
+
+
+def test_insert_templates_are_remade_after_each_change_of_shape(fresh_db: str, tmp_path: Path) -> None:
+    """Held INSERTs take their table's template; a DDL between transactions changes the documents'
+    shape: the template must not encode them, a schema record comes first, and the records equal
+    the generic path's."""
+    from tests.integration.capture.test_insert_templates import _capture, _documents, _slot
+
+    _sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY, n int, note text)")
+    with _slot(fresh_db, "shape"):
+        batches = [
+            ("", "INSERT INTO t SELECT g, g, 'a' FROM generate_series({lo}, {hi}) g"),
+            (
+                "ALTER TABLE t ADD COLUMN extra text",
+                "INSERT INTO t SELECT g, g, 'b', 'x' FROM generate_series({lo}, {hi}) g",
+            ),
+            (
+                "ALTER TABLE t RENAME COLUMN note TO remark",
+                "INSERT INTO t SELECT g, g, 'c', 'y' FROM generate_series({lo}, {hi}) g",
+            ),
+            (
+                "ALTER TABLE t ALTER COLUMN n TYPE bigint",
+                "INSERT INTO t SELECT g, g, 'd', 'z' FROM generate_series({lo}, {hi}) g",
+            ),
+            ("ALTER TABLE t DROP COLUMN remark", "INSERT INTO t SELECT g, g, 'w' FROM generate_series({lo}, {hi}) g"),
+        ]
+        for i, (ddl, insert) in enumerate(batches):
+            if ddl:
+                _sql(fresh_db, ddl)
+            _sql(fresh_db, insert.format(lo=i * 500 + 1, hi=i * 500 + 500))
+        docs = _documents(fresh_db, "shape")
+    templated, n = _capture(fresh_db, docs, tmp_path / "tpl", templates=True)
+    generic, _ = _capture(fresh_db, docs, tmp_path / "generic", templates=False)
+    assert n > 0
+    assert templated == generic
+    schemas = []
+    for topic, partition, *_, value, _headers in templated:
+        if topic != TOPIC or partition != 0 or value is None:
+            continue
+        doc = orjson.loads(value)
+        if "schema" in doc:
+            schemas.append([(c["name"], c["type"]) for c in doc["schema"]["columns"]])
+        elif "op" in doc:
+            assert [c[0] for c in schemas[-1]] == list(doc["after"]), doc["after"]
+    assert [[name for name, _ in s] for s in schemas] == [
+        ["id", "n", "note"],
+        ["id", "n", "note", "extra"],
+        ["id", "n", "remark", "extra"],
+        ["id", "n", "remark", "extra"],
+        ["id", "n", "extra"],
+    ]
+    assert schemas[3][1] == ("n", "bigint")
+
+
+def test_column_history_places_each_transaction_before_or_after_the_ddl(fresh_db: str) -> None:
+    def xid_of(conn: psycopg.Connection[Any], statement: str) -> int:
+        with conn.transaction():
+            conn.execute(statement)
+            row = conn.execute("SELECT txid_current() % 4294967296").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    _sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY, note text)", "INSERT INTO t VALUES (1, 'a')")
+    history = ColumnHistory(lambda: psycopg.connect(fresh_db, autocommit=True))
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        before_add = xid_of(conn, "UPDATE t SET id = 1")
+        conn.execute("ALTER TABLE t ADD COLUMN big text")
+        after_add = xid_of(conn, "UPDATE t SET id = 1")
+        assert not history.existed("public", "t", "big", before_add)
+        assert history.existed("public", "t", "big", after_add)
+        assert history.existed("public", "t", "note", before_add)
+        assert history.reads == 1  # both transactions had ended when the catalog was read
+        conn.execute("ALTER TABLE t DROP COLUMN note")
+        after_drop = xid_of(conn, "UPDATE t SET id = 1")
+        assert not history.existed("public", "t", "note", after_drop)
+        assert history.reads == 2  # a transaction the first reading could not have seen
+        assert history.existed("public", "t", "note", after_add)  # dropped only after it
+        assert not history.existed("public", "t", "nothing", after_add)
+        assert history.reads == 2
+    history.close()
