@@ -8,15 +8,15 @@ import orjson
 import pytest
 
 from tributary.capture.envelope import toastable
-from tributary.capture.schema_tracker import SchemaTracker
+from tributary.capture.schema_tracker import SchemaRecord, SchemaTracker
 
 pytestmark = pytest.mark.unit
 
 COLUMNS = [("id", "integer", 23), ("n", "bigint", 20), ("note", "text", 25), ("at", "date", 1082)]
 
 
-def _names(record: object) -> list[str]:
-    value = orjson.loads(record.value)  # type: ignore[attr-defined]
+def _names(record: SchemaRecord) -> list[str]:
+    value = orjson.loads(record.value)
     return [c["name"] for c in value["schema"]["columns"]]
 
 
