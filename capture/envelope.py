@@ -8,6 +8,7 @@ change becomes delete + tombstone for the old key and a create for the new one (
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -215,6 +216,7 @@ _FIXED_WIDTH = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=1024)
 def toastable(type_name: str) -> bool:
     """Can a value of this type be stored out of line (a varlena), so that an UPDATE may omit it?
     Fixed-width types never are: such a column missing from an UPDATE does not exist there."""

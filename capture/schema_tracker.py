@@ -75,13 +75,13 @@ class SchemaTracker:
         if not complete and base:
             shown = {c[0] for c in current}
             omitted = [c for c in base if c[0] not in shown]
-            if omitted:
-                existed = self.existed
-                current = current + tuple(
-                    c for c in omitted if toastable(c[1]) and (existed is None or existed(schema, table, c[0], xid))
-                )
-            order = {c[0]: i for i, c in enumerate(base)}
-            current = tuple(sorted(current, key=lambda c: order.get(c[0], len(order))))
+            existed = self.existed
+            kept = tuple(
+                c for c in omitted if toastable(c[1]) and (existed is None or existed(schema, table, c[0], xid))
+            )
+            if kept:  # wal2json lists columns in attnum order; a kept one goes back where it was
+                order = {c[0]: i for i, c in enumerate(base)}
+                current = tuple(sorted(current + kept, key=lambda c: order.get(c[0], len(order))))
         if self._announced.get((schema, table)) == current:
             return None
         self._announced[(schema, table)] = current
