@@ -172,10 +172,13 @@ class ColumnHistory:
     wal2json decodes each change under the catalog as it was at that change, and omits a column
     that did not exist then as well as an unchanged TOAST value. pg_attribute tells the two apart:
     a column's row keeps its attnum for ever (a dropped one stays, `attisdropped`), and its xmin
-    is the transaction that added, renamed, retyped or dropped it. A column omitted by a change of
-    transaction X existed at X when its row was last written before X and is not dropped, or was
-    dropped after X. Read once per table and again only for a transaction the reading did not see
-    ended; a transaction's changes reach capture after it committed, so one re-read suffices."""
+    is the transaction that added, renamed, retyped, re-defaulted or dropped it. A column omitted by
+    a change of transaction X existed at X when its row was last written before X and is not
+    dropped; or was dropped after X; or was rewritten after X but a column with a higher attnum
+    (added later: attnums only grow) already existed at X, and every name X shows is a column of
+    today (no rename in between to tell it apart from). Read once per table and again only for a
+    transaction the reading did not see ended; a transaction's changes reach capture after it
+    committed, so one re-read suffices."""
 
     def __init__(self, connect: Callable[[], Any]) -> None:
         self._connect = connect
@@ -184,8 +187,10 @@ class ColumnHistory:
         self._attnums: dict[tuple[str, str], dict[str, int]] = {}  # every name each attnum was seen under
         self.reads = 0  # catalog reads so far (tests check the cache holds)
 
-    def existed(self, schema: str, table: str, column: str, xid: int | None) -> bool:
-        """True when `column` existed (under this name) at transaction `xid`'s changes of the table."""
+    def existed(
+        self, schema: str, table: str, column: str, xid: int | None, shown: frozenset[str] = frozenset()
+    ) -> bool:
+        """True when `column` existed at transaction `xid`'s change of the table, which lists `shown`."""
         if xid is None:
             return True  # no transaction id to place the change: keep the old assumption (TOAST)
         view = self._views.get((schema, table))
@@ -196,10 +201,21 @@ class ColumnHistory:
         if entry is None:
             return False  # never a column of this table that we know of
         name, dropped, xmin, ancient = entry
-        written_before = ancient or xmin == xid or _precedes(xmin, xid)
-        if not written_before:
-            return dropped  # dropped after the change: it was there; added/renamed/retyped after: it was not
-        return not dropped and name == column
+        if self._before(xmin, ancient, xid):
+            return not dropped and name == column
+        if dropped:
+            return True  # dropped after the change: it was there
+        # Rewritten after the change: added then (it was not there), or altered (it was). A column
+        # added later has a higher attnum; a renamed one would show a name today's catalog lacks.
+        names = self._attnums[(schema, table)]
+        if any(n not in names for n in shown):
+            return False
+        return any(a > attnum and self._before(x, old, xid) for a, (_, _, x, old) in view.attrs.items())
+
+    @staticmethod
+    def _before(xmin: int, ancient: bool, xid: int) -> bool:
+        """Was the attribute row last written no later than transaction `xid` (its own DDL counts)?"""
+        return ancient or xmin == xid or _precedes(xmin, xid)
 
     def _read(self, schema: str, table: str) -> _TableView:
         rows = self._query(schema, table)

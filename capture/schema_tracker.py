@@ -43,8 +43,8 @@ class SchemaTracker:
         self._announced: dict[tuple[str, str], tuple[ColumnSpec, ...]] = {}
         self._catalog: dict[tuple[str, str], tuple[ColumnSpec, ...]] = {}
         self.version = 0  # bumped whenever a table's announced columns change (insert templates check it)
-        # (schema, table, column, xid) → did the column exist at that transaction's change; None: assume so
-        self.existed: Callable[[str, str, str, int | None], bool] | None = None
+        # (schema, table, column, xid, names the change shows) → did the column exist at that change? None: yes
+        self.existed: Callable[[str, str, str, int | None, frozenset[str]], bool] | None = None
 
     def columns(self, schema: str, table: str) -> tuple[ColumnSpec, ...] | None:
         """The table's columns as best known: last announced, else the catalog's."""
@@ -73,11 +73,11 @@ class SchemaTracker:
         current = tuple(columns)
         base = self.columns(schema, table)
         if not complete and base:
-            shown = {c[0] for c in current}
+            shown = frozenset(c[0] for c in current)
             omitted = [c for c in base if c[0] not in shown]
             existed = self.existed
             kept = tuple(
-                c for c in omitted if toastable(c[1]) and (existed is None or existed(schema, table, c[0], xid))
+                c for c in omitted if toastable(c[1]) and (existed is None or existed(schema, table, c[0], xid, shown))
             )
             if kept:  # wal2json lists columns in attnum order; a kept one goes back where it was
                 order = {c[0]: i for i, c in enumerate(base)}

@@ -160,6 +160,29 @@ def test_restart_after_add_rename_and_retype_reads_changes_before_and_after(fres
     assert [_type_of(r.value, "n") for r in types][-3:] == ["integer", "bigint", "bigint"]
 
 
+def test_restart_after_a_column_is_altered_keeps_its_unchanged_toast(fresh_db: str, tmp_path: Path) -> None:
+    """SET DEFAULT / SET NOT NULL rewrite a column's pg_attribute row after the changes read back:
+    the column was there all along (a later column shows it), so no drop and re-add."""
+    big = secrets.token_hex(20_000)
+    _sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY, n int, body text, tail int)")
+    config = _config(fresh_db, tmp_path)
+    _sql(fresh_db, f"INSERT INTO t VALUES (1, 1, '{big}', 0)")
+    _capture_until_idle(config)
+    _sql(
+        fresh_db,
+        "UPDATE t SET n = 2 WHERE id = 1",
+        "ALTER TABLE t ALTER COLUMN body SET DEFAULT 'd'",
+        "ALTER TABLE t ALTER COLUMN body SET NOT NULL",
+        "UPDATE t SET n = 3 WHERE id = 1",
+    )
+    _capture_until_idle(config)
+    timeline = _timeline(tmp_path / "log")
+    assert [e["after"] for e in timeline if e.get("op") == "u"] == [
+        {"id": 1, "n": n, "body": UNAVAILABLE, "tail": 0} for n in (2, 3)
+    ]
+    assert [e["columns"] for e in timeline if "columns" in e] == [["id", "n", "body", "tail"]] * 2  # one per run
+
+
 def test_insert_templates_are_remade_after_each_change_of_shape(fresh_db: str, tmp_path: Path) -> None:
     """Held INSERTs take their table's template; a DDL between transactions changes the documents'
     shape: the template must not encode them, a schema record comes first, and the records equal

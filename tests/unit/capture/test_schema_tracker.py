@@ -47,7 +47,7 @@ def test_toastable_is_varlena_only(type_name: str, expected: bool) -> None:
 
 def test_omitted_column_that_existed_is_kept_and_no_record_follows() -> None:
     tracker = SchemaTracker()
-    tracker.existed = lambda schema, table, column, xid: True
+    tracker.existed = lambda schema, table, column, xid, shown: True
     assert tracker.observe("s", "public", "t", COLUMNS, complete=True) is not None
     shown = [c for c in COLUMNS if c[0] != "note"]
     assert tracker.observe("s", "public", "t", shown, complete=False, xid=7) is None
@@ -57,7 +57,7 @@ def test_omitted_column_that_existed_is_kept_and_no_record_follows() -> None:
 def test_omitted_column_that_did_not_exist_at_the_change_is_announced_as_gone() -> None:
     asked: list[tuple[str, int | None]] = []
 
-    def existed(schema: str, table: str, column: str, xid: int | None) -> bool:
+    def existed(schema: str, table: str, column: str, xid: int | None, shown: frozenset[str]) -> bool:
         asked.append((column, xid))
         return False
 
@@ -73,7 +73,7 @@ def test_omitted_column_that_did_not_exist_at_the_change_is_announced_as_gone() 
 
 def test_omitted_fixed_width_column_is_dropped_without_asking() -> None:
     tracker = SchemaTracker()
-    tracker.existed = lambda schema, table, column, xid: pytest.fail("a date is never TOASTed")
+    tracker.existed = lambda schema, table, column, xid, shown: pytest.fail("a date is never TOASTed")
     tracker.observe("s", "public", "t", COLUMNS, complete=True)
     record = tracker.observe("s", "public", "t", COLUMNS[:3], complete=False, xid=3)
     assert record is not None and _names(record) == ["id", "n", "note"]
@@ -82,7 +82,7 @@ def test_omitted_fixed_width_column_is_dropped_without_asking() -> None:
 def test_catalog_seed_alone_does_not_make_a_column_exist() -> None:
     """Read back after a restart: the catalog of today has a column the old change did not."""
     tracker = SchemaTracker()
-    tracker.existed = lambda schema, table, column, xid: column != "big"
+    tracker.existed = lambda schema, table, column, xid, shown: column != "big"
     tracker.seed("public", "t", [*COLUMNS, ("big", "text", 25)])
     record = tracker.observe("s", "public", "t", COLUMNS[:2], complete=False, xid=5)
     assert record is not None and _names(record) == ["id", "n", "note"]
