@@ -210,7 +210,8 @@ class ColumnHistory:
         names = self._attnums[(schema, table)]
         if any(n not in names for n in shown):
             return False
-        return any(a > attnum and self._before(x, old, xid) for a, (_, _, x, old) in view.attrs.items())
+        at, own = xid, attnum or 0
+        return any(a > own and self._before(x, old, at) for a, (_, _, x, old) in view.attrs.items())
 
     @staticmethod
     def _before(xmin: int, ancient: bool, xid: int) -> bool:
