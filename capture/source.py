@@ -154,3 +154,5 @@ class SourceSession:
 
     def close(self) -> None:
         self.slot.close()
+        if self.stream is not None and self.stream.history is not None:
+            self.stream.history.close()  # its catalog connection, opened on the first ambiguous UPDATE
