@@ -200,7 +200,7 @@ class SnapshotSource:
             out = None
             if gone:
                 out = encoder.encode(row)
-                gone.discard(out.key)  # type: ignore[arg-type]
+                gone.discard(out.key)
             yield functools.partial(self._row, encoder, row, now_ms, out=out), 1
 
     def _columnar_plan(self, table: TableInfo) -> Any:
@@ -269,7 +269,7 @@ class SnapshotSource:
         tails = {m: _delete_tail(encoder.tail(m)) for m in ("true", marker)}
         topic = encoder.topic
         last = len(keys) - 1
-        outputs = []
+        outputs: list[env.Output] = []
         for i, key in enumerate(keys):
             value = b'{"before":' + key + b',"after":null' + tails[marker if i == last else "true"]
             outputs += (env.Output(topic, key, value), env.Output(topic, key, None))
