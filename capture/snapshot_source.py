@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from tributary.capture import envelope as env
@@ -59,18 +59,32 @@ RESNAPSHOT_POSITION = str(Lsn.ZERO)  # a re-snapshot under way: a start takes th
 
 def live_keys(log: Log, topic: str) -> set[bytes]:
     """The keys of `topic` whose latest committed record is not a tombstone (schema records and
-    keyless records aside): what a compacted read of the topic shows. Costs the key's bytes plus
-    about 90 bytes per key (a bytes object and its set slot)."""
+    keyless records aside): what a compacted read of the topic shows. Costs about 80 bytes per
+    key (a bytes object and its set slot). Each split is decoded whole into Arrow columns
+    (`read_split_columns`, as the projections' reader does), record by record only where that
+    path refuses."""
     if topic not in log.topics():
         return set()
+    import pyarrow as pa
+
+    from tributary.capture.log import read_split, read_split_columns
+
+    ends = log.end_offsets(topic)
     live: set[bytes] = set()
     add, discard = live.add, live.discard
-    for partition in range(log.topics()[topic].partitions):
-        for rec in log.read(topic, partition):
-            key = rec.key
+    for split in log.splits(topic):  # each partition's splits in offset order
+        end = ends[split.partition]
+        table = read_split_columns(split, 0, end)
+        pairs: Iterable[tuple[bytes | None, bool]]
+        if table is None:
+            pairs = ((r.key, r.value is None) for r in read_split(split) if r.offset < end)
+        else:
+            keys = table.column("key").cast(pa.binary()).to_pylist()
+            pairs = zip(keys, table.column("value").is_null().to_pylist(), strict=True)
+        for key, tombstone in pairs:
             if key is None or key == SCHEMA_KEY:
                 continue
-            if rec.value is None:
+            if tombstone:
                 discard(key)
             else:
                 add(key)

@@ -28,7 +28,8 @@ TABLES = {
 FILL = {
     "items": "INSERT INTO items SELECT g, g * 1.5, 'seed' FROM generate_series(1, {n}) g",
     "docs": "INSERT INTO docs SELECT g, jsonb_build_object('v', g) FROM generate_series(1, {n}) g",
-    "points": "INSERT INTO points SELECT g, 'k' || g, g / 3.0 FROM generate_series(1, {n}) g",
+    # keys with a quote, a backslash and non-ASCII text: read back from the log as the same bytes
+    "points": "INSERT INTO points SELECT g, 'k' || chr(34) || chr(92) || 'é✓' || g, g / 3.0 FROM generate_series(1, {n}) g",
 }
 KEYS = {"items": ("id",), "docs": ("id",), "points": ("a", "b")}
 
