@@ -50,6 +50,7 @@ from tributary.capture.tables import SourceTables
 __all__ = ["PROGRESS_ROWS", "SnapshotSource", "live_keys"]
 
 PROGRESS_ROWS = 10_000  # `on_progress` is called each time this many more rows are copied
+SCAN_BYTES = 8 << 20  # a re-snapshot reads a topic's keys this much segment data at a time (bounds its memory)
 DELETE_BATCH = 2_000  # a re-snapshot's deletes are staged this many keys at a time
 
 Progress = Callable[[SourceStatus], None]
@@ -72,7 +73,7 @@ def live_keys(log: Log, topic: str) -> set[bytes]:
     ends = log.end_offsets(topic)
     live: set[bytes] = set()
     add, discard = live.add, live.discard
-    for split in log.splits(topic):  # each partition's splits in offset order
+    for split in log.splits(topic, max_bytes=SCAN_BYTES):  # each partition's splits in offset order
         end = ends[split.partition]
         table = read_split_columns(split, 0, end)
         pairs: Iterable[tuple[bytes | None, bool]]
