@@ -60,8 +60,8 @@ RESNAPSHOT_POSITION = str(Lsn.ZERO)  # a re-snapshot under way: a start takes th
 
 def live_keys(log: Log, topic: str) -> set[bytes]:
     """The keys of `topic` whose latest committed record is not a tombstone (schema records and
-    keyless records aside): what a compacted read of the topic shows. Costs about 80 bytes per
-    key (a bytes object and its set slot). Each split is decoded whole into Arrow columns
+    keyless records aside): what a compacted read of the topic shows. Holds a bytes object and a
+    set slot per key (docs/capture.md says how much). Each split is decoded whole into Arrow columns
     (`read_split_columns`, as the projections' reader does), record by record only where that
     path refuses."""
     if topic not in log.topics():
