@@ -37,7 +37,7 @@ from typing import Any
 
 from tributary.capture import envelope as env
 from tributary.capture.catalog import TableInfo, list_tables
-from tributary.capture.log import Log
+from tributary.capture.log import Log, Mark
 from tributary.capture.lsn import Lsn
 from tributary.capture.schema_tracker import SCHEMA_KEY
 from tributary.capture.slot import Slot, SlotState, sql_connection
@@ -121,7 +121,9 @@ class SnapshotSource:
         log = self.staging.log
         if self.spec.name in log.positions():
             # A re-snapshot: from now until the daemon commits it, a start must snapshot again.
-            log.commit(positions={self.spec.name: RESNAPSHOT_POSITION}, upto=log.mark())
+            # Only the position: other sources' appends (an empty `Mark`) are the daemon's to
+            # commit, with their own positions.
+            log.commit(positions={self.spec.name: RESNAPSHOT_POSITION}, upto=Mark())
         with slot.recreate(state, export_snapshot=True) as info:
             assert info.snapshot_name is not None
             self.status.state = SourceState.SNAPSHOTTING
