@@ -8,7 +8,7 @@ measured in the same run (target ≥ 0.5× direct). Each run also reports the CP
 the clients, the API server and PostgreSQL (from /proc): unlike queries/s, these barely move when
 other work shares the machine, and they say where a request's cost goes.
 
-    .venv/bin/python bench/api.py [--rows 1000000] [--seconds 10] [--clients 4] [--workers 1,2]
+    .venv/bin/python bench/api.py [--rows 1000000] [--seconds 10] [--clients 4] [--workers 1,2] [--http h11,httptools]
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def _load(dsn: str, rows: int) -> None:
         conn.execute("VACUUM ANALYZE views.bench_view")
 
 
-def _serve(work: Path, dsn: str, workers: int) -> tuple[subprocess.Popen[bytes], int]:
+def _serve(work: Path, dsn: str, workers: int, http: str) -> tuple[subprocess.Popen[bytes], int]:
     (work / "bench_view.py").write_text(PROJECTION)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -218,7 +218,7 @@ def _serve(work: Path, dsn: str, workers: int) -> tuple[subprocess.Popen[bytes],
     config = work / f"bench-{port}.toml"
     config.write_text(
         f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{work / "log"}"\n'
-        f'[projections]\nmodules = ["{work / "bench_view.py"}"]\n[api]\nport = {port}\n'
+        f'[projections]\nmodules = ["{work / "bench_view.py"}"]\n[api]\nport = {port}\nhttp = "{http}"\n'
     )
     cmd = [sys.executable, "-c", "from tributary.api.cli.main import main; main()", "serve", "--config", str(config)]
     if workers != 1:
@@ -249,9 +249,17 @@ def main() -> None:
         default="1,2",
         help="`tributary serve --workers` values, comma-separated: one server each, measured interleaved",
     )
+    parser.add_argument(
+        "--http",
+        default="h11",
+        help="`[api] http` parsers, comma-separated (h11, httptools): one server per parser and worker count",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "api.json")
     args = parser.parse_args()
     worker_counts = [int(w) for w in str(args.workers).split(",")]
+    parsers = str(args.http).split(",")
+    # one server per (workers, parser); labelled `w1`, `w2`, and `w1_httptools` beside a first parser
+    variants = [(w, h, f"w{w}" if h == parsers[0] else f"w{w}_{h}") for h in parsers for w in worker_counts]
     work = Path(tempfile.mkdtemp(prefix="tributary-bench-"))
     cluster = EmbeddedPostgres(work / "pg")
     cluster.up()
@@ -262,8 +270,8 @@ def main() -> None:
     try:
         _load(dsn, args.rows)
         ports = []
-        for w in worker_counts:
-            server, port = _serve(work, dsn, w)
+        for w, h, _ in variants:
+            server, port = _serve(work, dsn, w, h)
             servers.append(server)
             ports.append(port)
         ctx = mp.get_context("spawn")
@@ -277,21 +285,21 @@ def main() -> None:
         pids = dict(zip(ports, (s.pid for s in servers), strict=True))
         results: dict[str, list[dict[str, float]]] = {}
         per_run = args.seconds / args.rounds
-        runs = [("direct", "", 0)] + [("api", f"_w{w}", port) for w, port in zip(worker_counts, ports, strict=True)]
+        runs = [("direct", "", 0)] + [("api", f"_{v}", port) for (_, _, v), port in zip(variants, ports, strict=True)]
         for r in range(args.rounds):  # interleaved; the order alternates so no side always goes first
             for kind in ("point", "page100"):
                 for side, suffix, port in runs if r % 2 == 0 else runs[::-1]:
                     results.setdefault(f"{side}_{kind}{suffix}", []).append(
                         _run(pipes, side, kind, per_run, port, server=pids.get(port, 0), postgres=postmaster)
                     )
-            for w, port in zip(worker_counts, ports, strict=True):  # HTTP + FastAPI routing, no database
-                results.setdefault(f"api_healthz_w{w}", []).append(
+            for (_, _, v), port in zip(variants, ports, strict=True):  # HTTP + FastAPI routing, no database
+                results.setdefault(f"api_healthz_{v}", []).append(
                     _run(pipes, "api", "healthz", per_run / 2, port, server=pids[port], postgres=postmaster)
                 )
         med = {k: {m: round(statistics.median(x[m] for x in v), 2) for m in v[0]} for k, v in sorted(results.items())}
         ratios = {
-            f"{kind}_w{w}": round(med[f"api_{kind}_w{w}"]["qps"] / med[f"direct_{kind}"]["qps"], 3)
-            for w in worker_counts
+            f"{kind}_{v}": round(med[f"api_{kind}_{v}"]["qps"] / med[f"direct_{kind}"]["qps"], 3)
+            for _, _, v in variants
             for kind in ("point", "page100")
         }
 
@@ -301,8 +309,8 @@ def main() -> None:
 
         # what the ratio would be if CPU time were all that limits both sides (2 cores, no idle time)
         cpu_ratios = {
-            f"{kind}_w{w}": round(cpu(f"direct_{kind}") / cpu(f"api_{kind}_w{w}"), 3)
-            for w in worker_counts
+            f"{kind}_{v}": round(cpu(f"direct_{kind}") / cpu(f"api_{kind}_{v}"), 3)
+            for _, _, v in variants
             for kind in ("point", "page100")
         }
         out = {
@@ -310,6 +318,7 @@ def main() -> None:
             "clients": args.clients,
             "client_processes": True,
             "workers": worker_counts,
+            "http": parsers,
             "rounds": args.rounds,
             "seconds_per_run": round(per_run, 2),
             "median": med,

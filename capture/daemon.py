@@ -12,6 +12,7 @@ import logging
 import os
 import select
 import signal
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,15 +20,40 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from tributary.capture.errors import CaptureError, TransientSourceError
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from tributary.capture.errors import (
+    CaptureError,
+    SlotInUse,
+    SlotLost,
+    SlotMissing,
+    SourceMisconfigured,
+    SourceUnreachable,
+    TransientSourceError,
+)
 from tributary.capture.log import Cleaner, CleanerPolicy, GroupCommitter, Log, LogError, Mark
 from tributary.capture.replication import Keepalive
+from tributary.capture.slot import sql_connection
 from tributary.capture.source import SourceSession, SourceSpec
 from tributary.capture.status import LatencyHistogram, SourceState, write_status
 
-__all__ = ["CaptureDaemon", "DaemonOptions"]
+__all__ = ["CaptureDaemon", "DaemonOptions", "SourcesFailed"]
 
 log = logging.getLogger(__name__)
+
+FIRST_BACKOFF_S = 0.5  # a failed source's first wait; doubled per failure up to `max_backoff_s`
+
+# SQLSTATE classes/codes of errors that waiting does not cure: wal_level (55000), a missing
+# plugin file such as wal2json (58P01), privileges and missing objects (class 42), and
+# authentication (28): such a source retries at the backoff ceiling.
+_CONFIG_SQLSTATES = ("55000", "58P01", "42", "28", "3D000")
+# The same refusals while connecting, where libpq gives only the server's text.
+_CONFIG_TEXTS = ("must be superuser or replication role", "permission denied", "wal_level", "could not access file")
+
+
+class SourcesFailed(CaptureError):
+    """`until_idle_s` ended while some source was still failing (a batch run that missed data)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +67,31 @@ class DaemonOptions:
     max_backoff_s: float = 30.0
     until_idle_s: float | None = None  # exit 0 after this long with no new change
     cleaner: CleanerPolicy | None = None  # background compaction/retention; None = off
+
+
+@dataclass(slots=True)
+class _Retry:
+    """A failed source's schedule: the current wait, when to try again, the connection attempt in flight."""
+
+    backoff: float
+    at: float
+    probe: _Probe | None = None
+
+
+class _Probe(threading.Thread):
+    """One connection attempt to a failed source, off the capture loop: a host that drops packets
+    holds a connect for `connect_timeout`, and the other sources must not wait for it."""
+
+    def __init__(self, spec: SourceSpec) -> None:
+        super().__init__(name=f"capture-probe-{spec.name}", daemon=True)
+        self.spec = spec
+        self.error: CaptureError | psycopg.Error | None = None
+
+    def run(self) -> None:
+        try:
+            sql_connection(self.spec.dsn, label=self.spec.name).close()
+        except (CaptureError, psycopg.Error) as exc:
+            self.error = exc
 
 
 class CaptureDaemon:
@@ -57,6 +108,7 @@ class CaptureDaemon:
         self.clock = clock
         self.on_progress = on_progress
         self.log = self._open_log()
+        self._clean_mark = self.log.mark()  # the log's appended end when nothing was uncommitted
         self._cleaner_pool: ThreadPoolExecutor | None = None
         self._cleaning: Future[object] | None = None  # the compaction running on the cleaner thread
         self.cleaner = self._new_cleaner()
@@ -64,6 +116,9 @@ class CaptureDaemon:
         self.committer = GroupCommitter(linger_ms=options.linger_ms, max_records=options.batch_records)
         self._mark: Mark | None = None  # the log's end at the newest transaction boundary
         self.commit_seconds = LatencyHistogram()  # log commit latency, for /metrics
+        self._retries: dict[str, _Retry] = {}  # failed sources by name: when each tries again
+        self._broken: list[SourceSession] = []  # failed since the last `_settle`
+        self._logged: dict[str, str] = {}  # the last failure logged per source (repeats go to debug)
         self._stopping = False
         self._last_change = clock()
         self._last_status = 0.0
@@ -95,12 +150,18 @@ class CaptureDaemon:
         started = time.perf_counter()
         self.log.commit(positions=positions, upto=self._mark)  # step 3: fsync, then the manifest
         self.commit_seconds.observe(time.perf_counter() - started)
-        self._mark = None
+        self._clean_mark, self._mark = self._mark, None
         now = self.clock()
         self.committer.committed(int(now * 1000))
         for session in self.sessions:
             session.committed()
-            session.confirm(now_us=int(now * 1_000_000))  # step 4: only now
+            self._confirm(session, now)  # step 4: only now
+
+    def _confirm(self, session: SourceSession, now: float) -> None:
+        try:
+            session.confirm(now_us=int(now * 1_000_000))
+        except (CaptureError, psycopg.Error) as exc:
+            self._fail(session, exc)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def request_stop(self, *_: object) -> None:
@@ -114,30 +175,30 @@ class CaptureDaemon:
         signal.signal(signal.SIGINT, handler)
 
     def run(self) -> int:
-        """Run until stopped (or idle for `until_idle_s`); returns the exit status."""
+        """Run until stopped (or idle for `until_idle_s`); returns the exit status.
+
+        A source that fails is retried on its own while the others go on; only the log (a write
+        or commit error, a full disk, the writer lock) stops capture as a whole (a `LogError`).
+        After `until_idle_s`, a source still failing raises `SourcesFailed`."""
+        missed: list[SourceSession] = []
         try:
             self._open_sessions()
             # Everything alive now (modules, config, catalog) lives as long as the process: out of
             # the collector's sight, so the collections the per-change allocations trigger stay small.
             gc.freeze()
-            backoff = 0.5
-            while not self._stopping:
-                try:
-                    self._loop()
-                    break
-                except TransientSourceError as exc:
-                    log.warning("%s; reconnecting in %.1fs", exc, backoff)
-                    self._reconnect(str(exc), backoff)
-                    backoff = min(backoff * 2, self.opts.max_backoff_s)
+            self._loop()
             self.commit()
+            self._settle()
+            missed = [s for s in self.sessions if s.name in self._retries]
             for s in self.sessions:
-                s.status.state = SourceState.STOPPED
-            return 0
-        except (CaptureError, LogError) as exc:
+                if s.name not in self._retries:
+                    s.status.state = SourceState.STOPPED
+        except LogError as exc:
+            reason = _one_line(exc)
             for s in self.sessions:
                 if s.status.state != SourceState.STOPPED:
                     s.status.state = SourceState.FAILED
-                    s.status.error = str(exc)
+                    s.status.error, s.status.error_kind = reason, "error"
             raise
         finally:
             self._write_status(force=True)
@@ -147,44 +208,111 @@ class CaptureDaemon:
             if self._cleaner_pool is not None:
                 self._cleaner_pool.shutdown()
             self.log.close()
+        if missed and not self._stopping:
+            raise SourcesFailed(
+                "; ".join(f"{s.status.error} (still {s.status.state} when capture went idle)" for s in missed)
+            )
+        return 0
 
     def _open_sessions(self) -> None:
         for session in self.sessions:
-            session.open(on_progress=self._progress)
-            if session.has_boundary:  # a snapshot was taken: commit it whole, with its LSN
-                self._mark = self.log.mark()
-                self.commit()
+            self._open(session)
+        self._settle()
         self._write_status(force=True)
 
-    def _reconnect(self, reason: str, backoff: float) -> None:
-        """Drop uncommitted appends (reopen the log: recovery truncates them) and start again."""
-        for s in self.sessions:
-            s.close()
-            s.status.state = SourceState.RECONNECTING
-            s.status.error = reason
-        self._write_status(force=True)
-        self._finish_cleaning()
-        self.log.close()
-        deadline = self.clock() + backoff
-        while self.clock() < deadline and not self._stopping:
-            time.sleep(0.05)
-        self.log = self._open_log()
-        self.cleaner = self._new_cleaner()
-        self._mark = None
-        self.sessions = [SourceSession(spec, self.log, clock=self.clock) for spec in self.specs]
-        attempt_until = self.clock() + self.opts.max_backoff_s * 4
-        while not self._stopping:
-            try:
-                self._open_sessions()
-                for s in self.sessions:
-                    s.status.error = None
-                return
-            except TransientSourceError as exc:
-                if self.clock() > attempt_until:
-                    raise CaptureError(f"gave up reconnecting: {exc}") from None
-                for s in self.sessions:
-                    s.close()
-                time.sleep(min(backoff, self.opts.max_backoff_s))
+    def _open(self, session: SourceSession) -> bool:
+        """Connect one source (snapshot if needed, then stream); a failure schedules its retry."""
+        try:
+            session.open(on_progress=self._progress)
+        except (CaptureError, psycopg.Error) as exc:
+            self._fail(session, exc, opening=True)
+            return False
+        status = session.status
+        if session.name in self._retries:
+            del self._retries[session.name]
+            self._logged.pop(session.name, None)
+            log.info("source %r recovered after %s: streaming", session.name, status.error)
+        status.error = status.error_kind = status.retry_at_ms = None
+        if session.has_boundary:  # a snapshot was taken: commit it whole, with its LSN
+            self._mark = self.log.mark()
+            self.commit()
+        return True
+
+    # -- one source failing ----------------------------------------------------------------------
+    def _fail(self, session: SourceSession, exc: BaseException, *, opening: bool = False) -> None:
+        """Take one source out: close it, say why (one line, no password), schedule its retry with
+        exponential backoff; `_settle` then drops what it appended uncommitted. The others go on.
+
+        A stream that broke is `reconnecting` and retries soon; a source that cannot connect is
+        `failed`; an error that waiting does not cure (`misconfigured`) retries at the ceiling, so
+        a fix (a grant, wal2json installed, a slot dropped) is picked up without a restart."""
+        status = session.status
+        was_streaming = status.state == SourceState.STREAMING and not opening
+        session.close()
+        if opening:  # a partial start (a snapshot cut short): its boundary must never be committed
+            session.reset(self.log)
+        kind = _error_kind(exc)
+        if was_streaming and kind in ("unreachable", "error"):
+            kind = "connection_lost"
+        previous = self._retries.get(session.name)
+        ceiling = self.opts.max_backoff_s
+        if kind == "misconfigured":
+            backoff = ceiling
+        elif previous is None or was_streaming:
+            backoff = min(FIRST_BACKOFF_S, ceiling)
+        else:
+            backoff = min(previous.backoff * 2, ceiling)
+        now = self.clock()
+        self._retries[session.name] = _Retry(backoff, now + backoff)
+        reason = _redact(_one_line(exc, session.name), session.spec.dsn)
+        status.state = SourceState.RECONNECTING if was_streaming else SourceState.FAILED
+        status.error, status.error_kind = reason, kind
+        status.failures += 1
+        status.retry_at_ms = int((now + backoff) * 1000)
+        level = logging.DEBUG if self._logged.get(session.name) == reason else logging.WARNING
+        self._logged[session.name] = reason
+        verb = "reconnecting" if was_streaming else "retrying"
+        log.log(level, "%s; %s in %.1fs (the other sources go on)", reason, verb, backoff)
+        self._broken.append(session)
+
+    def _settle(self) -> None:
+        """After sources failed: commit every whole transaction appended (theirs included: a
+        failed source's boundary is covered by the mark taken at its commit point), then drop what
+        is left uncommitted — only a failed source's cut-short transaction or snapshot, as one
+        source transaction is appended at a time — by reopening the log (recovery truncates it)."""
+        while self._broken:
+            broken, self._broken = self._broken, []
+            self.commit()
+            if self.log.mark() != self._clean_mark:
+                self._finish_cleaning()
+                self.log.close()
+                self.log = self._open_log()
+                self.cleaner = self._new_cleaner()
+                self._clean_mark = self.log.mark()
+                for session in self.sessions:
+                    session.rebind(self.log)
+            for session in broken:
+                session.reset(self.log)
+
+    def _retry_due(self, now: float) -> None:
+        """Failed sources whose wait is over: a connection attempt off the loop, then (when it
+        connected, and no source transaction is half appended: opening commits) open them."""
+        for session in self.sessions:
+            retry = self._retries.get(session.name)
+            if retry is None or self._stopping:
+                continue
+            if retry.probe is None:
+                if now >= retry.at:
+                    retry.probe = _Probe(session.spec)
+                    retry.probe.start()
+                continue
+            if retry.probe.is_alive() or any(s.in_transaction for s in self.sessions):
+                continue
+            error, retry.probe = retry.probe.error, None
+            if error is not None:
+                self._fail(session, error, opening=True)
+            elif self._open(session):
+                self._last_change = now  # give a recovered source its time before an idle exit
 
     # -- the loop -------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -196,8 +324,12 @@ class CaptureDaemon:
                 self.commit()
             if now - self._last_status >= self.opts.status_interval_s:
                 for s in self.sessions:
-                    s.confirm(now_us=int(now * 1_000_000))
+                    self._confirm(s, now)
                 self._last_status = now
+            self._settle()
+            if self._retries:
+                self._retry_due(now)
+                self._settle()
             self._write_status()
             self._clean(now_ms)
             if busy:
@@ -252,21 +384,28 @@ class CaptureDaemon:
         ready_set = {id(r) for r in ready}
         appended = False
         for session in candidates:
-            if session.conn is None or id(session.conn) not in ready_set and not session.in_transaction:
+            conn = session.conn
+            if conn is None or id(conn) not in ready_set and not session.in_transaction:
                 continue
             stream = session.stream
             assert stream is not None  # open sessions stream
             before = stream.seen
             handle = stream.handle
-            for message in session.conn.read(timeout=0, held=stream.held_run):
-                if handle(message):
-                    self._mark = self.log.mark()
-                    self.committer.record_appended(max(stream.last_tx_changes, 1), int(self.clock() * 1000))
-                elif type(message) is Keepalive and message.reply_requested:
-                    session.confirm(now_us=int(self.clock() * 1_000_000), reply=False)
-                if in_tx and session.in_transaction is False:
-                    break  # the open transaction ended: let other sources in
+            try:
+                for message in conn.read(timeout=0, held=stream.held_run):
+                    if handle(message):
+                        self._mark = self.log.mark()
+                        self.committer.record_appended(max(stream.last_tx_changes, 1), int(self.clock() * 1000))
+                    elif type(message) is Keepalive and message.reply_requested:
+                        session.confirm(now_us=int(self.clock() * 1_000_000), reply=False)
+                    if in_tx and session.in_transaction is False:
+                        break  # the open transaction ended: let other sources in
+            except (CaptureError, psycopg.Error) as exc:
+                self._fail(session, exc)  # `_settle` drops its cut-short transaction
+                return True
             appended = appended or stream.seen != before
+            if session.in_transaction:
+                break  # it stopped mid-transaction: no other source appends until that one ends
         return appended
 
     def _wait_budget(self) -> float:
@@ -298,3 +437,38 @@ class CaptureDaemon:
             sources=[s.status for s in self.sessions],
             commit_seconds=self.commit_seconds,
         )
+
+
+def _one_line(exc: BaseException, source: str | None = None) -> str:
+    """An error as one line a user reads (the first line of its message), naming its source."""
+    text = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    if source is not None and not text.startswith("source "):
+        text = f"source {source!r}: {text}"
+    return text
+
+
+def _redact(text: str, dsn: str) -> str:
+    """`text` without the DSN's password (a driver may quote connection parameters)."""
+    try:
+        password = conninfo_to_dict(dsn).get("password")
+    except psycopg.ProgrammingError:  # an unparsable DSN: its connect error said so already
+        return text
+    return text.replace(str(password), "***") if password else text
+
+
+def _error_kind(exc: BaseException) -> str:
+    """`ERROR_KINDS` (capture/status.py) for one source's failure."""
+    if isinstance(exc, SlotInUse):
+        return "slot_in_use"
+    if isinstance(exc, SourceMisconfigured | SourceUnreachable | SlotLost | SlotMissing):
+        return "misconfigured"
+    # The driver's error, raised as such or translated (its SQLSTATE survives as the context).
+    cause = exc if isinstance(exc, psycopg.Error) else exc.__context__
+    sqlstate = cause.sqlstate if isinstance(cause, psycopg.Error) else None
+    if sqlstate is not None and sqlstate.startswith(_CONFIG_SQLSTATES):
+        return "misconfigured"
+    if any(text in str(exc) for text in _CONFIG_TEXTS):
+        return "misconfigured"
+    if isinstance(exc, TransientSourceError | psycopg.OperationalError):
+        return "unreachable"
+    return "error"

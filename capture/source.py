@@ -46,6 +46,16 @@ class SourceSession:
         self.spec = spec
         self.clock = clock
         self.status = SourceStatus(name=spec.name, slot=spec.slot)
+        self.rate_base = 0  # status.changes at the start of the current rate window (the daemon's)
+        self.slot = Slot(spec.dsn, spec.slot, label=spec.name)
+        self.reset(log_)
+
+    def reset(self, log_: Log) -> None:
+        """Forget the connection and everything not yet durable, keep the status: after a failure
+        the source starts again from the log's position (its uncommitted appends are the daemon's
+        to drop), like a new process would."""
+        spec = self.spec
+        self.slot.close()
         self.slot = Slot(spec.dsn, spec.slot, label=spec.name)
         self.offsets = OffsetContext()
         self.staging = Staging(log_, partitions=spec.partitions)
@@ -53,7 +63,11 @@ class SourceSession:
             spec.name, TableFilter(spec.include, spec.exclude), self.staging, schema_records=spec.router is None
         )
         self.stream: StreamingSource | None = None  # once open
-        self.rate_base = 0  # status.changes at the start of the current rate window (the daemon's)
+
+    def rebind(self, log_: Log) -> None:
+        """Append to `log_` from now on: the daemon reopened the log (to drop another source's
+        uncommitted appends); this source has nothing uncommitted."""
+        self.staging.log = log_
 
     def open(self, *, on_progress: Callable[[SourceStatus], None] | None = None) -> None:
         """Connect; take the initial snapshot if the log holds no position; start streaming."""
@@ -108,6 +122,10 @@ class SourceSession:
         return start
 
     # -- what the daemon reads -------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
     @property
     def conn(self) -> ReplicationConnection | None:
         """The streaming connection, once open (the daemon selects on it)."""

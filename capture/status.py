@@ -14,9 +14,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LatencyHistogram", "SourceState", "SourceStatus", "read_status", "write_status", "STATUS_FILE"]
+__all__ = [
+    "ERROR_KINDS",
+    "LatencyHistogram",
+    "SourceState",
+    "SourceStatus",
+    "read_status",
+    "write_status",
+    "STATUS_FILE",
+]
 
 STATUS_FILE = "capture-status.json"
+
+
+ERROR_KINDS = ("unreachable", "connection_lost", "misconfigured", "slot_in_use", "error")
+"""Why a source is not streaming: `unreachable` (cannot connect), `connection_lost` (the stream
+broke), `misconfigured` (the server or slot cannot work as configured until someone fixes it),
+`slot_in_use` (another process streams from the slot), `error` (anything else of that source)."""
 
 
 class SourceState(enum.StrEnum):
@@ -41,7 +55,10 @@ class SourceStatus:
     snapshot_rows_done: int = 0
     snapshot_rows_total: int = 0
     snapshot_table: str | None = None
-    error: str | None = None
+    error: str | None = None  # why the source is failed or reconnecting: one line, no password
+    error_kind: str | None = None  # one of ERROR_KINDS (a bounded metrics label)
+    failures: int = 0  # failed connection attempts and broken streams this run
+    retry_at_ms: int | None = None  # when a failed source tries again (epoch ms)
     warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:

@@ -244,9 +244,12 @@ def status(
             f"confirmed={r.get('confirmed_lsn')} lag={'?' if lag is None else f'{lag:,}B'} "
             f"changes={r.get('changes', 0):,} ({r.get('changes_per_s', 0)}/s){snap}"
         )
+        error = r.get("error")
+        if error and r.get("retry_at_ms") and r.get("state") in ("failed", "reconnecting"):
+            wait = max(0.0, r["retry_at_ms"] / 1000 - time.time())
+            error = f"{error} (failures={r.get('failures', 0)}, next try in {wait:.0f}s)"
         console.print(
-            f"[bold]{literal(r['name'])}[/] {literal(line)}"
-            + (f" [red]{literal(r['error'])}[/]" if r.get("error") else "")
+            f"[bold]{literal(r['name'])}[/] {literal(line)}" + (f" [red]{literal(error)}[/]" if error else "")
         )
 
 

@@ -16,7 +16,13 @@ from typing import Any
 
 from tributary.api.settings.config import DEFAULT_CONFIG, ConfigError, ProjectionSettings, load_settings
 
-__all__ = ["config_file", "current_projection_settings", "current_projections", "current_run_settings"]
+__all__ = [
+    "config_file",
+    "current_projection_settings",
+    "current_projections",
+    "current_run_settings",
+    "current_settings",
+]
 
 log = logging.getLogger(__name__)
 RECHECK_S = 1.0  # how stale the definitions `/views` serves may be
@@ -80,9 +86,13 @@ def current_projections(state: Any) -> dict[str, Any]:
     return found
 
 
+def current_settings(state: Any) -> Any:
+    """The app's settings with `[projections]` as the config file says now."""
+    return state.settings.model_copy(update={"projections": current_projection_settings(state)})
+
+
 def current_run_settings(state: Any) -> Any:
     """`RunSettings` for the runner, with the current `[projections]`."""
     from tributary.projections.runner import RunSettings
 
-    settings = state.settings.model_copy(update={"projections": current_projection_settings(state)})
-    return RunSettings.from_settings(settings, dsn=state.dsn)
+    return RunSettings.from_settings(current_settings(state), dsn=state.dsn)

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.registry import Collector
 
 from tributary.capture.log import Log, LogError
-from tributary.capture.status import read_status
+from tributary.capture.status import ERROR_KINDS, SourceState, read_status
 
 __all__ = ["Metrics"]
 
@@ -33,6 +33,20 @@ class Metrics:
         self.capture_rate = Gauge("tributary_capture_changes_per_second", "Recent capture rate", ["source"], registry=r)
         self.capture_up = Gauge(
             "tributary_capture_source_state", "1 for the source's current state", ["source", "state"], registry=r
+        )
+        self.source_failures = Gauge(
+            "tributary_capture_source_failures_total",
+            "Failed connection attempts and broken streams per source (this daemon run)",
+            ["source"],
+            registry=r,
+        )
+        self.source_error = Gauge(
+            "tributary_capture_source_error",
+            "1 for why a source is failed or reconnecting (kind: "
+            + ", ".join(ERROR_KINDS)
+            + "); the reason is in GET /sources",
+            ["source", "kind"],
+            registry=r,
         )
         self.slot_lag = Gauge(
             "tributary_slot_lag_bytes", "pg_current_wal_lsn() - confirmed_flush_lsn", ["source"], registry=r
@@ -87,8 +101,12 @@ class Metrics:
         for s in sources:
             self.capture_changes.labels(s["name"]).set(s.get("changes", 0))
             self.capture_rate.labels(s["name"]).set(s.get("changes_per_s", 0))
-            for state in ("starting", "snapshotting", "streaming", "reconnecting", "stopped", "failed"):
-                self.capture_up.labels(s["name"], state).set(1 if s.get("state") == state else 0)
+            for state in SourceState:
+                self.capture_up.labels(s["name"], state.value).set(1 if s.get("state") == state.value else 0)
+            self.source_failures.labels(s["name"]).set(s.get("failures", 0))
+            failing = s.get("state") in (SourceState.FAILED.value, SourceState.RECONNECTING.value)
+            for kind in ERROR_KINDS:
+                self.source_error.labels(s["name"], kind).set(1 if failing and s.get("error_kind") == kind else 0)
             if isinstance(s.get("slot_lag_bytes"), int):
                 self.slot_lag.labels(s["name"]).set(s["slot_lag_bytes"])
         try:

@@ -18,7 +18,7 @@ from psycopg import errors
 from pydantic import BaseModel
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
-from tributary.api.http.definitions import current_run_settings
+from tributary.api.http.definitions import current_run_settings, current_settings
 from tributary.api.settings.config import Settings
 from tributary.api.settings.sources import source_statuses
 from tributary.capture.log import LogError
@@ -105,7 +105,8 @@ class Status:
         if ready != self.ready:
             log.log(logging.INFO if ready else logging.WARNING, "readiness: %s", "ready" if ready else checks)
         self.ready, self.body = ready, orjson.dumps({"ready": ready, "checks": checks})
-        await asyncio.to_thread(state.metrics.refresh, state.settings, dsn=state.dsn, rebuilds=list(_rebuilds.values()))
+        settings = await asyncio.to_thread(current_settings, state)  # `[projections]` as the file says now
+        await asyncio.to_thread(state.metrics.refresh, settings, dsn=state.dsn, rebuilds=list(_rebuilds.values()))
 
     async def _database(self, pool: Any) -> dict[str, str]:
         """Service database reachable (one pooled connection) and migrations at head (its revision

@@ -120,7 +120,12 @@ class CaptureSettings(_Section):
     capture_eventstore: bool = Field(
         default=True, description="Also capture eventstore.events into events.<stream_type>."
     )
-    max_backoff_s: float = Field(default=30.0, gt=0, le=3600, description="Reconnect backoff ceiling.")
+    max_backoff_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="Ceiling of each source's retry backoff: a failed source retries after 0.5 s, doubling up to this (a misconfigured one waits this long).",
+    )
 
 
 class ProjectionSettings(_Section):

@@ -116,6 +116,11 @@ def test_serve_follows_added_and_edited_projections(fresh_db: str, tmp_path: Pat
             assert time.monotonic() < deadline, r.text
             time.sleep(0.2)
         assert r.status_code == 404, r.text
+        deadline = time.monotonic() + 30  # /metrics' gauges follow at the next background refresh
+        pattern = r'tributary_projection_lag_records\{projection="tally"\} 7\.0'
+        while not re.search(pattern, metrics := httpx.get(base + "/metrics", timeout=60).text):
+            assert time.monotonic() < deadline, metrics
+            time.sleep(0.5)
 
         done = _rebuild(base, "tally")
         assert done["state"] == "done" and done["stage"] == "done", done

@@ -237,12 +237,18 @@ def test_bad_environments_each_give_one_clear_line(fresh_db: str, tmp_path: Path
     unreachable = write_config(
         tmp_path / "a.toml", dsn="postgresql://postgres@127.0.0.1:1/nope", log_root=tmp_path / "l1"
     )
+    # A failing source is retried (its failure logged once, one line) while the others go on; a
+    # run with --until-idle that ends with it still failing exits 1 with one line saying why.
     res = cli("capture", "--config", str(unreachable), "--until-idle", "1")
     assert res.returncode == 1
-    assert len(res.stderr.strip().splitlines()) == 1 and "source 'shop'" in res.stderr
+    *logged, last = res.stderr.strip().splitlines()
+    assert last.startswith("tributary: source 'shop': ") and "Connection refused" in last
+    assert len(logged) == 1 and "WARNING" in logged[0] and "source 'shop'" in logged[0]
     missing_db = write_config(tmp_path / "b.toml", dsn=fresh_db + "_missing", log_root=tmp_path / "l2")
     res = cli("capture", "--config", str(missing_db), "--until-idle", "1")
-    assert res.returncode == 1 and "does not exist" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    *logged, last = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and last.startswith("tributary: source 'shop': ") and "does not exist" in last
+    assert len(logged) == 1 and "Traceback" not in res.stderr
     bad = tmp_path / "c.toml"
     bad.write_text('[log]\npartitions = "many"\n')
     res = cli("capture", "--config", str(bad))
