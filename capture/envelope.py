@@ -8,6 +8,7 @@ change becomes delete + tombstone for the old key and a create for the new one (
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ __all__ = [
     "snapshot_envelope",
     "stream_row",
     "text_row",
+    "toastable",
     "truncate_envelope",
 ]
 
@@ -208,6 +210,21 @@ def envelopes_for(
     return [Output(topic, new_key, _stream_value(full_old, after, source, "u", now_ms))]
 
 
+_FIXED_WIDTH = frozenset(
+    ("date", "uuid", "time", "time without time zone", "time with time zone", "timetz", "interval", "money")
+    + ("oid", "xid", "cid", "tid", "pg_lsn", "point", "macaddr", "macaddr8", '"char"')
+)
+
+
+@functools.lru_cache(maxsize=1024)
+def toastable(type_name: str) -> bool:
+    """Can a value of this type be stored out of line (a varlena), so that an UPDATE may omit it?
+    Fixed-width types never are: such a column missing from an UPDATE does not exist there."""
+    if type_family(type_name) in ("int", "float", "bool", "tstz", "ts"):
+        return False
+    return type_name.split("(", 1)[0].strip() not in _FIXED_WIDTH
+
+
 def _fill_unchanged_toast(
     after: dict[str, Any], change: Change, known: Sequence[tuple[str, str, int]] | None, old: dict[str, Any] | None
 ) -> None:
@@ -218,7 +235,7 @@ def _fill_unchanged_toast(
     for name, type_name, _ in known:
         if name in after:
             continue
-        if type_family(type_name) in ("int", "float", "bool") or type_name in ("date", "uuid"):
+        if not toastable(type_name):
             continue  # fixed-width types are never TOASTed: the column was dropped, not omitted
         after[name] = old[name] if old is not None and name in old and old[name] is not None else UNAVAILABLE
 

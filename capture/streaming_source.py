@@ -23,6 +23,7 @@ from typing import Any
 
 from tributary.capture import envelope as env
 from tributary.capture import wal2json
+from tributary.capture.catalog import ColumnHistory
 from tributary.capture.insert_template import SPLIT, table_tag, table_tags
 from tributary.capture.offsets import OffsetContext
 from tributary.capture.replication import Keepalive, XLogData
@@ -61,6 +62,13 @@ class StreamingSource:
         self.db = db
         self.clock = clock
         self.matches = tables.filter.matches
+        self.history: ColumnHistory | None = None
+        if spec.router is None and tables.schemas.existed is None:
+            # Which columns an UPDATE omits because they did not exist at it (not unchanged TOAST).
+            from tributary.capture.slot import sql_connection
+
+            self.history = ColumnHistory(lambda: sql_connection(spec.dsn, label=spec.name))
+            tables.schemas.existed = self.history.existed
         # An outbox's rows are routed, not enveloped: no templates.
         self.templates = TemplateCache(spec.name, tables.schemas) if templates and spec.router is None else None
         self.templated = 0  # changes encoded by INSERT templates (the rest took the generic path)
@@ -157,6 +165,7 @@ class StreamingSource:
                         complete=parsed.action == "I",
                         key=parsed.pk,
                         now_ms=now_ms,
+                        xid=parsed.xid,
                     )
                 outputs = self._envelopes(parsed, now_ms)
                 if parsed.action == "I" and self.templates is not None and offsets.in_transaction:

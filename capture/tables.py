@@ -56,14 +56,22 @@ class SourceTables:
         return warnings
 
     def observe(
-        self, schema: str, table: str, columns: Iterable[Any], *, complete: bool, key: Iterable[str], now_ms: int
+        self,
+        schema: str,
+        table: str,
+        columns: Iterable[Any],
+        *,
+        complete: bool,
+        key: Iterable[str],
+        now_ms: int,
+        xid: int | None = None,
     ) -> None:
         """Stage a schema record on every partition of the table's topic when its columns differ
         from the last announced ones (or on first sight)."""
         if not self.schema_records:
             return
         record = self.schemas.observe(
-            self.source_name, schema, table, list(columns), complete=complete, key=tuple(key), now_ms=now_ms
+            self.source_name, schema, table, list(columns), complete=complete, key=tuple(key), now_ms=now_ms, xid=xid
         )
         if record is not None:
             self.staging.to_all_partitions(record.topic, record.key, record.value, now_ms)

@@ -77,6 +77,7 @@ class Change:
     raw_identity: list[dict[str, Any]]  # old key (U, D), or the whole old row under REPLICA IDENTITY FULL
     pk: tuple[str, ...]
     lsn_text: str | None
+    xid: int | None = None  # the change's transaction (include-xids): which DDL it came after
 
     @property
     def lsn(self) -> Lsn | None:
@@ -158,6 +159,7 @@ def parse_message(data: bytes) -> Message:
             doc.get("identity") or [],
             tuple(p["name"] for p in pk) if pk else (),
             doc.get("lsn"),
+            doc.get("xid"),
         )
     if action == "B":
         return Begin(
