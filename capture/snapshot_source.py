@@ -177,6 +177,7 @@ class SnapshotSource:
                 if previous is not None:
                     previous("true")
                 previous = functools.partial(self._deletes, encoder, sorted(gone), now_ms)
+                gone.clear()  # the sorted list is the one copy held
         if previous is not None:
             previous("last")
         self.staging.flush()
