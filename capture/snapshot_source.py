@@ -13,21 +13,33 @@ test_snapshot_columnar.py and test_snapshot_json.py). None exists for history on
   outbox table (its router needs each row as values, in key order), floats and arrays (their
   text needs Python's conversion), a table without a key.
 
+**A re-snapshot** (a lost or dropped slot under `snapshot = "when_needed"`) finds topics that
+already hold rows; rows deleted while the slot was gone would stay in them forever. So each table
+whose topic holds live keys (latest record not a tombstone) ends with a delete + tombstone for
+every one of them that the snapshot did not read: the compacted topic equals the table again.
+Those keys are held in a set while the table is read (one table at a time; see `live_keys`).
+
 The records are appended, not committed: the daemon commits them in one go with the slot's
 consistent point (capture/offsets.py, step 2), so a crash mid-snapshot leaves nothing visible
-and the next start snapshots again from scratch.
+and the next start snapshots again from scratch. A re-snapshot first makes that true of itself
+too: before the old slot is replaced it commits the source's position as `0/0`, which a start
+reads as "no position" (capture/source.py); otherwise a crash after the new slot was created
+would resume streaming from it at the old position, skipping both the snapshot and the changes
+made while the slot was gone.
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from tributary.capture import envelope as env
 from tributary.capture.catalog import TableInfo, list_tables
+from tributary.capture.log import Log, Mark
 from tributary.capture.lsn import Lsn
+from tributary.capture.schema_tracker import SCHEMA_KEY
 from tributary.capture.slot import Slot, SlotState, sql_connection
 from tributary.capture.snapshot import SnapshotReader
 from tributary.capture.spec import SourceSpec
@@ -35,11 +47,49 @@ from tributary.capture.staging import Staging
 from tributary.capture.status import SourceState, SourceStatus
 from tributary.capture.tables import SourceTables
 
-__all__ = ["PROGRESS_ROWS", "SnapshotSource"]
+__all__ = ["PROGRESS_ROWS", "SnapshotSource", "live_keys"]
 
 PROGRESS_ROWS = 10_000  # `on_progress` is called each time this many more rows are copied
+SCAN_BYTES = 8 << 20  # a re-snapshot reads a topic's keys this much segment data at a time (bounds its memory)
+DELETE_BATCH = 2_000  # a re-snapshot's deletes are staged this many keys at a time
 
 Progress = Callable[[SourceStatus], None]
+
+RESNAPSHOT_POSITION = str(Lsn.ZERO)  # a re-snapshot under way: a start takes the snapshot again
+
+
+def live_keys(log: Log, topic: str) -> set[bytes]:
+    """The keys of `topic` whose latest committed record is not a tombstone (schema records and
+    keyless records aside): what a compacted read of the topic shows. Holds a bytes object and a
+    set slot per key (docs/capture.md says how much). Each split is decoded whole into Arrow columns
+    (`read_split_columns`, as the projections' reader does), record by record only where that
+    path refuses."""
+    if topic not in log.topics():
+        return set()
+    import pyarrow as pa
+
+    from tributary.capture.log import read_split, read_split_columns
+
+    ends = log.end_offsets(topic)
+    live: set[bytes] = set()
+    add, discard = live.add, live.discard
+    for split in log.splits(topic, max_bytes=SCAN_BYTES):  # each partition's splits in offset order
+        end = ends[split.partition]
+        table = read_split_columns(split, 0, end)
+        pairs: Iterable[tuple[bytes | None, bool]]
+        if table is None:
+            pairs = ((r.key, r.value is None) for r in read_split(split) if r.offset < end)
+        else:
+            keys = table.column("key").cast(pa.binary()).to_pylist()
+            pairs = zip(keys, table.column("value").is_null().to_pylist(), strict=True)
+        for key, tombstone in pairs:
+            if key is None or key == SCHEMA_KEY:
+                continue
+            if tombstone:
+                discard(key)
+            else:
+                add(key)
+    return live
 
 
 class SnapshotSource:
@@ -68,6 +118,12 @@ class SnapshotSource:
     def take(self, slot: Slot, state: SlotState, on_progress: Progress | None = None) -> Lsn:
         """(Re)create the slot with an exported snapshot and copy every included table inside it;
         returns the slot's consistent point, where the stream takes over."""
+        log = self.staging.log
+        if self.spec.name in log.positions():
+            # A re-snapshot: from now until the daemon commits it, a start must snapshot again.
+            # Only the position: other sources' appends (an empty `Mark`) are the daemon's to
+            # commit, with their own positions.
+            log.commit(positions={self.spec.name: RESNAPSHOT_POSITION}, upto=Mark())
         with slot.recreate(state, export_snapshot=True) as info:
             assert info.snapshot_name is not None
             self.status.state = SourceState.SNAPSHOTTING
@@ -110,11 +166,18 @@ class SnapshotSource:
                 lsn=lsn,
                 now_ms=now_ms,
             )
-            for unit, rows in self._units(reader, table, encoder, now_ms):
+            # A topic that holds keys already (a re-snapshot): those the table no longer has go.
+            gone = live_keys(self.staging.log, encoder.topic) if self.spec.router is None else set()
+            for unit, rows in self._units(reader, table, encoder, now_ms, gone or None):
                 if previous is not None:
                     previous("true")
                 previous = unit
                 advance(rows)
+            if gone:
+                if previous is not None:
+                    previous("true")
+                previous = functools.partial(self._deletes, encoder, sorted(gone), now_ms)
+                gone.clear()  # the sorted list is the one copy held
         if previous is not None:
             previous("last")
         self.staging.flush()
@@ -124,21 +187,39 @@ class SnapshotSource:
             on_progress(status)
 
     def _units(
-        self, reader: SnapshotReader, table: TableInfo, encoder: env.SnapshotEncoder, now_ms: int
+        self,
+        reader: SnapshotReader,
+        table: TableInfo,
+        encoder: env.SnapshotEncoder,
+        now_ms: int,
+        gone: set[bytes] | None = None,
     ) -> Iterator[tuple[Callable[[str], None], int]]:
-        """The table's rows as units (stage, rows), by the first path that spells every column."""
+        """The table's rows as units (stage, rows), by the first path that spells every column.
+        `gone`: keys the topic holds; each key read is taken out of it as its unit is made."""
         plan = self._columnar_plan(table)
         if plan is not None:
             for chunk in reader.text_chunks(table):
-                yield functools.partial(self._chunk, encoder, plan, chunk, now_ms), chunk.count(b"\n") - 1
+                recs = None
+                if gone:
+                    from tributary.capture import snapshot_columns
+
+                    recs = snapshot_columns.encode_chunk(plan, chunk, self.staging.partitions(encoder.topic))
+                    gone.difference_update(recs.keys.to_pylist())
+                yield functools.partial(self._chunk, encoder, plan, chunk, now_ms, recs=recs), chunk.count(b"\n") - 1
             return
         batches = None if self.spec.router is not None else reader.json_rows(table, table.identity_columns)
         if batches is not None:
             for batch in batches:
+                if gone:
+                    gone.difference_update(key for key, _ in batch)
                 yield functools.partial(self._json, encoder, batch, now_ms), len(batch)
             return
         for row in reader.rows(table, ordered=self.spec.router is not None):
-            yield functools.partial(self._row, encoder, row, now_ms), 1
+            out = None
+            if gone:
+                out = encoder.encode(row)
+                gone.discard(out.key)
+            yield functools.partial(self._row, encoder, row, now_ms, out=out), 1
 
     def _columnar_plan(self, table: TableInfo) -> Any:
         """The table's columnar plan, or None: another path (see the module's docstring).
@@ -149,16 +230,20 @@ class SnapshotSource:
 
         return snapshot_columns.plan([(c.name, c.type) for c in table.columns], table.identity_columns)
 
-    def _chunk(self, encoder: env.SnapshotEncoder, plan: Any, chunk: bytes, now_ms: int, marker: str) -> None:
+    def _chunk(
+        self, encoder: env.SnapshotEncoder, plan: Any, chunk: bytes, now_ms: int, marker: str, *, recs: Any = None
+    ) -> None:
         """A chunk of COPY text as records, column-wise, straight into the log's partitions (lines
-        encoded by codec_arrow), after everything staged so far, to keep the order."""
+        encoded by codec_arrow), after everything staged so far, to keep the order. `recs`: the
+        chunk already encoded (a re-snapshot needs its keys before it is staged)."""
         from tributary.capture import snapshot_columns
         from tributary.capture.log import encode_columns
 
         topic = encoder.topic
         count = self.staging.partitions(topic)
         self.staging.flush()
-        recs = snapshot_columns.encode_chunk(plan, chunk, count)
+        if recs is None:
+            recs = snapshot_columns.encode_chunk(plan, chunk, count)
         tail = b"}" + encoder.tail("true")
         for partition in range(count):
             rows = snapshot_columns.rows_of(recs.partitions, partition)
@@ -185,9 +270,36 @@ class SnapshotSource:
         pairs.append((key, value(after, marker)))
         self.staging.stage_pairs(encoder.topic, pairs, now_ms)
 
-    def _row(self, encoder: env.SnapshotEncoder, row: Any, now_ms: int, marker: str) -> None:
-        """`row`: text values from `SnapshotReader.rows`; a snapshot record's time is its read time."""
+    def _row(
+        self, encoder: env.SnapshotEncoder, row: Any, now_ms: int, marker: str, *, out: env.Output | None = None
+    ) -> None:
+        """`row`: text values from `SnapshotReader.rows`; a snapshot record's time is its read time.
+        `out`: the row's record already encoded with marker "true" (a re-snapshot needs its key)."""
         if self.spec.router is not None:
             self.staging.stage(self.spec.router(encoder.row(row)), now_ms)
         else:
-            self.staging.stage((encoder.encode(row, marker),), now_ms)
+            self.staging.stage((out if out is not None and marker == "true" else encoder.encode(row, marker),), now_ms)
+
+    def _deletes(self, encoder: env.SnapshotEncoder, keys: list[bytes], now_ms: int, marker: str) -> None:
+        """A delete + tombstone per key the topic holds and the table no longer has, shaped as a
+        streamed delete's (`before`: the key's columns) with the snapshot's `source` block (the
+        last delete carries `marker`). `before` is the key, which already is the key's JSON."""
+        tails = {m: _delete_tail(encoder.tail(m)) for m in ("true", marker)}
+        topic = encoder.topic
+        last = len(keys) - 1
+        outputs: list[env.Output] = []
+        for i, key in enumerate(keys):
+            value = b'{"before":' + key + b',"after":null' + tails[marker if i == last else "true"]
+            outputs += (env.Output(topic, key, value), env.Output(topic, key, None))
+            if len(outputs) >= 2 * DELETE_BATCH:
+                self.staging.stage(outputs, now_ms)
+                outputs = []
+        self.staging.stage(outputs, now_ms)
+
+
+def _delete_tail(read_tail: bytes) -> bytes:
+    """A snapshot read's `,"source":…,"op":"r","ts_ms":…}` as a delete's. The `"op":"r"` is the
+    last one: inside the `source` strings a `"` is always escaped."""
+    head, sep, rest = read_tail.rpartition(b',"op":"r",')
+    assert sep, read_tail
+    return head + b',"op":"d",' + rest

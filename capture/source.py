@@ -73,6 +73,8 @@ class SourceSession:
         """Connect; take the initial snapshot if the log holds no position; start streaming."""
         self.status.state = SourceState.STARTING
         position = self.staging.log.positions().get(self.spec.name)
+        if position == str(Lsn.ZERO):  # a re-snapshot that never committed (capture/snapshot_source.py)
+            position = None  # snapshot again, whatever the slot now is
         slot = self.slot.inspect()
         start: Lsn
         if position is not None and slot.usable:
