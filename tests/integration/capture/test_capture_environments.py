@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -10,9 +11,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import changes, cli, write_config
+from tests.integration.capture.helpers import changes, cli, spawn_capture, wait_for, write_config
 from tests.pg import PgServer
 from tributary.api.devdb.embedded import EmbeddedPostgres
+from tributary.capture.status import read_status
 
 pytestmark = pytest.mark.integration
 
@@ -133,6 +135,12 @@ def test_second_capture_on_the_same_log_is_refused(fresh_db: str, tmp_path: Path
     assert "locked" in second.stderr.strip().splitlines()[-1]
 
 
+def _source_error(root: Path) -> str:
+    """The failed source's reason in the status file, "" while it is not failed."""
+    doc = read_status(root) or {}
+    return next((str(s.get("error") or "") for s in doc.get("sources", []) if s.get("state") == "failed"), "")
+
+
 def test_wrong_password_is_one_line_without_the_secret(pg_server: PgServer, fresh_db: str, tmp_path: Path) -> None:
     if pg_server.embedded is None:
         pytest.skip("needs the embedded server to edit pg_hba.conf")
@@ -156,7 +164,17 @@ def test_wrong_password_is_one_line_without_the_secret(pg_server: PgServer, fres
             assert res.returncode == 1
             assert "password authentication failed" in (res.stdout + res.stderr)
             assert "wrong-secret" not in res.stdout + res.stderr
-        assert len(cli("capture", "--config", str(config)).stderr.strip().splitlines()) == 1
+        # Without --until-idle the daemon stays up and retries the source (a fixed password is picked
+        # up without a restart): the source shows `failed` with the reason, and no secret anywhere.
+        daemon = spawn_capture(config)
+        try:
+            wait_for(lambda: _source_error(tmp_path / "log"), 60, "the source to show failed")
+            error = _source_error(tmp_path / "log")
+            assert "password authentication failed" in error and "wrong-secret" not in error, error
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(timeout=60)
+        assert "wrong-secret" not in daemon.err_path.read_text()
     finally:
         hba.write_text(original)
         with pg_server.admin() as conn:
