@@ -167,10 +167,17 @@ def test_incremental_runs_equal_one_rebuild(data: Any, which: int) -> None:
 
 
 def test_decide_resumes_only_in_order_units() -> None:
-    stored = {
-        "u1": Prior("{}", (5, "t", 0, 1), (), 0, False),
-        "u2": Prior("{}", (5, "t", 0, 1), (), 0, False),
+    last = (5, "t", 0, 1)
+    stored = {u: Prior("{}", last, (), 0, False) for u in ("u1", "u2", "u4", "u5")}
+    firsts = {
+        "u1": [(6, "s", 0, 0)],  # later event time on another topic
+        "u2": [(5, "s", 0, 0)],  # same time, another topic ordered before "t"
+        "u3": [(1, "t", 0, 0)],  # not stored: folded from scratch
+        "u4": [(2, "t", 0, 2)],  # earlier event time, but the same topic-partition as `last`
+        "u5": [(2, "t", 0, 2), (4, "t", 1, 0)],  # ... and one on another partition, earlier
     }
-    priors, recompute = decide(stored, {"u1": (6, "t", 0, 0), "u2": (5, "t", 0, 0), "u3": (1, "t", 0, 0)})
-    assert priors["u1"].resume and not priors["u2"].resume
-    assert recompute == {"u2"} and "u3" not in priors
+    priors, recompute = decide(stored, firsts)
+    assert priors["u1"].resume and priors["u4"].resume
+    assert recompute == {"u2", "u5"} and "u3" not in priors
+    _, by_time = decide(stored, firsts, merged=False)  # session windows: event time decides
+    assert by_time == {"u2", "u4", "u5"}
