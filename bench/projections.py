@@ -202,7 +202,7 @@ def one_size(
     log_ends = log.ends()
     _, sealed = plan(log, [TOPIC], {}, {tp: e.end for tp, e in log_ends.items()}, 16 << 20)
     t0 = time.perf_counter()
-    columnar, _ = columnar_segments(spark, sealed)
+    columnar, _ = columnar_segments(spark, log, sealed)
     columnar_s = time.perf_counter() - t0
     assert len(columnar) == len(sealed)
     sealed_records = sum(e.segment for e in log_ends.values())  # offsets before each active segment
