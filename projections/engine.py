@@ -86,7 +86,8 @@ class Item:
 
 @dataclass(frozen=True, slots=True)
 class Prior:
-    """What the state table holds for a unit; `resume` says whether to continue from it."""
+    """What the state table holds for a unit; `resume` says whether to continue from it.
+    `last`: the order key (`fold_order`) of the last item the unit saw."""
 
     state: str | None
     last: SortKey | None
