@@ -94,7 +94,8 @@ def write_events(log: Log, start: int, n: int, keys: int, rng: random.Random, ts
 
 
 def python_fold(root: Path) -> tuple[float, int]:
-    """Baseline (b): one process reads the whole log, orders per key, folds with the same engine.
+    """Baseline (b): one process reads the whole log, groups it per key in log order, folds with
+    the same engine (which merges a key's topic-partitions).
     Records are held compactly (raw bytes) and decoded once, while folding."""
     t0 = time.perf_counter()
     p = account_balances.PROJECTION
@@ -105,7 +106,7 @@ def python_fold(root: Path) -> tuple[float, int]:
                 value = orjson.loads(r.value) if r.value is not None else None
                 et = default_event_time(r.topic, value, r.timestamp)
                 held.append((r.key or b"null", et, r.topic, r.partition, r.offset, r.timestamp, r.value))
-    held.sort(key=lambda h: h[:5])
+    held.sort(key=lambda h: (h[0], h[2], h[3], h[4]))  # per key, log order: `Item.order`
 
     def items() -> Any:
         for key, et, topic, part, off, ts, value in held:
@@ -201,7 +202,7 @@ def one_size(
     log_ends = log.ends()
     _, sealed = plan(log, [TOPIC], {}, {tp: e.end for tp, e in log_ends.items()}, 16 << 20)
     t0 = time.perf_counter()
-    columnar, _ = columnar_segments(spark, sealed)
+    columnar, _ = columnar_segments(spark, log, sealed)
     columnar_s = time.perf_counter() - t0
     assert len(columnar) == len(sealed)
     sealed_records = sum(e.segment for e in log_ends.values())  # offsets before each active segment

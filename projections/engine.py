@@ -1,22 +1,29 @@
 """The fold engine, pure: route records to units, fold each unit's records in order, emit rows.
 
 A *unit* is what one fold state belongs to: the key (plain folds, session windows) or the
-(key, window start) pair (tumbling/hopping). The runner feeds `fold_units` items sorted by
-(unit, event time, topic, partition, offset) — in a Spark task or in one process, the same code.
+(key, window start) pair (tumbling/hopping). The runner feeds `fold_units` items in log order,
+sorted by (unit, topic, partition, offset) — in a Spark task or in one process, the same code —
+and `fold_order` puts each unit's items in the order its fold applies them: never reordered
+within a topic-partition (log order is commit order); event time only picks which
+topic-partition's head goes next, earliest first, tie-break (topic, partition, offset). That
+k-way merge equals a sort by each item's *order key* (the max event time of the unit's items on
+its topic-partition up to it, topic, partition, offset), a function of the log alone. Session
+windows are the exception: their gap rule is defined on event time, so they fold in (event time,
+topic, partition, offset) order.
 
-A unit either *resumes* from its stored state (every new record sorts after the last one it
-applied, so state + new records = the fold over everything) or is *recomputed* from all of its
+A unit either *resumes* from its stored state (every new record orders after the last one it
+saw, so state + new records = the fold over everything) or is *recomputed* from all of its
 records; either way the result equals a rebuild's (see runner.py for who decides).
 
 Truncates (a CDC `op: "t"` record, no key, one copy on every partition of the table's topic)
 reach the units of a plain fold over a CDC topic by delivery, not by key: a truncate on a
-topic-partition is applied to every unit with a record on that topic-partition ordered between the
-previous truncate there and this one, at its place in the unit's order (event time, topic,
-partition, offset). So a mirror's rows whose last change precedes the truncate go, rows changed
-after it stay, and a key already truncated is not reached again. Each unit keeps the
-topic-partitions it has records on since their last truncate (`tps`), so an incremental run reaches
-units it has no new records for; a new record ordered before a truncate an earlier run already
-delivered makes its unit recomputed. Windowed folds see a truncate as a keyless record.
+topic-partition is applied to every unit with a record on that topic-partition between the
+previous truncate there and this one (by offset), at its place in the unit's order. So a mirror's
+rows whose last change precedes the truncate go, rows changed after it stay, and a key already
+truncated is not reached again. Each unit keeps the topic-partitions it has records on since their
+last truncate (`tps`), so an incremental run reaches units it has no new records for; a new record
+always follows the truncates an earlier run delivered on its topic-partition (offsets), so it
+never reopens them. Windowed folds see a truncate as a keyless record.
 """
 
 from __future__ import annotations
@@ -42,7 +49,10 @@ __all__ = [
     "applies_truncates",
     "decide",
     "deliver_truncates",
+    "first_keys",
+    "fold_order",
     "fold_units",
+    "merges_partitions",
     "plan_items",
     "prepare",
     "reaches",
@@ -68,13 +78,16 @@ class Item:
     admitted: bool
     record: ProjectionRecord
 
-    def order(self) -> tuple[str, SortKey]:
-        return (self.unit, sort_key(self.record))
+    def order(self) -> tuple[str, str, int, int]:
+        """Log order within the unit: what `fold_units` expects its input sorted by."""
+        r = self.record
+        return (self.unit, r.topic, r.partition, r.offset)
 
 
 @dataclass(frozen=True, slots=True)
 class Prior:
-    """What the state table holds for a unit; `resume` says whether to continue from it."""
+    """What the state table holds for a unit; `resume` says whether to continue from it.
+    `last`: the order key (`fold_order`) of the last item the unit saw."""
 
     state: str | None
     last: SortKey | None
@@ -187,26 +200,18 @@ def deliver_truncates(
     new_items: Sequence[Item],
     truncates: Sequence[ProjectionRecord],
     stored: Mapping[str, Prior],
-    points: Mapping[TP, tuple[int, int]],
-) -> tuple[list[Item], set[str]]:
+) -> list[Item]:
     """An incremental run's items with its truncates delivered — to the units of its new records
     and to stored units with records on the truncate's topic-partition since the last truncate
-    there (`Prior.tps`) — and the units to
-    recompute: those with a new record ordered before the latest truncate an earlier run saw on its
-    topic-partition (`points`: (event time, offset)), which a rebuild would deliver to them."""
+    there (`Prior.tps`). A new record follows every truncate an earlier run saw on its
+    topic-partition (offsets), so no earlier delivery needs redoing."""
     holders = _holders(new_items)
-    force = {
-        it.unit
-        for it in new_items
-        if (point := points.get((it.record.topic, it.record.partition))) is not None
-        and (it.record.event_time, it.record.offset) < point
-    }
     wanted = {(r.topic, r.partition) for r in truncates}
     for unit, prior in stored.items():
         for tp in prior.tps:
             if tp in wanted:
                 holders.setdefault(tp, set()).add(unit)
-    return [*new_items, *truncate_items(truncates, holders)], force
+    return [*new_items, *truncate_items(truncates, holders)]
 
 
 def recompute_items(
@@ -220,11 +225,12 @@ def recompute_items(
 def truncate_points(
     points: Mapping[TP, tuple[int, int]], truncates: Iterable[ProjectionRecord]
 ) -> dict[TP, tuple[int, int]]:
-    """Each topic-partition's latest truncate, (event time, offset), after these truncates."""
+    """Each topic-partition's latest truncate (by offset), as (event time, offset), after these
+    truncates: kept with the checkpoints, so a build shows where its tables were last truncated."""
     out = dict(points)
     for r in truncates:
         tp, at = (r.topic, r.partition), (r.event_time, r.offset)
-        if tp not in out or at > out[tp]:
+        if tp not in out or at[1] > out[tp][1]:
             out[tp] = at
     return out
 
@@ -270,6 +276,67 @@ def _call(p: Projection, fn: Any, *args: Any) -> Any:
         ) from exc
 
 
+def merges_partitions(p: Projection) -> bool:
+    """Whether the fold follows the per-partition merge (`fold_order`); session windows fold in
+    event-time order instead, as their gap rule is defined on sorted event times."""
+    return p.window is None or p.window.kind != "session"
+
+
+def fold_order(
+    items: Iterable[Item], last: SortKey | None = None, seen: set[TP] | None = None
+) -> list[tuple[SortKey, Item]]:
+    """A unit's items (in log order, `Item.order`) in the order its fold applies them, each with
+    its order key (max event time on its topic-partition so far, topic, partition, offset).
+
+    Sorting by that key is the k-way merge of the unit's per-topic-partition runs by their heads'
+    event time, so records are never reordered within a topic-partition. `last`: the order key
+    of the last item a resumed unit saw (its run continues from that max). `seen` (folds that
+    apply truncates): the topic-partitions the unit has records on since their last truncate,
+    updated in place; a truncate with no record of the unit before it there is left out."""
+    top: dict[TP, int] = {} if last is None else {(last[1], last[2]): last[0]}
+    keyed: list[tuple[SortKey, Item]] = []
+    runs = 0
+    prev: TP | None = None
+    for item in items:
+        r = item.record
+        tp = (r.topic, r.partition)
+        if seen is not None:
+            if not r.is_truncate:
+                seen.add(tp)
+            elif tp in seen:
+                seen.discard(tp)  # already truncated: the next truncate there has nothing to remove
+            else:
+                continue  # no record of this unit on that topic-partition since the last truncate
+        if tp != prev:
+            runs, prev = runs + 1, tp
+        m = top.get(tp)
+        if m is None or r.event_time > m:
+            m = top[tp] = r.event_time
+        keyed.append(((m, r.topic, r.partition, r.offset), item))
+    if runs > 1:  # one run is already in order: its keys never decrease
+        keyed.sort(key=_first)
+    return keyed
+
+
+def _first(pair: tuple[SortKey, Item]) -> SortKey:
+    return pair[0]
+
+
+def first_keys(items: Iterable[Item], merged: bool) -> dict[str, list[SortKey]]:
+    """Per unit, what `decide` compares with its stored `last`: the sort key of its first new
+    item on each topic-partition (`merged`, see `merges_partitions`), else of its earliest."""
+    out: dict[str, dict[TP, SortKey]] = {}
+    for it in items:
+        r = it.record
+        k = sort_key(r)
+        tp = (r.topic, r.partition) if merged else ("", 0)
+        per = out.setdefault(it.unit, {})
+        cur = per.get(tp)
+        if cur is None or (r.offset < cur[3] if merged else k < cur):
+            per[tp] = k
+    return {u: sorted(per.values()) for u, per in out.items()}
+
+
 def _fold_plain(
     p: Projection,
     unit: str,
@@ -287,22 +354,12 @@ def _fold_plain(
     else:
         state, last, dropped = _call(p, p.fold.initial, orjson.loads(first.key), *win), None, 0
         seen = set()
-    for item in items:
+    for key, item in fold_order(items, last, seen if tracking else None):
+        last = key  # what the unit has seen, applied or not: a new record ordered before it recomputes
         if not item.admitted:
             dropped += 1
             continue
-        if tracking:
-            tp = (item.record.topic, item.record.partition)
-            if not item.record.is_truncate:
-                seen.add(tp)
-            elif tp in seen:
-                seen.discard(tp)  # already truncated: the next truncate there has nothing to remove
-            else:
-                continue  # no record of this unit on that topic-partition since the last truncate
-        before = len(errors) if errors is not None else 0
         state = _apply(p, state, item, errors)
-        if errors is None or len(errors) == before:
-            last = sort_key(item.record)
     row = _call(p, p.fold.result, state, *win)
     rows: tuple[str, ...] = ()
     pks: tuple[Pk, ...] = ()
@@ -340,6 +397,7 @@ def _fold_session(
         cur, last, dropped = load_state(prior.state), prior.last, prior.dropped
         kept = list(old[:-1]) if cur is not None else list(old)  # the open session owns the last pk
     rows: list[str] = []
+    ordered = sorted(items, key=lambda i: sort_key(i.record))  # sessions: event-time order
 
     def close(c: list[Any]) -> None:
         row = _call(p, p.fold.result, c[2], c[0], c[1])  # type: ignore[union-attr]
@@ -348,7 +406,7 @@ def _fold_session(
             rows.append(line)
             kept.append(pk)
 
-    for item in items:
+    for item in ordered:
         if not item.admitted:
             dropped += 1
             continue
@@ -378,7 +436,8 @@ def _fold_session(
 def fold_units(
     p: Projection, items: Iterable[Item], priors: Mapping[str, Prior], *, skip_errors: bool = False
 ) -> Iterator[UnitOut]:
-    """Fold items sorted by `Item.order()`; one output per unit, in the order units arrive.
+    """Fold items sorted by `Item.order()` (log order per unit); one output per unit, in the
+    order units arrive.
     `skip_errors`: records the fold raises on are reported in `UnitOut.errors`, not fatal."""
     if p.fold is None:
         raise DefinitionError(f"projection {p.name!r} is a DataFrame transform, not a fold")
@@ -388,19 +447,29 @@ def fold_units(
 
 
 def decide(
-    stored: Mapping[str, Prior], min_new: Mapping[str, SortKey], force: Collection[str] = ()
+    stored: Mapping[str, Prior],
+    firsts: Mapping[str, Collection[SortKey]],
+    force: Collection[str] = (),
+    *,
+    merged: bool = True,
 ) -> tuple[dict[str, Prior], set[str]]:
-    """For the units new records touch: resume those whose new records all sort after the last
-    record they applied; the others (a record arrived out of event-time order) are recomputed
-    from all their records, as are the units in `force`. Returns (priors for the fold, units to
+    """For the units new records touch: resume those whose new records all order after the last
+    item they saw; the others are recomputed from all their records, as are the units in
+    `force`. `firsts` comes from `first_keys`: with the per-partition merge (`merged`), a first
+    new item on the topic-partition of `last` always follows it (offsets; its order key is at
+    least `last`'s), and one on another topic-partition follows it when its sort key is greater
+    (its order key is then its own event time). Returns (priors for the fold, units to
     recompute)."""
     priors: dict[str, Prior] = {}
     recompute: set[str] = set(force)
-    for unit, first_new in min_new.items():
+    for unit, keys in firsts.items():
         prior = stored.get(unit)
         if prior is None:
             continue
-        resume = unit not in recompute and (prior.last is None or first_new > prior.last)
+        last = prior.last
+        resume = unit not in recompute and (
+            last is None or all(k > last or (merged and k[1:3] == last[1:3]) for k in keys)
+        )
         priors[unit] = Prior(prior.state, prior.last, prior.pks, prior.dropped, resume, prior.tps)
         if not resume:
             recompute.add(unit)

@@ -1,7 +1,8 @@
 """The Spark side of a fold: route records to units, shuffle by unit, fold each unit in order.
 
-`repartition(unit)` + `sortWithinPartitions(unit, event time, topic, partition, offset)` +
-a `mapInArrow` fold that carries state across batches: far cheaper than `applyInPandas`, which
+`repartition(unit)` + `sortWithinPartitions(unit, topic, partition, offset)` (log order; the fold
+merges a unit's topic-partitions by event time, `engine.fold_order`) + a `mapInArrow` fold that
+carries state across batches: far cheaper than `applyInPandas`, which
 pays a pandas round trip per group. The folding itself is `projections.engine`, the same code the
 single-process reference runs.
 """
@@ -27,7 +28,6 @@ __all__ = [
     "fold_frame",
     "is_truncate",
     "items_frame",
-    "ordered_before",
 ]
 
 TRUNCATE_SCHEMA = (
@@ -135,22 +135,6 @@ def is_truncate() -> Any:
         & (F.get_json_object("value", "$.op") == "t")
     )
     return F.coalesce(cond, F.lit(False))
-
-
-def ordered_before(points: Mapping[tuple[str, int], tuple[int, int]]) -> Any:
-    """Items ordered before their topic-partition's truncate point (event time, offset)."""
-    from functools import reduce
-
-    from pyspark.sql import functions as F
-
-    et, off = F.col("event_time"), F.col("offset")
-    return reduce(
-        lambda a, b: a | b,
-        (
-            (F.col("topic") == t) & (F.col("partition") == part) & ((et < e) | ((et == e) & (off < o)))
-            for (t, part), (e, o) in points.items()
-        ),
-    )
 
 
 def deliveries(truncates: Any, holders: Any) -> Any:
@@ -296,7 +280,5 @@ def fold_frame(
     """Items → folded units COPYed by the tasks into `staging`; one summary row per task
     (SUMMARY_SCHEMA) is all that comes back to the driver."""
     bc = spark.sparkContext.broadcast(dict(priors)) if priors else None
-    ordered = items.repartition(partitions, "unit").sortWithinPartitions(
-        "unit", "event_time", "topic", "partition", "offset"
-    )
+    ordered = items.repartition(partitions, "unit").sortWithinPartitions("unit", "topic", "partition", "offset")
     return ordered.mapInArrow(_folder(ref, bc, skip_errors, dsn, staging), SUMMARY_SCHEMA)

@@ -5,7 +5,7 @@ test drives (random logs, random run boundaries, one rebuild: equal tables).
 Steps of one incremental run (the Spark runner takes the same ones, distributed):
  1. new records = each topic-partition from its checkpoint to its end; watermarks continue
     from the partition's stored max event time;
- 2. route them to units, and find each touched unit's earliest new record;
+ 2. route them to units, and find each touched unit's first new record per topic-partition;
  3. `decide`: resume a unit from its stored state, or recompute it from all its records;
  4. fold (recomputed units over all their records, the others over the new ones);
  5. apply: delete rows units gave up, upsert their rows, store states and checkpoints.
@@ -24,14 +24,15 @@ from tributary.projections.engine import (
     applies_truncates,
     decide,
     deliver_truncates,
+    first_keys,
     fold_units,
+    merges_partitions,
     plan_items,
     prepare,
     reaches,
     recompute_items,
-    truncate_points,
 )
-from tributary.projections.records import ProjectionRecord, SortKey, sort_key
+from tributary.projections.records import ProjectionRecord
 from tributary.projections.windows import running_max_before
 
 __all__ = ["LocalView", "run_local"]
@@ -48,7 +49,6 @@ class LocalView:
     states: dict[str, Prior] = field(default_factory=dict)
     rows: dict[tuple[str | None, ...], str] = field(default_factory=dict)
     dead: dict[tuple[str, int, int], str] = field(default_factory=dict)
-    truncated: dict[TP, tuple[int, int]] = field(default_factory=dict)
 
     def table(self) -> list[str]:
         """The table's rows as COPY lines, ordered by primary key."""
@@ -91,15 +91,10 @@ def run_local(
         seen += len(fresh)
         new_items += _items(p, fresh, view.maxes.get(tp))
         new_truncates += [prepare(p, r) for r in fresh if truncates and r.is_truncate]
-    force: set[str] = set()
     if truncates:
-        new_items, force = deliver_truncates(new_items, new_truncates, view.states, view.truncated)
-    min_new: dict[str, SortKey] = {}
-    for it in new_items:
-        k = sort_key(it.record)
-        if it.unit not in min_new or k < min_new[it.unit]:
-            min_new[it.unit] = k
-    priors, recompute = decide(view.states, min_new, force)
+        new_items = deliver_truncates(new_items, new_truncates, view.states)
+    merged = merges_partitions(p)
+    priors, recompute = decide(view.states, first_keys(new_items, merged), merged=merged)
     items = [i for i in new_items if i.unit not in recompute]
     if recompute:
         everything = [i for records in log.values() for i in _items(p, records, None)]
@@ -112,5 +107,4 @@ def run_local(
             view.checkpoints[tp] = records[-1].offset + 1
             top = max(r.event_time for r in (prepare(p, r) for r in records))
             view.maxes[tp] = top
-    view.truncated = truncate_points(view.truncated, new_truncates)
     return seen

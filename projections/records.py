@@ -1,7 +1,10 @@
-"""The record a projection sees, decoded from a log record, and its deterministic order.
+"""The record a projection sees, decoded from a log record, and its sort key.
 
-Order per key is (event time, topic, partition, offset): earliest timestamp first, with a total
-tie-break, so any two runs over the same records agree on it.
+A fold never reorders a key's records within one topic-partition (log order is commit order:
+a snapshot read's `ts_ms` is when the snapshot ran, later than a change streamed just after the
+snapshot point, and producers' clocks disagree). Event time only picks which topic-partition's
+head goes next when a key's records come from several, earliest first with the total tie-break
+(topic, partition, offset): `engine.fold_order` merges them by `sort_key`'s fields.
 """
 
 from __future__ import annotations
@@ -128,5 +131,6 @@ def decode(
 
 
 def sort_key(record: ProjectionRecord) -> SortKey:
-    """(event time, topic, partition, offset): the total order a fold sees its key's records in."""
+    """(event time, topic, partition, offset): how two topic-partitions' heads compare (earliest
+    first, then a total tie-break); within one topic-partition, offsets alone order records."""
     return (record.event_time, record.topic, record.partition, record.offset)

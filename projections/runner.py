@@ -8,8 +8,9 @@ The functions the CLI and API call (`tributary project list|status|run|rebuild`)
  2. route new records to units; deliver the new truncates (plain folds over CDC topics) to the
     units with records on their topic-partitions, stored or new; the earliest new record per unit
     decides (against the stored state) whether the unit resumes or is recomputed from all its
-    records (as is a unit with a new record ordered before an earlier run's truncate);
- 3. fold in Spark (shuffle by unit, sort by event time/topic/partition/offset, mapInArrow);
+    records: its first new record on each topic-partition (its earliest, for session windows);
+ 3. fold in Spark (shuffle by unit, sort by topic/partition/offset, mapInArrow; the fold merges
+    a unit's topic-partitions by event time);
  4. commit rows, deletes, unit states and checkpoints (with truncate points) in one driver-side
     transaction.
 A crash anywhere before step 4's commit leaves the previous commit intact: a rerun redoes it.
@@ -29,7 +30,7 @@ import psycopg
 from tributary.capture.log import Log, LogError, MissingMetadataError, TopicNotFoundError
 from tributary.projections.arrow_copy import distinct_keys, output_lines
 from tributary.projections.definition import Projection
-from tributary.projections.engine import applies_truncates, decide, truncate_points
+from tributary.projections.engine import applies_truncates, decide, merges_partitions, truncate_points
 from tributary.projections.errors import LockedError, ProjectionError, RunError
 from tributary.projections.job import (
     TRUNCATE_COLUMNS,
@@ -38,7 +39,6 @@ from tributary.projections.job import (
     fold_frame,
     is_truncate,
     items_frame,
-    ordered_before,
 )
 from tributary.projections.loader import file_stamps, load_current, resolve
 from tributary.projections.source import records_frame
@@ -208,21 +208,31 @@ def _catch_up(
         points = store.truncate_points(b) if truncating else {}
         priors: dict[str, Any] = {}
         recompute: set[str] = set()
-        force: set[str] = set()
         fresh = None
         if ck or truncating:  # read the new records once for every job below
             fresh = items = items.persist()
         try:
             if truncating:
-                items, force, points = _deliver(spark, store, b, items, points)
+                items, points = _deliver(spark, store, b, items, points)
             if ck:  # the state table may know these units: resume or recompute each
-                firsts = (
-                    items.groupBy("unit")
-                    .agg(F.min(F.struct("event_time", "topic", "partition", "offset")).alias("m"))
-                    .collect()
-                )
-                min_new = {r["unit"]: tuple(r["m"]) for r in firsts}
-                priors, recompute = decide(store.priors(b, list(min_new)), min_new, force)
+                merged = merges_partitions(p)
+                firsts: dict[str, list[tuple[int, str, int, int]]] = {}
+                if merged:  # each unit's first new record on each topic-partition
+                    for r in (
+                        items.groupBy("unit", "topic", "partition")
+                        .agg(F.min(F.struct("offset", "event_time")).alias("m"))
+                        .collect()
+                    ):
+                        k = (r["m"]["event_time"], r["topic"], r["partition"], r["m"]["offset"])
+                        firsts.setdefault(r["unit"], []).append(k)
+                else:  # session windows: each unit's earliest new record
+                    for r in (
+                        items.groupBy("unit")
+                        .agg(F.min(F.struct("event_time", "topic", "partition", "offset")).alias("m"))
+                        .collect()
+                    ):
+                        firsts[r["unit"]] = [tuple(r["m"])]
+                priors, recompute = decide(store.priors(b, list(firsts)), firsts, merged=merged)
             if recompute:
                 everything = items_frame(spark, read({}), ref, windowed, {})
                 rc = F.broadcast(spark.createDataFrame([(u,) for u in sorted(recompute)], "unit string"))
@@ -272,20 +282,17 @@ def _catch_up(
 
 def _deliver(
     spark: Any, store: Store, b: BuildRow, items: Any, points: Mapping[TP, tuple[int, int]]
-) -> tuple[Any, set[str], dict[TP, tuple[int, int]]]:
+) -> tuple[Any, dict[TP, tuple[int, int]]]:
     """`engine.deliver_truncates` on Spark: the new truncates (few) come to the driver; each is
     joined to the holders of its topic-partition — units of the new records, and stored units
-    whose `tps` name it. Returns (items with deliveries, units to recompute, new truncate points)."""
+    whose `tps` name it. Returns (items with deliveries, new truncate points)."""
     from pyspark.sql import functions as F
 
     trunc = is_truncate()
     found = items.where(trunc).select(*TRUNCATE_COLUMNS).collect()
     items = items.where(~trunc)
-    force: set[str] = set()
-    if points:  # a new record ordered before a truncate an earlier run delivered
-        force = {r["unit"] for r in items.where(ordered_before(points)).select("unit").distinct().collect()}
     if not found:
-        return items, force, dict(points)
+        return items, dict(points)
     new_points = truncate_points(points, found)  # Rows: the same attributes as a record
     tps = sorted({(r["topic"], r["partition"]) for r in found})
     on_tps = F.broadcast(spark.createDataFrame(tps, "topic string, partition int"))
@@ -294,7 +301,7 @@ def _deliver(
     if stored:
         holders = holders.unionByName(spark.createDataFrame(stored, "unit string, topic string, partition int"))
     truncates = spark.createDataFrame([tuple(r) for r in found], TRUNCATE_SCHEMA)
-    return items.unionByName(deliveries(truncates, holders.distinct())), force, new_points
+    return items.unionByName(deliveries(truncates, holders.distinct())), new_points
 
 
 def _session(s: RunSettings, spark: Any) -> Any:

@@ -1,6 +1,7 @@
 from decimal import Decimal
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -119,7 +120,35 @@ def _count(kind: str) -> Projection:
     )
 
 
-PROJECTIONS = [BANK, *(_count(k) for k in ("none", "tumbling", "hopping", "session"))]
+def _trail() -> Projection:
+    """Every record a key's fold applied, in order: shows the fold order in the table."""
+    return Projection(
+        name="trail",
+        version=1,
+        topics=(DEP, WD),
+        table=Table.of({"k": "text", "seq": "jsonb"}, ["k"]),
+        fold=Fold(
+            lambda key: {"k": key, "seq": []},
+            lambda s, r: {**s, "seq": [*s["seq"], [r.topic, r.partition, r.offset, r.event_time]]},
+            lambda s: s,
+        ),
+    )
+
+
+TRAIL = _trail()
+PROJECTIONS = [BANK, *(_count(k) for k in ("none", "tumbling", "hopping", "session")), TRAIL]
+
+
+def _merge_rule_holds(view: LocalView) -> None:
+    """Log order within each topic-partition; a head goes next only if no other is earlier."""
+    for _, seq in rows(view):
+        trail = [tuple(x) for x in orjson.loads(seq)]
+        for i, (topic, part, off, at) in enumerate(trail):
+            assert all(o < off for t, p, o, _ in trail[:i] if (t, p) == (topic, part)), trail
+            heads: dict[tuple[str, int], tuple[int, str, int, int]] = {}  # the others' pending heads
+            for t, p, o, a in trail[i + 1 :]:
+                heads.setdefault((t, p), (a, t, p, o))
+            assert all((at, topic, part, off) < h for tp, h in heads.items() if tp != (topic, part)), trail
 
 
 @st.composite
@@ -164,13 +193,22 @@ def test_incremental_runs_equal_one_rebuild(data: Any, which: int) -> None:
         run_local(p, {tp: rs[: seen.get(tp, 0)] for tp, rs in full.items()}, view)
     run_local(p, full, view)
     assert view.table() == rebuilt.table()
+    if p is TRAIL:
+        _merge_rule_holds(rebuilt)
 
 
 def test_decide_resumes_only_in_order_units() -> None:
-    stored = {
-        "u1": Prior("{}", (5, "t", 0, 1), (), 0, False),
-        "u2": Prior("{}", (5, "t", 0, 1), (), 0, False),
+    last = (5, "t", 0, 1)
+    stored = {u: Prior("{}", last, (), 0, False) for u in ("u1", "u2", "u4", "u5")}
+    firsts = {
+        "u1": [(6, "s", 0, 0)],  # later event time on another topic
+        "u2": [(5, "s", 0, 0)],  # same time, another topic ordered before "t"
+        "u3": [(1, "t", 0, 0)],  # not stored: folded from scratch
+        "u4": [(2, "t", 0, 2)],  # earlier event time, but the same topic-partition as `last`
+        "u5": [(2, "t", 0, 2), (4, "t", 1, 0)],  # ... and one on another partition, earlier
     }
-    priors, recompute = decide(stored, {"u1": (6, "t", 0, 0), "u2": (5, "t", 0, 0), "u3": (1, "t", 0, 0)})
-    assert priors["u1"].resume and not priors["u2"].resume
-    assert recompute == {"u2"} and "u3" not in priors
+    priors, recompute = decide(stored, firsts)
+    assert priors["u1"].resume and priors["u4"].resume
+    assert recompute == {"u2", "u5"} and "u3" not in priors
+    _, by_time = decide(stored, firsts, merged=False)  # session windows: event time decides
+    assert by_time == {"u2", "u4", "u5"}

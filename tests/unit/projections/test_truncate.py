@@ -12,7 +12,15 @@ from hypothesis import strategies as st
 from tributary.projections.cdc import apply_change
 from tributary.projections.codec import canonical
 from tributary.projections.definition import Fold, Projection, Table, WindowSpec
-from tributary.projections.engine import Item, Prior, applies_truncates, decide, deliver_truncates, truncate_points
+from tributary.projections.engine import (
+    Item,
+    Prior,
+    applies_truncates,
+    decide,
+    deliver_truncates,
+    first_keys,
+    truncate_points,
+)
 from tributary.projections.local import LocalView, run_local
 from tributary.projections.mirror import mirror_projection
 from tributary.projections.records import ProjectionRecord
@@ -131,7 +139,6 @@ def test_truncate_in_a_later_run_reaches_units_it_has_no_records_for() -> None:
     rebuilt = LocalView()
     run_local(MIRROR, log.parts, rebuilt)
     assert rebuilt.table() == view.table()
-    assert view.truncated == {(TOPIC, 0): (0, 3), (TOPIC, 1): (0, 2)}  # the mirror's event time is 0
 
 
 def test_user_fold_sees_the_truncate_through_the_cdc_helper() -> None:
@@ -166,8 +173,9 @@ def test_a_truncate_reaches_a_key_once_per_change_before_it() -> None:
     assert rebuilt.table() == view.table()
 
 
-def test_a_change_committed_before_an_already_applied_truncate_recomputes_its_key() -> None:
-    # event time (commit ts) puts key 5's insert before the truncate, though it arrives later
+def test_a_change_logged_after_a_truncate_survives_it_whatever_its_commit_time() -> None:
+    # key 5's insert carries an earlier ts than the truncate but follows it on its partition:
+    # log order is commit order, so the insert happened after the truncate and keeps its row
     log = Log()
     log.change(1, "c", 10, total=1)
     log.truncate(20)
@@ -179,7 +187,7 @@ def test_a_change_committed_before_an_already_applied_truncate_recomputes_its_ke
     run_local(BY_TIME, log.parts, view)
     rebuilt = LocalView()
     run_local(BY_TIME, log.parts, rebuilt)
-    assert [line.split("\t")[0] for line in rebuilt.table()] == ['{"id":7}']
+    assert [line.split("\t")[0] for line in rebuilt.table()] == ['{"id":5}', '{"id":7}']
     assert view.table() == rebuilt.table()
 
 
@@ -197,21 +205,22 @@ def test_windowed_and_event_folds_do_not_take_deliveries() -> None:
     assert not applies_truncates(windowed) and not applies_truncates(events)
 
 
-def test_deliver_to_stored_holders_and_force_out_of_order_units() -> None:
+def test_deliver_to_stored_holders_and_resume_after_the_truncate() -> None:
     t = ProjectionRecord(TOPIC, 0, 9, 50, None, _envelope("t", None, 50), None, 50)
     rec = ProjectionRecord(TOPIC, 0, 10, 40, {"id": 1}, _envelope("c", {"id": 1}, 40), None, 40)
     new = [Item('{"id":1}', '{"id":1}', None, None, True, rec)]
     stored = {
+        '{"id":1}': Prior("{}", (45, TOPIC, 0, 2), (), 0, False, ()),
         '{"id":2}': Prior("{}", (30, TOPIC, 0, 3), (), 0, False, ((TOPIC, 0),)),
         '{"id":3}': Prior("{}", (30, TOPIC, 1, 3), (), 0, False, ((TOPIC, 1),)),
     }
-    items, force = deliver_truncates(new, [t], stored, {(TOPIC, 0): (45, 2)})
+    items = deliver_truncates(new, [t], stored)
     delivered = sorted(i.unit for i in items if i.record.is_truncate)
     assert delivered == ['{"id":1}', '{"id":2}'], "units on partition 0 only, stored or new"
-    assert force == {'{"id":1}'}, "its record (40) orders before a truncate an earlier run applied (45)"
-    priors, recompute = decide(stored, {'{"id":2}': (50, TOPIC, 0, 9)}, force)
-    assert priors['{"id":2}'].resume and recompute == {'{"id":1}'}
-    assert truncate_points({(TOPIC, 0): (45, 2)}, [t]) == {(TOPIC, 0): (50, 9)}
+    # key 1's record (40) follows on the partition of its last item (45): it resumes
+    priors, recompute = decide(stored, first_keys(items, merged=True))
+    assert priors['{"id":1}'].resume and priors['{"id":2}'].resume and not recompute
+    assert truncate_points({(TOPIC, 0): (55, 2)}, [t]) == {(TOPIC, 0): (50, 9)}, "the latest by offset"
 
 
 OPS = st.tuples(
