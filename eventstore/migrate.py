@@ -11,6 +11,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, pool
 
+from tributary.eventstore.errors import EventStoreError
+
 __all__ = [
     "NOT_INITIALIZED",
     "NotInitializedError",
@@ -24,8 +26,9 @@ __all__ = [
 NOT_INITIALIZED = "the service database has no tributary schema yet (or an older one): run `tributary init`"
 
 
-class NotInitializedError(Exception):
-    """The service database is reachable but not migrated to this version's head."""
+class NotInitializedError(EventStoreError):
+    """The service database is reachable but not migrated to this version's head (an
+    `EventStoreError`, so every CLI command prints it as its one line)."""
 
 
 MIGRATIONS = Path(str(files("tributary.migrations")))  # a folder on disk, installed or editable

@@ -6,7 +6,7 @@ import contextlib
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -19,22 +19,32 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextlib.contextmanager
-def served(config: Path, port: int, *, err_path: Path, timeout: float = 60) -> Iterator[subprocess.Popen[bytes]]:
-    """Start `tributary serve --config CONFIG`, wait for /healthz, yield the process; SIGTERM it
-    after and wait (its exit status is then `returncode`)."""
+def served(
+    config: Path,
+    port: int,
+    *,
+    err_path: Path,
+    timeout: float = 60,
+    ready: str = "/healthz",
+    preexec_fn: Callable[[], None] | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Start `tributary serve --config CONFIG` (running `preexec_fn` in the child first, e.g. to set
+    a limit), wait for `ready` to answer 200, yield the process; SIGTERM it after and wait (its exit
+    status is then `returncode`)."""
     with err_path.open("w") as err:
         proc = subprocess.Popen(
             [sys.executable, "-c", "from tributary.api.cli.main import main; main()", "serve", "--config", str(config)],
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=err,
+            preexec_fn=preexec_fn,
         )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                if httpx.get(base + "/healthz").status_code == 200:
+                if httpx.get(base + ready, timeout=5).status_code == 200:
                     break
             except httpx.TransportError:
                 pass

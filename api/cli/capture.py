@@ -141,16 +141,13 @@ _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 def _require_init(settings: Settings) -> None:
     """Refuse before `tributary init` (the outbox table and slots do not exist yet)."""
     from tributary.api.cli.common import service_dsn
-    from tributary.eventstore.migrate import NotInitializedError, require_initialized
+    from tributary.eventstore.migrate import require_initialized
 
     try:
         dsn = service_dsn(settings)
     except UserError:
         return  # no service database: only [[sources]] to capture, nothing of ours to check
-    try:
-        require_initialized(dsn)
-    except NotInitializedError as exc:
-        raise UserError(str(exc)) from None
+    require_initialized(dsn)
 
 
 _STATE_STYLES = {

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tributary.api.cli.common import ConfigOption, UserError, service_dsn, settings_from
+from tributary.api.cli.common import ConfigOption, service_dsn, settings_from
 
 if TYPE_CHECKING:
     from tributary.projections.runner import RunResult, RunSettings
@@ -107,12 +107,9 @@ def _print_result(result: RunResult) -> None:
 
 def _require_init(dsn: str) -> None:
     """Refuse to run before `tributary init` instead of folding an empty log into fresh tables."""
-    from tributary.eventstore.migrate import NotInitializedError, require_initialized
+    from tributary.eventstore.migrate import require_initialized
 
-    try:
-        require_initialized(dsn)
-    except NotInitializedError as exc:
-        raise UserError(str(exc)) from None
+    require_initialized(dsn)
 
 
 @project_app.command("list")

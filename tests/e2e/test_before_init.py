@@ -3,29 +3,18 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
 
-from tests.servers import ROOT, free_port, serving
+from tests.integration.capture.helpers import cli
+from tests.servers import free_port, serving
 
 pytestmark = pytest.mark.e2e
 
 LINE = "run `tributary init`"
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from tributary.api.cli.main import main; main()", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def _config(tmp_path: Path, dsn: str, port: int) -> Path:
@@ -60,11 +49,11 @@ def test_capture_and_project_run_before_init_exit_1_naming_init(fresh_db: str, t
         conn.execute("INSERT INTO orders VALUES (1)")
     config = _config(tmp_path, fresh_db, free_port())
     for args in (("capture", "--until-idle", "1"), ("project", "run", "account_balances")):
-        r = _cli(*args, "--config", str(config))
+        r = cli(*args, "--config", str(config), timeout=300)
         assert r.returncode == 1, (args, r.returncode, r.stdout, r.stderr)
         assert LINE in r.stderr, (args, r.stderr)
         assert "Traceback" not in r.stderr, r.stderr
     # after init both work
-    assert (r := _cli("init", "--config", str(config))).returncode == 0, r.stdout + r.stderr
-    r = _cli("capture", "--until-idle", "1", "--config", str(config))
+    assert (r := cli("init", "--config", str(config), timeout=300)).returncode == 0, r.stdout + r.stderr
+    r = cli("capture", "--until-idle", "1", "--config", str(config), timeout=300)
     assert r.returncode == 0, r.stderr

@@ -13,7 +13,6 @@ import random
 import resource
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +24,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.servers import ROOT, free_port
+from tests.servers import free_port, served
 from tributary.eventstore.migrate import run_migrations
 
 pytestmark = pytest.mark.e2e
@@ -77,29 +76,8 @@ def serve(
         f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{tmp_path / "log"}"\n{extra}\n[api]\nport = {port}\n{api}\n'
     )
     err = tmp_path / f"serve-{port}.err"
-    with err.open("w") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", "from tributary.api.cli.main import main; main()", "serve", "--config", str(config)],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=sink,
-            preexec_fn=preexec,
-        )
-    server = Server(proc, port, err)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(server.base + "/readyz", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None, err.read_text()
-            time.sleep(0.2)
-        yield server
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with served(config, port, err_path=err, ready="/readyz", preexec_fn=preexec) as proc:
+        yield Server(proc, port, err)
 
 
 @pytest.fixture

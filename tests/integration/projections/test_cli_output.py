@@ -3,14 +3,12 @@ record and the Python exception — never Spark's or the JVM's start-up chatter 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.integration.capture.helpers import cli
 from tests.integration.projections.helpers import DAY, LogWriter
-from tests.pg import REPO_ROOT
 from tributary.eventstore.migrate import run_migrations
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -42,16 +40,6 @@ PROJECTION = Projection(
 NOISE = ("Using incubator modules", "setLogLevel", "log4j", "WARN ", "ERROR ", "NativeCodeLoader", "Exception in task")
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from tributary.api.cli.main import main; main()", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 def _setup(tmp_path: Path, dsn: str, amounts: list[str]) -> Path:
     run_migrations(dsn)  # what `tributary init` does: projections refuse to run before it
     w = LogWriter(tmp_path / "log")
@@ -75,7 +63,7 @@ def _noise(stderr: str) -> list[str]:
 
 def test_a_run_prints_its_result_and_no_spark_chatter(fresh_db: str, tmp_path: Path) -> None:
     config = _setup(tmp_path, fresh_db, ["1.00", "2.50"])
-    r = _cli("project", "run", "balances", "--config", str(config))
+    r = cli("project", "run", "balances", "--config", str(config), timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "balances: rebuilt build 1" in r.stdout
     assert _noise(r.stderr) == [], r.stderr[-3000:]
@@ -85,7 +73,7 @@ def test_a_run_prints_its_result_and_no_spark_chatter(fresh_db: str, tmp_path: P
 @pytest.mark.parametrize("command", ["run", "rebuild"])
 def test_a_failing_fold_prints_one_line(fresh_db: str, tmp_path: Path, command: str) -> None:
     config = _setup(tmp_path, fresh_db, ["1.00", "-2.00", "3.00"])
-    r = _cli("project", command, "balances", "--config", str(config))
+    r = cli("project", command, "balances", "--config", str(config), timeout=600)
     assert r.returncode == 1, r.stdout + r.stderr[-3000:]
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr[-5000:]
