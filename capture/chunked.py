@@ -168,6 +168,10 @@ def _invisible(xid: int, xmax: int, xip: frozenset[int]) -> bool:
 class ChunkedSnapshot:
     """One source's chunked snapshots: the context, the chunk being read, staging at watermarks."""
 
+    # Called on the reading thread between a chunk's read and its watermark, with the table and
+    # the phase: where a test makes changes land inside a chunk's window, or a chunk slow.
+    after_read: Callable[[str, str], None] | None = None
+
     def __init__(
         self,
         spec: SourceSpec,
@@ -457,6 +461,9 @@ class ChunkedSnapshot:
             else:
                 self._read_absent(job, conn, checked)
             conn.commit()
+            hook = type(self).after_read
+            if hook is not None:
+                hook(job.table.qualified, job.phase)
             if self._closed:
                 return
             conn.execute(

@@ -5,6 +5,9 @@ snapshotted."""
 
 from __future__ import annotations
 
+import threading
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +15,11 @@ import orjson
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import cli, records, write_config
+from tests.integration.capture.helpers import changes, cli, records, wait_for, write_config
 from tests.integration.capture.test_resnapshot import FILL, TABLES, _compacted, _table
+from tributary.capture.chunked import ChunkedSnapshot
+from tributary.capture.daemon import CaptureDaemon, DaemonOptions
+from tributary.capture.spec import SourceSpec
 from tributary.capture.status import read_status
 
 pytestmark = pytest.mark.integration
@@ -70,3 +76,104 @@ def test_chunked_records_equal_the_consistent_snapshots(fresh_db: str, tmp_path:
     assert status is not None
     source = status["sources"][0]
     assert source["snapshot_tables_pending"] == [] and source["snapshot_rows_read"] == 3 * 2500
+
+
+def _spec(name: str, dsn: str, **extra: Any) -> SourceSpec:
+    fields: dict[str, Any] = {
+        "name": name,
+        "dsn": dsn,
+        "slot": f"slot_{name}_{uuid.uuid4().hex[:8]}",
+        "include": ("public.*",),
+        "exclude": (),
+        "snapshot": "initial",
+        "partitions": 3,
+        "snapshot_method": "chunked",
+        "snapshot_chunk_rows": 100,
+    }
+    fields.update(extra)
+    return SourceSpec(**fields)
+
+
+def _drop_slots(dsn: str, *specs: SourceSpec) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for spec in specs:
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                (spec.slot,),
+            )
+
+
+def test_a_streamed_change_inside_a_chunks_window_wins(
+    fresh_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        for table in ("items", "docs", "points"):  # the columnar, JSON and per-row paths
+            conn.execute(TABLES[table])
+            conn.execute(FILL[table].format(n=450))
+    changed: list[str] = []
+
+    def between_read_and_watermark(table: str, phase: str) -> None:
+        """Committed after the chunk's snapshot, streamed before its watermark: newer than the
+        chunk's rows of the same keys, so those rows must not be staged after them."""
+        low = changed.count(table) * 100 + 1  # the chunk just read: keys low .. low + 99
+        changed.append(table)
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            if table == "public.items":
+                conn.execute("UPDATE items SET note = 'newer' WHERE id BETWEEN %s AND %s", (low, low + 9))
+                conn.execute("DELETE FROM items WHERE id = %s", (low + 10,))
+            elif table == "public.docs":
+                conn.execute('UPDATE docs SET body = \'{"v": "newer"}\' WHERE id % 100 = 7')
+                conn.execute("DELETE FROM docs WHERE id % 100 = 8")
+            else:
+                conn.execute("UPDATE points SET x = -2 WHERE a % 100 = 9")
+                conn.execute("DELETE FROM points WHERE a % 100 = 10")
+
+    monkeypatch.setattr(ChunkedSnapshot, "after_read", between_read_and_watermark)
+    spec = _spec("shop", fresh_db)
+    try:
+        daemon = CaptureDaemon([spec], DaemonOptions(log_root=tmp_path / "log", default_partitions=3, until_idle_s=1.0))
+        assert daemon.run() == 0
+    finally:
+        _drop_slots(fresh_db, spec)
+    assert len(changed) >= 3 * 5
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log")
+    for table in TABLES:
+        assert _compacted(config, f"shop.public.{table}") == _table(fresh_db, table), table
+
+
+def test_other_sources_stream_while_a_slow_chunked_snapshot_runs(
+    fresh_db: str, pg_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other_db = pg_server.dsn(pg_server.create_database("other"))
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(TABLES["items"])
+        conn.execute(FILL["items"].format(n=3000))
+    with psycopg.connect(other_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE ticks (id int PRIMARY KEY)")
+    slow = _spec("slow", fresh_db)  # 30 chunks of 100 rows
+    other = _spec("other", other_db, snapshot_method="consistent")
+    monkeypatch.setattr(ChunkedSnapshot, "after_read", lambda table, phase: time.sleep(0.3))
+    daemon = CaptureDaemon([slow, other], DaemonOptions(log_root=tmp_path / "log", default_partitions=3))
+    runner = threading.Thread(target=daemon.run)
+    runner.start()
+    try:
+        source = daemon.sessions[0].status
+        wait_for(lambda: source.snapshot_rows_done > 0, what="the first chunk")
+        with psycopg.connect(other_db, autocommit=True) as conn:
+            for i in range(5):
+                conn.execute("INSERT INTO ticks VALUES (%s)", (i,))
+                wait_for(
+                    lambda i=i: len(changes(tmp_path / "log", "other.public.ticks")) > i,
+                    timeout=2.0,
+                    what="the other source's insert in the log",
+                )
+        assert source.snapshot_tables_pending == ["public.items"], "the snapshot still runs"
+        assert source.snapshot_rows_done < 3000
+        wait_for(lambda: not daemon.sessions[0].snapshotting, timeout=60, what="the snapshot's end")
+    finally:
+        daemon.request_stop()
+        runner.join(timeout=60)
+        _drop_slots(fresh_db, slow)
+        _drop_slots(other_db, other)
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", name="slow")
+    assert _compacted(config, "slow.public.items") == _table(fresh_db, "items")
