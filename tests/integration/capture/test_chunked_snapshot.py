@@ -5,6 +5,8 @@ snapshotted."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 import uuid
@@ -15,10 +17,11 @@ import orjson
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import changes, cli, records, wait_for, write_config
+from tests.integration.capture.helpers import changes, cli, records, spawn_capture, wait_for, write_config
 from tests.integration.capture.test_resnapshot import FILL, TABLES, _compacted, _table
 from tributary.capture.chunked import ChunkedSnapshot
 from tributary.capture.daemon import CaptureDaemon, DaemonOptions
+from tributary.capture.log import Log
 from tributary.capture.spec import SourceSpec
 from tributary.capture.status import read_status
 
@@ -177,3 +180,72 @@ def test_other_sources_stream_while_a_slow_chunked_snapshot_runs(
         _drop_slots(other_db, other)
     config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", name="slow")
     assert _compacted(config, "slow.public.items") == _table(fresh_db, "items")
+
+
+def test_kill_9_mid_chunked_snapshot_resumes_from_the_last_committed_chunk(fresh_db: str, tmp_path: Path) -> None:
+    total = 200_000
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(TABLES["items"])
+        conn.execute(FILL["items"].format(n=total))
+    config = _chunked(write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log"), 2000)
+    capture = spawn_capture(config)
+    try:
+
+        def far_enough() -> bool:
+            doc = read_status(tmp_path / "log")
+            return bool(doc) and doc["sources"][0]["snapshot_rows_done"] >= total // 3
+
+        wait_for(far_enough, timeout=120, what="a third of the chunked snapshot")
+        with psycopg.connect(fresh_db, autocommit=True) as conn:  # streamed while it runs
+            conn.execute("UPDATE items SET note = 'during' WHERE id % 1000 = 1")
+            conn.execute("DELETE FROM items WHERE id % 1000 = 2")
+        os.kill(capture.pid, signal.SIGKILL)
+        capture.wait(timeout=30)
+    finally:
+        if capture.returncode is None:
+            capture.send_signal(signal.SIGKILL)
+            capture.wait(timeout=30)
+    with Log.open(tmp_path / "log") as log:
+        saved = orjson.loads(log.positions()["shop#snapshot"])
+    assert saved["pending"] == ["public.items"] and saved["rows"] > 0, "a committed chunk survives the kill"
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("UPDATE items SET note = 'after' WHERE id % 1000 = 3")
+        conn.execute("DELETE FROM items WHERE id % 1000 = 4")
+    res = cli("capture", "--config", str(config), "--until-idle", "1", timeout=300)
+    assert res.returncode == 0, res.stderr
+    status = read_status(tmp_path / "log")
+    assert status is not None
+    source = status["sources"][0]
+    assert source["snapshot_tables_pending"] == []
+    assert 0 < source["snapshot_rows_read"] <= total - saved["rows"] + 2000, "resumed, not started again"
+    assert _compacted(config, "shop.public.items") == _table(fresh_db, "items")
+
+
+def test_a_table_added_to_include_is_snapshotted_while_the_others_stream(fresh_db: str, tmp_path: Path) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(TABLES["items"])
+        conn.execute(FILL["items"].format(n=500))
+        conn.execute(TABLES["docs"])
+        conn.execute(FILL["docs"].format(n=700))
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log")
+    config.write_text(config.read_text().replace('include = ["public.*"]', 'include = ["public.items"]'))
+    res = cli("capture", "--config", str(config), "--until-idle", "1")
+    assert res.returncode == 0, res.stderr
+    assert not records(tmp_path / "log", "shop.public.docs")
+
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("UPDATE items SET note = 'streamed' WHERE id <= 10")
+        conn.execute('UPDATE docs SET body = \'{"v": "before widening"}\' WHERE id <= 10')
+    config.write_text(config.read_text().replace('include = ["public.items"]', 'include = ["public.*"]'))
+    res = cli("capture", "--config", str(config), "--until-idle", "1", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "public.docs is included but was never snapshotted" in res.stderr
+    status = read_status(tmp_path / "log")
+    assert status is not None
+    assert any("public.docs" in w for w in status["sources"][0]["warnings"])
+    for table in ("items", "docs"):
+        assert _compacted(config, f"shop.public.{table}") == _table(fresh_db, table), table
+    docs = changes(tmp_path / "log", "shop.public.docs")
+    assert sum(1 for c in docs if c["op"] == "r") == 700
+    with Log.open(tmp_path / "log") as log:
+        assert sorted(orjson.loads(log.positions()["shop#snapshot"])["done"]) == ["public.docs", "public.items"]
