@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import changes, cli, records, spawn_capture, wait_for, write_config
-from tests.integration.capture.test_resnapshot import FILL, TABLES, _compacted, _table
+from tests.integration.capture.test_resnapshot import FILL, TABLES, _change_while_slot_gone, _compacted, _table
 from tributary.capture.chunked import ChunkedSnapshot
 from tributary.capture.daemon import CaptureDaemon, DaemonOptions
 from tributary.capture.log import Log
@@ -249,3 +249,22 @@ def test_a_table_added_to_include_is_snapshotted_while_the_others_stream(fresh_d
     assert sum(1 for c in docs if c["op"] == "r") == 700
     with Log.open(tmp_path / "log") as log:
         assert sorted(orjson.loads(log.positions()["shop#snapshot"])["done"]) == ["public.docs", "public.items"]
+
+
+def test_a_chunked_resnapshot_deletes_what_the_table_no_longer_has(fresh_db: str, tmp_path: Path) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        for table, ddl in TABLES.items():
+            conn.execute(ddl)
+            conn.execute(FILL[table].format(n=1500))
+    config = _chunked(write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log"), 400)
+    config.write_text(
+        config.read_text().replace('include = ["public.*"]', 'include = ["public.*"]\nsnapshot = "when_needed"')
+    )
+    res = cli("capture", "--config", str(config), "--until-idle", "1")
+    assert res.returncode == 0, res.stderr
+    _change_while_slot_gone(fresh_db, config)
+    res = cli("capture", "--config", str(config), "--until-idle", "1", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "taking a new snapshot" in res.stderr
+    for table in TABLES:
+        assert _compacted(config, f"shop.public.{table}") == _table(fresh_db, table), table
