@@ -81,7 +81,7 @@ class SnapshotContext:
     last: list[str | None] | None = None  # the last key read of pending[0] (PostgreSQL text values)
     phase: str = "rows"  # of pending[0]: "rows", then "absent" (its topic's keys checked)
     check: list[str] = field(default_factory=list)  # pending tables whose topic's keys are checked after
-    done: list[str] = field(default_factory=list)  # tables ever snapshotted
+    done: list[str] | None = field(default_factory=list)  # tables ever snapshotted; None: unknown
     rows: int = 0  # rows staged by the snapshot under way
     chunks: int = 0  # chunks staged by the snapshot under way
     checked: str | None = None  # phase "absent": the last key checked (its JSON text)
@@ -108,7 +108,7 @@ class SnapshotContext:
             last=doc.get("last"),
             phase=str(doc.get("phase") or "rows"),
             check=list(doc.get("check") or []),
-            done=list(doc.get("done") or []),
+            done=None if doc.get("done") is None else list(doc["done"]),
             rows=int(doc.get("rows") or 0),
             chunks=int(doc.get("chunks") or 0),
             checked=doc.get("checked"),
@@ -232,7 +232,7 @@ class ChunkedSnapshot:
                 if name in self.context.pending:
                     continue
                 self.context.pending.append(name)
-                if name in self.context.done and name not in self.context.check:
+                if name in (self.context.done or ()) and name not in self.context.check:
                     self.context.check.append(name)  # its topic holds rows: deleted ones go
                 log.info("source %s: chunked snapshot of %s requested by %s", self.spec.name, name, origin)
                 changed = True
@@ -395,6 +395,8 @@ class ChunkedSnapshot:
             ctx.pending.pop(0)
         if name in ctx.check:
             ctx.check.remove(name)
+        if ctx.done is None:
+            ctx.done = []
         if name not in ctx.done:
             ctx.done.append(name)
         ctx.last, ctx.checked, ctx.phase = None, None, "rows"
