@@ -345,11 +345,12 @@ class ChunkedSnapshot:
     def _stage_rows(self, job: _Job, newer: set[bytes]) -> None:
         ctx = self.context
         info = job.table
-        if ctx.last is None:  # the table's first chunk: its schema record first
-            columns = [(c.name, c.type, c.typeoid) for c in info.columns]
-            self.tables.observe(
-                info.schema, info.table, columns, complete=True, key=info.identity_columns, now_ms=job.now_ms
-            )
+        # The chunk's shape (read with it) announced first, if new: on its first chunk, or after
+        # a schema change no streamed change has announced yet.
+        columns = [(c.name, c.type, c.typeoid) for c in info.columns]
+        self.tables.observe(
+            info.schema, info.table, columns, complete=True, key=info.identity_columns, now_ms=job.now_ms
+        )
         assert job.encoder is not None
         kept = _keep(job, newer)
         last_marker = "last" if self._last_of_all(job) else "true"
@@ -446,6 +447,14 @@ class ChunkedSnapshot:
             job.xmax = int(xmax) % _XID_MOD
             job.xip = frozenset(int(x) % _XID_MOD for x in xip.split(",") if x)
             job.now_ms = int(self.clock() * 1000)
+            # The table's columns now, in this transaction: a schema change between chunks shows.
+            schema, name = job.table.schema, job.table.table
+            found = list_tables(conn, lambda s, t: s == schema and t == name)
+            if not found or not found[0].identity_columns:  # dropped (or its key) since: done
+                job.final = True
+                job.units, job.upper, job.checked = [], None, None
+            else:
+                job.table = found[0]
             info = job.table
             job.encoder = env.SnapshotEncoder(
                 schema=info.schema,
@@ -457,7 +466,9 @@ class ChunkedSnapshot:
                 lsn=self.lsn(),
                 now_ms=job.now_ms,
             )
-            if job.phase == "rows":
+            if job.final:
+                pass
+            elif job.phase == "rows":
                 self._read_rows(job, reader, last)
                 self.status.snapshot_rows_read += job.rows
             else:
