@@ -482,6 +482,10 @@ class ChunkedSnapshot:
             conn.execute(
                 "SELECT pg_logical_emit_message(false, %s, %s)", (WATERMARK_PREFIX, job.id)
             )  # the high watermark
+            # A non-transactional message is not flushed by itself, and a walsender sends only
+            # flushed WAL (the WAL writer would flush it within `wal_writer_delay`, 200 ms by
+            # default, per chunk): a transaction id makes this commit write, and flush, a record.
+            conn.execute("SELECT pg_current_xact_id()")
             conn.commit()
         except BaseException as exc:  # reported to the loop by `tick`
             job.error = exc
