@@ -421,9 +421,12 @@ class ChunkedSnapshot:
                 ctx.rows, sum(max(infos[t].estimated_rows, 0) for t in ctx.pending if t in infos)
             )
 
-    def record_commit(self, xid: int | None) -> None:
+    def on_commit(self, xid: int | None) -> bool:
+        """The stream committed a transaction: remember it (the race check) and apply the snapshot
+        requests made inside it, so they are durable with the commit covering it; True if any."""
         if xid is not None:
             self.recent.add(xid % _XID_MOD)
+        return bool(self._requested) and self.apply_requests()
 
     def close(self) -> None:
         self._closed = True

@@ -268,3 +268,42 @@ def test_a_chunked_resnapshot_deletes_what_the_table_no_longer_has(fresh_db: str
     assert "taking a new snapshot" in res.stderr
     for table in TABLES:
         assert _compacted(config, f"shop.public.{table}") == _table(fresh_db, table), table
+
+
+def test_request_snapshot_rereads_a_table_and_refuses_unknown_ones(fresh_db: str, tmp_path: Path) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(TABLES["items"])
+        conn.execute(FILL["items"].format(n=900))
+        conn.execute("CREATE TABLE keyless (a int)")
+    spec = _spec("shop", fresh_db, snapshot_method="consistent", snapshot_chunk_rows=250)
+    daemon = CaptureDaemon([spec], DaemonOptions(log_root=tmp_path / "log", default_partitions=3))
+    runner = threading.Thread(target=daemon.run)
+    runner.start()
+    topic = "shop.public.items"
+    try:
+        session = daemon.sessions[0]
+        wait_for(
+            lambda: sum(1 for c in changes(tmp_path / "log", topic) if c["op"] == "r") == 900,
+            what="the initial snapshot committed",
+        )
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute("DELETE FROM items WHERE id > 800")
+        session.request_snapshot(["public.items", "public.nope", "public.keyless"], origin="a test")
+        wait_for(
+            lambda: sum(1 for c in changes(tmp_path / "log", topic) if c["op"] == "r") == 900 + 800,
+            timeout=60,
+            what="the requested snapshot's rows",
+        )
+        wait_for(lambda: not session.snapshotting, what="the requested snapshot's end")
+        warnings = " ".join(session.status.warnings)
+        assert "public.nope (requested by a test) refused" in warnings
+        assert "public.keyless (requested by a test) refused" in warnings
+    finally:
+        daemon.request_stop()
+        runner.join(timeout=60)
+        _drop_slots(fresh_db, spec)
+    with Log.open(tmp_path / "log") as log:
+        saved = orjson.loads(log.positions()["shop#snapshot"])
+    assert saved["pending"] == [] and "public.items" in saved["done"]
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log")
+    assert _compacted(config, topic) == _table(fresh_db, "items")
