@@ -433,8 +433,10 @@ class ChunkedSnapshot:
         job, self.job = self.job, None
         if job is not None:
             self.staging.unwatch(job.watch.topic)
+        if job is not None and job.thread is not None and job.thread.is_alive():
+            return  # the reading thread closes the connection when it ends
         reader, self._reader = self._reader, None
-        if reader is not None and (job is None or job.thread is None or not job.thread.is_alive()):
+        if reader is not None:
             reader.close()
 
     # -- the thread's side -------------------------------------------------------------------
