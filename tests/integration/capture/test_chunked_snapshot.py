@@ -409,7 +409,7 @@ def test_a_crash_while_checking_keys_neither_deletes_a_live_key_nor_loses_a_dele
     fresh_db: str, tmp_path: Path
 ) -> None:
     with psycopg.connect(fresh_db, autocommit=True) as conn:
-        for table, ddl in TABLES.items():
+        for ddl in TABLES.values():
             conn.execute(ddl)
         conn.execute(FILL["items"].format(n=2000))
     config = _chunked(write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log"), 400)
