@@ -27,6 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
+from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
 
 from tributary.eventstore.schema import commands, events, snapshots
@@ -48,12 +49,13 @@ __all__ = [
     "STREAMS_OF_TYPE",
 ]
 
-_DIALECT = pg_psycopg.dialect(paramstyle="format")
+_DIALECT = pg_psycopg.dialect(paramstyle="format")  # type: ignore[no-untyped-call]
 ev = events.c
 
 
 def _compiled(statement: ClauseElement, order: tuple[str, ...]) -> str:
     compiled = statement.compile(dialect=_DIALECT)
+    assert isinstance(compiled, SQLCompiler)
     if tuple(compiled.positiontup or ()) != order:
         raise AssertionError(f"parameters of {statement!r}: {compiled.positiontup}, not {order}")
     return str(compiled)
@@ -132,7 +134,7 @@ def _many_values() -> list[ColumnElement[object]]:
     return [x.e, x.t, x.sv, cast(x.d, JSONB), cast(x.m, JSONB), x.o]
 
 
-def _insert(source: Select[tuple[object, ...]], many: bool) -> str:
+def _insert(source: Select[tuple[object, ...]], many: bool) -> ClauseElement:
     returning = (
         [ev.global_position, ev.version, ev.event_id, ev.recorded_at]
         if many
@@ -142,7 +144,7 @@ def _insert(source: Select[tuple[object, ...]], many: bool) -> str:
             ev.recorded_at,
         ]
     )
-    return insert(events).from_select(_TARGET, source).returning(*returning)  # type: ignore[return-value]
+    return insert(events).from_select(_TARGET, source).returning(*returning)
 
 
 def _modes(many: bool) -> dict[str, str]:

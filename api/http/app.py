@@ -13,7 +13,7 @@ import math
 import os
 import re
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from decimal import Decimal
 from typing import Any
@@ -26,13 +26,15 @@ from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 from starlette.types import Message, Receive, Scope, Send
 
-from tributary.api.http import routes_admin, routes_commands, routes_views
+from tributary.api.http import routes_admin, routes_commands, routes_streams, routes_views
 from tributary.api.http.head import HeadAsGet
 from tributary.api.http.limits import BodyLimit, RequestTracker, connections
 from tributary.api.http.metrics import Metrics
 from tributary.api.http.routes_views import Views
+from tributary.api.http.subscriptions import Subscriptions
 from tributary.api.settings.config import Settings
 from tributary.api.settings.logs import REQUEST_ID
+from tributary.eventstore.aggregate import Aggregate
 from tributary.eventstore.domain.bank import bank_account
 from tributary.eventstore.handler import CommandHandler
 from tributary.eventstore.store import EventStore
@@ -109,8 +111,9 @@ def _request_id(scope: Scope) -> bytes:
     return request_id
 
 
-def create_app(settings: Settings, *, dsn: str) -> FastAPI:
-    """An app bound to one service database; the pool opens on start-up and closes on shutdown."""
+def create_app(settings: Settings, *, dsn: str, aggregates: Mapping[str, Aggregate[Any]] | None = None) -> FastAPI:
+    """An app bound to one service database; the pool opens on start-up and closes on shutdown.
+    `aggregates`: the stream types commands go to (default: the bank example)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -134,16 +137,20 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         store = await asyncio.to_thread(EventStore.connect, dsn)
         app.state.handler = CommandHandler(
             store,
-            {"account": bank_account(overdraft_fee=Decimal(settings.eventstore.overdraft_fee))},
+            aggregates
+            if aggregates is not None
+            else {"account": bank_account(overdraft_fee=Decimal(settings.eventstore.overdraft_fee))},
             max_retries=settings.eventstore.max_retries,
             snapshot_every=settings.eventstore.snapshot_every or None,
         )
         app.state.metrics.known_stream_types(app.state.handler.aggregates)
+        app.state.subscriptions = Subscriptions(pool)
         status = routes_admin.start_status(app)
         try:
             yield
         finally:
             status.cancel()
+            await app.state.subscriptions.close()
             await asyncio.to_thread(store.close)
             await views.close()
             await pool.close()
@@ -165,6 +172,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     connections.configure(timeout_s=settings.api.request_timeout_s, max_connections=settings.api.max_connections)
 
     app.include_router(routes_commands.router)
+    app.include_router(routes_streams.router)
     app.include_router(routes_views.router)
     app.include_router(routes_admin.router)
 
