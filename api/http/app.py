@@ -145,6 +145,7 @@ def create_app(settings: Settings, *, dsn: str, aggregates: Mapping[str, Aggrega
         )
         app.state.metrics.known_stream_types(app.state.handler.aggregates)
         app.state.subscriptions = Subscriptions(pool)
+        app.state.subscriptions.end_on_exit_signals()
         status = routes_admin.start_status(app)
         try:
             yield

@@ -20,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import signal
+from collections.abc import AsyncIterator, Callable
+from types import FrameType
 from typing import Any
 
 import orjson
@@ -104,6 +106,31 @@ class Subscriptions:
                 self._moved = asyncio.Event()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closed.wait(), self.poll_s)
+
+    def end_on_exit_signals(self) -> None:
+        """End every subscription as soon as the server is told to stop (SIGTERM, SIGINT), then let
+        the server's own handler run: uvicorn waits for open responses to finish before it shuts
+        the app down, and a subscription would never finish by itself. Chains the handler in place
+        (`signal.getsignal`); outside the main thread (an embedded server) there is none to chain."""
+        loop = asyncio.get_running_loop()
+
+        def end() -> None:
+            self._closed.set()
+            self._moved.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(sig)
+            if not callable(previous):
+                continue
+
+            def handler(signum: int, frame: FrameType | None, previous: Callable[..., Any] = previous) -> None:
+                loop.call_soon_threadsafe(end)
+                previous(signum, frame)
+
+            try:
+                signal.signal(sig, handler)
+            except ValueError:  # not the main thread
+                return
 
     async def close(self) -> None:
         """End every subscription (their streams finish) and the poller."""
