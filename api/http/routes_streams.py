@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
+from tributary.api.http.head import HEAD_MARK
 from tributary.api.http.routes_commands import EventOut, _http_error, _json
 from tributary.api.http.subscriptions import Subscriptions
 from tributary.eventstore.errors import EventStoreError, UnknownPosition
@@ -141,6 +142,8 @@ async def subscribe_all(
         await subscriptions.read(after, 1, type)
     except EventStoreError as exc:
         raise _position_error(exc) from None
+    if request.scope.get(HEAD_MARK):  # HEAD: the headers only, and no stream that never ends
+        return StreamingResponse(iter(()), media_type="text/event-stream")
     return StreamingResponse(
         subscriptions.follow(after, type),
         media_type="text/event-stream",

@@ -25,10 +25,10 @@ from collections.abc import AsyncIterator, Callable
 from types import FrameType
 from typing import Any
 
-import orjson
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from tributary.eventstore.errors import UnknownPosition
+from tributary.eventstore.errors import StoreUnavailable, UnknownPosition
 from tributary.eventstore.model import RecordedEvent, dumps, event_json
 from tributary.eventstore.statements import POSITION_EXISTS, READ_ALL_HEAD
 from tributary.eventstore.store import read_all_statement, recorded_event
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 def sse_event(event: RecordedEvent) -> bytes:
     """One server-sent event: id = the global position, data = the event as the API shows it."""
-    return b"id: %d\ndata: %b\n\n" % (event.position, orjson.dumps(orjson.loads(dumps(event_json(event)))))
+    return b"id: %d\ndata: %b\n\n" % (event.position, dumps(event_json(event)))
 
 
 class Subscriptions:
@@ -59,12 +59,17 @@ class Subscriptions:
     async def read(self, after: int, limit: int, stream_type: str | None) -> list[RecordedEvent]:
         """A page of `$all` (or of `stream_type`'s events) after `after`: `EventStore.read_all`."""
         query, params = read_all_statement(after=after, limit=limit, stream_type=stream_type)
-        async with self.pool.connection() as conn:
-            rows = await (await conn.execute(query, params)).fetchall()
-            if not rows and after > 0:
-                exists = await (await conn.execute(POSITION_EXISTS, (after,))).fetchone()
-                if exists is None or not exists[0]:
-                    raise UnknownPosition(after)
+        try:
+            async with self.pool.connection() as conn:
+                rows = await (await conn.execute(query, params)).fetchall()
+                if not rows and after > 0:
+                    exists = await (await conn.execute(POSITION_EXISTS, (after,))).fetchone()
+                    if exists is None or not exists[0]:
+                        raise UnknownPosition(after)
+        except psycopg.OperationalError as exc:  # refused, lost, or no pooled connection in time
+            raise StoreUnavailable(
+                f"the service database did not answer ({type(exc).__name__}); retry the request"
+            ) from exc
         return [recorded_event(r) for r in rows]
 
     async def follow(self, after: int, stream_type: str | None) -> AsyncIterator[bytes]:
@@ -77,7 +82,11 @@ class Subscriptions:
             yield b"retry: 1000\n\n"
             while not self._closed.is_set():
                 moved = self._moved
-                page = await self.read(after, self.page, stream_type)
+                try:
+                    page = await self.read(after, self.page, stream_type)
+                except StoreUnavailable:  # end the stream: the client comes back after `retry`
+                    log.warning("subscriptions: the service database did not answer; a stream ended")
+                    return
                 if page:
                     yield b"".join(sse_event(e) for e in page)
                     after = page[-1].position
@@ -97,7 +106,7 @@ class Subscriptions:
                 async with self.pool.connection() as conn:
                     row = await (await conn.execute(READ_ALL_HEAD)).fetchone()
                 now = 0 if row is None else int(row[0])
-            except Exception:  # the database is away: subscribers wait; the next poll tries again
+            except psycopg.Error:  # the database is away: subscribers wait; the next poll tries again
                 log.warning("subscriptions: cannot read the head position", exc_info=True)
                 now = head
             if now != head:
