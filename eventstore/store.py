@@ -113,7 +113,9 @@ def recorded_event(r: Sequence[Any]) -> RecordedEvent:
 
 def read_all_statement(*, after: int, limit: int, stream_type: str | None) -> tuple[str, tuple[Any, ...]]:
     """`EventStore.read_all`'s statement and parameters (also run by the HTTP subscriptions on
-    their own async pool)."""
+    their own async pool). `UnknownPosition` for a position beyond `bigint`."""
+    if after >= 2**63:
+        raise UnknownPosition(after)
     params: tuple[Any, ...] = (limit,) if after <= 0 else (after, limit)
     if stream_type is not None:
         params = (stream_type, *params)

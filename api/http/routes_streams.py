@@ -129,14 +129,14 @@ async def subscribe_all(
     request: Request,
     after: int = Query(0, ge=0, le=_MAX_POSITION, description="Start after this position (0: the start)."),
     type: str | None = _TYPE,
-    last_event_id: str | None = Header(None, description="Resume after this position (wins over `after`)."),
+    last_event_id: str = Header(
+        "", pattern=r"^([0-9]{1,19})?$", description="Resume after this position (wins over `after`)."
+    ),
 ) -> StreamingResponse:
     """Follow `$all` (or one stream type) from a position: the events stored so far, then each new
     one as it is committed, as server-sent events (`text/event-stream`)."""
-    if last_event_id is not None:
-        if not last_event_id.isdigit() or int(last_event_id) > _MAX_POSITION:
-            raise HTTPException(422, {"error": "invalid_last_event_id", "message": "Last-Event-ID is not a position"})
-        after = int(last_event_id)
+    if last_event_id:
+        after = int(last_event_id)  # beyond any position: no such event, a 404 below
     subscriptions = _subscriptions(request)
     try:  # an unknown position fails now, as a 404, not inside the stream
         await subscriptions.read(after, 1, type)

@@ -126,5 +126,6 @@ def test_subscribe_refuses_an_unknown_position(setup: tuple[Path, int, EventStor
         base = f"http://127.0.0.1:{port}"
         assert httpx.get(base + "/all/subscribe", params={"after": 77}).status_code == 404
         assert httpx.get(base + "/all/subscribe", headers={"Last-Event-ID": "x1"}).status_code == 422
+        assert httpx.get(base + "/all/subscribe", headers={"Last-Event-ID": "9" * 19}).status_code == 404
         head = httpx.head(base + "/all/subscribe", timeout=5)  # answered, not a stream left open
         assert head.status_code == 200 and head.headers["content-type"].startswith("text/event-stream")
