@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel
 
 from tributary.eventstore.aggregate import fold
-from tributary.eventstore.domain.bank import (
+from tributary.eventstore.examples.bank import (
     AccountClosed,
     AccountOpened,
     AccountState,
