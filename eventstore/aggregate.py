@@ -67,8 +67,8 @@ class Aggregate(Generic[S]):
 
     def event_type(self, event: BaseModel) -> str:
         name = type(event).__name__
-        if self.event_models.get(name) is not type(event):
-            raise AggregateDefinitionError(
+        if self.event_models.get(name) is not type(event):  # a bug in the domain's code: a 500, not the client's fault
+            raise TypeError(
                 f"{self.stream_type}: decide returned a {name}, which is not one of its events "
                 f"({', '.join(sorted(self.event_models))})"
             )
@@ -131,7 +131,9 @@ def _check(agg: Aggregate[Any]) -> dict[str, type[BaseModel]]:
         raise bad(f"{where}: commands must be a non-empty mapping of command name to pydantic model")
     for name, model in agg.commands.items():
         if not isinstance(name, str) or not _COMMAND_TYPE.fullmatch(name):
-            raise bad(f"{where}: command name {name!r} must be a word of letters, digits, '_', '.' or '-' (at most 100)")
+            raise bad(
+                f"{where}: command name {name!r} must be a word of letters, digits, '_', '.' or '-' (at most 100)"
+            )
         if not _is_model(model):
             raise bad(f"{where}: command {name!r} must be a pydantic model class, not {model!r}")
     models = _event_models(where, agg.events)
@@ -156,7 +158,9 @@ def _check(agg: Aggregate[Any]) -> dict[str, type[BaseModel]]:
     for name in models:
         for version in range(1, agg.schema_version(name)):
             if (name, version) not in agg.upcasters:
-                raise bad(f"{where}: {name} is at schema version {agg.schema_version(name)} but has no upcaster from v{version}")
+                raise bad(
+                    f"{where}: {name} is at schema version {agg.schema_version(name)} but has no upcaster from v{version}"
+                )
     return models
 
 

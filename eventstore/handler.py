@@ -163,9 +163,7 @@ class CommandHandler:
         state = loaded.state
         for event in decided:
             state = agg.evolve(state, event)
-        self.store.save_snapshot(
-            stream_id, agg.stream_type, version, state.model_dump(mode="json"), agg.state_version
-        )
+        self.store.save_snapshot(stream_id, agg.stream_type, version, state.model_dump(mode="json"), agg.state_version)
 
 
 def _from_snapshot(agg: Aggregate[Any], snap: tuple[int, dict[str, Any], int], initial: BaseModel) -> tuple[Any, int]:

@@ -75,7 +75,7 @@ def domain_paths(schema: dict[str, Any], aggregates: Mapping[str, Aggregate[Any]
 
 def _model_components(
     stream_type: str, agg: Aggregate[Any], components: dict[str, Any]
-) -> dict[tuple[type[BaseModel], str], dict[str, Any]]:
+) -> dict[tuple[Any, str], dict[str, Any]]:
     """The JSON Schemas of the commands (as accepted) and events (as returned), named
     `<stream_type>.<Model>` so that two domains' models of one name do not collide."""
     inputs: list[tuple[type[BaseModel], Any]] = [(m, "validation") for m in agg.commands.values()]
@@ -84,7 +84,10 @@ def _model_components(
     refs, top = models_json_schema(inputs, ref_template=template)
     for name, definition in top.get("$defs", {}).items():
         components[f"{stream_type}.{name}"] = definition
-    return dict(refs)
+    out: dict[tuple[Any, str], dict[str, Any]] = {}
+    for (model, mode), ref in refs.items():
+        out[model, mode] = ref
+    return out
 
 
 def _command_body(

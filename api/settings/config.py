@@ -280,9 +280,9 @@ def _is_file_ref(ref: str) -> bool:
 def _files_beside(data: dict[str, Any], path: Path) -> dict[str, Any]:
     """The file's `[eventstore] modules` with each file path (`x/y.py`) taken relative to the file."""
     section = data.get("eventstore")
-    modules = section.get("modules") if isinstance(section, dict) else None
-    if not isinstance(modules, list) or path.parent == Path("."):
+    if not isinstance(section, dict) or not isinstance(section.get("modules"), list) or path.parent == Path("."):
         return data
+    modules: list[Any] = section["modules"]
     beside = [
         str(path.parent / m) if isinstance(m, str) and _is_file_ref(m) and not Path(m).is_absolute() else m
         for m in modules

@@ -29,6 +29,7 @@ def api(fresh_db: str, tmp_path: Path) -> Iterator[httpx.Client]:
         f"[api]\nport = {port}\nmax_body_bytes = 4096\n"
         f'keys = [{{ key = "{WRITE}", scopes = ["write", "read"] }}, {{ key = "{READ}", scopes = ["read"] }},'
         f' {{ key = "{ADMIN}", scopes = ["admin"] }}]\n'
+        '[eventstore]\nmodules = ["tributary.eventstore.examples.bank"]\n'
     )
     with serving(config, port, err_path=tmp_path / "serve.err") as base:
         client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {WRITE}"}, timeout=10)
