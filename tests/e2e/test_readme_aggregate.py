@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -18,7 +19,8 @@ from tributary.eventstore.migrate import run_migrations
 
 pytestmark = pytest.mark.e2e
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
 
 
 def section_blocks() -> dict[str, str]:
@@ -49,6 +51,33 @@ def test_the_example_domain_follows_its_own_rules(tmp_path: Path) -> None:
         order.decide(state, order.parse_command("place", {"customer": "bob", "items": ["jam"]}))
     lifted = order.load_event("OrderPlaced", 1, {"customer": "ada", "item": "tea"})  # a stored v1 event
     assert lifted == placed[0]
+
+
+def test_the_example_type_checks_strictly(tmp_path: Path) -> None:
+    """The file API is typed: the example passes `mypy --strict` (against the checkout's package)."""
+    domain = write_domain(tmp_path / "src")
+    package = tmp_path / "typecheck" / "tributary"  # the installed layout, as `make lint` builds it
+    package.mkdir(parents=True)
+    for name in ("api", "capture", "eventstore", "projections", "migrations"):
+        (package / name).symlink_to(ROOT / name)
+    (package / "__init__.py").symlink_to(ROOT / "tributary" / "__init__.py")
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--follow-imports=silent",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            str(domain),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"MYPYPATH": str(tmp_path / "typecheck"), "PATH": "/usr/bin:/bin"},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_the_example_runs_as_written(fresh_db: str, tmp_path: Path) -> None:
