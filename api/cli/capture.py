@@ -85,7 +85,9 @@ def _domains(settings: Settings, console: Console) -> None:
 
     aggregates = load_aggregates(settings.eventstore.modules)
     if not aggregates:
-        console.print("[bold]event store[/]: no [eventstore] modules configured: the API serves no command types")
+        console.print(
+            "[bold]event store[/]: " + literal("no [eventstore] modules configured: the API serves no command types")
+        )
         return
     for stream_type, agg in sorted(aggregates.items()):
         console.print(

@@ -119,3 +119,15 @@ def test_init_and_serve_stop_on_a_broken_module(tmp_path: Path, command: list[st
     assert run.returncode == 1, run.stdout + run.stderr
     lines = run.stderr.strip().splitlines()
     assert lines == [f"tributary: {tmp_path / 'walk.py'}: line 20: aggregate 'walk': " + words], run.stderr
+
+
+def test_init_names_the_stream_types_or_says_there_are_none(fresh_db: str, tmp_path: Path) -> None:
+    config = tmp_path / "t.toml"
+    config.write_text(f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\n')
+    none = cli("init", "--config", str(config))
+    assert none.returncode == 0, none.stdout + none.stderr
+    assert "no [eventstore] modules configured: the API serves no command types" in none.stdout
+    config.write_text(config.read_text() + '[eventstore]\nmodules = ["tests.domains.tally"]\n')
+    some = cli("init", "--config", str(config))
+    assert some.returncode == 0, some.stdout + some.stderr
+    assert "event store: stream type tally (commands: add, close)" in some.stdout
