@@ -44,11 +44,12 @@ class CommandRequest(BaseModel):
     type: str = Field(min_length=1, max_length=100, description="Command type, e.g. `deposit`.")
     data: dict[str, Any] = Field(default_factory=dict, description="The command's fields.")
     expected_version: (
-        Annotated[int, Field(ge=0, le=_MAX_VERSION)] | Literal["any", "no_stream", "stream_exists"] | None
+        Annotated[int, Field(ge=0, le=_MAX_VERSION, strict=True)] | Literal["any", "no_stream", "stream_exists"] | None
     ) = Field(
         default=None,
         description="`any` (the default: conflicts with other writers are retried), `stream_exists` (409 unless "
-        "the stream has events), `no_stream` or a version n (409 unless the stream is at that version; 0 = no stream).",
+        "the stream has events), `no_stream` or a version n (409 unless the stream is at that version; 0 = no stream). "
+        "Strict: `false` or `\"3\"` is refused, not taken for 0 or 3.",
     )
     command_id: str | None = Field(
         default=None,

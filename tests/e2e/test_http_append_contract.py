@@ -1,35 +1,32 @@
 """The append contract and the reads over HTTP, with a domain written here (a task list, not the
 bank): every expected-version form, metadata from the request to the store and into the log's
 headers (through capture), `$all` paged across streams in commit order, the streams of a type and
-a stream read backwards. The app runs under a real uvicorn on a loopback port."""
+a stream read backwards. `tributary serve` runs on a loopback port and loads the domain from a file."""
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
-import uvicorn
-from pydantic import BaseModel, ConfigDict
 
 from tests.integration.capture.helpers import cli, records
-from tests.servers import free_port
-from tributary.api.http.app import create_app
-from tributary.api.settings.config import load_settings
-from tributary.eventstore.aggregate import Aggregate
-from tributary.eventstore.errors import CommandRejected
+from tests.servers import free_port, serving
 from tributary.eventstore.migrate import run_migrations
 
 pytestmark = pytest.mark.e2e
 
+# The domain, a task list, as a user writes it: a file listed in `[eventstore] modules`.
+TASKLIST = """
+from pydantic import BaseModel, ConfigDict
 
-# -- the domain: a task list ------------------------------------------------------------------------
+from tributary.eventstore.aggregate import Aggregate
+from tributary.eventstore.errors import CommandRejected
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -55,63 +52,52 @@ class Tasks(_Model):
     done: tuple[str, ...] = ()
 
 
-def _decide(state: Tasks, command: BaseModel) -> Sequence[BaseModel]:
+def decide(state: Tasks, command: AddTask | CompleteTask) -> list[BaseModel]:
     if isinstance(command, AddTask):
         if command.title in state.open or command.title in state.done:
             raise CommandRejected("unique_title", f"there is a task {command.title!r} already")
         return [TaskAdded(title=command.title)]
-    assert isinstance(command, CompleteTask)
     if command.title not in state.open:
         raise CommandRejected("open_task", f"no open task {command.title!r}")
     return [TaskCompleted(title=command.title)]
 
 
-def _evolve(state: Tasks, event: BaseModel) -> Tasks:
+def evolve(state: Tasks, event: TaskAdded | TaskCompleted) -> Tasks:
     if isinstance(event, TaskAdded):
         return Tasks(open=(*state.open, event.title), done=state.done)
-    assert isinstance(event, TaskCompleted)
     return Tasks(open=tuple(t for t in state.open if t != event.title), done=(*state.done, event.title))
 
 
-TASKLIST = Aggregate(
+AGGREGATE = Aggregate(
     stream_type="tasklist",
     state_type=Tasks,
     commands={"add": AddTask, "complete": CompleteTask},
-    events={"TaskAdded": TaskAdded, "TaskCompleted": TaskCompleted},
-    decide=_decide,
-    evolve=_evolve,
+    events=[TaskAdded, TaskCompleted],
+    decide=decide,
+    evolve=evolve,
 )
-
-
-# -- the server --------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _uvicorn(app: Any, port: int) -> Iterator[str]:
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+"""
 
 
 @pytest.fixture
 def config(fresh_db: str, tmp_path: Path) -> Path:
     run_migrations(fresh_db)
+    (tmp_path / "tasklist.py").write_text(TASKLIST)
     path = tmp_path / "t.toml"
-    path.write_text(f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\nlinger_ms = 2\n')
+    path.write_text(
+        f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\nlinger_ms = 2\n'
+        f'[eventstore]\nmodules = ["{tmp_path / "tasklist.py"}"]\n[api]\nport = {free_port()}\n'
+    )
     return path
 
 
 @pytest.fixture
-def api(config: Path, fresh_db: str) -> Iterator[httpx.Client]:
-    app = create_app(load_settings(config), dsn=fresh_db, aggregates={"tasklist": TASKLIST})
-    with _uvicorn(app, free_port()) as base, httpx.Client(base_url=base, timeout=10) as client:
+def api(config: Path, tmp_path: Path) -> Iterator[httpx.Client]:
+    port = int(config.read_text().rsplit("port = ", 1)[1].split()[0])
+    with (
+        serving(config, port, err_path=tmp_path / "serve.err") as base,
+        httpx.Client(base_url=base, timeout=10) as client,
+    ):
         yield client
 
 
@@ -146,7 +132,7 @@ def test_every_expected_version_form(api: httpx.Client) -> None:
     code, detail = status("l2", "a", 2)  # a version the stream has not reached
     assert (code, detail["actual"]) == (409, 0)
     assert status("l2", "a", 0) == (200, 1)  # 0: no stream yet, as no_stream
-    for bad in ("some", -1, 2**53, 1.5, [1]):
+    for bad in ("some", -1, 2**53, 1.5, [1], "3", False, True):
         assert send(api, "l1", "add", "z", expected_version=bad).status_code == 422, bad
     assert [e["data"]["title"] for e in api.get("/streams/l1").json()["events"]] == ["a", "b", "c", "d", "e"]
     schema = api.get("/openapi.json").json()["components"]["schemas"]["CommandRequest"]["properties"]
