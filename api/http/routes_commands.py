@@ -49,7 +49,7 @@ class CommandRequest(BaseModel):
         default=None,
         description="`any` (the default: conflicts with other writers are retried), `stream_exists` (409 unless "
         "the stream has events), `no_stream` or a version n (409 unless the stream is at that version; 0 = no stream). "
-        "Strict: `false` or `\"3\"` is refused, not taken for 0 or 3.",
+        'Strict: `false` or `"3"` is refused, not taken for 0 or 3.',
     )
     command_id: str | None = Field(
         default=None,
