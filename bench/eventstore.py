@@ -302,7 +302,7 @@ class HttpClient:
     generator spends is taken from the server it measures (`--http-client httpx` to compare)."""
 
     def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)  # a stuck server fails the run
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buffer = b""
 
@@ -363,7 +363,12 @@ def api_server(dsn: str, work_dir: Path, checkout: Path = ROOT) -> Iterator[tupl
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     config = work_dir / f"bench-{port}.toml"
-    config.write_text(f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{work_dir / "log"}"\n[api]\nport = {port}\n')
+    # The bank example as a user's domain; a checkout from before `[eventstore] modules` (no
+    # eventstore/examples/) served it without being told.
+    domain = '[eventstore]\nmodules = ["tributary.eventstore.examples.bank"]\n'
+    if not (checkout / "eventstore" / "examples" / "bank.py").exists():
+        domain = ""
+    config.write_text(f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{work_dir / "log"}"\n[api]\nport = {port}\n{domain}')
     python = sys.executable if checkout == ROOT else str(checkout / ".venv" / "bin" / "python")
     proc = subprocess.Popen(
         [python, "-c", "from tributary.api.cli.main import main; main()", "serve", "--config", str(config)],
