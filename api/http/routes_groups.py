@@ -18,12 +18,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
-from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request
+from fastapi import APIRouter, Body, Depends, Header, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
-from tributary.capture.log import Record
+from tributary.capture.log import LogError, Record
 from tributary.consumers import (
     ConsumerError,
     Fenced,
@@ -188,7 +188,12 @@ def _coordinator(request: Request) -> GroupCoordinator:
 
 
 async def _run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    return await asyncio.to_thread(fn, *args, **kwargs)
+    """`fn` in a worker thread; a log that cannot be read as it is (e.g. its manifest vanished) is a 503
+    with the log's one-line message, which says how to repair it."""
+    try:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    except LogError as exc:
+        raise HTTPException(503, str(exc)) from None
 
 
 def _assignments(tps: list[tuple[str, int]]) -> list[dict[str, Any]]:
