@@ -275,3 +275,19 @@ def test_two_server_processes_share_the_groups(setup: Setup) -> None:
         with fresh() as c:
             body = {"generation": a["generation"], "offsets": [{"topic": TOPIC, "partition": 0, "offset": 1}]}
             assert c.post("/groups/w/members/a/commit", json=body).json()["code"] == "fenced"
+
+
+def test_sigterm_ends_open_streams_and_long_polls_so_the_server_stops(setup: Setup) -> None:
+    with setup.serve() as proc, httpx.Client(base_url=setup.base, timeout=30) as c:
+        a = join(c, "t", member_id="a")
+        with c.stream("GET", f"/groups/t/members/a/stream?generation={a['generation']}") as r:
+            lines = r.iter_lines()
+            next(lines)
+            waiting = threading.Thread(target=lambda: pull(c, "t", a, wait_ms=60_000))
+            waiting.start()
+            time.sleep(0.5)
+            started = time.monotonic()
+            proc.terminate()
+            proc.wait(timeout=20)  # (uvicorn re-raises the signal once it has shut down)
+            assert [line for line in lines if line] == [] and time.monotonic() - started < 10  # the stream ended
+            waiting.join(timeout=10)
