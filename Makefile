@@ -46,7 +46,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check --extend-exclude '*.md' .
 	rm -rf build/typecheck && mkdir -p build/typecheck/tributary
 	for d in $(TYPECHECK_PACKAGES); do ln -s ../../../$$d build/typecheck/tributary/$$d; done
-	ln -s ../../../tributary/__init__.py build/typecheck/tributary/__init__.py
+	for f in __init__.py client.py sinks; do ln -s ../../../tributary/$$f build/typecheck/tributary/$$f; done
 	cd build/typecheck && MYPYPATH=. ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p tributary
 
 bench: setup

@@ -1,0 +1,30 @@
+"""Sinks: consumer groups that deliver the log elsewhere. The HTTP sink (`type = "http"` in
+`[[sinks]]`) POSTs batches of records to a URL, at least once, in order per key, with retries,
+exponential backoff and dead letters in the service database."""
+
+from tributary.sinks.batching import Batch, Batcher
+from tributary.sinks.config import HttpSinkConfig
+from tributary.sinks.delivery import Answer, DeadLetter, Delivery, Outcome, Stopped
+from tributary.sinks.retry import Backoff, Verdict, classify, retry_after_ms
+from tributary.sinks.runner import HttpSink, RecordSource
+from tributary.sinks.store import DeadLetterRow, SinkStatus, SinkStore
+
+__all__ = [
+    "Answer",
+    "Backoff",
+    "Batch",
+    "Batcher",
+    "DeadLetter",
+    "DeadLetterRow",
+    "Delivery",
+    "HttpSink",
+    "HttpSinkConfig",
+    "Outcome",
+    "RecordSource",
+    "SinkStatus",
+    "SinkStore",
+    "Stopped",
+    "Verdict",
+    "classify",
+    "retry_after_ms",
+]
