@@ -112,7 +112,7 @@ class Consumer:
         group: str,
         topics: list[str] | tuple[str, ...],
         api_key: str | None = None,
-        auto_offset_reset: OffsetReset = "earliest",
+        auto_offset_reset: OffsetReset = "latest",
         session_timeout_ms: int | None = None,
         max_records: int = 500,
         max_bytes: int = 1_048_576,

@@ -87,6 +87,7 @@ def _register_subcommands() -> None:
         "tributary.api.cli.capture",
         "tributary.api.cli.project",
         "tributary.api.cli.service",
+        "tributary.api.cli.sinks",
         "tributary.api.demo.demo",
     ):
         try:
