@@ -29,7 +29,7 @@ def _toml(value: Any) -> str:
     return json.dumps(str(value))
 
 
-def _section(model: type[BaseModel], defaults: BaseModel | None) -> list[str]:
+def _section(model: type[BaseModel], defaults: BaseModel | None, examples: dict[str, str] | None = None) -> list[str]:
     lines = []
     for name, field in model.model_fields.items():
         key = field.alias or name
@@ -40,7 +40,7 @@ def _section(model: type[BaseModel], defaults: BaseModel | None) -> list[str]:
             )
             continue
         if field.is_required():
-            example = {
+            example = (examples or {}).get(key) or {
                 "name": '"shop"',
                 "dsn": '"postgresql://user@127.0.0.1:5432/shop"',
                 "type": '"http"',
@@ -71,7 +71,9 @@ def reference() -> str:
     out.append("")
     # Commented out: a sink needs a real URL, and none runs unless configured.
     out.append("# [[sinks]]".ljust(43) + " # one per sink, run by `tributary sinks run` (repeat the table)")
-    out.extend(line if line.startswith("#") else "# " + line for line in _section(SinkSettings, None))
+    out.extend(
+        line if line.startswith("#") else "# " + line for line in _section(SinkSettings, None, {"name": '"webhook"'})
+    )
     return "\n".join(out).rstrip() + "\n"
 
 
