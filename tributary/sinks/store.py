@@ -1,5 +1,5 @@
 """The sinks' rows in the service database: dead letters and delivery status
-(schema `tributary_sinks`, migration `sinks_0003`)."""
+(schema `tributary_sinks`, migration `0004_sinks`)."""
 
 from __future__ import annotations
 

@@ -5,14 +5,14 @@ go to the service database instead, beside the consumer groups' committed offset
 before the offsets that pass them are committed (a crash in between writes them again: the key
 (sink, topic, partition, offset) makes that a no-op).
 
-Revision ID: sinks_0003
-Revises: 0002
+Revision ID: 0004_sinks
+Revises: 0003_consumer_groups
 """
 
 from alembic import op
 
-revision = "sinks_0003"
-down_revision = "0002"
+revision = "0004_sinks"
+down_revision = "0003_consumer_groups"
 branch_labels = None
 depends_on = None
 
