@@ -34,6 +34,7 @@ __all__ = [
     "Consumer",
     "ConsumerError",
     "OffsetOutOfRangeError",
+    "OffsetReset",
     "Record",
     "TopicPartition",
 ]

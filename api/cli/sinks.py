@@ -1,7 +1,7 @@
 """`tributary sinks …`: run the configured `[[sinks]]`, show their status and dead letters.
 
-A sink is a consumer group like any other: `sinks run` joins each sink's group on the API server
-(`tributary serve`, at `[api] host`/`port`, with the first `[api] keys` key that may read) and
+A sink is a consumer group like any other: `sinks run` joins each sink's group through the group
+coordinator in-process (the service database and the log's files, like `tributary serve`) and
 delivers what the group is given. Run several `sinks run` processes to share the partitions.
 """
 
@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from tributary.api.cli.common import ConfigOption, UserError, service_dsn, settings_from
-from tributary.api.settings.config import Settings, SinkSettings
+from tributary.api.settings.config import SinkSettings
 
 __all__ = ["register", "sinks_app"]
 
@@ -25,15 +25,6 @@ sinks_app = typer.Typer(help="HTTP sinks: consumer groups that POST the log's re
 
 def register(app: typer.Typer) -> None:
     app.add_typer(sinks_app, name="sinks")
-
-
-def _server(settings: Settings) -> tuple[str, str | None]:
-    host = settings.api.host
-    host = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    key = next((k.key for k in settings.api.keys if {"read", "admin"} & set(k.scopes)), None)
-    return f"http://{host}:{settings.api.port}", key
 
 
 def sink_config(sink: SinkSettings) -> Any:
@@ -61,12 +52,12 @@ def run(
     config: ConfigOption = None,
     name: Annotated[list[str] | None, typer.Option("--name", help="Run only these sinks (repeatable).")] = None,
 ) -> None:
-    """Run the configured sinks until interrupted (SIGINT/SIGTERM): each joins its group
-    (`sink-<name>` unless `group` is set) on the API server and POSTs batches to its `url`."""
+    """Run the configured sinks until interrupted (SIGINT/SIGTERM): each joins its consumer group
+    (`sink-<name>` unless `group` is set) and POSTs batches of its topics' records to its `url`."""
     from tributary.api.settings.logs import configure_json_logging
-    from tributary.client import Consumer
+    from tributary.consumers import GroupCoordinator
     from tributary.eventstore.migrate import require_initialized
-    from tributary.sinks import HttpSink, SinkStore
+    from tributary.sinks import GroupMember, HttpSink, SinkStore
 
     settings = settings_from(config)
     chosen = [s for s in settings.sinks if not name or s.name in name]
@@ -82,25 +73,21 @@ def run(
     require_initialized(dsn)
     configure_json_logging()
     log = logging.getLogger("tributary.sinks")
-    server, key = _server(settings)
+    coordinator = GroupCoordinator(dsn, settings.log.root, max_connections=2 + 2 * len(chosen))
     sinks: list[HttpSink] = []
     for sink in chosen:
         cfg = sink_config(sink)
-        consumer = Consumer(
-            server,
+        member = GroupMember(
+            coordinator,
             group=cfg.group,
-            topics=list(cfg.topics),
-            api_key=key,
+            topics=cfg.topics,
             auto_offset_reset=cfg.auto_offset_reset,
             max_records=cfg.max_batch_records,
             max_bytes=cfg.max_batch_bytes,
-            wait_ms=cfg.poll_wait_ms,
         )
-        sinks.append(HttpSink(cfg, consumer, SinkStore(dsn)))
-    stop = threading.Event()
+        sinks.append(HttpSink(cfg, member, SinkStore(dsn)))
 
     def on_signal(signum: int, frame: object) -> None:
-        stop.set()
         for s in sinks:
             s.stop()
 
@@ -109,14 +96,15 @@ def run(
     threads = [threading.Thread(target=s.run, name=f"sink-{s.config.name}") for s in sinks]
     for t in threads:
         t.start()
-    log.info("sinks running: %s (server %s)", ", ".join(s.config.name for s in sinks), server)
-    typer.echo(f"sinks running: {', '.join(s.config.name for s in sinks)} via {server}", err=True)
+    log.info("sinks running: %s", ", ".join(s.config.name for s in sinks))
+    typer.echo(f"sinks running: {', '.join(s.config.name for s in sinks)}", err=True)
     while any(t.is_alive() for t in threads):
         for t in threads:
             t.join(timeout=0.5)
     for s in sinks:
         s.source.close()
         s.store.close()
+    coordinator.close()
 
 
 @sinks_app.command("status")

@@ -5,6 +5,7 @@ exponential backoff and dead letters in the service database."""
 from tributary.sinks.batching import Batch, Batcher
 from tributary.sinks.config import HttpSinkConfig
 from tributary.sinks.delivery import Answer, DeadLetter, Delivery, Outcome, Stopped
+from tributary.sinks.member import GroupMember, to_record
 from tributary.sinks.retry import Backoff, Verdict, classify, retry_after_ms
 from tributary.sinks.runner import HttpSink, RecordSource
 from tributary.sinks.store import DeadLetterRow, SinkStatus, SinkStore
@@ -17,6 +18,7 @@ __all__ = [
     "DeadLetter",
     "DeadLetterRow",
     "Delivery",
+    "GroupMember",
     "HttpSink",
     "HttpSinkConfig",
     "Outcome",
@@ -27,4 +29,5 @@ __all__ = [
     "Verdict",
     "classify",
     "retry_after_ms",
+    "to_record",
 ]

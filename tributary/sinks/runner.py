@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 import httpx
+import psycopg
+from psycopg_pool import PoolTimeout
 
 from tributary.client import CommitFailedError, ConsumerError, Record, TopicPartition
 from tributary.sinks.batching import Batch, Batcher
@@ -102,7 +104,7 @@ class HttpSink:
         while True:
             try:
                 return self.source.poll(timeout_ms=wait_ms)
-            except (httpx.TransportError, ConsumerError) as exc:
+            except (httpx.TransportError, ConsumerError, psycopg.OperationalError, PoolTimeout) as exc:
                 failures += 1
                 message = f"reading the group {self.config.group}: {exc}"
                 log.warning("sink %s: %s", self.config.name, message)

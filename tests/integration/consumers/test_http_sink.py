@@ -1,5 +1,4 @@
-"""The HTTP sink end to end: `tributary serve` over a real log and Postgres, `tributary sinks run`,
-and a real receiver on loopback that fails some requests (503s, a refused record).
+"""The HTTP sink end to end: `tributary sinks run` over a real log and Postgres, and a real receiver on loopback that fails some requests (503s, a refused record).
 
 Every record reaches the receiver or the dead letters, in offset order per partition (so per key),
 nothing twice within a run; a restarted sink resumes after its last commit."""
@@ -19,7 +18,8 @@ import pytest
 
 from tests.integration.capture.helpers import cli
 from tests.integration.consumers.helpers import Filler, Receiver, receiving, write_config
-from tests.servers import ROOT, free_port, served
+from tests.servers import ROOT, free_port
+from tributary.consumers import GroupCoordinator
 from tributary.eventstore.migrate import run_migrations
 
 pytestmark = pytest.mark.integration
@@ -82,48 +82,56 @@ max_backoff_ms = 50
 """
         config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=root, port=port, extra=sink)
         err = tmp_path / "sink.err"
-        with served(config, port, err_path=tmp_path / "serve.err"):
-            proc = _sinks_run(config, err)
-            try:
-                _wait("the first records", lambda: len(receiver.records()) == len(first) - 1)
-                dead = cli("sinks", "dead-letters", "hook", "--config", str(config))
-                assert dead.returncode == 0, dead.stderr
-                letters = [json.loads(line) for line in dead.stdout.splitlines()]
-                assert [(d["key"], d["value"]) for d in letters] == [('"k7"', {"key": "k7", "n": 3, "poison": True})]
-                assert letters[0]["attempts"] == 1 and "HTTP 400" in letters[0]["error"]
-                _wait("the sink's commit", lambda: _status(config)["state"] == "running")
-                time.sleep(1.0)  # the last batch's commit follows its delivery
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                assert proc.wait(timeout=30) == 0, err.read_text()
-            got = receiver.records()
-            offsets: dict[int, list[int]] = {}
-            for r in got:
-                offsets.setdefault(r["partition"], []).append(r["offset"])
-            assert all(o == sorted(set(o)) for o in offsets.values()), "out of order or twice"
-            by_key: dict[str, list[int]] = {}
-            for r in got:
-                by_key.setdefault(r["value"]["key"], []).append(r["value"]["n"])
-            assert by_key == {k: [n for n in range(10) if (k, n) != ("k7", 3)] for k in keys}
-            assert receiver.refused and {s for _, s in receiver.refused} == {400, 503}
-            status = _status(config)
-            assert status["delivered"] == len(first) - 1 and status["dead_letters"] == 1
-            assert status["failed_attempts"] >= sum(1 for _, s in receiver.refused if s == 503)
+        proc = _sinks_run(config, err)
+        try:
+            _wait("the first records", lambda: len(receiver.records()) == len(first) - 1)
+            dead = cli("sinks", "dead-letters", "hook", "--config", str(config))
+            assert dead.returncode == 0, dead.stderr
+            letters = [json.loads(line) for line in dead.stdout.splitlines()]
+            assert [(d["key"], d["value"]) for d in letters] == [('"k7"', {"key": "k7", "n": 3, "poison": True})]
+            assert letters[0]["attempts"] == 1 and "HTTP 400" in letters[0]["error"]
+            _wait("the sink's last commit", lambda: _lag(fresh_db, root) == 0)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0, err.read_text()
+        got = receiver.records()
+        offsets: dict[int, list[int]] = {}
+        for r in got:
+            offsets.setdefault(r["partition"], []).append(r["offset"])
+        assert all(o == sorted(set(o)) for o in offsets.values()), "out of order or twice"
+        by_key: dict[str, list[int]] = {}
+        for r in got:
+            by_key.setdefault(r["value"]["key"], []).append(r["value"]["n"])
+        assert by_key == {k: [n for n in range(10) if (k, n) != ("k7", 3)] for k in keys}
+        assert receiver.refused and {s for _, s in receiver.refused} == {400, 503}
+        status = _status(config)
+        assert status["delivered"] == len(first) - 1 and status["dead_letters"] == 1
+        assert status["failed_attempts"] >= sum(1 for _, s in receiver.refused if s == 503)
 
-            # A restart resumes after the last commit: only the new records arrive.
-            second = [(k, {"key": k, "n": 10 + n, "poison": False}) for n in range(3) for k in keys]
-            filler.write(TOPIC, second)
-            before = len(got)
-            proc = _sinks_run(config, err)
-            try:
-                _wait("the new records", lambda: len(receiver.records()) >= before + len(second))
-                time.sleep(0.5)
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                assert proc.wait(timeout=30) == 0, err.read_text()
-            new = receiver.records()[before:]
-            assert sorted((r["value"]["key"], r["value"]["n"]) for r in new) == sorted((k, v["n"]) for k, v in second)
+        # A restart resumes after the last commit: only the new records arrive.
+        second = [(k, {"key": k, "n": 10 + n, "poison": False}) for n in range(3) for k in keys]
+        filler.write(TOPIC, second)
+        before = len(got)
+        proc = _sinks_run(config, err)
+        try:
+            _wait("the new records", lambda: len(receiver.records()) >= before + len(second))
+            time.sleep(0.5)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0, err.read_text()
+        new = receiver.records()[before:]
+        assert sorted((r["value"]["key"], r["value"]["n"]) for r in new) == sorted((k, v["n"]) for k, v in second)
     filler.close()
+
+
+def _lag(dsn: str, root: Path) -> int | None:
+    with GroupCoordinator(dsn, root, max_connections=1) as coordinator:
+        described = coordinator.describe("sink-hook")
+    return (
+        None
+        if described is None
+        else sum(p["lag"] if p["lag"] is not None else 1 << 30 for p in described["partitions"])
+    )
 
 
 def _status(config: Path) -> dict[str, Any]:
