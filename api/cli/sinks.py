@@ -73,7 +73,13 @@ def run(
     require_initialized(dsn)
     configure_json_logging()
     log = logging.getLogger("tributary.sinks")
-    coordinator = GroupCoordinator(dsn, settings.log.root, max_connections=2 + 2 * len(chosen))
+    coordinator = GroupCoordinator(
+        dsn,
+        settings.log.root,
+        session_timeout_ms=settings.consumers.session_timeout_ms,
+        poll_interval_ms=settings.consumers.poll_interval_ms,
+        max_connections=2 + 2 * len(chosen),
+    )
     sinks: list[HttpSink] = []
     for sink in chosen:
         cfg = sink_config(sink)

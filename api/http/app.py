@@ -26,13 +26,14 @@ from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 from starlette.types import Message, Receive, Scope, Send
 
-from tributary.api.http import routes_admin, routes_commands, routes_views
+from tributary.api.http import routes_admin, routes_commands, routes_groups, routes_views
 from tributary.api.http.head import HeadAsGet
 from tributary.api.http.limits import BodyLimit, RequestTracker, connections
 from tributary.api.http.metrics import Metrics
 from tributary.api.http.routes_views import Views
 from tributary.api.settings.config import Settings
 from tributary.api.settings.logs import REQUEST_ID
+from tributary.consumers import ConsumerError
 from tributary.eventstore.domain.bank import bank_account
 from tributary.eventstore.handler import CommandHandler
 from tributary.eventstore.store import EventStore
@@ -139,11 +140,13 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
             snapshot_every=settings.eventstore.snapshot_every or None,
         )
         app.state.metrics.known_stream_types(app.state.handler.aggregates)
+        stop_consumers = routes_groups.start_consumers(app, dsn=dsn)
         status = routes_admin.start_status(app)
         try:
             yield
         finally:
             status.cancel()
+            await stop_consumers()
             await asyncio.to_thread(store.close)
             await views.close()
             await pool.close()
@@ -167,6 +170,8 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     app.include_router(routes_commands.router)
     app.include_router(routes_views.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_groups.router)
+    app.add_exception_handler(ConsumerError, routes_groups.consumer_error)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

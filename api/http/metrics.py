@@ -1,7 +1,7 @@
 """Prometheus metrics: one registry per app; gauges refreshed in the background (`routes_admin.Status`)
 from the capture daemon's status file, the sources' slots, the log and the projections' state tables.
 Every label comes from a bounded set: route templates, HTTP's methods, configured sources and
-projections, the log's topics, the command handler's stream types.
+projections, the log's topics, the command handler's stream types, the consumer groups in the service database.
 
 The capture daemon is another process: its commit-latency histogram travels in its status file
 (cumulative bucket counts) and is exposed here as a real histogram.
@@ -13,12 +13,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tributary.capture.log import Log, LogError
 from tributary.capture.status import ERROR_KINDS, SourceState, read_status
+from tributary.consumers import GroupCoordinator
 
 __all__ = ["Metrics"]
 
@@ -59,6 +61,27 @@ class Metrics:
         self.rebuild_progress = Gauge(
             "tributary_rebuild_progress_ratio", "Progress of the running rebuild", ["projection"], registry=r
         )
+        self.consumer_lag = Gauge(
+            "tributary_consumer_lag_records",
+            "Records between a consumer group's committed offset and the log's end",
+            ["group", "topic", "partition"],
+            registry=r,
+        )
+        self.consumer_committed = Gauge(
+            "tributary_consumer_committed_offset",
+            "A consumer group's committed offset (the next offset it reads)",
+            ["group", "topic", "partition"],
+            registry=r,
+        )
+        self.consumer_members = Gauge(
+            "tributary_consumer_group_members", "Live members of a consumer group", ["group"], registry=r
+        )
+        self.consumer_generation = Gauge(
+            "tributary_consumer_group_generation",
+            "A consumer group's generation (+1 per rebalance)",
+            ["group"],
+            registry=r,
+        )
         self.stream_types: frozenset[str] = frozenset()
         self.commands = _KnownStreamTypes(
             Counter("tributary_commands_total", "Commands handled by outcome", ["stream_type", "outcome"], registry=r),
@@ -90,7 +113,14 @@ class Metrics:
         key = (method if method in _METHODS else "other", route, status)
         counts[key] = counts.get(key, 0) + 1
 
-    def refresh(self, settings: Any, *, dsn: str | None = None, rebuilds: Iterable[Mapping[str, Any]] = ()) -> None:
+    def refresh(
+        self,
+        settings: Any,
+        *,
+        dsn: str | None = None,
+        rebuilds: Iterable[Mapping[str, Any]] = (),
+        groups: GroupCoordinator | None = None,
+    ) -> None:
         """Read every source of truth once (called by the background refresh, off the event loop)."""
         from tributary.api.settings.sources import source_statuses
 
@@ -119,6 +149,25 @@ class Metrics:
         except LogError:
             pass
         self._refresh_projections(settings, dsn, rebuilds)
+        if groups is not None:
+            self._refresh_groups(groups)
+
+    def _refresh_groups(self, coordinator: GroupCoordinator) -> None:
+        """Lag and committed offset per group and partition; members and generation per group. Series
+        of groups and partitions that are gone disappear (the gauges are rebuilt each refresh)."""
+        try:
+            rows = coordinator.lag_rows()
+            summary = coordinator.groups()
+        except psycopg.Error:  # before `tributary init`: no consumer tables yet
+            return
+        for gauge in (self.consumer_lag, self.consumer_committed, self.consumer_members, self.consumer_generation):
+            gauge.clear()
+        for group, topic, partition, committed, end in rows:
+            self.consumer_lag.labels(group, topic, str(partition)).set(max(end - committed, 0))
+            self.consumer_committed.labels(group, topic, str(partition)).set(committed)
+        for g in summary:
+            self.consumer_members.labels(g["group"]).set(g["members"])
+            self.consumer_generation.labels(g["group"]).set(g["generation"])
 
     def _refresh_projections(self, settings: Any, dsn: str | None, rebuilds: Iterable[Mapping[str, Any]]) -> None:
         from tributary.projections.runner import RunSettings, status

@@ -19,6 +19,7 @@ from tributary.api.settings.errors import ConfigError, describe, describe_toml_b
 __all__ = [
     "ApiSettings",
     "CaptureSettings",
+    "ConsumerSettings",
     "EventStoreSettings",
     "ConfigError",
     "LogSettings",
@@ -251,6 +252,41 @@ class SinkSettings(_Section):
         return self.group or f"sink-{self.name}"
 
 
+class ConsumerSettings(_Section):
+    """Consumer groups served over HTTP (docs/consumers.md)."""
+
+    session_timeout_ms: int = Field(
+        default=10_000,
+        ge=100,
+        le=3_600_000,
+        description="A member that sends no heartbeat (or pull, or stream) for this long leaves its group; a "
+        "member may ask for its own when it joins.",
+    )
+    auto_offset_reset: Literal["earliest", "latest", "error"] = Field(
+        default="latest",
+        description="Where a member starts on a partition without a committed offset, or whose offset fell "
+        "behind retention, unless it asks otherwise when it joins (error = refuse with 410).",
+    )
+    poll_interval_ms: int = Field(
+        default=20,
+        ge=1,
+        le=1000,
+        description="How often waiting pulls and streams look for newly committed records (only while someone waits).",
+    )
+    stream_batch_records: int = Field(
+        default=500,
+        ge=1,
+        le=100_000,
+        description="Records a stream reads ahead of its client at most (a slow client holds only its own stream).",
+    )
+    sweep_interval_ms: int = Field(
+        default=1000,
+        ge=100,
+        le=60_000,
+        description="How often the server moves the partitions of members past their session timeout.",
+    )
+
+
 class Settings(BaseModel):
     """Every key; `load_settings` fills it from the file and the `TRIBUTARY_*` environment
     (`Settings()` alone is the built-in defaults)."""
@@ -264,6 +300,7 @@ class Settings(BaseModel):
     eventstore: EventStoreSettings = EventStoreSettings()
     projections: ProjectionSettings = ProjectionSettings()
     api: ApiSettings = ApiSettings()
+    consumers: ConsumerSettings = ConsumerSettings()
     sinks: tuple[SinkSettings, ...] = ()
     pg_data_dir: Path = Field(default=Path(".tributary/pg"), description="Data directory of the embedded cluster.")
 

@@ -146,8 +146,9 @@ class GroupCoordinator:
         auto_offset_reset: OffsetReset | None = None,
         auto_commit: bool = False,
     ) -> Membership:
-        """Join (or re-join with the same `member_id`: idempotent unless the subscription changed).
-        A new member, a changed subscription or expired members start a rebalance: a new generation."""
+        """Join, or re-join with the same `member_id` (no rebalance unless the subscription changed;
+        its delivery restarts at the committed offsets). A new member, a changed subscription or
+        expired members start a rebalance: a new generation."""
         if not topics:
             raise ConsumerError("a member must subscribe to at least one topic")
         timeout = session_timeout_ms or self.session_timeout_ms
@@ -177,6 +178,12 @@ class GroupCoordinator:
                     (wanted, timeout, reset, auto_commit, group, member_id),
                 )
                 changed |= sorted(row[0]) != wanted
+                # a re-join means the member lost track (its restart, a lost response): delivery starts
+                # again at the committed offsets, so nothing handed out but not processed is skipped
+                cur.execute(
+                    "UPDATE consumers.assignments SET position = NULL WHERE group_id = %s AND member_id = %s",
+                    (group, member_id),
+                )
             generation = self._rebalance(cur, group, generation, layout, force=changed)
             mine = self._assigned(cur, group, member_id)
         return Membership(member_id, generation, mine, timeout, max(timeout // 3, 1))

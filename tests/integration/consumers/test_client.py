@@ -4,7 +4,6 @@ proof by breaking it (kill -9 a member, kill -9 the server)."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -49,12 +48,11 @@ def test_readme_client_example_runs_as_written(fresh_db: str, tmp_path: Path) ->
     config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", port=port)
     with served(config, port, err_path=tmp_path / "serve.err"):
         run = subprocess.run(
-            [sys.executable, "-c", _readme_example()],
+            [sys.executable, "-c", _readme_example(), f"http://127.0.0.1:{port}"],
             capture_output=True,
             text=True,
             timeout=60,
             cwd=tmp_path,
-            env={**os.environ, "TRIBUTARY_URL": f"http://127.0.0.1:{port}"},
         )
         assert run.returncode == 0, run.stderr
         lines = run.stdout.splitlines()
