@@ -8,10 +8,12 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
@@ -110,12 +112,13 @@ def _lines(path: Path) -> list[dict[str, object]]:
 
 
 def _member(url: str, group: str, out: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.consumers.member", url, group, TOPIC, str(out), "7"],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=out.with_suffix(".err").open("ab"),
-    )
+    with out.with_suffix(".err").open("ab") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.consumers.member", url, group, TOPIC, str(out), "7"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
 
 
 @pytest.mark.slow
@@ -131,59 +134,94 @@ def test_kill_9_a_member_then_the_server(fresh_db: str, tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{port}"
     outs = [tmp_path / f"m{i}.jsonl" for i in range(3)]
     total = 0
+    writing = threading.Event()
+
+    def write() -> None:  # mid-stream: records keep arriving while members read, die and take over
+        nonlocal total
+        while writing.is_set():
+            filler.write(TOPIC, [(f"k{total + i}", {"id": total + i}) for i in range(20)])
+            total += 20
+            time.sleep(0.05)
+
+    writer = threading.Thread(target=write)
     with served(config, port, err_path=tmp_path / "serve.err") as server:
         members = [_member(url, "g", out) for out in outs]
         try:
-            for _ in range(10):  # mid-stream: records keep arriving while members read
-                filler.write(TOPIC, [(f"k{total + i}", {"id": total + i}) for i in range(30)])
-                total += 30
-                time.sleep(0.2)
+            writing.set()
+            writer.start()
             _wait("every member busy", lambda: all(any("p" in x for x in _lines(o)) for o in outs))
+            victim_id = next(x["member"] for x in _lines(outs[0]) if "member" in x)
+
+            def victim_partitions() -> set[int]:
+                group = httpx.get(f"{url}/groups/g", timeout=10).json()
+                held = {m["member_id"]: {a["partition"] for a in m["assignments"]} for m in group["members"]}
+                return held.get(victim_id, set()) if len(held) == 3 and all(held.values()) else set()
+
+            _wait("a stable group of three", lambda: bool(victim_partitions()))
+            victim_parts = victim_partitions()
             victim = members[0]
             victim.send_signal(signal.SIGKILL)
             victim.wait(timeout=10)
-            killed_at = time.monotonic()
+            killed_at, killed_wall = time.monotonic(), time.time()
             victim_lines = _lines(outs[0])
             commits: dict[int, int] = {}
             for x in victim_lines:
-                if "commit" in x:
-                    commits.update({int(p): int(o) for p, o in x["commit"].items()})  # type: ignore[union-attr]
-            victim_parts = {int(x["p"]) for x in victim_lines if "p" in x}  # type: ignore[arg-type]
-            for _ in range(5):
-                filler.write(TOPIC, [(f"k{total + i}", {"id": total + i}) for i in range(30)])
-                total += 30
-                time.sleep(0.2)
+                for p, o in x.get("commit", {}).items():  # type: ignore[union-attr]
+                    commits[int(p)] = int(o)
+            time.sleep(6)  # past the session timeout, still writing
+            writing.clear()
+            writer.join()
 
             def everything_read() -> bool:
                 seen = {(x["p"], x["o"]) for o in outs for x in _lines(o) if "p" in x}
                 return len(seen) == total
 
             _wait("every record", everything_read, timeout=60)
-            moved_by = time.monotonic() - killed_at
-            assert moved_by < 3.0 + 10, f"partitions moved after {moved_by:.1f} s"
-            # What the survivors read of the victim's partitions starts at its last commit.
+            assert time.monotonic() - killed_at < 60
+            # What the survivors read of the victim's partitions starts at its last commit: the one it
+            # logged, or one whose answer it got but had no time to log before the kill.
             for p in victim_parts:
-                survivors = [int(x["o"]) for o in outs[1:] for x in _lines(o) if x.get("p") == p]  # type: ignore[call-overload]
+                survivors = [
+                    int(x["o"])  # type: ignore[call-overload]
+                    for o in outs[1:]
+                    for x in _lines(o)
+                    if x.get("p") == p and float(x["t"]) > killed_wall  # type: ignore[arg-type]
+                ]
+                handled = [int(x["o"]) for x in victim_lines if x.get("p") == p]  # type: ignore[call-overload]
                 assert survivors, f"partition {p} never moved"
-                assert min(survivors) == commits.get(p, 0)
+                assert commits.get(p, 0) <= min(survivors) <= max(handled, default=-1) + 1
+                moved_after = min(
+                    float(x["t"])  # type: ignore[arg-type]
+                    for o in outs[1:]
+                    for x in _lines(o)
+                    if x.get("p") == p and float(x["t"]) > killed_wall  # type: ignore[arg-type]
+                )
+                # within the session timeout (3 s), plus a heartbeat's or a poll's delay
+                assert moved_after - killed_wall < 3.0 + 2.0, (
+                    f"partition {p} moved after {moved_after - killed_wall:.1f} s"
+                )
             for m in members[1:]:
                 m.send_signal(signal.SIGTERM)
                 m.wait(timeout=30)
-            # The survivors' last commits, as the group holds them now:
+            # The group's commits, as it holds them now: offsets only grow, so the largest of each partition.
             committed: dict[int, int] = {}
-            for o in outs[1:]:
+            for o in outs:
                 for x in _lines(o):
-                    if "commit" in x:
-                        committed.update({int(p): int(v) for p, v in x["commit"].items()})  # type: ignore[union-attr]
+                    for p, v in x.get("commit", {}).items():  # type: ignore[union-attr]
+                        committed[int(p)] = max(committed.get(int(p), 0), int(v))
             server.send_signal(signal.SIGKILL)
             server.wait(timeout=10)
         finally:
+            writing.clear()
+            if writer.is_alive():
+                writer.join()
             for m in members:
                 if m.poll() is None:
                     m.kill()
                     m.wait()
     ends = filler.log.end_offsets(TOPIC)
-    expected = {(p, o) for p, end in enumerate(ends) for o in range(committed.get(p, 0), end)}
+    assert sorted(committed) == list(range(len(ends)))
+    expected = {(p, o) for p, end in enumerate(ends) for o in range(committed[p], end)}
     with served(config, port, err_path=tmp_path / "serve2.err"):
         # "latest" would skip everything: what arrives is what the group committed before the kill.
         with Consumer(url, group="g", topics=[TOPIC], auto_offset_reset="latest", wait_ms=300) as c:
