@@ -160,7 +160,9 @@ class ResetReply(BaseModel):
     offsets: list[ResetOffset]
 
 
-_CONFLICT = {409: error("fenced (a rebalance happened), unknown_member (join again) or not_assigned: see `code`")}
+_CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: error("fenced (a rebalance happened), unknown_member (join again) or not_assigned: see `code`")
+}
 
 
 def _coordinator(request: Request) -> GroupCoordinator:

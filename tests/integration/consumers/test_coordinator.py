@@ -268,3 +268,39 @@ def test_consumer_tables_are_in_schema_consumers(service: str) -> None:
     with psycopg.connect(service) as conn:
         names = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'consumers'")}
     assert {"groups", "members", "assignments", "offsets", "out_of_range"} <= names
+
+
+def test_a_topic_that_appears_later_is_assigned_by_the_sweeper(
+    coordinator: GroupCoordinator, writer: LogWriter
+) -> None:
+    m = coordinator.join("g", ["later.topic"], member_id="a")
+    assert m.assignments == []
+    writer.topic("later.topic", partitions=2)
+    writer.append("later.topic", "k", 1, "Opened", 1)
+    writer.commit()
+    assert coordinator.sweep() == ["g"]
+    beat = coordinator.heartbeat("g", "a", m.generation)
+    assert beat.rebalance and beat.assignments == [("later.topic", 0), ("later.topic", 1)]
+    assert len(coordinator.fetch("g", "a", beat.generation).records) == 1
+
+
+def test_a_partition_that_stays_keeps_its_position_and_a_moved_one_restarts_at_the_commit(
+    coordinator: GroupCoordinator, writer: LogWriter
+) -> None:
+    write(writer, 40)
+    a = coordinator.join("g", [TOPIC], member_id="a")
+    first = coordinator.fetch("g", "a", a.generation, max_records=1000).records
+    coordinator.commit("g", "a", a.generation, [(TOPIC, p, 1) for p in range(4)])
+    b = coordinator.join("g", [TOPIC], member_id="b")
+    beat = coordinator.heartbeat("g", "a", a.generation)
+    assert coordinator.fetch("g", "a", beat.generation).records == []  # a's partitions: delivered already
+    again = coordinator.fetch("g", "b", b.generation, max_records=1000).records
+    expected = [r for r in first if (r.topic, r.partition) in b.assignments and r.offset >= 1]
+    assert [(r.partition, r.offset) for r in again] != [] and sorted(
+        again, key=lambda r: (r.partition, r.offset)
+    ) == sorted(expected, key=lambda r: (r.partition, r.offset))
+    # a re-join restarts delivery at the committed offsets
+    rejoined = coordinator.join("g", [TOPIC], member_id="a")
+    assert rejoined.generation == beat.generation
+    redelivered = coordinator.fetch("g", "a", rejoined.generation, max_records=1000).records
+    assert {r.offset for r in redelivered if r.offset == 0} == set() and redelivered
