@@ -7,7 +7,7 @@
    target SSE p99 ≤ 100 ms;
 3. fan-out: `--subscribers` SSE streams, each in its own group, each must receive every record.
 
-    .venv/bin/python bench/consumers.py [--records 100000] [--seconds 20] [--tps 1000] [--subscribers 50] [--repeat 3]
+    .venv/bin/python bench/consumers.py [--records 100000] [--seconds 20] [--tps 1000] [--writers 4] [--subscribers 50] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -144,7 +144,9 @@ async def _sse(
     return got
 
 
-def _latency(cluster: EmbeddedPostgres, work: Path, *, seconds: float, tps: int, tag: str) -> dict[str, float]:
+def _latency(
+    cluster: EmbeddedPostgres, work: Path, *, seconds: float, tps: int, writers: int, tag: str
+) -> dict[str, float]:
     dsn = cluster.dsn()
     slot = f"bench_consumers_{tag}"
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -215,13 +217,24 @@ def _latency(cluster: EmbeddedPostgres, work: Path, *, seconds: float, tps: int,
                 t.start()
             started.wait(30)
             time.sleep(1)
-            sent = paced_writes(
-                dsn,
-                "INSERT INTO lat VALUES (%s, extract(epoch from clock_timestamp()))",
-                seconds,
-                tps,
-                lambda n: (n + 1,),
-            )
+            # Several connections share the pace: one commit's fsync at a time would cap a single one.
+            counts = [0] * writers
+
+            def write(w: int) -> None:
+                counts[w] = paced_writes(
+                    dsn,
+                    "INSERT INTO lat VALUES (%s, extract(epoch from clock_timestamp()))",
+                    seconds,
+                    tps // writers,
+                    lambda n: (1 + w + n * writers,),
+                )
+
+            pacers = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
+            for t in pacers:
+                t.start()
+            for t in pacers:
+                t.join()
+            sent = sum(counts)
             time.sleep(2)
             stop.set()
             for t in threads:
@@ -286,6 +299,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--tps", type=int, default=1000)
+    parser.add_argument("--writers", type=int, default=4, help="connections sharing the --tps pace")
     parser.add_argument("--subscribers", type=int, default=50)
     parser.add_argument("--fan-records", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
@@ -327,7 +341,7 @@ def main() -> None:
             "runs": fan,
         }
         lat = [
-            _latency(cluster, work, seconds=args.seconds, tps=args.tps, tag=str(i))
+            _latency(cluster, work, seconds=args.seconds, tps=args.tps, writers=args.writers, tag=str(i))
             for i in range(max(1, args.repeat - 1))
         ]
         result["latency"] = {k: statistics.median(r[k] for r in lat) for k in lat[0]}
