@@ -303,6 +303,9 @@ def main() -> None:
     parser.add_argument("--subscribers", type=int, default=50)
     parser.add_argument("--fan-records", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--only", default="throughput,fan_out,latency", help="comma-separated parts to run (default: all)"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "consumers.json")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tributary-bench-consumers-"))
@@ -316,36 +319,40 @@ def main() -> None:
         port = free_port()
         config = work / "t.toml"
         config.write_text(f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{root}"\n[api]\nport = {port}\n')
+        parts = set(args.only.split(","))
         log = Log.open(root, writer=True)
-        _fill(log, TOPIC, args.records)
-        cat_rates: list[float] = []
-        http_rates: list[float] = []
         with _serve(config, port, work / "serve.err") as url:
-            for i in range(args.repeat):  # interleaved: both see the same neighbours
-                cat_rates.append(_cat_rate(root, args.records))
-                http_rates.append(_http_rate(url, f"tp-{i}", args.records))
-            fan = [_fan_out(url, log, args.subscribers, args.fan_records, i) for i in range(args.repeat)]
+            if "throughput" in parts:
+                _fill(log, TOPIC, args.records)
+                cat_rates: list[float] = []
+                http_rates: list[float] = []
+                for i in range(args.repeat):  # interleaved: both see the same neighbours
+                    cat_rates.append(_cat_rate(root, args.records))
+                    http_rates.append(_http_rate(url, f"tp-{i}", args.records))
+                result["throughput"] = {
+                    "records": args.records,
+                    "log_cat_per_s": statistics.median(cat_rates),
+                    "http_pull_per_s": statistics.median(http_rates),
+                    "ratio_http_vs_cat": statistics.median(h / c for h, c in zip(http_rates, cat_rates, strict=True)),
+                    "runs": {"log_cat": cat_rates, "http_pull": http_rates},
+                }
+            if "fan_out" in parts:
+                fan = [_fan_out(url, log, args.subscribers, args.fan_records, i) for i in range(args.repeat)]
+                result["fan_out"] = {
+                    "subscribers": args.subscribers,
+                    "records": args.fan_records,
+                    "runs_all_complete": sum(1 for f in fan if f["complete"] == args.subscribers),
+                    "seconds_to_all_median": statistics.median(f["seconds_to_all"] for f in fan),
+                    "runs": fan,
+                }
         log.close()
-        result["throughput"] = {
-            "records": args.records,
-            "log_cat_per_s": statistics.median(cat_rates),
-            "http_pull_per_s": statistics.median(http_rates),
-            "ratio_http_vs_cat": statistics.median(h / c for h, c in zip(http_rates, cat_rates, strict=True)),
-            "runs": {"log_cat": cat_rates, "http_pull": http_rates},
-        }
-        result["fan_out"] = {
-            "subscribers": args.subscribers,
-            "records": args.fan_records,
-            "runs_all_complete": sum(1 for f in fan if f["complete"] == args.subscribers),
-            "seconds_to_all_median": statistics.median(f["seconds_to_all"] for f in fan),
-            "runs": fan,
-        }
-        lat = [
-            _latency(cluster, work, seconds=args.seconds, tps=args.tps, writers=args.writers, tag=str(i))
-            for i in range(max(1, args.repeat - 1))
-        ]
-        result["latency"] = {k: statistics.median(r[k] for r in lat) for k in lat[0]}
-        result["latency"]["sse_vs_log_p99"] = result["latency"]["sse_p99_ms"] / result["latency"]["log_p99_ms"]
+        if "latency" in parts:
+            lat = [
+                _latency(cluster, work, seconds=args.seconds, tps=args.tps, writers=args.writers, tag=str(i))
+                for i in range(max(1, args.repeat - 1))
+            ]
+            result["latency"] = {k: statistics.median(r[k] for r in lat) for k in lat[0]}
+            result["latency"]["sse_vs_log_p99"] = result["latency"]["sse_p99_ms"] / result["latency"]["log_p99_ms"]
     finally:
         cluster.destroy()
         shutil.rmtree(work, ignore_errors=True)

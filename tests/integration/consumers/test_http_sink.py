@@ -14,11 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.integration.capture.helpers import cli
 from tests.integration.consumers.helpers import Filler, Receiver, receiving, write_config
-from tests.servers import ROOT, free_port
+from tests.servers import ROOT, free_port, serving
 from tributary.consumers import GroupCoordinator
 from tributary.eventstore.migrate import run_migrations
 
@@ -107,6 +108,16 @@ max_backoff_ms = 50
         status = _status(config)
         assert status["delivered"] == len(first) - 1 and status["dead_letters"] == 1
         assert status["failed_attempts"] >= sum(1 for _, s in receiver.refused if s == 503)
+        with serving(config, port, err_path=tmp_path / "serve.err") as url:  # the same figures in /metrics
+
+            def metrics() -> str:
+                return httpx.get(f"{url}/metrics", timeout=10).text
+
+            _wait("the sink in /metrics", lambda: 'tributary_sink_dead_letters_total{sink="hook"} 1.0' in metrics())
+            text = metrics()
+            assert f'tributary_sink_delivered_records_total{{sink="hook"}} {len(first) - 1}.0' in text
+            assert 'tributary_sink_state{sink="hook",state="stopped"} 1.0' in text
+            assert f'tributary_consumer_lag_records{{group="sink-hook",topic="{TOPIC}",partition="0"}} 0.0' in text
 
         # A restart resumes after the last commit: only the new records arrive.
         second = [(k, {"key": k, "n": 10 + n, "poison": False}) for n in range(3) for k in keys]
