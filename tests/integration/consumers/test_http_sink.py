@@ -113,11 +113,12 @@ max_backoff_ms = 50
             def metrics() -> str:
                 return httpx.get(f"{url}/metrics", timeout=10).text
 
-            _wait("the sink in /metrics", lambda: 'tributary_sink_dead_letters_total{sink="hook"} 1.0' in metrics())
+            lag = f'tributary_consumer_lag_records{{group="sink-hook",partition="0",topic="{TOPIC}"}} 0.0'
+            _wait("the sink and its group in /metrics", lambda: all(m in metrics() for m in (lag, "tributary_sink_")))
             text = metrics()
+            assert 'tributary_sink_dead_letters_total{sink="hook"} 1.0' in text
             assert f'tributary_sink_delivered_records_total{{sink="hook"}} {len(first) - 1}.0' in text
             assert 'tributary_sink_state{sink="hook",state="stopped"} 1.0' in text
-            assert f'tributary_consumer_lag_records{{group="sink-hook",topic="{TOPIC}",partition="0"}} 0.0' in text
 
         # A restart resumes after the last commit: only the new records arrive.
         second = [(k, {"key": k, "n": 10 + n, "poison": False}) for n in range(3) for k in keys]
