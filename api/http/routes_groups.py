@@ -18,9 +18,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
-from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.capture.log import Record
@@ -31,6 +31,7 @@ from tributary.consumers import (
     GroupCoordinator,
     LogChanges,
     NotAssigned,
+    NotFound,
     OffsetOutOfRange,
     UnknownMember,
 )
@@ -42,6 +43,9 @@ router = APIRouter(tags=["consumers"])
 T = TypeVar("T")
 
 _NAME = r"^[A-Za-z0-9._:@+=-]{1,200}$"
+_TOPIC = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,248}$"  # the log's own rule for topic names
+_MAX_INT = 2**53 - 1  # offsets and generations: exact as a JSON number (a double)
+Topic = Annotated[str, Field(pattern=_TOPIC, description="A topic of the log, e.g. `shop.public.orders`.")]
 GroupName = Annotated[str, Path(pattern=_NAME, description="The consumer group's name.")]
 MemberId = Annotated[str, Path(pattern=_NAME, description="The id `POST /groups/{group}/members` returned.")]
 _READ = [Depends(require("read"))]
@@ -55,9 +59,7 @@ class Assignment(BaseModel):
 class JoinRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    topics: list[Annotated[str, Field(min_length=1, max_length=255)]] = Field(
-        min_length=1, max_length=1000, description="Topics to consume, e.g. `shop.public.orders`."
-    )
+    topics: list[Topic] = Field(min_length=1, max_length=100, description="Topics to consume.")
     member_id: str | None = Field(
         default=None, pattern=_NAME, description="Re-join as this member (after a restart or a 409); new when unset."
     )
@@ -70,7 +72,7 @@ class JoinRequest(BaseModel):
     auto_offset_reset: Literal["earliest", "latest", "error"] | None = Field(
         default=None, description="Start of a partition without a committed offset, or behind retention."
     )
-    auto_commit: bool = Field(default=False, description="Each pull commits what the previous pulls returned.")
+    auto_commit: StrictBool = Field(default=False, description="Each pull commits what the previous pulls returned.")
 
 
 class JoinReply(BaseModel):
@@ -84,7 +86,7 @@ class JoinReply(BaseModel):
 class HeartbeatRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    generation: int = Field(ge=0, le=2**62)
+    generation: int = Field(ge=0, le=_MAX_INT)
 
 
 class HeartbeatReply(BaseModel):
@@ -111,15 +113,15 @@ class Records(BaseModel):
 class OffsetIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    topic: str = Field(min_length=1, max_length=255)
+    topic: Topic
     partition: int = Field(ge=0, le=1_000_000)
-    offset: int = Field(ge=0, le=2**62, description="The next offset to read (Kafka's convention).")
+    offset: int = Field(ge=0, le=_MAX_INT, description="The next offset to read (Kafka's convention).")
 
 
 class CommitRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    generation: int = Field(ge=0, le=2**62)
+    generation: int = Field(ge=0, le=_MAX_INT)
     offsets: list[OffsetIn] = Field(max_length=100_000)
 
 
@@ -137,14 +139,25 @@ class GroupSummary(BaseModel):
     )
 
 
-class ResetRequest(BaseModel):
+class _Reset(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    to: Literal["earliest", "latest", "datetime", "offset"]
-    datetime: dt.datetime | None = Field(default=None, description="ISO-8601; without a zone, UTC.")
-    offset: int | None = Field(default=None, ge=0, le=2**62)
-    topic: str | None = Field(default=None, min_length=1, max_length=255, description="Only this topic.")
-    dry_run: bool = Field(default=False, description="Answer the new offsets without writing them.")
+    topic: Topic | None = Field(default=None, description="Only this topic (default: every topic the group consumed).")
+    dry_run: StrictBool = Field(default=False, description="Answer the new offsets without writing them.")
+
+
+class ResetToEnd(_Reset):
+    to: Literal["earliest", "latest"] = Field(description="The first offset the log still holds, or its end.")
+
+
+class ResetToDatetime(_Reset):
+    to: Literal["datetime"] = Field(description="The first record at or after `datetime` (the log's time index).")
+    datetime: dt.datetime = Field(description="ISO-8601; without a zone, UTC.")
+
+
+class ResetToOffset(_Reset):
+    to: Literal["offset"] = Field(description="`offset`, kept within the offsets the log holds.")
+    offset: int = Field(ge=0, le=_MAX_INT)
 
 
 class ResetOffset(BaseModel):
@@ -160,6 +173,11 @@ class ResetReply(BaseModel):
     offsets: list[ResetOffset]
 
 
+_BODY: dict[int | str, dict[str, Any]] = {
+    400: error("the body is not JSON"),
+    413: error("the body is larger than [api] max_body_bytes"),
+    422: error("invalid request"),
+}
 _CONFLICT: dict[int | str, dict[str, Any]] = {
     409: error("fenced (a rebalance happened), unknown_member (join again) or not_assigned: see `code`")
 }
@@ -181,7 +199,7 @@ def _assignments(tps: list[tuple[str, int]]) -> list[dict[str, Any]]:
     "/groups/{group}/members",
     dependencies=_READ,
     response_model=JoinReply,
-    responses={**AUTH_RESPONSES, 422: error("invalid request")},
+    responses={**AUTH_RESPONSES, **_BODY},
 )
 async def join(group: GroupName, body: JoinRequest, request: Request) -> dict[str, Any]:
     """Join the group (or re-join with `member_id`): the answer names the member's partitions. Send a
@@ -208,7 +226,7 @@ async def join(group: GroupName, body: JoinRequest, request: Request) -> dict[st
     "/groups/{group}/members/{member_id}/heartbeat",
     dependencies=_READ,
     response_model=HeartbeatReply,
-    responses={**AUTH_RESPONSES, **_CONFLICT},
+    responses={**AUTH_RESPONSES, **_BODY, **_CONFLICT},
 )
 async def heartbeat(group: GroupName, member_id: MemberId, body: HeartbeatRequest, request: Request) -> dict[str, Any]:
     """Stay in the group; `rebalance` = true when the generation moved on (take the new assignments;
@@ -239,7 +257,7 @@ async def records(
     group: GroupName,
     member_id: MemberId,
     request: Request,
-    generation: Annotated[int, Query(ge=0, le=2**62)],
+    generation: Annotated[int, Query(ge=0, le=_MAX_INT)],
     max_records: Annotated[int, Query(ge=1, le=100_000)] = 500,
     max_bytes: Annotated[int, Query(ge=1, le=64 << 20)] = 1 << 20,
     wait_ms: Annotated[int, Query(ge=0, le=60_000)] = 5000,
@@ -267,7 +285,7 @@ async def records(
     "/groups/{group}/members/{member_id}/commit",
     dependencies=_READ,
     response_model=CommitReply,
-    responses={**AUTH_RESPONSES, **_CONFLICT},
+    responses={**AUTH_RESPONSES, **_BODY, **_CONFLICT},
 )
 async def commit(group: GroupName, member_id: MemberId, body: CommitRequest, request: Request) -> dict[str, Any]:
     """Commit the next offset to read per partition; refused (409) from a generation that is over or
@@ -295,7 +313,7 @@ async def stream(
     group: GroupName,
     member_id: MemberId,
     request: Request,
-    generation: Annotated[int, Query(ge=0, le=2**62)],
+    generation: Annotated[int, Query(ge=0, le=_MAX_INT)],
     last_event_id: Annotated[str | None, Query(max_length=600, description="Resume after this event id.")] = None,
     last_event_header: Annotated[str | None, Header(alias="Last-Event-ID", max_length=600)] = None,
 ) -> StreamingResponse:
@@ -430,23 +448,34 @@ async def describe(group: GroupName, request: Request) -> Any:
     response_model=ResetReply,
     responses={
         **AUTH_RESPONSES,
+        **_BODY,
+        404: error("a topic the log does not hold, or a group that consumed no topic yet"),
         409: error("group_not_empty: the group has live members"),
-        422: error("invalid reset"),
     },
 )
-async def reset(group: GroupName, body: ResetRequest, request: Request) -> dict[str, Any]:
+async def reset(
+    group: GroupName,
+    body: Annotated[ResetToEnd | ResetToDatetime | ResetToOffset, Body(discriminator="to")],
+    request: Request,
+) -> dict[str, Any]:
     """Move the group's committed offsets (every topic it consumed, or `topic`): `earliest`, `latest`,
     `datetime` (the first record at or after it, by the log's time index) or `offset` (clamped to the
     retained offsets). Refused while the group has live members."""
-    when = body.datetime
+    when = body.datetime if isinstance(body, ResetToDatetime) else None
     if when is not None and when.tzinfo is None:
         when = when.replace(tzinfo=dt.UTC)
+    timestamp_ms = None
+    if when is not None:
+        try:
+            timestamp_ms = int(when.timestamp() * 1000)
+        except OverflowError:  # a zone offset pushed it past year 1 or 9999: before or after every record
+            timestamp_ms = -(2**62) if when.year < 1970 else 2**62
     out = await _run(
         _coordinator(request).reset,
         group,
         body.to,
-        timestamp_ms=None if when is None else int(when.timestamp() * 1000),
-        offset=body.offset,
+        timestamp_ms=timestamp_ms,
+        offset=body.offset if isinstance(body, ResetToOffset) else None,
         topic=body.topic,
         dry_run=body.dry_run,
     )
@@ -464,12 +493,14 @@ def _error_body(exc: ConsumerError) -> dict[str, Any]:
 
 async def consumer_error(request: Request, exc: Exception) -> JSONResponse:
     """The one mapping of the consumers' errors to HTTP: 409 for membership and fencing, 410 past
-    retention, 422 for the rest."""
+    retention, 404 for a topic or group that is not there, 422 for the rest."""
     assert isinstance(exc, ConsumerError)
     if isinstance(exc, UnknownMember | Fenced | NotAssigned | GroupBusy):
         status = 409
     elif isinstance(exc, OffsetOutOfRange):
         status = 410
+    elif isinstance(exc, NotFound):
+        status = 404
     else:
         status = 422
     return JSONResponse(_error_body(exc), status_code=status)

@@ -22,6 +22,7 @@ from tributary.consumers.errors import (
     Fenced,
     GroupBusy,
     NotAssigned,
+    NotFound,
     OffsetOutOfRange,
     UnknownMember,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "LogView",
     "Membership",
     "NotAssigned",
+    "NotFound",
     "OffsetOutOfRange",
     "OffsetReset",
     "ResetTarget",

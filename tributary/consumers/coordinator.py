@@ -32,6 +32,7 @@ from tributary.consumers.errors import (
     Fenced,
     GroupBusy,
     NotAssigned,
+    NotFound,
     OffsetOutOfRange,
     UnknownMember,
 )
@@ -510,12 +511,12 @@ class GroupCoordinator:
                 )
                 topics = [topic] if topic else sorted({t for t, _ in committed} | set(layout))
                 if not topics:
-                    raise ConsumerError(f"group {group!r} has consumed no topic yet: name one with --topic")
+                    raise NotFound(f"group {group!r} has consumed no topic yet: name one with --topic")
                 plan: list[tuple[TopicPartition, int]] = []
                 for name in topics:
                     count = self.view.partitions(name)
                     if count == 0:
-                        raise ConsumerError(f"no topic {name!r} in the log at {self.view.root}")
+                        raise NotFound(f"no topic {name!r} in the log")
                     for p in range(count):
                         new = self._target(name, p, to, timestamp_ms, offset)
                         plan.append(((name, p), new))

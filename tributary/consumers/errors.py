@@ -7,6 +7,7 @@ __all__ = [
     "Fenced",
     "GroupBusy",
     "NotAssigned",
+    "NotFound",
     "OffsetOutOfRange",
     "UnknownMember",
 ]
@@ -60,3 +61,9 @@ class GroupBusy(ConsumerError):
     """A reset of a group that still has live members (Kafka refuses it too)."""
 
     code = "group_not_empty"
+
+
+class NotFound(ConsumerError):
+    """A topic the log does not hold, or a group with nothing to reset."""
+
+    code = "not_found"
