@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
-from tributary.eventstore.domain.bank import bank_account  # noqa: E402
+from tributary.eventstore.examples.bank import bank_account  # noqa: E402
 from tributary.eventstore.handler import CommandHandler  # noqa: E402
 from tributary.eventstore.migrate import run_migrations  # noqa: E402
 from tributary.eventstore.model import NewEvent, dumps  # noqa: E402

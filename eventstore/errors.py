@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AggregateDefinitionError",
     "CommandRejected",
     "ConcurrencyConflict",
     "EventStoreError",
@@ -20,6 +21,10 @@ __all__ = [
 
 class EventStoreError(Exception):
     """Root of event store errors."""
+
+
+class AggregateDefinitionError(EventStoreError):
+    """A domain module or `Aggregate` breaks a rule of the file API (the message names the file and the rule)."""
 
 
 class ConcurrencyConflict(EventStoreError):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from tributary.eventstore.aggregate import Aggregate
 from tributary.eventstore.errors import ConcurrencyConflict, UnknownStreamType
@@ -74,8 +74,11 @@ class CommandHandler:
         try:
             return self.aggregates[stream_type]
         except KeyError:
+            known = ", ".join(sorted(self.aggregates))
             raise UnknownStreamType(
-                f"no stream type {stream_type!r} (known: {', '.join(sorted(self.aggregates))})"
+                f"no stream type {stream_type!r} (known: {known})"
+                if known
+                else f"no stream type {stream_type!r}: no [eventstore] modules are configured, so no command types"
             ) from None
 
     # -- loading ---------------------------------------------------------------------------------
@@ -84,8 +87,8 @@ class CommandHandler:
         state, version, base = agg.initial(), 0, 0
         snap = self.store.snapshot(stream_id) if use_snapshot and self.snapshot_every else None
         if snap is not None:
-            version, data, _ = snap
-            state, base = agg.state_type.model_validate(data), version
+            state, version = _from_snapshot(agg, snap, state)
+            base = version
         for e in self.store.read_stream(stream_id, from_version=version + 1):
             state = agg.evolve(state, agg.load_event(e.type, e.schema_version, e.data))
             version = e.version
@@ -160,4 +163,17 @@ class CommandHandler:
         state = loaded.state
         for event in decided:
             state = agg.evolve(state, event)
-        self.store.save_snapshot(stream_id, agg.stream_type, version, state.model_dump(mode="json"), 1)
+        self.store.save_snapshot(stream_id, agg.stream_type, version, state.model_dump(mode="json"), agg.state_version)
+
+
+def _from_snapshot(agg: Aggregate[Any], snap: tuple[int, dict[str, Any], int], initial: BaseModel) -> tuple[Any, int]:
+    """(state, version) from a snapshot of the aggregate's current `state_version`; else (initial, 0):
+    a snapshot taken by other code (another state version, or a state that no longer validates) is
+    ignored, the stream is folded from its first event, and the next snapshot point replaces it."""
+    version, data, state_version = snap
+    if state_version != agg.state_version:
+        return initial, 0
+    try:
+        return agg.state_type.model_validate(data), version
+    except ValidationError:
+        return initial, 0

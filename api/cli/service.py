@@ -66,8 +66,15 @@ def serve(
             f"refusing to bind {host}: no API keys are configured, so the API only binds to loopback; "
             "add [api] keys to tributary.toml to serve other hosts"
         )
+    from tributary.eventstore.loader import load_aggregates
+
+    aggregates = load_aggregates(settings.eventstore.modules)  # a broken domain module stops here, in one line
     configure_json_logging()
     log = logging.getLogger("tributary.serve")
+    if not aggregates:
+        log.warning(
+            "no [eventstore] modules configured: the API serves no command types (README: 'Writing an aggregate')"
+        )
     if not settings.api.keys:
         log.warning("no API keys configured: the API is open to local users only (bound to %s)", host)
     dsn = service_dsn(settings)

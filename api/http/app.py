@@ -15,7 +15,6 @@ import re
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -27,6 +26,7 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.types import Message, Receive, Scope, Send
 
 from tributary.api.http import routes_admin, routes_commands, routes_groups, routes_views
+from tributary.api.http.domains import document_domains
 from tributary.api.http.head import HeadAsGet
 from tributary.api.http.limits import BodyLimit, RequestTracker, connections
 from tributary.api.http.metrics import Metrics
@@ -34,8 +34,8 @@ from tributary.api.http.routes_views import Views
 from tributary.api.settings.config import Settings
 from tributary.api.settings.logs import REQUEST_ID
 from tributary.consumers import ConsumerError
-from tributary.eventstore.domain.bank import bank_account
 from tributary.eventstore.handler import CommandHandler
+from tributary.eventstore.loader import load_aggregates
 from tributary.eventstore.store import EventStore
 
 __all__ = ["WORKER_CONFIG", "Service", "create_app", "worker_app"]
@@ -111,7 +111,11 @@ def _request_id(scope: Scope) -> bytes:
 
 
 def create_app(settings: Settings, *, dsn: str) -> FastAPI:
-    """An app bound to one service database; the pool opens on start-up and closes on shutdown."""
+    """An app bound to one service database; the pool opens on start-up and closes on shutdown.
+
+    The aggregates of `[eventstore] modules` are loaded here, so a broken domain module stops the
+    program before it serves (`AggregateDefinitionError`, one line naming the module)."""
+    aggregates = load_aggregates(settings.eventstore.modules)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -135,7 +139,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         store = await asyncio.to_thread(EventStore.connect, dsn)
         app.state.handler = CommandHandler(
             store,
-            {"account": bank_account(overdraft_fee=Decimal(settings.eventstore.overdraft_fee))},
+            aggregates,
             max_retries=settings.eventstore.max_retries,
             snapshot_every=settings.eventstore.snapshot_every or None,
         )
@@ -161,6 +165,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     )
     app.state.settings = settings
     app.state.dsn = dsn
+    app.state.aggregates = aggregates
     app.state.metrics = app.metrics = Metrics()
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
     app.add_middleware(HeadAsGet)
@@ -172,6 +177,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     app.include_router(routes_admin.router)
     app.include_router(routes_groups.router)
     app.add_exception_handler(ConsumerError, routes_groups.consumer_error)
+    document_domains(app, aggregates)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -44,7 +44,11 @@ class CommandRequest(BaseModel):
     type: str = Field(min_length=1, max_length=100, description="Command type, e.g. `deposit`.")
     data: dict[str, Any] = Field(default_factory=dict, description="The command's fields.")
     expected_version: int | None = Field(
-        default=None, ge=0, le=_MAX_VERSION, description="Fail with 409 unless the stream is at this version."
+        default=None,
+        ge=0,
+        le=_MAX_VERSION,
+        strict=True,  # `false` or `"3"` is a client's mistake, not version 0 or 3
+        description="Fail with 409 unless the stream is at this version.",
     )
     command_id: str | None = Field(
         default=None, min_length=1, max_length=200, description="Makes the command idempotent."

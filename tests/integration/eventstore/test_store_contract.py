@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tributary.eventstore.domain.bank import bank_account
 from tributary.eventstore.errors import ConcurrencyConflict, IdempotencyMismatch, PartialDuplicateBatch
+from tributary.eventstore.examples.bank import bank_account
 from tributary.eventstore.handler import CommandHandler
 from tributary.eventstore.migrate import head_revision, migrations_current, run_migrations
 from tributary.eventstore.model import NewEvent
