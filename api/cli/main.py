@@ -113,6 +113,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
         ("tributary.capture.errors", "CaptureError"),
         ("tributary.eventstore.errors", "EventStoreError"),
         ("tributary.projections.errors", "ProjectionError"),
+        ("tributary.sinks", "SinkError"),
         ("tributary.consumers.errors", "ConsumerError"),
     ):
         try:

@@ -73,6 +73,7 @@ def run(
     require_initialized(dsn)
     configure_json_logging()
     log = logging.getLogger("tributary.sinks")
+    stores = [SinkStore(dsn) for _ in chosen]  # fails here, in one line, when the database is unreachable
     coordinator = GroupCoordinator(
         dsn,
         settings.log.root,
@@ -91,7 +92,7 @@ def run(
             max_records=cfg.max_batch_records,
             max_bytes=cfg.max_batch_bytes,
         )
-        sinks.append(HttpSink(cfg, member, SinkStore(dsn)))
+        sinks.append(HttpSink(cfg, member, stores[len(sinks)]))
 
     def on_signal(signum: int, frame: object) -> None:
         for s in sinks:

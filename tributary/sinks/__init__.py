@@ -8,7 +8,7 @@ from tributary.sinks.delivery import Answer, DeadLetter, Delivery, Outcome, Stop
 from tributary.sinks.member import GroupMember, to_record
 from tributary.sinks.retry import Backoff, Verdict, classify, retry_after_ms
 from tributary.sinks.runner import HttpSink, RecordSource
-from tributary.sinks.store import DeadLetterRow, SinkStatus, SinkStore
+from tributary.sinks.store import DeadLetterRow, SinkError, SinkStatus, SinkStore
 
 __all__ = [
     "Answer",
@@ -23,6 +23,7 @@ __all__ = [
     "HttpSinkConfig",
     "Outcome",
     "RecordSource",
+    "SinkError",
     "SinkStatus",
     "SinkStore",
     "Stopped",

@@ -15,7 +15,11 @@ from psycopg.types.json import Jsonb
 
 from tributary.client import Record
 
-__all__ = ["DeadLetterRow", "SinkStatus", "SinkStore"]
+__all__ = ["DeadLetterRow", "SinkError", "SinkStatus", "SinkStore"]
+
+
+class SinkError(Exception):
+    """Every failure of the sinks a user can act on (the CLI prints it as one line)."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,11 @@ class SinkStore:
     """One connection (autocommit) to the service database, used by one sink's thread."""
 
     def __init__(self, dsn: str) -> None:
-        self._conn = psycopg.connect(dsn, autocommit=True)
+        try:
+            self._conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+        except psycopg.OperationalError as exc:  # libpq's message names host and port, never the password
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SinkError(f"cannot reach the service database: {reason}") from None
 
     def close(self) -> None:
         self._conn.close()
@@ -90,13 +98,13 @@ class SinkStore:
         return max(new, 0)
 
     def dead_letters(self, sink: str, *, limit: int = 100) -> list[DeadLetterRow]:
-        rows = self._conn.execute(
+        rows = self._read(
             """
             SELECT sink, topic, partition, "offset", timestamp_ms, key, value, headers, error, attempts, failed_at
             FROM tributary_sinks.dead_letters WHERE sink = %s ORDER BY failed_at, topic, partition, "offset" LIMIT %s
             """,
             (sink, limit),
-        ).fetchall()
+        )
         return [DeadLetterRow(*row) for row in rows]
 
     def report(
@@ -142,14 +150,22 @@ class SinkStore:
         )
 
     def statuses(self) -> list[SinkStatus]:
-        rows = self._conn.execute(
+        rows = self._read(
             """
             SELECT sink, state, delivered, requests, failed_attempts, dead_letters, last_error, last_delivery_at,
                    pid, updated_at
             FROM tributary_sinks.status ORDER BY sink
             """
-        ).fetchall()
+        )
         return [SinkStatus(*row) for row in rows]
+
+    def _read(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        try:
+            return self._conn.execute(query, params).fetchall()
+        except psycopg.errors.UndefinedTable:
+            raise SinkError(
+                "the service database has no sink tables yet (or an older schema): run `tributary init`"
+            ) from None
 
 
 def encode(record: Record) -> bytes:
