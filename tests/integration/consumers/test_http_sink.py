@@ -20,6 +20,7 @@ import pytest
 from tests.integration.capture.helpers import cli
 from tests.integration.consumers.helpers import Filler, Receiver, receiving, write_config
 from tests.servers import ROOT, free_port, serving
+from tributary.capture.log import Log
 from tributary.consumers import GroupCoordinator
 from tributary.eventstore.migrate import run_migrations
 
@@ -150,3 +151,54 @@ def _status(config: Path) -> dict[str, Any]:
     out = cli("sinks", "status", "--json", "--config", str(config))
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.splitlines()[0])  # type: ignore[no-any-return]
+
+
+def test_kill_9_the_sink_redelivers_only_after_its_last_commit(fresh_db: str, tmp_path: Path) -> None:
+    run_migrations(fresh_db)
+    root = tmp_path / "log"
+    filler = Filler(root)
+    filler.topic(TOPIC, partitions=3)
+    items = [(f"k{i % 50}", {"key": f"k{i % 50}", "n": i, "poison": False}) for i in range(3000)]
+    filler.write(TOPIC, items)
+
+    def slow(n: int, records: list[Any]) -> int:
+        time.sleep(0.03)  # a receiver that takes its time: the kill lands mid-stream
+        return 200
+
+    with receiving(Receiver(plan=slow)) as receiver:
+        sink = f'[[sinks]]\ntype = "http"\nname = "hook"\nurl = "{receiver.url}"\ntopics = ["{TOPIC}"]\nmax_batch_records = 40\nlinger_ms = 5\n'
+        config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=root, port=free_port(), extra=sink)
+        err = tmp_path / "sink.err"
+        proc = _sinks_run(config, err)
+        try:
+            _wait("some records", lambda: len(receiver.records()) >= 600)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        with GroupCoordinator(fresh_db, root, max_connections=1) as coordinator:
+            described = coordinator.describe("sink-hook")
+        assert described is not None
+        committed = {p["partition"]: p["committed"] or 0 for p in described["partitions"]}
+        before = len(receiver.records())
+        assert before < len(items), "the kill came too late to prove anything"
+        proc = _sinks_run(config, err)
+        try:
+            _wait("every record", lambda: {(r["partition"], r["offset"]) for r in receiver.records()} >= _all(root))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0, err.read_text()
+        got = receiver.records()
+        first_run, second_run = got[:before], got[before:]
+        for p in committed:
+            again = [r["offset"] for r in second_run if r["partition"] == p]
+            # the restart starts at the last commit, and goes on in order without a gap
+            assert again == list(range(committed[p], committed[p] + len(again)))
+            before_kill = [r["offset"] for r in first_run if r["partition"] == p]
+            assert before_kill == list(range(len(before_kill)))  # in order, none twice, none skipped
+            assert committed[p] <= len(before_kill)  # a commit only follows a delivery
+    filler.close()
+
+
+def _all(root: Path) -> set[tuple[int, int]]:
+    with Log.open(root) as log:
+        return {(p, o) for p, end in enumerate(log.end_offsets(TOPIC)) for o in range(end)}
