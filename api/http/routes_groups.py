@@ -276,7 +276,7 @@ async def records(
         left = deadline - loop.time()
         if batch.records or left <= 0:
             break
-        await changes.wait(batch.version, min(left, 1.0))
+        await changes.wait(batch.version, min(left, _beat(batch.session_timeout_ms)))
     body = b'{"generation":%d,"records":[%b]}' % (batch.generation, b",".join(map(record_json, batch.records)))
     return Response(body, media_type="application/json")
 
@@ -381,7 +381,14 @@ async def _events(
         if loop.time() - quiet_since >= 15:
             yield b": keep-alive\n\n"
             quiet_since = loop.time()
-        await changes.wait(batch.version, 1.0)
+        # (a client that goes away cancels this generator: Starlette listens for the disconnect)
+        await changes.wait(batch.version, _beat(batch.session_timeout_ms))
+
+
+def _beat(session_timeout_ms: int) -> float:
+    """How long a waiting pull or stream sleeps at most before it calls the coordinator again (which
+    also keeps its member alive): a quarter of the session timeout, at most a second."""
+    return min(1.0, session_timeout_ms / 4000)
 
 
 def _sse_record(r: Record) -> bytes:

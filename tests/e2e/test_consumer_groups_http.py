@@ -211,3 +211,43 @@ def test_committed_offsets_survive_kill_9_of_the_server(setup: Setup) -> None:
         firsts = {(r["topic"], r["partition"]): r["offset"] for r in reversed(again)}
         for tp, o in commit.items():
             assert firsts.get(tp, o) == o
+
+
+def test_a_reader_that_stops_reading_holds_only_its_own_stream(setup: Setup) -> None:
+    """One stream's client reads nothing (its socket's receive buffer is tiny); another group's
+    consumer still gets every record at once, and the server answers as usual."""
+    import socket
+
+    setup.write(5)
+    with setup.serve(), httpx.Client(base_url=setup.base, timeout=30) as c:
+        stuck = join(c, "stuck", member_id="s")
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", setup.port))
+        request = f"GET /groups/stuck/members/s/stream?generation={stuck['generation']} HTTP/1.1\r\nHost: x\r\n\r\n"
+        sock.sendall(request.encode())
+        setup.write(8_000)  # megabytes of events for a reader that takes none
+        time.sleep(1)
+        other = join(c, "other", member_id="o")
+        got = 0
+        started = time.monotonic()
+        while got < setup.n:
+            got += len(pull(c, "other", other, max_records=5000, wait_ms=1000).json()["records"])
+            assert time.monotonic() - started < 60
+        assert got == setup.n
+        assert c.get("/healthz").status_code == 200
+        sock.close()
+
+
+def test_a_closed_stream_stops_keeping_its_member_alive(setup: Setup) -> None:
+    with setup.serve(), httpx.Client(base_url=setup.base, timeout=30) as c:
+        a = join(c, "gone", member_id="a", session_timeout_ms=3000)
+        with c.stream("GET", f"/groups/gone/members/a/stream?generation={a['generation']}") as r:
+            lines = r.iter_lines()  # kept: closing the iterator closes the connection
+            next(lines)
+            time.sleep(4)  # longer than the session timeout: the open stream keeps the member alive
+            assert c.get("/groups/gone").json()["members"][0]["alive"]
+        deadline = time.monotonic() + 15
+        while c.get("/groups/gone").json()["members"]:
+            assert time.monotonic() < deadline, "the member outlived its closed stream"
+            time.sleep(0.2)

@@ -77,6 +77,7 @@ class Heartbeat:
     generation: int
     assignments: list[TopicPartition]
     rebalance: bool
+    session_timeout_ms: int = 10_000
 
 
 @dataclass(slots=True)
@@ -88,6 +89,7 @@ class Batch:
     records: list[Record] = field(default_factory=list)
     version: int = 0
     resets: list[dict[str, Any]] = field(default_factory=list)
+    session_timeout_ms: int = 10_000  # the member's: a waiting caller calls again well within it
 
 
 @dataclass(slots=True)
@@ -202,14 +204,14 @@ class GroupCoordinator:
             expired = cur.execute(_EXPIRE, (group,)).fetchall()
             alive = cur.execute(
                 "UPDATE consumers.members SET last_heartbeat = now() WHERE group_id = %s AND member_id = %s "
-                "RETURNING 1",
+                "RETURNING session_timeout_ms",
                 (group, member_id),
             ).fetchone()
             current = self._rebalance(cur, group, current, layout, force=bool(expired))
             mine = self._assigned(cur, group, member_id) if alive else []
         if not alive:
             raise UnknownMember(_unknown(group, member_id), generation=current)
-        return Heartbeat(current, mine, rebalance=current != generation)
+        return Heartbeat(current, mine, rebalance=current != generation, session_timeout_ms=alive[0])
 
     def leave(self, group: str, member_id: str) -> None:
         """Leave the group: its partitions move to the other members at once (idempotent)."""
@@ -273,7 +275,7 @@ class GroupCoordinator:
         self.view.refresh_if_older(self.poll_interval_s)
         version = self.view.version
         with self._tx() as cur:
-            reset, auto_commit = self._check_member(cur, group, member_id, generation, share=False)
+            reset, auto_commit, timeout = self._check_member(cur, group, member_id, generation, share=False)
             cur.execute(
                 "SELECT a.topic, a.partition, a.position, o.committed_offset FROM consumers.assignments a "
                 "LEFT JOIN consumers.offsets o ON o.group_id = a.group_id AND o.topic = a.topic "
@@ -285,7 +287,7 @@ class GroupCoordinator:
         if positions is not None:
             for p in parts:
                 p.position = positions.get((p.topic, p.partition))
-        batch = Batch(generation, version=version)
+        batch = Batch(generation, version=version, session_timeout_ms=timeout)
         before = {(p.topic, p.partition): p.position for p in parts}
         for p in parts:
             self._resolve(group, p, reset, batch)
@@ -653,18 +655,18 @@ class GroupCoordinator:
 
     def _check_member(
         self, cur: psycopg.Cursor[Any], group: str, member_id: str, generation: int, *, share: bool
-    ) -> tuple[OffsetReset, bool]:
+    ) -> tuple[OffsetReset, bool, int]:
         """The member is alive and `generation` is current (its heartbeat refreshed); with `share`,
         the group's row stays locked against a rebalance until the transaction ends."""
         row = cur.execute(
-            f"SELECT g.generation, m.member_id, {_ALIVE}, m.auto_offset_reset, m.auto_commit "
+            f"SELECT g.generation, m.member_id, {_ALIVE}, m.auto_offset_reset, m.auto_commit, m.session_timeout_ms "
             "FROM consumers.groups g LEFT JOIN consumers.members m ON m.group_id = g.group_id AND m.member_id = %s "
             "WHERE g.group_id = %s" + (" FOR SHARE OF g" if share else ""),
             (member_id, group),
         ).fetchone()
         if row is None:
             raise UnknownMember(f"no group {group!r}: join it", generation=0)
-        current, known, alive, reset, auto_commit = row
+        current, known, alive, reset, auto_commit, timeout = row
         if known is None or not alive:
             raise UnknownMember(_unknown(group, member_id), generation=current)
         if current != generation:
@@ -676,7 +678,7 @@ class GroupCoordinator:
             "UPDATE consumers.members SET last_heartbeat = now() WHERE group_id = %s AND member_id = %s",
             (group, member_id),
         )
-        return reset, bool(auto_commit)
+        return reset, bool(auto_commit), int(timeout)
 
     @staticmethod
     def _grown(layout: dict[str, int], now: dict[str, int]) -> bool:
