@@ -15,6 +15,7 @@ __all__ = [
     "PartialDuplicateBatch",
     "StoreUnavailable",
     "UnknownCommand",
+    "UnknownPosition",
     "UnknownStreamType",
 ]
 
@@ -87,3 +88,13 @@ class IdempotencyMismatch(EventStoreError):
 
 class PartialDuplicateBatch(EventStoreError):
     """Some, not all, of a batch's event ids are already stored: refuse rather than guess."""
+
+
+class UnknownPosition(EventStoreError):
+    """A position to read after that names no stored event (positions come from events read)."""
+
+    def __init__(self, position: int) -> None:
+        super().__init__(
+            f"no event at position {position}; continue from the position of an event you read (0: the start)"
+        )
+        self.position = position

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ from tributary.eventstore.aggregate import Aggregate
 from tributary.eventstore.errors import ConcurrencyConflict, UnknownStreamType
 from tributary.eventstore.model import ExpectedVersion, NewEvent, event_json
 from tributary.eventstore.store import CommandRecord, EventStore, SameCommandRace, request_hash
-from tributary.eventstore.values import check_data, check_id
+from tributary.eventstore.values import check_data, check_headers, check_id
 
 __all__ = ["CommandHandler", "CommandResult", "LoadedState", "backoff"]
 
@@ -102,36 +103,60 @@ class CommandHandler:
         command_type: str,
         data: Mapping[str, Any],
         *,
-        expected_version: int | None = None,
+        expected_version: ExpectedVersion | None = None,
         command_id: str | None = None,
+        correlation_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> CommandResult:
+        """Decide and append. `expected_version`: None or "any" (retry conflicts), "stream_exists"
+        (the stream must have events; retry conflicts), "no_stream" or n (the stream must be at
+        that version: a conflict is the caller's). Each event's metadata: `causation_id` = the
+        command's id (`command_id`, else a new one), `correlation_id` (default: the command's id),
+        the user `headers`, and `metadata`'s own fields."""
         agg = self.aggregate(stream_type)
         check_id("stream id", stream_id)
         if command_id is not None:
             check_id("command_id", command_id)
+        if correlation_id is not None:
+            check_id("correlation_id", correlation_id)
         check_data("data", data)
         if metadata:
             check_data("metadata", metadata)
+        if headers:
+            check_headers(headers)
+        if expected_version == "any":
+            expected_version = None
+        pinned: int | None = 0 if expected_version == "no_stream" else None
+        if isinstance(expected_version, int):
+            pinned = expected_version
         command = agg.parse_command(command_type, data)
         req = request_hash(stream_type, stream_id, command_type, dict(data), expected_version)
         if command_id is not None:
             stored = self.store.command_response(command_id, req)
             if stored is not None:
                 return CommandResult(stored["stream_id"], stored["version"], stored["events"], replayed=True)
+        cause = command_id or str(uuid.uuid4())
+        meta = {**(metadata or {}), "correlation_id": correlation_id or cause, "causation_id": cause}
+        if command_id is not None:
+            meta["command_id"] = command_id
+        if headers:
+            meta["headers"] = dict(headers)
         for attempt in range(self.max_retries + 1):
             loaded = self.load(stream_type, stream_id)
-            if expected_version is not None and loaded.version != expected_version:
+            if (pinned is not None and loaded.version != pinned) or (
+                expected_version == "stream_exists" and loaded.version == 0
+            ):
                 raise ConcurrencyConflict(stream_id, expected_version, loaded.version)
             decided = agg.decide(loaded.state, command)
-            events = [self._new_event(agg, e, command_id, metadata) for e in decided]
+            events = [self._new_event(agg, e, meta) for e in decided]
             expected: ExpectedVersion = loaded.version
             record = None if command_id is None else CommandRecord(command_id, req)
             try:
                 appended = self.store.append(stream_id, stream_type, events, expected, command=record)
             except ConcurrencyConflict as exc:
-                if expected_version is not None:
-                    raise
+                if pinned is not None:
+                    raise ConcurrencyConflict(stream_id, expected_version, exc.actual) from None
                 if attempt == self.max_retries:
                     raise ConcurrencyConflict(stream_id, exc.expected, exc.actual, attempts=attempt + 1) from None
                 self._sleep(backoff(attempt, base_s=self.retry_base_s, cap_s=self.retry_cap_s, rng=self._rng))
@@ -144,15 +169,11 @@ class CommandHandler:
             return CommandResult(stream_id, appended.version, [event_json(e) for e in appended.events])
         raise AssertionError("unreachable")
 
-    def _new_event(
-        self, agg: Aggregate[Any], event: BaseModel, command_id: str | None, metadata: Mapping[str, Any] | None
-    ) -> NewEvent:
+    @staticmethod
+    def _new_event(agg: Aggregate[Any], event: BaseModel, metadata: dict[str, Any]) -> NewEvent:
         etype = agg.event_type(event)
-        meta = dict(metadata or {})
-        if command_id is not None:
-            meta["command_id"] = command_id
         return NewEvent(
-            type=etype, data=event.model_dump(mode="json"), metadata=meta, schema_version=agg.schema_version(etype)
+            type=etype, data=event.model_dump(mode="json"), metadata=metadata, schema_version=agg.schema_version(etype)
         )
 
     def _maybe_snapshot(

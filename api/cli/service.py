@@ -23,6 +23,9 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+SHUTDOWN_GRACE_S = 3
+
+
 def _connection_limits(settings: Any) -> dict[str, Any]:
     """Uvicorn settings that bound what one client holds (`tributary.api.http.limits`): the HTTP parser
     (`[api] http`) under the connection guard (timeouts, connection limit), h11's cap on a head's bytes, and
@@ -80,6 +83,9 @@ def serve(
     dsn = service_dsn(settings)
     typer.echo(f"tributary API on http://{host}:{port}/ (console), http://{host}:{port}/docs (OpenAPI)", err=True)
     common = {"host": host, "port": port, "log_config": None, "access_log": False, **_connection_limits(settings)}
+    # Open subscriptions (`GET /all/subscribe`) never end by themselves: a stop waits this long for
+    # requests in flight, then closes what is left (a subscriber resumes from its last event id).
+    common["timeout_graceful_shutdown"] = SHUTDOWN_GRACE_S
     if workers == 1:
         from tributary.api.http.definitions import config_file
 

@@ -25,12 +25,13 @@ from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 from starlette.types import Message, Receive, Scope, Send
 
-from tributary.api.http import routes_admin, routes_commands, routes_groups, routes_views
+from tributary.api.http import routes_admin, routes_commands, routes_groups, routes_streams, routes_views
 from tributary.api.http.domains import document_domains
 from tributary.api.http.head import HeadAsGet
 from tributary.api.http.limits import BodyLimit, RequestTracker, connections
 from tributary.api.http.metrics import Metrics
 from tributary.api.http.routes_views import Views
+from tributary.api.http.subscriptions import Subscriptions
 from tributary.api.settings.config import Settings
 from tributary.api.settings.logs import REQUEST_ID
 from tributary.consumers import ConsumerError
@@ -145,12 +146,15 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         )
         app.state.metrics.known_stream_types(app.state.handler.aggregates)
         stop_consumers = routes_groups.start_consumers(app, dsn=dsn)
+        app.state.subscriptions = Subscriptions(pool)
+        app.state.subscriptions.end_on_exit_signals()
         status = routes_admin.start_status(app)
         try:
             yield
         finally:
             status.cancel()
             await stop_consumers()
+            await app.state.subscriptions.close()
             await asyncio.to_thread(store.close)
             await views.close()
             await pool.close()
@@ -173,6 +177,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     connections.configure(timeout_s=settings.api.request_timeout_s, max_connections=settings.api.max_connections)
 
     app.include_router(routes_commands.router)
+    app.include_router(routes_streams.router)
     app.include_router(routes_views.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_groups.router)

@@ -6,13 +6,13 @@ before the offsets that pass them are committed (a crash in between writes them 
 (sink, topic, partition, offset) makes that a no-op).
 
 Revision ID: 0004_sinks
-Revises: 0003_consumer_groups
+Revises: 0003_consumer_groups, 0003_es_xact
 """
 
 from alembic import op
 
 revision = "0004_sinks"
-down_revision = "0003_consumer_groups"
+down_revision = ("0003_consumer_groups", "0003_es_xact")  # also joins the two 0003 branches
 branch_labels = None
 depends_on = None
 

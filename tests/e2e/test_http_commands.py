@@ -155,7 +155,8 @@ def _schemathesis(api: httpx.Client, tmp_path: Path, *select: str) -> subprocess
 def test_schemathesis_every_check_passes(api: httpx.Client, tmp_path: Path) -> None:
     """Property-based fuzzing of every operation in /openapi.json with every schemathesis check: no 5xx,
     every status code, content type and body as declared, bad input refused, good input accepted."""
-    run = _schemathesis(api, tmp_path, "--exclude-path-regex", "^/views")
+    # (A subscription is a response that never ends: its own tests drive it, tests/e2e/test_subscriptions.py.)
+    run = _schemathesis(api, tmp_path, "--exclude-path-regex", "^/(views|all/subscribe)")
     assert run.returncode == 0, run.stdout[-6000:]
     assert "passed" in run.stdout
 

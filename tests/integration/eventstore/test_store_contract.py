@@ -93,7 +93,7 @@ def test_money_stays_exact_and_reads_go_both_ways(store: EventStore) -> None:
     bwd = store.read_stream("s", from_version=0, backwards=True, limit=2)
     assert [e.version for e in bwd] == [5, 4]
     store.append("other", "t", ev(1), "no_stream")
-    assert [e.stream_id for e in store.read_type("t")] == ["s"] * 5 + ["other"]
+    assert [e.stream_id for e in store.read_all(stream_type="t")] == ["s"] * 5 + ["other"]
 
 
 def test_concurrent_appenders_keep_every_stream_gapless(store: EventStore) -> None:
