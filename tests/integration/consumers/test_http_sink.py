@@ -202,3 +202,29 @@ def test_kill_9_the_sink_redelivers_only_after_its_last_commit(fresh_db: str, tm
 def _all(root: Path) -> set[tuple[int, int]]:
     with Log.open(root) as log:
         return {(p, o) for p, end in enumerate(log.end_offsets(TOPIC)) for o in range(end)}
+
+
+def test_a_sink_started_before_its_topic_exists_delivers_once_it_appears(fresh_db: str, tmp_path: Path) -> None:
+    run_migrations(fresh_db)
+    root = tmp_path / "log"
+    filler = Filler(root)  # an empty log: capture has not created the topic yet
+    with receiving(Receiver()) as receiver:
+        sink = f'[[sinks]]\ntype = "http"\nname = "hook"\nurl = "{receiver.url}"\ntopics = ["{TOPIC}"]\n'
+        config = write_config(
+            tmp_path / "t.toml",
+            dsn=fresh_db,
+            log_root=root,
+            port=free_port(),
+            extra="[consumers]\nsession_timeout_ms = 1500\n" + sink,
+        )
+        err = tmp_path / "sink.err"
+        proc = _sinks_run(config, err)
+        try:
+            time.sleep(2)  # joined, with nothing to read
+            filler.topic(TOPIC, partitions=2)
+            filler.write(TOPIC, [(f"k{i}", {"key": f"k{i}", "n": i}) for i in range(10)])
+            _wait("the records of the new topic", lambda: len(receiver.records()) == 10, timeout=30)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0, err.read_text()
+    filler.close()
