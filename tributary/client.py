@@ -165,6 +165,10 @@ class Consumer:
             if not self._buffer:
                 self._fetch()
             while self._buffer:
+                if self._pending is not None:  # a rebalance the heartbeat saw: drop what moved away now
+                    self._ensure_joined()
+                    if not self._buffer:
+                        break
                 record = self._buffer.popleft()
                 tp = (record.topic, record.partition)
                 if tp not in self._assignment:
@@ -176,6 +180,8 @@ class Consumer:
         """The records available now (waiting up to `timeout_ms` for the first), marked handed out."""
         if not self._buffer:
             self._fetch(self.wait_ms if timeout_ms is None else timeout_ms)
+        if self._pending is not None:
+            self._ensure_joined()
         assigned = self._assignment
         out = [r for r in self._buffer if (r.topic, r.partition) in assigned]
         self._buffer.clear()
