@@ -145,9 +145,9 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
             snapshot_every=settings.eventstore.snapshot_every or None,
         )
         app.state.metrics.known_stream_types(app.state.handler.aggregates)
-        stop_consumers = routes_groups.start_consumers(app, dsn=dsn)
         app.state.subscriptions = Subscriptions(pool)
         app.state.subscriptions.end_on_exit_signals()
+        stop_consumers = routes_groups.start_consumers(app, dsn=dsn)
         status = routes_admin.start_status(app)
         try:
             yield

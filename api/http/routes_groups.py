@@ -14,16 +14,18 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import signal
 from collections.abc import AsyncIterator, Callable
+from types import FrameType
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
-from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request
+from fastapi import APIRouter, Body, Depends, Header, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
-from tributary.capture.log import Record
+from tributary.capture.log import LogError, Record
 from tributary.consumers import (
     ConsumerError,
     Fenced,
@@ -188,7 +190,12 @@ def _coordinator(request: Request) -> GroupCoordinator:
 
 
 async def _run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    return await asyncio.to_thread(fn, *args, **kwargs)
+    """`fn` in a worker thread; a log that cannot be read as it is (e.g. its manifest vanished) is a 503
+    with the log's one-line message, which says how to repair it."""
+    try:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    except LogError as exc:
+        raise HTTPException(503, str(exc)) from None
 
 
 def _assignments(tps: list[tuple[str, int]]) -> list[dict[str, Any]]:
@@ -274,7 +281,7 @@ async def records(
             coordinator.fetch, group, member_id, generation, max_records=max_records, max_bytes=max_bytes
         )
         left = deadline - loop.time()
-        if batch.records or left <= 0:
+        if batch.records or left <= 0 or changes.closed:
             break
         await changes.wait(batch.version, min(left, _beat(batch.session_timeout_ms)))
     body = b'{"generation":%d,"records":[%b]}' % (batch.generation, b",".join(map(record_json, batch.records)))
@@ -354,7 +361,7 @@ async def _events(
     loop = asyncio.get_running_loop()
     quiet_since = loop.time()
     yield b"retry: 1000\n\n"
-    while True:
+    while not changes.closed:
         try:
             batch = await _run(
                 coordinator.fetch, group, member_id, generation, max_records=batch_records, positions=positions
@@ -526,6 +533,26 @@ async def _sweep(coordinator: GroupCoordinator, interval_s: float) -> None:
             failure = repr(exc)
 
 
+def _end_streams_on_exit_signals(changes: LogChanges) -> None:
+    """End every stream as soon as the server is told to stop (SIGTERM, SIGINT), then let the server's
+    own handler run: uvicorn waits for open responses before it shuts the app down, and a stream never
+    ends by itself. Chains the handler in place; outside the main thread there is none to chain."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(sig)
+        if not callable(previous):
+            continue
+
+        def handler(signum: int, frame: FrameType | None, previous: Callable[..., Any] = previous) -> None:
+            loop.call_soon_threadsafe(changes.end_waits)
+            previous(signum, frame)
+
+        try:
+            signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            return
+
+
 def start_consumers(app: Any, *, dsn: str) -> Callable[[], Any]:
     """Create the app's coordinator, log watcher and sweeper; returns the coroutine function that
     stops them (the lifespan awaits it on shutdown)."""
@@ -540,6 +567,7 @@ def start_consumers(app: Any, *, dsn: str) -> Callable[[], Any]:
     )
     app.state.coordinator = coordinator
     app.state.log_changes = changes = LogChanges(coordinator.view, interval_s=c.poll_interval_ms / 1000)
+    _end_streams_on_exit_signals(changes)
     sweeper = asyncio.create_task(_sweep(coordinator, c.sweep_interval_ms / 1000), name="consumer-sweeper")
 
     async def stop() -> None:

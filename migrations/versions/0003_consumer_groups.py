@@ -6,13 +6,13 @@ transaction under the group's row lock: fencing without a second mechanism), and
 the restart of every process. `tributary.consumers.coordinator` is the only code that writes them.
 
 Revision ID: 0003_consumer_groups
-Revises: 0002
+Revises: 0003_es_xact
 """
 
 from alembic import op
 
 revision = "0003_consumer_groups"
-down_revision = "0002"
+down_revision = "0003_es_xact"
 branch_labels = None
 depends_on = None
 

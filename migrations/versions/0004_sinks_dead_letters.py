@@ -6,13 +6,13 @@ before the offsets that pass them are committed (a crash in between writes them 
 (sink, topic, partition, offset) makes that a no-op).
 
 Revision ID: 0004_sinks
-Revises: 0003_consumer_groups, 0003_es_xact
+Revises: 0003_consumer_groups
 """
 
 from alembic import op
 
 revision = "0004_sinks"
-down_revision = ("0003_consumer_groups", "0003_es_xact")  # also joins the two 0003 branches
+down_revision = "0003_consumer_groups"
 branch_labels = None
 depends_on = None
 

@@ -251,3 +251,43 @@ def test_a_closed_stream_stops_keeping_its_member_alive(setup: Setup) -> None:
         while c.get("/groups/gone").json()["members"]:
             assert time.monotonic() < deadline, "the member outlived its closed stream"
             time.sleep(0.2)
+
+
+def test_two_server_processes_share_the_groups(setup: Setup) -> None:
+    """`[api] workers = 2`: members, positions and fencing live in the database, so requests that land
+    on either process see one group: each record is delivered once, and a stale commit is refused."""
+    setup.write(60)
+    setup.config.write_text(setup.config.read_text().replace("[consumers]", "workers = 2\n[consumers]"))
+    with setup.serve():
+
+        def fresh() -> httpx.Client:  # a new connection: either worker may answer it
+            return httpx.Client(base_url=setup.base, timeout=30)
+
+        with fresh() as c:
+            a = join(c, "w", member_id="a")
+        records: list[dict[str, Any]] = []
+        for _ in range(40):
+            with fresh() as c:
+                records += pull(c, "w", a, max_records=5).json()["records"]
+        assert sorted(amounts(records)) == list(range(60))
+        with fresh() as c:
+            join(c, "w", member_id="b")
+        with fresh() as c:
+            body = {"generation": a["generation"], "offsets": [{"topic": TOPIC, "partition": 0, "offset": 1}]}
+            assert c.post("/groups/w/members/a/commit", json=body).json()["code"] == "fenced"
+
+
+def test_sigterm_ends_open_streams_and_long_polls_so_the_server_stops(setup: Setup) -> None:
+    with setup.serve() as proc, httpx.Client(base_url=setup.base, timeout=30) as c:
+        a = join(c, "t", member_id="a")
+        with c.stream("GET", f"/groups/t/members/a/stream?generation={a['generation']}") as r:
+            lines = r.iter_lines()
+            next(lines)
+            waiting = threading.Thread(target=lambda: pull(c, "t", a, wait_ms=60_000))
+            waiting.start()
+            time.sleep(0.5)
+            started = time.monotonic()
+            proc.terminate()
+            proc.wait(timeout=20)  # (uvicorn re-raises the signal once it has shut down)
+            assert [line for line in lines if line] == [] and time.monotonic() - started < 10  # the stream ended
+            waiting.join(timeout=10)

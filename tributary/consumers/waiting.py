@@ -24,10 +24,11 @@ class LogChanges:
         self._event = asyncio.Event()
         self._waiters = 0
         self._task: asyncio.Task[None] | None = None
+        self.closed = False  # set when the server stops: streams end instead of waiting on
 
     async def wait(self, seen: int, timeout_s: float) -> bool:
         """Until the log view's version is past `seen` (True) or `timeout_s` passed (False)."""
-        if self.view.version != seen:
+        if self.view.version != seen or self.closed:
             return True
         event = self._event
         self._waiters += 1
@@ -52,7 +53,14 @@ class LogChanges:
                 event.set()
             await asyncio.sleep(self.interval_s)
 
+    def end_waits(self) -> None:
+        """Wake every waiter now and for good (the server is stopping)."""
+        self.closed = True
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
     async def close(self) -> None:
+        self.end_waits()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

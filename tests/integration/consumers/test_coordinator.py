@@ -304,3 +304,84 @@ def test_a_partition_that_stays_keeps_its_position_and_a_moved_one_restarts_at_t
     assert rejoined.generation == beat.generation
     redelivered = coordinator.fetch("g", "a", rejoined.generation, max_records=1000).records
     assert {r.offset for r in redelivered if r.offset == 0} == set() and redelivered
+
+
+def test_three_members_one_goes_silent_nothing_lost_order_kept(
+    coordinator: GroupCoordinator, writer: LogWriter
+) -> None:
+    """Three members consume and commit concurrently; one stops mid-stream without leaving (as after
+    kill -9). Its partitions move within the session timeout, every record is processed, each
+    member sees each partition's offsets in order within a generation, and a record processed twice
+    was never committed before its second delivery."""
+    import threading
+
+    write(writer, 600)
+    processed: list[tuple[str, int, int, int]] = []  # member, generation, partition, offset
+    committed_when: dict[tuple[int, int], int] = {}  # (partition, offset) -> times it was below the commit
+    lock = threading.Lock()
+    stop = threading.Event()
+    silent_at = threading.Event()
+
+    def member(name: str, silent_after: int | None) -> None:
+        m = coordinator.join("g", [TOPIC], member_id=name, session_timeout_ms=600)
+        generation, seen = m.generation, 0
+        while not stop.is_set():
+            try:
+                generation = coordinator.heartbeat("g", name, generation).generation
+                batch = coordinator.fetch("g", name, generation, max_records=15)
+                done: dict[tuple[str, int], int] = {}
+                with lock:
+                    for r in batch.records:
+                        processed.append((name, generation, r.partition, r.offset))
+                        done[(r.topic, r.partition)] = r.offset + 1
+                if done:
+                    coordinator.commit("g", name, generation, [(t, p, o) for (t, p), o in done.items()])
+                    with lock:
+                        for (_, p), o in done.items():
+                            for off in range(o):
+                                committed_when.setdefault((p, off), len(processed))
+                seen += len(batch.records)
+            except (Fenced, UnknownMember, NotAssigned):
+                if stop.is_set():
+                    return
+                m = coordinator.join("g", [TOPIC], member_id=name, session_timeout_ms=600)
+                generation = m.generation
+                continue
+            if silent_after is not None and seen >= silent_after:
+                silent_at.set()
+                return  # gone without a word: no leave, no more heartbeats
+            time.sleep(0.02)
+
+    threads = [threading.Thread(target=member, args=(n, 60 if n == "m2" else None)) for n in ("m0", "m1", "m2")]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            described = coordinator.describe("g") or {"partitions": []}  # None until the first join
+            parts = described["partitions"]
+            if silent_at.is_set() and len(parts) == 4 and all(x["committed"] == x["end"] for x in parts):
+                break
+            assert time.monotonic() < deadline, described
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    assert {(p, o) for _, _, p, o in processed} == {(r[0], r[1]) for r in _all_offsets(coordinator)}
+    assert {m["member_id"] for m in (coordinator.describe("g") or {})["members"]} <= {"m0", "m1"}
+    by_run: dict[tuple[str, int, int], list[int]] = {}
+    for name, gen, p, o in processed:
+        by_run.setdefault((name, gen, p), []).append(o)
+    for offsets in by_run.values():
+        assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+    deliveries: dict[tuple[int, int], list[int]] = {}
+    for i, (_, _, p, o) in enumerate(processed):
+        deliveries.setdefault((p, o), []).append(i)
+    for key, at in deliveries.items():
+        if len(at) > 1:  # redelivered: the commit covering it came only after its second delivery
+            assert committed_when.get(key, len(processed) + 1) > at[1], key
+
+
+def _all_offsets(c: GroupCoordinator) -> list[tuple[int, int]]:
+    return [(p, o) for p in range(4) for o in range(*c.view.bounds(TOPIC, p))]
