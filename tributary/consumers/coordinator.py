@@ -17,7 +17,6 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +25,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from tributary.capture.log import Record
+from tributary.consumers import overview
 from tributary.consumers.assign import TopicPartition, assign
 from tributary.consumers.errors import (
     ConsumerError,
@@ -54,7 +54,7 @@ OffsetReset = Literal["earliest", "latest", "error"]
 OFFSET_RESETS: tuple[OffsetReset, ...] = ("earliest", "latest", "error")
 ResetTarget = Literal["earliest", "latest", "datetime", "offset"]
 
-_ALIVE = "m.last_heartbeat + m.session_timeout_ms * interval '1 millisecond' >= now()"
+_ALIVE = overview.ALIVE
 _EXPIRE = (
     "DELETE FROM consumers.members m WHERE m.group_id = %s "
     "AND m.last_heartbeat + m.session_timeout_ms * interval '1 millisecond' < now() RETURNING m.member_id"
@@ -539,24 +539,13 @@ class GroupCoordinator:
         assert offset is not None
         return min(max(offset, start), end)
 
-    # -- inspecting ---------------------------------------------------------------------------
+    # -- inspecting (tributary.consumers.overview) ------------------------------------------------
 
     def groups(self) -> list[dict[str, Any]]:
         """Every group: live members, generation, total lag of its committed partitions."""
         self.view.refresh_if_older(self.poll_interval_s)
         with self.pool.connection() as conn:
-            rows = conn.execute(
-                f"SELECT g.group_id, g.generation, count(m.member_id) FILTER (WHERE {_ALIVE}) "
-                "FROM consumers.groups g LEFT JOIN consumers.members m ON m.group_id = g.group_id "
-                "GROUP BY g.group_id, g.generation ORDER BY g.group_id"
-            ).fetchall()
-            offsets = conn.execute(
-                "SELECT group_id, topic, partition, committed_offset FROM consumers.offsets"
-            ).fetchall()
-        lag: dict[str, int] = {}
-        for group, topic, p, committed in offsets:
-            lag[group] = lag.get(group, 0) + max(self.view.bounds(topic, p)[1] - committed, 0)
-        return [{"group": g, "members": n, "generation": gen, "lag": lag.get(g)} for g, gen, n in rows]
+            return overview.groups(conn, self.view)
 
     def describe(self, group: str) -> dict[str, Any] | None:
         """Members (id, topics, assignments, last heartbeat), generation, and per topic-partition the
@@ -564,81 +553,13 @@ class GroupCoordinator:
         out-of-range reset. None when there is no such group."""
         self.view.refresh_if_older(self.poll_interval_s)
         with self.pool.connection() as conn:
-            head = conn.execute(
-                "SELECT generation, layout, created_at, rebalanced_at FROM consumers.groups WHERE group_id = %s",
-                (group,),
-            ).fetchone()
-            if head is None:
-                return None
-            members = conn.execute(
-                f"SELECT m.member_id, m.topics, m.joined_at, m.last_heartbeat, m.session_timeout_ms, "
-                f"m.auto_offset_reset, m.auto_commit, {_ALIVE} FROM consumers.members m WHERE m.group_id = %s "
-                "ORDER BY m.member_id",
-                (group,),
-            ).fetchall()
-            held = conn.execute(
-                "SELECT topic, partition, member_id FROM consumers.assignments WHERE group_id = %s", (group,)
-            ).fetchall()
-            offsets = conn.execute(
-                "SELECT topic, partition, committed_offset, committed_at, member_id, generation "
-                "FROM consumers.offsets WHERE group_id = %s",
-                (group,),
-            ).fetchall()
-            resets = conn.execute(
-                "SELECT topic, partition, at, position, start_offset, end_offset, action FROM consumers.out_of_range "
-                "WHERE group_id = %s",
-                (group,),
-            ).fetchall()
-        generation, layout, created_at, rebalanced_at = head
-        owner = {(t, p): m for t, p, m in held}
-        committed = {(t, p): (o, at, m, gen) for t, p, o, at, m, gen in offsets}
-        last_reset = {
-            (t, p): {"at": _iso(at), "position": pos, "start": s, "end": e, "action": a}
-            for t, p, at, pos, s, e, a in resets
-        }
-        keys = set(owner) | set(committed) | {(t, p) for t, n in layout.items() for p in range(n)}
-        partitions = []
-        for t, p in sorted(keys):
-            start, end = self.view.bounds(t, p)
-            c = committed.get((t, p))
-            partitions.append(
-                {
-                    "topic": t,
-                    "partition": p,
-                    "member": owner.get((t, p)),
-                    "committed": c[0] if c else None,
-                    "start": start,
-                    "end": end,
-                    "lag": max(end - c[0], 0) if c else None,
-                    "last_commit": _iso(c[1]) if c else None,
-                    "committed_by": c[2] if c else None,
-                    "out_of_range": last_reset.get((t, p)),
-                }
-            )
-        lags = [x["lag"] for x in partitions if x["lag"] is not None]
-        return {
-            "group": group,
-            "generation": generation,
-            "state": "stable" if any(m[7] for m in members) else "empty",
-            "created_at": _iso(created_at),
-            "rebalanced_at": _iso(rebalanced_at),
-            "members": [
-                {
-                    "member_id": m,
-                    "topics": list(topics),
-                    "assignments": [{"topic": t, "partition": p} for (t, p), o in sorted(owner.items()) if o == m],
-                    "joined_at": _iso(joined),
-                    "last_heartbeat": _iso(beat),
-                    "session_timeout_ms": timeout,
-                    "auto_offset_reset": reset,
-                    "auto_commit": auto,
-                    "alive": alive,
-                }
-                for m, topics, joined, beat, timeout, reset, auto, alive in members
-            ],
-            "partitions": partitions,
-            "lag": sum(lags) if lags else None,
-        }
+            return overview.describe(conn, self.view, group)
+
+    def lag_rows(self) -> list[tuple[str, str, int, int, int]]:
+        """(group, topic, partition, committed, end) of every committed partition (for /metrics)."""
+        self.view.refresh_if_older(self.poll_interval_s)
+        with self.pool.connection() as conn:
+            return overview.lag_rows(conn, self.view)
 
     # -- the group's row, rebalancing -----------------------------------------------------------
 
@@ -737,19 +658,6 @@ class GroupCoordinator:
             ).fetchall()
         ]
 
-    def lag_rows(self) -> list[tuple[str, str, int, int, int]]:
-        """(group, topic, partition, committed, end) of every committed partition (for /metrics)."""
-        self.view.refresh_if_older(self.poll_interval_s)
-        with self.pool.connection() as conn:
-            rows = conn.execute(
-                "SELECT group_id, topic, partition, committed_offset FROM consumers.offsets ORDER BY 1, 2, 3"
-            ).fetchall()
-        return [(g, t, p, o, self.view.bounds(t, p)[1]) for g, t, p, o in rows]
-
 
 def _unknown(group: str, member_id: str) -> str:
     return f"member {member_id} is not in group {group!r} (it left or missed its session timeout): join again"
-
-
-def _iso(at: datetime | None) -> str | None:
-    return None if at is None else at.isoformat()
