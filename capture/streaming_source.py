@@ -24,6 +24,7 @@ from typing import Any
 from tributary.capture import envelope as env
 from tributary.capture import wal2json
 from tributary.capture.catalog import ColumnHistory
+from tributary.capture.chunked import WATERMARK_PREFIX
 from tributary.capture.insert_template import SPLIT, table_tag, table_tags
 from tributary.capture.offsets import OffsetContext
 from tributary.capture.replication import Keepalive, XLogData
@@ -86,6 +87,9 @@ class StreamingSource:
         self._tx_part: bytes | None = None  # the transaction's `source` fields, for the templates
         self._run: list[bytes] = []  # INSERT documents not yet encoded (only ever inside a transaction)
         self._last_tag = b""  # the table tag of the last run: most runs are all that table's
+        # A chunked snapshot (capture/chunked.py): its watermarks, and each committed transaction.
+        self.on_watermark: Callable[[str], bool] | None = None
+        self.on_commit: Callable[[int], bool] | None = None  # True: a snapshot request was applied
 
     @property
     def seen(self) -> int:
@@ -126,6 +130,7 @@ class StreamingSource:
             appending = offsets.begin(parsed.nextlsn)
             self._hold_inserts = appending and self.templates is not None
             self._tx = {"xid": parsed.xid, "ts_ms": parsed.timestamp_ms, "lsn": parsed.lsn, "changes": 0}
+            self.staging.xid = parsed.xid
             self._tx_part = None
             self._ctx = {
                 "source_name": self.spec.name,
@@ -138,7 +143,10 @@ class StreamingSource:
             return False
         if isinstance(parsed, wal2json.Commit):
             self._hold_inserts = False
+            self.staging.xid = None
             changes = self._tx.get("changes", 0)
+            if self.on_commit is not None and self.on_commit(parsed.xid) and not offsets.skipping:
+                changes = max(changes, 1)  # a snapshot requested inside it: a commit point, with the request
             if not offsets.end(parsed.nextlsn, changes=changes):
                 return False  # skipped, or nothing of ours in it
             self.staging.flush()
@@ -188,6 +196,8 @@ class StreamingSource:
                     self.staging.to_all_partitions(out.topic, out.key, out.value, now_ms)
                 self._tx["changes"] = self._tx.get("changes", 0) + 1
         elif isinstance(parsed, wal2json.LogicalMessage):
+            if parsed.prefix == WATERMARK_PREFIX:
+                return self._watermark(parsed)
             self._stage(env.message_envelope(parsed, **self._context()), now_ms)
             if not offsets.in_transaction and parsed.lsn is not None:
                 # A non-transactional message stands alone: it is its own commit point.
@@ -197,6 +207,18 @@ class StreamingSource:
                 return True
             self._tx["changes"] = self._tx.get("changes", 0) + 1
         return False
+
+    def _watermark(self, message: wal2json.LogicalMessage) -> bool:
+        """A chunked snapshot's high watermark (capture/chunked.py): never a record of its own;
+        a commit point when the chunk's rows were staged at it."""
+        if message.transactional or self.offsets.in_transaction or message.lsn is None:
+            return False
+        if self.on_watermark is None or not self.on_watermark(message.content):
+            return False
+        self.staging.flush()
+        self.last_tx_changes = 1
+        self.offsets.standalone(message.lsn)
+        return True
 
     def _stage(self, outputs: Iterable[env.Output], now_ms: int) -> None:
         """A streamed record's timestamp is its transaction's commit time (event time)."""

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tributary.api.settings.environment import read_environment
 from tributary.api.settings.errors import ConfigError, describe, describe_toml_bytes, describe_toml_syntax
+from tributary.capture.spec import CHUNK_ROWS
 
 __all__ = [
     "ApiSettings",
@@ -111,6 +112,13 @@ class SourceSettings(_Section):
         default="initial", description="Initial snapshot policy."
     )
     partitions: int | None = Field(default=None, ge=1, le=1024, description="Partitions per topic.")
+    snapshot_method: Literal["consistent", "chunked"] = Field(
+        default="consistent",
+        description="consistent: one transaction at the slot's start; chunked: key chunks beside streaming.",
+    )
+    snapshot_chunk_rows: int = Field(
+        default=CHUNK_ROWS, ge=100, le=10_000_000, description="Rows per chunk of a chunked snapshot."
+    )
 
     @property
     def slot_name(self) -> str:

@@ -45,6 +45,8 @@ def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[Sourc
             exclude=s.exclude,
             snapshot=s.snapshot,
             partitions=s.partitions or settings.log.partitions,
+            snapshot_method=s.snapshot_method,
+            snapshot_chunk_rows=s.snapshot_chunk_rows,
         )
         for s in settings.sources
     ]
