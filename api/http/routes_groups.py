@@ -529,7 +529,10 @@ async def _sweep(coordinator: GroupCoordinator, interval_s: float) -> None:
             failure = None
         except Exception as exc:  # noqa: BLE001 - the sweeper outlives a failure (e.g. before `tributary init`)
             if repr(exc) != failure:
-                log.warning("moving the partitions of silent consumers failed: %s", str(exc).splitlines()[0])
+                log.warning(
+                    "moving the partitions of silent consumers failed: %s",
+                    (str(exc) or type(exc).__name__).splitlines()[0],
+                )
             failure = repr(exc)
 
 

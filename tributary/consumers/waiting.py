@@ -42,12 +42,18 @@ class LogChanges:
         return self.view.version != seen
 
     async def _watch(self) -> None:
+        failure = None
         while self._waiters > 0:
             try:
                 changed = await asyncio.to_thread(self.view.refresh)
-            except Exception:  # noqa: BLE001 - waiters time out and see the error on their next fetch
-                log.exception("reading the log's manifest failed; retrying")
-                changed = False
+                failure = None
+            except Exception as exc:  # noqa: BLE001 - waiters time out and see the error on their next fetch
+                if repr(exc) != failure:  # once per distinct failure, not every poll
+                    log.warning(
+                        "reading the log's manifest failed (retrying): %s",
+                        (str(exc) or type(exc).__name__).splitlines()[0],
+                    )
+                failure, changed = repr(exc), False
             if changed:
                 event, self._event = self._event, asyncio.Event()
                 event.set()
