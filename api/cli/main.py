@@ -88,6 +88,7 @@ def _register_subcommands() -> None:
         "tributary.api.cli.project",
         "tributary.api.cli.service",
         "tributary.api.cli.groups",
+        "tributary.api.cli.sinks",
         "tributary.api.demo.demo",
     ):
         try:
@@ -112,6 +113,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
         ("tributary.capture.errors", "CaptureError"),
         ("tributary.eventstore.errors", "EventStoreError"),
         ("tributary.projections.errors", "ProjectionError"),
+        ("tributary.sinks", "SinkError"),
         ("tributary.consumers.errors", "ConsumerError"),
     ):
         try:

@@ -82,6 +82,18 @@ class Metrics:
             ["group"],
             registry=r,
         )
+        self.sink_delivered = Gauge(
+            "tributary_sink_delivered_records_total", "Records an HTTP sink delivered (all runs)", ["sink"], registry=r
+        )
+        self.sink_failed = Gauge(
+            "tributary_sink_failed_attempts_total", "Failed POSTs of an HTTP sink (all runs)", ["sink"], registry=r
+        )
+        self.sink_dead = Gauge(
+            "tributary_sink_dead_letters_total", "Records an HTTP sink gave up on (dead letters)", ["sink"], registry=r
+        )
+        self.sink_state = Gauge(
+            "tributary_sink_state", "1 for the HTTP sink's current state", ["sink", "state"], registry=r
+        )
         self.stream_types: frozenset[str] = frozenset()
         self.commands = _KnownStreamTypes(
             Counter("tributary_commands_total", "Commands handled by outcome", ["stream_type", "outcome"], registry=r),
@@ -151,6 +163,29 @@ class Metrics:
         self._refresh_projections(settings, dsn, rebuilds)
         if groups is not None:
             self._refresh_groups(groups)
+        if dsn is not None and settings.sinks:
+            self._refresh_sinks(settings, dsn)
+
+    def _refresh_sinks(self, settings: Any, dsn: str) -> None:
+        """The configured sinks' status rows (`tributary sinks run` writes them after every batch)."""
+        from tributary.sinks import SinkStore
+
+        try:
+            store = SinkStore(dsn)
+            try:
+                rows = {row.sink: row for row in store.statuses()}
+            finally:
+                store.close()
+        except psycopg.Error:  # unreachable, or before `tributary init`: nothing to report
+            return
+        for sink in settings.sinks:
+            row = rows.get(sink.name)
+            state = row.state if row else "never run"
+            self.sink_delivered.labels(sink.name).set(row.delivered if row else 0)
+            self.sink_failed.labels(sink.name).set(row.failed_attempts if row else 0)
+            self.sink_dead.labels(sink.name).set(row.dead_letters if row else 0)
+            for known in ("running", "retrying", "stopped", "never run"):
+                self.sink_state.labels(sink.name, known).set(1 if state == known else 0)
 
     def _refresh_groups(self, coordinator: GroupCoordinator) -> None:
         """Lag and committed offset per group and partition; members and generation per group. Series

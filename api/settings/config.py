@@ -27,6 +27,7 @@ __all__ = [
     "ProjectionSettings",
     "ServiceSettings",
     "Settings",
+    "SinkSettings",
     "SourceSettings",
     "load_settings",
 ]
@@ -231,6 +232,35 @@ class ApiSettings(_Section):
     )
 
 
+class SinkSettings(_Section):
+    """One sink: a consumer group that delivers `topics` elsewhere (`tributary sinks run`)."""
+
+    type: Literal["http"] = Field(description="Sink kind: `http` POSTs batches (JSON arrays of records) to `url`.")
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$", description="Sink name (status, dead letters).")
+    url: str = Field(pattern=r"^https?://", description="Where batches are POSTed.")
+    topics: tuple[str, ...] = Field(min_length=1, description="Topics to deliver.")
+    group: str | None = Field(default=None, description="Consumer group; default sink-<name>.")
+    headers: dict[str, str] = Field(
+        default={}, description="Extra request headers (e.g. Authorization; `config show` masks their values)."
+    )
+    auto_offset_reset: Literal["earliest", "latest", "error"] = Field(
+        default="earliest", description="Where a new group starts (or one whose offset fell behind retention)."
+    )
+    max_batch_records: int = Field(default=500, ge=1, le=100_000, description="Records per request at most.")
+    max_batch_bytes: int = Field(default=1_048_576, ge=1024, le=1 << 28, description="Bytes per request at most.")
+    linger_ms: int = Field(default=100, ge=0, le=60_000, description="Wait this long for a batch to fill.")
+    max_attempts: int = Field(
+        default=10, ge=1, le=1_000_000, description="Failed attempts of a batch before its records are dead letters."
+    )
+    initial_backoff_ms: int = Field(default=200, ge=1, le=3_600_000, description="First retry wait (doubles).")
+    max_backoff_ms: int = Field(default=30_000, ge=1, le=3_600_000, description="Ceiling of the retry wait.")
+    request_timeout_s: float = Field(default=10.0, gt=0, le=3600, description="Timeout of one request.")
+
+    @property
+    def group_name(self) -> str:
+        return self.group or f"sink-{self.name}"
+
+
 class ConsumerSettings(_Section):
     """Consumer groups served over HTTP (docs/consumers.md)."""
 
@@ -280,6 +310,7 @@ class Settings(BaseModel):
     projections: ProjectionSettings = ProjectionSettings()
     api: ApiSettings = ApiSettings()
     consumers: ConsumerSettings = ConsumerSettings()
+    sinks: tuple[SinkSettings, ...] = ()
     pg_data_dir: Path = Field(default=Path(".tributary/pg"), description="Data directory of the embedded cluster.")
 
     @field_validator("sources")
@@ -290,6 +321,15 @@ class Settings(BaseModel):
         if dupes:
             raise ValueError(f"duplicate source name(s): {', '.join(dupes)}")
         return sources
+
+    @field_validator("sinks")
+    @classmethod
+    def _unique_sinks(cls, sinks: tuple[SinkSettings, ...]) -> tuple[SinkSettings, ...]:
+        names = [s.name for s in sinks]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate sink name(s): {', '.join(dupes)}")
+        return sinks
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
