@@ -35,6 +35,7 @@ from tributary.consumers import (
     NotAssigned,
     NotFound,
     OffsetOutOfRange,
+    StreamCursor,
     UnknownMember,
 )
 
@@ -360,19 +361,19 @@ async def _events(
 ) -> AsyncIterator[bytes]:
     loop = asyncio.get_running_loop()
     quiet_since = loop.time()
+    cursor = StreamCursor(group, member_id, generation, positions)
     yield b"retry: 1000\n\n"
     while not changes.closed:
         try:
-            batch = await _run(
-                coordinator.fetch, group, member_id, generation, max_records=batch_records, positions=positions
-            )
+            batch = await _run(coordinator.stream_fetch, cursor, max_records=batch_records)
         except Fenced:
             try:
                 hb = await _run(coordinator.heartbeat, group, member_id, generation)
             except UnknownMember as gone:
                 yield _sse_error(gone)
                 return
-            generation = hb.generation
+            generation = cursor.generation = hb.generation
+            cursor.assignments = None
             for tp in [tp for tp in positions if tp not in hb.assignments]:
                 del positions[tp]  # moved away: its new member starts at the committed offset
             data = {"generation": generation, "assignments": _assignments(hb.assignments)}
