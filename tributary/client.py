@@ -420,7 +420,8 @@ class Consumer:
 
 def _sse_events(lines: Iterator[str]) -> Iterator[tuple[str, str | None, str]]:
     """(event, id, data) of each server-sent event in `lines` (comments and `retry:` skipped)."""
-    event, event_id, data = "message", None, []
+    event, event_id = "message", None
+    data: list[str] = []
     for line in lines:
         if not line:
             if data:
