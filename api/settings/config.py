@@ -140,6 +140,11 @@ class CaptureSettings(_Section):
 
 class ProjectionSettings(_Section):
     spark_master: str = Field(default="local[*]", description="Spark master URL.")
+    spark_conf: dict[str, str] = Field(
+        default={},
+        description="Any Spark setting, applied when the session is built and winning over the defaults (e.g. "
+        "spark.driver.host for executors on other hosts; `config show` masks secrets).",
+    )
     modules: tuple[str, ...] = Field(default=(), description="Projection files or modules.")
     schema_: str = Field(default="views", alias="schema", description="Schema of derived tables.")
     mirror: tuple[str, ...] = Field(default=(), description="Captured topics to mirror as tables.")
