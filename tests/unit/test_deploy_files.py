@@ -163,7 +163,8 @@ def test_postgres_image_has_wal2json_logical_decoding_and_the_init_script() -> N
     copied = re.search(r"^COPY (\S+) /docker-entrypoint-initdb.d/", dockerfile, re.M)
     assert copied and (DEPLOY / postgres["build"]["context"] / copied.group(1)).is_file()
     assert "wal_level=logical" in postgres["command"]
-    assert "healthcheck" in postgres
+    # ready over TCP: during the init script the server answers on its Unix socket only
+    assert postgres["healthcheck"]["test"][1:4] == ["pg_isready", "-h", "127.0.0.1"]
 
 
 def test_kafka_runs_in_kraft_mode_where_capture_looks_for_it() -> None:
