@@ -26,6 +26,7 @@ from tributary.capture.lsn import Lsn
 from tributary.capture.offsets import OffsetContext
 from tributary.capture.replication import ReplicationConnection
 from tributary.capture.routing import TableFilter
+from tributary.capture.signals import SnapshotSignal
 from tributary.capture.slot import Slot, SlotState, sql_connection
 from tributary.capture.snapshot_source import SnapshotSource
 from tributary.capture.spec import SourceSpec
@@ -59,8 +60,10 @@ class SourceSession:
         self.slot = Slot(spec.dsn, spec.slot, label=spec.name)
         self.offsets = OffsetContext()
         self.staging = Staging(log_, partitions=spec.partitions)
+        # The signal table is the source's control channel: never snapshotted nor captured as records.
+        exclude = (*spec.exclude, spec.signal_table) if spec.signal_table else spec.exclude
         self.tables = SourceTables(
-            spec.name, TableFilter(spec.include, spec.exclude), self.staging, schema_records=spec.router is None
+            spec.name, TableFilter(spec.include, exclude), self.staging, schema_records=spec.router is None
         )
         self.stream: StreamingSource | None = None  # once open
 
@@ -99,12 +102,29 @@ class SourceSession:
         with sql_connection(self.spec.dsn, label=self.spec.name) as conn:
             self.status.warnings += self.tables.seed(conn)
         self.stream = StreamingSource(
-            self.spec, self.staging, self.tables, self.offsets, self.status, db=slot.database, clock=self.clock
+            self.spec,
+            self.staging,
+            self.tables,
+            self.offsets,
+            self.status,
+            db=slot.database,
+            clock=self.clock,
+            on_signal=self._on_signal,
         )
         options = dict(wal2json.WAL2JSON_OPTIONS)
         options.update(self.tables.filter.wal2json_options())
+        if self.spec.signal_table and "add-tables" in options:
+            options["add-tables"] += "," + self.spec.signal_table  # its INSERTs are read, as signals
         self.slot.start_streaming(start, options)
         self.status.state = SourceState.STREAMING
+
+    def _on_signal(self, signal: SnapshotSignal) -> None:
+        """A signal read from the stream (capture/signals.py): re-snapshot those tables."""
+        self.request_snapshot(list(signal.tables), origin=signal.origin)
+
+    def request_snapshot(self, tables: list[str], *, origin: str) -> None:
+        """Re-snapshot `tables` ("schema.table"), chunked, beside the stream."""
+        raise ValueError(f"cannot re-snapshot {', '.join(tables)} ({origin}): chunked snapshots are not available")
 
     def _new_slot(self, slot: SlotState, on_progress: Callable[[SourceStatus], None] | None) -> Lsn:
         """(Re)create the slot, with the initial snapshot unless `snapshot = "never"`; returns its

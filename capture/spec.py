@@ -24,3 +24,5 @@ class SourceSpec:
     partitions: int
     # Outbox sources: each inserted row → records (capture.outbox), instead of CDC envelopes.
     router: Callable[[dict[str, Any]], list[env.Output]] | None = None
+    # "schema.table" whose INSERTs are signals (capture/signals.py), never captured as records.
+    signal_table: str | None = None

@@ -1,4 +1,4 @@
-"""`tributary init`, `tributary capture` and `tributary capture status`."""
+"""`tributary init`, `tributary capture`, `tributary capture status` and `tributary capture snapshot`."""
 
 from __future__ import annotations
 
@@ -248,6 +248,74 @@ def status(
         console.print(
             f"[bold]{literal(r['name'])}[/] {literal(line)}" + (f" [red]{literal(error)}[/]" if error else "")
         )
+
+
+@capture_app.command("snapshot")
+def snapshot(
+    tables: Annotated[list[str], typer.Argument(metavar="TABLE...", help="schema.table to re-read (repeatable).")],
+    config: ConfigOption = None,
+    source: Annotated[
+        str | None, typer.Option("--source", help="The [[sources]] name (needed when there are several).")
+    ] = None,
+) -> None:
+    """Re-snapshot tables, chunked, beside streaming: their rows arrive again as `op: "r"` records.
+
+    Writes a signal into the source database's WAL (a transactional logical message), so the
+    request is durable and ordered with the stream: a running capture acts on it when it reads
+    that point, a stopped one when it next starts."""
+    import psycopg
+
+    from tributary.capture.routing import TableFilter
+    from tributary.capture.signals import SIGNAL_PREFIX, BadSignal, qualified_table, snapshot_message
+    from tributary.capture.slot import sql_connection
+
+    settings = settings_from(config)
+    specs = source_specs(settings)
+    if source is not None:
+        spec = next((s for s in specs if s.name == source), None)
+        if spec is None:
+            known = ", ".join(s.name for s in specs) or "none configured"
+            raise UserError(f"unknown source {source!r} (sources: {known})")
+    elif len(specs) == 1:
+        spec = specs[0]
+    elif not specs:
+        raise UserError("no [[sources]] configured: nothing to snapshot")
+    else:
+        raise UserError(f"several sources ({', '.join(s.name for s in specs)}): say which with --source NAME")
+    try:
+        names = [qualified_table(t) for t in tables]
+    except BadSignal as exc:
+        raise UserError(str(exc)) from None
+    exclude = (*spec.exclude, spec.signal_table) if spec.signal_table else spec.exclude
+    captured = TableFilter(spec.include, exclude)
+    for name in names:
+        if not captured.matches(*name.split(".", 1)):
+            raise UserError(
+                f"table {name} is not captured by source {spec.name!r} (include = {list(spec.include)}, "
+                f"exclude = {list(exclude)})"
+            )
+    try:
+        with sql_connection(spec.dsn, label=spec.name) as conn:
+            for name in names:
+                row = conn.execute(
+                    "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
+                    tuple(name.split(".", 1)),
+                ).fetchone()
+                if row is None:
+                    raise UserError(f"table {name} does not exist in source {spec.name!r}")
+            with conn.transaction():
+                lsn = conn.execute(
+                    "SELECT pg_logical_emit_message(true, %s, %s)::text", (SIGNAL_PREFIX, snapshot_message(names))
+                ).fetchone()
+    except psycopg.Error as exc:  # e.g. EXECUTE on pg_logical_emit_message revoked from the role
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"source {spec.name!r}: cannot write the signal: {first}") from None
+    at = lsn[0] if lsn else "?"
+    typer.echo(
+        f"snapshot of {', '.join(names)} requested from source {spec.name} (WAL {at}): "
+        "capture re-reads it, chunked, when it reaches that point"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -109,6 +109,11 @@ class SourceSettings(_Section):
         default="initial", description="Initial snapshot policy."
     )
     partitions: int | None = Field(default=None, ge=1, le=1024, description="Partitions per topic.")
+    signal_table: str | None = Field(
+        default=None,
+        pattern=r"^[^.\s\"*?\[\]]+\.[^.\s\"*?\[\]]+$",
+        description="schema.table of a signal table (id, type, data) in the source: an INSERT of type 'execute-snapshot' re-snapshots tables.",
+    )
 
     @property
     def slot_name(self) -> str:

@@ -45,6 +45,7 @@ def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[Sourc
             exclude=s.exclude,
             snapshot=s.snapshot,
             partitions=s.partitions or settings.log.partitions,
+            signal_table=s.signal_table,
         )
         for s in settings.sources
     ]
