@@ -22,7 +22,7 @@ from tributary.api.settings.log import cleaner_policy
 from tributary.api.settings.sources import source_specs, source_statuses
 from tributary.capture.daemon import CaptureDaemon, DaemonOptions
 from tributary.capture.prerequisites import Outcome, check_source
-from tributary.capture.status import SourceStatus
+from tributary.capture.status import SourceStatus, snapshot_summary
 
 __all__ = ["register"]
 
@@ -195,14 +195,7 @@ class _LiveStatus:
         width = max((len(s.name) for s in sources), default=0)
         for s in sources:
             state = s.state.value
-            if state == "snapshotting" and s.snapshot_rows_total:
-                detail = (
-                    f"snapshot {s.snapshot_table + ' ' if s.snapshot_table else ''}"
-                    f"{s.snapshot_rows_done:,}/{s.snapshot_rows_total:,} rows "
-                    f"({100 * s.snapshot_rows_done // max(s.snapshot_rows_total, 1)}%)"
-                )
-            else:
-                detail = f"lsn {s.last_lsn or '-'}"
+            detail = snapshot_summary(s.to_json()) or f"lsn {s.last_lsn or '-'}"
             lines.append(
                 self._line(
                     (f"{s.name:<{width}}  ", "bold"),
@@ -225,16 +218,16 @@ def status(
     config: ConfigOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """Each source's state, positions, slot lag and snapshot progress."""
+    """Each source's state, positions, slot lag and the snapshot under way (table, method, chunks and
+    rows done of estimated, tables pending), which a chunked snapshot shows beside streaming."""
     pid, rows = source_statuses(settings_from(config))
     if as_json:
         typer.echo(json.dumps({"pid": pid, "sources": rows}, indent=1))
         return
     console = make_console()
     for r in rows:
-        snap = ""
-        if r.get("snapshot_rows_total"):
-            snap = f" snapshot {r.get('snapshot_rows_done', 0):,}/{r['snapshot_rows_total']:,}"
+        summary = snapshot_summary(r)
+        snap = f" {summary}" if summary else ""
         lag = r["slot_lag_bytes"]
         line = (
             f"{r.get('state')} slot={r.get('slot')} lsn={r.get('last_lsn')} "
