@@ -147,6 +147,8 @@ class CaptureDaemon:
         if self._mark is None:
             return
         positions = {s.spec.name: str(s.boundary) for s in self.sessions if s.has_boundary}
+        for s in self.sessions:
+            positions.update(s.context_positions())  # a chunked snapshot's progress, with its rows
         started = time.perf_counter()
         self.log.commit(positions=positions, upto=self._mark)  # step 3: fsync, then the manifest
         self.commit_seconds.observe(time.perf_counter() - started)
@@ -318,6 +320,7 @@ class CaptureDaemon:
     def _loop(self) -> None:
         while not self._stopping:
             busy = self._pump()
+            busy = self._snapshots() or busy
             now = self.clock()
             now_ms = int(now * 1000)
             if self._mark is not None and self.committer.due(now_ms):
@@ -408,9 +411,29 @@ class CaptureDaemon:
                 break  # it stopped mid-transaction: no other source appends until that one ends
         return appended
 
+    def _snapshots(self) -> bool:
+        """Chunked snapshots (capture/chunked.py): between source transactions, apply requests and
+        start each source's next chunk read (off the loop); True while one is under way."""
+        if any(s.in_transaction for s in self.sessions):
+            return any(s.snapshotting for s in self.sessions)
+        under_way = False
+        for session in self.sessions:
+            if session.stream is None or session.name in self._retries:
+                continue
+            try:
+                if session.snapshot_tick():
+                    self._mark = self.log.mark()  # the new context, committed with what is appended
+            except (CaptureError, psycopg.Error) as exc:
+                self._fail(session, exc)
+                continue
+            under_way = under_way or session.snapshotting
+        return under_way
+
     def _wait_budget(self) -> float:
         if self._mark is not None:
             return max(self.opts.linger_ms / 1000.0, 0.0005)
+        if any(s.snapshotting for s in self.sessions):
+            return 0.02  # a chunk read ends off the loop: start the next one soon
         return 0.2
 
     # -- status ---------------------------------------------------------------------------------

@@ -43,12 +43,15 @@ def take_copy_python(get_copy_data: Callable[[int], tuple[int, Any]], buf: bytea
     return 1
 
 
-def _copy_columns(table: TableInfo, *, ordered: bool = False) -> sql.Composed:
-    """`COPY` of the table's columns (in `table.columns` order) as text; `ordered`: by primary key."""
+def _copy_columns(table: TableInfo, *, ordered: bool = False, where: sql.Composable | None = None) -> sql.Composed:
+    """`COPY` of the table's columns (in `table.columns` order) as text; `ordered`: by primary key;
+    `where`: a condition on the table's rows (a chunked snapshot's key range)."""
     cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns)
     order: sql.Composable = sql.SQL("")
+    if where is not None:
+        order = sql.SQL(" WHERE ") + where
     if ordered and table.primary_key:
-        order = sql.SQL(" ORDER BY ") + sql.SQL(", ").join(sql.Identifier(k) for k in table.primary_key)
+        order += sql.SQL(" ORDER BY ") + sql.SQL(", ").join(sql.Identifier(k) for k in table.primary_key)
     return sql.SQL("COPY (SELECT {} FROM {}.{}{}) TO STDOUT").format(
         cols, sql.Identifier(table.schema), sql.Identifier(table.table), order
     )
@@ -79,9 +82,10 @@ def _json_expr(name: str, type_name: str) -> sql.Composable | None:
 
 
 class SnapshotReader:
-    """One read-only REPEATABLE READ transaction pinned to an exported snapshot."""
+    """One read-only REPEATABLE READ transaction pinned to an exported snapshot (or, without
+    `snapshot_name`, read-only REPEATABLE READ transactions of its own: a chunked snapshot's)."""
 
-    def __init__(self, dsn: str, snapshot_name: str, *, label: str) -> None:
+    def __init__(self, dsn: str, snapshot_name: str | None, *, label: str) -> None:
         self.label = label
         try:
             self._conn: psycopg.Connection[Any] = psycopg.connect(dsn, connect_timeout=10, **connect_options())
@@ -89,7 +93,13 @@ class SnapshotReader:
             raise translate_connect_error(exc, f"source {label!r} (snapshot)") from None
         self._conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         self._conn.read_only = True
-        self._conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
+        if snapshot_name is not None:
+            self._conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
+        self.where: sql.Composable | None = None  # a condition every read adds (a chunk's key range)
+
+    @property
+    def connection(self) -> psycopg.Connection[Any]:
+        return self._conn
 
     def rows(self, table: TableInfo, *, ordered: bool = False) -> Iterator[tuple[str | None, ...]]:
         """Every row of `table` as text values in `table.columns` order.
@@ -97,7 +107,7 @@ class SnapshotReader:
         `ordered`: by primary key. A CDC snapshot holds one row per key, so heap order is fine
         (and fastest); an outbox holds many rows per stream, whose order is the point."""
         try:
-            with self._conn.cursor().copy(_copy_columns(table, ordered=ordered)) as copy:
+            with self._conn.cursor().copy(_copy_columns(table, ordered=ordered, where=self.where)) as copy:
                 yield from copy.rows()
         except psycopg.OperationalError as exc:
             raise TransientSourceError(f"source {self.label!r}: snapshot of {table.qualified} broke: {exc}") from None
@@ -110,7 +120,7 @@ class SnapshotReader:
         take = compiled.take_copy or take_copy_python
         limit = len(_CHUNK_HEAD) + chunk_bytes  # a chunk ends at the first row reaching `chunk_bytes`
         try:
-            with self._conn.cursor().copy(_copy_columns(table)) as copy:
+            with self._conn.cursor().copy(_copy_columns(table, where=self.where)) as copy:
                 # psycopg's `copy.read()` runs a generator and a wait per row; libpq's
                 # non-blocking PQgetCopyData (psycopg.pq) does neither: rows already received
                 # are taken directly, and psycopg's `read` waits when none is (0 = would block).
@@ -167,9 +177,10 @@ class SnapshotReader:
         row, key_row = sql.Identifier(_ROW), sql.Identifier(_KEY)
         keys = sql.SQL(", ").join(sql.SQL("{}.{}").format(row, sql.Identifier(k)) for k in sorted(set(key)))
         query = sql.SQL(
-            "COPY (SELECT row_to_json({row}), row_to_json({key}) FROM (SELECT {exprs} FROM {schema}.{table}) {row} "
+            "COPY (SELECT row_to_json({row}), row_to_json({key}) FROM (SELECT {exprs} FROM {schema}.{table}{where}) {row} "
             "CROSS JOIN LATERAL (SELECT {keys}) {key}) TO STDOUT"
         ).format(
+            where=sql.SQL("") if self.where is None else sql.SQL(" WHERE ") + self.where,
             row=row,
             key=key_row,
             exprs=sql.SQL(", ").join(exprs),

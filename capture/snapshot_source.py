@@ -231,11 +231,20 @@ class SnapshotSource:
         return snapshot_columns.plan([(c.name, c.type) for c in table.columns], table.identity_columns)
 
     def _chunk(
-        self, encoder: env.SnapshotEncoder, plan: Any, chunk: bytes, now_ms: int, marker: str, *, recs: Any = None
+        self,
+        encoder: env.SnapshotEncoder,
+        plan: Any,
+        chunk: bytes,
+        now_ms: int,
+        marker: str,
+        *,
+        recs: Any = None,
+        last_row: int | None = None,
     ) -> None:
         """A chunk of COPY text as records, column-wise, straight into the log's partitions (lines
         encoded by codec_arrow), after everything staged so far, to keep the order. `recs`: the
-        chunk already encoded (a re-snapshot needs its keys before it is staged)."""
+        chunk already encoded (a re-snapshot needs its keys before it is staged), rows of partition
+        -1 left out (capture/chunked.py); `last_row`: the index of the row that takes `marker`."""
         from tributary.capture import snapshot_columns
         from tributary.capture.log import encode_columns
 
@@ -245,12 +254,14 @@ class SnapshotSource:
         if recs is None:
             recs = snapshot_columns.encode_chunk(plan, chunk, count)
         tail = b"}" + encoder.tail("true")
+        if last_row is None:
+            last_row = recs.rows - 1
         for partition in range(count):
             rows = snapshot_columns.rows_of(recs.partitions, partition)
             if not len(rows):
                 continue
             value_args = snapshot_columns.value_args(plan, recs, rows)
-            if marker != "true" and rows[-1] == recs.rows - 1:
+            if marker != "true" and rows[-1] == last_row:
                 value_args.append(snapshot_columns.last_tail(len(rows), tail, b"}" + encoder.tail(marker)))
             else:
                 value_args.append(snapshot_columns.scalar(tail))

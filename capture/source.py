@@ -18,17 +18,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from tributary.capture import wal2json
+from tributary.capture.catalog import list_tables
+from tributary.capture.chunked import ChunkedSnapshot, SnapshotContext, context_key
 from tributary.capture.errors import SlotLost, SlotMissing
-from tributary.capture.log import Log
+from tributary.capture.log import Log, Mark
 from tributary.capture.lsn import Lsn
 from tributary.capture.offsets import OffsetContext
 from tributary.capture.replication import ReplicationConnection
-from tributary.capture.routing import TableFilter
+from tributary.capture.routing import TableFilter, topic_name
 from tributary.capture.signals import SnapshotSignal
 from tributary.capture.slot import Slot, SlotState, sql_connection
-from tributary.capture.snapshot_source import SnapshotSource
+from tributary.capture.snapshot_source import RESNAPSHOT_POSITION, SnapshotSource
 from tributary.capture.spec import SourceSpec
 from tributary.capture.staging import Staging
 from tributary.capture.status import SourceState, SourceStatus
@@ -49,6 +52,8 @@ class SourceSession:
         self.status = SourceStatus(name=spec.name, slot=spec.slot)
         self.rate_base = 0  # status.changes at the start of the current rate window (the daemon's)
         self.slot = Slot(spec.dsn, spec.slot, label=spec.name)
+        self.chunked: ChunkedSnapshot | None = None  # once open (not for an outbox)
+        self._requests: list[tuple[list[str], str]] = []  # snapshot requests made before `open`
         self.reset(log_)
 
     def reset(self, log_: Log) -> None:
@@ -57,6 +62,9 @@ class SourceSession:
         to drop), like a new process would."""
         spec = self.spec
         self.slot.close()
+        if self.chunked is not None:
+            self.chunked.close()
+            self.chunked = None
         self.slot = Slot(spec.dsn, spec.slot, label=spec.name)
         self.offsets = OffsetContext()
         self.staging = Staging(log_, partitions=spec.partitions)
@@ -66,6 +74,7 @@ class SourceSession:
             spec.name, TableFilter(spec.include, exclude), self.staging, schema_records=spec.router is None
         )
         self.stream: StreamingSource | None = None  # once open
+        self._chunked_start = False  # the new slot's snapshot is a chunked one
 
     def rebind(self, log_: Log) -> None:
         """Append to `log_` from now on: the daemon reopened the log (to drop another source's
@@ -75,7 +84,11 @@ class SourceSession:
     def open(self, *, on_progress: Callable[[SourceStatus], None] | None = None) -> None:
         """Connect; take the initial snapshot if the log holds no position; start streaming."""
         self.status.state = SourceState.STARTING
-        position = self.staging.log.positions().get(self.spec.name)
+        positions = self.staging.log.positions()
+        position = positions.get(self.spec.name)
+        saved = positions.get(context_key(self.spec.name))
+        context = SnapshotContext.from_json(saved) if saved else None
+        fresh = False  # a new slot: the context starts again
         if position == str(Lsn.ZERO):  # a re-snapshot that never committed (capture/snapshot_source.py)
             position = None  # snapshot again, whatever the slot now is
         slot = self.slot.inspect()
@@ -97,10 +110,9 @@ class SourceSession:
                 log.warning("source %s: slot %s %s; taking a new snapshot", self.spec.name, self.spec.slot, was)
                 self.status.warnings.append(f"slot {self.spec.slot} was {was}: re-snapshotted")
             start = self._new_slot(slot, on_progress)
+            fresh = True
         self.offsets.start(start)
         self.status.confirmed_lsn = str(start)
-        with sql_connection(self.spec.dsn, label=self.spec.name) as conn:
-            self.status.warnings += self.tables.seed(conn)
         self.stream = StreamingSource(
             self.spec,
             self.staging,
@@ -111,6 +123,10 @@ class SourceSession:
             clock=self.clock,
             on_signal=self._on_signal,
         )
+        with sql_connection(self.spec.dsn, label=self.spec.name) as conn:
+            self.status.warnings += self.tables.seed(conn)
+            if self.spec.router is None:
+                self._chunked(conn, context, fresh=fresh, db=slot.database)
         options = dict(wal2json.WAL2JSON_OPTIONS)
         options.update(self.tables.filter.wal2json_options())
         if self.spec.signal_table and "add-tables" in options:
@@ -122,14 +138,70 @@ class SourceSession:
         """A signal read from the stream (capture/signals.py): re-snapshot those tables."""
         self.request_snapshot(list(signal.tables), origin=signal.origin)
 
-    def request_snapshot(self, tables: list[str], *, origin: str) -> None:
-        """Re-snapshot `tables` ("schema.table"), chunked, beside the stream."""
-        raise ValueError(f"cannot re-snapshot {', '.join(tables)} ({origin}): chunked snapshots are not available")
+    def _chunked(self, conn: Any, context: SnapshotContext | None, *, fresh: bool, db: str) -> None:
+        """The chunked-snapshot engine, its context resumed (or started: a new slot), tables
+        included but never snapshotted requested (an `include` widened)."""
+        spec = self.spec
+        included = list_tables(conn, self.tables.matches)
+        names = [t.qualified for t in included]
+        if fresh or context is None:
+            if fresh and self._chunked_start:
+                log_ = self.staging.log
+                topics = log_.topics()
+                held = [
+                    t.qualified
+                    for t in included
+                    if (topic := topic_name(spec.name, t.schema, t.table)) in topics and any(log_.end_offsets(topic))
+                ]
+                context = SnapshotContext(check=held)
+                self._requests.insert(0, (names, "the initial snapshot"))
+                self.status.snapshot_method = "chunked"
+            else:  # a consistent snapshot was just taken, or a log from before contexts existed
+                context = SnapshotContext(done=names)
+                if fresh and spec.snapshot != "never":
+                    self.status.snapshot_method = "consistent"
+        engine = self.chunked = ChunkedSnapshot(
+            spec,
+            self.staging,
+            self.tables,
+            self.status,
+            context,
+            db=db,
+            lsn=lambda: self.offsets.durable,
+            clock=self.clock,
+        )
+        if spec.snapshot != "never":
+            known = set(context.done) | set(context.pending)
+            for name in (n for n in names if n not in known):
+                if any(name in tables for tables, _ in self._requests):
+                    continue
+                engine._warn(
+                    f"{name} is included but was never snapshotted: snapshotting it (chunked) while the rest streams"
+                )
+                self._requests.append(([name], "include"))
+        for tables, origin in self._requests:
+            engine.request(tables, origin=origin)
+        self._requests = []
+        engine.apply_requests(conn)
+        assert self.stream is not None
+        self.stream.on_watermark = engine.on_watermark
+        self.stream.on_commit = engine.record_commit
 
     def _new_slot(self, slot: SlotState, on_progress: Callable[[SourceStatus], None] | None) -> Lsn:
         """(Re)create the slot, with the initial snapshot unless `snapshot = "never"`; returns its
-        consistent point, the first boundary (committed by the daemon right after `open`)."""
-        if self.spec.snapshot != "never":
+        consistent point, the first boundary (committed by the daemon right after `open`). A
+        chunked snapshot only creates the slot: its chunks are read beside the stream."""
+        self._chunked_start = (
+            self.spec.snapshot != "never" and self.spec.snapshot_method == "chunked" and self.spec.router is None
+        )
+        if self._chunked_start:
+            log_ = self.staging.log
+            if self.spec.name in log_.positions():
+                # A re-snapshot: until the new slot's position is committed, a start snapshots again.
+                log_.commit(positions={self.spec.name: RESNAPSHOT_POSITION}, upto=Mark())
+            with self.slot.recreate(slot, export_snapshot=False) as info:
+                start = info.consistent_point
+        elif self.spec.snapshot != "never":
             snapshot = SnapshotSource(
                 self.spec, self.staging, self.tables, self.status, db=slot.database, clock=self.clock
             )
@@ -140,6 +212,37 @@ class SourceSession:
         self.offsets.slot_created(start)
         self.status.last_lsn = str(start)
         return start
+
+    # -- chunked snapshots (capture/chunked.py) ------------------------------------------------
+    def request_snapshot(self, tables: list[str], *, origin: str) -> None:
+        """Snapshot `tables` ("schema.table") chunked, beside the stream. Applied between source
+        transactions and made durable with the log commit after it (a crash neither loses nor
+        repeats it); unknown, excluded or keyless tables are refused with a warning (log, status)."""
+        if self.chunked is None:
+            self._requests.append((list(tables), origin))
+        else:
+            self.chunked.request(tables, origin=origin)
+
+    @property
+    def snapshotting(self) -> bool:
+        """A chunked snapshot is under way (or requested)."""
+        return self.chunked is not None and self.chunked.active
+
+    def snapshot_tick(self) -> bool:
+        """Between source transactions: apply snapshot requests and start the next chunk read;
+        True when the snapshot context changed (the daemon commits it)."""
+        if self.chunked is None or self.in_transaction:
+            return False
+        changed = self.chunked.apply_requests()
+        self.chunked.tick()
+        return changed
+
+    def context_positions(self) -> dict[str, str]:
+        """The snapshot context, for the daemon's next commit, if it changed."""
+        engine = self.chunked
+        if engine is None or not engine.dirty:
+            return {}
+        return {context_key(self.spec.name): engine.context.to_json()}
 
     # -- what the daemon reads -------------------------------------------------------------
     @property
@@ -167,6 +270,8 @@ class SourceSession:
     def committed(self) -> None:
         """The daemon made everything up to `boundary` durable (capture/offsets.py, step 3)."""
         self.offsets.committed()
+        if self.chunked is not None:
+            self.chunked.dirty = False
 
     def confirm(self, *, now_us: int, reply: bool = False) -> None:
         """Advance the slot to what may be confirmed (capture/offsets.py, step 4)."""
@@ -176,5 +281,7 @@ class SourceSession:
 
     def close(self) -> None:
         self.slot.close()
+        if self.chunked is not None:
+            self.chunked.close()
         if self.stream is not None and self.stream.history is not None:
             self.stream.history.close()  # its catalog connection, opened on the first ambiguous UPDATE

@@ -8,7 +8,9 @@ from typing import Any
 
 from tributary.capture import envelope as env
 
-__all__ = ["SourceSpec"]
+__all__ = ["CHUNK_ROWS", "SourceSpec"]
+
+CHUNK_ROWS = 20_000  # rows per chunk of a chunked snapshot, by default (bench/README.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +24,8 @@ class SourceSpec:
     exclude: tuple[str, ...]
     snapshot: str  # initial | never | when_needed
     partitions: int
+    snapshot_method: str = "consistent"  # consistent | chunked (capture/chunked.py)
+    snapshot_chunk_rows: int = CHUNK_ROWS
     # Outbox sources: each inserted row → records (capture.outbox), instead of CDC envelopes.
     router: Callable[[dict[str, Any]], list[env.Output]] | None = None
     # "schema.table" whose INSERTs are signals (capture/signals.py), never captured as records.

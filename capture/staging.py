@@ -16,12 +16,25 @@ from typing import Literal
 from tributary.capture import envelope as env
 from tributary.capture.log import Log, TopicConfig, encode_plain, partition_for, split_partitions
 
-__all__ = ["FLUSH_RECORDS", "Staged", "Staging"]
+__all__ = ["FLUSH_RECORDS", "Staged", "Staging", "Watch"]
 
 FLUSH_RECORDS = 5_000  # staged records that trigger an append: bounds memory in one huge transaction
 
 Staged = tuple[bytes | None, bytes | None, int, bytes | None]
 """(key, value, timestamp_ms, headers), as `Log.append` takes them."""
+
+
+class Watch:
+    """The keys staged to one topic while a chunked snapshot's chunk is read (capture/chunked.py),
+    by the transaction that changed them; `invalid` when the topic saw a truncate or a schema
+    change meanwhile (the chunk is read again)."""
+
+    __slots__ = ("by_xid", "invalid", "topic")
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.by_xid: defaultdict[int | None, set[bytes]] = defaultdict(set)
+        self.invalid = False
 
 
 class Staging:
@@ -33,6 +46,21 @@ class Staging:
         self.pending: defaultdict[tuple[str, int], list[Staged]] = defaultdict(list)
         self.count = 0  # records in `pending`
         self._partitions: dict[str, int] = {}  # topic -> partition count, once known
+        self.watches: dict[str, Watch] = {}  # topics whose staged keys are collected (a chunk being read)
+        self.xid: int | None = None  # the transaction being staged (the stream sets it), for `watches`
+
+    def watch(self, topic: str) -> Watch:
+        """Collect every key staged to `topic` from now on, until `unwatch`."""
+        watch = self.watches[topic] = Watch(topic)
+        return watch
+
+    def unwatch(self, topic: str) -> None:
+        self.watches.pop(topic, None)
+
+    def _watched(self, topic: str, keys: Iterable[bytes | None]) -> None:
+        watch = self.watches.get(topic)
+        if watch is not None:
+            watch.by_xid[self.xid].update(k for k in keys if k is not None)
 
     def partitions(self, topic: str) -> int:
         """The topic's partition count, creating the topic on first use: CDC topics compacted
@@ -52,6 +80,7 @@ class Staging:
         """Each output to its key's partition; `timestamp_ms` for those that carry none."""
         pending = self.pending
         counts = self._partitions
+        watches = self.watches
         staged = 0
         for out in outputs:
             topic = out.topic
@@ -59,6 +88,8 @@ class Staging:
             ts = timestamp_ms if out.timestamp_ms is None else out.timestamp_ms
             pending[(topic, partition_for(out.key, count))].append((out.key, out.value, ts, out.headers))
             staged += 1
+            if watches and topic in watches:
+                self._watched(topic, (out.key,))
         self.count += staged
         if self.count >= FLUSH_RECORDS:
             self.flush()
@@ -68,6 +99,8 @@ class Staging:
         count = self._partitions.get(topic) or self.partitions(topic)
         self.pending[(topic, partition_for(key, count))].append((key, value, timestamp_ms, None))
         self.count += 1
+        if self.watches:
+            self._watched(topic, (key,))
         if self.count >= FLUSH_RECORDS:
             self.flush()
 
@@ -78,11 +111,16 @@ class Staging:
         for key, value in pairs:
             pending[(topic, partition_for(key, count))].append((key, value, timestamp_ms, None))
         self.count += len(pairs)
+        if self.watches:
+            self._watched(topic, (key for key, _ in pairs))
         if self.count >= FLUSH_RECORDS:
             self.flush()
 
     def to_all_partitions(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int) -> None:
         """A record every partition's reader must see (a schema change, a truncate)."""
+        watch = self.watches.get(topic)
+        if watch is not None:
+            watch.invalid = True
         for partition in range(self.partitions(topic)):
             self.pending[(topic, partition)].append((key, value, timestamp_ms, None))
             self.count += 1
@@ -91,6 +129,8 @@ class Staging:
         """A run of one topic's records (no headers, one timestamp) straight into the log as
         encoded lines (`encode_plain`), each partition's after what is staged for it."""
         count = self._partitions.get(topic) or self.partitions(topic)
+        if self.watches:
+            self._watched(topic, keys)
         runs = split_partitions(keys, values, count) if count > 1 else [(keys, values)]
         for partition, (ks, vs) in enumerate(runs):
             if not ks:

@@ -59,6 +59,11 @@ class SourceStatus:
     snapshot_rows_done: int = 0
     snapshot_rows_total: int = 0
     snapshot_table: str | None = None
+    snapshot_method: str | None = None  # consistent | chunked: the snapshot under way, or the last one
+    snapshot_chunk: int = 0  # chunks staged by the chunked snapshot under way (across restarts)
+    snapshot_tables_pending: list[str] = field(default_factory=list)  # the first is being read
+    snapshot_rows_read: int = 0  # rows this process read for a chunked snapshot (re-reads included)
+    snapshot_chunks_reread: int = 0  # chunks read again (a truncate, a schema change or the commit race)
     error: str | None = None  # why the source is failed or reconnecting: one line, no password
     error_kind: str | None = None  # one of ERROR_KINDS (a bounded metrics label)
     failures: int = 0  # failed connection attempts and broken streams this run

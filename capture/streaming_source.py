@@ -30,6 +30,7 @@ from typing import Any
 from tributary.capture import envelope as env
 from tributary.capture import signals, wal2json
 from tributary.capture.catalog import ColumnHistory
+from tributary.capture.chunked import WATERMARK_PREFIX
 from tributary.capture.insert_template import SPLIT, table_tag, table_tags
 from tributary.capture.offsets import OffsetContext
 from tributary.capture.replication import Keepalive, XLogData
@@ -99,6 +100,9 @@ class StreamingSource:
         self._tx_part: bytes | None = None  # the transaction's `source` fields, for the templates
         self._run: list[bytes] = []  # INSERT documents not yet encoded (only ever inside a transaction)
         self._last_tag = b""  # the table tag of the last run: most runs are all that table's
+        # A chunked snapshot (capture/chunked.py): its watermarks, and each committed transaction.
+        self.on_watermark: Callable[[str], bool] | None = None
+        self.on_commit: Callable[[int], None] | None = None
 
     @property
     def seen(self) -> int:
@@ -139,6 +143,7 @@ class StreamingSource:
             appending = offsets.begin(parsed.nextlsn)
             self._hold_inserts = appending and self.templates is not None
             self._tx = {"xid": parsed.xid, "ts_ms": parsed.timestamp_ms, "lsn": parsed.lsn, "changes": 0}
+            self.staging.xid = parsed.xid
             self._tx_part = None
             self._ctx = {
                 "source_name": self.spec.name,
@@ -151,6 +156,9 @@ class StreamingSource:
             return False
         if isinstance(parsed, wal2json.Commit):
             self._hold_inserts = False
+            self.staging.xid = None
+            if self.on_commit is not None:
+                self.on_commit(parsed.xid)
             changes = self._tx.get("changes", 0)
             if not offsets.end(parsed.nextlsn, changes=changes):
                 return False  # skipped, or nothing of ours in it
@@ -207,6 +215,8 @@ class StreamingSource:
                     self.staging.to_all_partitions(out.topic, out.key, out.value, now_ms)
                 self._tx["changes"] = self._tx.get("changes", 0) + 1
         elif isinstance(parsed, wal2json.LogicalMessage):
+            if parsed.prefix == WATERMARK_PREFIX:
+                return self._watermark(parsed)
             if parsed.prefix == signals.SIGNAL_PREFIX:
                 message = parsed
                 self._signal(lambda: signals.from_message(message.content, lsn=str(message.lsn or "")))
@@ -232,6 +242,18 @@ class StreamingSource:
             log.warning("source %s: signal ignored: %s", self.spec.name, exc)
             return
         log.info("source %s: snapshot of %s requested (%s)", self.spec.name, ", ".join(signal.tables), signal.origin)
+
+    def _watermark(self, message: wal2json.LogicalMessage) -> bool:
+        """A chunked snapshot's high watermark (capture/chunked.py): never a record of its own;
+        a commit point when the chunk's rows were staged at it."""
+        if message.transactional or self.offsets.in_transaction or message.lsn is None:
+            return False
+        if self.on_watermark is None or not self.on_watermark(message.content):
+            return False
+        self.staging.flush()
+        self.last_tx_changes = 1
+        self.offsets.standalone(message.lsn)
+        return True
 
     def _stage(self, outputs: Iterable[env.Output], now_ms: int) -> None:
         """A streamed record's timestamp is its transaction's commit time (event time)."""

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tributary.api.settings.environment import read_environment
 from tributary.api.settings.errors import ConfigError, describe, describe_toml_bytes, describe_toml_syntax
+from tributary.capture.spec import CHUNK_ROWS
 
 __all__ = [
     "ApiSettings",
@@ -113,6 +114,13 @@ class SourceSettings(_Section):
         default=None,
         pattern=r"^[^.\s\"*?\[\]]+\.[^.\s\"*?\[\]]+$",
         description="schema.table of a signal table (id, type, data) in the source: an INSERT of type 'execute-snapshot' re-snapshots tables.",
+    )
+    snapshot_method: Literal["consistent", "chunked"] = Field(
+        default="consistent",
+        description="consistent: one transaction at the slot's start; chunked: key chunks beside streaming.",
+    )
+    snapshot_chunk_rows: int = Field(
+        default=CHUNK_ROWS, ge=100, le=10_000_000, description="Rows per chunk of a chunked snapshot."
     )
 
     @property

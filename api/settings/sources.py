@@ -46,6 +46,8 @@ def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[Sourc
             snapshot=s.snapshot,
             partitions=s.partitions or settings.log.partitions,
             signal_table=s.signal_table,
+            snapshot_method=s.snapshot_method,
+            snapshot_chunk_rows=s.snapshot_chunk_rows,
         )
         for s in settings.sources
     ]

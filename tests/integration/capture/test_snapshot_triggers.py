@@ -5,6 +5,7 @@ make capture read that table again, chunked, beside the stream (its rows arrive 
 from __future__ import annotations
 
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from tests.integration.capture.helpers import cli, records, spawn_capture, table_state, wait_for, write_config
 from tributary.capture.log import LogError
+from tributary.capture.status import read_status, snapshot_under_way
 
 pytestmark = pytest.mark.integration
 
@@ -49,6 +51,14 @@ def _each_read(log_root: Path, table: str, times: int, rows: int) -> bool:
     return len(reads) == rows and all(n == times for n in reads.values())
 
 
+def _done(log_root: Path, pid: int, since_ms: float) -> bool:
+    """This capture's status, written after `since_ms`, shows no snapshot under way."""
+    doc = read_status(log_root) or {}
+    src = next(iter(doc.get("sources") or []), None)
+    fresh = doc.get("pid") == pid and doc.get("updated_ms", 0) > since_ms
+    return fresh and src is not None and not snapshot_under_way(src)
+
+
 def _table(dsn: str) -> dict[str, dict[str, object]]:
     with psycopg.connect(dsn) as conn:
         rows = [r[0] for r in conn.execute("SELECT row_to_json(t) FROM t").fetchall()]
@@ -67,6 +77,9 @@ def test_capture_snapshot_and_the_signal_table_reread_a_table_while_capture_runs
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute("UPDATE t SET v = 'changed' WHERE id % 10 = 0")
         wait_for(lambda: _each_read(log_root, "t", 2, ROWS), timeout=60, what="t read again (capture snapshot)")
+        # (a request for a table whose snapshot is still under way joins it: wait for its end)
+        seen = time.time() * 1000
+        wait_for(lambda: _done(log_root, proc.pid, seen), timeout=60, what="the snapshot's end in the status")
 
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute(

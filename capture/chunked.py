@@ -1,0 +1,600 @@
+"""Chunked snapshots beside streaming: DBLog's watermarks, as Debezium's incremental snapshots.
+
+A table is read in primary-key chunks while its source keeps streaming; each chunk's rows enter
+the log at the place in the stream where they are exactly as new as the streamed changes before
+them, so a chunk row never overwrites a newer streamed change:
+
+1. On the capture loop, between source transactions, the table's topic is *watched*: every key
+   staged to it from now on is collected by transaction (`Staging.watch`).
+2. Off the loop (a thread, its own connection), one REPEATABLE READ transaction reads
+   `pg_current_snapshot()` and the chunk — the rows whose key is past the last key read, up to
+   `snapshot_chunk_rows` of them — and commits; then a *watermark* goes into the WAL
+   (`pg_logical_emit_message(false, 'tributary.watermark', …)`, non-transactional).
+3. When the stream reaches the watermark, every transaction visible to the chunk's snapshot has
+   been streamed. The chunk's rows are staged there, minus each key that a transaction the
+   snapshot did not see (in its `xip`, or at/after its `xmax`) changed while watched: that
+   streamed change is newer. A truncate or schema change of the table while watched, or a
+   transaction of the snapshot's `xip` that the stream committed *before* the watch began (its
+   commit decoded, not yet visible), makes the chunk be read again.
+4. The snapshot's context (tables pending, the last key read, the tables ever snapshotted) is
+   committed with the log commit that covers the watermark: an entry `<source>#snapshot` of the
+   manifest's positions. A crash resumes from the last committed chunk.
+
+A table re-snapshotted (its topic already holds keys: a re-snapshot after a lost slot, a
+requested one) ends with a check of the keys its topic holds, in batches read the same way: each
+key the table no longer has gets a delete + tombstone (capture/snapshot_source.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from tributary.capture import envelope as env
+from tributary.capture.catalog import TableInfo, list_tables
+from tributary.capture.errors import CaptureError, TransientSourceError
+from tributary.capture.lsn import Lsn
+from tributary.capture.routing import topic_name
+from tributary.capture.snapshot import SnapshotReader
+from tributary.capture.snapshot_source import SnapshotSource, live_keys
+from tributary.capture.spec import SourceSpec
+from tributary.capture.staging import Staging, Watch
+from tributary.capture.status import SourceStatus
+from tributary.capture.tables import SourceTables
+
+__all__ = [
+    "RECENT_XIDS",
+    "WATERMARK_PREFIX",
+    "ChunkedSnapshot",
+    "SnapshotContext",
+    "context_key",
+]
+
+log = logging.getLogger(__name__)
+
+WATERMARK_PREFIX = "tributary.watermark"
+RECENT_XIDS = 100_000  # the transactions the stream committed last, by order (the race check)
+_XID_MOD = 1 << 32
+
+
+def context_key(source: str) -> str:
+    """The manifest positions' entry holding a source's snapshot context (never a source name:
+    those are identifiers)."""
+    return f"{source}#snapshot"
+
+
+@dataclass
+class SnapshotContext:
+    """What a source has snapshotted and where a chunked snapshot under way stands (JSON, durable)."""
+
+    pending: list[str] = field(default_factory=list)  # tables to read, the first being read
+    last: list[str | None] | None = None  # the last key read of pending[0] (PostgreSQL text values)
+    phase: str = "rows"  # of pending[0]: "rows", then "absent" (its topic's keys checked)
+    check: list[str] = field(default_factory=list)  # pending tables whose topic's keys are checked after
+    done: list[str] = field(default_factory=list)  # tables ever snapshotted
+    rows: int = 0  # rows staged by the snapshot under way
+    chunks: int = 0  # chunks staged by the snapshot under way
+    checked: str | None = None  # phase "absent": the last key checked (its JSON text)
+
+    def to_json(self) -> str:
+        return orjson.dumps(
+            {
+                "pending": self.pending,
+                "last": self.last,
+                "phase": self.phase,
+                "check": self.check,
+                "done": self.done,
+                "rows": self.rows,
+                "chunks": self.chunks,
+                "checked": self.checked,
+            }
+        ).decode()
+
+    @classmethod
+    def from_json(cls, text: str) -> SnapshotContext:
+        doc = orjson.loads(text)
+        return cls(
+            pending=list(doc.get("pending") or []),
+            last=doc.get("last"),
+            phase=str(doc.get("phase") or "rows"),
+            check=list(doc.get("check") or []),
+            done=list(doc.get("done") or []),
+            rows=int(doc.get("rows") or 0),
+            chunks=int(doc.get("chunks") or 0),
+            checked=doc.get("checked"),
+        )
+
+
+@dataclass
+class _Job:
+    """One chunk (or one batch of keys checked) read off the loop."""
+
+    id: str
+    table: TableInfo
+    phase: str
+    watch: Watch
+    watch_seq: int  # `RecentXids.seq` when the watch began
+    thread: threading.Thread | None = None
+    error: BaseException | None = None
+    ready: bool = False  # the read is over (result or error), the watermark emitted
+    xmax: int = 0
+    xip: frozenset[int] = frozenset()
+    units: list[Any] = field(default_factory=list)  # rows: encoded units; absent: keys absent
+    rows: int = 0
+    upper: list[str | None] | None = None  # the chunk's last key (text), None: the table's end
+    checked: str | None = None  # absent: the last key of the batch
+    final: bool = False  # the last chunk (or batch) of the phase
+    encoder: env.SnapshotEncoder | None = None
+    plan: Any = None
+    now_ms: int = 0
+    partitions: int = 1
+
+
+class RecentXids:
+    """The transactions the stream committed last, each with its order (bounded)."""
+
+    def __init__(self, bound: int = RECENT_XIDS) -> None:
+        self.bound = bound
+        self.seq = 0
+        self._xids: dict[int, int] = {}
+
+    def add(self, xid: int) -> None:
+        self.seq += 1
+        self._xids.pop(xid, None)
+        self._xids[xid] = self.seq
+        if len(self._xids) > self.bound:
+            del self._xids[next(iter(self._xids))]
+
+    def before(self, xids: frozenset[int], seq: int) -> bool:
+        """Did the stream commit any of `xids` before order `seq`?"""
+        return any(self._xids.get(x, seq) < seq for x in xids)
+
+
+def _invisible(xid: int, xmax: int, xip: frozenset[int]) -> bool:
+    """Was a transaction (32-bit id) not visible to a snapshot (xmax and xip as 32-bit ids)?"""
+    return xid in xip or (xid - xmax) % _XID_MOD < (1 << 31)
+
+
+class ChunkedSnapshot:
+    """One source's chunked snapshots: the context, the chunk being read, staging at watermarks."""
+
+    def __init__(
+        self,
+        spec: SourceSpec,
+        staging: Staging,
+        tables: SourceTables,
+        status: SourceStatus,
+        context: SnapshotContext,
+        *,
+        db: str,
+        lsn: Callable[[], Lsn],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.spec = spec
+        self.staging = staging
+        self.tables = tables
+        self.status = status
+        self.context = context
+        self.lsn = lsn  # the source's durable position: the `source.lsn` of chunk records
+        self.clock = clock
+        self.writer = SnapshotSource(spec, staging, tables, status, db=db, clock=clock)
+        self.recent = RecentXids()
+        self.dirty = True  # the context changed since the last commit
+        self.job: _Job | None = None
+        self._run = uuid.uuid4().hex[:12]  # watermarks of this process (older ones are ignored)
+        self._seq = 0
+        self._reader: SnapshotReader | None = None
+        self._infos: dict[str, TableInfo] = {}
+        self._requested: list[tuple[list[str], str]] = []
+        self._live: tuple[str, list[bytes]] | None = None  # phase "absent": the topic's live keys, sorted
+        self._closed = False
+        self.rereads = 0
+        self._show()
+
+    # -- requests ------------------------------------------------------------------------
+    def request(self, tables: list[str], *, origin: str) -> None:
+        """Queue a snapshot of `tables`; applied between source transactions (`apply_requests`)."""
+        self._requested.append((list(tables), origin))
+
+    def apply_requests(self, conn: psycopg.Connection[Any] | None = None) -> bool:
+        """Add the queued tables to the pending ones; True if the context changed. Unknown or
+        excluded tables, and tables without a key, are refused with a warning."""
+        if not self._requested:
+            return False
+        requested, self._requested = self._requested, []
+        infos = self._catalog(conn)
+        changed = False
+        for tables, origin in requested:
+            for name in tables:
+                info = infos.get(name)
+                reason = None
+                if info is None:
+                    reason = "is not an included table of this source"
+                elif not info.identity_columns:
+                    reason = "has no primary key or replica identity index: it cannot be read in key chunks"
+                if reason is not None:
+                    self._warn(f"snapshot of {name} (requested by {origin}) refused: {name} {reason}")
+                    continue
+                if name in self.context.pending:
+                    continue
+                self.context.pending.append(name)
+                if name in self.context.done and name not in self.context.check:
+                    self.context.check.append(name)  # its topic holds rows: deleted ones go
+                log.info("source %s: chunked snapshot of %s requested by %s", self.spec.name, name, origin)
+                changed = True
+        if changed:
+            self.dirty = True
+            self._show()
+        return changed
+
+    def _catalog(self, conn: psycopg.Connection[Any] | None = None) -> dict[str, TableInfo]:
+        from tributary.capture.slot import sql_connection
+
+        if conn is None:
+            with sql_connection(self.spec.dsn, label=self.spec.name) as own:
+                tables = list_tables(own, self.tables.matches)
+        else:
+            tables = list_tables(conn, self.tables.matches)
+        self._infos = {t.qualified: t for t in tables}
+        return self._infos
+
+    def _warn(self, text: str) -> None:
+        log.warning("source %s: %s", self.spec.name, text)
+        if text not in self.status.warnings:
+            self.status.warnings.append(text)
+
+    # -- the loop's side ---------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return bool(self.context.pending) or bool(self._requested)
+
+    def tick(self) -> None:
+        """Between source transactions: start reading the next chunk if none is under way; raise
+        what a chunk read failed with (the daemon retries the source, which resumes)."""
+        job = self.job
+        if job is not None:
+            if job.ready and job.error is not None:
+                self.job = None
+                self.staging.unwatch(job.watch.topic)
+                error = job.error
+                if isinstance(error, CaptureError):
+                    raise error
+                raise TransientSourceError(
+                    f"source {self.spec.name!r}: chunked snapshot of {job.table.qualified} failed: {error}"
+                ) from None
+            return
+        if self._closed or not self.context.pending:
+            return
+        name = self.context.pending[0]
+        info = self._infos.get(name)
+        if info is None:
+            info = self._catalog().get(name)
+        if info is None or not info.identity_columns:
+            self._warn(f"snapshot of {name} skipped: the table is gone, excluded, or has no key")
+            self._table_done(name)
+            return
+        self._seq += 1
+        topic = topic_name(self.spec.name, info.schema, info.table)
+        partitions = self.staging.partitions(topic)  # created here, on the loop: the thread only reads
+        job = _Job(
+            id=f"{self.spec.name}:{self._run}:{self._seq}",
+            table=info,
+            phase=self.context.phase,
+            watch=self.staging.watch(topic),
+            watch_seq=self.recent.seq + 1,
+            partitions=partitions,
+        )
+        last, checked = self.context.last, self.context.checked
+        job.thread = threading.Thread(
+            target=self._read, args=(job, last, checked), name=f"capture-chunk-{self.spec.name}", daemon=True
+        )
+        self.job = job
+        self.status.snapshot_table = name
+        job.thread.start()
+
+    def on_watermark(self, content: str) -> bool:
+        """The stream reached a watermark; True when a chunk was staged (a commit point)."""
+        job = self.job
+        if job is None or content != job.id:
+            return False  # another process's, or one from before a restart
+        if job.thread is not None:
+            job.thread.join()  # the watermark is the thread's last step
+        self.job = None
+        watch = job.watch
+        self.staging.unwatch(watch.topic)
+        if job.error is not None:
+            self.job = job  # `tick` raises it
+            return False
+        if watch.invalid or self.recent.before(job.xip, job.watch_seq):
+            self.rereads += 1
+            self.status.snapshot_chunks_reread = self.rereads
+            return False  # read again by the next tick, from the same key
+        newer: set[bytes] = set()
+        for xid, keys in watch.by_xid.items():
+            if xid is not None and _invisible(xid % _XID_MOD, job.xmax, job.xip):
+                newer |= keys
+        if job.phase == "rows":
+            self._stage_rows(job, newer)
+        else:
+            self._stage_absent(job, newer)
+        self.dirty = True
+        self._show()
+        return True
+
+    def _last_of_all(self, job: _Job) -> bool:
+        """Is this the snapshot's last unit (its last record marked `snapshot = "last"`)?"""
+        ctx = self.context
+        if not job.final or len(ctx.pending) > 1 or self._requested:
+            return False
+        return job.phase == "absent" or ctx.pending[0] not in ctx.check
+
+    def _stage_rows(self, job: _Job, newer: set[bytes]) -> None:
+        ctx = self.context
+        info = job.table
+        if ctx.last is None:  # the table's first chunk: its schema record first
+            columns = [(c.name, c.type, c.typeoid) for c in info.columns]
+            self.tables.observe(
+                info.schema, info.table, columns, complete=True, key=info.identity_columns, now_ms=job.now_ms
+            )
+        assert job.encoder is not None
+        kept = _keep(job, newer)
+        last_marker = "last" if self._last_of_all(job) else "true"
+        for i, (kind, unit) in enumerate(kept):
+            marker = last_marker if i == len(kept) - 1 else "true"
+            if kind == "columnar":
+                recs, last_row = unit
+                self.writer._chunk(job.encoder, job.plan, b"", job.now_ms, marker, recs=recs, last_row=last_row)
+            elif kind == "json":
+                self.writer._json(job.encoder, unit, job.now_ms, marker)
+            else:
+                row, out = unit
+                self.writer._row(job.encoder, row, job.now_ms, marker, out=out)
+        self.staging.flush()
+        ctx.rows += job.rows
+        ctx.chunks += 1
+        self.status.snapshot_rows_done = ctx.rows
+        if job.final:
+            name = info.qualified
+            if name in ctx.check:
+                ctx.phase, ctx.last, ctx.checked = "absent", None, None
+            else:
+                self._table_done(name)
+        else:
+            ctx.last = job.upper
+
+    def _stage_absent(self, job: _Job, newer: set[bytes]) -> None:
+        ctx = self.context
+        gone = [k for k in job.units if k not in newer]
+        if gone:
+            assert job.encoder is not None
+            marker = "last" if self._last_of_all(job) else "true"
+            self.writer._deletes(job.encoder, gone, job.now_ms, marker)
+            self.staging.flush()
+        if job.final:
+            self._table_done(job.table.qualified)
+        else:
+            ctx.checked = job.checked
+
+    def _table_done(self, name: str) -> None:
+        ctx = self.context
+        if ctx.pending and ctx.pending[0] == name:
+            ctx.pending.pop(0)
+        if name in ctx.check:
+            ctx.check.remove(name)
+        if name not in ctx.done:
+            ctx.done.append(name)
+        ctx.last, ctx.checked, ctx.phase = None, None, "rows"
+        if not ctx.pending:
+            ctx.rows = ctx.chunks = 0
+            self.status.snapshot_table = None
+            log.info("source %s: chunked snapshot done", self.spec.name)
+        self.dirty = True
+        self._show()
+
+    def _show(self) -> None:
+        ctx, status = self.context, self.status
+        status.snapshot_tables_pending = list(ctx.pending)
+        if ctx.pending:
+            status.snapshot_method = "chunked"
+            status.snapshot_table = ctx.pending[0]
+            status.snapshot_chunk = ctx.chunks
+            status.snapshot_rows_done = ctx.rows
+            infos = self._infos
+            status.snapshot_rows_total = max(
+                ctx.rows, sum(max(infos[t].estimated_rows, 0) for t in ctx.pending if t in infos)
+            )
+
+    def record_commit(self, xid: int | None) -> None:
+        if xid is not None:
+            self.recent.add(xid % _XID_MOD)
+
+    def close(self) -> None:
+        self._closed = True
+        job, self.job = self.job, None
+        if job is not None:
+            self.staging.unwatch(job.watch.topic)
+        reader, self._reader = self._reader, None
+        if reader is not None and (job is None or job.thread is None or not job.thread.is_alive()):
+            reader.close()
+
+    # -- the thread's side -------------------------------------------------------------------
+    def _read(self, job: _Job, last: list[str | None] | None, checked: str | None) -> None:
+        try:
+            if self._reader is None:
+                self._reader = SnapshotReader(self.spec.dsn, None, label=self.spec.name)
+            reader = self._reader
+            conn = reader.connection
+            text = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
+            assert text is not None
+            xmin, xmax, xip = str(text[0]).split(":")
+            job.xmax = int(xmax) % _XID_MOD
+            job.xip = frozenset(int(x) % _XID_MOD for x in xip.split(",") if x)
+            job.now_ms = int(self.clock() * 1000)
+            info = job.table
+            job.encoder = env.SnapshotEncoder(
+                schema=info.schema,
+                table=info.table,
+                columns=[(c.name, c.type, c.typeoid) for c in info.columns],
+                primary_key=info.identity_columns,
+                source_name=self.spec.name,
+                db=self.writer.db,
+                lsn=self.lsn(),
+                now_ms=job.now_ms,
+            )
+            if job.phase == "rows":
+                self._read_rows(job, reader, last)
+                self.status.snapshot_rows_read += job.rows
+            else:
+                self._read_absent(job, conn, checked)
+            conn.commit()
+            if self._closed:
+                return
+            conn.execute(
+                "SELECT pg_logical_emit_message(false, %s, %s)", (WATERMARK_PREFIX, job.id)
+            )  # the high watermark
+            conn.commit()
+        except BaseException as exc:  # reported to the loop by `tick`
+            job.error = exc
+            broken, self._reader = self._reader, None
+            if broken is not None:
+                with contextlib.suppress(psycopg.Error):
+                    broken.close()
+        finally:
+            job.ready = True
+            if self._closed and self._reader is not None:
+                self._reader.close()
+                self._reader = None
+
+    def _read_rows(self, job: _Job, reader: SnapshotReader, last: list[str | None] | None) -> None:
+        info = job.table
+        keys = info.identity_columns
+        by_name = {c.name: c for c in info.columns}
+        table = sql.SQL("{}.{}").format(sql.Identifier(info.schema), sql.Identifier(info.table))
+        cols = [sql.SQL("{}.{}").format(table, sql.Identifier(k)) for k in keys]
+        key_tuple = sql.SQL("({})").format(sql.SQL(", ").join(cols))
+
+        def literal(values: list[str | None]) -> sql.Composable:
+            return sql.SQL("({})").format(
+                sql.SQL(", ").join(
+                    sql.SQL("{}::{}").format(sql.Literal(v), sql.SQL(by_name[k].type))
+                    for k, v in zip(keys, values, strict=True)
+                )
+            )
+
+        after = sql.SQL("{} > {}").format(key_tuple, literal(last)) if last is not None else None
+        n = self.spec.snapshot_chunk_rows
+        bound = sql.SQL("SELECT {} FROM {}{} ORDER BY {} LIMIT 1 OFFSET {}").format(
+            sql.SQL(", ").join(sql.SQL("{}::text").format(c) for c in cols),
+            table,
+            sql.SQL("") if after is None else sql.SQL(" WHERE ") + after,
+            sql.SQL(", ").join(cols),
+            sql.Literal(n - 1),
+        )
+        row = reader.connection.execute(bound).fetchone()
+        job.upper = None if row is None else list(row)
+        job.final = row is None
+        parts = [p for p in (after, None if row is None else sql.SQL("{} <= {}").format(key_tuple, literal(list(row))))]
+        conds = [p for p in parts if p is not None]
+        reader.where = sql.SQL(" AND ").join(conds) if conds else None
+        try:
+            job.units, job.rows, job.plan = self._units(job, reader)
+        finally:
+            reader.where = None
+
+    def _units(self, job: _Job, reader: SnapshotReader) -> tuple[list[Any], int, Any]:
+        """The chunk's rows as (kind, unit), encoded here (off the loop), by the consistent
+        snapshot's paths (capture/snapshot_source.py): the same bytes."""
+        info = job.table
+        encoder = job.encoder
+        assert encoder is not None
+        units: list[Any] = []
+        rows = 0
+        plan = self.writer._columnar_plan(info)
+        if plan is not None:
+            from tributary.capture import snapshot_columns
+
+            count = job.partitions
+            for chunk in reader.text_chunks(info):
+                recs = snapshot_columns.encode_chunk(plan, chunk, count)
+                units.append(("columnar", recs))
+                rows += recs.rows
+            return units, rows, plan
+        batches = reader.json_rows(info, info.identity_columns)
+        if batches is not None:
+            for batch in batches:
+                units.append(("json", batch))
+                rows += len(batch)
+            return units, rows, None
+        for row in reader.rows(info):
+            units.append(("row", (row, encoder.encode(row))))
+            rows += 1
+        return units, rows, None
+
+    def _read_absent(self, job: _Job, conn: psycopg.Connection[Any], checked: str | None) -> None:
+        """The next batch of the topic's live keys (sorted, past `checked`) and which of them
+        the table no longer has."""
+        info = job.table
+        assert job.encoder is not None
+        name = info.qualified
+        if self._live is None or self._live[0] != name:
+            self._live = (name, sorted(live_keys(self.staging.log, job.encoder.topic)))
+        live = self._live[1]
+        if checked is not None:
+            mark = checked.encode()
+            live = [k for k in live if k > mark]
+        n = self.spec.snapshot_chunk_rows
+        batch = live[:n]
+        job.final = len(live) <= n
+        job.checked = batch[-1].decode() if batch else checked
+        if not batch:
+            return
+        table = sql.SQL("{}.{}").format(sql.Identifier(info.schema), sql.Identifier(info.table))
+        keys = info.identity_columns
+        match = sql.SQL(" AND ").join(
+            sql.SQL("x.{k} IS NOT DISTINCT FROM r.{k}").format(k=sql.Identifier(k)) for k in keys
+        )
+        query = sql.SQL(
+            "SELECT k FROM unnest(%s::text[]) AS k, LATERAL json_populate_record(NULL::{t}, k::json) AS r "
+            "WHERE NOT EXISTS (SELECT 1 FROM {t} AS x WHERE {match})"
+        ).format(t=table, match=match)
+        absent = {str(r[0]).encode() for r in conn.execute(query, ([k.decode() for k in batch],))}
+        job.units = [k for k in batch if k in absent]
+
+
+def _keep(job: _Job, newer: set[bytes]) -> list[tuple[str, Any]]:
+    """The job's units without the rows whose key a newer streamed change holds; columnar units
+    as (records, index of their last row kept), empty units left out."""
+    kept: list[tuple[str, Any]] = []
+    for kind, unit in job.units:
+        if kind == "columnar":
+            recs = unit
+            if newer:
+                import numpy as np
+
+                keys = recs.keys.to_pylist()
+                drop = np.fromiter((k in newer for k in keys), bool, len(keys))
+                if drop.any():
+                    recs.partitions = recs.partitions.copy()
+                    recs.partitions[drop] = -1
+            left = (recs.partitions >= 0).nonzero()[0]
+            if len(left):
+                kept.append((kind, (recs, int(left[-1]))))
+        elif kind == "json":
+            batch = [pair for pair in unit if pair[0] not in newer] if newer else unit
+            if batch:
+                kept.append((kind, batch))
+        else:
+            row, out = unit
+            if out.key not in newer:
+                kept.append((kind, unit))
+    return kept
