@@ -35,8 +35,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench._paced import paced_writes  # noqa: E402
 from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
+from tributary.capture.chunked import context_key  # noqa: E402
 from tributary.capture.log import Log  # noqa: E402
 from tributary.capture.lsn import Lsn  # noqa: E402
+from tributary.capture.status import read_status  # noqa: E402
 from tributary.capture.wal2json import WAL2JSON_OPTIONS  # noqa: E402
 
 
@@ -340,20 +342,19 @@ def bench_snapshot(
 
 
 def _snapshot_state(log_root: Path, topic: str) -> tuple[bool, int]:
-    """(the snapshot's last record is committed, records committed in `topic`): the record marked
-    `source.snapshot = "last"` ends a snapshot of either method (no other writes in this bench)."""
+    """(the snapshot is committed, records committed in `topic`): the source's snapshot context
+    in the manifest (capture/chunked.py) has no table pending, with the table done; either method
+    commits it with the snapshot's last rows."""
     try:
         with Log.open(log_root) as log:
             if topic not in log.topics():
                 return False, 0
-            ends = log.end_offsets(topic)
-            done = any(
-                rec.value is not None and b'"snapshot":"last"' in rec.value
-                for p, end in enumerate(ends)
-                if end
-                for rec in log.read(topic, p, end - 1)
-            )
-            return done, sum(ends)
+            context = log.positions().get(context_key("b"))
+            done = False
+            if context is not None:
+                doc = json.loads(context)
+                done = not doc.get("pending") and topic.split(".", 1)[1] in doc.get("done", [])
+            return done, sum(log.end_offsets(topic))
     except Exception:  # noqa: BLE001 - the log may not exist yet while capture starts
         return False, 0
 
@@ -424,6 +425,9 @@ def bench_chunked(dsn: str, rows: int, work: Path, chunk_rows: int | None, turn:
     # kill -9 once 90 % of the rows are committed, restart, time what is left
     killed_s, at_kill = run("killed", chunked, kill_at=int(rows * 0.9))
     finish_s, final = run("killed", chunked, log_root=work / "log-killed")
+    status = read_status(work / "log-killed") or {}  # the restarted capture's, written as it stopped
+    read_after = sum(s.get("snapshot_rows_read", 0) for s in status.get("sources", []))
+    committed_rows = at_kill - 4  # each of the 4 partitions starts with the table's schema record
     drop("consistent", "chunked", "killed")
     rate = rows / out["chunked_s"]
     remaining = out["chunked_records"] - at_kill  # what an uninterrupted run still had to write
@@ -433,7 +437,9 @@ def bench_chunked(dsn: str, rows: int, work: Path, chunk_rows: int | None, turn:
         "ratio": out["consistent_s"] / out["chunked_s"],
         "killed_at_records": at_kill,
         "killed_after_s": killed_s,
-        "rows_reread": final - out["chunked_records"],  # records written twice because of the crash
+        "rows_read_after_restart": read_after,
+        "rows_reread": read_after - (rows - committed_rows),  # read before the crash, not committed, read again
+        "records_duplicated": final - out["chunked_records"],  # in the log twice because of the crash
         "finish_after_restart_s": finish_s,
         "remaining_at_uninterrupted_rate_s": remaining / rate,
         "seconds_lost": finish_s - remaining / rate,
