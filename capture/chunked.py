@@ -81,7 +81,7 @@ class SnapshotContext:
     last: list[str | None] | None = None  # the last key read of pending[0] (PostgreSQL text values)
     phase: str = "rows"  # of pending[0]: "rows", then "absent" (its topic's keys checked)
     check: list[str] = field(default_factory=list)  # pending tables whose topic's keys are checked after
-    done: list[str] = field(default_factory=list)  # tables ever snapshotted
+    done: list[str] | None = field(default_factory=list)  # tables ever snapshotted; None: unknown
     rows: int = 0  # rows staged by the snapshot under way
     chunks: int = 0  # chunks staged by the snapshot under way
     checked: str | None = None  # phase "absent": the last key checked (its JSON text)
@@ -108,7 +108,7 @@ class SnapshotContext:
             last=doc.get("last"),
             phase=str(doc.get("phase") or "rows"),
             check=list(doc.get("check") or []),
-            done=list(doc.get("done") or []),
+            done=None if doc.get("done") is None else list(doc["done"]),
             rows=int(doc.get("rows") or 0),
             chunks=int(doc.get("chunks") or 0),
             checked=doc.get("checked"),
@@ -167,6 +167,10 @@ def _invisible(xid: int, xmax: int, xip: frozenset[int]) -> bool:
 
 class ChunkedSnapshot:
     """One source's chunked snapshots: the context, the chunk being read, staging at watermarks."""
+
+    # Called on the reading thread between a chunk's read and its watermark, with the table and
+    # the phase: where a test makes changes land inside a chunk's window, or a chunk slow.
+    after_read: Callable[[str, str], None] | None = None
 
     def __init__(
         self,
@@ -228,7 +232,7 @@ class ChunkedSnapshot:
                 if name in self.context.pending:
                     continue
                 self.context.pending.append(name)
-                if name in self.context.done and name not in self.context.check:
+                if name in (self.context.done or ()) and name not in self.context.check:
                     self.context.check.append(name)  # its topic holds rows: deleted ones go
                 log.info("source %s: chunked snapshot of %s requested by %s", self.spec.name, name, origin)
                 changed = True
@@ -341,11 +345,12 @@ class ChunkedSnapshot:
     def _stage_rows(self, job: _Job, newer: set[bytes]) -> None:
         ctx = self.context
         info = job.table
-        if ctx.last is None:  # the table's first chunk: its schema record first
-            columns = [(c.name, c.type, c.typeoid) for c in info.columns]
-            self.tables.observe(
-                info.schema, info.table, columns, complete=True, key=info.identity_columns, now_ms=job.now_ms
-            )
+        # The chunk's shape (read with it) announced first, if new: on its first chunk, or after
+        # a schema change no streamed change has announced yet.
+        columns = [(c.name, c.type, c.typeoid) for c in info.columns]
+        self.tables.observe(
+            info.schema, info.table, columns, complete=True, key=info.identity_columns, now_ms=job.now_ms
+        )
         assert job.encoder is not None
         kept = _keep(job, newer)
         last_marker = "last" if self._last_of_all(job) else "true"
@@ -391,6 +396,8 @@ class ChunkedSnapshot:
             ctx.pending.pop(0)
         if name in ctx.check:
             ctx.check.remove(name)
+        if ctx.done is None:
+            ctx.done = []
         if name not in ctx.done:
             ctx.done.append(name)
         ctx.last, ctx.checked, ctx.phase = None, None, "rows"
@@ -440,6 +447,14 @@ class ChunkedSnapshot:
             job.xmax = int(xmax) % _XID_MOD
             job.xip = frozenset(int(x) % _XID_MOD for x in xip.split(",") if x)
             job.now_ms = int(self.clock() * 1000)
+            # The table's columns now, in this transaction: a schema change between chunks shows.
+            schema, name = job.table.schema, job.table.table
+            found = list_tables(conn, lambda s, t: s == schema and t == name)
+            if not found or not found[0].identity_columns:  # dropped (or its key) since: done
+                job.final = True
+                job.units, job.upper, job.checked = [], None, None
+            else:
+                job.table = found[0]
             info = job.table
             job.encoder = env.SnapshotEncoder(
                 schema=info.schema,
@@ -451,17 +466,26 @@ class ChunkedSnapshot:
                 lsn=self.lsn(),
                 now_ms=job.now_ms,
             )
-            if job.phase == "rows":
+            if job.final:
+                pass
+            elif job.phase == "rows":
                 self._read_rows(job, reader, last)
                 self.status.snapshot_rows_read += job.rows
             else:
                 self._read_absent(job, conn, checked)
             conn.commit()
+            hook = type(self).after_read
+            if hook is not None:
+                hook(job.table.qualified, job.phase)
             if self._closed:
                 return
             conn.execute(
                 "SELECT pg_logical_emit_message(false, %s, %s)", (WATERMARK_PREFIX, job.id)
             )  # the high watermark
+            # A non-transactional message is not flushed by itself, and a walsender sends only
+            # flushed WAL (the WAL writer would flush it within `wal_writer_delay`, 200 ms by
+            # default, per chunk): a transaction id makes this commit write, and flush, a record.
+            conn.execute("SELECT pg_current_xact_id()")
             conn.commit()
         except BaseException as exc:  # reported to the loop by `tick`
             job.error = exc

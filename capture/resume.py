@@ -14,6 +14,10 @@ transactions the log lacks): the largest of
 An earlier position than the lost one costs nothing: the server streams from the slot's confirmed
 position anyway. A source found in neither (the outbox's records carry no LSN) has no position:
 capture then decides as for a new source.
+
+A chunked snapshot under way (capture/chunked.py) kept its progress in the lost manifest too: the
+tables the status file shows pending are read again from their first key (a chunk row read twice
+is a harmless duplicate of the same row version; none is skipped).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 
 import orjson
 
+from tributary.capture.chunked import SnapshotContext, context_key
 from tributary.capture.log import Log
 from tributary.capture.lsn import Lsn
 from tributary.capture.status import read_status
@@ -29,13 +34,17 @@ from tributary.capture.status import read_status
 __all__ = ["positions_in"]
 
 
-def _from_status(root: Path) -> dict[str, Lsn]:
+def _status_sources(root: Path) -> list[dict[str, object]]:
     try:
         doc = read_status(root) or {}
     except (OSError, ValueError):
-        return {}
+        return []
+    return [s for s in doc.get("sources") or [] if isinstance(s, dict)]
+
+
+def _from_status(root: Path) -> dict[str, Lsn]:
     found: dict[str, Lsn] = {}
-    for source in doc.get("sources") or []:
+    for source in _status_sources(root):
         try:
             found[str(source["name"])] = Lsn.parse(str(source["confirmed_lsn"]))
         except (KeyError, TypeError, ValueError):
@@ -71,9 +80,22 @@ def _from_records(log: Log) -> dict[str, Lsn]:
     return {name: Lsn(lsn) for name, lsn in found.items()}
 
 
+def _snapshots_pending(root: Path) -> dict[str, str]:
+    """A chunked snapshot's context per source whose status shows tables pending: read again."""
+    found: dict[str, str] = {}
+    for source in _status_sources(root):
+        pending = source.get("snapshot_tables_pending")
+        if isinstance(pending, list) and pending and "name" in source:
+            context = SnapshotContext(pending=[str(t) for t in pending], done=None)
+            found[context_key(str(source["name"]))] = context.to_json()
+    return found
+
+
 def positions_in(log: Log) -> dict[str, str]:
     """Every source position the log's status file and records show (see the module's doc)."""
     found = _from_status(log.root)
     for name, lsn in _from_records(log).items():
         found[name] = max(found.get(name, Lsn.ZERO), lsn)
-    return {name: str(lsn) for name, lsn in found.items()}
+    positions = {name: str(lsn) for name, lsn in found.items()}
+    positions.update((k, v) for k, v in _snapshots_pending(log.root).items() if k.split("#")[0] in positions)
+    return positions

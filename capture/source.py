@@ -160,6 +160,8 @@ class SourceSession:
                 context = SnapshotContext(done=names)
                 if fresh and spec.snapshot != "never":
                     self.status.snapshot_method = "consistent"
+        if context.done is None:  # unknown (a manifest rebuilt by `log verify --repair`): all but pending
+            context.done = [n for n in names if n not in context.pending]
         engine = self.chunked = ChunkedSnapshot(
             spec,
             self.staging,

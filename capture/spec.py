@@ -10,7 +10,7 @@ from tributary.capture import envelope as env
 
 __all__ = ["CHUNK_ROWS", "SourceSpec"]
 
-CHUNK_ROWS = 20_000  # rows per chunk of a chunked snapshot, by default (bench/README.md)
+CHUNK_ROWS = 50_000  # rows per chunk of a chunked snapshot, by default (bench/README.md: bench/chunk_rows.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,11 @@ snapshotted."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +17,12 @@ import orjson
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import cli, records, write_config
-from tests.integration.capture.test_resnapshot import FILL, TABLES, _compacted, _table
+from tests.integration.capture.helpers import changes, cli, records, spawn_capture, wait_for, write_config
+from tests.integration.capture.test_resnapshot import FILL, TABLES, _change_while_slot_gone, _compacted, _table
+from tributary.capture.chunked import ChunkedSnapshot
+from tributary.capture.daemon import CaptureDaemon, DaemonOptions
+from tributary.capture.log import Log
+from tributary.capture.spec import SourceSpec
 from tributary.capture.status import read_status
 
 pytestmark = pytest.mark.integration
@@ -70,3 +79,192 @@ def test_chunked_records_equal_the_consistent_snapshots(fresh_db: str, tmp_path:
     assert status is not None
     source = status["sources"][0]
     assert source["snapshot_tables_pending"] == [] and source["snapshot_rows_read"] == 3 * 2500
+
+
+def _spec(name: str, dsn: str, **extra: Any) -> SourceSpec:
+    fields: dict[str, Any] = {
+        "name": name,
+        "dsn": dsn,
+        "slot": f"slot_{name}_{uuid.uuid4().hex[:8]}",
+        "include": ("public.*",),
+        "exclude": (),
+        "snapshot": "initial",
+        "partitions": 3,
+        "snapshot_method": "chunked",
+        "snapshot_chunk_rows": 100,
+    }
+    fields.update(extra)
+    return SourceSpec(**fields)
+
+
+def _drop_slots(dsn: str, *specs: SourceSpec) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for spec in specs:
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                (spec.slot,),
+            )
+
+
+def test_a_streamed_change_inside_a_chunks_window_wins(
+    fresh_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        for table in ("items", "docs", "points"):  # the columnar, JSON and per-row paths
+            conn.execute(TABLES[table])
+            conn.execute(FILL[table].format(n=450))
+    changed: list[str] = []
+
+    def between_read_and_watermark(table: str, phase: str) -> None:
+        """Committed after the chunk's snapshot, streamed before its watermark: newer than the
+        chunk's rows of the same keys, so those rows must not be staged after them."""
+        low = changed.count(table) * 100 + 1  # the chunk just read: keys low .. low + 99
+        changed.append(table)
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            if table == "public.items":
+                conn.execute("UPDATE items SET note = 'newer' WHERE id BETWEEN %s AND %s", (low, low + 9))
+                conn.execute("DELETE FROM items WHERE id = %s", (low + 10,))
+            elif table == "public.docs":
+                conn.execute('UPDATE docs SET body = \'{"v": "newer"}\' WHERE id % 100 = 7')
+                conn.execute("DELETE FROM docs WHERE id % 100 = 8")
+            else:
+                conn.execute("UPDATE points SET x = -2 WHERE a % 100 = 9")
+                conn.execute("DELETE FROM points WHERE a % 100 = 10")
+
+    monkeypatch.setattr(ChunkedSnapshot, "after_read", between_read_and_watermark)
+    spec = _spec("shop", fresh_db)
+    try:
+        daemon = CaptureDaemon([spec], DaemonOptions(log_root=tmp_path / "log", default_partitions=3, until_idle_s=1.0))
+        assert daemon.run() == 0
+    finally:
+        _drop_slots(fresh_db, spec)
+    assert len(changed) >= 3 * 5
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log")
+    for table in TABLES:
+        assert _compacted(config, f"shop.public.{table}") == _table(fresh_db, table), table
+
+
+def test_other_sources_stream_while_a_slow_chunked_snapshot_runs(
+    fresh_db: str, pg_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other_db = pg_server.dsn(pg_server.create_database("other"))
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(TABLES["items"])
+        conn.execute(FILL["items"].format(n=3000))
+    with psycopg.connect(other_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE ticks (id int PRIMARY KEY)")
+    slow = _spec("slow", fresh_db)  # 30 chunks of 100 rows
+    other = _spec("other", other_db, snapshot_method="consistent")
+    monkeypatch.setattr(ChunkedSnapshot, "after_read", lambda table, phase: time.sleep(0.3))
+    daemon = CaptureDaemon([slow, other], DaemonOptions(log_root=tmp_path / "log", default_partitions=3))
+    runner = threading.Thread(target=daemon.run)
+    runner.start()
+    try:
+        source = daemon.sessions[0].status
+        wait_for(lambda: source.snapshot_rows_done > 0, what="the first chunk")
+        with psycopg.connect(other_db, autocommit=True) as conn:
+            for i in range(5):
+                conn.execute("INSERT INTO ticks VALUES (%s)", (i,))
+                wait_for(
+                    lambda i=i: len(changes(tmp_path / "log", "other.public.ticks")) > i,
+                    timeout=2.0,
+                    what="the other source's insert in the log",
+                )
+        assert source.snapshot_tables_pending == ["public.items"], "the snapshot still runs"
+        assert source.snapshot_rows_done < 3000
+        wait_for(lambda: not daemon.sessions[0].snapshotting, timeout=60, what="the snapshot's end")
+    finally:
+        daemon.request_stop()
+        runner.join(timeout=60)
+        _drop_slots(fresh_db, slow)
+        _drop_slots(other_db, other)
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", name="slow")
+    assert _compacted(config, "slow.public.items") == _table(fresh_db, "items")
+
+
+def test_kill_9_mid_chunked_snapshot_resumes_from_the_last_committed_chunk(fresh_db: str, tmp_path: Path) -> None:
+    total = 200_000
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(TABLES["items"])
+        conn.execute(FILL["items"].format(n=total))
+    config = _chunked(write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log"), 2000)
+    capture = spawn_capture(config)
+    try:
+
+        def far_enough() -> bool:
+            doc = read_status(tmp_path / "log")
+            return bool(doc) and doc["sources"][0]["snapshot_rows_done"] >= total // 3
+
+        wait_for(far_enough, timeout=120, what="a third of the chunked snapshot")
+        with psycopg.connect(fresh_db, autocommit=True) as conn:  # streamed while it runs
+            conn.execute("UPDATE items SET note = 'during' WHERE id % 1000 = 1")
+            conn.execute("DELETE FROM items WHERE id % 1000 = 2")
+        os.kill(capture.pid, signal.SIGKILL)
+        capture.wait(timeout=30)
+    finally:
+        if capture.returncode is None:
+            capture.send_signal(signal.SIGKILL)
+            capture.wait(timeout=30)
+    with Log.open(tmp_path / "log") as log:
+        saved = orjson.loads(log.positions()["shop#snapshot"])
+    assert saved["pending"] == ["public.items"] and saved["rows"] > 0, "a committed chunk survives the kill"
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("UPDATE items SET note = 'after' WHERE id % 1000 = 3")
+        conn.execute("DELETE FROM items WHERE id % 1000 = 4")
+    res = cli("capture", "--config", str(config), "--until-idle", "1", timeout=300)
+    assert res.returncode == 0, res.stderr
+    status = read_status(tmp_path / "log")
+    assert status is not None
+    source = status["sources"][0]
+    assert source["snapshot_tables_pending"] == []
+    assert 0 < source["snapshot_rows_read"] <= total - saved["rows"] + 2000, "resumed, not started again"
+    assert _compacted(config, "shop.public.items") == _table(fresh_db, "items")
+
+
+def test_a_table_added_to_include_is_snapshotted_while_the_others_stream(fresh_db: str, tmp_path: Path) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(TABLES["items"])
+        conn.execute(FILL["items"].format(n=500))
+        conn.execute(TABLES["docs"])
+        conn.execute(FILL["docs"].format(n=700))
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log")
+    config.write_text(config.read_text().replace('include = ["public.*"]', 'include = ["public.items"]'))
+    res = cli("capture", "--config", str(config), "--until-idle", "1")
+    assert res.returncode == 0, res.stderr
+    assert not records(tmp_path / "log", "shop.public.docs")
+
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("UPDATE items SET note = 'streamed' WHERE id <= 10")
+        conn.execute('UPDATE docs SET body = \'{"v": "before widening"}\' WHERE id <= 10')
+    config.write_text(config.read_text().replace('include = ["public.items"]', 'include = ["public.*"]'))
+    res = cli("capture", "--config", str(config), "--until-idle", "1", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "public.docs is included but was never snapshotted" in res.stderr
+    status = read_status(tmp_path / "log")
+    assert status is not None
+    assert any("public.docs" in w for w in status["sources"][0]["warnings"])
+    for table in ("items", "docs"):
+        assert _compacted(config, f"shop.public.{table}") == _table(fresh_db, table), table
+    docs = changes(tmp_path / "log", "shop.public.docs")
+    assert sum(1 for c in docs if c["op"] == "r") == 700
+    with Log.open(tmp_path / "log") as log:
+        assert sorted(orjson.loads(log.positions()["shop#snapshot"])["done"]) == ["public.docs", "public.items"]
+
+
+def test_a_chunked_resnapshot_deletes_what_the_table_no_longer_has(fresh_db: str, tmp_path: Path) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        for table, ddl in TABLES.items():
+            conn.execute(ddl)
+            conn.execute(FILL[table].format(n=1500))
+    config = _chunked(write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log"), 400)
+    config.write_text(
+        config.read_text().replace('include = ["public.*"]', 'include = ["public.*"]\nsnapshot = "when_needed"')
+    )
+    res = cli("capture", "--config", str(config), "--until-idle", "1")
+    assert res.returncode == 0, res.stderr
+    _change_while_slot_gone(fresh_db, config)
+    res = cli("capture", "--config", str(config), "--until-idle", "1", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "taking a new snapshot" in res.stderr
+    for table in TABLES:
+        assert _compacted(config, f"shop.public.{table}") == _table(fresh_db, table), table

@@ -1,0 +1,82 @@
+"""Pure parts of chunked snapshots (capture/chunked.py): the context's JSON, the visibility rule
+against a snapshot's xmax/xip across xid wraparound, the bounded set of recent commits, and the
+keys a watch collects from every staging path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tributary.capture import envelope as env
+from tributary.capture.chunked import RecentXids, SnapshotContext, _invisible, context_key
+from tributary.capture.log import Log
+from tributary.capture.staging import Staging
+
+pytestmark = pytest.mark.unit
+
+names = st.text(alphabet="abcdefgh._", min_size=1, max_size=12)
+
+
+@given(
+    pending=st.lists(names, max_size=4),
+    last=st.none() | st.lists(st.none() | st.text(max_size=8), min_size=1, max_size=3),
+    done=st.none() | st.lists(names, max_size=4),
+    rows=st.integers(0, 10**12),
+    checked=st.none() | st.text(max_size=10),
+)
+def test_context_round_trips(
+    pending: list[str], last: list[str | None] | None, done: list[str] | None, rows: int, checked: str | None
+) -> None:
+    ctx = SnapshotContext(pending=pending, last=last, done=done, rows=rows, chunks=rows // 7, checked=checked)
+    assert SnapshotContext.from_json(ctx.to_json()) == ctx
+
+
+def test_context_key_is_never_a_source_name() -> None:
+    assert context_key("shop") == "shop#snapshot" and not context_key("shop").isidentifier()
+
+
+@given(xmax=st.integers(0, 2**64 - 1), delta=st.integers(-(2**31) + 1, 2**31 - 1))
+def test_visibility_follows_xmax_across_wraparound(xmax: int, delta: int) -> None:
+    """A transaction at or after xmax was not visible; one before it (not in xip) was — with
+    32-bit ids that wrap, as wal2json prints them."""
+    xid = (xmax + delta) % 2**32
+    assert _invisible(xid, xmax % 2**32, frozenset()) == (delta >= 0)
+
+
+def test_a_transaction_in_progress_was_not_visible() -> None:
+    assert _invisible(90, 100, frozenset({90}))
+    assert not _invisible(89, 100, frozenset({90}))
+
+
+def test_recent_xids_tell_commits_before_a_watch_began() -> None:
+    recent = RecentXids(bound=3)
+    recent.add(10)
+    watch = recent.seq + 1
+    recent.add(11)
+    assert recent.before(frozenset({10}), watch)
+    assert not recent.before(frozenset({11, 12}), watch), "committed after the watch began: the watch has it"
+    for xid in (20, 21, 22):
+        recent.add(xid)
+    assert not recent.before(frozenset({10}), watch + 10), "bounded: the oldest are forgotten"
+
+
+def test_a_watch_collects_keys_from_every_staging_path(tmp_path: Path) -> None:
+    with Log.open(tmp_path / "log", writer=True, default_partitions=2) as log:
+        staging = Staging(log, partitions=2)
+        watch = staging.watch("t")
+        staging.xid = 7
+        staging.stage([env.Output("t", b"a", b"1"), env.Output("u", b"z", b"1")], 0)
+        staging.stage_record("t", b"b", b"1", 0)
+        staging.xid = 8
+        staging.stage_pairs("t", [(b"c", b"1")], 0)
+        staging.append_run("t", [b"d", b"e"], [b"1", b"1"], 0)
+        assert dict(watch.by_xid) == {7: {b"a", b"b"}, 8: {b"c", b"d", b"e"}}
+        assert not watch.invalid
+        staging.to_all_partitions("t", None, b"truncate", 0)
+        assert watch.invalid, "a truncate (or schema change) makes the chunk be read again"
+        staging.unwatch("t")
+        staging.stage_record("t", b"f", b"1", 0)
+        assert b"f" not in set().union(*watch.by_xid.values())
