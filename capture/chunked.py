@@ -421,17 +421,22 @@ class ChunkedSnapshot:
                 ctx.rows, sum(max(infos[t].estimated_rows, 0) for t in ctx.pending if t in infos)
             )
 
-    def record_commit(self, xid: int | None) -> None:
+    def on_commit(self, xid: int | None) -> bool:
+        """The stream committed a transaction: remember it (the race check) and apply the snapshot
+        requests made inside it, so they are durable with the commit covering it; True if any."""
         if xid is not None:
             self.recent.add(xid % _XID_MOD)
+        return bool(self._requested) and self.apply_requests()
 
     def close(self) -> None:
         self._closed = True
         job, self.job = self.job, None
         if job is not None:
             self.staging.unwatch(job.watch.topic)
+        if job is not None and job.thread is not None and job.thread.is_alive():
+            return  # the reading thread closes the connection when it ends
         reader, self._reader = self._reader, None
-        if reader is not None and (job is None or job.thread is None or not job.thread.is_alive()):
+        if reader is not None:
             reader.close()
 
     # -- the thread's side -------------------------------------------------------------------

@@ -187,7 +187,7 @@ class SourceSession:
         engine.apply_requests(conn)
         assert self.stream is not None
         self.stream.on_watermark = engine.on_watermark
-        self.stream.on_commit = engine.record_commit
+        self.stream.on_commit = engine.on_commit
 
     def _new_slot(self, slot: SlotState, on_progress: Callable[[SourceStatus], None] | None) -> Lsn:
         """(Re)create the slot, with the initial snapshot unless `snapshot = "never"`; returns its

@@ -102,7 +102,7 @@ class StreamingSource:
         self._last_tag = b""  # the table tag of the last run: most runs are all that table's
         # A chunked snapshot (capture/chunked.py): its watermarks, and each committed transaction.
         self.on_watermark: Callable[[str], bool] | None = None
-        self.on_commit: Callable[[int], None] | None = None
+        self.on_commit: Callable[[int], bool] | None = None  # True: a snapshot request was applied
 
     @property
     def seen(self) -> int:
@@ -157,9 +157,9 @@ class StreamingSource:
         if isinstance(parsed, wal2json.Commit):
             self._hold_inserts = False
             self.staging.xid = None
-            if self.on_commit is not None:
-                self.on_commit(parsed.xid)
             changes = self._tx.get("changes", 0)
+            if self.on_commit is not None and self.on_commit(parsed.xid) and not offsets.skipping:
+                changes = max(changes, 1)  # a snapshot requested inside it: a commit point, with the request
             if not offsets.end(parsed.nextlsn, changes=changes):
                 return False  # skipped, or nothing of ours in it
             self.staging.flush()

@@ -6,6 +6,7 @@ snapshotted."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import threading
 import time
@@ -266,5 +267,121 @@ def test_a_chunked_resnapshot_deletes_what_the_table_no_longer_has(fresh_db: str
     res = cli("capture", "--config", str(config), "--until-idle", "1", timeout=300)
     assert res.returncode == 0, res.stderr
     assert "taking a new snapshot" in res.stderr
+    for table in TABLES:
+        assert _compacted(config, f"shop.public.{table}") == _table(fresh_db, table), table
+
+
+def test_request_snapshot_rereads_a_table_and_refuses_unknown_ones(fresh_db: str, tmp_path: Path) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(TABLES["items"])
+        conn.execute(FILL["items"].format(n=900))
+        conn.execute("CREATE TABLE keyless (a int)")
+    spec = _spec("shop", fresh_db, snapshot_method="consistent", snapshot_chunk_rows=250)
+    daemon = CaptureDaemon([spec], DaemonOptions(log_root=tmp_path / "log", default_partitions=3))
+    runner = threading.Thread(target=daemon.run)
+    runner.start()
+    topic = "shop.public.items"
+    try:
+        session = daemon.sessions[0]
+        wait_for(
+            lambda: sum(1 for c in changes(tmp_path / "log", topic) if c["op"] == "r") == 900,
+            what="the initial snapshot committed",
+        )
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute("DELETE FROM items WHERE id > 800")
+        session.request_snapshot(["public.items", "public.nope", "public.keyless"], origin="a test")
+        wait_for(
+            lambda: sum(1 for c in changes(tmp_path / "log", topic) if c["op"] == "r") == 900 + 800,
+            timeout=60,
+            what="the requested snapshot's rows",
+        )
+        wait_for(lambda: not session.snapshotting, what="the requested snapshot's end")
+        warnings = " ".join(session.status.warnings)
+        assert "public.nope (requested by a test) refused" in warnings
+        assert "public.keyless (requested by a test) refused" in warnings
+    finally:
+        daemon.request_stop()
+        runner.join(timeout=60)
+        _drop_slots(fresh_db, spec)
+    with Log.open(tmp_path / "log") as log:
+        saved = orjson.loads(log.positions()["shop#snapshot"])
+    assert saved["pending"] == [] and "public.items" in saved["done"]
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log")
+    assert _compacted(config, topic) == _table(fresh_db, "items")
+
+
+def test_concurrent_writes_during_a_chunked_snapshot_end_equal(
+    fresh_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Transactions of inserts (the INSERT templates' path), updates and deletes run on every
+    table while it is read in small chunks: each topic ends equal to its table."""
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        for table, ddl in TABLES.items():
+            conn.execute(ddl)
+            conn.execute(FILL[table].format(n=3000))
+    stop = threading.Event()
+    done = []
+
+    errors: list[str] = []
+
+    def write() -> None:
+        try:
+            write_until_stopped()
+        except psycopg.Error as exc:
+            errors.append(repr(exc))
+
+    def write_until_stopped() -> None:
+        rng = random.Random(7)
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            n = 10_000
+            while not stop.is_set():
+                with conn.transaction():
+                    for _ in range(rng.randint(1, 6)):
+                        i = rng.randint(1, 3000)
+                        op = rng.random()
+                        if op < 0.3:
+                            conn.execute("UPDATE items SET note = %s WHERE id = %s", (f"w{n}", i))
+                            conn.execute("UPDATE points SET x = %s WHERE a = %s", (n / 7, i))
+                        elif op < 0.45:
+                            conn.execute("DELETE FROM items WHERE id = %s", (i,))
+                            conn.execute("DELETE FROM docs WHERE id = %s", (i,))
+                        elif op < 0.6:
+                            conn.execute(
+                                "UPDATE docs SET body = jsonb_build_object('w', %s::int) WHERE id = %s", (n, i)
+                            )
+                        else:
+                            conn.execute(
+                                "INSERT INTO items VALUES (%s, 1, 'new') ON CONFLICT (id) DO UPDATE SET note = 'upserted'",
+                                (i,),
+                            )
+                            conn.execute(
+                                "INSERT INTO items SELECT g, 2, 'run' FROM generate_series(%s::int, %s::int) g",
+                                (n, n + 4),
+                            )
+                        n += 5
+                    done.append(n)
+
+    monkeypatch.setattr(ChunkedSnapshot, "after_read", lambda table, phase: time.sleep(0.05))  # a longer window
+    writer = threading.Thread(target=write)
+    writer.start()
+    spec = _spec("shop", fresh_db, snapshot_chunk_rows=150)
+    try:
+        daemon = CaptureDaemon([spec], DaemonOptions(log_root=tmp_path / "log", default_partitions=3))
+        runner = threading.Thread(target=daemon.run)
+        runner.start()
+        session = daemon.sessions[0]
+        wait_for(lambda: session.status.snapshot_rows_done > 0, timeout=60, what="the first chunk")
+        wait_for(lambda: not session.snapshotting, timeout=120, what="the snapshot's end")
+        stop.set()
+        writer.join(timeout=30)
+        time.sleep(1.5)  # the writer's last transactions streamed and committed
+        daemon.request_stop()
+        runner.join(timeout=60)
+    finally:
+        stop.set()
+        _drop_slots(fresh_db, spec)
+    assert not errors
+    assert len(done) > 10, "the writer ran during the snapshot"
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log")
     for table in TABLES:
         assert _compacted(config, f"shop.public.{table}") == _table(fresh_db, table), table
