@@ -385,7 +385,9 @@ def _snapshot_until(
         proc.wait(timeout=60)
 
 
-def bench_chunked(dsn: str, rows: int, work: Path, chunk_rows: int | None, turn: int) -> dict[str, float]:
+def bench_chunked(
+    cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path, chunk_rows: int | None, turn: int
+) -> dict[str, float]:
     """The same table snapshotted both ways in one repeat (which goes first alternates), then a
     chunked snapshot killed -9 at 90 % of its rows and restarted: what the crash costs."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -419,9 +421,12 @@ def bench_chunked(dsn: str, rows: int, work: Path, chunk_rows: int | None, turn:
     out: dict[str, float] = {}
     order = [("consistent", ""), ("chunked", chunked)]
     for label, extra in order if turn % 2 == 0 else reversed(order):
+        c0, s0 = _children_cpu(), _server_cpu(cluster)
         seconds, count = run(label, extra)
         out[f"{label}_s"] = seconds
         out[f"{label}_records"] = count
+        out[f"{label}_client_cpu_us"] = (_children_cpu() - c0) * 1e6 / rows  # per row, start-up included
+        out[f"{label}_server_cpu_us"] = (_server_cpu(cluster) - s0) * 1e6 / rows
     # kill -9 once 90 % of the rows are committed, restart, time what is left
     killed_s, at_kill = run("killed", chunked, kill_at=int(rows * 0.9))
     finish_s, final = run("killed", chunked, log_root=work / "log-killed")
@@ -435,11 +440,17 @@ def bench_chunked(dsn: str, rows: int, work: Path, chunk_rows: int | None, turn:
         "consistent_rows_per_s": rows / out["consistent_s"],
         "chunked_rows_per_s": rate,
         "ratio": out["consistent_s"] / out["chunked_s"],
+        "consistent_s": out["consistent_s"],
+        "chunked_s": out["chunked_s"],
+        "consistent_client_cpu_us": out["consistent_client_cpu_us"],
+        "chunked_client_cpu_us": out["chunked_client_cpu_us"],
+        "consistent_server_cpu_us": out["consistent_server_cpu_us"],
+        "chunked_server_cpu_us": out["chunked_server_cpu_us"],
         "killed_at_records": at_kill,
         "killed_after_s": killed_s,
         "rows_read_after_restart": read_after,
         "rows_reread": read_after - (rows - committed_rows),  # read before the crash, not committed, read again
-        "records_duplicated": final - out["chunked_records"],  # in the log twice because of the crash
+        "records_duplicated": final - out["chunked_records"],  # in the log twice (schema records announced again)
         "finish_after_restart_s": finish_s,
         "remaining_at_uninterrupted_rate_s": remaining / rate,
         "seconds_lost": finish_s - remaining / rate,
@@ -536,7 +547,10 @@ def main() -> None:
             ]
         )
         chunked = (
-            [bench_chunked(dsn, args.snapshot_rows, work, args.chunk_rows, turn) for turn in range(args.repeat)]
+            [
+                bench_chunked(cluster, dsn, args.snapshot_rows, work, args.chunk_rows, turn)
+                for turn in range(args.repeat)
+            ]
             if args.chunked
             else []
         )
