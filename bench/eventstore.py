@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
-from tributary.eventstore.domain.bank import bank_account  # noqa: E402
+from tributary.eventstore.examples.bank import bank_account  # noqa: E402
 from tributary.eventstore.handler import CommandHandler  # noqa: E402
 from tributary.eventstore.migrate import run_migrations  # noqa: E402
 from tributary.eventstore.model import NewEvent, dumps  # noqa: E402
@@ -47,8 +47,10 @@ CREATE TABLE IF NOT EXISTS raw_events (
   stream_type text NOT NULL, version bigint NOT NULL CHECK (version > 0), event_id uuid NOT NULL UNIQUE, type text NOT NULL,
   schema_version int NOT NULL, data jsonb NOT NULL, metadata jsonb NOT NULL,
   occurred_at timestamptz NOT NULL DEFAULT now(), recorded_at timestamptz NOT NULL DEFAULT now(),
-  UNIQUE (stream_id, version));
-CREATE INDEX IF NOT EXISTS raw_events_type_position ON raw_events (stream_type, global_position)
+  transaction_id xid8 NOT NULL DEFAULT pg_current_xact_id(), UNIQUE (stream_id, version));
+CREATE INDEX IF NOT EXISTS raw_events_transaction_position ON raw_events (transaction_id, global_position);
+CREATE INDEX IF NOT EXISTS raw_events_type_transaction_position ON raw_events (stream_type, transaction_id, global_position);
+CREATE INDEX IF NOT EXISTS raw_events_type_streams ON raw_events (stream_type, stream_id) WHERE version = 1
 """
 
 

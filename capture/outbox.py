@@ -2,7 +2,8 @@
 
 The event store never writes to the log itself (no dual write): capture reads its table like any
 other, and this router turns each inserted row into the event — key = stream id, value = the
-event as the API shows it, timestamp = when it occurred. Pure.
+event as the API shows it, timestamp = when it occurred, headers = the event's correlation and
+causation ids and its user headers (from its metadata). Pure.
 """
 
 from __future__ import annotations
@@ -14,13 +15,36 @@ import orjson
 
 from tributary.capture.envelope import Output
 
-__all__ = ["OUTBOX_TABLE", "route_event"]
+__all__ = ["HEADER_IDS", "OUTBOX_TABLE", "event_headers", "route_event"]
 
 OUTBOX_TABLE = "eventstore.events"
+HEADER_IDS = ("command_id", "correlation_id", "causation_id")  # metadata ids that become log headers
 
 
 def _ms(iso: str) -> int:
     return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def event_headers(metadata: Any) -> bytes | None:
+    """The log record's headers from an event's metadata (a dict, or capture's raw jsonb): a JSON
+    object of strings, the ids of `HEADER_IDS` and the user headers (`metadata["headers"]`, whose
+    names never shadow the ids); None when there are none."""
+    if isinstance(metadata, orjson.Fragment):
+        raw = orjson.dumps(metadata)
+        if raw == b"{}":
+            return None
+        metadata = orjson.loads(raw)
+    if not isinstance(metadata, dict) or not metadata:
+        return None
+    headers: dict[str, str] = {}
+    user = metadata.get("headers")
+    if isinstance(user, dict):
+        headers.update((k, v) for k, v in user.items() if isinstance(v, str))
+    for name in HEADER_IDS:
+        value = metadata.get(name)
+        if isinstance(value, str):
+            headers[name] = value
+    return orjson.dumps(headers) if headers else None
 
 
 def route_event(row: dict[str, Any]) -> list[Output]:
@@ -43,6 +67,7 @@ def route_event(row: dict[str, Any]) -> list[Output]:
             f"events.{row['stream_type']}",
             orjson.dumps(row["stream_id"]),
             orjson.dumps(value),
+            headers=event_headers(row["metadata"]),
             timestamp_ms=_ms(row["occurred_at"]),
         )
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AggregateDefinitionError",
     "CommandRejected",
     "ConcurrencyConflict",
     "EventStoreError",
@@ -14,12 +15,17 @@ __all__ = [
     "PartialDuplicateBatch",
     "StoreUnavailable",
     "UnknownCommand",
+    "UnknownPosition",
     "UnknownStreamType",
 ]
 
 
 class EventStoreError(Exception):
     """Root of event store errors."""
+
+
+class AggregateDefinitionError(EventStoreError):
+    """A domain module or `Aggregate` breaks a rule of the file API (the message names the file and the rule)."""
 
 
 class ConcurrencyConflict(EventStoreError):
@@ -82,3 +88,13 @@ class IdempotencyMismatch(EventStoreError):
 
 class PartialDuplicateBatch(EventStoreError):
     """Some, not all, of a batch's event ids are already stored: refuse rather than guess."""
+
+
+class UnknownPosition(EventStoreError):
+    """A position to read after that names no stored event (positions come from events read)."""
+
+    def __init__(self, position: int) -> None:
+        super().__init__(
+            f"no event at position {position}; continue from the position of an event you read (0: the start)"
+        )
+        self.position = position

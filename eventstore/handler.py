@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from tributary.eventstore.aggregate import Aggregate
 from tributary.eventstore.errors import ConcurrencyConflict, UnknownStreamType
 from tributary.eventstore.model import ExpectedVersion, NewEvent, event_json
 from tributary.eventstore.store import CommandRecord, EventStore, SameCommandRace, request_hash
-from tributary.eventstore.values import check_data, check_id
+from tributary.eventstore.values import check_data, check_headers, check_id
 
 __all__ = ["CommandHandler", "CommandResult", "LoadedState", "backoff"]
 
@@ -74,8 +75,11 @@ class CommandHandler:
         try:
             return self.aggregates[stream_type]
         except KeyError:
+            known = ", ".join(sorted(self.aggregates))
             raise UnknownStreamType(
-                f"no stream type {stream_type!r} (known: {', '.join(sorted(self.aggregates))})"
+                f"no stream type {stream_type!r} (known: {known})"
+                if known
+                else f"no stream type {stream_type!r}: no [eventstore] modules are configured, so no command types"
             ) from None
 
     # -- loading ---------------------------------------------------------------------------------
@@ -84,8 +88,8 @@ class CommandHandler:
         state, version, base = agg.initial(), 0, 0
         snap = self.store.snapshot(stream_id) if use_snapshot and self.snapshot_every else None
         if snap is not None:
-            version, data, _ = snap
-            state, base = agg.state_type.model_validate(data), version
+            state, version = _from_snapshot(agg, snap, state)
+            base = version
         for e in self.store.read_stream(stream_id, from_version=version + 1):
             state = agg.evolve(state, agg.load_event(e.type, e.schema_version, e.data))
             version = e.version
@@ -99,36 +103,60 @@ class CommandHandler:
         command_type: str,
         data: Mapping[str, Any],
         *,
-        expected_version: int | None = None,
+        expected_version: ExpectedVersion | None = None,
         command_id: str | None = None,
+        correlation_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> CommandResult:
+        """Decide and append. `expected_version`: None or "any" (retry conflicts), "stream_exists"
+        (the stream must have events; retry conflicts), "no_stream" or n (the stream must be at
+        that version: a conflict is the caller's). Each event's metadata: `causation_id` = the
+        command's id (`command_id`, else a new one), `correlation_id` (default: the command's id),
+        the user `headers`, and `metadata`'s own fields."""
         agg = self.aggregate(stream_type)
         check_id("stream id", stream_id)
         if command_id is not None:
             check_id("command_id", command_id)
+        if correlation_id is not None:
+            check_id("correlation_id", correlation_id)
         check_data("data", data)
         if metadata:
             check_data("metadata", metadata)
+        if headers:
+            check_headers(headers)
+        if expected_version == "any":
+            expected_version = None
+        pinned: int | None = 0 if expected_version == "no_stream" else None
+        if isinstance(expected_version, int):
+            pinned = expected_version
         command = agg.parse_command(command_type, data)
         req = request_hash(stream_type, stream_id, command_type, dict(data), expected_version)
         if command_id is not None:
             stored = self.store.command_response(command_id, req)
             if stored is not None:
                 return CommandResult(stored["stream_id"], stored["version"], stored["events"], replayed=True)
+        cause = command_id or str(uuid.uuid4())
+        meta = {**(metadata or {}), "correlation_id": correlation_id or cause, "causation_id": cause}
+        if command_id is not None:
+            meta["command_id"] = command_id
+        if headers:
+            meta["headers"] = dict(headers)
         for attempt in range(self.max_retries + 1):
             loaded = self.load(stream_type, stream_id)
-            if expected_version is not None and loaded.version != expected_version:
+            if (pinned is not None and loaded.version != pinned) or (
+                expected_version == "stream_exists" and loaded.version == 0
+            ):
                 raise ConcurrencyConflict(stream_id, expected_version, loaded.version)
             decided = agg.decide(loaded.state, command)
-            events = [self._new_event(agg, e, command_id, metadata) for e in decided]
+            events = [self._new_event(agg, e, meta) for e in decided]
             expected: ExpectedVersion = loaded.version
             record = None if command_id is None else CommandRecord(command_id, req)
             try:
                 appended = self.store.append(stream_id, stream_type, events, expected, command=record)
             except ConcurrencyConflict as exc:
-                if expected_version is not None:
-                    raise
+                if pinned is not None:
+                    raise ConcurrencyConflict(stream_id, expected_version, exc.actual) from None
                 if attempt == self.max_retries:
                     raise ConcurrencyConflict(stream_id, exc.expected, exc.actual, attempts=attempt + 1) from None
                 self._sleep(backoff(attempt, base_s=self.retry_base_s, cap_s=self.retry_cap_s, rng=self._rng))
@@ -141,15 +169,11 @@ class CommandHandler:
             return CommandResult(stream_id, appended.version, [event_json(e) for e in appended.events])
         raise AssertionError("unreachable")
 
-    def _new_event(
-        self, agg: Aggregate[Any], event: BaseModel, command_id: str | None, metadata: Mapping[str, Any] | None
-    ) -> NewEvent:
+    @staticmethod
+    def _new_event(agg: Aggregate[Any], event: BaseModel, metadata: dict[str, Any]) -> NewEvent:
         etype = agg.event_type(event)
-        meta = dict(metadata or {})
-        if command_id is not None:
-            meta["command_id"] = command_id
         return NewEvent(
-            type=etype, data=event.model_dump(mode="json"), metadata=meta, schema_version=agg.schema_version(etype)
+            type=etype, data=event.model_dump(mode="json"), metadata=metadata, schema_version=agg.schema_version(etype)
         )
 
     def _maybe_snapshot(
@@ -160,4 +184,17 @@ class CommandHandler:
         state = loaded.state
         for event in decided:
             state = agg.evolve(state, event)
-        self.store.save_snapshot(stream_id, agg.stream_type, version, state.model_dump(mode="json"), 1)
+        self.store.save_snapshot(stream_id, agg.stream_type, version, state.model_dump(mode="json"), agg.state_version)
+
+
+def _from_snapshot(agg: Aggregate[Any], snap: tuple[int, dict[str, Any], int], initial: BaseModel) -> tuple[Any, int]:
+    """(state, version) from a snapshot of the aggregate's current `state_version`; else (initial, 0):
+    a snapshot taken by other code (another state version, or a state that no longer validates) is
+    ignored, the stream is folded from its first event, and the next snapshot point replaces it."""
+    version, data, state_version = snap
+    if state_version != agg.state_version:
+        return initial, 0
+    try:
+        return agg.state_type.model_validate(data), version
+    except ValidationError:
+        return initial, 0

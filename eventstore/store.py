@@ -2,7 +2,9 @@
 
 Concurrency by constraint: UNIQUE (stream_id, version) decides who wins; the
 loser's UniqueViolation is translated once into `ConcurrencyConflict` with the actual version.
-No table lock and no NOTIFY per append: commit order for readers comes from capture.
+No table lock and no NOTIFY per append: `$all` readers stay gap-free through each event's
+transaction id (see `read_all`), and the log's commit order comes from capture. The SQL is
+composed once from the tables in `schema.py` (`statements.py`).
 """
 
 from __future__ import annotations
@@ -25,70 +27,38 @@ from tributary.eventstore.errors import (
     InvalidValue,
     PartialDuplicateBatch,
     StoreUnavailable,
+    UnknownPosition,
 )
 from tributary.eventstore.model import AppendResult, ExpectedVersion, NewEvent, RecordedEvent, dumps, response_json
+from tributary.eventstore.statements import (
+    BY_IDS,
+    CMD_GET,
+    CMD_PUT,
+    CURRENT,
+    INSERT_MANY,
+    INSERT_ONE,
+    POSITION_EXISTS,
+    READ_ALL,
+    READ_ALL_HEAD,
+    READ_BWD,
+    READ_FWD,
+    SNAP_GET,
+    SNAP_PUT,
+    STREAMS_OF_TYPE,
+)
 from tributary.eventstore.values import check_id
 
-__all__ = ["CONNECTION_WAIT_S", "CommandRecord", "EventStore", "SameCommandRace", "request_hash"]
+__all__ = [
+    "CONNECTION_WAIT_S",
+    "CommandRecord",
+    "EventStore",
+    "SameCommandRace",
+    "StreamInfo",
+    "read_all_statement",
+    "recorded_event",
+    "request_hash",
+]
 
-_COLUMNS = "global_position, stream_id, stream_type, version, event_id, type, schema_version, data, metadata, occurred_at, recorded_at"
-_CURRENT = "SELECT coalesce(max(version), 0) FROM eventstore.events WHERE stream_id = %s"
-# One statement: the expected-version check and the insert, so a plain append is one round trip
-# (and one commit) like a raw INSERT. Only what the server decides comes back (position, version,
-# recorded_at): the rest is what we sent. Positional parameters (cheaper per call than named ones).
-_TARGET = "INSERT INTO eventstore.events (stream_id, stream_type, version, event_id, type, schema_version, data, metadata, occurred_at)"
-_RETURNING = "RETURNING global_position, version, event_id, recorded_at"
-_RETURNING_ONE = "RETURNING global_position, version, recorded_at"  # one event: its id is known
-_ONE = "%s, %s, %s, %s::jsonb, %s::jsonb, %s"  # id, type, schema version, data, metadata, occurred_at
-_MANY = "unnest(%s::uuid[], %s::text[], %s::int[], %s::text[], %s::text[], %s::timestamptz[]) WITH ORDINALITY AS x(e, t, sv, d, m, o, n)"
-# `any` / `stream_exists`: versions follow the stream's current end, `max(version)`. Parameters:
-# stream, stream, type, the values. One statement text per mode: the server plans a plain
-# comparison, no CASE.
-_CUR = "WITH cur AS (SELECT coalesce(max(version), 0) AS v FROM eventstore.events WHERE stream_id = %s)"
-_CHECKS = {"any": "", "stream_exists": "WHERE cur.v > 0"}
-# An exact version n (the command path: the handler loaded n) needs no look at the stream's end:
-# the events become n + 1, …, and UNIQUE (stream_id, version) refuses them if n + 1 is taken. What
-# the constraint cannot see is a gap (n itself missing): so a point lookup of n ("exact"), or none
-# at all ("new") when n = 0 (`no_stream`, the same thing: version 1 exists or it does not) or when
-# n is already proven to exist (`EventStore._known`). Parameters: stream, type, n, the values
-# [, stream, n]. (Cheaper for the server than reading `max(version)` of the stream.)
-_EXACT_ONE = f"{_TARGET}\nSELECT %s, %s, %s + 1, {_ONE}"
-_EXACT_MANY = f"{_TARGET}\nSELECT %s, %s, %s + x.n, x.e, x.t, x.sv, x.d::jsonb, x.m::jsonb, x.o FROM {_MANY}"
-_HAS_N = "WHERE EXISTS (SELECT FROM eventstore.events WHERE stream_id = %s AND version = %s)"
-_INSERT_ONE = {
-    **{
-        mode: f"{_CUR}\n{_TARGET}\nSELECT %s, %s, cur.v + 1, {_ONE} FROM cur {c}\n{_RETURNING_ONE}"
-        for mode, c in _CHECKS.items()
-    },
-    "new": f"{_EXACT_ONE}\n{_RETURNING_ONE}",
-    "exact": f"{_EXACT_ONE} {_HAS_N}\n{_RETURNING_ONE}",
-}
-_INSERT_MANY = {
-    **{
-        mode: f"""{_CUR}
-{_TARGET}
-SELECT %s, %s, cur.v + x.n, x.e, x.t, x.sv, x.d::jsonb, x.m::jsonb, x.o
-FROM cur, {_MANY} {c}
-{_RETURNING}"""
-        for mode, c in _CHECKS.items()
-    },
-    "new": f"{_EXACT_MANY}\n{_RETURNING}",
-    "exact": f"{_EXACT_MANY} {_HAS_N}\n{_RETURNING}",
-}
-_BY_IDS = f"SELECT {_COLUMNS} FROM eventstore.events WHERE event_id = ANY(%s) ORDER BY version"
-_READ_FWD = f"SELECT {_COLUMNS} FROM eventstore.events WHERE stream_id = %s AND version >= %s ORDER BY version LIMIT %s"
-_READ_BWD = (
-    f"SELECT {_COLUMNS} FROM eventstore.events WHERE stream_id = %s AND version <= %s ORDER BY version DESC LIMIT %s"
-)
-_READ_TYPE = f"SELECT {_COLUMNS} FROM eventstore.events WHERE stream_type = %s AND global_position > %s ORDER BY global_position LIMIT %s"
-_CMD_GET = "SELECT request_hash, response FROM eventstore.commands WHERE command_id = %s"
-_CMD_PUT = "INSERT INTO eventstore.commands (command_id, stream_id, request_hash, response) VALUES (%s, %s, %s, %s)"
-_SNAP_GET = "SELECT version, state, state_version FROM eventstore.snapshots WHERE stream_id = %s"
-_SNAP_PUT = """
-INSERT INTO eventstore.snapshots (stream_id, stream_type, version, state, state_version) VALUES (%s, %s, %s, %s, %s)
-ON CONFLICT (stream_id) DO UPDATE SET version = excluded.version, state = excluded.state,
-  state_version = excluded.state_version, taken_at = now() WHERE eventstore.snapshots.version < excluded.version
-"""
 _NO_LIMIT = 2**62
 _KNOWN_MAX = 100_000
 # How long a call waits for a pooled connection before StoreUnavailable: the pool's default (30 s)
@@ -117,6 +87,14 @@ _database = _DatabaseErrors()
 
 
 @dataclass(frozen=True, slots=True)
+class StreamInfo:
+    stream_id: str
+    stream_type: str
+    version: int  # the stream's current version
+    created_at: datetime  # when its first event was recorded
+
+
+@dataclass(frozen=True, slots=True)
 class CommandRecord:
     """Stored with the events of a command, in the same transaction: makes it idempotent."""
 
@@ -128,8 +106,20 @@ def request_hash(stream_type: str, stream_id: str, command_type: str, data: Any,
     return hashlib.sha256(dumps([stream_type, stream_id, command_type, data, expected])).hexdigest()
 
 
-def _row(r: Sequence[Any]) -> RecordedEvent:
+def recorded_event(r: Sequence[Any]) -> RecordedEvent:
+    """A row of the reads' columns (`statements.COLUMNS`) as an event."""
     return RecordedEvent(int(r[0]), r[1], r[2], int(r[3]), r[4], r[5], int(r[6]), r[7], r[8], r[9], r[10])
+
+
+def read_all_statement(*, after: int, limit: int, stream_type: str | None) -> tuple[str, tuple[Any, ...]]:
+    """`EventStore.read_all`'s statement and parameters (also run by the HTTP subscriptions on
+    their own async pool). `UnknownPosition` for a position beyond `bigint`."""
+    if after >= 2**63:
+        raise UnknownPosition(after)
+    params: tuple[Any, ...] = (limit,) if after <= 0 else (after, limit)
+    if stream_type is not None:
+        params = (stream_type, *params)
+    return READ_ALL[(stream_type is not None, after <= 0)], params
 
 
 def _utc(t: datetime) -> datetime:
@@ -145,7 +135,7 @@ def _statement(
     expected: ExpectedVersion,
     known: int,
 ) -> tuple[str, tuple[Any, ...]]:
-    """The insert for this expected version, with its parameters (see `_INSERT_ONE`); `known`: a
+    """The insert for this expected version, with its parameters (see `INSERT_ONE`); `known`: a
     version the stream is proven to have reached."""
     if expected == "no_stream" or expected == 0:
         return queries["new"], (stream_id, stream_type, 0, *values)
@@ -278,7 +268,7 @@ class EventStore:
 
     @staticmethod
     def _current(conn: psycopg.Connection[Any], stream_id: str) -> int:
-        return int(conn.execute(_CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
+        return int(conn.execute(CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
 
     def _append(
         self,
@@ -308,7 +298,7 @@ class EventStore:
                 raise ConcurrencyConflict(stream_id, expected, self._current(conn, stream_id))
             result = AppendResult(stream_id, recorded[-1].version, recorded)
         if command is not None:
-            conn.execute(_CMD_PUT, (command.command_id, stream_id, command.request_hash, _jsonb(response_json(result))))
+            conn.execute(CMD_PUT, (command.command_id, stream_id, command.request_hash, _jsonb(response_json(result))))
         return result
 
     @staticmethod
@@ -325,7 +315,7 @@ class EventStore:
             e = events[0]
             d, m = dumps(e.data).decode(), dumps(e.metadata).decode()
             values: tuple[Any, ...] = (e.event_id, e.type, e.schema_version, d, m, e.occurred_at)
-            cursor.execute(*_statement(_INSERT_ONE, stream_id, stream_type, values, expected, known))
+            cursor.execute(*_statement(INSERT_ONE, stream_id, stream_type, values, expected, known))
             row = cursor.fetchone()
             return None if row is None else (_recorded(stream_id, stream_type, e, d, m, *row),)
         data = [dumps(e.data).decode() for e in events]
@@ -338,7 +328,7 @@ class EventStore:
             meta,
             [e.occurred_at for e in events],
         )
-        rows = cursor.execute(*_statement(_INSERT_MANY, stream_id, stream_type, values, expected, known)).fetchall()
+        rows = cursor.execute(*_statement(INSERT_MANY, stream_id, stream_type, values, expected, known)).fetchall()
         if not rows:
             return None
         stored = {r[2]: r for r in rows}
@@ -352,7 +342,7 @@ class EventStore:
         """The original result when every id is stored already; PartialDuplicateBatch when some are."""
         if not events:
             return None
-        found = [_row(r) for r in conn.execute(_BY_IDS, ([e.event_id for e in events],)).fetchall()]
+        found = [recorded_event(r) for r in conn.execute(BY_IDS, ([e.event_id for e in events],)).fetchall()]
         if not found:
             return None
         if len(found) != len(events) or len({e.stream_id for e in found}) != 1:
@@ -366,7 +356,7 @@ class EventStore:
         """The stored answer to `command_id`; IdempotencyMismatch if it was a different command."""
         check_id("command_id", command_id)
         with _database, self.pool.connection() as conn:
-            row = conn.execute(_CMD_GET, (command_id,)).fetchone()
+            row = conn.execute(CMD_GET, (command_id,)).fetchone()
         if row is None:
             return None
         if row[0] != request:
@@ -377,25 +367,45 @@ class EventStore:
     def read_stream(
         self, stream_id: str, *, from_version: int = 1, limit: int | None = None, backwards: bool = False
     ) -> list[RecordedEvent]:
-        query = _READ_BWD if backwards else _READ_FWD
+        query = READ_BWD if backwards else READ_FWD
         start = from_version if not backwards or from_version > 0 else _NO_LIMIT
         check_id("stream id", stream_id)
         with _database, self.pool.connection() as conn:
             rows = conn.execute(query, (stream_id, start, limit or _NO_LIMIT)).fetchall()
-        events = [_row(r) for r in rows]
+        events = [recorded_event(r) for r in rows]
         if events:
             self._note(stream_id, max(events[0].version, events[-1].version))
         return events
 
-    def read_type(self, stream_type: str, *, after_position: int = 0, limit: int = 1000) -> list[RecordedEvent]:
+    def read_all(self, *, after: int = 0, limit: int = 1000, stream_type: str | None = None) -> list[RecordedEvent]:
+        """`$all` (or one stream type's events) after position `after` (0: from the start), in
+        the order every reader sees, with no event ever skipped: by (writing transaction, position),
+        only transactions that every later reader also sees as finished (`statements.READ_ALL`).
+        Continue from the last event's position. `UnknownPosition` if `after` names no event."""
+        query, params = read_all_statement(after=after, limit=limit, stream_type=stream_type)
         with _database, self.pool.connection() as conn:
-            rows = conn.execute(_READ_TYPE, (stream_type, after_position, limit)).fetchall()
-        return [_row(r) for r in rows]
+            rows = conn.execute(query, params).fetchall()
+            if not rows and after > 0 and not conn.execute(POSITION_EXISTS, (after,)).fetchone()[0]:  # type: ignore[index]
+                raise UnknownPosition(after)
+        return [recorded_event(r) for r in rows]
+
+    def head_position(self) -> int:
+        """The position of the last event `read_all` would return now (0: none yet): what a
+        subscription polls to know whether there is anything new, in one index probe."""
+        with _database, self.pool.connection() as conn:
+            row = conn.execute(READ_ALL_HEAD).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def streams(self, stream_type: str, *, after: str = "", limit: int = 100) -> list[StreamInfo]:
+        """The streams of a type in stream id order, after the stream id `after`."""
+        with _database, self.pool.connection() as conn:
+            rows = conn.execute(STREAMS_OF_TYPE, (stream_type, after, limit)).fetchall()
+        return [StreamInfo(r[0], stream_type, int(r[1]), r[2]) for r in rows]
 
     def version(self, stream_id: str) -> int:
         check_id("stream id", stream_id)
         with _database, self.pool.connection() as conn:
-            v = int(conn.execute(_CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
+            v = int(conn.execute(CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
         self._note(stream_id, v)
         return v
 
@@ -403,14 +413,14 @@ class EventStore:
     def snapshot(self, stream_id: str) -> tuple[int, dict[str, Any], int] | None:
         check_id("stream id", stream_id)
         with _database, self.pool.connection() as conn:
-            row = conn.execute(_SNAP_GET, (stream_id,)).fetchone()
+            row = conn.execute(SNAP_GET, (stream_id,)).fetchone()
         return None if row is None else (int(row[0]), dict(row[1]), int(row[2]))
 
     def save_snapshot(
         self, stream_id: str, stream_type: str, version: int, state: dict[str, Any], state_version: int
     ) -> None:
         with _database, self.pool.connection() as conn, conn.transaction():
-            conn.execute(_SNAP_PUT, (stream_id, stream_type, version, _jsonb(state), state_version))
+            conn.execute(SNAP_PUT, (stream_id, stream_type, version, _jsonb(state), state_version))
 
 
 class SameCommandRace(Exception):

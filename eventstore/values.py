@@ -13,9 +13,24 @@ from typing import Any
 
 from tributary.eventstore.errors import InvalidValue
 
-__all__ = ["MAX_ID_LENGTH", "check_data", "check_id"]
+__all__ = [
+    "MAX_HEADERS",
+    "MAX_HEADER_NAME",
+    "MAX_HEADER_VALUE",
+    "MAX_ID_LENGTH",
+    "RESERVED_HEADERS",
+    "check_data",
+    "check_headers",
+    "check_id",
+]
 
 MAX_ID_LENGTH = 200  # characters of a stream id or command id (far below the btree entry limit in UTF-8)
+# User headers (an event's `metadata.headers`, the log record's headers): string names and values,
+# bounded so that metadata stays small beside the event (a log record carries it on every copy).
+MAX_HEADERS = 32
+MAX_HEADER_NAME = 100
+MAX_HEADER_VALUE = 1000
+RESERVED_HEADERS = frozenset({"command_id", "correlation_id", "causation_id"})  # the ids beside them
 _MIN_INT, _MAX_INT = -(2**63), 2**64  # what the JSON codec (orjson) writes
 
 
@@ -69,3 +84,22 @@ def check_data(field: str, data: Any) -> None:
                 stack.append((f"{where}.{name}" if name.isidentifier() else f"{where}[{name!r}]", item))
         elif isinstance(value, list | tuple):
             stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+
+
+def check_headers(headers: Mapping[str, Any]) -> None:
+    """User headers: at most MAX_HEADERS, string names (1 to MAX_HEADER_NAME characters, none of
+    RESERVED_HEADERS) and string values of at most MAX_HEADER_VALUE characters."""
+    if len(headers) > MAX_HEADERS:
+        raise InvalidValue("headers", f"has {len(headers)} entries; the maximum is {MAX_HEADERS}")
+    for name, value in headers.items():
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_HEADER_NAME:
+            raise InvalidValue("headers", f"has a name that is not 1 to {MAX_HEADER_NAME} characters: {name!r:.120}")
+        if name in RESERVED_HEADERS:
+            raise InvalidValue(f"headers.{name}", "is reserved: send it as the command's own field")
+        if not isinstance(value, str):
+            raise InvalidValue(f"headers.{name}", f"is a {type(value).__name__}; header values are strings")
+        if len(value) > MAX_HEADER_VALUE:
+            raise InvalidValue(f"headers.{name}", f"is {len(value)} characters long; the maximum is {MAX_HEADER_VALUE}")
+        for problem in (_text_problem(name), _text_problem(value)):
+            if problem is not None:
+                raise InvalidValue(f"headers.{name}", problem)

@@ -57,6 +57,7 @@ def init(
     settings = settings_from(config)
     console = make_console()
     failed = []
+    _domains(settings, console)
     _migrate(settings, console)
     specs = source_specs(settings, with_outbox=True)
     if not settings.sources:
@@ -76,6 +77,22 @@ def init(
             failed.append(spec.name)
     if failed:
         raise UserError(f"init: source(s) {', '.join(failed)} cannot be captured until the problems above are fixed")
+
+
+def _domains(settings: Settings, console: Console) -> None:
+    """Load `[eventstore] modules` (a broken one stops `init` with one line naming it) and say what the API will serve."""
+    from tributary.eventstore.loader import load_aggregates
+
+    aggregates = load_aggregates(settings.eventstore.modules)
+    if not aggregates:
+        console.print(
+            "[bold]event store[/]: " + literal("no [eventstore] modules configured: the API serves no command types")
+        )
+        return
+    for stream_type, agg in sorted(aggregates.items()):
+        console.print(
+            f"[bold]event store[/]: stream type {literal(stream_type)} (commands: {literal(', '.join(sorted(agg.commands)))})"
+        )
 
 
 def _migrate(settings: Settings, console: Console) -> None:

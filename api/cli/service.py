@@ -23,6 +23,9 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+SHUTDOWN_GRACE_S = 3
+
+
 def _connection_limits(settings: Any) -> dict[str, Any]:
     """Uvicorn settings that bound what one client holds (`tributary.api.http.limits`): the HTTP parser
     (`[api] http`) under the connection guard (timeouts, connection limit), h11's cap on a head's bytes, and
@@ -66,13 +69,23 @@ def serve(
             f"refusing to bind {host}: no API keys are configured, so the API only binds to loopback; "
             "add [api] keys to tributary.toml to serve other hosts"
         )
+    from tributary.eventstore.loader import load_aggregates
+
+    aggregates = load_aggregates(settings.eventstore.modules)  # a broken domain module stops here, in one line
     configure_json_logging()
     log = logging.getLogger("tributary.serve")
+    if not aggregates:
+        log.warning(
+            "no [eventstore] modules configured: the API serves no command types (README: 'Writing an aggregate')"
+        )
     if not settings.api.keys:
         log.warning("no API keys configured: the API is open to local users only (bound to %s)", host)
     dsn = service_dsn(settings)
     typer.echo(f"tributary API on http://{host}:{port}/ (console), http://{host}:{port}/docs (OpenAPI)", err=True)
     common = {"host": host, "port": port, "log_config": None, "access_log": False, **_connection_limits(settings)}
+    # Open subscriptions (`GET /all/subscribe`) never end by themselves: a stop waits this long for
+    # requests in flight, then closes what is left (a subscriber resumes from its last event id).
+    common["timeout_graceful_shutdown"] = SHUTDOWN_GRACE_S
     if workers == 1:
         from tributary.api.http.definitions import config_file
 

@@ -37,6 +37,7 @@ DEMO_PROJECTIONS = (
     "tributary.projections.examples.account_balances",
     "tributary.projections.examples.account_daily_totals",
 )
+DEMO_AGGREGATES = ("tributary.eventstore.examples.bank",)  # loaded like any user's domain
 DEMO_MIRROR = (f"{DEMO_SOURCE}.public.orders",)
 
 
@@ -54,6 +55,7 @@ def _demo_settings(base: Settings, service_dsn: str, shop_dsn: str, port: int) -
         update={
             "service": base.service.model_copy(update={"dsn": service_dsn}),
             "sources": [shop],
+            "eventstore": base.eventstore.model_copy(update={"modules": DEMO_AGGREGATES}),
             "projections": base.projections.model_copy(
                 update={"modules": DEMO_PROJECTIONS, "mirror": DEMO_MIRROR, "spark_master": "local[2]"}
             ),

@@ -15,7 +15,6 @@ import re
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -26,15 +25,17 @@ from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 from starlette.types import Message, Receive, Scope, Send
 
-from tributary.api.http import routes_admin, routes_commands, routes_views
+from tributary.api.http import routes_admin, routes_commands, routes_streams, routes_views
+from tributary.api.http.domains import document_domains
 from tributary.api.http.head import HeadAsGet
 from tributary.api.http.limits import BodyLimit, RequestTracker, connections
 from tributary.api.http.metrics import Metrics
 from tributary.api.http.routes_views import Views
+from tributary.api.http.subscriptions import Subscriptions
 from tributary.api.settings.config import Settings
 from tributary.api.settings.logs import REQUEST_ID
-from tributary.eventstore.domain.bank import bank_account
 from tributary.eventstore.handler import CommandHandler
+from tributary.eventstore.loader import load_aggregates
 from tributary.eventstore.store import EventStore
 
 __all__ = ["WORKER_CONFIG", "Service", "create_app", "worker_app"]
@@ -110,7 +111,11 @@ def _request_id(scope: Scope) -> bytes:
 
 
 def create_app(settings: Settings, *, dsn: str) -> FastAPI:
-    """An app bound to one service database; the pool opens on start-up and closes on shutdown."""
+    """An app bound to one service database; the pool opens on start-up and closes on shutdown.
+
+    The aggregates of `[eventstore] modules` are loaded here, so a broken domain module stops the
+    program before it serves (`AggregateDefinitionError`, one line naming the module)."""
+    aggregates = load_aggregates(settings.eventstore.modules)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -134,16 +139,19 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         store = await asyncio.to_thread(EventStore.connect, dsn)
         app.state.handler = CommandHandler(
             store,
-            {"account": bank_account(overdraft_fee=Decimal(settings.eventstore.overdraft_fee))},
+            aggregates,
             max_retries=settings.eventstore.max_retries,
             snapshot_every=settings.eventstore.snapshot_every or None,
         )
         app.state.metrics.known_stream_types(app.state.handler.aggregates)
+        app.state.subscriptions = Subscriptions(pool)
+        app.state.subscriptions.end_on_exit_signals()
         status = routes_admin.start_status(app)
         try:
             yield
         finally:
             status.cancel()
+            await app.state.subscriptions.close()
             await asyncio.to_thread(store.close)
             await views.close()
             await pool.close()
@@ -158,6 +166,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     )
     app.state.settings = settings
     app.state.dsn = dsn
+    app.state.aggregates = aggregates
     app.state.metrics = app.metrics = Metrics()
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
     app.add_middleware(HeadAsGet)
@@ -165,8 +174,10 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     connections.configure(timeout_s=settings.api.request_timeout_s, max_connections=settings.api.max_connections)
 
     app.include_router(routes_commands.router)
+    app.include_router(routes_streams.router)
     app.include_router(routes_views.router)
     app.include_router(routes_admin.router)
+    document_domains(app, aggregates)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["HeadAsGet"]
+__all__ = ["HEAD_MARK", "HeadAsGet"]
+
+HEAD_MARK = "tributary.head"  # in the scope of a HEAD request run as a GET
 
 
 class HeadAsGet:
@@ -29,7 +31,8 @@ class HeadAsGet:
 
         # A copy: the server keeps its own scope (and its HEAD) to frame the response. The route the
         # router matched goes back to the caller's scope (the request counts label it).
-        as_get = {**scope, "method": "GET"}
+        # `HEAD_MARK` tells a route that never ends by itself (a subscription) to answer at once.
+        as_get = {**scope, "method": "GET", HEAD_MARK: True}
         try:
             await self.app(as_get, receive, without_body)
         finally:

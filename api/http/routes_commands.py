@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
@@ -29,7 +29,7 @@ from tributary.eventstore.errors import (
 )
 from tributary.eventstore.handler import CommandHandler
 from tributary.eventstore.model import dumps, event_json
-from tributary.eventstore.values import MAX_ID_LENGTH
+from tributary.eventstore.values import MAX_HEADER_VALUE, MAX_HEADERS, MAX_ID_LENGTH
 
 __all__ = ["CommandReply", "CommandRequest", "EventOut", "StreamEvents", "StreamState", "router"]
 
@@ -43,11 +43,31 @@ class CommandRequest(BaseModel):
 
     type: str = Field(min_length=1, max_length=100, description="Command type, e.g. `deposit`.")
     data: dict[str, Any] = Field(default_factory=dict, description="The command's fields.")
-    expected_version: int | None = Field(
-        default=None, ge=0, le=_MAX_VERSION, description="Fail with 409 unless the stream is at this version."
+    expected_version: (
+        Annotated[int, Field(ge=0, le=_MAX_VERSION, strict=True)] | Literal["any", "no_stream", "stream_exists"] | None
+    ) = Field(
+        default=None,
+        description="`any` (the default: conflicts with other writers are retried), `stream_exists` (409 unless "
+        "the stream has events), `no_stream` or a version n (409 unless the stream is at that version; 0 = no stream). "
+        'Strict: `false` or `"3"` is refused, not taken for 0 or 3.',
     )
     command_id: str | None = Field(
-        default=None, min_length=1, max_length=200, description="Makes the command idempotent."
+        default=None,
+        min_length=1,
+        max_length=MAX_ID_LENGTH,
+        description="Makes the command idempotent; the events' `causation_id` (a new id when absent).",
+    )
+    correlation_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_ID_LENGTH,
+        description="Stored in each event's metadata (default: the command's id) and carried into the log's headers.",
+    )
+    headers: dict[str, str] | None = Field(
+        default=None,
+        max_length=MAX_HEADERS,
+        description=f"User headers (string values of at most {MAX_HEADER_VALUE} characters): stored in each event's "
+        "`metadata.headers` and carried into the log record's headers.",
     )
 
 
@@ -170,6 +190,8 @@ async def send_command(stream_type: str, stream_id: str, body: CommandRequest, r
             body.data,
             expected_version=body.expected_version,
             command_id=body.command_id,
+            correlation_id=body.correlation_id,
+            headers=body.headers,
         )
     except EventStoreError as exc:
         outcome = type(exc).__name__
@@ -191,21 +213,28 @@ _STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
 @router.get(
     "/streams/{stream_id}",
     dependencies=[Depends(require("read"))],
-    responses={200: {"model": StreamEvents, "description": "events, oldest first"}, **_STREAM_RESPONSES},
+    responses={200: {"model": StreamEvents, "description": "events, oldest (or newest) first"}, **_STREAM_RESPONSES},
 )
 async def read_stream(
     stream_id: str,
     request: Request,
-    from_version: int = Query(1, ge=1, le=_MAX_VERSION),
+    from_version: int | None = Query(
+        None, ge=1, le=_MAX_VERSION, description="First version to return (default: the first, or backwards the last)."
+    ),
     limit: int = Query(100, ge=1, le=1000),
+    direction: Literal["forwards", "backwards"] = Query("forwards"),
 ) -> JSONResponse:
-    """The stream's events, oldest first, from `from_version`."""
+    """The stream's events from `from_version`, oldest first (or newest first, `direction=backwards`)."""
     store = _handler(request).store
+    backwards = direction == "backwards"
+    start = from_version or (0 if backwards else 1)
     try:
-        events = await asyncio.to_thread(store.read_stream, stream_id, from_version=from_version, limit=limit)
+        events = await asyncio.to_thread(
+            store.read_stream, stream_id, from_version=start, limit=limit, backwards=backwards
+        )
     except EventStoreError as exc:
         raise _http_error(exc) from None
-    if not events and from_version == 1:
+    if not events and (backwards or start == 1):
         raise HTTPException(404, {"error": "unknown_stream", "message": f"no stream {stream_id!r}"})
     return _json({"stream_id": stream_id, "events": [event_json(e) for e in events]})
 

@@ -149,12 +149,13 @@ class ProjectionSettings(_Section):
 
 
 class EventStoreSettings(_Section):
+    modules: tuple[str, ...] = Field(
+        default=(),
+        description="Your aggregate files (relative to this file) or modules; none = the API serves no commands.",
+    )
     max_retries: int = Field(default=3, ge=0, le=100, description="Retries of a command on a version conflict.")
     snapshot_every: int = Field(
         default=100, ge=0, le=1_000_000, description="Snapshot an aggregate every N events (0 = never)."
-    )
-    overdraft_fee: str = Field(
-        default="5.00", pattern=r"^\d+(\.\d{1,2})?$", description="Bank example: fee per overdraft."
     )
 
 
@@ -285,6 +286,23 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _is_file_ref(ref: str) -> bool:
+    return ref.endswith(".py") or "/" in ref  # as `tributary.eventstore.loader.is_path`
+
+
+def _files_beside(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The file's `[eventstore] modules` with each file path (`x/y.py`) taken relative to the file."""
+    section = data.get("eventstore")
+    if not isinstance(section, dict) or not isinstance(section.get("modules"), list) or path.parent == Path("."):
+        return data
+    modules: list[Any] = section["modules"]
+    beside = [
+        str(path.parent / m) if isinstance(m, str) and _is_file_ref(m) and not Path(m).is_absolute() else m
+        for m in modules
+    ]
+    return {**data, "eventstore": {**section, "modules": beside}}
+
+
 def load_settings(path: Path | None = None) -> Settings:
     """Load and validate settings; `path=None` means ./tributary.toml if present, else defaults.
 
@@ -299,7 +317,7 @@ def load_settings(path: Path | None = None) -> Settings:
         raise ConfigError(f"config file not found: {path}")
     env = read_environment(Settings, os.environ)
     problems = list(env.problems)
-    merged = _merge(data, env.data)
+    merged = _merge(_files_beside(data, path), env.data)
     try:
         settings = Settings(**merged)
     except ValidationError as exc:

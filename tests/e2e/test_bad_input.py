@@ -49,6 +49,7 @@ def api(pg_server: PgServer, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         config.write_text(
             f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{tmp / "log"}"\n'
             f'[projections]\nmodules = ["{tmp / "balances.py"}"]\n[api]\nport = {port}\n'
+            '[eventstore]\nmodules = ["tributary.eventstore.examples.bank"]\n'
         )
         with serving(config, port, err_path=tmp / "serve.err") as base, httpx.Client(base_url=base, timeout=30) as c:
             yield Api(c, pg_server, urlsplit(dsn).path.lstrip("/"))

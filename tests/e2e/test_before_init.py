@@ -23,6 +23,7 @@ def _config(tmp_path: Path, dsn: str, port: int) -> Path:
         f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{tmp_path / "log"}"\n'
         f'[[sources]]\nname = "shop"\ndsn = "{dsn}"\nslot = "before_init"\ninclude = ["public.*"]\n'
         f'[projections]\nmodules = ["tributary.projections.examples.account_balances"]\n'
+        '[eventstore]\nmodules = ["tributary.eventstore.examples.bank"]\n'
         f"[api]\nport = {port}\n"
     )
     return config

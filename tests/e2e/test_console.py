@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from tests.servers import free_port, serving
-from tributary.eventstore.domain.bank import bank_account
+from tributary.eventstore.examples.bank import bank_account
 from tributary.eventstore.handler import CommandHandler
 from tributary.eventstore.migrate import run_migrations
 from tributary.eventstore.store import EventStore

@@ -97,6 +97,7 @@ def server(pg_server: PgServer, tmp_path_factory: pytest.TempPathFactory) -> Ite
         config.write_text(
             f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{tmp / "log"}"\n'
             f'[projections]\nmodules = ["{tmp / "things.py"}"]\n[api]\nport = {port}\nmax_body_bytes = 65536\n'
+            '[eventstore]\nmodules = ["tributary.eventstore.examples.bank"]\n'
         )
         err = tmp / "serve.err"
         with serving(config, port, err_path=err) as url, httpx.Client(base_url=url, timeout=30) as client:

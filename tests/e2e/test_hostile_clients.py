@@ -74,6 +74,7 @@ def serve(
     config = tmp_path / f"serve-{port}.toml"
     config.write_text(
         f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{tmp_path / "log"}"\n{extra}\n[api]\nport = {port}\n{api}\n'
+        '[eventstore]\nmodules = ["tributary.eventstore.examples.bank"]\n'
     )
     err = tmp_path / f"serve-{port}.err"
     with served(config, port, err_path=err, ready="/readyz", preexec_fn=preexec) as proc:

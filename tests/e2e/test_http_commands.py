@@ -29,6 +29,7 @@ def api(fresh_db: str, tmp_path: Path) -> Iterator[httpx.Client]:
         f"[api]\nport = {port}\nmax_body_bytes = 4096\n"
         f'keys = [{{ key = "{WRITE}", scopes = ["write", "read"] }}, {{ key = "{READ}", scopes = ["read"] }},'
         f' {{ key = "{ADMIN}", scopes = ["admin"] }}]\n'
+        '[eventstore]\nmodules = ["tributary.eventstore.examples.bank"]\n'
     )
     with serving(config, port, err_path=tmp_path / "serve.err") as base:
         client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {WRITE}"}, timeout=10)
@@ -110,9 +111,16 @@ def test_api_keys_and_scopes(api: httpx.Client) -> None:
 
 
 # A body over `max_body_bytes` is refused with 413 before it is validated, whatever else is wrong with it.
+# A command that fits its schema may still be refused by the domain's rules (`decide`: 422 with the rule, e.g.
+# deposit on an account never opened), which no JSON Schema can say; on the generic route, a stream type's
+# command may be missing (422): so for commands only, 422 is an answer to schema-valid input too.
 _CONFIG = """
 [checks.negative_data_rejection]
 expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429"]
+
+[[operations]]
+include-path-regex = "^/commands/"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "404", "409", "422", "429"]
 """
 
 
@@ -143,7 +151,8 @@ def _schemathesis(api: httpx.Client, tmp_path: Path, *select: str) -> subprocess
 def test_schemathesis_every_check_passes(api: httpx.Client, tmp_path: Path) -> None:
     """Property-based fuzzing of every operation in /openapi.json with every schemathesis check: no 5xx,
     every status code, content type and body as declared, bad input refused, good input accepted."""
-    run = _schemathesis(api, tmp_path, "--exclude-path-regex", "^/views")
+    # (A subscription is a response that never ends: its own tests drive it, tests/e2e/test_subscriptions.py.)
+    run = _schemathesis(api, tmp_path, "--exclude-path-regex", "^/(views|all/subscribe)")
     assert run.returncode == 0, run.stdout[-6000:]
     assert "passed" in run.stdout
 

@@ -39,6 +39,7 @@ def test_two_workers_serve_commands_and_stop_on_sigterm(fresh_db: str, tmp_path:
     config = tmp_path / "t.toml"
     config.write_text(
         f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\n[api]\nport = {port}\nworkers = 2\n'
+        '[eventstore]\nmodules = ["tributary.eventstore.examples.bank"]\n'
     )
     base = f"http://127.0.0.1:{port}"
     with served(config, port, err_path=tmp_path / "serve.err") as proc:

@@ -54,7 +54,7 @@ def test_a_trailing_slash_never_redirects_to_the_host_header() -> None:
 
 def test_expected_version_beyond_bigint_is_a_422() -> None:
     got = _send("POST", "/commands/account/a", json={"type": "open", "expected_version": 2**64})
-    assert got.status_code == 422 and got.json()["detail"][0]["loc"] == ["body", "expected_version"]
+    assert got.status_code == 422 and got.json()["detail"][0]["loc"][:2] == ["body", "expected_version"]
 
 
 @pytest.mark.parametrize(

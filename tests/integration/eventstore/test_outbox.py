@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from tests.integration.capture.helpers import cli, records, spawn_capture
-from tributary.eventstore.domain.bank import bank_account
+from tributary.eventstore.examples.bank import bank_account
 from tributary.eventstore.handler import CommandHandler
 from tributary.eventstore.migrate import run_migrations
 from tributary.eventstore.store import EventStore

@@ -12,8 +12,8 @@ import pytest
 from pydantic import BaseModel
 
 from tributary.eventstore.aggregate import Aggregate
-from tributary.eventstore.domain.bank import AccountState, bank_account
 from tributary.eventstore.errors import ConcurrencyConflict
+from tributary.eventstore.examples.bank import AccountState, bank_account
 from tributary.eventstore.handler import CommandHandler
 from tributary.eventstore.migrate import run_migrations
 from tributary.eventstore.model import NewEvent

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tributary.eventstore.domain.bank import bank_account
 from tributary.eventstore.errors import ConcurrencyConflict, IdempotencyMismatch, PartialDuplicateBatch
+from tributary.eventstore.examples.bank import bank_account
 from tributary.eventstore.handler import CommandHandler
 from tributary.eventstore.migrate import head_revision, migrations_current, run_migrations
 from tributary.eventstore.model import NewEvent
@@ -93,7 +93,7 @@ def test_money_stays_exact_and_reads_go_both_ways(store: EventStore) -> None:
     bwd = store.read_stream("s", from_version=0, backwards=True, limit=2)
     assert [e.version for e in bwd] == [5, 4]
     store.append("other", "t", ev(1), "no_stream")
-    assert [e.stream_id for e in store.read_type("t")] == ["s"] * 5 + ["other"]
+    assert [e.stream_id for e in store.read_all(stream_type="t")] == ["s"] * 5 + ["other"]
 
 
 def test_concurrent_appenders_keep_every_stream_gapless(store: EventStore) -> None:

@@ -18,7 +18,7 @@ from psycopg.conninfo import make_conninfo
 
 from tests.integration.projections.helpers import dump
 from tributary.capture.log import Log, TopicConfig, canonical_json
-from tributary.eventstore.migrate import head_revision, migrations_current
+from tributary.eventstore.migrate import migrations_current
 from tributary.projections.runner import RunSettings, rebuild, run
 
 pytestmark = pytest.mark.integration
@@ -125,7 +125,7 @@ def test_alembic_makes_the_tables_and_a_least_privileged_runner_uses_them(
     spark: Any, fresh_db: str, tmp_path: Path
 ) -> None:
     _alembic_upgrade(fresh_db)
-    assert migrations_current(fresh_db) and head_revision() == "0002"
+    assert migrations_current(fresh_db)  # at head, 0002 (these tables) included
     assert _columns(fresh_db, "checkpoints") == CHECKPOINT_COLUMNS
     assert "current" in _columns(fresh_db, "builds") and "offset" in _columns(fresh_db, "dead_letters")
     # A role that may use the tables but not alter them: the runner must issue no DDL on them.

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tributary.eventstore.domain.bank import MAX_BALANCE, AccountState, bank_account
 from tributary.eventstore.errors import CommandRejected
+from tributary.eventstore.examples.bank import MAX_BALANCE, AccountState, bank_account
 
 pytestmark = pytest.mark.unit
 

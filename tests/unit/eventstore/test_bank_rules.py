@@ -9,7 +9,8 @@ import pytest
 from pydantic import BaseModel
 
 from tributary.eventstore.aggregate import fold
-from tributary.eventstore.domain.bank import (
+from tributary.eventstore.errors import CommandRejected, InvalidCommand, UnknownCommand
+from tributary.eventstore.examples.bank import (
     AccountClosed,
     AccountOpened,
     AccountState,
@@ -18,7 +19,6 @@ from tributary.eventstore.domain.bank import (
     OverdraftFeeCharged,
     bank_account,
 )
-from tributary.eventstore.errors import CommandRejected, InvalidCommand, UnknownCommand
 
 pytestmark = pytest.mark.unit
 

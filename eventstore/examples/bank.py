@@ -1,6 +1,9 @@
 """The bank-account example (stream type `account`): open, deposit, withdraw, overdraft fee, close.
 
-Pure: no I/O, exact Decimal money with two places. Each refusal names the rule it applies.
+Pure: no I/O, exact Decimal money with two places. Each refusal names the rule it applies. Load it
+like any domain: `[eventstore] modules = ["tributary.eventstore.examples.bank"]` (`tributary demo`
+does). The fee is this example's own setting: `OVERDRAFT_FEE`, or `bank_account(overdraft_fee=…)` in
+a module of your own that exports the result as `AGGREGATE`.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from tributary.eventstore.aggregate import Aggregate
 from tributary.eventstore.errors import CommandRejected
 
-__all__ = ["MAX_BALANCE", "AccountState", "bank_account"]
+__all__ = ["AGGREGATE", "MAX_BALANCE", "OVERDRAFT_FEE", "AccountState", "bank_account"]
 
 _CENTS = Decimal("0.01")
 _Cents = AfterValidator(lambda d: d.quantize(_CENTS))  # "20" and "20.0" are both 20.00
@@ -23,6 +26,7 @@ PositiveMoney = Annotated[Decimal, Field(gt=0, max_digits=20, decimal_places=2),
 # The largest balance (either sign) that `Money` holds: the state is `Money` too, and a snapshot of a
 # state that does not validate could not be loaded again.
 MAX_BALANCE = Decimal("999999999999999999.99")
+OVERDRAFT_FEE = Decimal("5.00")  # charged whenever a withdrawal takes the balance below zero
 
 
 class _Model(BaseModel):
@@ -89,7 +93,7 @@ def _within_limits(balance: Decimal) -> None:
         raise CommandRejected("balance_limit", f"the balance would be {balance}, beyond ±{MAX_BALANCE}")
 
 
-def bank_account(*, overdraft_fee: Decimal = Decimal("5.00")) -> Aggregate[AccountState]:
+def bank_account(*, overdraft_fee: Decimal = OVERDRAFT_FEE) -> Aggregate[AccountState]:
     """The aggregate, with the fee charged whenever a withdrawal takes the balance below zero."""
 
     def decide(state: AccountState, command: BaseModel) -> Sequence[BaseModel]:
@@ -143,12 +147,13 @@ def bank_account(*, overdraft_fee: Decimal = Decimal("5.00")) -> Aggregate[Accou
         stream_type="account",
         state_type=AccountState,
         commands={"open": Open, "deposit": Deposit, "withdraw": Withdraw, "close": Close},
-        events={
-            e.__name__: e for e in (AccountOpened, MoneyDeposited, MoneyWithdrawn, OverdraftFeeCharged, AccountClosed)
-        },
+        events=[AccountOpened, MoneyDeposited, MoneyWithdrawn, OverdraftFeeCharged, AccountClosed],
         decide=decide,
         evolve=evolve,
         # v1 of AccountOpened had no overdraft_limit (it defaulted to 0): lifted on read.
         upcasters={("AccountOpened", 1): lambda d: {**d, "overdraft_limit": d.get("overdraft_limit", "0.00")}},
         event_versions={"AccountOpened": 2},
     )
+
+
+AGGREGATE = bank_account()

@@ -1,0 +1,93 @@
+"""The event store's tables, once, as SQLAlchemy Core metadata (schema `eventstore`).
+
+The store composes its statements from these tables (`eventstore/statements.py`), and Alembic
+compares them with the database (`migrations/env.py` sets them as `target_metadata`): a test runs
+Alembic's autogenerate comparison after `upgrade head` and expects no difference, so a migration
+and this file cannot drift apart.
+
+`transaction_id` is the writing transaction's id (`xid8`, PostgreSQL 13+): a position is assigned
+at INSERT, not at COMMIT, so `$all` pages by (transaction id, position) and returns only events of
+transactions every reader sees as finished (below the snapshot's xmin; see `read_all`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID
+from sqlalchemy.types import UserDefinedType
+
+__all__ = ["SCHEMA", "XID8", "commands", "events", "metadata", "snapshots"]
+
+SCHEMA = "eventstore"
+
+
+class XID8(UserDefinedType[int]):
+    """PostgreSQL's 64-bit transaction id (`pg_current_xact_id()`); SQLAlchemy has no type for it."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: Any) -> str:
+        return "XID8"
+
+
+metadata = MetaData(schema=SCHEMA)
+
+events = Table(
+    "events",
+    metadata,
+    Column("global_position", BigInteger, Identity(always=True), primary_key=True),
+    Column("stream_id", Text, nullable=False),
+    Column("stream_type", Text, nullable=False),
+    Column("version", BigInteger, nullable=False),
+    Column("event_id", UUID(as_uuid=True), nullable=False),
+    Column("type", Text, nullable=False),
+    Column("schema_version", Integer, nullable=False, server_default=text("1")),
+    Column("data", JSONB, nullable=False),
+    Column("metadata", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("occurred_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+    Column("recorded_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+    Column("transaction_id", XID8(), nullable=False, server_default=text("pg_current_xact_id()")),
+    CheckConstraint("version > 0", name="events_version_check"),
+    UniqueConstraint("stream_id", "version", name="events_stream_version_key"),
+    UniqueConstraint("event_id", name="events_event_id_key"),
+    # `$all` and a stream type's events, in the order readers page them (gap-safe: see read_all).
+    Index("events_transaction_position", "transaction_id", "global_position"),
+    Index("events_stream_type_transaction_position", "stream_type", "transaction_id", "global_position"),
+    # The streams of a type: one entry per stream (its first event), in stream id order.
+    Index("events_stream_type_streams", "stream_type", "stream_id", postgresql_where=text("version = 1")),
+)
+
+commands = Table(
+    "commands",
+    metadata,
+    Column("command_id", Text, primary_key=True),
+    Column("stream_id", Text, nullable=False),
+    Column("request_hash", Text, nullable=False),
+    Column("response", JSONB, nullable=False),
+    Column("created_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+)
+
+snapshots = Table(
+    "snapshots",
+    metadata,
+    Column("stream_id", Text, primary_key=True),
+    Column("stream_type", Text, nullable=False),
+    Column("version", BigInteger, nullable=False),
+    Column("state", JSONB, nullable=False),
+    Column("state_version", Integer, nullable=False, server_default=text("1")),
+    Column("taken_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+)

@@ -1,0 +1,1 @@
+"""Domains written for the test suite (loaded like a user's `[eventstore] modules`)."""

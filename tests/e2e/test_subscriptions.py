@@ -1,0 +1,131 @@
+"""`GET /all/subscribe` as a client follows it: server-sent events from a position, new events as
+they commit, and a server restart in the middle — the client resumes with `Last-Event-ID` (as a
+browser's EventSource does) and ends with every event exactly once, in `$all` order."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from tests.servers import free_port, served
+from tributary.eventstore.migrate import run_migrations
+from tributary.eventstore.model import NewEvent
+from tributary.eventstore.store import EventStore
+
+pytestmark = pytest.mark.e2e
+
+
+class Follower(threading.Thread):
+    """A minimal EventSource: reads `id:`/`data:` events, reconnects with `Last-Event-ID` after
+    the stream ends or the server is away, until told to stop."""
+
+    def __init__(self, url: str, params: dict[str, str] | None = None) -> None:
+        super().__init__(daemon=True)
+        self.url, self.params = url, params or {}
+        self.events: list[tuple[int, dict[str, object]]] = []
+        self.connections = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            headers = {"Last-Event-ID": str(self.events[-1][0])} if self.events else {}
+            try:
+                with httpx.stream("GET", self.url, params=self.params, headers=headers, timeout=5) as r:
+                    assert r.status_code == 200, r.read()
+                    assert r.headers["content-type"].startswith("text/event-stream")
+                    self.connections += 1
+                    event_id, data = None, None
+                    for line in r.iter_lines():
+                        if self.stop.is_set():
+                            return
+                        if line.startswith("id: "):
+                            event_id = int(line[4:])
+                        elif line.startswith("data: "):
+                            data = orjson.loads(line[6:])
+                        elif line == "" and event_id is not None and data is not None:
+                            self.events.append((event_id, data))
+                            event_id, data = None, None
+            except (httpx.TransportError, httpx.StreamError):
+                pass
+            time.sleep(0.2)
+
+
+@pytest.fixture
+def setup(fresh_db: str, tmp_path: Path) -> Iterator[tuple[Path, int, EventStore]]:
+    run_migrations(fresh_db)
+    port = free_port()
+    config = tmp_path / "t.toml"
+    config.write_text(f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\n[api]\nport = {port}\n')
+    store = EventStore.connect(fresh_db, max_size=2)
+    try:
+        yield config, port, store
+    finally:
+        store.close()
+
+
+def _wait(predicate: object, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_subscription_resumes_across_a_server_restart(setup: tuple[Path, int, EventStore], tmp_path: Path) -> None:
+    config, port, store = setup
+    for i in range(5):  # events before anyone subscribes: the catch-up part
+        store.append(f"s{i % 3}", "thing" if i % 2 else "other", [NewEvent(type="Made", data={"i": i})])
+    writing = threading.Event()
+    written: list[int] = []
+
+    def writer() -> None:  # appends all along, server up or down
+        i = 5
+        while writing.is_set():
+            result = store.append(f"s{i % 3}", "thing" if i % 2 else "other", [NewEvent(type="Made", data={"i": i})])
+            written.append(result.events[0].position)
+            i += 1
+            time.sleep(0.02)
+
+    follower = Follower(f"http://127.0.0.1:{port}/all/subscribe")
+    typed = Follower(f"http://127.0.0.1:{port}/all/subscribe", {"type": "thing"})
+    writing.set()
+    threading.Thread(target=writer, daemon=True).start()
+    with served(config, port, err_path=tmp_path / "serve-1.err"):
+        follower.start()
+        typed.start()
+        _wait(lambda: len(follower.events) >= 20, "live events before the restart")
+    during, down_at = len(follower.events), len(written)
+    _wait(lambda: len(written) > down_at + 10, "appends while the server is down")
+    with served(config, port, err_path=tmp_path / "serve-2.err"):
+        _wait(lambda: follower.connections >= 2 and typed.connections >= 2, "the reconnections")
+        time.sleep(0.5)
+        writing.clear()
+        time.sleep(0.2)
+        expected = [e.position for e in store.read_all(limit=100_000)]
+        _wait(lambda: [p for p, _ in follower.events] == expected, "every event once", timeout=30)
+        thing = [e.position for e in store.read_all(limit=100_000, stream_type="thing")]
+        _wait(lambda: [p for p, _ in typed.events] == thing, "every `thing` event once", timeout=30)
+        follower.stop.set()
+        typed.stop.set()
+    assert during < len(expected)  # the restart happened in the middle of the stream
+    assert [d["position"] for _, d in follower.events] == expected
+    assert {d["stream_type"] for _, d in typed.events} == {"thing"}
+    stopped = (tmp_path / "serve-1.err").read_text()  # subscriptions end at once when the server stops
+    assert "Traceback" not in stopped and "graceful shutdown exceeded" not in stopped
+
+
+def test_subscribe_refuses_an_unknown_position(setup: tuple[Path, int, EventStore], tmp_path: Path) -> None:
+    config, port, store = setup
+    store.append("s", "t", [NewEvent(type="Made", data={})])
+    with served(config, port, err_path=tmp_path / "serve.err"):
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(base + "/all/subscribe", params={"after": 77}).status_code == 404
+        assert httpx.get(base + "/all/subscribe", headers={"Last-Event-ID": "x1"}).status_code == 422
+        assert httpx.get(base + "/all/subscribe", headers={"Last-Event-ID": "9" * 19}).status_code == 404
+        head = httpx.head(base + "/all/subscribe", timeout=5)  # answered, not a stream left open
+        assert head.status_code == 200 and head.headers["content-type"].startswith("text/event-stream")
