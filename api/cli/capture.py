@@ -262,7 +262,7 @@ def status(
 
 @capture_app.command("snapshot")
 def snapshot(
-    tables: Annotated[list[str], typer.Argument(metavar="TABLE...", help="schema.table to re-read (repeatable).")],
+    tables: Annotated[list[str], typer.Argument(metavar="TABLE", help="schema.table to re-read (one or more).")],
     config: ConfigOption = None,
     source: Annotated[
         str | None, typer.Option("--source", help="The [[sources]] name (needed when there are several).")
