@@ -1,22 +1,30 @@
-"""Event store benchmark: appends/s through the store vs raw single-row INSERTs and a peer, in one run.
+"""Event store benchmark: appends/s through the store vs raw single-row INSERTs and a peer, and
+commands/s over HTTP vs the Python API, in one run.
 
 Default durability (fsync on, synchronous_commit on), one event per transaction, 1 and 4 writers;
 the ceiling is a raw INSERT of the same values into an equivalent table (same columns, indexes and
 constraints), the peer is the `eventsourcing` library's PostgreSQL application recorder
 (`pip install -e '.[bench]'`);
-the three take turns of --slice seconds (so they see the same disk), --seconds each per repeat;
-plus loading an aggregate of 10,000 events with and without a snapshot. Prints JSON.
+the three take turns of --slice seconds (so they see the same disk), --seconds each per repeat.
+Commands: a bank deposit through `CommandHandler.handle` in this process and through
+`POST /commands` of `tributary serve`, 1 and 4 clients, taking turns the same way; commands/s,
+p50/p99 latency and CPU per command of each side (`--compare-to` adds another checkout's API).
+Plus loading an aggregate of 10,000 events with and without a snapshot. Prints JSON.
 
     .venv/bin/python bench/eventstore.py                  # embedded Postgres in a temp dir
     .venv/bin/python bench/eventstore.py --seconds 5 --repeat 3
+    .venv/bin/python bench/eventstore.py --parts commands --compare-to ../baseline-checkout
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -93,17 +101,28 @@ def _server_ns(probe: psycopg.Connection[Any]) -> tuple[int, int]:
 
 
 def interleaved(
-    sides: dict[str, Work], writers: int, seconds: float, slice_s: float, probe: psycopg.Connection[Any] | None = None
+    sides: dict[str, Work],
+    writers: int,
+    seconds: float,
+    slice_s: float,
+    probe: psycopg.Connection[Any] | None = None,
+    *,
+    after_warmup: Callable[[], None] | None = None,
+    other_cpu: Callable[[], float] | None = None,
 ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """Appends/s of each side, which take turns in slices of `slice_s` (order reversed every round)
     until each has run `seconds`. The disk's fsync latency here swings several-fold within
     seconds (other work on the machine), so back-to-back blocks of seconds compare unequal
     conditions; turns of half a second give every side the same ones. With `probe` (a connection
     to the same server), also per append: WAL bytes, client CPU (this process), server CPU and
-    time its processes waited for a CPU."""
+    time its processes waited for a CPU. With `other_cpu` (CPU seconds of another process so far,
+    e.g. the API server's), instead CPU per call: this process's and the other's."""
     done = {name: [0] * writers for name in sides}
     for name, work in sides.items():  # connections made and statements prepared before the clock runs
         _run_threads(writers, 0.2, work, done[name])
+    if after_warmup is not None:
+        after_warmup()
+    spent = {name: [0.0, 0.0] for name in sides}  # with other_cpu: this process s, the other's s
     n = dict.fromkeys(sides, 0)
     costs = {name: [0.0, 0.0, 0.0, 0.0] for name in sides}  # WAL bytes, client s, server s, queued s
     rounds = max(1, round(seconds / slice_s))
@@ -113,7 +132,12 @@ def interleaved(
             if probe is not None:
                 lsn = probe.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
                 srv, client = _server_ns(probe), time.process_time()
+            if other_cpu is not None:
+                mine, other = time.process_time(), other_cpu()
             n[name] += _run_threads(writers, slice_s, sides[name], done[name])
+            if other_cpu is not None:
+                spent[name][0] += time.process_time() - mine
+                spent[name][1] += other_cpu() - other
             if probe is not None:
                 client = time.process_time() - client
                 wal = probe.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", (lsn,)).fetchone()[0]  # type: ignore[index]
@@ -134,6 +158,16 @@ def interleaved(
         for name in names
         if probe is not None and n[name]
     }
+    if other_cpu is not None:
+        per_call = {
+            name: {
+                "this_process_us": spent[name][0] / n[name] * 1e6,
+                "other_process_us": spent[name][1] / n[name] * 1e6,
+            }
+            for name in names
+            if n[name]
+        }
+        return rates, per_call
     return rates, per_append
 
 
@@ -263,81 +297,180 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else float("nan")
 
 
-def commands_python(handler: CommandHandler, clients: int, seconds: float) -> dict[str, float]:
-    tag = uuid.uuid4().hex[:6]
-    for i in range(clients):
-        handler.handle("account", f"py-{tag}-{i}", "open", {"owner": "bench"})
-    latencies: list[float] = []
+class HttpClient:
+    """A minimal keep-alive HTTP/1.1 client on one socket, as load generators such as wrk are: it
+    sends a request and reads the response by its Content-Length (the API always sends one). It
+    spends about a tenth of httpx's CPU per request; on a machine of two cores, what the load
+    generator spends is taken from the server it measures (`--http-client httpx` to compare)."""
 
-    def work(i: int, _: int) -> None:
-        t0 = time.perf_counter()
-        handler.handle("account", f"py-{tag}-{i}", "deposit", {"amount": "1.00"})
-        latencies.append(time.perf_counter() - t0)
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)  # a stuck server fails the run
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buffer = b""
 
-    n = _run_threads(clients, seconds, work)
-    return {
-        "per_s": n / seconds,
-        "p50_ms": _percentile(latencies, 0.5) * 1e3,
-        "p99_ms": _percentile(latencies, 0.99) * 1e3,
-    }
+    def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        self.sock.sendall(
+            b"POST %s HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+            % (path.encode(), len(body), body)
+        )
+        while b"\r\n\r\n" not in self.buffer:
+            self._read()
+        head, _, rest = self.buffer.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        length = next(int(v) for k, _, v in (h.partition(b":") for h in lines[1:]) if k.lower() == b"content-length")
+        while len(rest) < length:
+            self.buffer = rest
+            self._read()
+            rest = self.buffer
+        self.buffer = rest[length:]
+        return int(lines[0].split()[1]), rest[:length]
+
+    def _read(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the API closed the connection")
+        self.buffer += chunk
+
+    def close(self) -> None:
+        self.sock.close()
 
 
-def commands_http(dsn: str, work_dir: Path, clients: int, seconds: float) -> dict[str, float]:
-    """The same commands through `tributary serve` (uvicorn) on loopback, `clients` at a time."""
-    import socket
-    import subprocess
+class HttpxClient:
+    """The same requests through httpx (the client the benchmark used before `HttpClient`)."""
 
-    import httpx
+    def __init__(self, port: int) -> None:
+        import httpx
 
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+
+    def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        r = self.client.post(path, content=body, headers={"content-type": "application/json"})
+        return r.status_code, r.content
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def api_server(dsn: str, work_dir: Path, checkout: Path = ROOT) -> Iterator[tuple[int, int]]:
+    """`tributary serve` (uvicorn, its default settings) of `checkout` (its `.venv`) on a free
+    loopback port: (port, pid)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = work_dir / "bench.toml"
-    config.write_text(f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{work_dir / "log"}"\n[api]\nport = {port}\n')
+    config = work_dir / f"bench-{port}.toml"
+    # The bank example as a user's domain; a checkout from before `[eventstore] modules` (no
+    # eventstore/examples/) served it without being told.
+    domain = '[eventstore]\nmodules = ["tributary.eventstore.examples.bank"]\n'
+    if not (checkout / "eventstore" / "examples" / "bank.py").exists():
+        domain = ""
+    config.write_text(f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{work_dir / "log"}"\n[api]\nport = {port}\n{domain}')
+    python = sys.executable if checkout == ROOT else str(checkout / ".venv" / "bin" / "python")
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from tributary.api.cli.main import main; main()", "serve", "--config", str(config)],
-        cwd=ROOT,
+        [python, "-c", "from tributary.api.cli.main import main; main()", "serve", "--config", str(config)],
+        cwd=checkout,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while True:
             try:
-                if httpx.get(base + "/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as probe:
+                    probe.sendall(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
+                    if probe.recv(12).startswith(b"HTTP/1.1 200"):
+                        break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise SystemExit("bench/eventstore.py: `tributary serve` did not start") from None
                 time.sleep(0.2)
-        tag = uuid.uuid4().hex[:6]
-        sessions = [httpx.Client(base_url=base, timeout=30) for _ in range(clients)]
-        for i, c in enumerate(sessions):
-            c.post(
-                f"/commands/account/http-{tag}-{i}", json={"type": "open", "data": {"owner": "bench"}}
-            ).raise_for_status()
-        latencies: list[float] = []
-
-        def work(i: int, _: int) -> None:
-            t0 = time.perf_counter()
-            r = sessions[i].post(
-                f"/commands/account/http-{tag}-{i}", json={"type": "deposit", "data": {"amount": "1.00"}}
-            )
-            latencies.append(time.perf_counter() - t0)
-            r.raise_for_status()
-
-        n = _run_threads(clients, seconds, work)
-        for c in sessions:
-            c.close()
+        yield port, proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    return {
-        "per_s": n / seconds,
-        "p50_ms": _percentile(latencies, 0.5) * 1e3,
-        "p99_ms": _percentile(latencies, 0.99) * 1e3,
-    }
+
+
+def commands(
+    handler: CommandHandler,
+    servers: dict[str, tuple[int, int]],
+    clients: int,
+    seconds: float,
+    slice_s: float,
+    client_kind: str = "raw",
+) -> dict[str, dict[str, float]]:
+    """The same command (a deposit to the client's own account) through the Python API
+    (`CommandHandler.handle` in this process) and through `POST /commands` of each API server
+    (name -> (port, pid)), `clients` at a time, taking turns as the appends do. Per side:
+    commands/s, latency p50/p99 and CPU per command (the Python API: this process; HTTP: the API
+    server's, and the load generator's apart)."""
+    tag = uuid.uuid4().hex[:6]
+    recording = threading.Event()
+    latencies: dict[str, list[float]] = {"python_api": [], **{name: [] for name in servers}}
+    for i in range(clients):
+        handler.handle("account", f"py-{tag}-{i}", "open", {"owner": "bench"})
+    client_type = HttpClient if client_kind == "raw" else HttpxClient
+    sessions = {name: [client_type(port) for _ in range(clients)] for name, (port, _) in servers.items()}
+    for name, clients_of in sessions.items():
+        for i, c in enumerate(clients_of):
+            status, reply = c.post(
+                f"/commands/account/{name}-{tag}-{i}", b'{"type": "open", "data": {"owner": "bench"}}'
+            )
+            assert status == 200, reply
+    deposit = b'{"type": "deposit", "data": {"amount": "1.00"}}'
+
+    def python_api(i: int, _: int) -> None:
+        t0 = time.perf_counter()
+        handler.handle("account", f"py-{tag}-{i}", "deposit", {"amount": "1.00"})
+        if recording.is_set():
+            latencies["python_api"].append(time.perf_counter() - t0)
+
+    def over_http(name: str) -> Work:
+        def work(i: int, _: int) -> None:
+            t0 = time.perf_counter()
+            status, reply = sessions[name][i].post(f"/commands/account/{name}-{tag}-{i}", deposit)
+            if recording.is_set():
+                latencies[name].append(time.perf_counter() - t0)
+            if status != 200:
+                raise RuntimeError(f"POST /commands answered {status}: {reply[:200]!r}")
+
+        return work
+
+    def servers_cpu() -> float:  # all API servers: only the one taking its turn is busy
+        return sum(_process_cpu_s(pid) for _, pid in servers.values())
+
+    try:
+        rates, cpu = interleaved(
+            {"python_api": python_api, **{name: over_http(name) for name in servers}},
+            clients,
+            seconds,
+            slice_s,
+            after_warmup=recording.set,
+            other_cpu=servers_cpu,
+        )
+    finally:
+        for clients_of in sessions.values():
+            for c in clients_of:
+                c.close()
+    out = {}
+    for side, rate in rates.items():
+        out[side] = {
+            "per_s": rate,
+            "p50_ms": _percentile(latencies[side], 0.5) * 1e3,
+            "p99_ms": _percentile(latencies[side], 0.99) * 1e3,
+        }
+        # The Python API's CPU is this process's; over HTTP this process only generates load.
+        if side == "python_api":
+            out[side]["cpu_us"] = cpu[side]["this_process_us"]
+        else:
+            out[side]["cpu_us"] = cpu[side]["other_process_us"]
+            out[side]["load_generator_cpu_us"] = cpu[side]["this_process_us"]
+    return out
 
 
 def cpu_ab(dsn: str, other_store: Path, seconds: float, repeat: int) -> dict[str, Any]:
@@ -377,6 +510,75 @@ def cpu_ab(dsn: str, other_store: Path, seconds: float, repeat: int) -> dict[str
     return out
 
 
+def _median_of(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {k: round(statistics.median(r[k] for r in rows), 2) for k in rows[0]}
+
+
+def appends_result(dsn: str, store: EventStore, args: argparse.Namespace) -> dict[str, Any]:
+    runs: dict[str, list[float]] = {}
+    costs: dict[str, list[dict[str, float]]] = {}
+    probe = psycopg.connect(dsn, autocommit=True) if args.costs else None
+    for _ in range(args.repeat):
+        for writers in (1, 4):
+            rates, per_append = appends(dsn, store, writers, args.seconds, args.slice, probe, args.literal_ceiling)
+            for side, rate in rates.items():
+                runs.setdefault(f"{side}_{writers}w", []).append(rate)
+            for side, cost in per_append.items():
+                costs.setdefault(f"{side}_{writers}w", []).append(cost)
+    if probe is not None:
+        probe.close()
+    med = {k: round(statistics.median(v), 1) for k, v in runs.items()}
+    return {
+        "appends_per_s_median": med,
+        "ratio_store_vs_raw": {w: round(med[f"store_{w}"] / med[f"raw_{w}"], 3) for w in ("1w", "4w")},
+        "ratio_store_vs_raw_per_repeat": {
+            w: [round(st / raw, 3) for st, raw in zip(runs[f"store_{w}"], runs[f"raw_{w}"], strict=True)]
+            for w in ("1w", "4w")
+        },
+        "target_ratio": 0.8,
+        **(
+            {
+                "ratio_store_vs_raw_literals_per_repeat": {
+                    w: [round(st / raw, 3) for st, raw in zip(runs[f"store_{w}"], runs[f"rawlit_{w}"], strict=True)]
+                    for w in ("1w", "4w")
+                }
+            }
+            if args.literal_ceiling
+            else {}
+        ),
+        "ratio_store_vs_peer": {w: round(med[f"store_{w}"] / med[f"peer_{w}"], 3) for w in ("1w", "4w")},
+        "peer": "eventsourcing PostgresApplicationRecorder, one event per insert_events call",
+        "target_ratio_vs_peer": 1.5,
+        **({"per_append_median": {k: _median_of(v) for k, v in costs.items()}} if costs else {}),
+    }
+
+
+def commands_result(dsn: str, store: EventStore, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Commands/s over HTTP and through the Python API, 1 and 4 clients, medians of the repeats."""
+    handler = CommandHandler(store, {"account": bank_account()}, snapshot_every=100)  # as `serve`'s defaults
+    out: dict[str, Any] = {"http_client": args.http_client, "target_ratio": 0.7}
+    with ExitStack() as stack:
+        servers = {"http": stack.enter_context(api_server(dsn, work))}
+        if args.compare_to is not None:
+            servers["http_old"] = stack.enter_context(api_server(dsn, work, args.compare_to.resolve()))
+        for clients in (1, 4):
+            rows = [
+                commands(handler, servers, clients, args.seconds, args.slice, args.http_client)
+                for _ in range(args.repeat)
+            ]
+            py = _median_of([r["python_api"] for r in rows])
+            result: dict[str, Any] = {"python_api": py}
+            for name in servers:
+                http = _median_of([r[name] for r in rows])
+                result[name] = http
+                result[f"{name}_vs_python_ratio"] = round(http["per_s"] / py["per_s"], 3)
+                result[f"{name}_ratio_per_repeat"] = [
+                    round(r[name]["per_s"] / r["python_api"]["per_s"], 3) for r in rows
+                ]
+            out[f"clients_{clients}"] = result
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=5.0, help="per side, writer count and repeat")
@@ -399,13 +601,36 @@ def main() -> None:
         metavar="STORE_PY",
         help="only CPU per append (synchronous_commit off) of the store vs this other store.py and both ceilings",
     )
+    parser.add_argument(
+        "--parts",
+        default="appends,commands,load",
+        help="comma-separated: appends (vs raw INSERT and the peer), commands (HTTP vs the Python API), load",
+    )
+    parser.add_argument(
+        "--http-client",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="load generator of the HTTP commands: a minimal keep-alive client (default) or httpx",
+    )
+    parser.add_argument(
+        "--compare-to",
+        type=Path,
+        metavar="CHECKOUT",
+        help="commands: also the API of another checkout (its .venv/bin/python), taking turns with this one",
+    )
     parser.add_argument("--dsn", help="use this server instead of an embedded one")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "eventstore.json")
     args = parser.parse_args()
-    try:
-        import eventsourcing  # noqa: F401 - the peer
-    except ImportError:
-        raise SystemExit("bench/eventstore.py: the peer is missing: .venv/bin/pip install -e '.[bench]'") from None
+    parts = set(args.parts.split(","))
+    if parts - {"appends", "commands", "load"}:
+        raise SystemExit(
+            f"bench/eventstore.py: unknown --parts {', '.join(sorted(parts - {'appends', 'commands', 'load'}))}"
+        )
+    if "appends" in parts:
+        try:
+            import eventsourcing  # noqa: F401 - the peer
+        except ImportError:
+            raise SystemExit("bench/eventstore.py: the peer is missing: .venv/bin/pip install -e '.[bench]'") from None
     work = Path(tempfile.mkdtemp(prefix="tributary-bench-"))
     cluster = None
     if args.dsn:
@@ -424,61 +649,14 @@ def main() -> None:
             print(json.dumps(cpu_ab(dsn, args.cpu_ab, args.seconds, args.repeat), indent=1))
             return
         store = EventStore.connect(dsn, max_size=8)
-        runs: dict[str, list[float]] = {}
-        costs: dict[str, list[dict[str, float]]] = {}
-        probe = psycopg.connect(dsn, autocommit=True) if args.costs else None
-        for _ in range(args.repeat):
-            for writers in (1, 4):
-                rates, per_append = appends(dsn, store, writers, args.seconds, args.slice, probe, args.literal_ceiling)
-                for side, rate in rates.items():
-                    runs.setdefault(f"{side}_{writers}w", []).append(rate)
-                for side, cost in per_append.items():
-                    costs.setdefault(f"{side}_{writers}w", []).append(cost)
-        if probe is not None:
-            probe.close()
-        med = {k: round(statistics.median(v), 1) for k, v in runs.items()}
-        handler = CommandHandler(store, {"account": bank_account()}, snapshot_every=100)
-        py_runs, http_runs = [], []
-        for _ in range(args.repeat):
-            py_runs.append(commands_python(handler, 4, args.seconds))
-            http_runs.append(commands_http(dsn, work, 4, args.seconds))
-
-        def med_of(rows: list[dict[str, float]]) -> dict[str, float]:
-            return {k: round(statistics.median(r[k] for r in rows), 2) for k in rows[0]}
-
-        py, http = med_of(py_runs), med_of(http_runs)
-        result = {
-            "commands_4_clients": {
-                "python_api": py,
-                "http": http,
-                "http_vs_python_ratio": round(http["per_s"] / py["per_s"], 3),
-            },
-            "appends_per_s_median": med,
-            "ratio_store_vs_raw": {w: round(med[f"store_{w}"] / med[f"raw_{w}"], 3) for w in ("1w", "4w")},
-            "ratio_store_vs_raw_per_repeat": {
-                w: [round(st / raw, 3) for st, raw in zip(runs[f"store_{w}"], runs[f"raw_{w}"], strict=True)]
-                for w in ("1w", "4w")
-            },
-            "target_ratio": 0.8,
-            **(
-                {
-                    "ratio_store_vs_raw_literals_per_repeat": {
-                        w: [round(st / raw, 3) for st, raw in zip(runs[f"store_{w}"], runs[f"rawlit_{w}"], strict=True)]
-                        for w in ("1w", "4w")
-                    }
-                }
-                if args.literal_ceiling
-                else {}
-            ),
-            "ratio_store_vs_peer": {w: round(med[f"store_{w}"] / med[f"peer_{w}"], 3) for w in ("1w", "4w")},
-            "peer": "eventsourcing PostgresApplicationRecorder, one event per insert_events call",
-            "target_ratio_vs_peer": 1.5,
-            "load": load_times(store, args.load_events),
-            **({"per_append_median": {k: med_of(v) for k, v in costs.items()}} if costs else {}),
-            "runs": args.repeat,
-            "seconds_per_run": args.seconds,
-            "slice_s": args.slice,
-        }
+        result: dict[str, Any] = {}
+        if "appends" in parts:
+            result.update(appends_result(dsn, store, args))
+        if "commands" in parts:
+            result["commands"] = commands_result(dsn, store, work, args)
+        if "load" in parts:
+            result["load"] = load_times(store, args.load_events)
+        result.update({"runs": args.repeat, "seconds_per_run": args.seconds, "slice_s": args.slice})
         store.close()
     finally:
         if cluster is not None:

@@ -219,7 +219,8 @@ class SourceSession:
     def request_snapshot(self, tables: list[str], *, origin: str) -> None:
         """Snapshot `tables` ("schema.table") chunked, beside the stream. Applied between source
         transactions and made durable with the log commit after it (a crash neither loses nor
-        repeats it); unknown, excluded or keyless tables are refused with a warning (log, status)."""
+        repeats it); unknown, excluded or keyless tables are refused with a warning (log, status).
+        Called on the capture loop's thread: from the stream (a signal), or by the daemon."""
         if self.chunked is None:
             self._requests.append((list(tables), origin))
         else:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from fastapi import HTTPException, Request
@@ -41,10 +41,12 @@ def _scopes_for(settings: ApiSettings, presented: str) -> set[str] | None:
     return None
 
 
-def require(scope: Scope) -> Callable[[Request], None]:
-    """A dependency: 401 without a valid key, 403 when the key lacks `scope` (admin implies all)."""
+def require(scope: Scope) -> Callable[[Request], Awaitable[None]]:
+    """A dependency: 401 without a valid key, 403 when the key lacks `scope` (admin implies all).
+    A coroutine (it does no I/O): FastAPI runs a plain function dependency in its thread pool, a
+    thread hop per request."""
 
-    def check(request: Request) -> None:
+    async def check(request: Request) -> None:
         settings: ApiSettings = request.app.state.settings.api
         if not settings.keys:
             return

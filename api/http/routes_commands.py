@@ -11,7 +11,7 @@ import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
@@ -116,11 +116,9 @@ def _handler(request: Request) -> CommandHandler:
     return request.app.state.handler  # type: ignore[no-any-return]
 
 
-def _json(body: Any, status: int = 200) -> JSONResponse:
-    """Decimals as exact strings (the event store's codec), then a plain JSON response."""
-    import orjson
-
-    return JSONResponse(content=orjson.loads(dumps(body)), status_code=status)
+def _json(body: Any, status: int = 200) -> Response:
+    """The body in the event store's JSON codec (decimals as exact strings), sent as it is encoded."""
+    return Response(dumps(body), status_code=status, media_type="application/json")
 
 
 def _http_error(exc: EventStoreError) -> HTTPException:
@@ -175,7 +173,7 @@ def _http_error(exc: EventStoreError) -> HTTPException:
         503: error("the service database did not answer; retry (a `command_id` makes the retry safe)"),
     },
 )
-async def send_command(stream_type: str, stream_id: str, body: CommandRequest, request: Request) -> JSONResponse:
+async def send_command(stream_type: str, stream_id: str, body: CommandRequest, request: Request) -> Response:
     """Validate the command against the aggregate's state and append its events."""
     handler = _handler(request)
     metrics = request.app.state.metrics
@@ -223,7 +221,7 @@ async def read_stream(
     ),
     limit: int = Query(100, ge=1, le=1000),
     direction: Literal["forwards", "backwards"] = Query("forwards"),
-) -> JSONResponse:
+) -> Response:
     """The stream's events from `from_version`, oldest first (or newest first, `direction=backwards`)."""
     store = _handler(request).store
     backwards = direction == "backwards"
@@ -244,7 +242,7 @@ async def read_stream(
     dependencies=[Depends(require("read"))],
     responses={200: {"model": StreamState, "description": "folded state and version"}, **_STREAM_RESPONSES},
 )
-async def stream_state(stream_id: str, request: Request) -> JSONResponse:
+async def stream_state(stream_id: str, request: Request) -> Response:
     """The aggregate's folded state and version."""
     handler = _handler(request)
     try:

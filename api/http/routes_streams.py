@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
@@ -71,7 +71,7 @@ async def list_streams(
     type: str = Query(min_length=1, max_length=MAX_ID_LENGTH, description="The stream type."),
     after: str = Query("", max_length=MAX_ID_LENGTH, description="The last stream id of the previous page."),
     limit: int = Query(100, ge=1, le=1000),
-) -> JSONResponse:
+) -> Response:
     """The streams of a type, in stream id order, with their current version."""
     store = request.app.state.handler.store
     try:
@@ -101,7 +101,7 @@ async def read_all(
     after: int = Query(0, ge=0, le=_MAX_POSITION, description="Continue after this position (0: the start)."),
     limit: int = Query(100, ge=1, le=1000),
     type: str | None = _TYPE,
-) -> JSONResponse:
+) -> Response:
     """`$all`: every stream's events in commit order by global position, paged. An event is
     listed once every transaction that began before its own has finished, so continuing from
     `next` never skips one that commits late."""

@@ -28,15 +28,7 @@ from tributary.api.http.definitions import current_projections
 
 __all__ = ["CONNECTION_WAIT_S", "PREPARE_THRESHOLD", "StatementTimeout", "Views", "router"]
 
-_check_read = require("read")
-
-
-async def _read_scope(request: Request) -> None:
-    """`require("read")` run on the event loop: a sync dependency would cost a thread-pool hop per request."""
-    _check_read(request)
-
-
-router = APIRouter(tags=["views"], dependencies=[Depends(_read_scope)], responses=AUTH_RESPONSES)
+router = APIRouter(tags=["views"], dependencies=[Depends(require("read"))], responses=AUTH_RESPONSES)
 
 MAX_LIMIT = 1000
 _OPS = {"eq": "=", "ne": "<>", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}  # `col__op=v`; plain `col=v` is eq

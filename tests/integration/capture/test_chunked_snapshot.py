@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -20,6 +22,7 @@ import pytest
 
 from tests.integration.capture.helpers import changes, cli, records, spawn_capture, wait_for, write_config
 from tests.integration.capture.test_resnapshot import FILL, TABLES, _change_while_slot_gone, _compacted, _table
+from tests.pg import REPO_ROOT
 from tributary.capture.chunked import ChunkedSnapshot
 from tributary.capture.daemon import CaptureDaemon, DaemonOptions
 from tributary.capture.log import Log
@@ -385,3 +388,45 @@ def test_concurrent_writes_during_a_chunked_snapshot_end_equal(
     config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log")
     for table in TABLES:
         assert _compacted(config, f"shop.public.{table}") == _table(fresh_db, table), table
+
+
+_CRASH_IN_CHECK = """
+import os, sys
+from tributary.capture.chunked import ChunkedSnapshot
+seen = []
+def crash(table, phase):
+    seen.append(phase)
+    if seen.count("absent") == 3:
+        os._exit(9)  # as kill -9: nothing flushed, nothing committed
+ChunkedSnapshot.after_read = crash
+from tributary.api.cli.main import main
+sys.argv = ["tributary", "capture", "--config", sys.argv[1]]
+main()
+"""
+
+
+def test_a_crash_while_checking_keys_neither_deletes_a_live_key_nor_loses_a_delete(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        for ddl in TABLES.values():
+            conn.execute(ddl)
+        conn.execute(FILL["items"].format(n=2000))
+    config = _chunked(write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log"), 400)
+    config.write_text(
+        config.read_text().replace('include = ["public.*"]', 'include = ["public.items"]\nsnapshot = "when_needed"')
+    )
+    res = cli("capture", "--config", str(config), "--until-idle", "1")
+    assert res.returncode == 0, res.stderr
+    _change_while_slot_gone(fresh_db, config)
+    crashed = subprocess.run(
+        [sys.executable, "-c", _CRASH_IN_CHECK, str(config)], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT
+    )
+    assert crashed.returncode == 9, crashed.stderr
+    with Log.open(tmp_path / "log") as log:
+        saved = orjson.loads(log.positions()["shop#snapshot"])
+    assert saved["pending"] == ["public.items"] and saved["phase"] == "absent", saved
+    assert saved["checked"] is not None, "a batch of keys checked before the crash was committed"
+    res = cli("capture", "--config", str(config), "--until-idle", "1", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert _compacted(config, "shop.public.items") == _table(fresh_db, "items")

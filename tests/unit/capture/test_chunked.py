@@ -58,9 +58,10 @@ def test_recent_xids_tell_commits_before_a_watch_began() -> None:
     recent.add(11)
     assert recent.before(frozenset({10}), watch)
     assert not recent.before(frozenset({11, 12}), watch), "committed after the watch began: the watch has it"
-    for xid in (20, 21, 22):
+    for xid in range(20, 30):
         recent.add(xid)
-    assert not recent.before(frozenset({10}), watch + 10), "bounded: the oldest are forgotten"
+    assert not recent.before(frozenset({10}), watch + 20), "bounded: the oldest are forgotten"
+    assert recent.before(frozenset({29}), recent.seq + 1), "the newest are kept"
 
 
 def test_a_watch_collects_keys_from_every_staging_path(tmp_path: Path) -> None:
