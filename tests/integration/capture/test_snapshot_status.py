@@ -20,7 +20,7 @@ from tributary.eventstore.migrate import run_migrations
 
 pytestmark = pytest.mark.integration
 
-ROWS = 20_000
+ROWS = 100_000
 CHUNK_ROWS = 100  # many chunks: the snapshot is under way long enough to look at
 
 
@@ -46,7 +46,7 @@ def test_a_table_added_later_shows_as_pending_then_snapshotting_then_done(fresh_
         dsn=fresh_db,
         log_root=log_root,
         source_extra=f'snapshot_chunk_rows = {CHUNK_ROWS}\nsnapshot_method = "chunked"',
-        extra=f'[api]\nport = {free_port()}\n\n[service]\ndsn = "{fresh_db}"\n',  # serve needs a service database
+        extra=f'[api]\nport = {free_port()}\nstatus_refresh_s = 0.5\n\n[service]\ndsn = "{fresh_db}"\n',  # serve needs a service database
     )
     run_migrations(fresh_db)
     port = int(config.read_text().split("[api]\nport = ")[1].split()[0])
@@ -56,30 +56,36 @@ def test_a_table_added_later_shows_as_pending_then_snapshotting_then_done(fresh_
     assert res.returncode == 0, res.stderr
 
     config.write_text(only_t)  # include widened: late and later were never snapshotted
-    proc = spawn_capture(config)
-    try:
+    with serving(config, port, err_path=tmp_path / "serve.err") as base:  # up before the snapshot starts
+        proc = spawn_capture(config)
+        try:
 
-        def under_way() -> bool:
-            src = _source(log_root, proc.pid)
-            return bool(src and src.get("snapshot_table") == "public.late" and src.get("snapshot_chunk", 0) >= 2)
+            def under_way() -> bool:
+                src = _source(log_root, proc.pid)
+                return bool(src and src.get("snapshot_table") == "public.late" and src.get("snapshot_chunk", 0) >= 2)
 
-        wait_for(under_way, timeout=60, what="the chunked snapshot of public.late under way")
-        shown = cli("capture", "status", "--config", str(config))
-        assert shown.returncode == 0, shown.stderr
-        line = next(line for line in shown.stdout.splitlines() if line.startswith("shop "))
-        assert line.startswith("shop streaming"), line
-        assert "snapshot (chunked) public.late chunk " in line and "/~" in line, line
-        assert "pending public.later" in line, line
-        with serving(config, port, err_path=tmp_path / "serve.err") as base:
+            wait_for(under_way, timeout=60, what="the chunked snapshot of public.late under way")
             snap = next(s for s in httpx.get(base + "/sources").json() if s["name"] == "shop")["snapshot"]
             assert snap is not None, "GET /sources shows the snapshot under way"
             assert snap["method"] == "chunked" and snap["table"] == "public.late"
             assert snap["chunks_done"] >= 2 and 0 < snap["rows_done"] < ROWS
             assert snap["rows_estimated"] >= ROWS and "public.later" in snap["tables_pending"]
-            text = httpx.get(base + "/metrics").text
-            assert 'tributary_capture_snapshot_running{method="chunked",source="shop"} 1.0' in text
-            assert 'tributary_capture_snapshot_running{method="consistent",source="shop"} 0.0' in text
-            assert 'tributary_capture_snapshot_tables_pending{source="shop"} 2.0' in text
+
+            def metrics_show_it() -> bool:  # the API refreshes its metrics every `status_refresh_s`
+                text = httpx.get(base + "/metrics").text
+                return (
+                    'tributary_capture_snapshot_running{method="chunked",source="shop"} 1.0' in text
+                    and 'tributary_capture_snapshot_running{method="consistent",source="shop"} 0.0' in text
+                    and 'tributary_capture_snapshot_tables_pending{source="shop"} 2.0' in text
+                )
+
+            wait_for(metrics_show_it, timeout=30, what="the metrics to show the snapshot under way")
+            shown = cli("capture", "status", "--config", str(config))
+            assert shown.returncode == 0, shown.stderr
+            line = next(line for line in shown.stdout.splitlines() if line.startswith("shop "))
+            assert line.startswith("shop streaming"), line
+            assert "snapshot (chunked) public.late chunk " in line and "/~" in line, line
+            assert "pending public.later" in line, line
 
             def done() -> bool:
                 src = _source(log_root, proc.pid)
@@ -93,12 +99,12 @@ def test_a_table_added_later_shows_as_pending_then_snapshotting_then_done(fresh_
 
             wait_for(metrics_idle, timeout=30, what="the metrics to show no snapshot")
             assert next(s for s in httpx.get(base + "/sources").json() if s["name"] == "shop")["snapshot"] is None
-        assert "snapshot" not in next(
-            line for line in cli("capture", "status", "--config", str(config)).stdout.splitlines() if "shop" in line
-        )
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+            assert "snapshot" not in next(
+                line for line in cli("capture", "status", "--config", str(config)).stdout.splitlines() if "shop" in line
+            )
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert len(table_state(log_root, "shop.public.late")) == ROWS
     assert len(table_state(log_root, "shop.public.later")) == 50
