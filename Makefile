@@ -38,7 +38,7 @@ test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # mypy sees the top-level folders as the package they install as (`capture/` is `tributary.capture`, …)
-# through a tree of links under build/typecheck.
+# through a tree of links under build/typecheck; what lives in the root folder `tributary/` is linked as it is.
 TYPECHECK_PACKAGES := api capture eventstore projections migrations
 
 lint: venv
@@ -46,7 +46,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check --extend-exclude '*.md' .
 	rm -rf build/typecheck && mkdir -p build/typecheck/tributary
 	for d in $(TYPECHECK_PACKAGES); do ln -s ../../../$$d build/typecheck/tributary/$$d; done
-	ln -s ../../../tributary/__init__.py build/typecheck/tributary/__init__.py
+	for f in tributary/*; do case $$f in *__pycache__) ;; *) ln -s ../../../$$f build/typecheck/$$f;; esac; done
 	cd build/typecheck && MYPYPATH=. ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p tributary
 
 bench: setup

@@ -43,6 +43,7 @@ from psycopg import sql
 from tributary.capture import envelope as env
 from tributary.capture.catalog import TableInfo, list_tables
 from tributary.capture.errors import CaptureError, TransientSourceError
+from tributary.capture.log import Log
 from tributary.capture.lsn import Lsn
 from tributary.capture.routing import topic_name
 from tributary.capture.snapshot import SnapshotReader
@@ -585,7 +586,12 @@ class ChunkedSnapshot:
         assert job.encoder is not None
         name = info.qualified
         if self._live is None or self._live[0] != name:
-            self._live = (name, sorted(live_keys(self.staging.log, job.encoder.topic)))
+            # A reader of its own: the loop's writer `Log` is not shared across threads.
+            reader = Log.open(self.staging.log.root)
+            try:
+                self._live = (name, sorted(live_keys(reader, job.encoder.topic)))
+            finally:
+                reader.close()
         live = self._live[1]
         if checked is not None:
             mark = checked.encode()

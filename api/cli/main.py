@@ -87,6 +87,8 @@ def _register_subcommands() -> None:
         "tributary.api.cli.capture",
         "tributary.api.cli.project",
         "tributary.api.cli.service",
+        "tributary.api.cli.groups",
+        "tributary.api.cli.sinks",
         "tributary.api.demo.demo",
     ):
         try:
@@ -111,6 +113,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
         ("tributary.capture.errors", "CaptureError"),
         ("tributary.eventstore.errors", "EventStoreError"),
         ("tributary.projections.errors", "ProjectionError"),
+        ("tributary.sinks", "SinkError"),
+        ("tributary.consumers.errors", "ConsumerError"),
     ):
         try:
             module = __import__(mod, fromlist=[name])

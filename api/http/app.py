@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 from starlette.types import Message, Receive, Scope, Send
 
-from tributary.api.http import routes_admin, routes_commands, routes_streams, routes_views
+from tributary.api.http import routes_admin, routes_commands, routes_groups, routes_streams, routes_views
 from tributary.api.http.domains import document_domains
 from tributary.api.http.head import HeadAsGet
 from tributary.api.http.limits import BodyLimit, RequestTracker, connections
@@ -34,6 +34,7 @@ from tributary.api.http.routes_views import Views
 from tributary.api.http.subscriptions import Subscriptions
 from tributary.api.settings.config import Settings
 from tributary.api.settings.logs import REQUEST_ID
+from tributary.consumers import ConsumerError
 from tributary.eventstore.handler import CommandHandler
 from tributary.eventstore.loader import load_aggregates
 from tributary.eventstore.store import EventStore
@@ -146,11 +147,13 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         app.state.metrics.known_stream_types(app.state.handler.aggregates)
         app.state.subscriptions = Subscriptions(pool)
         app.state.subscriptions.end_on_exit_signals()
+        stop_consumers = routes_groups.start_consumers(app, dsn=dsn)
         status = routes_admin.start_status(app)
         try:
             yield
         finally:
             status.cancel()
+            await stop_consumers()
             await app.state.subscriptions.close()
             await asyncio.to_thread(store.close)
             await views.close()
@@ -177,6 +180,8 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     app.include_router(routes_streams.router)
     app.include_router(routes_views.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_groups.router)
+    app.add_exception_handler(ConsumerError, routes_groups.consumer_error)
     document_domains(app, aggregates)
 
     @app.exception_handler(RequestValidationError)

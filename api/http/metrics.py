@@ -1,7 +1,7 @@
 """Prometheus metrics: one registry per app; gauges refreshed in the background (`routes_admin.Status`)
 from the capture daemon's status file, the sources' slots, the log and the projections' state tables.
 Every label comes from a bounded set: route templates, HTTP's methods, configured sources and
-projections, the log's topics, the command handler's stream types.
+projections, the log's topics, the command handler's stream types, the consumer groups in the service database.
 
 The capture daemon is another process: its commit-latency histogram travels in its status file
 (cumulative bucket counts) and is exposed here as a real histogram.
@@ -13,12 +13,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tributary.capture.log import Log, LogError
 from tributary.capture.status import ERROR_KINDS, SourceState, read_status, snapshot_under_way
+from tributary.consumers import GroupCoordinator
 
 __all__ = ["Metrics"]
 
@@ -85,6 +87,39 @@ class Metrics:
         self.rebuild_progress = Gauge(
             "tributary_rebuild_progress_ratio", "Progress of the running rebuild", ["projection"], registry=r
         )
+        self.consumer_lag = Gauge(
+            "tributary_consumer_lag_records",
+            "Records between a consumer group's committed offset and the log's end",
+            ["group", "topic", "partition"],
+            registry=r,
+        )
+        self.consumer_committed = Gauge(
+            "tributary_consumer_committed_offset",
+            "A consumer group's committed offset (the next offset it reads)",
+            ["group", "topic", "partition"],
+            registry=r,
+        )
+        self.consumer_members = Gauge(
+            "tributary_consumer_group_members", "Live members of a consumer group", ["group"], registry=r
+        )
+        self.consumer_generation = Gauge(
+            "tributary_consumer_group_generation",
+            "A consumer group's generation (+1 per rebalance)",
+            ["group"],
+            registry=r,
+        )
+        self.sink_delivered = Gauge(
+            "tributary_sink_delivered_records_total", "Records an HTTP sink delivered (all runs)", ["sink"], registry=r
+        )
+        self.sink_failed = Gauge(
+            "tributary_sink_failed_attempts_total", "Failed POSTs of an HTTP sink (all runs)", ["sink"], registry=r
+        )
+        self.sink_dead = Gauge(
+            "tributary_sink_dead_letters_total", "Records an HTTP sink gave up on (dead letters)", ["sink"], registry=r
+        )
+        self.sink_state = Gauge(
+            "tributary_sink_state", "1 for the HTTP sink's current state", ["sink", "state"], registry=r
+        )
         self.stream_types: frozenset[str] = frozenset()
         self.commands = _KnownStreamTypes(
             Counter("tributary_commands_total", "Commands handled by outcome", ["stream_type", "outcome"], registry=r),
@@ -116,7 +151,14 @@ class Metrics:
         key = (method if method in _METHODS else "other", route, status)
         counts[key] = counts.get(key, 0) + 1
 
-    def refresh(self, settings: Any, *, dsn: str | None = None, rebuilds: Iterable[Mapping[str, Any]] = ()) -> None:
+    def refresh(
+        self,
+        settings: Any,
+        *,
+        dsn: str | None = None,
+        rebuilds: Iterable[Mapping[str, Any]] = (),
+        groups: GroupCoordinator | None = None,
+    ) -> None:
         """Read every source of truth once (called by the background refresh, off the event loop)."""
         from tributary.api.settings.sources import source_statuses
 
@@ -146,6 +188,48 @@ class Metrics:
         except LogError:
             pass
         self._refresh_projections(settings, dsn, rebuilds)
+        if groups is not None:
+            self._refresh_groups(groups)
+        if dsn is not None and settings.sinks:
+            self._refresh_sinks(settings, dsn)
+
+    def _refresh_sinks(self, settings: Any, dsn: str) -> None:
+        """The configured sinks' status rows (`tributary sinks run` writes them after every batch)."""
+        from tributary.sinks import SinkStore
+
+        try:
+            store = SinkStore(dsn)
+            try:
+                rows = {row.sink: row for row in store.statuses()}
+            finally:
+                store.close()
+        except psycopg.Error:  # unreachable, or before `tributary init`: nothing to report
+            return
+        for sink in settings.sinks:
+            row = rows.get(sink.name)
+            state = row.state if row else "never run"
+            self.sink_delivered.labels(sink.name).set(row.delivered if row else 0)
+            self.sink_failed.labels(sink.name).set(row.failed_attempts if row else 0)
+            self.sink_dead.labels(sink.name).set(row.dead_letters if row else 0)
+            for known in ("running", "retrying", "stopped", "never run"):
+                self.sink_state.labels(sink.name, known).set(1 if state == known else 0)
+
+    def _refresh_groups(self, coordinator: GroupCoordinator) -> None:
+        """Lag and committed offset per group and partition; members and generation per group. Series
+        of groups and partitions that are gone disappear (the gauges are rebuilt each refresh)."""
+        try:
+            rows = coordinator.lag_rows()
+            summary = coordinator.groups()
+        except psycopg.Error:  # before `tributary init`: no consumer tables yet
+            return
+        for gauge in (self.consumer_lag, self.consumer_committed, self.consumer_members, self.consumer_generation):
+            gauge.clear()
+        for group, topic, partition, committed, end in rows:
+            self.consumer_lag.labels(group, topic, str(partition)).set(max(end - committed, 0))
+            self.consumer_committed.labels(group, topic, str(partition)).set(committed)
+        for g in summary:
+            self.consumer_members.labels(g["group"]).set(g["members"])
+            self.consumer_generation.labels(g["group"]).set(g["generation"])
 
     def _snapshot(self, s: Mapping[str, Any]) -> None:
         """The snapshot under way, zero when none (a chunked one runs while the state is streaming)."""

@@ -106,7 +106,13 @@ class Status:
             log.log(logging.INFO if ready else logging.WARNING, "readiness: %s", "ready" if ready else checks)
         self.ready, self.body = ready, orjson.dumps({"ready": ready, "checks": checks})
         settings = await asyncio.to_thread(current_settings, state)  # `[projections]` as the file says now
-        await asyncio.to_thread(state.metrics.refresh, settings, dsn=state.dsn, rebuilds=list(_rebuilds.values()))
+        await asyncio.to_thread(
+            state.metrics.refresh,
+            settings,
+            dsn=state.dsn,
+            rebuilds=list(_rebuilds.values()),
+            groups=getattr(state, "coordinator", None),
+        )
 
     async def _database(self, pool: Any) -> dict[str, str]:
         """Service database reachable (one pooled connection) and migrations at head (its revision

@@ -20,12 +20,14 @@ from tributary.capture.spec import CHUNK_ROWS
 __all__ = [
     "ApiSettings",
     "CaptureSettings",
+    "ConsumerSettings",
     "EventStoreSettings",
     "ConfigError",
     "LogSettings",
     "ProjectionSettings",
     "ServiceSettings",
     "Settings",
+    "SinkSettings",
     "SourceSettings",
     "load_settings",
 ]
@@ -235,6 +237,70 @@ class ApiSettings(_Section):
     )
 
 
+class SinkSettings(_Section):
+    """One sink: a consumer group that delivers `topics` elsewhere (`tributary sinks run`)."""
+
+    type: Literal["http"] = Field(description="Sink kind: `http` POSTs batches (JSON arrays of records) to `url`.")
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$", description="Sink name (status, dead letters).")
+    url: str = Field(pattern=r"^https?://", description="Where batches are POSTed.")
+    topics: tuple[str, ...] = Field(min_length=1, description="Topics to deliver.")
+    group: str | None = Field(default=None, description="Consumer group; default sink-<name>.")
+    headers: dict[str, str] = Field(
+        default={}, description="Extra request headers (e.g. Authorization; `config show` masks their values)."
+    )
+    auto_offset_reset: Literal["earliest", "latest", "error"] = Field(
+        default="earliest", description="Where a new group starts (or one whose offset fell behind retention)."
+    )
+    max_batch_records: int = Field(default=500, ge=1, le=100_000, description="Records per request at most.")
+    max_batch_bytes: int = Field(default=1_048_576, ge=1024, le=1 << 28, description="Bytes per request at most.")
+    linger_ms: int = Field(default=100, ge=0, le=60_000, description="Wait this long for a batch to fill.")
+    max_attempts: int = Field(
+        default=10, ge=1, le=1_000_000, description="Failed attempts of a batch before its records are dead letters."
+    )
+    initial_backoff_ms: int = Field(default=200, ge=1, le=3_600_000, description="First retry wait (doubles).")
+    max_backoff_ms: int = Field(default=30_000, ge=1, le=3_600_000, description="Ceiling of the retry wait.")
+    request_timeout_s: float = Field(default=10.0, gt=0, le=3600, description="Timeout of one request.")
+
+    @property
+    def group_name(self) -> str:
+        return self.group or f"sink-{self.name}"
+
+
+class ConsumerSettings(_Section):
+    """Consumer groups served over HTTP (docs/consumers.md)."""
+
+    session_timeout_ms: int = Field(
+        default=10_000,
+        ge=100,
+        le=3_600_000,
+        description="A member that sends no heartbeat (or pull, or stream) for this long leaves its group; a "
+        "member may ask for its own when it joins.",
+    )
+    auto_offset_reset: Literal["earliest", "latest", "error"] = Field(
+        default="latest",
+        description="Where a member starts on a partition without a committed offset, or whose offset fell "
+        "behind retention, unless it asks otherwise when it joins (error = refuse with 410).",
+    )
+    poll_interval_ms: int = Field(
+        default=20,
+        ge=1,
+        le=1000,
+        description="How often waiting pulls and streams look for newly committed records (only while someone waits).",
+    )
+    stream_batch_records: int = Field(
+        default=500,
+        ge=1,
+        le=100_000,
+        description="Records a stream reads ahead of its client at most (a slow client holds only its own stream).",
+    )
+    sweep_interval_ms: int = Field(
+        default=1000,
+        ge=100,
+        le=60_000,
+        description="How often the server moves the partitions of members past their session timeout.",
+    )
+
+
 class Settings(BaseModel):
     """Every key; `load_settings` fills it from the file and the `TRIBUTARY_*` environment
     (`Settings()` alone is the built-in defaults)."""
@@ -248,6 +314,8 @@ class Settings(BaseModel):
     eventstore: EventStoreSettings = EventStoreSettings()
     projections: ProjectionSettings = ProjectionSettings()
     api: ApiSettings = ApiSettings()
+    consumers: ConsumerSettings = ConsumerSettings()
+    sinks: tuple[SinkSettings, ...] = ()
     pg_data_dir: Path = Field(default=Path(".tributary/pg"), description="Data directory of the embedded cluster.")
 
     @field_validator("sources")
@@ -258,6 +326,15 @@ class Settings(BaseModel):
         if dupes:
             raise ValueError(f"duplicate source name(s): {', '.join(dupes)}")
         return sources
+
+    @field_validator("sinks")
+    @classmethod
+    def _unique_sinks(cls, sinks: tuple[SinkSettings, ...]) -> tuple[SinkSettings, ...]:
+        names = [s.name for s in sinks]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate sink name(s): {', '.join(dupes)}")
+        return sinks
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

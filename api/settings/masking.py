@@ -35,6 +35,8 @@ def mask_dsn(text: str) -> str:
 
 
 def _mask(value: Any, key: str | None) -> Any:
+    if isinstance(value, dict) and key == "headers":  # a sink's request headers carry credentials
+        return {k: MASK for k in value}
     if isinstance(value, dict):
         return {k: _mask(v, k) for k, v in value.items()}
     if isinstance(value, list):

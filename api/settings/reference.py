@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tributary.api.settings.config import Settings, SourceSettings
+from tributary.api.settings.config import Settings, SinkSettings, SourceSettings
 
 __all__ = ["reference"]
 
@@ -18,6 +18,10 @@ def _toml(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, tuple | list):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return (
+            "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml(v)}" for k, v in value.items()) + " }" if value else "{}"
+        )
     if value is None:
         return '""'
     if isinstance(value, int | float):
@@ -25,7 +29,7 @@ def _toml(value: Any) -> str:
     return json.dumps(str(value))
 
 
-def _section(model: type[BaseModel], defaults: BaseModel | None) -> list[str]:
+def _section(model: type[BaseModel], defaults: BaseModel | None, examples: dict[str, str] | None = None) -> list[str]:
     lines = []
     for name, field in model.model_fields.items():
         key = field.alias or name
@@ -36,7 +40,13 @@ def _section(model: type[BaseModel], defaults: BaseModel | None) -> list[str]:
             )
             continue
         if field.is_required():
-            example = {"name": '"shop"', "dsn": '"postgresql://user@127.0.0.1:5432/shop"'}.get(key, '"…"')
+            example = (examples or {}).get(key) or {
+                "name": '"shop"',
+                "dsn": '"postgresql://user@127.0.0.1:5432/shop"',
+                "type": '"http"',
+                "url": '"http://127.0.0.1:9000/ingest"',
+                "topics": '["shop.public.orders"]',
+            }.get(key, '"…"')
             line = f"{key} = {example}"
         elif default is None:
             line = f"# {key} ="  # unset by default
@@ -51,13 +61,19 @@ def reference() -> str:
     settings = Settings()
     out = [_section_top(settings)]
     for name, field in Settings.model_fields.items():
-        if name in ("sources", "pg_data_dir"):
+        if name in ("sources", "sinks", "pg_data_dir"):
             continue
         out.append(f"[{name}]")
         out.extend(_section(field.annotation, getattr(settings, name)))  # type: ignore[arg-type]
         out.append("")
     out.append("[[sources]]".ljust(43) + " # one per captured database (repeat the table)")
     out.extend(_section(SourceSettings, None))
+    out.append("")
+    # Commented out: a sink needs a real URL, and none runs unless configured.
+    out.append("# [[sinks]]".ljust(43) + " # one per sink, run by `tributary sinks run` (repeat the table)")
+    out.extend(
+        line if line.startswith("#") else "# " + line for line in _section(SinkSettings, None, {"name": '"webhook"'})
+    )
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -165,3 +165,44 @@ def test_console_sends_its_key_in_a_header_and_shows_jsonb_as_json(fresh_db: str
             assert secret not in driver.current_url
         finally:
             driver.quit()
+
+
+def test_console_shows_consumer_groups_with_members_generation_lag_and_last_commit(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    import httpx
+
+    from tests.integration.projections.helpers import LogWriter
+
+    run_migrations(fresh_db)
+    writer = LogWriter(tmp_path / "log")
+    writer.topic("events.account", partitions=2)
+    for i in range(9):
+        writer.append("events.account", f"s{i}", 1, "Opened", 1_000 + i)
+    writer.commit()
+    writer.close()
+    port = free_port()
+    config = tmp_path / "t.toml"
+    config.write_text(f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\n[api]\nport = {port}\n')
+    with serving(config, port, err_path=tmp_path / "serve.err") as base:
+        joined = httpx.post(
+            base + "/groups/billing/members",
+            json={"topics": ["events.account"], "member_id": "worker-7", "auto_offset_reset": "earliest"},
+        ).json()
+        offsets = [{"topic": "events.account", "partition": p, "offset": 1} for p in range(2)]
+        committed = httpx.post(
+            base + "/groups/billing/members/worker-7/commit",
+            json={"generation": joined["generation"], "offsets": offsets},
+        )
+        assert committed.status_code == 200, committed.text
+        driver = _browser(tmp_path / "chromium-profile")
+        try:
+            driver.get(base + "/")
+            _wait(driver, lambda d: "worker-7" in d.find_element("id", "groups").text, 30, "the group's row")
+            row = driver.find_element("id", "groups").text
+            assert "billing" in row and "events.account/0, events.account/1" in row
+            assert f"billing {joined['generation']} " in row and " 7 " in row  # lag: 9 records - 2 committed
+            ARTIFACTS.mkdir(exist_ok=True)
+            driver.save_screenshot(str(ARTIFACTS / "console-groups.png"))
+        finally:
+            driver.quit()

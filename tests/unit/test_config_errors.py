@@ -298,6 +298,39 @@ def test_config_show_masks_api_keys_and_every_password(tmp_path: Path) -> None:
     ]
 
 
+def test_config_show_masks_sink_headers_and_url_passwords(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        '[[sinks]]\ntype = "http"\nname = "hook"\nurl = "https://u:hunter2@example.com/in"\ntopics = ["t"]\n'
+        'headers = { Authorization = "Bearer t0ken", X-Trace = "1" }\n',
+    )
+    result = CliRunner().invoke(app, ["config", "show", "-c", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "t0ken" not in result.stdout and "hunter2" not in result.stdout
+    sink = json.loads(result.stdout)["sinks"][0]
+    assert sink["headers"] == {"Authorization": "***", "X-Trace": "***"}
+    assert sink["url"] == "https://u:***@example.com/in"
+
+
+@pytest.mark.parametrize(
+    ("sink", "problem"),
+    [
+        ('type = "kafka"', "type"),
+        ('url = "ftp://x"', "url"),
+        ("topics = []", "topics"),
+        ("max_attempts = 0", "max_attempts"),
+    ],
+)
+def test_a_bad_sink_names_its_key(tmp_path: Path, sink: str, problem: str) -> None:
+    base = {"type": '"http"', "name": '"hook"', "url": '"http://127.0.0.1:9/in"', "topics": '["t"]'}
+    key = sink.split(" = ")[0]
+    lines = [f"{k} = {v}" for k, v in base.items() if k != key] + [sink]
+    path = _write(tmp_path, "[[sinks]]\n" + "\n".join(lines) + "\n")
+    result = CliRunner().invoke(app, ["config", "show", "-c", str(path)])
+    assert result.exit_code == 1
+    assert "sinks" in result.output and problem in result.output
+
+
 # -- the installed command -----------------------------------------------------------------------
 
 

@@ -1,0 +1,236 @@
+"""`tributary.client.Consumer` against a real `tributary serve` over a real log and Postgres:
+the README's example as written, a group dividing partitions and resuming after commits, and the
+proof by breaking it (kill -9 a member, kill -9 the server)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from tests.integration.consumers.helpers import Filler, write_config
+from tests.servers import ROOT, free_port, served
+from tributary.client import Consumer
+from tributary.eventstore.migrate import run_migrations
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "shop.public.orders"
+
+
+def _wait(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _readme_example() -> str:
+    text = (ROOT / "README.md").read_text()
+    match = re.search(r"<!-- client-example -->\n```python\n(.*?)```", text, re.S)
+    assert match, "README.md lost its client example"
+    return match.group(1)
+
+
+def test_readme_client_example_runs_as_written(fresh_db: str, tmp_path: Path) -> None:
+    run_migrations(fresh_db)
+    filler = Filler(tmp_path / "log")
+    filler.topic(TOPIC, partitions=2)
+    filler.write(TOPIC, [(f"k{i}", {"id": i}) for i in range(6)])
+    port = free_port()
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", port=port)
+    with served(config, port, err_path=tmp_path / "serve.err"):
+        run = subprocess.run(
+            [sys.executable, "-c", _readme_example(), f"http://127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert run.returncode == 0, run.stderr
+        lines = run.stdout.splitlines()
+        assert sorted(lines) == sorted(f"{TOPIC} \"k{i}\" {{'id': {i}}}" for i in range(6))
+        # It committed: the same group has nothing left to read.
+        with Consumer(f"http://127.0.0.1:{port}", group="billing", topics=[TOPIC]) as again:
+            assert again.poll(timeout_ms=500) == []
+    filler.close()
+
+
+def test_group_divides_partitions_and_resumes_after_its_commits(fresh_db: str, tmp_path: Path) -> None:
+    run_migrations(fresh_db)
+    filler = Filler(tmp_path / "log")
+    filler.topic(TOPIC, partitions=4)
+    filler.write(TOPIC, [(f"k{i}", {"id": i}) for i in range(200)])
+    port = free_port()
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", port=port)
+    url = f"http://127.0.0.1:{port}"
+    with served(config, port, err_path=tmp_path / "serve.err"):
+        a = Consumer(url, group="g", topics=[TOPIC], auto_offset_reset="earliest", wait_ms=300)
+        b = Consumer(url, group="g", topics=[TOPIC], auto_offset_reset="earliest", wait_ms=300)
+
+        def split() -> bool:
+            a.poll(0)  # a fetch (and the heartbeats) notice the rebalance: the member rejoins
+            b.poll(0)
+            return a.assignment().isdisjoint(b.assignment()) and len(a.assignment() | b.assignment()) == 4
+
+        _wait("the partitions divided between the two members", split)
+        a.close()
+        b.close()
+        # One member reads everything in offset order per partition, commits half-way, leaves;
+        # the next one starts at the commit.
+        seen: dict[int, list[int]] = {}
+        with Consumer(url, group="h", topics=[TOPIC], auto_offset_reset="earliest", wait_ms=300) as c:
+            for got, record in enumerate(c, start=1):
+                seen.setdefault(record.partition, []).append(record.offset)
+                if got == 100:
+                    committed = c.commit()
+                    break
+        assert all(o == list(range(o[0], o[0] + len(o))) and o[0] == 0 for o in seen.values())
+        with Consumer(url, group="h", topics=[TOPIC], auto_offset_reset="earliest", wait_ms=300) as d:
+            rest: list[tuple[int, int]] = []
+            _wait(
+                "the rest", lambda: bool(rest.extend((r.partition, r.offset) for r in d.poll(300))) or len(rest) >= 100
+            )
+        firsts = {p: min(o for q, o in rest if q == p) for p in {q for q, _ in rest}}
+        by_partition = {tp.partition: o for tp, o in committed.items()}
+        assert firsts == {p: by_partition.get(p, 0) for p in firsts}  # a partition never committed starts at 0
+        assert len(rest) == 100 and len(set(rest)) == 100
+    filler.close()
+
+
+def _lines(path: Path) -> list[dict[str, object]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()] if path.exists() else []
+
+
+def _member(url: str, group: str, out: Path) -> subprocess.Popen[bytes]:
+    with out.with_suffix(".err").open("ab") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.consumers.member", url, group, TOPIC, str(out), "7"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+
+
+@pytest.mark.slow
+def test_kill_9_a_member_then_the_server(fresh_db: str, tmp_path: Path) -> None:
+    """kill -9 one of three members mid-stream: its partitions move to the others within the session
+    timeout, nothing is lost, and what they deliver again of its partitions starts at its last commit.
+    Then kill -9 the server: the committed offsets survive the restart."""
+    run_migrations(fresh_db)
+    filler = Filler(tmp_path / "log")
+    filler.topic(TOPIC, partitions=6)
+    port = free_port()
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", port=port)
+    url = f"http://127.0.0.1:{port}"
+    outs = [tmp_path / f"m{i}.jsonl" for i in range(3)]
+    total = 0
+    writing = threading.Event()
+
+    def write() -> None:  # mid-stream: records keep arriving while members read, die and take over
+        nonlocal total
+        while writing.is_set():
+            filler.write(TOPIC, [(f"k{total + i}", {"id": total + i}) for i in range(20)])
+            total += 20
+            time.sleep(0.05)
+
+    writer = threading.Thread(target=write)
+    with served(config, port, err_path=tmp_path / "serve.err") as server:
+        members = [_member(url, "g", out) for out in outs]
+        try:
+            writing.set()
+            writer.start()
+            _wait("every member busy", lambda: all(any("p" in x for x in _lines(o)) for o in outs))
+            victim_id = next(x["member"] for x in _lines(outs[0]) if "member" in x)
+
+            def victim_partitions() -> set[int]:
+                group = httpx.get(f"{url}/groups/g", timeout=10).json()
+                held = {m["member_id"]: {a["partition"] for a in m["assignments"]} for m in group["members"]}
+                return held.get(victim_id, set()) if len(held) == 3 and all(held.values()) else set()
+
+            _wait("a stable group of three", lambda: bool(victim_partitions()))
+            victim_parts = victim_partitions()
+            victim = members[0]
+            victim.send_signal(signal.SIGKILL)
+            victim.wait(timeout=10)
+            killed_at, killed_wall = time.monotonic(), time.time()
+            victim_lines = _lines(outs[0])
+            commits: dict[int, int] = {}
+            for x in victim_lines:
+                for p, o in x.get("commit", {}).items():  # type: ignore[union-attr]
+                    commits[int(p)] = int(o)
+            time.sleep(6)  # past the session timeout, still writing
+            writing.clear()
+            writer.join()
+
+            def everything_read() -> bool:
+                seen = {(x["p"], x["o"]) for o in outs for x in _lines(o) if "p" in x}
+                return len(seen) == total
+
+            _wait("every record", everything_read, timeout=60)
+            assert time.monotonic() - killed_at < 60
+            # What the survivors read of the victim's partitions starts at its last commit: the one it
+            # logged, or one whose answer it got but had no time to log before the kill.
+            for p in victim_parts:
+                survivors = [
+                    int(x["o"])  # type: ignore[call-overload]
+                    for o in outs[1:]
+                    for x in _lines(o)
+                    if x.get("p") == p and float(x["t"]) > killed_wall  # type: ignore[arg-type]
+                ]
+                handled = [int(x["o"]) for x in victim_lines if x.get("p") == p]  # type: ignore[call-overload]
+                assert survivors, f"partition {p} never moved"
+                assert commits.get(p, 0) <= min(survivors) <= max(handled, default=-1) + 1
+                moved_after = min(
+                    float(x["t"])  # type: ignore[arg-type]
+                    for o in outs[1:]
+                    for x in _lines(o)
+                    if x.get("p") == p and float(x["t"]) > killed_wall  # type: ignore[arg-type]
+                )
+                # within the session timeout (3 s), plus a heartbeat's or a poll's delay
+                assert moved_after - killed_wall < 3.0 + 2.0, (
+                    f"partition {p} moved after {moved_after - killed_wall:.1f} s"
+                )
+            for m in members[1:]:
+                m.send_signal(signal.SIGTERM)
+                m.wait(timeout=30)
+            # The group's commits, as it holds them now: offsets only grow, so the largest of each partition.
+            committed: dict[int, int] = {}
+            for o in outs:
+                for x in _lines(o):
+                    for p, v in x.get("commit", {}).items():  # type: ignore[union-attr]
+                        committed[int(p)] = max(committed.get(int(p), 0), int(v))
+            server.send_signal(signal.SIGKILL)
+            server.wait(timeout=10)
+        finally:
+            writing.clear()
+            if writer.is_alive():
+                writer.join()
+            for m in members:
+                if m.poll() is None:
+                    m.kill()
+                    m.wait()
+    ends = filler.log.end_offsets(TOPIC)
+    assert sorted(committed) == list(range(len(ends)))
+    expected = {(p, o) for p, end in enumerate(ends) for o in range(committed[p], end)}
+    with served(config, port, err_path=tmp_path / "serve2.err"):
+        # "latest" would skip everything: what arrives is what the group committed before the kill.
+        with Consumer(url, group="g", topics=[TOPIC], auto_offset_reset="latest", wait_ms=300) as c:
+            got: list[tuple[int, int]] = []
+            _wait(
+                "the records after the commits",
+                lambda: bool(got.extend((r.partition, r.offset) for r in c.poll(300))) or len(got) >= len(expected),
+            )
+            time.sleep(0.5)
+            got.extend((r.partition, r.offset) for r in c.poll(200))
+        assert committed and set(got) == expected and len(got) == len(expected)
+    filler.close()

@@ -1,0 +1,51 @@
+"""Consumer groups: the log as a broker (docs/consumers.md).
+
+A group holds a committed offset per topic-partition in the service database; its live members divide
+the partitions (load balancing inside a group, fan-out across groups), rebalanced on join, leave and
+missed heartbeats, with generation fencing of stale members. `GroupCoordinator` is the whole server
+side, usable in-process; the HTTP routes (`tributary.api.http.routes_groups`) and the CLI
+(`tributary groups …`) call it. `LogChanges` wakes waiting consumers when the log's committed end moves.
+"""
+
+from tributary.consumers.assign import TopicPartition, assign
+from tributary.consumers.coordinator import (
+    OFFSET_RESETS,
+    Batch,
+    GroupCoordinator,
+    Heartbeat,
+    Membership,
+    OffsetReset,
+    ResetTarget,
+)
+from tributary.consumers.errors import (
+    ConsumerError,
+    Fenced,
+    GroupBusy,
+    NotAssigned,
+    NotFound,
+    OffsetOutOfRange,
+    UnknownMember,
+)
+from tributary.consumers.logview import LogView
+from tributary.consumers.waiting import LogChanges
+
+__all__ = [
+    "OFFSET_RESETS",
+    "Batch",
+    "ConsumerError",
+    "Fenced",
+    "GroupBusy",
+    "GroupCoordinator",
+    "Heartbeat",
+    "LogChanges",
+    "LogView",
+    "Membership",
+    "NotAssigned",
+    "NotFound",
+    "OffsetOutOfRange",
+    "OffsetReset",
+    "ResetTarget",
+    "TopicPartition",
+    "UnknownMember",
+    "assign",
+]

@@ -1,0 +1,73 @@
+"""Waking long polls and streams when the log's committed end moves, without busy-waiting.
+
+One task per process re-reads the log's manifest every `interval_s` while anyone waits (and not at
+all otherwise); a waiter sleeps on an event that the task sets when a committed end moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from tributary.consumers.logview import LogView
+
+__all__ = ["LogChanges"]
+
+log = logging.getLogger(__name__)
+
+
+class LogChanges:
+    def __init__(self, view: LogView, *, interval_s: float) -> None:
+        self.view = view
+        self.interval_s = interval_s
+        self._event = asyncio.Event()
+        self._waiters = 0
+        self._task: asyncio.Task[None] | None = None
+        self.closed = False  # set when the server stops: streams end instead of waiting on
+
+    async def wait(self, seen: int, timeout_s: float) -> bool:
+        """Until the log view's version is past `seen` (True) or `timeout_s` passed (False)."""
+        if self.view.version != seen or self.closed:
+            return True
+        event = self._event
+        self._waiters += 1
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._watch(), name="log-changes")
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout_s)
+        finally:
+            self._waiters -= 1
+        return self.view.version != seen
+
+    async def _watch(self) -> None:
+        failure = None
+        while self._waiters > 0:
+            try:
+                changed = await asyncio.to_thread(self.view.refresh)
+                failure = None
+            except Exception as exc:  # noqa: BLE001 - waiters time out and see the error on their next fetch
+                if repr(exc) != failure:  # once per distinct failure, not every poll
+                    log.warning(
+                        "reading the log's manifest failed (retrying): %s",
+                        (str(exc) or type(exc).__name__).splitlines()[0],
+                    )
+                failure, changed = repr(exc), False
+            if changed:
+                event, self._event = self._event, asyncio.Event()
+                event.set()
+            await asyncio.sleep(self.interval_s)
+
+    def end_waits(self) -> None:
+        """Wake every waiter now and for good (the server is stopping)."""
+        self.closed = True
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+    async def close(self) -> None:
+        self.end_waits()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
