@@ -10,7 +10,7 @@ from tributary.capture import envelope as env
 
 __all__ = ["CHUNK_ROWS", "SourceSpec"]
 
-CHUNK_ROWS = 50_000  # rows per chunk of a chunked snapshot, by default (bench/README.md: bench/chunk_rows.py)
+CHUNK_ROWS = 200_000  # rows per chunk of a chunked snapshot, by default (bench/README.md: bench/capture.py --chunked)
 
 
 @dataclass(frozen=True, slots=True)
