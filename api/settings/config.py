@@ -112,6 +112,11 @@ class SourceSettings(_Section):
         default="initial", description="Initial snapshot policy."
     )
     partitions: int | None = Field(default=None, ge=1, le=1024, description="Partitions per topic.")
+    signal_table: str | None = Field(
+        default=None,
+        pattern=r"^[^.\s\"*?\[\]]+\.[^.\s\"*?\[\]]+$",
+        description="schema.table of a signal table (id, type, data) in the source: an INSERT of type 'execute-snapshot' re-snapshots tables.",
+    )
     snapshot_method: Literal["consistent", "chunked"] = Field(
         default="consistent",
         description="consistent: one transaction at the slot's start; chunked: key chunks beside streaming.",
