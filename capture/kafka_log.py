@@ -13,6 +13,7 @@ see each change exactly once. Positions are read back at start from the offsets 
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -123,7 +124,8 @@ class KafkaLog:
 
     def create_topic(self, name: str, config: TopicConfig | None = None) -> TopicConfig:
         """Create `name` (`create_topics = true`), or check that someone else did."""
-        cfg = config or TopicConfig(partitions=self.default_partitions)
+        given = config or TopicConfig(partitions=self.default_partitions)
+        cfg = TopicConfig(partitions=self.default_partitions, policy=given.policy)  # [log.kafka] partitions
         existing = self.topics().get(name)
         if existing is not None:
             return existing
@@ -268,10 +270,8 @@ class KafkaLog:
                 self._produce(self.opts.offsets_topic, 0, name.encode(), position.encode(), None, None)
             producer.commit_transaction(_TIMEOUT_S)
         except KafkaException as exc:
-            try:
+            with contextlib.suppress(KafkaException):  # else the next process's init_transactions aborts it
                 producer.abort_transaction(_TIMEOUT_S)
-            except KafkaException:
-                pass  # the next process's init_transactions aborts it
             raise LogError(f"Kafka transaction failed: {_one_line(exc)}") from None
         del self._buffer[:take]
         self._first += take

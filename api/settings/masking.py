@@ -35,7 +35,7 @@ def mask_dsn(text: str) -> str:
 
 
 def _mask(value: Any, key: str | None) -> Any:
-    if isinstance(value, dict) and key == "headers":  # a sink's request headers carry credentials
+    if isinstance(value, dict) and key in ("headers", "client"):  # a sink's headers, Kafka's client settings
         return {k: MASK for k in value}
     if isinstance(value, dict):
         return {k: _mask(v, k) for k, v in value.items()}
