@@ -98,7 +98,13 @@ class KafkaLog:
         self._known: dict[str, TopicConfig] = {}
         try:
             self.producer = Producer(
-                {**base, "transactional.id": options.transactional_id, "enable.idempotence": True, "linger.ms": 5}
+                {
+                    **base,
+                    "transactional.id": options.transactional_id,
+                    "enable.idempotence": True,
+                    "linger.ms": 5,
+                    "allow.auto.create.topics": False,
+                }
             )
             self.producer.init_transactions(_TIMEOUT_S)  # fences an older capture, aborts its open transaction
             self._ensure_offsets_topic()
