@@ -28,7 +28,13 @@ def _library() -> ctypes.CDLL:
         raise SystemExit(f"no bundled librdkafka under {libs}")
     lib = ctypes.CDLL(found[0])
     lib.rd_kafka_conf_new.restype = ctypes.c_void_p
-    lib.rd_kafka_conf_set.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+    lib.rd_kafka_conf_set.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+    ]
     lib.rd_kafka_new.restype = ctypes.c_void_p
     lib.rd_kafka_new.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
     lib.rd_kafka_mock_cluster_new.restype = ctypes.c_void_p

@@ -87,6 +87,22 @@ def test_capture_into_kafka_writes_what_the_local_log_holds(fresh_db: str, tmp_p
     assert sorted(reads) == sorted(k for k, v in on_disk if v is not None and b'"op":"r"' in v)
     assert len(reads) == len(set(reads)) == 50
 
+    # `log topics` and `log cat` read the Kafka backend as they read the local log.
+    listed = cli("log", "topics", "--config", str(remote))
+    assert listed.returncode == 0, listed.stderr
+    assert f"{TOPIC}\tpartitions=3\tpolicy=broker" in listed.stdout
+    cat = cli("log", "cat", TOPIC, "--config", str(remote))
+    assert cat.returncode == 0, cat.stderr
+    lines = [orjson.loads(line) for line in cat.stdout.splitlines()]
+    assert sorted((r["partition"], r["offset"]) for r in lines) == sorted((p, o) for _, p, o, _, _, _, _ in seen)
+    tables = []
+    for config in (remote, local):
+        shown = cli("log", "cat", TOPIC, "--compacted", "--config", str(config))
+        assert shown.returncode == 0, shown.stderr
+        tables.append(sorted(orjson.dumps(orjson.loads(line)["key"]) for line in shown.stdout.splitlines()))
+    assert tables[0] == tables[1]
+    assert len([k for k in tables[0] if b"__schema__" not in k]) == 80 - 7  # the table's rows
+
 
 def _ledger_writer(dsn: str, stop: threading.Event, committed: list[int]) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
