@@ -24,8 +24,7 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tributary.capture.log import LogError, Mark, Record, RecordIn, TopicConfig, TopicNotFoundError
-from tributary.capture.log.codec import decode_line
+from tributary.capture.log import LogError, Mark, Record, RecordIn, TopicConfig, TopicNotFoundError, decode_line
 
 __all__ = ["OFFSETS_TOPIC", "KafkaLog", "KafkaMark", "KafkaOptions", "kafka_cat", "kafka_topics"]
 
