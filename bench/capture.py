@@ -5,6 +5,7 @@ Prints one JSON document. Ratios, not single timings, are the result: the machin
     .venv/bin/python bench/capture.py                 # 1M-row backlog, 2M-row snapshot
     .venv/bin/python bench/capture.py --rows 200000 --snapshot-rows 400000 --repeat 1
     .venv/bin/python bench/capture.py --compare-to /work/baseline   # also that checkout's capture, alternating
+    .venv/bin/python bench/capture.py --skip streaming,snapshot,latency --chunked   # chunked vs consistent, kill -9 at 90 %
 
 `--compare-to CHECKOUT` runs another checkout's capture (its `.venv/bin/tributary`) on
 the same table right after this one's in each repeat, alternating which goes first, and reports
@@ -34,15 +35,18 @@ sys.path.insert(0, str(ROOT))
 
 from bench._paced import paced_writes  # noqa: E402
 from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
+from tributary.capture.chunked import context_key  # noqa: E402
 from tributary.capture.log import Log  # noqa: E402
 from tributary.capture.lsn import Lsn  # noqa: E402
+from tributary.capture.status import read_status  # noqa: E402
 from tributary.capture.wal2json import WAL2JSON_OPTIONS  # noqa: E402
 
 
-def _config(path: Path, dsn: str, log_root: Path, slot: str, snapshot: str, include: str) -> Path:
+def _config(path: Path, dsn: str, log_root: Path, slot: str, snapshot: str, include: str, extra: str = "") -> Path:
     path.write_text(
         f'[log]\nroot = "{log_root}"\npartitions = 4\n\n'
         f'[[sources]]\nname = "b"\ndsn = "{dsn}"\nslot = "{slot}"\ninclude = ["{include}"]\nsnapshot = "{snapshot}"\n'
+        + extra
     )
     return path
 
@@ -337,6 +341,133 @@ def bench_snapshot(
     }
 
 
+def _snapshot_state(log_root: Path, topic: str) -> tuple[bool, int]:
+    """(the snapshot is committed, records committed in `topic`): the source's snapshot context
+    in the manifest (capture/chunked.py) has no table pending, with the table done; either method
+    commits it with the snapshot's last rows."""
+    try:
+        with Log.open(log_root) as log:
+            if topic not in log.topics():
+                return False, 0
+            context = log.positions().get(context_key("b"))
+            done = False
+            if context is not None:
+                doc = json.loads(context)
+                done = not doc.get("pending") and topic.split(".", 1)[1] in doc.get("done", [])
+            return done, sum(log.end_offsets(topic))
+    except Exception:  # noqa: BLE001 - the log may not exist yet while capture starts
+        return False, 0
+
+
+def _snapshot_until(
+    config: Path, log_root: Path, topic: str, *, kill_at: int | None = None, timeout: float = 1800
+) -> tuple[float, int]:
+    """Start capture, wait until its snapshot's last record is committed; (seconds, records in the
+    topic). `kill_at`: instead kill -9 it once that many records are committed; (seconds, records)."""
+    start = time.perf_counter()
+    proc = _spawn(config)
+    try:
+        while True:
+            done, count = _snapshot_state(log_root, topic)
+            if kill_at is not None and count >= kill_at:
+                proc.kill()
+                return time.perf_counter() - start, count
+            if done:
+                return time.perf_counter() - start, count
+            if proc.poll() is not None:
+                raise RuntimeError(f"capture exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+            if time.perf_counter() - start > timeout:
+                raise RuntimeError("the snapshot did not finish in time")
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait(timeout=60)
+
+
+def bench_chunked(
+    cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path, chunk_rows: int | None, turn: int
+) -> dict[str, float]:
+    """The same table snapshotted both ways in one repeat (which goes first alternates), then a
+    chunked snapshot killed -9 at 90 % of its rows and restarted: what the crash costs."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "DROP TABLE IF EXISTS snap_t; CREATE TABLE snap_t (id bigserial PRIMARY KEY, a int, b text, c timestamptz)"
+        )
+        conn.execute(
+            "INSERT INTO snap_t (a, b, c) SELECT g, md5(g::text) || md5((g+1)::text), now() FROM generate_series(1, %s) g",
+            (rows,),
+        )
+        conn.execute("VACUUM ANALYZE snap_t")
+    chunked = 'snapshot_method = "chunked"\n' + (f"snapshot_chunk_rows = {chunk_rows}\n" if chunk_rows else "")
+    topic = "b.public.snap_t"
+
+    def run(label: str, extra: str, kill_at: int | None = None, log_root: Path | None = None) -> tuple[float, int]:
+        root = log_root or work / f"log-{label}"
+        slot = f"bench_{label}"
+        config = _config(work / f"{label}.toml", dsn, root, slot, "initial", "public.snap_t", extra)
+        return _snapshot_until(config, root, topic, kill_at=kill_at)
+
+    def settle() -> None:
+        """Untimed, before each timed run: the previous run's log written out (its dirty pages
+        would slow the next run's fsyncs: the run that went second was ~2x slower) and a checkpoint."""
+        os.sync()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+
+    def drop(*labels: str) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for label in labels:
+                conn.execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                    (f"bench_{label}",),
+                )
+                shutil.rmtree(work / f"log-{label}", ignore_errors=True)
+
+    drop("consistent", "chunked", "killed")
+    out: dict[str, float] = {}
+    order = [("consistent", ""), ("chunked", chunked)]
+    for label, extra in order if turn % 2 == 0 else reversed(order):
+        settle()
+        c0, s0 = _children_cpu(), _server_cpu(cluster)
+        seconds, count = run(label, extra)
+        out[f"{label}_s"] = seconds
+        out[f"{label}_records"] = count
+        out[f"{label}_client_cpu_us"] = (_children_cpu() - c0) * 1e6 / rows  # per row, start-up included
+        out[f"{label}_server_cpu_us"] = (_server_cpu(cluster) - s0) * 1e6 / rows
+        drop(label)
+    # kill -9 once 90 % of the rows are committed, restart, time what is left
+    settle()
+    killed_s, at_kill = run("killed", chunked, kill_at=int(rows * 0.9))
+    settle()
+    finish_s, final = run("killed", chunked, log_root=work / "log-killed")
+    status = read_status(work / "log-killed") or {}  # the restarted capture's, written as it stopped
+    read_after = sum(s.get("snapshot_rows_read", 0) for s in status.get("sources", []))
+    committed_rows = at_kill - 4  # each of the 4 partitions starts with the table's schema record
+    drop("consistent", "chunked", "killed")
+    rate = rows / out["chunked_s"]
+    remaining = out["chunked_records"] - at_kill  # what an uninterrupted run still had to write
+    return {
+        "consistent_rows_per_s": rows / out["consistent_s"],
+        "chunked_rows_per_s": rate,
+        "ratio": out["consistent_s"] / out["chunked_s"],
+        "consistent_s": out["consistent_s"],
+        "chunked_s": out["chunked_s"],
+        "consistent_client_cpu_us": out["consistent_client_cpu_us"],
+        "chunked_client_cpu_us": out["chunked_client_cpu_us"],
+        "consistent_server_cpu_us": out["consistent_server_cpu_us"],
+        "chunked_server_cpu_us": out["chunked_server_cpu_us"],
+        "killed_at_records": at_kill,
+        "killed_after_s": killed_s,
+        "rows_read_after_restart": read_after,
+        "rows_reread": read_after - (rows - committed_rows),  # read before the crash, not committed, read again
+        "records_duplicated": final - out["chunked_records"],  # in the log twice (schema records announced again)
+        "finish_after_restart_s": finish_s,
+        "remaining_at_uninterrupted_rate_s": remaining / rate,
+        "seconds_lost": finish_s - remaining / rate,
+    }
+
+
 def bench_latency(dsn: str, work: Path, seconds: float, tps: int) -> dict[str, float]:
     """Commit -> committed in the log, at a steady rate: the row carries its commit clock."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -398,6 +529,10 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=float, default=10)
     parser.add_argument("--big-tx-rows", type=int, default=0, help="also capture one transaction of this many rows")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: streaming,snapshot,latency")
+    parser.add_argument(
+        "--chunked", action="store_true", help="also: consistent vs chunked snapshot, and a kill -9 at 90 %%"
+    )
+    parser.add_argument("--chunk-rows", type=int, default=None, help="snapshot_chunk_rows (default: capture's)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "capture.json")
     parser.add_argument(
         "--compare-to", type=Path, default=None, help="another checkout (with its .venv) to run on the same tables"
@@ -421,6 +556,14 @@ def main() -> None:
             else [
                 bench_snapshot(cluster, dsn, args.snapshot_rows, work, compare_to, turn) for turn in range(args.repeat)
             ]
+        )
+        chunked = (
+            [
+                bench_chunked(cluster, dsn, args.snapshot_rows, work, args.chunk_rows, turn)
+                for turn in range(args.repeat)
+            ]
+            if args.chunked
+            else []
         )
         latency = {} if "latency" in skip else bench_latency(dsn, work, args.latency_seconds, 1000)
         big = bench_big_tx(dsn, args.big_tx_rows, work) if args.big_tx_rows else None
@@ -455,6 +598,15 @@ def main() -> None:
             "range": spread(snaps),
             "new_vs_old_rate_ratios": [round(r["new_vs_old_rate_ratio"], 3) for r in snaps if compare_to],
             "target_ratio": 0.7,
+        },
+        "chunked_snapshot": {
+            "rows": args.snapshot_rows,
+            "chunk_rows": args.chunk_rows,
+            "runs": len(chunked),
+            "median": med(chunked),
+            "range": spread(chunked),
+            "ratios": [round(r["ratio"], 3) for r in chunked],
+            "target_ratio": 0.8,
         },
         "load_average": os.getloadavg(),
         "latency_1000tps": latency,

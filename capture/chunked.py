@@ -533,17 +533,20 @@ class ChunkedSnapshot:
 
         after = sql.SQL("{} > {}").format(key_tuple, literal(last)) if last is not None else None
         n = self.spec.snapshot_chunk_rows
-        bound = sql.SQL("SELECT {} FROM {}{} ORDER BY {} LIMIT 1 OFFSET {}").format(
+        # The chunk's last key, and whether any row follows it: a chunk that reaches the table's
+        # end is the last one (its last row marked), even when the table holds a multiple of n rows.
+        bound = sql.SQL("SELECT {} FROM {}{} ORDER BY {} LIMIT 2 OFFSET {}").format(
             sql.SQL(", ").join(sql.SQL("{}::text").format(c) for c in cols),
             table,
             sql.SQL("") if after is None else sql.SQL(" WHERE ") + after,
             sql.SQL(", ").join(cols),
             sql.Literal(n - 1),
         )
-        row = reader.connection.execute(bound).fetchone()
-        job.upper = None if row is None else list(row)
+        found = reader.connection.execute(bound).fetchall()
+        row = list(found[0]) if len(found) == 2 else None  # None: the rest of the table
+        job.upper = row
         job.final = row is None
-        parts = [p for p in (after, None if row is None else sql.SQL("{} <= {}").format(key_tuple, literal(list(row))))]
+        parts = [after, None if row is None else sql.SQL("{} <= {}").format(key_tuple, literal(row))]
         conds = [p for p in parts if p is not None]
         reader.where = sql.SQL(" AND ").join(conds) if conds else None
         try:

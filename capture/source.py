@@ -30,6 +30,7 @@ from tributary.capture.lsn import Lsn
 from tributary.capture.offsets import OffsetContext
 from tributary.capture.replication import ReplicationConnection
 from tributary.capture.routing import TableFilter, topic_name
+from tributary.capture.signals import SnapshotSignal
 from tributary.capture.slot import Slot, SlotState, sql_connection
 from tributary.capture.snapshot_source import RESNAPSHOT_POSITION, SnapshotSource
 from tributary.capture.spec import SourceSpec
@@ -68,8 +69,10 @@ class SourceSession:
         self.slot = Slot(spec.dsn, spec.slot, label=spec.name)
         self.offsets = OffsetContext()
         self.staging = Staging(log_, partitions=spec.partitions)
+        # The signal table is the source's control channel: never snapshotted nor captured as records.
+        exclude = (*spec.exclude, spec.signal_table) if spec.signal_table else spec.exclude
         self.tables = SourceTables(
-            spec.name, TableFilter(spec.include, spec.exclude), self.staging, schema_records=spec.router is None
+            spec.name, TableFilter(spec.include, exclude), self.staging, schema_records=spec.router is None
         )
         self.stream: StreamingSource | None = None  # once open
         self._chunked_start = False  # the new slot's snapshot is a chunked one
@@ -112,7 +115,14 @@ class SourceSession:
         self.offsets.start(start)
         self.status.confirmed_lsn = str(start)
         self.stream = StreamingSource(
-            self.spec, self.staging, self.tables, self.offsets, self.status, db=slot.database, clock=self.clock
+            self.spec,
+            self.staging,
+            self.tables,
+            self.offsets,
+            self.status,
+            db=slot.database,
+            clock=self.clock,
+            on_signal=self._on_signal,
         )
         with sql_connection(self.spec.dsn, label=self.spec.name) as conn:
             self.status.warnings += self.tables.seed(conn)
@@ -120,8 +130,14 @@ class SourceSession:
                 self._chunked(conn, context, fresh=fresh, db=slot.database)
         options = dict(wal2json.WAL2JSON_OPTIONS)
         options.update(self.tables.filter.wal2json_options())
+        if self.spec.signal_table and "add-tables" in options:
+            options["add-tables"] += "," + self.spec.signal_table  # its INSERTs are read, as signals
         self.slot.start_streaming(start, options)
         self.status.state = SourceState.STREAMING
+
+    def _on_signal(self, signal: SnapshotSignal) -> None:
+        """A signal read from the stream (capture/signals.py): re-snapshot those tables."""
+        self.request_snapshot(list(signal.tables), origin=signal.origin)
 
     def _chunked(self, conn: Any, context: SnapshotContext | None, *, fresh: bool, db: str) -> None:
         """The chunked-snapshot engine, its context resumed (or started: a new slot), tables

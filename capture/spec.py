@@ -10,7 +10,7 @@ from tributary.capture import envelope as env
 
 __all__ = ["CHUNK_ROWS", "SourceSpec"]
 
-CHUNK_ROWS = 50_000  # rows per chunk of a chunked snapshot, by default (bench/README.md: bench/chunk_rows.py)
+CHUNK_ROWS = 200_000  # rows per chunk of a chunked snapshot, by default (bench/README.md: bench/capture.py --chunked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,3 +28,5 @@ class SourceSpec:
     snapshot_chunk_rows: int = CHUNK_ROWS
     # Outbox sources: each inserted row → records (capture.outbox), instead of CDC envelopes.
     router: Callable[[dict[str, Any]], list[env.Output]] | None = None
+    # "schema.table" whose INSERTs are signals (capture/signals.py), never captured as records.
+    signal_table: str | None = None

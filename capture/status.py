@@ -10,6 +10,7 @@ import enum
 import json
 import os
 from bisect import bisect_left
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,9 @@ __all__ = [
     "SourceState",
     "SourceStatus",
     "read_status",
+    "snapshot_summary",
+    "snapshot_under_way",
+    "snapshot_view",
     "write_status",
     "STATUS_FILE",
 ]
@@ -115,3 +119,48 @@ def read_status(root: Path) -> dict[str, Any] | None:
         return dict(json.loads((root / STATUS_FILE).read_text()))
     except FileNotFoundError:
         return None
+
+
+def snapshot_under_way(entry: Mapping[str, Any]) -> bool:
+    """A source's status entry (`SourceStatus.to_json()`, or the status file's) shows a snapshot
+    being taken: a consistent one (state `snapshotting`) or a chunked one beside the stream
+    (tables pending)."""
+    return entry.get("state") == SourceState.SNAPSHOTTING.value or bool(entry.get("snapshot_tables_pending"))
+
+
+def snapshot_summary(entry: Mapping[str, Any]) -> str | None:
+    """One line on the snapshot under way, None when there is none: table, method, chunks and
+    rows done of estimated, tables pending (`capture status`, the live display)."""
+    if not snapshot_under_way(entry):
+        return None
+    method = entry.get("snapshot_method")
+    parts = [f"snapshot{f' ({method})' if method else ''}"]
+    table = entry.get("snapshot_table")
+    pending = [t for t in entry.get("snapshot_tables_pending") or () if t != table]
+    if table:
+        parts.append(str(table))
+    if entry.get("snapshot_chunk"):
+        parts.append(f"chunk {entry['snapshot_chunk']:,}")
+    done, total = entry.get("snapshot_rows_done", 0), entry.get("snapshot_rows_total", 0)
+    if total:
+        parts.append(f"{done:,}/~{total:,} rows ({100 * done // max(total, 1)}%)")
+    elif done:
+        parts.append(f"{done:,} rows")
+    if pending:
+        shown = ", ".join(pending[:3]) + (f" +{len(pending) - 3}" if len(pending) > 3 else "")
+        parts.append(f"pending {shown}")
+    return " ".join(parts)
+
+
+def snapshot_view(entry: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The snapshot under way as one object (`GET /sources`, `capture status --json`), None when none."""
+    if not snapshot_under_way(entry):
+        return None
+    return {
+        "method": entry.get("snapshot_method") or "consistent",
+        "table": entry.get("snapshot_table"),
+        "chunks_done": entry.get("snapshot_chunk", 0),
+        "rows_done": entry.get("snapshot_rows_done", 0),
+        "rows_estimated": entry.get("snapshot_rows_total", 0),
+        "tables_pending": list(entry.get("snapshot_tables_pending") or ()),
+    }

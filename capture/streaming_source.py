@@ -10,19 +10,25 @@ key, value, headers: tests/integration/capture/test_insert_templates.py):
   deletes, truncates, messages, an outbox's rows, a table's first INSERT (which teaches its
   template), a value a template is not sure of.
 
+Signals (capture/signals.py) are recognised here, where they were committed: a logical message
+with prefix `tributary.signal` and an INSERT into the source's signal table become a call of
+`on_signal` (the session's `request_snapshot`); neither is written to the log. A malformed signal
+is a warning, never a stop.
+
 The source never commits or confirms: it reports each commit point (`handle` returns True) and
 keeps the positions in an `OffsetContext` (capture/offsets.py), which the daemon's commit reads.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from itertools import groupby
 from typing import Any
 
 from tributary.capture import envelope as env
-from tributary.capture import wal2json
+from tributary.capture import signals, wal2json
 from tributary.capture.catalog import ColumnHistory
 from tributary.capture.chunked import WATERMARK_PREFIX
 from tributary.capture.insert_template import SPLIT, table_tag, table_tags
@@ -37,6 +43,8 @@ from tributary.capture.template_cache import TemplateCache
 __all__ = ["RUN_CHANGES", "StreamingSource"]
 
 RUN_CHANGES = 200  # INSERTs held back to be encoded column-wise in one go
+
+log = logging.getLogger(__name__)
 
 
 class StreamingSource:
@@ -53,9 +61,14 @@ class StreamingSource:
         db: str,
         clock: Callable[[], float] = time.time,
         templates: bool = True,
+        on_signal: Callable[[signals.SnapshotSignal], None] | None = None,
     ) -> None:
-        """`templates=False` sends every change down the generic path (tests hold the two equal)."""
+        """`templates=False` sends every change down the generic path (tests hold the two equal).
+        `on_signal`: called with each valid signal where the stream reads it (it may raise
+        ValueError to refuse one: logged as a warning)."""
         self.spec = spec
+        self.on_signal = on_signal
+        self.signal_table = tuple(spec.signal_table.split(".", 1)) if spec.signal_table else None
         self.staging = staging
         self.tables = tables
         self.offsets = offsets
@@ -158,6 +171,12 @@ class StreamingSource:
             return False
         now_ms = int(self.clock() * 1000)
         if isinstance(parsed, wal2json.Change):
+            if self.signal_table is not None and (parsed.schema, parsed.table) == self.signal_table:
+                if parsed.action == "I":
+                    row = {c["name"]: c.get("value") for c in parsed.raw_columns}
+                    self._signal(lambda: signals.from_row(row, table=f"{parsed.schema}.{parsed.table}"))
+                    self._tx["changes"] = self._tx.get("changes", 0) + 1  # a commit point: the request's
+                return False
             if not self.matches(parsed.schema, parsed.table):
                 return False
             if self.spec.router is not None:
@@ -198,7 +217,11 @@ class StreamingSource:
         elif isinstance(parsed, wal2json.LogicalMessage):
             if parsed.prefix == WATERMARK_PREFIX:
                 return self._watermark(parsed)
-            self._stage(env.message_envelope(parsed, **self._context()), now_ms)
+            if parsed.prefix == signals.SIGNAL_PREFIX:
+                message = parsed
+                self._signal(lambda: signals.from_message(message.content, lsn=str(message.lsn or "")))
+            else:
+                self._stage(env.message_envelope(parsed, **self._context()), now_ms)
             if not offsets.in_transaction and parsed.lsn is not None:
                 # A non-transactional message stands alone: it is its own commit point.
                 self.staging.flush()
@@ -207,6 +230,18 @@ class StreamingSource:
                 return True
             self._tx["changes"] = self._tx.get("changes", 0) + 1
         return False
+
+    def _signal(self, parse: Callable[[], signals.SnapshotSignal]) -> None:
+        """Parse a signal and hand it on; a malformed or refused one is a warning, never a stop."""
+        try:
+            signal = parse()
+            if self.on_signal is None:
+                raise ValueError("this source takes no signals")
+            self.on_signal(signal)
+        except ValueError as exc:
+            log.warning("source %s: signal ignored: %s", self.spec.name, exc)
+            return
+        log.info("source %s: snapshot of %s requested (%s)", self.spec.name, ", ".join(signal.tables), signal.origin)
 
     def _watermark(self, message: wal2json.LogicalMessage) -> bool:
         """A chunked snapshot's high watermark (capture/chunked.py): never a record of its own;

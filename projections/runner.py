@@ -32,6 +32,7 @@ from tributary.projections.arrow_copy import distinct_keys, output_lines
 from tributary.projections.definition import Projection
 from tributary.projections.engine import applies_truncates, decide, merges_partitions, truncate_points
 from tributary.projections.errors import LockedError, ProjectionError, RunError
+from tributary.projections.executors import check_log_root
 from tributary.projections.job import (
     TRUNCATE_COLUMNS,
     TRUNCATE_SCHEMA,
@@ -42,7 +43,7 @@ from tributary.projections.job import (
 )
 from tributary.projections.loader import file_stamps, load_current, resolve
 from tributary.projections.source import records_frame
-from tributary.projections.spark import aggregation_session, get_session
+from tributary.projections.spark import aggregation_session, get_session, local_cores
 from tributary.projections.store import BuildRow, Store
 
 __all__ = [
@@ -71,6 +72,7 @@ class RunSettings:
     mirror: tuple[str, ...] = ()
     schema: str = "views"
     spark_master: str = "local[*]"
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
     shuffle_partitions: int = 4
     split_bytes: int = 16 << 20
     max_passes: int = 5
@@ -87,6 +89,7 @@ class RunSettings:
             mirror=tuple(pr.mirror),
             schema=pr.schema_,
             spark_master=pr.spark_master,
+            spark_conf=dict(pr.spark_conf),
         )
 
 
@@ -304,8 +307,24 @@ def _deliver(
     return items.unionByName(deliveries(truncates, holders.distinct())), new_points
 
 
+_SEEN_ROOTS: set[tuple[str, str]] = set()  # (Spark application, log root) pairs whose executors see the root
+
+
 def _session(s: RunSettings, spark: Any) -> Any:
-    return spark if spark is not None else get_session(s.spark_master, shuffle_partitions=s.shuffle_partitions)
+    """The session of a run; on a cluster, first (once per application and log root) a check that
+    every executor sees the log root."""
+    sess = (
+        spark
+        if spark is not None
+        else get_session(s.spark_master, shuffle_partitions=s.shuffle_partitions, conf=s.spark_conf)
+    )
+    sc = sess.sparkContext
+    if local_cores(sc.master) is None:  # local masters run their tasks on this host
+        seen = (str(sc.applicationId), str(s.log_root))
+        if seen not in _SEEN_ROOTS:
+            check_log_root(sess, s.log_root)
+            _SEEN_ROOTS.add(seen)
+    return sess
 
 
 class _Locked:

@@ -1,6 +1,8 @@
 """One SparkSession per process, from config, tuned for a small machine.
 
-UI off, few shuffle partitions, AQE off, quiet logs and a loopback address keep start-up short.
+UI off, few shuffle partitions, AQE off, quiet logs and a loopback address keep start-up short;
+`conf` (`[projections] spark_conf`) is applied last, so any of them can be overridden (a cluster
+sets `spark.driver.host` to an address its executors can reach).
 Python workers do not see `sys.path` edits: they import `tributary` from the installed package,
 and the driver's PYTHONPATH (if any) travels to them as `spark.executorEnv.PYTHONPATH`.
 
@@ -79,7 +81,8 @@ def _stderr_to(path: Path) -> Iterator[None]:
 
 
 def get_session(master: str = "local[*]", *, shuffle_partitions: int = 4, conf: Mapping[str, str] | None = None) -> Any:
-    """The process's SparkSession (created on first use; later calls return the same one)."""
+    """The process's SparkSession (created on first use; later calls return the same one).
+    `conf` goes on top of the defaults: its settings win."""
     global _SESSION
     with _LOCK:
         if _SESSION is not None:

@@ -1,4 +1,4 @@
-"""`tributary init`, `tributary capture` and `tributary capture status`."""
+"""`tributary init`, `tributary capture`, `tributary capture status` and `tributary capture snapshot`."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from tributary.api.settings.log import cleaner_policy, kafka_options
 from tributary.api.settings.sources import source_specs, source_statuses
 from tributary.capture.daemon import CaptureDaemon, DaemonOptions
 from tributary.capture.prerequisites import Outcome, check_source
-from tributary.capture.status import SourceStatus
+from tributary.capture.status import SourceStatus, snapshot_summary
 
 __all__ = ["register"]
 
@@ -213,14 +213,7 @@ class _LiveStatus:
         width = max((len(s.name) for s in sources), default=0)
         for s in sources:
             state = s.state.value
-            if state == "snapshotting" and s.snapshot_rows_total:
-                detail = (
-                    f"snapshot {s.snapshot_table + ' ' if s.snapshot_table else ''}"
-                    f"{s.snapshot_rows_done:,}/{s.snapshot_rows_total:,} rows "
-                    f"({100 * s.snapshot_rows_done // max(s.snapshot_rows_total, 1)}%)"
-                )
-            else:
-                detail = f"lsn {s.last_lsn or '-'}"
+            detail = snapshot_summary(s.to_json()) or f"lsn {s.last_lsn or '-'}"
             lines.append(
                 self._line(
                     (f"{s.name:<{width}}  ", "bold"),
@@ -243,16 +236,16 @@ def status(
     config: ConfigOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """Each source's state, positions, slot lag and snapshot progress."""
+    """Each source's state, positions, slot lag and the snapshot under way (table, method, chunks and
+    rows done of estimated, tables pending), which a chunked snapshot shows beside streaming."""
     pid, rows = source_statuses(settings_from(config))
     if as_json:
         typer.echo(json.dumps({"pid": pid, "sources": rows}, indent=1))
         return
     console = make_console()
     for r in rows:
-        snap = ""
-        if r.get("snapshot_rows_total"):
-            snap = f" snapshot {r.get('snapshot_rows_done', 0):,}/{r['snapshot_rows_total']:,}"
+        summary = snapshot_summary(r)
+        snap = f" {summary}" if summary else ""
         lag = r["slot_lag_bytes"]
         line = (
             f"{r.get('state')} slot={r.get('slot')} lsn={r.get('last_lsn')} "
@@ -266,6 +259,74 @@ def status(
         console.print(
             f"[bold]{literal(r['name'])}[/] {literal(line)}" + (f" [red]{literal(error)}[/]" if error else "")
         )
+
+
+@capture_app.command("snapshot")
+def snapshot(
+    tables: Annotated[list[str], typer.Argument(metavar="TABLE", help="schema.table to re-read (one or more).")],
+    config: ConfigOption = None,
+    source: Annotated[
+        str | None, typer.Option("--source", help="The [[sources]] name (needed when there are several).")
+    ] = None,
+) -> None:
+    """Re-snapshot tables, chunked, beside streaming: their rows arrive again as `op: "r"` records.
+
+    Writes a signal into the source database's WAL (a transactional logical message), so the
+    request is durable and ordered with the stream: a running capture acts on it when it reads
+    that point, a stopped one when it next starts."""
+    import psycopg
+
+    from tributary.capture.routing import TableFilter
+    from tributary.capture.signals import SIGNAL_PREFIX, BadSignal, qualified_table, snapshot_message
+    from tributary.capture.slot import sql_connection
+
+    settings = settings_from(config)
+    specs = source_specs(settings)
+    if source is not None:
+        spec = next((s for s in specs if s.name == source), None)
+        if spec is None:
+            known = ", ".join(s.name for s in specs) or "none configured"
+            raise UserError(f"unknown source {source!r} (sources: {known})")
+    elif len(specs) == 1:
+        spec = specs[0]
+    elif not specs:
+        raise UserError("no [[sources]] configured: nothing to snapshot")
+    else:
+        raise UserError(f"several sources ({', '.join(s.name for s in specs)}): say which with --source NAME")
+    try:
+        names = [qualified_table(t) for t in tables]
+    except BadSignal as exc:
+        raise UserError(str(exc)) from None
+    exclude = (*spec.exclude, spec.signal_table) if spec.signal_table else spec.exclude
+    captured = TableFilter(spec.include, exclude)
+    for name in names:
+        if not captured.matches(*name.split(".", 1)):
+            raise UserError(
+                f"table {name} is not captured by source {spec.name!r} (include = {list(spec.include)}, "
+                f"exclude = {list(exclude)})"
+            )
+    try:
+        with sql_connection(spec.dsn, label=spec.name) as conn:
+            for name in names:
+                row = conn.execute(
+                    "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
+                    tuple(name.split(".", 1)),
+                ).fetchone()
+                if row is None:
+                    raise UserError(f"table {name} does not exist in source {spec.name!r}")
+            with conn.transaction():
+                lsn = conn.execute(
+                    "SELECT pg_logical_emit_message(true, %s, %s)::text", (SIGNAL_PREFIX, snapshot_message(names))
+                ).fetchone()
+    except psycopg.Error as exc:  # e.g. EXECUTE on pg_logical_emit_message revoked from the role
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"source {spec.name!r}: cannot write the signal: {first}") from None
+    at = lsn[0] if lsn else "?"
+    typer.echo(
+        f"snapshot of {', '.join(names)} requested from source {spec.name} (WAL {at}): "
+        "capture re-reads it, chunked, when it reaches that point"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -19,10 +19,12 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.registry import Collector
 
 from tributary.capture.log import Log, LogError
-from tributary.capture.status import ERROR_KINDS, SourceState, read_status
+from tributary.capture.status import ERROR_KINDS, SourceState, read_status, snapshot_under_way
 from tributary.consumers import GroupCoordinator
 
 __all__ = ["Metrics"]
+
+_SNAPSHOT_METHODS = ("consistent", "chunked")  # `[[sources]] snapshot_method`: a bounded label
 
 
 class Metrics:
@@ -48,6 +50,30 @@ class Metrics:
             + ", ".join(ERROR_KINDS)
             + "); the reason is in GET /sources",
             ["source", "kind"],
+            registry=r,
+        )
+        self.snapshot_running = Gauge(
+            "tributary_capture_snapshot_running",
+            "1 while the source takes a snapshot by that method (consistent, chunked)",
+            ["source", "method"],
+            registry=r,
+        )
+        self.snapshot_rows = Gauge(
+            "tributary_capture_snapshot_rows", "Rows read by the snapshot under way", ["source"], registry=r
+        )
+        self.snapshot_rows_estimated = Gauge(
+            "tributary_capture_snapshot_rows_estimated",
+            "Rows the snapshot under way expects (the catalog's estimate)",
+            ["source"],
+            registry=r,
+        )
+        self.snapshot_chunks = Gauge(
+            "tributary_capture_snapshot_chunks", "Chunks done by the chunked snapshot under way", ["source"], registry=r
+        )
+        self.snapshot_tables_pending = Gauge(
+            "tributary_capture_snapshot_tables_pending",
+            "Tables the snapshot under way has still to read (the one being read included)",
+            ["source"],
             registry=r,
         )
         self.slot_lag = Gauge(
@@ -149,6 +175,7 @@ class Metrics:
             failing = s.get("state") in (SourceState.FAILED.value, SourceState.RECONNECTING.value)
             for kind in ERROR_KINDS:
                 self.source_error.labels(s["name"], kind).set(1 if failing and s.get("error_kind") == kind else 0)
+            self._snapshot(s)
             if isinstance(s.get("slot_lag_bytes"), int):
                 self.slot_lag.labels(s["name"]).set(s["slot_lag_bytes"])
         try:
@@ -203,6 +230,18 @@ class Metrics:
         for g in summary:
             self.consumer_members.labels(g["group"]).set(g["members"])
             self.consumer_generation.labels(g["group"]).set(g["generation"])
+
+    def _snapshot(self, s: Mapping[str, Any]) -> None:
+        """The snapshot under way, zero when none (a chunked one runs while the state is streaming)."""
+        name = s["name"]
+        running = snapshot_under_way(s)
+        method = s.get("snapshot_method") or "consistent"
+        for m in _SNAPSHOT_METHODS:
+            self.snapshot_running.labels(name, m).set(1 if running and method == m else 0)
+        self.snapshot_rows.labels(name).set(s.get("snapshot_rows_done", 0) if running else 0)
+        self.snapshot_rows_estimated.labels(name).set(s.get("snapshot_rows_total", 0) if running else 0)
+        self.snapshot_chunks.labels(name).set(s.get("snapshot_chunk", 0) if running else 0)
+        self.snapshot_tables_pending.labels(name).set(len(s.get("snapshot_tables_pending") or ()) if running else 0)
 
     def _refresh_projections(self, settings: Any, dsn: str | None, rebuilds: Iterable[Mapping[str, Any]]) -> None:
         from tributary.projections.runner import RunSettings, status

@@ -145,6 +145,11 @@ class SourceSettings(_Section):
         default="initial", description="Initial snapshot policy."
     )
     partitions: int | None = Field(default=None, ge=1, le=1024, description="Partitions per topic.")
+    signal_table: str | None = Field(
+        default=None,
+        pattern=r"^[^.\s\"*?\[\]]+\.[^.\s\"*?\[\]]+$",
+        description="schema.table of a signal table (id, type, data) in the source: an INSERT of type 'execute-snapshot' re-snapshots tables.",
+    )
     snapshot_method: Literal["consistent", "chunked"] = Field(
         default="consistent",
         description="consistent: one transaction at the slot's start; chunked: key chunks beside streaming.",
@@ -173,6 +178,11 @@ class CaptureSettings(_Section):
 
 class ProjectionSettings(_Section):
     spark_master: str = Field(default="local[*]", description="Spark master URL.")
+    spark_conf: dict[str, str] = Field(
+        default={},
+        description="Any Spark setting, applied when the session is built and winning over the defaults (e.g. "
+        "spark.driver.host for executors on other hosts; `config show` masks secrets).",
+    )
     modules: tuple[str, ...] = Field(default=(), description="Projection files or modules.")
     schema_: str = Field(default="views", alias="schema", description="Schema of derived tables.")
     mirror: tuple[str, ...] = Field(default=(), description="Captured topics to mirror as tables.")

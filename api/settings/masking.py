@@ -1,4 +1,5 @@
-"""Settings as they may be shown (`tributary config show`): API keys and DSN passwords masked.
+"""Settings as they may be shown (`tributary config show`): API keys, DSN passwords and secret
+Spark settings masked.
 
 Masking works on each value, not on the rendered text, so the output stays valid JSON whatever a
 password contains (quotes, spaces, `@`)."""
@@ -34,9 +35,15 @@ def mask_dsn(text: str) -> str:
     return f"{url['scheme']}{netloc}{rest}"
 
 
+# Spark's own `spark.redaction.regex` default: the settings whose values its UI and logs hide.
+_SPARK_SECRET = re.compile(r"(?i)secret|password|token|access[.]?key")
+
+
 def _mask(value: Any, key: str | None) -> Any:
     if isinstance(value, dict) and key in ("headers", "client"):  # a sink's headers, Kafka's client settings
         return {k: MASK for k in value}
+    if isinstance(value, dict) and key == "spark_conf":
+        return {k: MASK if _SPARK_SECRET.search(k) else _mask(v, k) for k, v in value.items()}
     if isinstance(value, dict):
         return {k: _mask(v, k) for k, v in value.items()}
     if isinstance(value, list):
@@ -48,6 +55,7 @@ def _mask(value: Any, key: str | None) -> Any:
 
 def masked(settings: BaseModel) -> dict[str, Any]:
     """The settings as JSON-ready data (keys as the TOML spells them), every API key (a `key`
-    field) and every password in a DSN or URL replaced by ***."""
+        field) and every password in a DSN or URL and every `spark_conf` value whose key names a secret (Spark's
+    redaction pattern) replaced by ***."""
     data: dict[str, Any] = _mask(settings.model_dump(mode="json", by_alias=True), None)
     return data

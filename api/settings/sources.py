@@ -11,7 +11,7 @@ from tributary.api.settings.config import Settings
 from tributary.capture.outbox import OUTBOX_TABLE, route_event
 from tributary.capture.replication import connect_options
 from tributary.capture.source import SourceSpec
-from tributary.capture.status import read_status
+from tributary.capture.status import read_status, snapshot_view
 
 __all__ = ["OUTBOX_SOURCE", "outbox_spec", "slot_lag_bytes", "source_specs", "source_statuses"]
 
@@ -45,6 +45,7 @@ def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[Sourc
             exclude=s.exclude,
             snapshot=s.snapshot,
             partitions=s.partitions or settings.log.partitions,
+            signal_table=s.signal_table,
             snapshot_method=s.snapshot_method,
             snapshot_chunk_rows=s.snapshot_chunk_rows,
         )
@@ -76,12 +77,13 @@ def source_statuses(
     settings: Settings, current: dict[str, Any] | None = None
 ) -> tuple[int | None, list[dict[str, Any]]]:
     """(capture pid, one entry per source): the daemon's last status (`current`, else read from the
-    status file) plus the live slot lag."""
+    status file) plus the live slot lag and `snapshot`, the snapshot under way (or None)."""
     current = current or read_status(settings.log.root) or {"pid": None, "sources": []}
     by_name = {s["name"]: s for s in current.get("sources", [])}
     rows = []
     for spec in source_specs(settings, with_outbox=True):
         entry = dict(by_name.get(spec.name, {"name": spec.name, "slot": spec.slot, "state": "never started"}))
         entry["slot_lag_bytes"] = slot_lag_bytes(spec)
+        entry["snapshot"] = snapshot_view(entry)  # the snapshot under way, consistent or chunked
         rows.append(entry)
     return current.get("pid"), rows

@@ -85,6 +85,20 @@ def test_chunked_records_equal_the_consistent_snapshots(fresh_db: str, tmp_path:
     assert source["snapshot_tables_pending"] == [] and source["snapshot_rows_read"] == 3 * 2500
 
 
+def test_a_table_of_whole_chunks_still_marks_its_last_row(fresh_db: str, tmp_path: Path) -> None:
+    """200 rows in chunks of 100: the second chunk reaches the table's end, so it is the last one
+    and carries the snapshot's "last" mark (an empty third chunk would carry nothing)."""
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE whole (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO whole SELECT i, 'v' || i FROM generate_series(1, 200) i")
+    config = _chunked(write_config(tmp_path / "k.toml", dsn=fresh_db, log_root=tmp_path / "k", name="shop"), 100)
+    res = cli("capture", "--config", str(config), "--until-idle", "1", timeout=300)
+    assert res.returncode == 0, res.stderr
+    got = _by_key(tmp_path / "k", "shop.public.whole")
+    markers = [orjson.loads(v)["source"]["snapshot"] for _, v in got.values()]
+    assert len(got) == 200 and markers.count("last") == 1
+
+
 def _spec(name: str, dsn: str, **extra: Any) -> SourceSpec:
     fields: dict[str, Any] = {
         "name": name,
