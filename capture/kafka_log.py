@@ -125,6 +125,8 @@ class KafkaLog:
                 continue
             policy: Literal["delete", "compact", "none"] = "delete" if name.endswith(".messages") else "compact"
             found[name] = self._known.get(name) or TopicConfig(partitions=len(meta.partitions), policy=policy)
+        for name, cfg in self._known.items():  # created here, maybe not in the metadata yet
+            found.setdefault(name, cfg)
         return found
 
     def create_topic(self, name: str, config: TopicConfig | None = None) -> TopicConfig:
