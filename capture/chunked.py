@@ -8,7 +8,8 @@ them, so a chunk row never overwrites a newer streamed change:
    staged to it from now on is collected by transaction (`Staging.watch`).
 2. Off the loop (a thread, its own connection), one REPEATABLE READ transaction reads
    `pg_current_snapshot()` and the chunk — the rows whose key is past the last key read, up to
-   `snapshot_chunk_rows` of them — and commits; then a *watermark* goes into the WAL
+   `snapshot_chunk_rows` of them, never past the table's largest key when its first chunk was read
+   (later rows are in the stream) — and commits; then a *watermark* goes into the WAL
    (`pg_logical_emit_message(false, 'tributary.watermark', …)`, non-transactional).
 3. When the stream reaches the watermark, every transaction visible to the chunk's snapshot has
    been streamed. The chunk's rows are staged there, minus each key that a transaction the
@@ -81,6 +82,9 @@ class SnapshotContext:
 
     pending: list[str] = field(default_factory=list)  # tables to read, the first being read
     last: list[str | None] | None = None  # the last key read of pending[0] (PostgreSQL text values)
+    # pending[0]'s largest key when its first chunk was read: rows past it were inserted later and
+    # are in the stream, so the chunks stop there (else a table growing at its end is chased forever)
+    high: list[str | None] | None = None
     phase: str = "rows"  # of pending[0]: "rows", then "absent" (its topic's keys checked)
     check: list[str] = field(default_factory=list)  # pending tables whose topic's keys are checked after
     done: list[str] | None = field(default_factory=list)  # tables ever snapshotted; None: unknown
@@ -93,6 +97,7 @@ class SnapshotContext:
             {
                 "pending": self.pending,
                 "last": self.last,
+                "high": self.high,
                 "phase": self.phase,
                 "check": self.check,
                 "done": self.done,
@@ -108,6 +113,7 @@ class SnapshotContext:
         return cls(
             pending=list(doc.get("pending") or []),
             last=doc.get("last"),
+            high=doc.get("high"),
             phase=str(doc.get("phase") or "rows"),
             check=list(doc.get("check") or []),
             done=None if doc.get("done") is None else list(doc["done"]),
@@ -134,6 +140,7 @@ class _Job:
     units: list[Any] = field(default_factory=list)  # rows: encoded units; absent: keys absent
     rows: int = 0
     upper: list[str | None] | None = None  # the chunk's last key (text), None: the table's end
+    high: list[str | None] | None = None  # the table's largest key at its first chunk (`SnapshotContext.high`)
     checked: str | None = None  # absent: the last key of the batch
     final: bool = False  # the last chunk (or batch) of the phase
     encoder: env.SnapshotEncoder | None = None
@@ -310,6 +317,7 @@ class ChunkedSnapshot:
             partitions=partitions,
         )
         last, checked = self.context.last, self.context.checked
+        job.high = self.context.high if last is not None else None
         job.thread = threading.Thread(
             target=self._read, args=(job, last, checked), name=f"capture-chunk-{self.spec.name}", daemon=True
         )
@@ -382,11 +390,11 @@ class ChunkedSnapshot:
         if job.final:
             name = info.qualified
             if name in ctx.check:
-                ctx.phase, ctx.last, ctx.checked = "absent", None, None
+                ctx.phase, ctx.last, ctx.checked, ctx.high = "absent", None, None, None
             else:
                 self._table_done(name)
         else:
-            ctx.last = job.upper
+            ctx.last, ctx.high = job.upper, job.high
 
     def _stage_absent(self, job: _Job, newer: set[bytes]) -> None:
         ctx = self.context
@@ -411,7 +419,7 @@ class ChunkedSnapshot:
             ctx.done = []
         if name not in ctx.done:
             ctx.done.append(name)
-        ctx.last, ctx.checked, ctx.phase = None, None, "rows"
+        ctx.last, ctx.checked, ctx.phase, ctx.high = None, None, "rows", None
         if not ctx.pending:
             ctx.rows = ctx.chunks = 0
             self.status.snapshot_table = None
@@ -531,22 +539,35 @@ class ChunkedSnapshot:
                 )
             )
 
+        order = sql.SQL(", ").join(cols)
+        texts = sql.SQL(", ").join(sql.SQL("{}::text").format(c) for c in cols)
+        if job.high is None:  # the table's first chunk: its largest key now bounds the snapshot
+            top = reader.connection.execute(
+                sql.SQL("SELECT {} FROM {} ORDER BY {} LIMIT 1").format(
+                    texts, table, sql.SQL(", ").join(sql.SQL("{} DESC").format(c) for c in cols)
+                )
+            ).fetchone()
+            if top is None:  # an empty table: one chunk of nothing
+                job.units, job.rows, job.plan, job.upper, job.final = [], 0, None, None, True
+                return
+            job.high = list(top)
         after = sql.SQL("{} > {}").format(key_tuple, literal(last)) if last is not None else None
+        until = sql.SQL("{} <= {}").format(key_tuple, literal(job.high))
         n = self.spec.snapshot_chunk_rows
-        # The chunk's last key, and whether any row follows it: a chunk that reaches the table's
-        # end is the last one (its last row marked), even when the table holds a multiple of n rows.
-        bound = sql.SQL("SELECT {} FROM {}{} ORDER BY {} LIMIT 2 OFFSET {}").format(
-            sql.SQL(", ").join(sql.SQL("{}::text").format(c) for c in cols),
+        # The chunk's last key, and whether a row up to `high` follows it: a chunk that reaches
+        # `high` is the last one (its last row marked), even when the table holds a multiple of n rows.
+        bound = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {} LIMIT 2 OFFSET {}").format(
+            texts,
             table,
-            sql.SQL("") if after is None else sql.SQL(" WHERE ") + after,
-            sql.SQL(", ").join(cols),
+            until if after is None else sql.SQL("{} AND {}").format(after, until),
+            order,
             sql.Literal(n - 1),
         )
         found = reader.connection.execute(bound).fetchall()
-        row = list(found[0]) if len(found) == 2 else None  # None: the rest of the table
+        row = list(found[0]) if len(found) == 2 else None  # None: the rest, up to `high`
         job.upper = row
         job.final = row is None
-        parts = [after, None if row is None else sql.SQL("{} <= {}").format(key_tuple, literal(row))]
+        parts = [after, until if row is None else sql.SQL("{} <= {}").format(key_tuple, literal(row))]
         conds = [p for p in parts if p is not None]
         reader.where = sql.SQL(" AND ").join(conds) if conds else None
         try:

@@ -3,8 +3,9 @@ events), list, describe, reset (docs/consumers.md).
 
 The group coordinator (`tributary.consumers.GroupCoordinator`) is synchronous psycopg; every call runs
 in a worker thread. Waiting for records never polls the database: a pull or a stream sleeps on the log
-watcher (`LogChanges`), which re-reads the log's manifest every `[consumers] poll_interval_ms` while
-someone waits. A stream reads at most `[consumers] stream_batch_records` ahead of what its client has
+watcher (`LogChanges`), which re-reads the log's manifest when it is replaced (inotify) and every
+`[consumers] poll_interval_ms` while someone waits. A stream checks its membership against the database
+only on rebalance notices or once per beat (`GroupCoordinator.stream_fetch`). A stream reads at most `[consumers] stream_batch_records` ahead of what its client has
 taken (the next batch is read only when the previous one was handed to the connection), so a slow
 client holds only its own stream.
 """
@@ -35,6 +36,7 @@ from tributary.consumers import (
     NotAssigned,
     NotFound,
     OffsetOutOfRange,
+    StreamCursor,
     UnknownMember,
 )
 
@@ -360,19 +362,19 @@ async def _events(
 ) -> AsyncIterator[bytes]:
     loop = asyncio.get_running_loop()
     quiet_since = loop.time()
+    cursor = StreamCursor(group, member_id, generation, positions)
     yield b"retry: 1000\n\n"
     while not changes.closed:
         try:
-            batch = await _run(
-                coordinator.fetch, group, member_id, generation, max_records=batch_records, positions=positions
-            )
+            batch = await _run(coordinator.stream_fetch, cursor, max_records=batch_records)
         except Fenced:
             try:
                 hb = await _run(coordinator.heartbeat, group, member_id, generation)
             except UnknownMember as gone:
                 yield _sse_error(gone)
                 return
-            generation = hb.generation
+            generation = cursor.generation = hb.generation
+            cursor.assignments = None
             for tp in [tp for tp in positions if tp not in hb.assignments]:
                 del positions[tp]  # moved away: its new member starts at the committed offset
             data = {"generation": generation, "assignments": _assignments(hb.assignments)}

@@ -323,7 +323,8 @@ class ConsumerSettings(_Section):
         default=20,
         ge=1,
         le=1000,
-        description="How often waiting pulls and streams look for newly committed records (only while someone waits).",
+        description="How often waiting pulls and streams re-read the log's manifest in any case, only while "
+        "someone waits (on Linux they also wake as soon as it is replaced).",
     )
     stream_batch_records: int = Field(
         default=500,

@@ -16,6 +16,7 @@ from tributary.consumers.coordinator import (
     Membership,
     OffsetReset,
     ResetTarget,
+    StreamCursor,
 )
 from tributary.consumers.errors import (
     ConsumerError,
@@ -45,6 +46,7 @@ __all__ = [
     "OffsetOutOfRange",
     "OffsetReset",
     "ResetTarget",
+    "StreamCursor",
     "TopicPartition",
     "UnknownMember",
     "assign",

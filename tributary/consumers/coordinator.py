@@ -13,6 +13,7 @@ Thread-safe: each call takes its own pooled connection. The log is read outside 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -37,6 +38,7 @@ from tributary.consumers.errors import (
     UnknownMember,
 )
 from tributary.consumers.logview import LogView
+from tributary.consumers.notices import CHANNEL, RebalanceNotices
 
 __all__ = [
     "OFFSET_RESETS",
@@ -46,6 +48,7 @@ __all__ = [
     "Membership",
     "OffsetReset",
     "ResetTarget",
+    "StreamCursor",
 ]
 
 log = logging.getLogger(__name__)
@@ -90,6 +93,26 @@ class Batch:
     version: int = 0
     resets: list[dict[str, Any]] = field(default_factory=list)
     session_timeout_ms: int = 10_000  # the member's: a waiting caller calls again well within it
+    assignments: list[TopicPartition] = field(default_factory=list)
+    auto_offset_reset: OffsetReset = "latest"
+    auto_commit: bool = False
+
+
+@dataclass(slots=True)
+class StreamCursor:
+    """Where one stream of a member stands (`GroupCoordinator.stream_fetch` reads and updates it): its
+    generation, its delivery positions, and what the last check against the database answered."""
+
+    group: str
+    member_id: str
+    generation: int
+    positions: dict[TopicPartition, int] = field(default_factory=dict)
+    assignments: list[TopicPartition] | None = None  # None: not checked yet
+    auto_offset_reset: OffsetReset = "latest"
+    session_timeout_ms: int = 10_000
+    checked_at: float = 0.0  # time.monotonic() of the last check
+    notices: tuple[int, int] = (-1, -1)  # RebalanceNotices.seen(group) before the last check
+    checks: int = 0  # how many batches asked the database (for tests and diagnostics)
 
 
 @dataclass(slots=True)
@@ -121,8 +144,10 @@ class GroupCoordinator:
             dsn, min_size=1, max_size=max_connections, timeout=10, open=True, kwargs={"autocommit": True}
         )
         self._turn = 0  # rotates the partition a fetch reads first, so none starves the others
+        self.notices = RebalanceNotices(dsn)  # started by the first stream
 
     def close(self) -> None:
+        self.notices.close()
         self.pool.close()
         self.view.close()
 
@@ -287,7 +312,14 @@ class GroupCoordinator:
         if positions is not None:
             for p in parts:
                 p.position = positions.get((p.topic, p.partition))
-        batch = Batch(generation, version=version, session_timeout_ms=timeout)
+        batch = Batch(
+            generation,
+            version=version,
+            session_timeout_ms=timeout,
+            assignments=[(p.topic, p.partition) for p in parts],
+            auto_offset_reset=reset,
+            auto_commit=auto_commit,
+        )
         before = {(p.topic, p.partition): p.position for p in parts}
         for p in parts:
             self._resolve(group, p, reset, batch)
@@ -311,24 +343,89 @@ class GroupCoordinator:
                 due = [(tp, pos) for tp, pos in commits.items() if committed[tp] != pos]
                 if due:
                     self._write_offsets(cur, group, member_id, generation, due)
-                for r in batch.resets:
-                    cur.execute(
-                        "INSERT INTO consumers.out_of_range AS x (group_id, topic, partition, position, start_offset, "
-                        "end_offset, action, member_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
-                        "ON CONFLICT (group_id, topic, partition) DO UPDATE SET at = now(), position = "
-                        "excluded.position, start_offset = excluded.start_offset, end_offset = excluded.end_offset, "
-                        "action = excluded.action, member_id = excluded.member_id",
-                        (
-                            group,
-                            r["topic"],
-                            r["partition"],
-                            r["position"],
-                            r["start"],
-                            r["end"],
-                            r["action"],
-                            member_id,
-                        ),
-                    )
+                self._record_resets(cur, group, member_id, batch.resets)
+        return batch
+
+    def _record_resets(
+        self, cur: psycopg.Cursor[Any], group: str, member_id: str, resets: list[dict[str, Any]]
+    ) -> None:
+        for r in resets:
+            cur.execute(
+                "INSERT INTO consumers.out_of_range AS x (group_id, topic, partition, position, start_offset, "
+                "end_offset, action, member_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (group_id, topic, partition) DO UPDATE SET at = now(), position = "
+                "excluded.position, start_offset = excluded.start_offset, end_offset = excluded.end_offset, "
+                "action = excluded.action, member_id = excluded.member_id",
+                (
+                    group,
+                    r["topic"],
+                    r["partition"],
+                    r["position"],
+                    r["start"],
+                    r["end"],
+                    r["action"],
+                    member_id,
+                ),
+            )
+
+    def stream_fetch(self, cursor: StreamCursor, *, max_records: int = 500, max_bytes: int = 1 << 20) -> Batch:
+        """A stream's next records, like `fetch` with the stream's own positions, but without a database
+        round trip per batch: the member's generation and assignments are checked against the database
+        (which also counts as its heartbeat) on the first call, at least every quarter of its session
+        timeout (at most a second), as soon as a rebalance of its group is announced (`RebalanceNotices`),
+        whenever a position is not inside the retained offsets, and every time while no announcement can
+        be received or the member auto-commits. Between checks a rebalance can be noticed up to one
+        announcement late: records of a partition that just moved away may then be delivered to both
+        members (at-least-once; a stale member's commit is still refused by `commit`)."""
+        self.notices.start()
+        seen = self.notices.seen(cursor.group)
+        if self._stale(cursor, seen):
+            return self._stream_check(cursor, seen, max_records=max_records, max_bytes=max_bytes)
+        self.view.refresh_if_older(self.poll_interval_s)
+        version = self.view.version
+        assert cursor.assignments is not None
+        parts = [_Partition(t, p, cursor.positions.get((t, p)), None) for t, p in cursor.assignments]
+        for p in parts:
+            start, end = self.view.bounds(p.topic, p.partition)
+            if p.position is None or not start <= p.position <= end:
+                return self._stream_check(cursor, seen, max_records=max_records, max_bytes=max_bytes)
+        batch = Batch(
+            cursor.generation,
+            version=version,
+            session_timeout_ms=cursor.session_timeout_ms,
+            assignments=list(cursor.assignments),
+            auto_offset_reset=cursor.auto_offset_reset,
+        )
+        self._read(cursor.group, parts, cursor.auto_offset_reset, batch, max_records=max_records, max_bytes=max_bytes)
+        if batch.resets:
+            with self._tx() as cur:
+                self._check_member(cur, cursor.group, cursor.member_id, cursor.generation, share=True)
+                self._record_resets(cur, cursor.group, cursor.member_id, batch.resets)
+        cursor.positions.update({(p.topic, p.partition): p.position for p in parts if p.position is not None})
+        return batch
+
+    def _stale(self, cursor: StreamCursor, seen: tuple[int, int]) -> bool:
+        if cursor.assignments is None or seen[0] < 0 or seen != cursor.notices:
+            return True
+        return time.monotonic() - cursor.checked_at >= min(1.0, cursor.session_timeout_ms / 4000)
+
+    def _stream_check(self, cursor: StreamCursor, seen: tuple[int, int], *, max_records: int, max_bytes: int) -> Batch:
+        checked_at = time.monotonic()
+        batch = self.fetch(
+            cursor.group,
+            cursor.member_id,
+            cursor.generation,
+            max_records=max_records,
+            max_bytes=max_bytes,
+            positions=cursor.positions,
+        )
+        cursor.checks += 1
+        cursor.checked_at = checked_at
+        cursor.notices = seen
+        cursor.session_timeout_ms = batch.session_timeout_ms
+        cursor.auto_offset_reset = batch.auto_offset_reset
+        # an auto-committing member commits on every fetch: keep asking the database each time
+        cursor.assignments = None if batch.auto_commit else batch.assignments
         return batch
 
     def _resolve(self, group: str, p: _Partition, reset: OffsetReset, batch: Batch) -> None:
@@ -645,6 +742,7 @@ class GroupCoordinator:
             # with no member left, the layout stays the last generation's: the topics a reset applies to
             (generation, Jsonb(counts if subscriptions else layout), group),
         )
+        cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, group))  # delivered when the rebalance commits
         log.info("consumer group %s: generation %d, %d member(s)", group, generation, len(plan))
         return generation
 

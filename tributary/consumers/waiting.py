@@ -1,7 +1,9 @@
 """Waking long polls and streams when the log's committed end moves, without busy-waiting.
 
-One task per process re-reads the log's manifest every `interval_s` while anyone waits (and not at
-all otherwise); a waiter sleeps on an event that the task sets when a committed end moved.
+One task per process re-reads the log's manifest while anyone waits (and not at all otherwise): at
+once when the manifest is replaced (the log's commit point; Linux inotify, `ManifestWatch`), and every
+`interval_s` in any case (elsewhere, or while the log's directory does not exist yet, that poll is all
+there is). A waiter sleeps on an event that the task sets when a committed end moved.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 
+from tributary.consumers.dirwatch import ManifestWatch
 from tributary.consumers.logview import LogView
 
 __all__ = ["LogChanges"]
@@ -24,6 +27,8 @@ class LogChanges:
         self._event = asyncio.Event()
         self._waiters = 0
         self._task: asyncio.Task[None] | None = None
+        self._poke = asyncio.Event()  # set by the manifest watch: re-read the manifest now
+        self.watch = ManifestWatch(view.root, self._poke.set)
         self.closed = False  # set when the server stops: streams end instead of waiting on
 
     async def wait(self, seen: int, timeout_s: float) -> bool:
@@ -44,6 +49,8 @@ class LogChanges:
     async def _watch(self) -> None:
         failure = None
         while self._waiters > 0:
+            self.watch.ensure()
+            self._poke.clear()  # before the read: a commit during it wakes the next round at once
             try:
                 changed = await asyncio.to_thread(self.view.refresh)
                 failure = None
@@ -57,7 +64,8 @@ class LogChanges:
             if changed:
                 event, self._event = self._event, asyncio.Event()
                 event.set()
-            await asyncio.sleep(self.interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), self.interval_s)
 
     def end_waits(self) -> None:
         """Wake every waiter now and for good (the server is stopping)."""
@@ -67,6 +75,7 @@ class LogChanges:
 
     async def close(self) -> None:
         self.end_waits()
+        self.watch.close()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -200,6 +200,42 @@ def test_other_sources_stream_while_a_slow_chunked_snapshot_runs(
     assert _compacted(config, "slow.public.items") == _table(fresh_db, "items")
 
 
+def test_a_table_growing_at_its_end_is_not_chased_forever(
+    fresh_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each chunk of 100 rows lets 200 rows with larger keys in: the chunks stop at the table's
+    largest key when its first chunk was read (the later rows arrive through the stream), so the
+    snapshot ends while the table keeps growing, and the topic equals the table."""
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(TABLES["items"])
+        conn.execute(FILL["items"].format(n=300))
+    grown = [300]
+
+    def grow(table: str, phase: str) -> None:
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute(FILL["items"].replace("1, {n}", "%s::int, %s::int"), (grown[0] + 1, grown[0] + 200))
+        grown[0] += 200
+
+    monkeypatch.setattr(ChunkedSnapshot, "after_read", grow)
+    spec = _spec("shop", fresh_db)
+    daemon = CaptureDaemon([spec], DaemonOptions(log_root=tmp_path / "log", default_partitions=3))
+    runner = threading.Thread(target=daemon.run)
+    runner.start()
+    try:
+        session = daemon.sessions[0]
+        wait_for(lambda: session.status.snapshot_rows_done > 0, timeout=60, what="the first chunk")
+        wait_for(lambda: not session.snapshotting, timeout=60, what="the snapshot's end")
+        assert session.status.snapshot_rows_read < grown[0]
+        monkeypatch.setattr(ChunkedSnapshot, "after_read", None)
+        time.sleep(1.5)  # the last inserts streamed and committed
+    finally:
+        daemon.request_stop()
+        runner.join(timeout=60)
+        _drop_slots(fresh_db, spec)
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log")
+    assert _compacted(config, "shop.public.items") == _table(fresh_db, "items")
+
+
 def test_kill_9_mid_chunked_snapshot_resumes_from_the_last_committed_chunk(fresh_db: str, tmp_path: Path) -> None:
     total = 200_000
     with psycopg.connect(fresh_db, autocommit=True) as conn:

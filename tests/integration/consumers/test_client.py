@@ -234,3 +234,49 @@ def test_kill_9_a_member_then_the_server(fresh_db: str, tmp_path: Path) -> None:
             got.extend((r.partition, r.offset) for r in c.poll(200))
         assert committed and set(got) == expected and len(got) == len(expected)
     filler.close()
+
+
+def test_stream_follows_the_log_and_resumes_across_a_server_restart(fresh_db: str, tmp_path: Path) -> None:
+    """`Consumer.stream()`: records pushed as they are committed; the server stops and starts again
+    mid-stream (nothing committed by the consumer): the stream reconnects with Last-Event-ID and
+    hands out every record exactly once, in offset order per partition."""
+    run_migrations(fresh_db)
+    filler = Filler(tmp_path / "log")
+    filler.topic(TOPIC, partitions=3)
+    filler.write(TOPIC, [(f"k{i}", {"id": i}) for i in range(30)])
+    port = free_port()
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", port=port)
+    url = f"http://127.0.0.1:{port}"
+    consumer = Consumer(url, group="s", topics=[TOPIC], auto_offset_reset="earliest", timeout_s=30)
+    got: list[tuple[int, int, int]] = []
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            for record in consumer.stream():
+                got.append((record.partition, record.offset, record.value["id"]))
+                if len(got) >= 90:
+                    return
+        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+            failed.append(exc)
+
+    reader = threading.Thread(target=read)
+    with served(config, port, err_path=tmp_path / "serve1.err"):
+        reader.start()
+        _wait("the first 30 records", lambda: len(got) >= 30 or bool(failed), 30)
+        filler.write(TOPIC, [(f"k{i}", {"id": i}) for i in range(30, 60)])
+        _wait("records committed while streaming", lambda: len(got) >= 60 or bool(failed), 30)
+    filler.write(TOPIC, [(f"k{i}", {"id": i}) for i in range(60, 90)])  # while no server runs
+    with served(config, port, err_path=tmp_path / "serve2.err"):
+        reader.join(60)
+        assert not failed, failed
+        assert not reader.is_alive()
+        assert sorted(i for _, _, i in got) == list(range(90))  # none lost, none handed out twice
+        for p in range(3):
+            offsets = [o for q, o, _ in got if q == p]
+            assert offsets == list(range(len(offsets)))
+        consumer.commit()
+        consumer.close()
+        with Consumer(url, group="s", topics=[TOPIC]) as again:
+            assert again.poll(timeout_ms=500) == []
+    filler.close()

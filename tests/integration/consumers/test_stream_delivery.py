@@ -1,0 +1,131 @@
+"""How a stream learns about its group without a database round trip per batch (rebalance notices),
+and how a waiting stream learns that the log committed (the manifest watch), against a real
+PostgreSQL and a real log."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.capture.helpers import wait_for
+from tests.integration.projections.helpers import LogWriter
+from tributary.consumers import Fenced, GroupCoordinator, LogChanges, StreamCursor
+from tributary.eventstore.migrate import run_migrations
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "events.account"
+
+
+@pytest.fixture
+def service(fresh_db: str) -> str:
+    run_migrations(fresh_db)
+    return fresh_db
+
+
+@pytest.fixture
+def writer(tmp_path: Path) -> Iterator[LogWriter]:
+    w = LogWriter(tmp_path / "log")
+    w.topic(TOPIC, partitions=4)
+    yield w
+    w.close()
+
+
+@pytest.fixture
+def coordinator(service: str, tmp_path: Path, writer: LogWriter) -> Iterator[GroupCoordinator]:
+    with GroupCoordinator(service, tmp_path / "log", poll_interval_ms=0, auto_offset_reset="earliest") as c:
+        yield c
+
+
+def write(writer: LogWriter, n: int, *, start: int = 0) -> None:
+    for i in range(start, start + n):
+        writer.append(TOPIC, f"acct-{i % 10}", i, "Deposited", 1_700_000_000_000 + i, amount=i)
+    writer.commit()
+
+
+def listening(c: GroupCoordinator) -> None:
+    c.notices.start()
+    wait_for(lambda: c.notices.listening, timeout=10, what="the rebalance listener")
+
+
+def test_a_stream_asks_the_database_only_when_it_must(coordinator: GroupCoordinator, writer: LogWriter) -> None:
+    write(writer, 200)
+    listening(coordinator)
+    m = coordinator.join("g", [TOPIC], member_id="a", session_timeout_ms=60_000)
+    cursor = StreamCursor("g", "a", m.generation)
+    got: list[tuple[int, int]] = []
+    batches = 0
+    started = time.monotonic()
+    while batch := coordinator.stream_fetch(cursor, max_records=5):
+        if not batch.records:
+            break
+        batches += 1
+        got += [(r.partition, r.offset) for r in batch.records]
+    assert len(got) == 200 == len(set(got))
+    for p in range(4):
+        offsets = [o for q, o in got if q == p]
+        assert offsets == list(range(len(offsets)))  # every partition in offset order, from its start
+    # one check per beat (a second at most) instead of one per batch
+    assert batches >= 40
+    assert cursor.checks <= 2 + int(time.monotonic() - started)
+
+
+def test_a_rebalance_reaches_an_open_stream_through_its_notice(
+    service: str, tmp_path: Path, coordinator: GroupCoordinator, writer: LogWriter
+) -> None:
+    write(writer, 40)
+    listening(coordinator)
+    a = coordinator.join("g", [TOPIC], member_id="a", session_timeout_ms=60_000)
+    cursor = StreamCursor("g", "a", a.generation)
+    first = coordinator.stream_fetch(cursor, max_records=1000)
+    assert len(first.records) == 40 and cursor.checks == 1
+    with GroupCoordinator(service, tmp_path / "log", auto_offset_reset="earliest") as other:  # another process
+        b = other.join("g", [TOPIC], member_id="b", session_timeout_ms=60_000)
+        joined = time.monotonic()
+        with pytest.raises(Fenced) as fenced:
+            while time.monotonic() - joined < 5:
+                coordinator.stream_fetch(cursor, max_records=1000)
+        # well before the stream's next check by the clock (a second after the previous one)
+        assert time.monotonic() - joined < 0.6
+        assert fenced.value.generation == b.generation
+        with pytest.raises(Fenced):  # and the stale generation still cannot commit
+            coordinator.commit("g", "a", a.generation, [(TOPIC, 0, 1)])
+
+
+def test_without_notices_every_batch_asks_the_database(coordinator: GroupCoordinator, writer: LogWriter) -> None:
+    write(writer, 30)
+    coordinator.notices.close()  # never listens from now on
+    m = coordinator.join("g", [TOPIC], member_id="a", session_timeout_ms=60_000)
+    cursor = StreamCursor("g", "a", m.generation)
+    batches = 0
+    while coordinator.stream_fetch(cursor, max_records=4).records:
+        batches += 1
+    assert batches >= 8 and cursor.checks == batches + 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the manifest watch uses Linux inotify")
+def test_a_waiting_stream_wakes_when_the_log_commits_not_on_the_next_poll(
+    coordinator: GroupCoordinator, writer: LogWriter
+) -> None:
+    async def go() -> float:
+        changes = LogChanges(coordinator.view, interval_s=30)  # a poll would come far too late
+        try:
+            coordinator.view.refresh()
+            seen = coordinator.view.version
+            loop = asyncio.get_running_loop()
+            waiting = asyncio.create_task(changes.wait(seen, 20))
+            await asyncio.sleep(0.3)  # the watcher task has read the manifest and sleeps
+            assert changes.watch.active and not waiting.done()
+            started = loop.time()
+            await asyncio.to_thread(write, writer, 1)
+            assert await asyncio.wait_for(waiting, 20)
+            return loop.time() - started
+        finally:
+            await changes.close()
+
+    assert asyncio.run(go()) < 2
