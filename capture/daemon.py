@@ -32,6 +32,7 @@ from tributary.capture.errors import (
     SourceUnreachable,
     TransientSourceError,
 )
+from tributary.capture.kafka_log import KafkaLog, KafkaOptions
 from tributary.capture.log import Cleaner, CleanerPolicy, GroupCommitter, Log, LogError, Mark
 from tributary.capture.replication import Keepalive
 from tributary.capture.slot import sql_connection
@@ -67,6 +68,7 @@ class DaemonOptions:
     max_backoff_s: float = 30.0
     until_idle_s: float | None = None  # exit 0 after this long with no new change
     cleaner: CleanerPolicy | None = None  # background compaction/retention; None = off
+    kafka: KafkaOptions | None = None  # [log] backend = "kafka": records go there (log_root keeps the status)
 
 
 @dataclass(slots=True)
@@ -125,7 +127,9 @@ class CaptureDaemon:
         self._last_status_file = 0.0
         self._rate_window: tuple[float, int] = (clock(), 0)
 
-    def _open_log(self) -> Log:
+    def _open_log(self) -> Log | KafkaLog:
+        if self.opts.kafka is not None:
+            return KafkaLog(self.opts.kafka)
         return Log.open(
             self.opts.log_root,
             writer=True,
@@ -134,7 +138,7 @@ class CaptureDaemon:
         )
 
     def _new_cleaner(self) -> Cleaner | None:
-        if self.opts.cleaner is None:
+        if self.opts.cleaner is None or not isinstance(self.log, Log):  # on Kafka: the broker's
             return None
         return Cleaner(self.log, self.opts.cleaner, pid=os.getpid())
 

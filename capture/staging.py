@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Literal
 
 from tributary.capture import envelope as env
+from tributary.capture.kafka_log import KafkaLog
 from tributary.capture.log import Log, TopicConfig, encode_plain, partition_for, split_partitions
 
 __all__ = ["FLUSH_RECORDS", "Staged", "Staging", "Watch"]
@@ -40,7 +41,7 @@ class Watch:
 class Staging:
     """One source's staged records, by (topic, partition)."""
 
-    def __init__(self, log_: Log, *, partitions: int) -> None:
+    def __init__(self, log_: Log | KafkaLog, *, partitions: int) -> None:
         self.log = log_
         self.new_topic_partitions = partitions
         self.pending: defaultdict[tuple[str, int], list[Staged]] = defaultdict(list)

@@ -18,7 +18,7 @@ from tributary.api.cli.common import ConfigOption, UserError, settings_from
 from tributary.api.cli.output import console as make_console
 from tributary.api.cli.output import is_terminal, literal
 from tributary.api.settings.config import Settings
-from tributary.api.settings.log import cleaner_policy
+from tributary.api.settings.log import cleaner_policy, kafka_options
 from tributary.api.settings.sources import source_specs, source_statuses
 from tributary.capture.daemon import CaptureDaemon, DaemonOptions
 from tributary.capture.prerequisites import Outcome, check_source
@@ -135,6 +135,7 @@ def capture(
         max_backoff_s=settings.capture.max_backoff_s,
         until_idle_s=until_idle,
         cleaner=cleaner_policy(settings),
+        kafka=kafka_options(settings),
     )
     if not is_terminal():  # a service manager, a pipe, a file: its logs only
         logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT, stream=sys.stderr)

@@ -7,13 +7,16 @@ Each command is a thin typer wrapper around the log's admin operations
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from tributary.api.cli.common import ConfigOption
 from tributary.capture.log import LogError
 from tributary.capture.log.admin import CompactedInBackground, cat, compact, repair, topics, verify
+
+if TYPE_CHECKING:
+    from tributary.capture.kafka_log import KafkaOptions
 
 __all__ = ["log_app", "register"]
 
@@ -44,6 +47,16 @@ def _root(root: Path | None, config: Path | None) -> Path:
     return settings_from(config).log.root
 
 
+def _kafka(root: Path | None, config: Path | None) -> KafkaOptions | None:
+    """The config's Kafka cluster when `[log] backend = "kafka"` and no `--root` was given."""
+    if root is not None:
+        return None
+    from tributary.api.cli.common import settings_from
+    from tributary.api.settings.log import kafka_options
+
+    return kafka_options(settings_from(config))
+
+
 # -- typer wrappers -------------------------------------------------------------------------
 
 
@@ -55,7 +68,20 @@ def _fail(exc: Exception) -> typer.Exit:
 @log_app.command("topics")
 def topics_cmd(root: RootOption = None, config: ConfigOption = None) -> None:
     """List topics with their partitions, policy, records (data and schema records apart) and
-    committed offsets."""
+    committed offsets (on Kafka: partitions and end offsets)."""
+    kafka = _kafka(root, config)
+    if kafka is not None:
+        from tributary.capture.kafka_log import kafka_topics
+
+        try:
+            found = kafka_topics(kafka)
+        except LogError as exc:
+            raise _fail(exc) from None
+        if not found:
+            typer.echo("no topics yet", err=True)
+        for t in found:
+            typer.echo(f"{t['topic']}\tpartitions={t['partitions']}\tpolicy=broker\tend_offsets={t['end_offsets']}")
+        return
     root = _root(root, config)
     try:
         rows = topics(root)
@@ -88,6 +114,19 @@ def cat_cmd(
     config: ConfigOption = None,
 ) -> None:
     """Print records as JSON lines: topic, partition, offset, timestamp, key, value, headers."""
+    kafka = _kafka(root, config)
+    if kafka is not None:
+        if follow:
+            raise _fail(LogError("--follow is not supported on the Kafka backend yet (use a Kafka consumer)"))
+        from tributary.capture.kafka_log import kafka_cat
+
+        try:
+            kafka_cat(kafka, topic, partition=partition, from_offset=from_offset, compacted=compacted)
+        except BrokenPipeError:
+            return
+        except LogError as exc:
+            raise _fail(exc) from None
+        return
     root = _root(root, config)
     try:
         cat(

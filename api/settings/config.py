@@ -22,6 +22,7 @@ __all__ = [
     "CaptureSettings",
     "ConsumerSettings",
     "EventStoreSettings",
+    "KafkaLogSettings",
     "ConfigError",
     "LogSettings",
     "ProjectionSettings",
@@ -54,7 +55,38 @@ class ServiceSettings(_Section):
     )
 
 
+class KafkaLogSettings(_Section):
+    """`[log.kafka]`: the Kafka cluster of `[log] backend = "kafka"` (docs/kafka.md)."""
+
+    bootstrap_servers: str = Field(
+        default="127.0.0.1:9092", description="Kafka bootstrap servers (host:port, comma-separated)."
+    )
+    client: dict[str, str] = Field(
+        default={},
+        description="Extra librdkafka client settings, security included (e.g. `security.protocol`, "
+        "`sasl.password`; `config show` masks their values).",
+    )
+    partitions: int = Field(default=4, ge=1, le=100_000, description="Partitions of the topics capture creates.")
+    replication_factor: int = Field(
+        default=3, ge=1, le=32, description="Replication factor of the topics capture creates."
+    )
+    create_topics: bool = Field(
+        default=True,
+        description="Create missing topics (CDC topics compacted, others deleted by retention); false = use "
+        "topics made by someone else, and fail with one line naming a missing one.",
+    )
+    transactional_id: str = Field(
+        default="tributary-capture",
+        min_length=1,
+        description="The capture producer's `transactional.id` (one capture process per id: a new one fences the old).",
+    )
+
+
 class LogSettings(_Section):
+    backend: Literal["local", "kafka"] = Field(
+        default="local",
+        description="Where capture writes: `local` (the log under `root`) or `kafka` (`[log.kafka]`).",
+    )
     root: Path = Field(default=Path(".tributary/log"), description="Directory of the log.")
     partitions: int = Field(default=4, ge=1, le=1024, description="Default partitions per topic.")
     segment_bytes: int = Field(default=134_217_728, ge=4096, le=_MAX_SEGMENT_BYTES, description="Segment roll size.")
@@ -98,6 +130,7 @@ class LogSettings(_Section):
         le=_MAX_MS,
         description="How long a stale Parquet copy stays for readers that planned with it.",
     )
+    kafka: KafkaLogSettings = KafkaLogSettings()
 
 
 class SourceSettings(_Section):

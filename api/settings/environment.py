@@ -80,6 +80,12 @@ def setting_names(model: type[BaseModel]) -> dict[str, tuple[Path_, Any]]:
         for sub_name, sub in section.model_fields.items():
             sub_key = sub.alias or sub_name
             names[f"{ENV_PREFIX}{key.upper()}__{sub_key.upper()}"] = ((key, sub_key), sub.annotation)
+            table = sub.annotation
+            if isinstance(table, type) and issubclass(table, BaseModel):  # a sub-table: `[log.kafka]`
+                for leaf_name, leaf in table.model_fields.items():
+                    leaf_key = leaf.alias or leaf_name
+                    var = f"{ENV_PREFIX}{key.upper()}__{sub_key.upper()}__{leaf_key.upper()}"
+                    names[var] = ((key, sub_key, leaf_key), leaf.annotation)
     return names
 
 
@@ -101,10 +107,12 @@ def _json_kind(annotation: Any) -> str:
 def _put(env: EnvironmentData, path: Path_, value: Any, name: str) -> None:
     """Set `path` to `value`; remember `name` for each key a section's JSON object sets, so an
     error in a key the file set is not blamed on the variable."""
-    if len(path) == 2:
+    if len(path) >= 2:
         section = env.data.setdefault(path[0], {})
+        for part in path[1:-1]:  # a sub-table's key: `[log.kafka]`
+            section = section.setdefault(part, {}) if isinstance(section, dict) else None
         if isinstance(section, dict):  # else the section's variable is not a JSON object: reported then
-            section[path[1]] = value
+            section[path[-1]] = value
             env.provenance[path] = name
     elif isinstance(value, dict):
         env.data[path[0]] = value

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from tributary.api.settings.config import Settings
+from tributary.capture.kafka_log import KafkaOptions
 from tributary.capture.log import CleanerPolicy
 
-__all__ = ["cleaner_policy"]
+__all__ = ["cleaner_policy", "kafka_options"]
 
 
 def cleaner_policy(settings: Settings) -> CleanerPolicy | None:
@@ -21,4 +22,19 @@ def cleaner_policy(settings: Settings) -> CleanerPolicy | None:
         retention_ms=s.retention_ms,
         retention_bytes=s.retention_bytes,
         file_delete_delay_ms=s.file_delete_delay_ms,
+    )
+
+
+def kafka_options(settings: Settings) -> KafkaOptions | None:
+    """`[log.kafka]` as capture's Kafka options when `[log] backend = "kafka"`, else None."""
+    if settings.log.backend != "kafka":
+        return None
+    k = settings.log.kafka
+    return KafkaOptions(
+        bootstrap_servers=k.bootstrap_servers,
+        client=dict(k.client),
+        partitions=k.partitions,
+        replication_factor=k.replication_factor,
+        create_topics=k.create_topics,
+        transactional_id=k.transactional_id,
     )

@@ -40,7 +40,7 @@ _SPARK_SECRET = re.compile(r"(?i)secret|password|token|access[.]?key")
 
 
 def _mask(value: Any, key: str | None) -> Any:
-    if isinstance(value, dict) and key == "headers":  # a sink's request headers carry credentials
+    if isinstance(value, dict) and key in ("headers", "client"):  # a sink's headers, Kafka's client settings
         return {k: MASK for k in value}
     if isinstance(value, dict) and key == "spark_conf":
         return {k: MASK if _SPARK_SECRET.search(k) else _mask(v, k) for k, v in value.items()}

@@ -31,9 +31,13 @@ def _toml(value: Any) -> str:
 
 def _section(model: type[BaseModel], defaults: BaseModel | None, examples: dict[str, str] | None = None) -> list[str]:
     lines = []
+    subsections: list[str] = []
     for name, field in model.model_fields.items():
         key = field.alias or name
         default = getattr(defaults, name) if defaults is not None else field.default
+        if isinstance(default, BaseModel):  # a sub-table (`[log.kafka]`), after the section's keys
+            subsections += ["", f"[{{section}}.{key}]", *_section(type(default), default)]
+            continue
         if key == "keys":
             lines.append(
                 '# keys = [{ key = "…", scopes = ["read", "write", "admin"] }]   # ' + (field.description or "")
@@ -53,7 +57,7 @@ def _section(model: type[BaseModel], defaults: BaseModel | None, examples: dict[
         else:
             line = f"{key} = {_toml(default)}"
         lines.append(line.ljust(43) + f" # {field.description or ''}".rstrip())
-    return lines
+    return lines + subsections
 
 
 def reference() -> str:
@@ -64,7 +68,10 @@ def reference() -> str:
         if name in ("sources", "sinks", "pg_data_dir"):
             continue
         out.append(f"[{name}]")
-        out.extend(_section(field.annotation, getattr(settings, name)))  # type: ignore[arg-type]
+        lines = _section(field.annotation, getattr(settings, name))  # type: ignore[arg-type]
+        out.extend(
+            line.replace("[{section}.", f"[{name}.", 1) if line.startswith("[{section}.") else line for line in lines
+        )
         out.append("")
     out.append("[[sources]]".ljust(43) + " # one per captured database (repeat the table)")
     out.extend(_section(SourceSettings, None))

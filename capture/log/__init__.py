@@ -9,7 +9,8 @@ Writing (one process per root holds the writer lock):
     then `commit` (or `commit_async`, `mark` + `commit(upto=...)`); `GroupCommitter` batches
     commits of concurrent producers. Keys: `canonical_json`, `partition_for` (Kafka's murmur2
     partitioning, `murmur2`, `hashes`, `split_partitions`); bulk writers pre-encode lines with
-    `encode_plain` (rows) or `encode_columns` (Arrow columns). `Cleaner` with a `CleanerPolicy`
+    `encode_plain` (rows) or `encode_columns` (Arrow columns); `decode_line` reads one such line
+    back (another writer, e.g. Kafka's, takes pre-encoded lines that way). `Cleaner` with a `CleanerPolicy`
     compacts and applies retention between batches; `Log.compact`, `Log.enforce_retention` and
     `Log.write_parquet` do it on demand.
 
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from tributary.capture.log import admin
 from tributary.capture.log.cleaner import Cleaner, CleanerPolicy
-from tributary.capture.log.codec import RecordIn, encode_plain
+from tributary.capture.log.codec import RecordIn, decode_line, encode_plain
 from tributary.capture.log.errors import (
     CorruptRecordError,
     DiskFullError,
@@ -97,6 +98,7 @@ __all__ = [
     "admin",
     "canonical_json",
     "copy_records",
+    "decode_line",
     "encode_columns",
     "encode_plain",
     "hashes",

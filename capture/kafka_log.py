@@ -1,0 +1,445 @@
+"""Kafka as capture's log: the writer side of `[log] backend = "kafka"` (docs/kafka.md).
+
+`KafkaLog` offers what the daemon and `Staging` use of `Log` (append per partition, `mark`,
+`commit(positions=…, upto=…)`, `positions()`, `topics()`, `create_topic`, `close`) on ONE
+transactional producer per capture process. Records appended wait in memory until the commit
+that covers them; a commit produces them, and the sources' positions (to the compacted offsets
+topic, key = position name), inside one Kafka transaction: `commit_transaction` is the durable
+commit, and the daemon confirms the slots only after it returned. A crash before it leaves an
+open transaction that the next process's `init_transactions` aborts: `read_committed` consumers
+see each change exactly once. Positions are read back at start from the offsets topic
+(read_committed). Partitioning is the caller's (Kafka's murmur2, as on the local log).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tributary.capture.log import LogError, Mark, Record, RecordIn, TopicConfig, TopicNotFoundError, decode_line
+
+__all__ = ["OFFSETS_TOPIC", "KafkaLog", "KafkaMark", "KafkaOptions", "kafka_cat", "kafka_topics"]
+
+OFFSETS_TOPIC = "__tributary_offsets"
+_TIMEOUT_S = 30.0  # metadata, topic creation, reading the offsets topic back
+
+_Buffered = tuple[str, int, bytes | None, bytes | None, int, bytes | None]
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaOptions:
+    """`[log.kafka]` as capture uses it."""
+
+    bootstrap_servers: str
+    client: Mapping[str, str] = field(default_factory=dict)  # librdkafka settings (security included)
+    partitions: int = 4
+    replication_factor: int = 3
+    create_topics: bool = True
+    transactional_id: str = "tributary-capture"
+    offsets_topic: str = OFFSETS_TOPIC
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaMark(Mark):
+    """How many records had been appended: `commit(upto=…)` produces exactly those."""
+
+    appended: int = 0
+
+
+def kafka_headers(headers: bytes | None) -> list[tuple[str, bytes]] | None:
+    """The log's headers (a JSON object of strings) as Kafka headers."""
+    if headers is None:
+        return None
+    try:
+        parsed = orjson.loads(headers)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict):
+        return [(str(k), v.encode() if isinstance(v, str) else orjson.dumps(v)) for k, v in parsed.items()]
+    return [("tributary.headers", headers)]
+
+
+def _policy_config(name: str, policy: str) -> dict[str, str]:
+    if policy == "compact":
+        return {"cleanup.policy": "compact"}
+    if policy == "none":
+        return {"cleanup.policy": "delete", "retention.ms": "-1"}
+    return {"cleanup.policy": "delete"}
+
+
+def _one_line(exc: BaseException) -> str:
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+
+
+class KafkaLog:
+    """Capture's writer on Kafka (see the module's doc). Not thread-safe: the capture loop's."""
+
+    root = None  # no local files: features that read them say so (docs/kafka.md)
+
+    def __init__(self, options: KafkaOptions) -> None:
+        self.opts = options
+        self.default_partitions = options.partitions
+        base: dict[str, Any] = dict(options.client)
+        base["bootstrap.servers"] = options.bootstrap_servers
+        self._base = base
+        self._buffer: list[_Buffered] = []
+        self._first = 0  # appended records before `_buffer[0]` (committed or dropped)
+        self._positions: dict[str, str] = {}
+        self._closed = False
+        self._known: dict[str, TopicConfig] = {}
+        try:
+            self.producer = Producer(
+                {
+                    **base,
+                    "transactional.id": options.transactional_id,
+                    "enable.idempotence": True,
+                    "linger.ms": 5,
+                    "allow.auto.create.topics": False,
+                }
+            )
+            self.producer.init_transactions(_TIMEOUT_S)  # fences an older capture, aborts its open transaction
+            self._ensure_offsets_topic()
+            self._positions = self._read_positions()
+        except KafkaException as exc:
+            raise LogError(f"Kafka at {options.bootstrap_servers}: {_one_line(exc)}") from None
+
+    # -- topics ---------------------------------------------------------------------------------
+    def _metadata(self, topic: str | None = None) -> Any:
+        try:
+            return self.producer.list_topics(topic, timeout=_TIMEOUT_S)
+        except KafkaException as exc:
+            raise LogError(f"Kafka at {self.opts.bootstrap_servers}: {_one_line(exc)}") from None
+
+    def topics(self) -> dict[str, TopicConfig]:
+        found: dict[str, TopicConfig] = {}
+        for name, meta in self._metadata().topics.items():
+            if name.startswith("__") or meta.error is not None or not meta.partitions:
+                continue
+            policy: Literal["delete", "compact", "none"] = "delete" if name.endswith(".messages") else "compact"
+            found[name] = self._known.get(name) or TopicConfig(partitions=len(meta.partitions), policy=policy)
+        for name, cfg in self._known.items():  # created here, maybe not in the metadata yet
+            found.setdefault(name, cfg)
+        return found
+
+    def create_topic(self, name: str, config: TopicConfig | None = None) -> TopicConfig:
+        """Create `name` (`create_topics = true`), or check that someone else did."""
+        given = config or TopicConfig(partitions=self.default_partitions)
+        cfg = TopicConfig(partitions=self.default_partitions, policy=given.policy)  # [log.kafka] partitions
+        existing = self.topics().get(name)
+        if existing is not None:
+            return existing
+        if not self.opts.create_topics:
+            raise TopicNotFoundError(
+                f"topic {name!r} does not exist on Kafka and [log.kafka] create_topics = false: create it "
+                f"({cfg.partitions} partitions, {_describe(_policy_config(name, cfg.policy))})"
+            )
+        self._create(name, cfg.partitions, _policy_config(name, cfg.policy))
+        self._known[name] = cfg
+        return cfg
+
+    def _create(self, name: str, partitions: int, config: dict[str, str]) -> None:
+        admin = AdminClient(self._base)
+        topic = NewTopic(name, partitions, self.opts.replication_factor, config=config)
+        try:
+            admin.create_topics([topic], request_timeout=_TIMEOUT_S)[name].result(_TIMEOUT_S)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not (isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS):
+                raise LogError(f"cannot create Kafka topic {name!r}: {_one_line(exc)}") from None
+
+    def _ensure_offsets_topic(self) -> None:
+        name = self.opts.offsets_topic
+        meta = self._metadata(name).topics.get(name)
+        if meta is not None and meta.error is None and meta.partitions:
+            return
+        if not self.opts.create_topics:
+            raise TopicNotFoundError(
+                f"the offsets topic {name!r} does not exist on Kafka and [log.kafka] create_topics = false: "
+                "create it (1 partition, cleanup.policy=compact)"
+            )
+        self._create(name, 1, {"cleanup.policy": "compact"})
+
+    def end_offsets(self, topic: str) -> list[int]:
+        """Each partition's high watermark."""
+        meta = self._metadata(topic).topics.get(topic)
+        if meta is None or meta.error is not None:
+            raise TopicNotFoundError(f"no topic {topic!r} on Kafka")
+        consumer = self._consumer()
+        try:
+            return [consumer.get_watermark_offsets(TopicPartition(topic, p), _TIMEOUT_S)[1] for p in meta.partitions]
+        finally:
+            consumer.close()
+
+    # -- positions ------------------------------------------------------------------------------
+    def _consumer(self) -> Consumer:
+        return Consumer(
+            {
+                **self._base,
+                "group.id": f"tributary-capture-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "auto.offset.reset": "earliest",
+            }
+        )
+
+    def _read_positions(self) -> dict[str, str]:
+        """The offsets topic's last committed value per key (read_committed, to its end)."""
+        name = self.opts.offsets_topic
+        meta = self._metadata(name).topics[name]
+        consumer = self._consumer()
+        found: dict[str, str] = {}
+        try:
+            parts = [TopicPartition(name, p, 0) for p in meta.partitions]
+            consumer.assign(parts)
+            pending = {p.partition for p in parts}
+            deadline = time.monotonic() + _TIMEOUT_S
+            while pending:
+                if time.monotonic() > deadline:
+                    raise LogError(f"timed out reading the offsets topic {name!r} from Kafka")
+                msg = consumer.poll(0.5)
+                if msg is None:
+                    continue
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(msg.partition())
+                        continue
+                    raise LogError(f"reading the offsets topic {name!r}: {error.str()}")
+                key = msg.key()
+                if key is None:
+                    continue
+                value = msg.value()
+                if value is None:
+                    found.pop(key.decode(), None)
+                else:
+                    found[key.decode()] = value.decode()
+        finally:
+            consumer.close()
+        return found
+
+    def positions(self) -> dict[str, str]:
+        return dict(self._positions)
+
+    # -- writing --------------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self._closed:
+            raise LogError("the Kafka log is closed")
+
+    def append(self, topic: str, partition: int, records: Sequence[RecordIn]) -> int:
+        """Buffer records for the partition; produced by the commit that covers them."""
+        self._check()
+        first = self._first + len(self._buffer)
+        self._buffer.extend((topic, partition, k, v, ts, h) for k, v, ts, h in records)
+        return first
+
+    def append_encoded(
+        self, topic: str, partition: int, encode: Callable[[int], tuple[bytes, list[int]]], timestamp_ms: int
+    ) -> int:
+        """`append` for lines encoded for the local log (a columnar snapshot), decoded back."""
+        data, _ = encode(0)
+        records = []
+        for line in data.splitlines():
+            _, ts, key, value, headers = decode_line(line)
+            records.append((key, value, ts, headers))
+        return self.append(topic, partition, records)
+
+    def mark(self) -> KafkaMark:
+        self._check()
+        return KafkaMark(appended=self._first + len(self._buffer))
+
+    def commit(self, *, positions: Mapping[str, str] | None = None, upto: Mark | None = None) -> None:
+        """Produce the records appended up to `upto` (all if None) and `positions` in one Kafka
+        transaction and commit it: durable and visible to read_committed consumers on return."""
+        self._check()
+        if upto is None:
+            take = len(self._buffer)
+        else:
+            appended = upto.appended if isinstance(upto, KafkaMark) else 0
+            take = max(0, min(appended - self._first, len(self._buffer)))
+        positions = dict(positions or {})
+        if take == 0 and not positions:
+            return
+        producer = self.producer
+        try:
+            producer.begin_transaction()
+            for topic, partition, key, value, ts, headers in self._buffer[:take]:
+                self._produce(topic, partition, key, value, ts, kafka_headers(headers))
+            for name, position in positions.items():
+                self._produce(self.opts.offsets_topic, 0, name.encode(), position.encode(), None, None)
+            producer.commit_transaction(_TIMEOUT_S)
+        except KafkaException as exc:
+            with contextlib.suppress(KafkaException):  # else the next process's init_transactions aborts it
+                producer.abort_transaction(_TIMEOUT_S)
+            raise LogError(f"Kafka transaction failed: {_one_line(exc)}") from None
+        del self._buffer[:take]
+        self._first += take
+        self._positions.update(positions)
+
+    def _produce(
+        self,
+        topic: str,
+        partition: int,
+        key: bytes | None,
+        value: bytes | None,
+        ts: int | None,
+        headers: list[tuple[str, bytes]] | None,
+    ) -> None:
+        kwargs: dict[str, Any] = {"partition": partition, "key": key, "value": value}
+        if ts is not None:
+            kwargs["timestamp"] = ts
+        if headers:
+            kwargs["headers"] = headers
+        while True:
+            try:
+                self.producer.produce(topic, **kwargs)
+                return
+            except BufferError:
+                self.producer.poll(0.05)  # the local queue is full: let deliveries drain
+
+    def close(self) -> None:
+        """Drop what no commit covered (the sources send it again) and let the producer go."""
+        if self._closed:
+            return
+        self._closed = True
+        self._buffer.clear()
+        self.producer.flush(5)
+
+
+def _describe(config: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in config.items())
+
+
+# -- reading, as `tributary log topics` / `log cat` do on this backend ---------------------------
+
+
+def _reader(options: KafkaOptions) -> Consumer:
+    return Consumer(
+        {
+            **options.client,
+            "bootstrap.servers": options.bootstrap_servers,
+            "group.id": f"tributary-cli-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+    )
+
+
+def kafka_topics(options: KafkaOptions) -> list[dict[str, object]]:
+    """Each topic (internal ones aside): partitions and end offsets (high watermarks, which count
+    transaction markers too)."""
+    consumer = _reader(options)
+    try:
+        meta = consumer.list_topics(timeout=_TIMEOUT_S)
+        rows: list[dict[str, object]] = []
+        for name in sorted(meta.topics):
+            topic = meta.topics[name]
+            if name.startswith("__") or topic.error is not None:
+                continue
+            ends = [
+                consumer.get_watermark_offsets(TopicPartition(name, p), _TIMEOUT_S)[1] for p in sorted(topic.partitions)
+            ]
+            rows.append({"topic": name, "partitions": len(ends), "end_offsets": ends})
+        return rows
+    except KafkaException as exc:
+        raise LogError(f"Kafka at {options.bootstrap_servers}: {_one_line(exc)}") from None
+    finally:
+        consumer.close()
+
+
+def _log_headers(headers: list[tuple[str, bytes]] | None) -> bytes | None:
+    """Kafka headers as the log's (a JSON object of strings)."""
+    if not headers:
+        return None
+    return orjson.dumps({k: v.decode(errors="replace") if v is not None else None for k, v in headers})
+
+
+def kafka_records(
+    options: KafkaOptions, topic: str, *, partition: int | None = None, from_offset: int = 0
+) -> Iterator[Record]:
+    """The committed records of `topic` (read_committed) from `from_offset` to the end now, each
+    partition in offset order."""
+    consumer = _reader(options)
+    try:
+        meta = consumer.list_topics(topic, timeout=_TIMEOUT_S).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise TopicNotFoundError(f"no topic {topic!r} on Kafka at {options.bootstrap_servers}")
+        n = len(meta.partitions)
+        if partition is not None and not 0 <= partition < n:
+            raise LogError(f"topic {topic!r} has partitions 0..{n - 1}, not {partition}")
+        parts = [partition] if partition is not None else list(range(n))
+        consumer.assign([TopicPartition(topic, p, from_offset) for p in parts])
+        pending = set(parts)
+        deadline = time.monotonic() + _TIMEOUT_S
+        while pending:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                if time.monotonic() > deadline:
+                    raise LogError(f"timed out reading {topic!r} from Kafka")
+                continue
+            deadline = time.monotonic() + _TIMEOUT_S
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(msg.partition())
+                    continue
+                raise LogError(f"reading {topic!r} from Kafka: {error.str()}")
+            yield Record(
+                topic=topic,
+                partition=msg.partition(),
+                offset=msg.offset(),
+                timestamp=msg.timestamp()[1],
+                key=msg.key(),
+                value=msg.value(),
+                headers=_log_headers(msg.headers()),
+            )
+    except KafkaException as exc:
+        raise LogError(f"Kafka at {options.bootstrap_servers}: {_one_line(exc)}") from None
+    finally:
+        consumer.close()
+
+
+def kafka_cat(
+    options: KafkaOptions,
+    topic: str,
+    *,
+    partition: int | None = None,
+    from_offset: int = 0,
+    compacted: bool = False,
+    out: Any = None,
+) -> int:
+    """`log cat` on Kafka: one JSON line per committed record (`Record.to_json`), partitions
+    one after the other; `compacted` = the latest record per key. Returns how many."""
+    import sys
+
+    stream = out if out is not None else sys.stdout.buffer
+    records: Iterator[Record] | list[Record] = kafka_records(
+        options, topic, partition=partition, from_offset=from_offset
+    )
+    if compacted:
+        latest: dict[tuple[int, bytes], Record] = {}
+        keyless: list[Record] = []
+        for r in records:
+            if r.key is None:
+                keyless.append(r)
+            else:
+                latest[(r.partition, r.key)] = r
+        records = sorted(
+            [r for r in latest.values() if r.value is not None] + keyless, key=lambda r: (r.partition, r.offset)
+        )
+    written = 0
+    for r in records:
+        stream.write(r.to_json() + b"\n")
+        written += 1
+    stream.flush()
+    return written

@@ -1,0 +1,84 @@
+"""Reading Kafka as a consumer would, and capture configs on the Kafka backend."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+Seen = tuple[str, int, int, bytes | None, bytes | None, list[tuple[str, bytes]] | None, int]
+
+
+def read_committed(bootstraps: str, topics: list[str]) -> list[Seen]:
+    """Every record a read_committed consumer sees in `topics`, from the start to the end:
+    (topic, partition, offset, key, value, headers, timestamp_ms)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstraps,
+            "group.id": f"test-{time.monotonic_ns()}",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        meta = consumer.list_topics(timeout=30)
+        parts = [TopicPartition(t, p, 0) for t in topics if t in meta.topics for p in meta.topics[t].partitions]
+        if not parts:
+            return []
+        consumer.assign(parts)
+        pending = {(p.topic, p.partition) for p in parts}
+        out = []
+        deadline = time.monotonic() + 60
+        while pending and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    pending.discard((msg.topic(), msg.partition()))
+                    continue
+                raise AssertionError(msg.error().str())
+            out.append(
+                (msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), msg.headers(), msg.timestamp()[1])
+            )
+        assert not pending, f"never reached the end of {pending}"
+        return out
+    finally:
+        consumer.close()
+
+
+def write_kafka_config(
+    path: Path, *, dsn: str, log_root: Path, bootstraps: str, create_topics: bool, name: str = "shop"
+) -> Path:
+    """A capture config on the Kafka backend (3 partitions per topic), one source."""
+    path.write_text(
+        f"""
+[log]
+backend = "kafka"
+root = "{log_root}"
+partitions = 3
+linger_ms = 2
+
+[log.kafka]
+bootstrap_servers = "{bootstraps}"
+partitions = 3
+replication_factor = 1
+create_topics = {"true" if create_topics else "false"}
+transactional_id = "capture-{abs(hash(str(log_root))) % 100000}"
+client = {{ "log_level" = "3" }}
+
+[capture]
+status_interval_s = 1.0
+max_backoff_s = 2.0
+capture_eventstore = false
+
+[[sources]]
+name = "{name}"
+dsn = "{dsn}"
+slot = "slot_{name}_{abs(hash(str(log_root))) % 100000}"
+include = ["public.*"]
+"""
+    )
+    return path
