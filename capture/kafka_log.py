@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # its documented home (re-exported)
 
 from tributary.capture.log import LogError, Mark, Record, RecordIn, TopicConfig, TopicNotFoundError, decode_line
 
@@ -357,11 +357,12 @@ def kafka_topics(options: KafkaOptions) -> list[dict[str, object]]:
         consumer.close()
 
 
-def _log_headers(headers: list[tuple[str, bytes]] | None) -> bytes | None:
+def _log_headers(headers: Any) -> bytes | None:
     """Kafka headers as the log's (a JSON object of strings)."""
     if not headers:
         return None
-    return orjson.dumps({k: v.decode(errors="replace") if v is not None else None for k, v in headers})
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    return orjson.dumps({k: (v.decode(errors="replace") if isinstance(v, bytes) else v) for k, v in pairs})
 
 
 def kafka_records(
@@ -394,10 +395,12 @@ def kafka_records(
                     pending.discard(msg.partition())
                     continue
                 raise LogError(f"reading {topic!r} from Kafka: {error.str()}")
+            partition_, offset = msg.partition(), msg.offset()
+            assert partition_ is not None and offset is not None  # a record read has both
             yield Record(
                 topic=topic,
-                partition=msg.partition(),
-                offset=msg.offset(),
+                partition=partition_,
+                offset=offset,
                 timestamp=msg.timestamp()[1],
                 key=msg.key(),
                 value=msg.value(),
