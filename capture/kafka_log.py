@@ -25,6 +25,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # its documented home (re-exported)
 
 from tributary.capture.log import LogError, Mark, Record, RecordIn, TopicConfig, TopicNotFoundError, decode_line
+from tributary.capture.log.admin import latest_per_key
 
 __all__ = ["OFFSETS_TOPIC", "KafkaLog", "KafkaMark", "KafkaOptions", "kafka_cat", "kafka_topics"]
 
@@ -430,16 +431,7 @@ def kafka_cat(
         options, topic, partition=partition, from_offset=from_offset
     )
     if compacted:
-        latest: dict[tuple[int, bytes], Record] = {}
-        keyless: list[Record] = []
-        for r in records:
-            if r.key is None:
-                keyless.append(r)
-            else:
-                latest[(r.partition, r.key)] = r
-        records = sorted(
-            [r for r in latest.values() if r.value is not None] + keyless, key=lambda r: (r.partition, r.offset)
-        )
+        records = latest_per_key(records)  # the local log's `cat --compacted` view
     written = 0
     for r in records:
         stream.write(r.to_json() + b"\n")

@@ -30,6 +30,7 @@ __all__ = [
     "cat",
     "compact",
     "compaction_state",
+    "latest_per_key",
     "repair",
     "topics",
     "verify",
@@ -193,7 +194,7 @@ def _merged(parts: Iterable[Iterator[Record]]) -> Iterator[Record]:
     return heapq.merge(*parts, key=lambda r: (r.timestamp, r.partition, r.offset))
 
 
-def _latest(records: Iterable[Record]) -> list[Record]:
+def latest_per_key(records: Iterable[Record]) -> list[Record]:
     """The table view: the latest record per key (keys whose latest is a tombstone are gone)."""
     latest: dict[tuple[int, bytes], Record] = {}
     keyless: list[Record] = []
@@ -235,7 +236,7 @@ def cat(
             iters = [log.read(topic, p, ends[p], to_offset=stops[p]) for p in parts]
             records: Iterable[Record] = _merged(iters)
             if compacted and first:
-                records = _latest(records)
+                records = latest_per_key(records)
             for r in records:
                 stream.write(r.to_json() + b"\n")
                 written += 1
