@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -32,12 +33,15 @@ from tributary.capture.errors import (
     SourceUnreachable,
     TransientSourceError,
 )
-from tributary.capture.kafka_log import KafkaLog, KafkaOptions
+from tributary.capture.kafka_options import KafkaOptions
 from tributary.capture.log import Cleaner, CleanerPolicy, GroupCommitter, Log, LogError, Mark
 from tributary.capture.replication import Keepalive
 from tributary.capture.slot import sql_connection
 from tributary.capture.source import SourceSession, SourceSpec
 from tributary.capture.status import LatencyHistogram, SourceState, write_status
+
+if TYPE_CHECKING:
+    from tributary.capture.kafka_log import KafkaLog
 
 __all__ = ["CaptureDaemon", "DaemonOptions", "SourcesFailed"]
 
@@ -129,6 +133,8 @@ class CaptureDaemon:
 
     def _open_log(self) -> Log | KafkaLog:
         if self.opts.kafka is not None:
+            from tributary.capture.kafka_log import KafkaLog  # confluent-kafka only when used
+
             return KafkaLog(self.opts.kafka)
         return Log.open(
             self.opts.log_root,

@@ -17,35 +17,22 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # its documented home (re-exported)
 
+from tributary.capture.kafka_options import OFFSETS_TOPIC, KafkaOptions
 from tributary.capture.log import LogError, Mark, Record, RecordIn, TopicConfig, TopicNotFoundError, decode_line
 from tributary.capture.log.admin import latest_per_key
 
 __all__ = ["OFFSETS_TOPIC", "KafkaLog", "KafkaMark", "KafkaOptions", "kafka_cat", "kafka_topics"]
 
-OFFSETS_TOPIC = "__tributary_offsets"
 _TIMEOUT_S = 30.0  # metadata, topic creation, reading the offsets topic back
 
 _Buffered = tuple[str, int, bytes | None, bytes | None, int, bytes | None]
-
-
-@dataclass(frozen=True, slots=True)
-class KafkaOptions:
-    """`[log.kafka]` as capture uses it."""
-
-    bootstrap_servers: str
-    client: Mapping[str, str] = field(default_factory=dict)  # librdkafka settings (security included)
-    partitions: int = 4
-    replication_factor: int = 3
-    create_topics: bool = True
-    transactional_id: str = "tributary-capture"
-    offsets_topic: str = OFFSETS_TOPIC
 
 
 @dataclass(frozen=True, slots=True)

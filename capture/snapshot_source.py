@@ -34,11 +34,10 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tributary.capture import envelope as env
 from tributary.capture.catalog import TableInfo, list_tables
-from tributary.capture.kafka_log import KafkaLog
 from tributary.capture.log import Log, Mark
 from tributary.capture.lsn import Lsn
 from tributary.capture.schema_tracker import SCHEMA_KEY
@@ -48,6 +47,9 @@ from tributary.capture.spec import SourceSpec
 from tributary.capture.staging import Staging
 from tributary.capture.status import SourceState, SourceStatus
 from tributary.capture.tables import SourceTables
+
+if TYPE_CHECKING:
+    from tributary.capture.kafka_log import KafkaLog
 
 __all__ = ["PROGRESS_ROWS", "SnapshotSource", "live_keys"]
 
@@ -71,7 +73,7 @@ def live_keys(log: Log | KafkaLog, topic: str) -> set[bytes]:
 
     On Kafka: none (reading a topic's live keys back is not supported there yet), so a
     re-snapshot emits no deletes for rows gone meanwhile (docs/kafka.md)."""
-    if isinstance(log, KafkaLog):
+    if not isinstance(log, Log):
         if topic in log.topics():
             _log.warning(
                 "%s: rows deleted since the last snapshot get no delete record on Kafka (not supported yet)", topic

@@ -18,13 +18,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tributary.capture import wal2json
 from tributary.capture.catalog import list_tables
 from tributary.capture.chunked import ChunkedSnapshot, SnapshotContext, context_key
 from tributary.capture.errors import SlotLost, SlotMissing
-from tributary.capture.kafka_log import KafkaLog
 from tributary.capture.log import Log, Mark
 from tributary.capture.lsn import Lsn
 from tributary.capture.offsets import OffsetContext
@@ -38,6 +37,9 @@ from tributary.capture.staging import Staging
 from tributary.capture.status import SourceState, SourceStatus
 from tributary.capture.streaming_source import StreamingSource
 from tributary.capture.tables import SourceTables
+
+if TYPE_CHECKING:
+    from tributary.capture.kafka_log import KafkaLog
 
 __all__ = ["SourceSession", "SourceSpec"]
 

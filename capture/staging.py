@@ -11,11 +11,13 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from tributary.capture import envelope as env
-from tributary.capture.kafka_log import KafkaLog
 from tributary.capture.log import Log, TopicConfig, encode_plain, partition_for, split_partitions
+
+if TYPE_CHECKING:
+    from tributary.capture.kafka_log import KafkaLog
 
 __all__ = ["FLUSH_RECORDS", "Staged", "Staging", "Watch"]
 
