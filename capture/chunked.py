@@ -610,8 +610,9 @@ class ChunkedSnapshot:
         assert job.encoder is not None
         name = info.qualified
         if not isinstance(self.staging.log, Log) and (self._live is None or self._live[0] != name):
-            # On Kafka the topic's keys are not read back yet: no key check (docs/kafka.md).
-            self._live = (name, [])
+            from tributary.capture.kafka_read import kafka_live_keys  # a consumer of its own
+
+            self._live = (name, sorted(kafka_live_keys(self.staging.log.opts, job.encoder.topic)))
         if self._live is None or self._live[0] != name:
             # A reader of its own: the loop's writer `Log` is not shared across threads.
             assert isinstance(self.staging.log, Log)  # Kafka's case is above

@@ -31,7 +31,6 @@ made while the slot was gone.
 from __future__ import annotations
 
 import functools
-import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -59,8 +58,6 @@ DELETE_BATCH = 2_000  # a re-snapshot's deletes are staged this many keys at a t
 
 Progress = Callable[[SourceStatus], None]
 
-_log = logging.getLogger(__name__)
-
 RESNAPSHOT_POSITION = str(Lsn.ZERO)  # a re-snapshot under way: a start takes the snapshot again
 
 
@@ -71,14 +68,11 @@ def live_keys(log: Log | KafkaLog, topic: str) -> set[bytes]:
     (`read_split_columns`, as the projections' reader does), record by record only where that
     path refuses.
 
-    On Kafka: none (reading a topic's live keys back is not supported there yet), so a
-    re-snapshot emits no deletes for rows gone meanwhile (docs/kafka.md)."""
+    On Kafka: read back from the topic by a read_committed consumer (capture/kafka_read.py)."""
     if not isinstance(log, Log):
-        if topic in log.topics():
-            _log.warning(
-                "%s: rows deleted since the last snapshot get no delete record on Kafka (not supported yet)", topic
-            )
-        return set()
+        from tributary.capture.kafka_read import kafka_live_keys  # confluent-kafka only when used
+
+        return kafka_live_keys(log.opts, topic)
     if topic not in log.topics():
         return set()
     import pyarrow as pa

@@ -6,7 +6,11 @@ Each command is a thin typer wrapper around the log's admin operations
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -71,7 +75,7 @@ def topics_cmd(root: RootOption = None, config: ConfigOption = None) -> None:
     committed offsets (on Kafka: partitions and end offsets)."""
     kafka = _kafka(root, config)
     if kafka is not None:
-        from tributary.capture.kafka_log import kafka_topics
+        from tributary.capture.kafka_read import kafka_topics
 
         try:
             found = kafka_topics(kafka)
@@ -116,13 +120,20 @@ def cat_cmd(
     """Print records as JSON lines: topic, partition, offset, timestamp, key, value, headers."""
     kafka = _kafka(root, config)
     if kafka is not None:
-        if follow:
-            raise _fail(LogError("--follow is not supported on the Kafka backend yet (use a Kafka consumer)"))
-        from tributary.capture.kafka_log import kafka_cat
+        from tributary.capture.kafka_read import kafka_cat
 
         try:
-            kafka_cat(kafka, topic, partition=partition, from_offset=from_offset, compacted=compacted)
-        except BrokenPipeError:
+            with _until_signalled(follow) as stopped:
+                kafka_cat(
+                    kafka,
+                    topic,
+                    partition=partition,
+                    from_offset=from_offset,
+                    compacted=compacted,
+                    follow=follow,
+                    stop=stopped,
+                )
+        except (BrokenPipeError, KeyboardInterrupt):
             return
         except LogError as exc:
             raise _fail(exc) from None
@@ -143,6 +154,26 @@ def cat_cmd(
         if isinstance(exc, BrokenPipeError):
             return
         raise _fail(exc) from None
+
+
+@contextlib.contextmanager
+def _until_signalled(active: bool) -> Iterator[Callable[[], bool]]:
+    """While active (`--follow`), Ctrl-C and SIGTERM only raise a flag: the reader sees it at its
+    next poll and ends cleanly (its consumer closed, exit 0). The handlers are restored after."""
+    raised: list[int] = []
+    if not active:
+        yield lambda: False
+        return
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        raised.append(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield lambda: bool(raised)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @log_app.command("compact")
@@ -185,7 +216,20 @@ def verify_cmd(
         ),
     ] = False,
 ) -> None:
-    """Read every committed record and check its CRC and order; exit 1 if anything is wrong."""
+    """Read every committed record and check its CRC and order; exit 1 if anything is wrong.
+    On Kafka: the broker checks its own logs; this checks the offsets topic, each source's
+    position and every topic's partitions (a leader each)."""
+    if root is None:
+        from tributary.api.cli.common import settings_from
+        from tributary.api.settings.log import kafka_options
+
+        settings = settings_from(config)
+        kafka = kafka_options(settings)
+        if kafka is not None:
+            if fix:
+                raise _fail(LogError("--repair applies to the local log: on Kafka the broker repairs its own logs"))
+            _verify_kafka(kafka, [s.name for s in settings.sources])
+            return
     root = _root(root, config)
     try:
         if fix:
@@ -202,3 +246,25 @@ def verify_cmd(
         typer.echo(f"tributary: {len(problems)} problem(s) found in {root}", err=True)
         raise typer.Exit(1)
     typer.echo(f"ok: every committed record in {root} is intact")
+
+
+def _verify_kafka(kafka: KafkaOptions, sources: list[str]) -> None:
+    from tributary.capture.kafka_read import kafka_verify
+
+    try:
+        check = kafka_verify(kafka, sources)
+    except LogError as exc:
+        raise _fail(exc) from None
+    for note in check.notes:
+        typer.echo(note)
+    for warning in check.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    for problem in check.problems:
+        typer.echo(f"problem: {problem}", err=True)
+    if check.problems:
+        typer.echo(f"tributary: {len(check.problems)} problem(s) found on Kafka at {kafka.bootstrap_servers}", err=True)
+        raise typer.Exit(1)
+    typer.echo(
+        f"ok: Kafka at {kafka.bootstrap_servers}: the offsets topic and every topic's partitions are in place "
+        "(record checksums are the broker's to check)"
+    )
