@@ -121,18 +121,20 @@ def test_positions_read_back_as_the_writer_reads_them(kafka: KafkaCluster) -> No
         log.close()
 
 
-def _deletes_by_key(records: list[tuple[str, int, int, bytes | None, bytes | None]]) -> dict[bytes, int]:
-    """How many delete records (op "d") each key got (its JSON with sorted keys, as `_table`
-    spells it), each checked to be followed by its tombstone: the next offset, as both are
-    produced one after the other in one transaction."""
+def _deletes_by_key(
+    records: list[tuple[str, int, int, bytes | None, bytes | None]],
+) -> dict[tuple[str, bytes], int]:
+    """How many delete records (op "d") each (topic, key) got (the key's JSON with sorted keys, as
+    `_table` spells it), each checked to be followed by its tombstone: the next offset, as both
+    are produced one after the other in one transaction."""
     position = {(t, p, o): (k, v) for t, p, o, k, v in records}
-    count: dict[bytes, int] = {}
+    count: dict[tuple[str, bytes], int] = {}
     for t, p, o, k, v in records:
         if v is None or b'"op":"d"' not in v:
             continue
         assert k is not None
         assert position.get((t, p, o + 1)) == (k, None), "a delete is followed by its tombstone"
-        key = orjson.dumps(orjson.loads(k), option=orjson.OPT_SORT_KEYS)
+        key = (t, orjson.dumps(orjson.loads(k), option=orjson.OPT_SORT_KEYS))
         count[key] = count.get(key, 0) + 1
     return count
 
@@ -161,11 +163,11 @@ def test_a_resnapshot_on_kafka_deletes_the_rows_removed_meanwhile_exactly_once(
     res = cli("capture", "--config", str(config), "--until-idle", "1", timeout=300)
     assert res.returncode == 0, res.stderr
     assert "taking a new snapshot" in res.stderr
-    gone: set[bytes] = set()
+    gone: set[tuple[str, bytes]] = set()
     for table in TABLES:
         now = _table(fresh_db, table)
         assert _compacted(config, f"shop.public.{table}") == now, table
-        gone |= before[table].keys() - now.keys()
+        gone |= {(f"shop.public.{table}", key) for key in before[table].keys() - now.keys()}
     deleted = _deletes_by_key(_everything(kafka, topics))
     assert gone and set(deleted) == gone, "the rows removed meanwhile, and only those, are deleted"
     assert set(deleted.values()) == {1}, "each delete exactly once"
