@@ -48,7 +48,7 @@ from tributary.capture.status import SourceState, SourceStatus
 from tributary.capture.tables import SourceTables
 
 if TYPE_CHECKING:
-    from tributary.capture.kafka_log import KafkaLog
+    from tributary.capture.kafka_log import KafkaSourceLog
 
 __all__ = ["PROGRESS_ROWS", "SnapshotSource", "live_keys"]
 
@@ -61,7 +61,7 @@ Progress = Callable[[SourceStatus], None]
 RESNAPSHOT_POSITION = str(Lsn.ZERO)  # a re-snapshot under way: a start takes the snapshot again
 
 
-def live_keys(log: Log | KafkaLog, topic: str) -> set[bytes]:
+def live_keys(log: Log | KafkaSourceLog, topic: str) -> set[bytes]:
     """The keys of `topic` whose latest committed record is not a tombstone (schema records and
     keyless records aside): what a compacted read of the topic shows. Holds a bytes object and a
     set slot per key (docs/capture.md says how much). Each split is decoded whole into Arrow columns

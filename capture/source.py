@@ -39,7 +39,7 @@ from tributary.capture.streaming_source import StreamingSource
 from tributary.capture.tables import SourceTables
 
 if TYPE_CHECKING:
-    from tributary.capture.kafka_log import KafkaLog
+    from tributary.capture.kafka_log import KafkaSourceLog
 
 __all__ = ["SourceSession", "SourceSpec"]
 
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 class SourceSession:
     """One source from start-up to close: snapshot if needed, then the stream."""
 
-    def __init__(self, spec: SourceSpec, log_: Log | KafkaLog, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, spec: SourceSpec, log_: Log | KafkaSourceLog, *, clock: Callable[[], float] = time.time) -> None:
         self.spec = spec
         self.clock = clock
         self.status = SourceStatus(name=spec.name, slot=spec.slot)
@@ -59,7 +59,7 @@ class SourceSession:
         self._requests: list[tuple[list[str], str]] = []  # snapshot requests made before `open`
         self.reset(log_)
 
-    def reset(self, log_: Log | KafkaLog) -> None:
+    def reset(self, log_: Log | KafkaSourceLog) -> None:
         """Forget the connection and everything not yet durable, keep the status: after a failure
         the source starts again from the log's position (its uncommitted appends are the daemon's
         to drop), like a new process would."""
@@ -79,7 +79,7 @@ class SourceSession:
         self.stream: StreamingSource | None = None  # once open
         self._chunked_start = False  # the new slot's snapshot is a chunked one
 
-    def rebind(self, log_: Log | KafkaLog) -> None:
+    def rebind(self, log_: Log | KafkaSourceLog) -> None:
         """Append to `log_` from now on: the daemon reopened the log (to drop another source's
         uncommitted appends); this source has nothing uncommitted."""
         self.staging.log = log_
