@@ -612,7 +612,7 @@ class ChunkedSnapshot:
         if not isinstance(self.staging.log, Log) and (self._live is None or self._live[0] != name):
             from tributary.capture.kafka_read import kafka_live_keys  # a consumer of its own
 
-            self._live = (name, sorted(kafka_live_keys(self.staging.log.opts, job.encoder.topic)))
+            self._live = (name, sorted(kafka_live_keys(self.staging.log.kafka.opts, job.encoder.topic)))
         if self._live is None or self._live[0] != name:
             # A reader of its own: the loop's writer `Log` is not shared across threads.
             assert isinstance(self.staging.log, Log)  # Kafka's case is above

@@ -72,7 +72,7 @@ def live_keys(log: Log | KafkaSourceLog, topic: str) -> set[bytes]:
     if not isinstance(log, Log):
         from tributary.capture.kafka_read import kafka_live_keys  # confluent-kafka only when used
 
-        return kafka_live_keys(log.opts, topic)
+        return kafka_live_keys(log.kafka.opts, topic)
     if topic not in log.topics():
         return set()
     import pyarrow as pa
