@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -29,8 +29,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # its documented home (re-exported)
 
 from tributary.capture.kafka_options import OFFSETS_TOPIC, KafkaOptions
-from tributary.capture.log import LogError, Mark, Record, RecordIn, TopicConfig, TopicNotFoundError, decode_line
-from tributary.capture.log.admin import latest_per_key
+from tributary.capture.log import LogError, Mark, RecordIn, TopicConfig, TopicNotFoundError, decode_line
 
 __all__ = [
     "OFFSETS_TOPIC",
@@ -39,8 +38,6 @@ __all__ = [
     "KafkaOptions",
     "KafkaSourceLog",
     "ProducerFenced",
-    "kafka_cat",
-    "kafka_topics",
     "position_owner",
     "transactional_id",
 ]
@@ -427,124 +424,3 @@ class KafkaSourceLog:
 
 def _describe(config: dict[str, str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in config.items())
-
-
-# -- reading, as `tributary log topics` / `log cat` do on this backend ---------------------------
-
-
-def _reader(options: KafkaOptions) -> Consumer:
-    return Consumer(
-        {
-            **options.client,
-            "bootstrap.servers": options.bootstrap_servers,
-            "group.id": f"tributary-cli-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-        }
-    )
-
-
-def kafka_topics(options: KafkaOptions) -> list[dict[str, object]]:
-    """Each topic (internal ones aside): partitions and end offsets (high watermarks, which count
-    transaction markers too)."""
-    consumer = _reader(options)
-    try:
-        meta = consumer.list_topics(timeout=_TIMEOUT_S)
-        rows: list[dict[str, object]] = []
-        for name in sorted(meta.topics):
-            topic = meta.topics[name]
-            if name.startswith("__") or topic.error is not None:
-                continue
-            ends = [
-                consumer.get_watermark_offsets(TopicPartition(name, p), _TIMEOUT_S)[1] for p in sorted(topic.partitions)
-            ]
-            rows.append({"topic": name, "partitions": len(ends), "end_offsets": ends})
-        return rows
-    except KafkaException as exc:
-        raise LogError(f"Kafka at {options.bootstrap_servers}: {_one_line(exc)}") from None
-    finally:
-        consumer.close()
-
-
-def _log_headers(headers: Any) -> bytes | None:
-    """Kafka headers as the log's (a JSON object of strings)."""
-    if not headers:
-        return None
-    pairs = headers.items() if isinstance(headers, dict) else headers
-    return orjson.dumps({k: (v.decode(errors="replace") if isinstance(v, bytes) else v) for k, v in pairs})
-
-
-def kafka_records(
-    options: KafkaOptions, topic: str, *, partition: int | None = None, from_offset: int = 0
-) -> Iterator[Record]:
-    """The committed records of `topic` (read_committed) from `from_offset` to the end now, each
-    partition in offset order."""
-    consumer = _reader(options)
-    try:
-        meta = consumer.list_topics(topic, timeout=_TIMEOUT_S).topics.get(topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            raise TopicNotFoundError(f"no topic {topic!r} on Kafka at {options.bootstrap_servers}")
-        n = len(meta.partitions)
-        if partition is not None and not 0 <= partition < n:
-            raise LogError(f"topic {topic!r} has partitions 0..{n - 1}, not {partition}")
-        parts = [partition] if partition is not None else list(range(n))
-        consumer.assign([TopicPartition(topic, p, from_offset) for p in parts])
-        pending = set(parts)
-        deadline = time.monotonic() + _TIMEOUT_S
-        while pending:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                if time.monotonic() > deadline:
-                    raise LogError(f"timed out reading {topic!r} from Kafka")
-                continue
-            deadline = time.monotonic() + _TIMEOUT_S
-            error = msg.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    pending.discard(msg.partition())
-                    continue
-                raise LogError(f"reading {topic!r} from Kafka: {error.str()}")
-            partition_, offset = msg.partition(), msg.offset()
-            assert partition_ is not None and offset is not None  # a record read has both
-            yield Record(
-                topic=topic,
-                partition=partition_,
-                offset=offset,
-                timestamp=msg.timestamp()[1],
-                key=msg.key(),
-                value=msg.value(),
-                headers=_log_headers(msg.headers()),
-            )
-    except KafkaException as exc:
-        raise LogError(f"Kafka at {options.bootstrap_servers}: {_one_line(exc)}") from None
-    finally:
-        consumer.close()
-
-
-def kafka_cat(
-    options: KafkaOptions,
-    topic: str,
-    *,
-    partition: int | None = None,
-    from_offset: int = 0,
-    compacted: bool = False,
-    out: Any = None,
-) -> int:
-    """`log cat` on Kafka: one JSON line per committed record (`Record.to_json`), partitions
-    one after the other; `compacted` = the latest record per key. Returns how many."""
-    import sys
-
-    stream = out if out is not None else sys.stdout.buffer
-    records: Iterator[Record] | list[Record] = kafka_records(
-        options, topic, partition=partition, from_offset=from_offset
-    )
-    if compacted:
-        records = latest_per_key(records)  # the local log's `cat --compacted` view
-    written = 0
-    for r in records:
-        stream.write(r.to_json() + b"\n")
-        written += 1
-    stream.flush()
-    return written
