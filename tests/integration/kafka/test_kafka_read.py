@@ -85,7 +85,8 @@ def test_live_keys_on_kafka_equal_the_local_logs(kafka: KafkaCluster, tmp_path: 
         batch.append((rng.randrange(3), (None, b'{"keyless":true}', 1_000, None)))
         batches.append(batch)
     local = Log.open(tmp_path / "log", writer=True, fsync=False)
-    remote = KafkaLog(_options(kafka, "live-keys"))
+    kafka_log = KafkaLog(_options(kafka, "live-keys"), ["shop"])
+    remote = kafka_log.source("shop")
     try:
         for log in (local, remote):
             log.create_topic(topic, TopicConfig(partitions=3, policy="compact"))
@@ -99,7 +100,7 @@ def test_live_keys_on_kafka_equal_the_local_logs(kafka: KafkaCluster, tmp_path: 
         got = kafka_live_keys(_options(kafka, "live-keys"), topic)
     finally:
         local.close()
-        remote.close()
+        kafka_log.close()
     model: dict[bytes, bool] = {}
     for batch in batches:
         for _, (key, value, _, _) in batch:
@@ -112,7 +113,7 @@ def test_live_keys_on_kafka_equal_the_local_logs(kafka: KafkaCluster, tmp_path: 
 
 def test_positions_read_back_as_the_writer_reads_them(kafka: KafkaCluster) -> None:
     _prepare(kafka)
-    log = KafkaLog(_options(kafka, "positions"))
+    log = KafkaLog(_options(kafka, "positions"), ["shop", "crm"])
     try:
         log.commit(positions={"shop": "0/10", "crm": "0/20"})
         log.commit(positions={"shop": "0/30"})
@@ -184,10 +185,12 @@ def test_a_resnapshot_on_kafka_deletes_the_rows_removed_meanwhile_exactly_once(
 
 
 def _produce(kafka: KafkaCluster, topic: str, tid: str, keys: list[bytes]) -> None:
-    log = KafkaLog(_options(kafka, tid))
+    log = KafkaLog(_options(kafka, tid), ["shop"])
     try:
         for i, key in enumerate(keys):
-            log.append(topic, partition_for(key, 3), [(key, b'{"n":' + str(i).encode() + b"}", 1_000 + i, None)])
+            log.source("shop").append(
+                topic, partition_for(key, 3), [(key, b'{"n":' + str(i).encode() + b"}", 1_000 + i, None)]
+            )
         log.commit()
     finally:
         log.close()
