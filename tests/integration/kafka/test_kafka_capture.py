@@ -15,11 +15,12 @@ import orjson
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import cli, records, spawn_capture, write_config
+from tests.integration.capture.helpers import cli, records, spawn_capture, wait_for, write_config
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tributary.capture.kafka_log import OFFSETS_TOPIC
 from tributary.capture.log import partition_for
+from tributary.capture.status import read_status
 
 pytestmark = pytest.mark.integration
 
@@ -164,6 +165,13 @@ def test_kill_9_loses_and_duplicates_nothing_for_read_committed(
     assert {k: v[-1] for k, v in per_key.items()} == final_counts  # the compacted state equals the table
 
 
+def _streaming(status_root: Path, pid: int, source: str) -> bool:
+    doc = read_status(status_root) or {}
+    return doc.get("pid") == pid and any(
+        s["name"] == source and s.get("state") == "streaming" for s in doc.get("sources", [])
+    )
+
+
 def test_captures_of_different_sources_run_side_by_side(fresh_db: str, tmp_path: Path, kafka: KafkaCluster) -> None:
     """Two capture processes, one source each, the same transactional-id prefix: each source has
     its own producer, so neither fences the other; each resumes from its own position."""
@@ -186,6 +194,12 @@ def test_captures_of_different_sources_run_side_by_side(fresh_db: str, tmp_path:
         config.write_text(re.sub(r'transactional_id = "[^"]*"', 'transactional_id = "shared"', text))
     procs = {name: spawn_capture(config) for name, config in configs.items()}
     try:
+        for name, proc in procs.items():
+            wait_for(
+                lambda name=name, pid=proc.pid: _streaming(tmp_path / f"status-{name}", pid, name),
+                timeout=60,
+                what=f"{name} streaming",
+            )
         for round_ in range(3):
             with psycopg.connect(fresh_db, autocommit=True) as conn:
                 for i in range(20):
@@ -205,7 +219,7 @@ def test_captures_of_different_sources_run_side_by_side(fresh_db: str, tmp_path:
         assert again.returncode == 0, again.stderr
     seen = read_committed(kafka.bootstraps, ["shop.public.orders", "crm.public.people"])
     for topic in ("shop.public.orders", "crm.public.people"):
-        ids = [orjson.loads(v)["after"]["id"] for t, _, _, _, v, _, _ in seen if t == topic and v and b'"op":"c"' in v]
+        ids = [orjson.loads(v)["after"]["id"] for t, _, _, _, v, _, _ in seen if t == topic and v and b'"op":' in v]
         assert sorted(ids) == list(range(60)), topic
 
 
