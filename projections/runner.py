@@ -447,19 +447,14 @@ def _settings_json(s: RunSettings) -> dict[str, Any]:
     return {f: plain(v) for f in s.__slots__ if (v := getattr(s, f)) is not None}
 
 
-def rebuild_main() -> None:
-    """The child of `rebuild_process`: argv[1] is {"name", "settings"}; reports on stdout."""
-    import json
-    import sys
-
-    args = json.loads(sys.argv[1])
-    raw = args["settings"]
+def _settings_from_json(raw: Mapping[str, Any]) -> RunSettings:
+    """`_settings_json`'s inverse."""
     kafka = None
     if raw.get("kafka") is not None:
         from tributary.capture.kafka_log import KafkaOptions
 
         kafka = KafkaOptions(**raw["kafka"])
-    s = RunSettings(
+    return RunSettings(
         **{
             **raw,
             "log_root": Path(raw["log_root"]),
@@ -468,6 +463,15 @@ def rebuild_main() -> None:
             "kafka": kafka,
         }
     )
+
+
+def rebuild_main() -> None:
+    """The child of `rebuild_process`: argv[1] is {"name", "settings"}; reports on stdout."""
+    import json
+    import sys
+
+    args = json.loads(sys.argv[1])
+    s = _settings_from_json(args["settings"])
 
     def say(msg: dict[str, Any]) -> None:
         sys.stdout.write(_MARK + json.dumps(msg) + "\n")

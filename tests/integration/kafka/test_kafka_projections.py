@@ -139,7 +139,7 @@ def _views(dsn: str) -> dict[str, list[str]]:
     out = {name: dump(dsn, f"views.{name}") for name in NAMES[:2]}
     with psycopg.connect(dsn) as conn:
         out[MIRROR] = [
-            r[0] for r in conn.execute(f"SELECT (id, customer, amount)::text FROM views.{MIRROR} ORDER BY id")
+            r[0] for r in conn.execute(f"SELECT (id, customer, amount)::text FROM views.{MIRROR} ORDER BY 1")
         ]
     return out
 
