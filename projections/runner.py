@@ -411,12 +411,19 @@ def rebuild_process(name: str, settings: RunSettings, *, progress: Progress | No
     args = json.dumps({"name": name, "settings": {**_settings_json(settings)}})
     code = "from tributary.projections.runner import rebuild_main; rebuild_main()"
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code, args], stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1
+        proc = subprocess.Popen(  # the settings on stdin, not argv: DSN and Kafka client secrets stay out of `ps`
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            bufsize=1,
         )
         result: dict[str, Any] | None = None
         failure: str | None = None
-        assert proc.stdout is not None
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(args + "\n")
+        proc.stdin.close()
         for line in proc.stdout:
             if not line.startswith(_MARK):
                 continue
@@ -466,11 +473,11 @@ def _settings_from_json(raw: Mapping[str, Any]) -> RunSettings:
 
 
 def rebuild_main() -> None:
-    """The child of `rebuild_process`: argv[1] is {"name", "settings"}; reports on stdout."""
+    """The child of `rebuild_process`: {"name", "settings"} on stdin (or argv[1]); reports on stdout."""
     import json
     import sys
 
-    args = json.loads(sys.argv[1])
+    args = json.loads(sys.argv[1] if len(sys.argv) > 1 else sys.stdin.readline())
     s = _settings_from_json(args["settings"])
 
     def say(msg: dict[str, Any]) -> None:

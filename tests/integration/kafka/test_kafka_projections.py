@@ -177,6 +177,14 @@ def test_rebuild_and_incremental_runs_read_kafka(
     shown = cli("project", "status", "--json", "--config", str(config))  # as a user asks
     assert shown.returncode == 0, shown.stderr
     assert {r["name"]: r["lag"] for r in orjson.loads(shown.stdout)} == dict.fromkeys(NAMES, 0)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO orders VALUES (46, 'c9', 46), (47, 'c1', 47)")
+    _capture(config)
+    ran = cli("project", "run", "customer_folds", "--config", str(config), timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "customer_folds: caught up" in ran.stdout, ran.stdout
+    want = _expected(fresh_db, [*inserted, (46, "c9", 46), (47, "c1", 47)])
+    assert dump(fresh_db, "views.customer_folds") == want["customer_folds"]
 
 
 def test_the_frame_holds_the_committed_records_of_each_range(
