@@ -37,7 +37,7 @@ import orjson  # noqa: E402
 import psycopg  # noqa: E402
 from confluent_kafka import Producer  # noqa: E402
 
-from tributary.capture.kafka_log import KafkaOptions  # noqa: E402
+from tributary.capture.kafka_options import KafkaOptions  # noqa: E402
 from tributary.capture.log import Log, TopicConfig, canonical_json, partition_for  # noqa: E402
 from tributary.eventstore.migrate import run_migrations  # noqa: E402
 from tributary.projections.records import ms_to_iso  # noqa: E402

@@ -32,7 +32,7 @@ from tributary.projections.loader import resolve
 from tributary.projections.source import TP, RawRecord, _raw_batches, _reader, rows_frame
 
 if TYPE_CHECKING:
-    from tributary.capture.kafka_log import KafkaOptions
+    from tributary.capture.kafka_options import KafkaOptions
 
 __all__ = ["KafkaSource", "offset_ranges"]
 

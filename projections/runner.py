@@ -47,7 +47,7 @@ from tributary.projections.spark import aggregation_session, get_session, local_
 from tributary.projections.store import BuildRow, Store
 
 if TYPE_CHECKING:
-    from tributary.capture.kafka_log import KafkaOptions
+    from tributary.capture.kafka_options import KafkaOptions
 
 __all__ = [
     "RunResult",
@@ -458,7 +458,7 @@ def _settings_from_json(raw: Mapping[str, Any]) -> RunSettings:
     """`_settings_json`'s inverse."""
     kafka = None
     if raw.get("kafka") is not None:
-        from tributary.capture.kafka_log import KafkaOptions
+        from tributary.capture.kafka_options import KafkaOptions
 
         kafka = KafkaOptions(**raw["kafka"])
     return RunSettings(

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tributary.capture.kafka_log import KafkaOptions, kafka_headers
+from tributary.capture.kafka_log import kafka_headers
+from tributary.capture.kafka_options import KafkaOptions
 from tributary.projections.kafka_source import _headers, offset_ranges
 from tributary.projections.runner import RunSettings, _settings_from_json, _settings_json
 
