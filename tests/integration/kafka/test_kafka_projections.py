@@ -23,6 +23,7 @@ from tests.integration.projections.conftest import spark  # noqa: F401  # the su
 from tests.integration.projections.helpers import dump
 from tributary.api.settings.config import load_settings
 from tributary.capture.kafka_log import OFFSETS_TOPIC
+from tributary.capture.log import canonical_json, partition_for
 from tributary.eventstore.migrate import run_migrations
 from tributary.projections.kafka_source import KafkaSource
 from tributary.projections.records import default_event_time
@@ -252,31 +253,40 @@ def test_open_and_aborted_transactions_never_reach_a_view(
 
     config = _setup(tmp_path, fresh_db, kafka)
     s = _settings(config)
+    assert s.kafka is not None
+    source = KafkaSource(s.kafka)
+    open_on = (partition_for(canonical_json({"id": 31}), 3) + 1) % 3  # not where row 31 goes
     producer = Producer({"bootstrap.servers": kafka.bootstraps, "transactional.id": f"t-{uuid.uuid4().hex}"})
-    producer.init_transactions(30)
-    producer.begin_transaction()
-    key, value = _fake_insert(1001)
-    producer.produce(TOPIC, key=key, value=value, partition=0)
-    producer.flush(30)  # an open transaction, on the broker
-    with psycopg.connect(fresh_db, autocommit=True) as conn:
-        conn.execute("INSERT INTO orders VALUES (31, 'c1', 31)")
-    _capture(config)
-    t0 = time.monotonic()
-    for name in NAMES:
-        rebuild(name, s, spark=spark)
-    assert time.monotonic() - t0 < 120  # the open transaction is not waited on
-    inserted = [(g, f"c{g % 4}", g) for g in range(1, 31)] + [(31, "c1", 31)]
-    assert _views(fresh_db) == _expected(fresh_db, inserted)
-    producer.abort_transaction(30)
-    producer.begin_transaction()
-    key, value = _fake_insert(1002)
-    for partition in range(3):
-        producer.produce(TOPIC, key=key, value=value, partition=partition)
-    producer.flush(30)
-    producer.abort_transaction(30)
-    with psycopg.connect(fresh_db, autocommit=True) as conn:
-        conn.execute("INSERT INTO orders VALUES (32, 'c2', 32)")
-    _capture(config)
-    for name in NAMES:
-        run(name, s, spark=spark)
-    assert _views(fresh_db) == _expected(fresh_db, [*inserted, (32, "c2", 32)])
+    try:
+        before = source.ends([TOPIC])
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        key, value = _fake_insert(1001)
+        producer.produce(TOPIC, key=key, value=value, partition=open_on)
+        producer.flush(30)  # an open transaction, on the broker
+        assert source.ends([TOPIC])[(TOPIC, open_on)] == before[(TOPIC, open_on)]  # the last stable offset
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute("INSERT INTO orders VALUES (31, 'c1', 31)")
+        _capture(config)
+        t0 = time.monotonic()
+        for name in NAMES:
+            rebuild(name, s, spark=spark)
+        assert time.monotonic() - t0 < 120  # the open transaction is not waited on
+        inserted = [(g, f"c{g % 4}", g) for g in range(1, 31)] + [(31, "c1", 31)]
+        assert _views(fresh_db) == _expected(fresh_db, inserted)
+        producer.abort_transaction(30)
+        producer.begin_transaction()
+        key, value = _fake_insert(1002)
+        for partition in range(3):
+            producer.produce(TOPIC, key=key, value=value, partition=partition)
+        producer.flush(30)
+        producer.abort_transaction(30)
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute("INSERT INTO orders VALUES (32, 'c2', 32)")
+        _capture(config)
+        for name in NAMES:
+            run(name, s, spark=spark)
+        assert _views(fresh_db) == _expected(fresh_db, [*inserted, (32, "c2", 32)])
+    finally:
+        source.close()
+        producer.flush(5)
