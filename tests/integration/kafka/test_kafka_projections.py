@@ -1,7 +1,7 @@
 """Projections on the Kafka backend: a Postgres table captured into Kafka, folded and aggregated
 on Spark by executors that read Kafka themselves (real Spark, real Postgres, a Kafka cluster)."""
 
-# ruff: noqa: F811  # the fixtures imported below are the tests' parameters
+# ruff: noqa: F811  # `spark`, imported below, is the tests' parameter
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import cli
-from tests.integration.kafka.conftest import KafkaCluster, kafka, kafka_docker, kafka_mock  # noqa: F401
+from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.integration.projections.conftest import spark  # noqa: F401  # the suite's one SparkSession
 from tests.integration.projections.helpers import dump
