@@ -109,7 +109,7 @@ class RunResult:
     name: str
     build: int
     table: str
-    records: int
+    records: int  # offsets covered: on Kafka transaction markers and aborted records count too
     rows: int
     rebuilt: bool
     seconds: float
