@@ -270,6 +270,7 @@ class KafkaView:
                     "group.id": f"tributary-groups-{uuid.uuid4().hex}",
                     "enable.partition.eof": True,
                     "fetch.wait.max.ms": 10,
+                    "auto.offset.reset": "error",  # never a silent jump: the coordinator checks bounds first
                     "queued.max.messages.kbytes": 8192,
                 },
             )

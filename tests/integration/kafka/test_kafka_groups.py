@@ -1,0 +1,181 @@
+"""Consumer groups on the Kafka backend, as a user runs them: capture a table into Kafka, serve it
+over HTTP, two members of a group share its partitions; committed offsets are Kafka's own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from tests.integration.capture.helpers import cli
+from tests.integration.kafka.conftest import KafkaCluster
+from tests.integration.kafka.helpers import read_committed, write_kafka_config
+from tests.servers import free_port, serving
+from tributary.capture.kafka_log import OFFSETS_TOPIC
+from tributary.eventstore.migrate import run_migrations
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "shop.public.items"
+GROUP = "billing"
+
+
+def _config(tmp_path: Path, dsn: str, kafka: KafkaCluster, port: int) -> Path:
+    path = write_kafka_config(
+        tmp_path / "kafka.toml",
+        dsn=dsn,
+        log_root=tmp_path / "kstatus",
+        bootstraps=kafka.bootstraps,
+        create_topics=kafka.creates_topics,
+    )
+    path.write_text(path.read_text() + f'\n[service]\ndsn = "{dsn}"\n\n[api]\nport = {port}\n')
+    return path
+
+
+def _join(base: str, member: str) -> dict[str, Any]:
+    r = httpx.post(
+        f"{base}/groups/{GROUP}/members",
+        json={"topics": [TOPIC], "member_id": member, "auto_offset_reset": "earliest", "session_timeout_ms": 60_000},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def _pull_all(base: str, member: str, generation: int, want: int) -> list[dict[str, Any]]:
+    """Pull (small batches) until `want` records arrived, then once more: nothing else may come."""
+    got: list[dict[str, Any]] = []
+    empty = 0
+    while len(got) < want or empty < 1:
+        r = httpx.get(
+            f"{base}/groups/{GROUP}/members/{member}/records",
+            params={"generation": generation, "max_records": 7, "wait_ms": 300},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        batch = r.json()["records"]
+        got += batch
+        if not batch:
+            empty += 1
+            assert empty < 40 or len(got) >= want, f"only {len(got)} of {want} records arrived"
+    return got
+
+
+def _commit(base: str, member: str, generation: int, offsets: dict[int, int]) -> httpx.Response:
+    return httpx.post(
+        f"{base}/groups/{GROUP}/members/{member}/commit",
+        json={
+            "generation": generation,
+            "offsets": [{"topic": TOPIC, "partition": p, "offset": o} for p, o in offsets.items()],
+        },
+        timeout=30,
+    )
+
+
+def _kafka_committed(bootstraps: str) -> dict[int, int]:
+    """What any Kafka client sees as the group's committed offsets."""
+    consumer = Consumer({"bootstrap.servers": bootstraps, "group.id": GROUP, "enable.auto.commit": False})
+    try:
+        got = consumer.committed([TopicPartition(TOPIC, p) for p in range(3)], timeout=30)
+        return {tp.partition: tp.offset for tp in got if tp.offset >= 0}
+    finally:
+        consumer.close()
+
+
+def test_groups_share_partitions_and_commit_to_kafka(fresh_db: str, tmp_path: Path, kafka: KafkaCluster) -> None:
+    if not kafka.creates_topics:
+        kafka.create(OFFSETS_TOPIC, 1)
+        kafka.create(TOPIC, 3)
+    run_migrations(fresh_db)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, note text)")
+        conn.execute("INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, 40) g")
+    port = free_port()
+    config = _config(tmp_path, fresh_db, kafka, port)
+    done = cli("capture", "--config", str(config), "--until-idle", "1")
+    assert done.returncode == 0, done.stderr
+    with psycopg.connect(fresh_db, autocommit=True) as conn:  # a second transaction: markers between records
+        conn.execute("UPDATE items SET note = note || '!' WHERE id % 3 = 0")
+    done = cli("capture", "--config", str(config), "--until-idle", "1")
+    assert done.returncode == 0, done.stderr
+    expected = {(p, o) for _, p, o, *_ in read_committed(kafka.bootstraps, [TOPIC])}
+    assert len(expected) > 40
+
+    with serving(config, port, err_path=tmp_path / "serve1.err") as base:
+        a = _join(base, "a")
+        b = _join(base, "b")
+        assert b["generation"] == a["generation"] + 1
+        # a's generation is over: its commit is refused, whatever it names
+        stale = _commit(base, "a", a["generation"], {0: 1})
+        assert stale.status_code == 409 and stale.json()["code"] == "fenced", stale.text
+        beat = httpx.post(
+            f"{base}/groups/{GROUP}/members/a/heartbeat", json={"generation": a["generation"]}, timeout=30
+        ).json()
+        assert beat["rebalance"] and beat["generation"] == b["generation"]
+        mine = {"a": {x["partition"] for x in beat["assignments"]}, "b": {x["partition"] for x in b["assignments"]}}
+        assert mine["a"].isdisjoint(mine["b"]) and mine["a"] | mine["b"] == {0, 1, 2}
+
+        generation = b["generation"]
+        seen: dict[str, list[dict[str, Any]]] = {}
+        for member in ("a", "b"):
+            want = len([1 for p, _ in expected if p in mine[member]])
+            seen[member] = _pull_all(base, member, generation, want)
+        delivered = [(r["partition"], r["offset"]) for m in ("a", "b") for r in seen[m]]
+        assert sorted(delivered) == sorted(expected)  # every record, exactly once
+        for member, records in seen.items():
+            assert {r["partition"] for r in records} <= mine[member]
+            for p in mine[member]:
+                offsets = [r["offset"] for r in records if r["partition"] == p]
+                assert offsets == sorted(offsets)  # in offset order per partition
+
+        # commit half of each partition: the offset after its middle record
+        half: dict[int, int] = {}
+        for member, records in seen.items():
+            by_partition: dict[int, list[int]] = {}
+            for r in records:
+                by_partition.setdefault(r["partition"], []).append(r["offset"])
+            part = {p: offs[len(offs) // 2] + 1 for p, offs in by_partition.items()}
+            r = _commit(base, member, generation, part)
+            assert r.status_code == 200, r.text
+            half.update(part)
+        assert _kafka_committed(kafka.bootstraps) == half  # Kafka's own group offsets
+
+    # a restart of the server: both members re-join and go on from the committed offsets
+    rest = {(p, o) for p, o in expected if o >= half[p]}
+    with serving(config, port, err_path=tmp_path / "serve2.err") as base:
+        again = {m: _join(base, m) for m in ("a", "b")}
+        generation = again["b"]["generation"]
+        assert again["a"]["generation"] == generation  # re-joining members: no rebalance
+        got = []
+        for member in ("a", "b"):
+            want = len([1 for p, _ in rest if any(x["partition"] == p for x in again[member]["assignments"])])
+            got += _pull_all(base, member, generation, want)
+        assert sorted((r["partition"], r["offset"]) for r in got) == sorted(rest)
+        ends = {p: max(o for q, o in expected if q == p) + 1 for p in range(3)}
+        for member in ("a", "b"):
+            held = {x["partition"] for x in again[member]["assignments"]}
+            r = _commit(base, member, generation, {p: o for p, o in ends.items() if p in held})
+            assert r.status_code == 200, r.text
+        for member in ("a", "b"):  # leave (a rebalance): a reset needs a group without members
+            assert httpx.delete(f"{base}/groups/{GROUP}/members/{member}", timeout=30).status_code == 204
+
+        described = cli("groups", "describe", GROUP, "--json", "--config", str(config))
+        assert described.returncode == 0, described.stderr
+        parts = {x["partition"]: x for x in json.loads(described.stdout)["partitions"]}
+        assert {p: x["committed"] for p, x in parts.items()} == ends
+        # lag = last stable offset − committed: here the one commit marker after each partition's last record
+        assert {p: x["lag"] for p, x in parts.items()} == {p: x["end"] - ends[p] for p, x in parts.items()}
+        assert all(x["end"] == ends[p] + 1 for p, x in parts.items())
+
+        # replay: reset to the earliest offsets (written to Kafka), and everything comes again
+        reset = cli("groups", "reset", GROUP, "--to-earliest", "--config", str(config))
+        assert reset.returncode == 0, reset.stderr
+        assert _kafka_committed(kafka.bootstraps) == {0: 0, 1: 0, 2: 0}
+        a = _join(base, "a")
+        replay = _pull_all(base, "a", a["generation"], len(expected))
+        assert sorted((r["partition"], r["offset"]) for r in replay) == sorted(expected)
