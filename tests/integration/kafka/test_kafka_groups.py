@@ -4,6 +4,10 @@ over HTTP, two members of a group share its partitions; committed offsets are Ka
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +17,10 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from tests.integration.capture.helpers import cli
+from tests.integration.consumers.helpers import Receiver, receiving
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
-from tests.servers import free_port, serving
+from tests.servers import ROOT, free_port, serving
 from tributary.capture.kafka_log import OFFSETS_TOPIC
 from tributary.eventstore.migrate import run_migrations
 
@@ -77,9 +82,9 @@ def _commit(base: str, member: str, generation: int, offsets: dict[int, int]) ->
     )
 
 
-def _kafka_committed(bootstraps: str) -> dict[int, int]:
+def _kafka_committed(bootstraps: str, group: str = GROUP) -> dict[int, int]:
     """What any Kafka client sees as the group's committed offsets."""
-    consumer = Consumer({"bootstrap.servers": bootstraps, "group.id": GROUP, "enable.auto.commit": False})
+    consumer = Consumer({"bootstrap.servers": bootstraps, "group.id": group, "enable.auto.commit": False})
     try:
         got = consumer.committed([TopicPartition(TOPIC, p) for p in range(3)], timeout=30)
         return {tp.partition: tp.offset for tp in got if tp.offset >= 0}
@@ -179,3 +184,44 @@ def test_groups_share_partitions_and_commit_to_kafka(fresh_db: str, tmp_path: Pa
         a = _join(base, "a")
         replay = _pull_all(base, "a", a["generation"], len(expected))
         assert sorted((r["partition"], r["offset"]) for r in replay) == sorted(expected)
+
+
+def test_http_sink_delivers_from_kafka_and_commits_there(fresh_db: str, tmp_path: Path, kafka: KafkaCluster) -> None:
+    if not kafka.creates_topics:
+        kafka.create(OFFSETS_TOPIC, 1)
+        kafka.create(TOPIC, 3)
+    run_migrations(fresh_db)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, note text)")
+        conn.execute("INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, 25) g")
+    config = _config(tmp_path, fresh_db, kafka, free_port())
+    done = cli("capture", "--config", str(config), "--until-idle", "1")
+    assert done.returncode == 0, done.stderr
+    expected = read_committed(kafka.bootstraps, [TOPIC])
+    with receiving(Receiver()) as receiver:
+        sink = f'\n[[sinks]]\ntype = "http"\nname = "hook"\nurl = "{receiver.url}"\ntopics = ["{TOPIC}"]\n'
+        sink += "max_batch_records = 9\nlinger_ms = 10\n"
+        config.write_text(config.read_text() + sink)
+        err = tmp_path / "sink.err"
+        with err.open("ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", "from tributary.api.cli.main import main; main()", "sinks", "run"]
+                + ["--config", str(config)],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=out,
+            )
+        last = {p: o + 1 for _, p, o, *_ in sorted(expected)}  # each partition's offset after its last record
+        try:
+            deadline = time.monotonic() + 60
+            while len(receiver.records()) < len(expected) or _kafka_committed(kafka.bootstraps, "sink-hook") != last:
+                assert time.monotonic() < deadline and proc.poll() is None, err.read_text()
+                time.sleep(0.2)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0, err.read_text()
+    got = receiver.records()
+    assert sorted((r["partition"], r["offset"]) for r in got) == sorted((p, o) for _, p, o, *_ in expected)
+    for p in range(3):
+        offsets = [r["offset"] for r in got if r["partition"] == p]
+        assert offsets == sorted(offsets)
