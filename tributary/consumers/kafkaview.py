@@ -206,8 +206,12 @@ class KafkaView:
                 error = msg.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
+                        # nothing to read below `offset` (markers or aborted records lay between); an
+                        # end reported before this read's end (left queued by an earlier read) is passed
                         position = max(position, offset)
-                        break  # the end (a marker or aborted records lay between)
+                        if offset >= end:
+                            break
+                        continue
                     raise LogError(f"{self.where}: reading {topic}/{partition}: {error.str()}")
                 if offset < position:
                     continue  # fetched twice (a seek over prefetched data)
