@@ -191,7 +191,10 @@ class KafkaView:
             idle_since = time.monotonic()
             while position < end:
                 if not reader.pending:
-                    got = reader.consumer.consume(_BATCH, 0.1)
+                    got = reader.consumer.consume(_BATCH, 0)  # what is queued (a timeout would wait it out)
+                    if not got:
+                        one = reader.consumer.poll(0.1)  # returns as soon as one arrives
+                        got = [one] if one is not None else []
                     if not got:
                         if time.monotonic() - idle_since > _READ_IDLE_S:
                             raise LogError(f"{self.where}: timed out reading {topic}/{partition} at {position}")
@@ -242,12 +245,12 @@ class KafkaView:
                     if reader.at == (topic, partition, offset):
                         self._idle.remove(reader)
                         return reader  # goes on with what it already fetched
-                if self._idle:
-                    reader = self._idle.pop(0)  # the one idle longest
-                    break
-                if len(self._readers) < self.max_readers:
+                if len(self._readers) < self.max_readers:  # keep the others where they stopped
                     reader = _Reader(self._new_consumer())
                     self._readers.append(reader)
+                    break
+                if self._idle:
+                    reader = self._idle.pop(0)  # the one idle longest
                     break
                 self._readers_free.wait()
         reader.pending.clear()
