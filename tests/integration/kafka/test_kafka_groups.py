@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,48 @@ def test_groups_share_partitions_and_commit_to_kafka(fresh_db: str, tmp_path: Pa
         a = _join(base, "a")
         replay = _pull_all(base, "a", a["generation"], len(expected))
         assert sorted((r["partition"], r["offset"]) for r in replay) == sorted(expected)
+
+        # a long poll at the end wakes when capture commits a new change to Kafka
+        woke: list[Any] = []
+
+        def wait() -> None:
+            started = time.monotonic()
+            r = httpx.get(
+                f"{base}/groups/{GROUP}/members/a/records",
+                params={"generation": a["generation"], "wait_ms": 30_000},
+                timeout=60,
+            )
+            woke.append((r.json()["records"], time.monotonic() - started))
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute("UPDATE items SET note = 'late' WHERE id = 1")
+        done = cli("capture", "--config", str(config), "--until-idle", "1")
+        assert done.returncode == 0, done.stderr
+        waiter.join(60)
+        [(late, waited)] = woke
+        now = {(p, o) for _, p, o, *_ in read_committed(kafka.bootstraps, [TOPIC])}
+        assert late and {(r["partition"], r["offset"]) for r in late} <= now - expected
+        assert waited < 25, waited  # woken by the commit, not by the 30 s timeout
+
+        # server-sent events: another group streams every record from the start
+        audit = httpx.post(
+            f"{base}/groups/audit/members", json={"topics": [TOPIC], "auto_offset_reset": "earliest"}, timeout=30
+        ).json()
+        streamed = []
+        url = f"{base}/groups/audit/members/{audit['member_id']}/stream"
+        with httpx.stream("GET", url, params={"generation": audit["generation"]}, timeout=60) as events:
+            event = ""
+            for line in events.iter_lines():
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:") and event == "record":
+                    streamed.append(json.loads(line[5:]))
+                    if len(streamed) == len(now):
+                        break
+        assert sorted((r["partition"], r["offset"]) for r in streamed) == sorted(now)
+        assert {"id": 1, "note": "late"} in [(r["value"] or {}).get("after") for r in streamed]
 
 
 def test_http_sink_delivers_from_kafka_and_commits_there(fresh_db: str, tmp_path: Path, kafka: KafkaCluster) -> None:
