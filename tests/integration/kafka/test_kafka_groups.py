@@ -119,6 +119,7 @@ def test_groups_share_partitions_and_commit_to_kafka(fresh_db: str, tmp_path: Pa
         # a's generation is over: its commit is refused, whatever it names
         stale = _commit(base, "a", a["generation"], {0: 1})
         assert stale.status_code == 409 and stale.json()["code"] == "fenced", stale.text
+        assert _kafka_committed(kafka.bootstraps) == {}  # nothing reached Kafka
         beat = httpx.post(
             f"{base}/groups/{GROUP}/members/a/heartbeat", json={"generation": a["generation"]}, timeout=30
         ).json()
