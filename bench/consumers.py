@@ -9,7 +9,9 @@
 4. kafka_throughput: part 1 on the Kafka backend (`[log] backend = "kafka"`, librdkafka's mock
    cluster, `tests/kafka_mock.py`): the member pulling over HTTP vs `tributary log cat` reading the
    same topic from the cluster (read_committed) — for information: the mock is no reference for a
-   real Kafka.
+   real Kafka;
+5. kafka_readers: the coordinator's Kafka view reading a topic in pulls of `--pull-records` per
+   partition in turn, its readers kept (`KafkaView`) vs a new view (new Kafka clients) per pull.
 
     .venv/bin/python bench/consumers.py [--records 100000] [--seconds 20] [--tps 1000] [--writers 4] [--subscribers 50] [--repeat 3]
     .venv/bin/python bench/consumers.py --only kafka_throughput --records 50000
@@ -133,7 +135,7 @@ def _kafka_cat_rate(config: Path, n: int) -> float:
     return n / elapsed
 
 
-def _kafka_throughput(dsn: str, work: Path, records: int, repeat: int) -> dict[str, Any]:
+def _kafka_throughput(dsn: str, work: Path, records: int, repeat: int, parts: set[str], pull: int) -> dict[str, Any]:
     mock = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "kafka_mock.py")],
         stdin=subprocess.PIPE,
@@ -148,6 +150,23 @@ def _kafka_throughput(dsn: str, work: Path, records: int, repeat: int) -> dict[s
         mock.stdin.flush()
         assert mock.stdout.readline().strip() == "ok"
         _kafka_fill(bootstraps, TOPIC, records)
+        out: dict[str, Any] = {}
+        if "kafka_readers" in parts:
+            kept_rates: list[float] = []
+            fresh_rates: list[float] = []
+            for _ in range(repeat):
+                kept_rates.append(_kafka_pulls(bootstraps, records, pull, fresh=False))
+                fresh_rates.append(_kafka_pulls(bootstraps, records, pull, fresh=True))
+            out["kafka_readers"] = {
+                "records": records,
+                "pull_records": pull,
+                "kept_per_s": statistics.median(kept_rates),
+                "new_per_pull_per_s": statistics.median(fresh_rates),
+                "ratio_kept_vs_new": statistics.median(k / f for k, f in zip(kept_rates, fresh_rates, strict=True)),
+                "runs": {"kept": kept_rates, "new_per_pull": fresh_rates},
+            }
+        if "kafka_throughput" not in parts:
+            return out
         port = free_port()
         config = work / "kafka.toml"
         config.write_text(
@@ -162,16 +181,48 @@ def _kafka_throughput(dsn: str, work: Path, records: int, repeat: int) -> dict[s
             for i in range(repeat):  # interleaved: both see the same neighbours
                 cat_rates.append(_kafka_cat_rate(config, records))
                 http_rates.append(_http_rate(url, f"ktp-{i}", records))
-        return {
+        out["kafka_throughput"] = {
             "records": records,
             "log_cat_per_s": statistics.median(cat_rates),
             "http_pull_per_s": statistics.median(http_rates),
             "ratio_http_vs_cat": statistics.median(h / c for h, c in zip(http_rates, cat_rates, strict=True)),
             "runs": {"log_cat": cat_rates, "http_pull": http_rates},
         }
+        return out
     finally:
         mock.kill()
         mock.wait()
+
+
+def _kafka_pulls(bootstraps: str, n: int, pull: int, *, fresh: bool) -> float:
+    """Records/s reading `n` records of TOPIC (4 partitions) in pulls of `pull` records, partitions
+    in turn: one KafkaView throughout, or (`fresh`) a new one (new clients) per pull."""
+    from tributary.capture.kafka_log import KafkaOptions
+    from tributary.consumers.kafkaview import KafkaView
+
+    options = KafkaOptions(bootstrap_servers=bootstraps, client={"log_level": "3"})
+    kept = None if fresh else KafkaView(options)
+    position = dict.fromkeys(range(4), 0)
+    got = 0
+    t0 = time.perf_counter()
+    while got < n:
+        for p in range(4):
+            view = kept or KafkaView(options)
+            view.refresh_if_older(0.05)
+            it = view.read(TOPIC, p, position[p])
+            for i, record in enumerate(it, 1):
+                position[p], got = record.offset + 1, got + 1
+                if i == pull:
+                    break
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+            if view is not kept:
+                view.close()
+    elapsed = time.perf_counter() - t0
+    if kept is not None:
+        kept.close()
+    return n / elapsed
 
 
 def _http_rate(url: str, group: str, n: int) -> float:
@@ -381,9 +432,10 @@ def main() -> None:
     parser.add_argument("--subscribers", type=int, default=50)
     parser.add_argument("--fan-records", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--pull-records", type=int, default=50, help="records per pull in kafka_readers")
     parser.add_argument(
         "--only",
-        default="throughput,fan_out,latency,kafka_throughput",
+        default="throughput,fan_out,latency,kafka_throughput,kafka_readers",
         help="comma-separated parts to run (default: all)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "consumers.json")
@@ -426,8 +478,8 @@ def main() -> None:
                     "runs": fan,
                 }
         log.close()
-        if "kafka_throughput" in parts:
-            result["kafka_throughput"] = _kafka_throughput(dsn, work, args.records, args.repeat)
+        if parts & {"kafka_throughput", "kafka_readers"}:
+            result |= _kafka_throughput(dsn, work, args.records, args.repeat, parts, args.pull_records)
         if "latency" in parts:
             lat = [
                 _latency(cluster, work, seconds=args.seconds, tps=args.tps, writers=args.writers, tag=str(i))
