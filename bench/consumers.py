@@ -197,7 +197,7 @@ def _kafka_throughput(dsn: str, work: Path, records: int, repeat: int, parts: se
 def _kafka_pulls(bootstraps: str, n: int, pull: int, *, fresh: bool) -> float:
     """Records/s reading `n` records of TOPIC (4 partitions) in pulls of `pull` records, partitions
     in turn: one KafkaView throughout, or (`fresh`) a new one (new clients) per pull."""
-    from tributary.capture.kafka_log import KafkaOptions
+    from tributary.capture.kafka_options import KafkaOptions
     from tributary.consumers.kafkaview import KafkaView
 
     options = KafkaOptions(bootstrap_servers=bootstraps, client={"log_level": "3"})

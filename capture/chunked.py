@@ -44,7 +44,6 @@ from psycopg import sql
 from tributary.capture import envelope as env
 from tributary.capture.catalog import TableInfo, list_tables
 from tributary.capture.errors import CaptureError, TransientSourceError
-from tributary.capture.kafka_log import KafkaLog
 from tributary.capture.log import Log
 from tributary.capture.lsn import Lsn
 from tributary.capture.routing import topic_name
@@ -610,7 +609,7 @@ class ChunkedSnapshot:
         info = job.table
         assert job.encoder is not None
         name = info.qualified
-        if isinstance(self.staging.log, KafkaLog) and (self._live is None or self._live[0] != name):
+        if not isinstance(self.staging.log, Log) and (self._live is None or self._live[0] != name):
             # On Kafka the topic's keys are not read back yet: no key check (docs/kafka.md).
             self._live = (name, [])
         if self._live is None or self._live[0] != name:

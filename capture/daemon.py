@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -32,12 +33,15 @@ from tributary.capture.errors import (
     SourceUnreachable,
     TransientSourceError,
 )
-from tributary.capture.kafka_log import KafkaLog, KafkaOptions
+from tributary.capture.kafka_options import KafkaOptions
 from tributary.capture.log import Cleaner, CleanerPolicy, GroupCommitter, Log, LogError, Mark
 from tributary.capture.replication import Keepalive
 from tributary.capture.slot import sql_connection
 from tributary.capture.source import SourceSession, SourceSpec
 from tributary.capture.status import LatencyHistogram, SourceState, write_status
+
+if TYPE_CHECKING:
+    from tributary.capture.kafka_log import KafkaLog, KafkaSourceLog
 
 __all__ = ["CaptureDaemon", "DaemonOptions", "SourcesFailed"]
 
@@ -114,7 +118,7 @@ class CaptureDaemon:
         self._cleaner_pool: ThreadPoolExecutor | None = None
         self._cleaning: Future[object] | None = None  # the compaction running on the cleaner thread
         self.cleaner = self._new_cleaner()
-        self.sessions = [SourceSession(spec, self.log, clock=clock) for spec in specs]
+        self.sessions = [SourceSession(spec, self._log_of(spec.name), clock=clock) for spec in specs]
         self.committer = GroupCommitter(linger_ms=options.linger_ms, max_records=options.batch_records)
         self._mark: Mark | None = None  # the log's end at the newest transaction boundary
         self.commit_seconds = LatencyHistogram()  # log commit latency, for /metrics
@@ -129,13 +133,19 @@ class CaptureDaemon:
 
     def _open_log(self) -> Log | KafkaLog:
         if self.opts.kafka is not None:
-            return KafkaLog(self.opts.kafka)
+            from tributary.capture.kafka_log import KafkaLog  # confluent-kafka only when used
+
+            return KafkaLog(self.opts.kafka, [spec.name for spec in self.specs])  # a producer per source
         return Log.open(
             self.opts.log_root,
             writer=True,
             default_partitions=self.opts.default_partitions,
             segment_bytes=self.opts.segment_bytes,
         )
+
+    def _log_of(self, source: str) -> Log | KafkaSourceLog:
+        """What `source` appends to: the log, or on Kafka its view (its own producer)."""
+        return self.log if isinstance(self.log, Log) else self.log.source(source)
 
     def _new_cleaner(self) -> Cleaner | None:
         if self.opts.cleaner is None or not isinstance(self.log, Log):  # on Kafka: the broker's
@@ -256,7 +266,7 @@ class CaptureDaemon:
         was_streaming = status.state == SourceState.STREAMING and not opening
         session.close()
         if opening:  # a partial start (a snapshot cut short): its boundary must never be committed
-            session.reset(self.log)
+            session.reset(self._log_of(session.name))
         kind = _error_kind(exc)
         if was_streaming and kind in ("unreachable", "error"):
             kind = "connection_lost"
@@ -296,9 +306,9 @@ class CaptureDaemon:
                 self.cleaner = self._new_cleaner()
                 self._clean_mark = self.log.mark()
                 for session in self.sessions:
-                    session.rebind(self.log)
+                    session.rebind(self._log_of(session.name))
             for session in broken:
-                session.reset(self.log)
+                session.reset(self._log_of(session.name))
 
     def _retry_due(self, now: float) -> None:
         """Failed sources whose wait is over: a connection attempt off the loop, then (when it

@@ -1,14 +1,18 @@
 """Kafka as capture's log: the writer side of `[log] backend = "kafka"` (docs/kafka.md).
 
 `KafkaLog` offers what the daemon and `Staging` use of `Log` (append per partition, `mark`,
-`commit(positions=…, upto=…)`, `positions()`, `topics()`, `create_topic`, `close`) on ONE
-transactional producer per capture process. Records appended wait in memory until the commit
-that covers them; a commit produces them, and the sources' positions (to the compacted offsets
-topic, key = position name), inside one Kafka transaction: `commit_transaction` is the durable
-commit, and the daemon confirms the slots only after it returned. A crash before it leaves an
-open transaction that the next process's `init_transactions` aborts: `read_committed` consumers
-see each change exactly once. Positions are read back at start from the offsets topic
-(read_committed). Partitioning is the caller's (Kafka's murmur2, as on the local log).
+`commit(positions=…, upto=…)`, `positions()`, `topics()`, `create_topic`, `close`) with ONE
+transactional producer per source (`transactional.id` = `<[log.kafka] transactional_id>-<source>`):
+each source appends through its own view (`KafkaLog.source(name)`, a `KafkaSourceLog`), so every
+record carries its source. Records appended wait in memory until the commit that covers them; a
+commit produces, per source named, its records and its positions (to the compacted offsets topic,
+key = position name) inside one Kafka transaction of that source's producer: `commit_transaction`
+is the durable commit, and the daemon confirms the slots only after `commit` returned. A crash
+before it leaves an open transaction that the source's next producer (`init_transactions`) aborts:
+`read_committed` consumers see each change exactly once. Two capture processes with the same
+source fence each other (the newer wins, the older stops with one line); different sources never
+do. Positions are read back (read_committed) after the producers are initialised. Partitioning is
+the caller's (Kafka's murmur2, as on the local log).
 """
 
 from __future__ import annotations
@@ -17,35 +21,34 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # its documented home (re-exported)
 
+from tributary.capture.kafka_options import OFFSETS_TOPIC, KafkaOptions
 from tributary.capture.log import LogError, Mark, Record, RecordIn, TopicConfig, TopicNotFoundError, decode_line
 from tributary.capture.log.admin import latest_per_key
 
-__all__ = ["OFFSETS_TOPIC", "KafkaLog", "KafkaMark", "KafkaOptions", "kafka_cat", "kafka_topics"]
+__all__ = [
+    "OFFSETS_TOPIC",
+    "KafkaLog",
+    "KafkaMark",
+    "KafkaOptions",
+    "KafkaSourceLog",
+    "ProducerFenced",
+    "kafka_cat",
+    "kafka_topics",
+    "position_owner",
+    "transactional_id",
+]
 
-OFFSETS_TOPIC = "__tributary_offsets"
 _TIMEOUT_S = 30.0  # metadata, topic creation, reading the offsets topic back
 
-_Buffered = tuple[str, int, bytes | None, bytes | None, int, bytes | None]
-
-
-@dataclass(frozen=True, slots=True)
-class KafkaOptions:
-    """`[log.kafka]` as capture uses it."""
-
-    bootstrap_servers: str
-    client: Mapping[str, str] = field(default_factory=dict)  # librdkafka settings (security included)
-    partitions: int = 4
-    replication_factor: int = 3
-    create_topics: bool = True
-    transactional_id: str = "tributary-capture"
-    offsets_topic: str = OFFSETS_TOPIC
+_Buffered = tuple[str, str, int, bytes | None, bytes | None, int, bytes | None]  # source first
+_FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,20 @@ class KafkaMark(Mark):
     """How many records had been appended: `commit(upto=…)` produces exactly those."""
 
     appended: int = 0
+
+
+class ProducerFenced(LogError):
+    """Another capture process took over a source's transactional id: this one must stop."""
+
+
+def transactional_id(options: KafkaOptions, source: str) -> str:
+    """The `transactional.id` of `source`'s producer: `[log.kafka] transactional_id` is its prefix."""
+    return f"{options.transactional_id}-{source}"
+
+
+def position_owner(name: str) -> str:
+    """The source a position belongs to: its name, or a source's entry such as `shop#snapshot`."""
+    return name.split("#", 1)[0]
 
 
 def kafka_headers(headers: bytes | None) -> list[tuple[str, bytes]] | None:
@@ -85,7 +102,9 @@ class KafkaLog:
 
     root = None  # no local files: features that read them say so (docs/kafka.md)
 
-    def __init__(self, options: KafkaOptions) -> None:
+    def __init__(self, options: KafkaOptions, sources: Sequence[str] = ()) -> None:
+        """Initialise the producer of each source in `sources` (fencing older processes of those
+        sources and aborting their open transactions), then read the positions back."""
         self.opts = options
         self.default_partitions = options.partitions
         base: dict[str, Any] = dict(options.client)
@@ -96,26 +115,54 @@ class KafkaLog:
         self._positions: dict[str, str] = {}
         self._closed = False
         self._known: dict[str, TopicConfig] = {}
+        self._producers: dict[str, Producer] = {}
+        self._views: dict[str, KafkaSourceLog] = {}
         try:
-            self.producer = Producer(
-                {
-                    **base,
-                    "transactional.id": options.transactional_id,
-                    "enable.idempotence": True,
-                    "linger.ms": 5,
-                    "allow.auto.create.topics": False,
-                }
-            )
-            self.producer.init_transactions(_TIMEOUT_S)  # fences an older capture, aborts its open transaction
+            self._client = Producer({**base, "allow.auto.create.topics": False})  # metadata only
+            for name in sources:
+                self._producers[name] = self._new_producer(name)
             self._ensure_offsets_topic()
             self._positions = self._read_positions()
         except KafkaException as exc:
             raise LogError(f"Kafka at {options.bootstrap_servers}: {_one_line(exc)}") from None
 
+    def _new_producer(self, source: str) -> Producer:
+        producer = Producer(
+            {
+                **self._base,
+                "transactional.id": transactional_id(self.opts, source),
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                "allow.auto.create.topics": False,
+            }
+        )
+        producer.init_transactions(_TIMEOUT_S)  # fences an older capture of this source, aborts its open transaction
+        return producer
+
+    def source(self, name: str) -> KafkaSourceLog:
+        """`name`'s view of the log: what it appends is produced by its own producer. A source not
+        given at start gets its producer now (and the positions are read again after it)."""
+        view = self._views.get(name)
+        if view is None:
+            if name not in self._producers:
+                self._check()
+                try:
+                    self._producers[name] = self._new_producer(name)
+                    self._positions = self._read_positions()
+                except KafkaException as exc:
+                    raise LogError(f"Kafka at {self.opts.bootstrap_servers}: {_one_line(exc)}") from None
+            view = self._views[name] = KafkaSourceLog(self, name)
+        return view
+
+    def producer(self, source: str) -> Producer:
+        """`source`'s transactional producer (`source(name)` creates it)."""
+        self.source(source)
+        return self._producers[source]
+
     # -- topics ---------------------------------------------------------------------------------
     def _metadata(self, topic: str | None = None) -> Any:
         try:
-            return self.producer.list_topics(topic, timeout=_TIMEOUT_S)
+            return self._client.list_topics(topic, timeout=_TIMEOUT_S)
         except KafkaException as exc:
             raise LogError(f"Kafka at {self.opts.bootstrap_servers}: {_one_line(exc)}") from None
 
@@ -131,9 +178,9 @@ class KafkaLog:
         return found
 
     def create_topic(self, name: str, config: TopicConfig | None = None) -> TopicConfig:
-        """Create `name` (`create_topics = true`), or check that someone else did."""
-        given = config or TopicConfig(partitions=self.default_partitions)
-        cfg = TopicConfig(partitions=self.default_partitions, policy=given.policy)  # [log.kafka] partitions
+        """Create `name` (`create_topics = true`) with the partitions asked for (the source's
+        `[[sources]] partitions`, else `[log.kafka] partitions`), or check that someone else did."""
+        cfg = config or TopicConfig(partitions=self.default_partitions)
         existing = self.topics().get(name)
         if existing is not None:
             return existing
@@ -193,28 +240,37 @@ class KafkaLog:
         )
 
     def _read_positions(self) -> dict[str, str]:
-        """The offsets topic's last committed value per key (read_committed, to its end)."""
+        """The offsets topic's last committed value per key (read_committed). Read up to the end
+        as it is now, the producers being initialised: every position committed so far is before
+        it; a transaction another source's process left open holds the read until it ends."""
         name = self.opts.offsets_topic
         meta = self._metadata(name).topics[name]
         consumer = self._consumer()
         found: dict[str, str] = {}
         try:
             parts = [TopicPartition(name, p, 0) for p in meta.partitions]
+            ends = {p.partition: consumer.get_watermark_offsets(p, _TIMEOUT_S)[1] for p in parts}
+            pending = {p for p, end in ends.items() if end > 0}
             consumer.assign(parts)
-            pending = {p.partition for p in parts}
-            deadline = time.monotonic() + _TIMEOUT_S
+            deadline = time.monotonic() + 3 * _TIMEOUT_S  # past librdkafka's default transaction timeout
             while pending:
                 if time.monotonic() > deadline:
-                    raise LogError(f"timed out reading the offsets topic {name!r} from Kafka")
+                    raise LogError(
+                        f"timed out reading the offsets topic {name!r} from Kafka (a transaction stays open there)"
+                    )
                 msg = consumer.poll(0.5)
                 if msg is None:
                     continue
                 error = msg.error()
+                partition, offset = msg.partition(), msg.offset()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
-                        pending.discard(msg.partition())
+                        if partition is not None and (offset is None or offset >= ends[partition]):
+                            pending.discard(partition)
                         continue
                     raise LogError(f"reading the offsets topic {name!r}: {error.str()}")
+                if partition is not None and offset is not None and offset + 1 >= ends[partition]:
+                    pending.discard(partition)
                 key = msg.key()
                 if key is None:
                     continue
@@ -223,6 +279,8 @@ class KafkaLog:
                     found.pop(key.decode(), None)
                 else:
                     found[key.decode()] = value.decode()
+        except KafkaException as exc:
+            raise LogError(f"reading the offsets topic {name!r}: {_one_line(exc)}") from None
         finally:
             consumer.close()
         return found
@@ -235,58 +293,65 @@ class KafkaLog:
         if self._closed:
             raise LogError("the Kafka log is closed")
 
-    def append(self, topic: str, partition: int, records: Sequence[RecordIn]) -> int:
-        """Buffer records for the partition; produced by the commit that covers them."""
+    def append(self, topic: str, partition: int, records: Sequence[RecordIn], *, source: str) -> int:
+        """Buffer `source`'s records for the partition; produced by the commit that covers them."""
         self._check()
         first = self._first + len(self._buffer)
-        self._buffer.extend((topic, partition, k, v, ts, h) for k, v, ts, h in records)
+        self._buffer.extend((source, topic, partition, k, v, ts, h) for k, v, ts, h in records)
         return first
-
-    def append_encoded(
-        self, topic: str, partition: int, encode: Callable[[int], tuple[bytes, list[int]]], timestamp_ms: int
-    ) -> int:
-        """`append` for lines encoded for the local log (a columnar snapshot), decoded back."""
-        data, _ = encode(0)
-        records = []
-        for line in data.splitlines():
-            _, ts, key, value, headers = decode_line(line)
-            records.append((key, value, ts, headers))
-        return self.append(topic, partition, records)
 
     def mark(self) -> KafkaMark:
         self._check()
         return KafkaMark(appended=self._first + len(self._buffer))
 
     def commit(self, *, positions: Mapping[str, str] | None = None, upto: Mark | None = None) -> None:
-        """Produce the records appended up to `upto` (all if None) and `positions` in one Kafka
-        transaction and commit it: durable and visible to read_committed consumers on return."""
+        """Produce the records appended up to `upto` (all if None) and `positions`: per source, its
+        records and its positions in one transaction of its producer, committed in turn (the
+        daemon's group commit: one Kafka transaction per source per commit). Durable and visible
+        to read_committed consumers on return."""
         self._check()
         if upto is None:
             take = len(self._buffer)
         else:
             appended = upto.appended if isinstance(upto, KafkaMark) else 0
             take = max(0, min(appended - self._first, len(self._buffer)))
-        positions = dict(positions or {})
-        if take == 0 and not positions:
-            return
-        producer = self.producer
-        try:
-            producer.begin_transaction()
-            for topic, partition, key, value, ts, headers in self._buffer[:take]:
-                self._produce(topic, partition, key, value, ts, kafka_headers(headers))
-            for name, position in positions.items():
-                self._produce(self.opts.offsets_topic, 0, name.encode(), position.encode(), None, None)
-            producer.commit_transaction(_TIMEOUT_S)
-        except KafkaException as exc:
-            with contextlib.suppress(KafkaException):  # else the next process's init_transactions aborts it
-                producer.abort_transaction(_TIMEOUT_S)
-            raise LogError(f"Kafka transaction failed: {_one_line(exc)}") from None
+        records: dict[str, list[_Buffered]] = {}
+        for item in self._buffer[:take]:
+            records.setdefault(item[0], []).append(item)
+        owned: dict[str, dict[str, str]] = {}
+        for name, position in (positions or {}).items():
+            owned.setdefault(position_owner(name), {})[name] = position
+        for source in dict.fromkeys([*records, *owned]):
+            self._transaction(source, records.get(source, []), owned.get(source, {}))
+            self._positions.update(owned.get(source, {}))
         del self._buffer[:take]
         self._first += take
-        self._positions.update(positions)
 
+    def _transaction(self, source: str, records: list[_Buffered], positions: dict[str, str]) -> None:
+        if source not in self._producers:
+            self.source(source)
+        producer = self._producers[source]
+        try:
+            producer.begin_transaction()
+            for _, topic, partition, key, value, ts, headers in records:
+                self._produce(producer, topic, partition, key, value, ts, kafka_headers(headers))
+            for name, position in positions.items():
+                self._produce(producer, self.opts.offsets_topic, 0, name.encode(), position.encode(), None, None)
+            producer.commit_transaction(_TIMEOUT_S)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError) and error.code() in _FENCED:
+                raise ProducerFenced(
+                    f"source {source!r}: another capture process took over its Kafka producer "
+                    f"(transactional id {transactional_id(self.opts, source)!r}): this one stops"
+                ) from None
+            with contextlib.suppress(KafkaException):  # else the next process's init_transactions aborts it
+                producer.abort_transaction(_TIMEOUT_S)
+            raise LogError(f"source {source!r}: Kafka transaction failed: {_one_line(exc)}") from None
+
+    @staticmethod
     def _produce(
-        self,
+        producer: Producer,
         topic: str,
         partition: int,
         key: bytes | None,
@@ -301,18 +366,63 @@ class KafkaLog:
             kwargs["headers"] = headers
         while True:
             try:
-                self.producer.produce(topic, **kwargs)
+                producer.produce(topic, **kwargs)
                 return
             except BufferError:
-                self.producer.poll(0.05)  # the local queue is full: let deliveries drain
+                producer.poll(0.05)  # the local queue is full: let deliveries drain
 
     def close(self) -> None:
-        """Drop what no commit covered (the sources send it again) and let the producer go."""
+        """Drop what no commit covered (the sources send it again) and let the producers go."""
         if self._closed:
             return
         self._closed = True
         self._buffer.clear()
-        self.producer.flush(5)
+        for producer in self._producers.values():
+            producer.flush(5)
+
+
+class KafkaSourceLog:
+    """One source's view of a `KafkaLog`: what `Staging` and the source use of a log, its appends
+    tagged with the source (produced by its own producer). Marks and commits are the log's."""
+
+    root = None
+
+    def __init__(self, log: KafkaLog, name: str) -> None:
+        self.kafka = log
+        self.name = name
+        self.default_partitions = log.default_partitions
+
+    def topics(self) -> dict[str, TopicConfig]:
+        return self.kafka.topics()
+
+    def create_topic(self, name: str, config: TopicConfig | None = None) -> TopicConfig:
+        return self.kafka.create_topic(name, config)
+
+    def end_offsets(self, topic: str) -> list[int]:
+        return self.kafka.end_offsets(topic)
+
+    def positions(self) -> dict[str, str]:
+        return self.kafka.positions()
+
+    def append(self, topic: str, partition: int, records: Sequence[RecordIn]) -> int:
+        return self.kafka.append(topic, partition, records, source=self.name)
+
+    def append_encoded(
+        self, topic: str, partition: int, encode: Callable[[int], tuple[bytes, list[int]]], timestamp_ms: int
+    ) -> int:
+        """`append` for lines encoded for the local log (a columnar snapshot), decoded back."""
+        data, _ = encode(0)
+        records = []
+        for line in data.splitlines():
+            _, ts, key, value, headers = decode_line(line)
+            records.append((key, value, ts, headers))
+        return self.append(topic, partition, records)
+
+    def mark(self) -> KafkaMark:
+        return self.kafka.mark()
+
+    def commit(self, *, positions: Mapping[str, str] | None = None, upto: Mark | None = None) -> None:
+        self.kafka.commit(positions=positions, upto=upto)
 
 
 def _describe(config: dict[str, str]) -> str:

@@ -34,11 +34,10 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tributary.capture import envelope as env
 from tributary.capture.catalog import TableInfo, list_tables
-from tributary.capture.kafka_log import KafkaLog
 from tributary.capture.log import Log, Mark
 from tributary.capture.lsn import Lsn
 from tributary.capture.schema_tracker import SCHEMA_KEY
@@ -48,6 +47,9 @@ from tributary.capture.spec import SourceSpec
 from tributary.capture.staging import Staging
 from tributary.capture.status import SourceState, SourceStatus
 from tributary.capture.tables import SourceTables
+
+if TYPE_CHECKING:
+    from tributary.capture.kafka_log import KafkaSourceLog
 
 __all__ = ["PROGRESS_ROWS", "SnapshotSource", "live_keys"]
 
@@ -62,7 +64,7 @@ _log = logging.getLogger(__name__)
 RESNAPSHOT_POSITION = str(Lsn.ZERO)  # a re-snapshot under way: a start takes the snapshot again
 
 
-def live_keys(log: Log | KafkaLog, topic: str) -> set[bytes]:
+def live_keys(log: Log | KafkaSourceLog, topic: str) -> set[bytes]:
     """The keys of `topic` whose latest committed record is not a tombstone (schema records and
     keyless records aside): what a compacted read of the topic shows. Holds a bytes object and a
     set slot per key (docs/capture.md says how much). Each split is decoded whole into Arrow columns
@@ -71,7 +73,7 @@ def live_keys(log: Log | KafkaLog, topic: str) -> set[bytes]:
 
     On Kafka: none (reading a topic's live keys back is not supported there yet), so a
     re-snapshot emits no deletes for rows gone meanwhile (docs/kafka.md)."""
-    if isinstance(log, KafkaLog):
+    if not isinstance(log, Log):
         if topic in log.topics():
             _log.warning(
                 "%s: rows deleted since the last snapshot get no delete record on Kafka (not supported yet)", topic

@@ -18,13 +18,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tributary.capture import wal2json
 from tributary.capture.catalog import list_tables
 from tributary.capture.chunked import ChunkedSnapshot, SnapshotContext, context_key
 from tributary.capture.errors import SlotLost, SlotMissing
-from tributary.capture.kafka_log import KafkaLog
 from tributary.capture.log import Log, Mark
 from tributary.capture.lsn import Lsn
 from tributary.capture.offsets import OffsetContext
@@ -39,6 +38,9 @@ from tributary.capture.status import SourceState, SourceStatus
 from tributary.capture.streaming_source import StreamingSource
 from tributary.capture.tables import SourceTables
 
+if TYPE_CHECKING:
+    from tributary.capture.kafka_log import KafkaSourceLog
+
 __all__ = ["SourceSession", "SourceSpec"]
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,7 @@ log = logging.getLogger(__name__)
 class SourceSession:
     """One source from start-up to close: snapshot if needed, then the stream."""
 
-    def __init__(self, spec: SourceSpec, log_: Log | KafkaLog, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, spec: SourceSpec, log_: Log | KafkaSourceLog, *, clock: Callable[[], float] = time.time) -> None:
         self.spec = spec
         self.clock = clock
         self.status = SourceStatus(name=spec.name, slot=spec.slot)
@@ -57,7 +59,7 @@ class SourceSession:
         self._requests: list[tuple[list[str], str]] = []  # snapshot requests made before `open`
         self.reset(log_)
 
-    def reset(self, log_: Log | KafkaLog) -> None:
+    def reset(self, log_: Log | KafkaSourceLog) -> None:
         """Forget the connection and everything not yet durable, keep the status: after a failure
         the source starts again from the log's position (its uncommitted appends are the daemon's
         to drop), like a new process would."""
@@ -77,7 +79,7 @@ class SourceSession:
         self.stream: StreamingSource | None = None  # once open
         self._chunked_start = False  # the new slot's snapshot is a chunked one
 
-    def rebind(self, log_: Log | KafkaLog) -> None:
+    def rebind(self, log_: Log | KafkaSourceLog) -> None:
         """Append to `log_` from now on: the daemon reopened the log (to drop another source's
         uncommitted appends); this source has nothing uncommitted."""
         self.staging.log = log_

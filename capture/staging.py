@@ -11,11 +11,13 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from tributary.capture import envelope as env
-from tributary.capture.kafka_log import KafkaLog
 from tributary.capture.log import Log, TopicConfig, encode_plain, partition_for, split_partitions
+
+if TYPE_CHECKING:
+    from tributary.capture.kafka_log import KafkaSourceLog
 
 __all__ = ["FLUSH_RECORDS", "Staged", "Staging", "Watch"]
 
@@ -41,7 +43,7 @@ class Watch:
 class Staging:
     """One source's staged records, by (topic, partition)."""
 
-    def __init__(self, log_: Log | KafkaLog, *, partitions: int) -> None:
+    def __init__(self, log_: Log | KafkaSourceLog, *, partitions: int) -> None:
         self.log = log_
         self.new_topic_partitions = partitions
         self.pending: defaultdict[tuple[str, int], list[Staged]] = defaultdict(list)

@@ -16,7 +16,7 @@ from tributary.capture.log import LogError
 from tributary.capture.log.admin import CompactedInBackground, cat, compact, repair, topics, verify
 
 if TYPE_CHECKING:
-    from tributary.capture.kafka_log import KafkaOptions
+    from tributary.capture.kafka_options import KafkaOptions
 
 __all__ = ["log_app", "register"]
 

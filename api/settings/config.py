@@ -66,7 +66,12 @@ class KafkaLogSettings(_Section):
         description="Extra librdkafka client settings, security included (e.g. `security.protocol`, "
         "`sasl.password`; `config show` masks their values).",
     )
-    partitions: int = Field(default=4, ge=1, le=100_000, description="Partitions of the topics capture creates.")
+    partitions: int = Field(
+        default=4,
+        ge=1,
+        le=100_000,
+        description="Partitions of the topics capture creates for a source without `partitions` of its own.",
+    )
     replication_factor: int = Field(
         default=3, ge=1, le=32, description="Replication factor of the topics capture creates."
     )
@@ -78,7 +83,8 @@ class KafkaLogSettings(_Section):
     transactional_id: str = Field(
         default="tributary-capture",
         min_length=1,
-        description="The capture producer's `transactional.id` (one capture process per id: a new one fences the old).",
+        description="Prefix of the capture producers' `transactional.id`s: one producer per source, "
+        "`<prefix>-<source>` (a new capture of a source fences the old one).",
     )
 
 
@@ -144,7 +150,13 @@ class SourceSettings(_Section):
     snapshot: Literal["initial", "never", "when_needed"] = Field(
         default="initial", description="Initial snapshot policy."
     )
-    partitions: int | None = Field(default=None, ge=1, le=1024, description="Partitions per topic.")
+    partitions: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="Partitions of the topics this source creates (default: `[log] partitions`, on Kafka "
+        "`[log.kafka] partitions`).",
+    )
     signal_table: str | None = Field(
         default=None,
         pattern=r"^[^.\s\"*?\[\]]+\.[^.\s\"*?\[\]]+$",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tributary.api.settings.config import Settings
-from tributary.capture.kafka_log import KafkaOptions
+from tributary.capture.kafka_options import KafkaOptions
 from tributary.capture.log import CleanerPolicy
 
 __all__ = ["cleaner_policy", "kafka_options"]

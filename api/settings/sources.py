@@ -19,6 +19,12 @@ __all__ = ["OUTBOX_SOURCE", "outbox_spec", "slot_lag_bytes", "source_specs", "so
 OUTBOX_SOURCE = "_eventstore"  # reserved: the event store's outbox, captured like any source
 
 
+def _default_partitions(settings: Settings) -> int:
+    """Partitions of the topics a source creates when its entry names none: `[log.kafka]
+    partitions` on the Kafka backend, `[log] partitions` on the local log."""
+    return settings.log.kafka.partitions if settings.log.backend == "kafka" else settings.log.partitions
+
+
 def outbox_spec(settings: Settings, service_dsn: str) -> SourceSpec:
     """The service database's `eventstore.events`, routed to `events.<stream_type>`."""
     return SourceSpec(
@@ -28,7 +34,7 @@ def outbox_spec(settings: Settings, service_dsn: str) -> SourceSpec:
         include=(OUTBOX_TABLE,),
         exclude=(),
         snapshot="initial",
-        partitions=settings.log.partitions,
+        partitions=_default_partitions(settings),
         router=route_event,
     )
 
@@ -44,7 +50,7 @@ def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[Sourc
             include=s.include,
             exclude=s.exclude,
             snapshot=s.snapshot,
-            partitions=s.partitions or settings.log.partitions,
+            partitions=s.partitions or _default_partitions(settings),
             signal_table=s.signal_table,
             snapshot_method=s.snapshot_method,
             snapshot_chunk_rows=s.snapshot_chunk_rows,

@@ -11,6 +11,7 @@ import pytest
 from tributary.api.settings.config import ConfigError, load_settings
 from tributary.api.settings.log import kafka_options
 from tributary.api.settings.masking import MASK, masked
+from tributary.api.settings.sources import OUTBOX_SOURCE, source_specs
 
 pytestmark = pytest.mark.unit
 
@@ -75,3 +76,24 @@ def _empty(tmp_path: Path) -> Path:
     path = tmp_path / "empty.toml"
     path.write_text("")
     return path
+
+
+@pytest.mark.parametrize(
+    ("backend", "expected"),
+    [("kafka", {"shop": 2, "crm": 6, OUTBOX_SOURCE: 6}), ("local", {"shop": 2, "crm": 3, OUTBOX_SOURCE: 3})],
+)
+def test_a_sources_partitions_win_then_the_backends_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, expected: dict[str, int]
+) -> None:
+    """Topics a source creates get its `[[sources]] partitions`, else the backend's default:
+    `[log.kafka] partitions` on Kafka (as a Debezium connector's topic-creation settings override
+    the broker's), `[log] partitions` on the local log."""
+    monkeypatch.setenv("TRIBUTARY_SERVICE__DSN", "postgresql://u@127.0.0.1/service")
+    path = tmp_path / "t.toml"
+    path.write_text(
+        f'[log]\nbackend = "{backend}"\npartitions = 3\n\n[log.kafka]\nbootstrap_servers = "b:9092"\npartitions = 6\n\n'
+        '[[sources]]\nname = "shop"\ndsn = "postgresql://u@127.0.0.1/shop"\npartitions = 2\n\n'
+        '[[sources]]\nname = "crm"\ndsn = "postgresql://u@127.0.0.1/crm"\n'
+    )
+    specs = source_specs(load_settings(path), with_outbox=True)
+    assert {s.name: s.partitions for s in specs} == expected

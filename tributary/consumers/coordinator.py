@@ -42,7 +42,7 @@ from tributary.consumers.notices import CHANNEL, RebalanceNotices
 from tributary.consumers.offsets import DbOffsets, GroupView, OffsetStore
 
 if TYPE_CHECKING:
-    from tributary.capture.kafka_log import KafkaOptions
+    from tributary.capture.kafka_options import KafkaOptions
 
 __all__ = [
     "OFFSET_RESETS",

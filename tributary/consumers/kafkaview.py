@@ -26,7 +26,7 @@ import orjson
 import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from tributary.capture.kafka_log import KafkaOptions
+from tributary.capture.kafka_options import KafkaOptions
 from tributary.capture.log import LogError, Record
 from tributary.consumers.assign import TopicPartition as GroupPartition
 from tributary.consumers.offsets import WRITE_OFFSETS, listed_offsets

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -14,11 +15,12 @@ import orjson
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import cli, records, spawn_capture, write_config
+from tests.integration.capture.helpers import cli, records, spawn_capture, wait_for, write_config
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tributary.capture.kafka_log import OFFSETS_TOPIC
 from tributary.capture.log import partition_for
+from tributary.capture.status import read_status
 
 pytestmark = pytest.mark.integration
 
@@ -161,3 +163,92 @@ def test_kill_9_loses_and_duplicates_nothing_for_read_committed(
     with psycopg.connect(fresh_db) as conn:
         final_counts = dict(conn.execute("SELECT k, v FROM counters").fetchall())
     assert {k: v[-1] for k, v in per_key.items()} == final_counts  # the compacted state equals the table
+
+
+def _streaming(status_root: Path, pid: int, source: str) -> bool:
+    doc = read_status(status_root) or {}
+    return doc.get("pid") == pid and any(
+        s["name"] == source and s.get("state") == "streaming" for s in doc.get("sources", [])
+    )
+
+
+def test_captures_of_different_sources_run_side_by_side(fresh_db: str, tmp_path: Path, kafka: KafkaCluster) -> None:
+    """Two capture processes, one source each, the same transactional-id prefix: each source has
+    its own producer, so neither fences the other; each resumes from its own position."""
+    _prepare(kafka, "shop.public.orders", "crm.public.people")
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+        conn.execute("CREATE TABLE people (id int PRIMARY KEY)")
+    configs = {}
+    for name, table in (("shop", "orders"), ("crm", "people")):
+        config = write_kafka_config(
+            tmp_path / f"{name}.toml",
+            dsn=fresh_db,
+            log_root=tmp_path / f"status-{name}",
+            bootstraps=kafka.bootstraps,
+            create_topics=kafka.creates_topics,
+            name=name,
+        )
+        text = config.read_text().replace('include = ["public.*"]', f'include = ["public.{table}"]')
+        configs[name] = config
+        config.write_text(re.sub(r'transactional_id = "[^"]*"', 'transactional_id = "shared"', text))
+    procs = {name: spawn_capture(config) for name, config in configs.items()}
+    try:
+        for name, proc in procs.items():
+            wait_for(
+                lambda name=name, pid=proc.pid: _streaming(tmp_path / f"status-{name}", pid, name),
+                timeout=60,
+                what=f"{name} streaming",
+            )
+        for round_ in range(3):
+            with psycopg.connect(fresh_db, autocommit=True) as conn:
+                for i in range(20):
+                    conn.execute("INSERT INTO orders VALUES (%s)", (round_ * 20 + i,))
+                    conn.execute("INSERT INTO people VALUES (%s)", (round_ * 20 + i,))
+            time.sleep(1.5)
+            for proc in procs.values():
+                assert proc.proc.poll() is None, proc.communicate(5)[1]
+    finally:
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    for name, proc in procs.items():
+        assert proc.returncode == 0, f"{name}: {proc.communicate(5)[1]}"
+    for config in configs.values():  # each resumes from its own position: nothing again
+        again = cli("capture", "--config", str(config), "--until-idle", "1")
+        assert again.returncode == 0, again.stderr
+    seen = read_committed(kafka.bootstraps, ["shop.public.orders", "crm.public.people"])
+    for topic in ("shop.public.orders", "crm.public.people"):
+        ids = [orjson.loads(v)["after"]["id"] for t, _, _, _, v, _, _ in seen if t == topic and v and b'"op":' in v]
+        assert sorted(ids) == list(range(60)), topic
+
+
+def test_a_second_capture_of_a_source_fences_the_first(fresh_db: str, tmp_path: Path, kafka: KafkaCluster) -> None:
+    if kafka.kind == "mock":
+        pytest.skip("the mock cluster does not fence producers (docs/kafka.md)")
+    _prepare(kafka, "shop.public.orders")
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+    config = write_kafka_config(
+        tmp_path / "k.toml",
+        dsn=fresh_db,
+        log_root=tmp_path / "status",
+        bootstraps=kafka.bootstraps,
+        create_topics=kafka.creates_topics,
+    )
+    first = spawn_capture(config)
+    second = None
+    try:
+        time.sleep(5)
+        second = spawn_capture(config)  # its producer of source "shop" fences the first's
+        time.sleep(5)
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute("INSERT INTO orders VALUES (1)")  # the first's next commit is refused
+        assert first.wait(timeout=60) == 1
+        err = first.communicate(5)[1].strip().splitlines()[-1]
+        assert "source 'shop': another capture process took over its Kafka producer" in err, err
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=30)
