@@ -179,6 +179,28 @@ def test_groups_share_partitions_and_commit_to_kafka(fresh_db: str, tmp_path: Pa
         assert {p: x["lag"] for p, x in parts.items()} == {p: x["end"] - ends[p] for p, x in parts.items()}
         assert all(x["end"] == ends[p] + 1 for p, x in parts.items())
 
+        listed = cli("groups", "list", "--json", "--config", str(config))
+        assert listed.returncode == 0, listed.stderr
+        assert {g["group"]: g["lag"] for g in json.loads(listed.stdout)} == {GROUP: 3}  # the three markers
+
+        # a dry run (here to a time: Kafka's time index) shows new offsets and writes nothing to Kafka
+        dry = cli(
+            "groups",
+            "reset",
+            GROUP,
+            "--to-datetime",
+            "2020-01-01T00:00:00Z",
+            "--dry-run",
+            "--json",
+            "--config",
+            str(config),
+        )
+        assert dry.returncode == 0, dry.stderr
+        planned = json.loads(dry.stdout)["offsets"]
+        assert {o["partition"] for o in planned} == {0, 1, 2}
+        assert all(0 <= o["offset"] <= parts[o["partition"]]["end"] for o in planned)
+        assert _kafka_committed(kafka.bootstraps) == ends
+
         # replay: reset to the earliest offsets (written to Kafka), and everything comes again
         reset = cli("groups", "reset", GROUP, "--to-earliest", "--config", str(config))
         assert reset.returncode == 0, reset.stderr
