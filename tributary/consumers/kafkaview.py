@@ -1,9 +1,11 @@
 """The log as consumer groups see it on `[log] backend = "kafka"`: `LogView`'s interface over a Kafka
 cluster, read_committed.
 
-- `refresh()` asks the cluster for every partition's bounds in two batched ListOffsets requests
-  (earliest, and latest under read_committed = the last stable offset), and for the topic list at
-  most every `metadata_interval_s`; `version` moves when a bound or the topic set changed.
+- `refresh()` asks the cluster for the bounds of the partitions of the topics in use (asked for in
+  the last `wanted_s`) in two batched ListOffsets requests (earliest, and latest under
+  read_committed = the last stable offset), and for the topic list at most every
+  `metadata_interval_s`; `version` moves when a bound or the topic set changed. A topic's first
+  `bounds()` asks the cluster at once.
 - `read()` takes a reader from a small pool of `Consumer`s (never one per read): a reader that
   stopped exactly where the next read starts goes on with what it already fetched, any other is
   assigned the partition at the offset. Reads end at the last stable offset seen by the last refresh.
@@ -36,6 +38,10 @@ __all__ = ["KafkaOffsets", "KafkaView", "kafka_client_config"]
 _TIMEOUT_S = 10.0  # one request to the cluster
 _READ_IDLE_S = 10.0  # a read that gets nothing for this long (the cluster is gone) fails
 _BATCH = 500  # messages taken from a reader's queue at once
+_MEMBERSHIP_ERRORS = frozenset(
+    {KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS}
+)
+_WANTED_S = 600.0  # a topic no one asked about for this long is no longer polled
 
 
 def kafka_client_config(options: KafkaOptions, **extra: Any) -> dict[str, Any]:
@@ -85,6 +91,7 @@ class KafkaView:
         self._topics: dict[str, int] = {}
         self._topics_at = -1e9
         self.ends: dict[tuple[str, int], tuple[int, int]] = {}
+        self._wanted: dict[str, float] = {}  # topic -> when its bounds were last asked for
         self.refreshed_at = 0.0
         self.version = 0
         self._readers: list[_Reader] = []
@@ -95,7 +102,7 @@ class KafkaView:
     # -- the cluster's state ------------------------------------------------------------------
 
     def refresh(self) -> bool:
-        """Ask the cluster for every partition's bounds; True when something changed since the last call."""
+        """Ask the cluster for the bounds of the topics in use; True when something changed since the last call."""
         with self._lock:
             if self._closed:
                 return False
@@ -109,20 +116,27 @@ class KafkaView:
                         if not name.startswith("__") and t.error is None and t.partitions
                     }
                     self._topics_at = now
-                ends = self._bounds()
+                fresh = now - _WANTED_S
+                topics = [t for t in sorted(self._topics) if self._wanted.get(t, -1e18) >= fresh]
+                ends = self._bounds(topics, keep=True)
             except KafkaException as exc:
                 raise LogError(f"{self.where}: {_one_line(exc)}") from None
             self.refreshed_at = time.monotonic()
-            if ends == self.ends:
-                return False
-            self.ends = ends
-            self.version += 1
-            return True
+            return self._swap(ends)
 
-    def _bounds(self) -> dict[tuple[str, int], tuple[int, int]]:
-        tps = [(t, p) for t, n in sorted(self._topics.items()) for p in range(n)]
+    def _swap(self, ends: dict[tuple[str, int], tuple[int, int]]) -> bool:
+        if ends == self.ends:
+            return False
+        self.ends = ends
+        self.version += 1
+        return True
+
+    def _bounds(self, topics: list[str], *, keep: bool) -> dict[tuple[str, int], tuple[int, int]]:
+        """The bounds of `topics`' partitions; with `keep`, of those only (the others are dropped),
+        else merged into the known ones."""
+        tps = [(t, p) for t in topics for p in range(self._topics.get(t, 0))]
         if not tps:
-            return {}
+            return {} if keep else dict(self.ends)
         # ListOffsets at "earliest" (-2) and "latest" (-1); under read_committed latest is the LSO
         low = self._meta.offsets_for_times([TopicPartition(t, p, -2) for t, p in tps], _TIMEOUT_S)
         high = self._meta.offsets_for_times([TopicPartition(t, p, -1) for t, p in tps], _TIMEOUT_S)
@@ -131,10 +145,26 @@ class KafkaView:
             if lo.error is not None or hi.error is not None:
                 continue  # e.g. a leader moving: the partition keeps its last known bounds
             out[(lo.topic, lo.partition)] = (max(lo.offset, 0), max(hi.offset, 0))
+        wanted = set(topics)
         for tp, old in self.ends.items():
-            if tp[0] in self._topics and tp not in out:
+            if tp not in out and (tp[0] in wanted or not keep) and tp[0] in self._topics:
                 out[tp] = old
         return out
+
+    def _want(self, topic: str) -> None:
+        """Poll `topic`'s bounds from now on; the first time, ask the cluster at once."""
+        now = time.monotonic()
+        first = self._wanted.get(topic, -1e18) < now - _WANTED_S  # new, or no longer polled
+        self._wanted[topic] = now
+        if not first or topic not in self._topics:
+            return  # (a topic that does not exist yet is polled once the topic list shows it)
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self._swap(self._bounds([topic], keep=False))
+            except KafkaException as exc:
+                raise LogError(f"{self.where}: {_one_line(exc)}") from None
 
     def refresh_if_older(self, seconds: float) -> None:
         if time.monotonic() - self.refreshed_at >= seconds:
@@ -160,6 +190,7 @@ class KafkaView:
 
     def bounds(self, topic: str, partition: int) -> tuple[int, int]:
         """(low watermark, last stable offset) of one partition; (0, 0) while it does not exist."""
+        self._want(topic)
         return self.ends.get((topic, partition), (0, 0))
 
     def compacted(self, topic: str) -> bool:
@@ -228,7 +259,7 @@ class KafkaView:
                     value=msg.value(),
                     headers=_log_headers(msg.headers()),
                 )
-        except KafkaException as exc:
+        except (KafkaException, RuntimeError) as exc:  # RuntimeError: the view was closed meanwhile
             raise LogError(f"{self.where}: {_one_line(exc)}") from None
         finally:
             reader.at = (topic, partition, position)
@@ -321,7 +352,7 @@ class KafkaOffsets:
         try:
             with lock:
                 got = consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=_TIMEOUT_S)
-        except KafkaException as exc:
+        except (KafkaException, RuntimeError) as exc:  # RuntimeError: closed by another thread
             raise LogError(f"{self.where}: reading the offsets of group {group!r}: {_one_line(exc)}") from None
         out: dict[GroupPartition, int] = {}
         for tp in got:
@@ -348,11 +379,12 @@ class KafkaOffsets:
                 done = consumer.commit(
                     offsets=[TopicPartition(t, p, o, metadata=note) for (t, p), o in offsets], asynchronous=False
                 )
-        except KafkaException as exc:
-            raise LogError(
-                f"{self.where}: Kafka refused the commit of group {group!r} ({_one_line(exc)}); a Kafka consumer "
-                "that is a member of a group of this name keeps tributary from committing"
-            ) from None
+        except (KafkaException, RuntimeError) as exc:
+            error = exc.args[0] if exc.args else None
+            hint = ""
+            if isinstance(error, KafkaError) and error.code() in _MEMBERSHIP_ERRORS:
+                hint = f" (a Kafka consumer subscribed with group.id {group!r} makes Kafka refuse tributary's commits)"
+            raise LogError(f"{self.where}: committing group {group!r}: {_one_line(exc)}{hint}") from None
         for tp in done or []:
             if tp.error is not None:
                 raise LogError(

@@ -16,6 +16,7 @@ import httpx
 import psycopg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from tests.integration.capture.helpers import cli
 from tests.integration.consumers.helpers import Receiver, receiving
@@ -23,6 +24,9 @@ from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.servers import ROOT, free_port, serving
 from tributary.capture.kafka_log import OFFSETS_TOPIC
+from tributary.capture.kafka_options import KafkaOptions
+from tributary.capture.log import LogError
+from tributary.consumers import GroupCoordinator
 from tributary.eventstore.migrate import run_migrations
 
 pytestmark = pytest.mark.integration
@@ -291,3 +295,40 @@ def test_http_sink_delivers_from_kafka_and_commits_there(fresh_db: str, tmp_path
     for p in range(3):
         offsets = [r["offset"] for r in got if r["partition"] == p]
         assert offsets == sorted(offsets)
+
+
+def test_a_kafka_member_of_the_same_group_id_blocks_commits_until_it_leaves(
+    fresh_db: str, tmp_path: Path, kafka: KafkaCluster
+) -> None:
+    topic = "plain.topic"
+    if kafka.creates_topics:
+        AdminClient({"bootstrap.servers": kafka.bootstraps}).create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    else:
+        kafka.create(topic, 2)
+    run_migrations(fresh_db)
+    options = KafkaOptions(bootstrap_servers=kafka.bootstraps, client={"log_level": "3"})
+    with GroupCoordinator(fresh_db, tmp_path / "unused", kafka=options) as coordinator:
+        me = coordinator.join("shared", [topic], member_id="m", session_timeout_ms=120_000)
+        assert sorted(me.assignments) == [(topic, 0), (topic, 1)]
+        member = Consumer(
+            {"bootstrap.servers": kafka.bootstraps, "group.id": "shared", "session.timeout.ms": 6000, "log_level": "3"}
+        )
+        member.subscribe([topic])
+        deadline = time.monotonic() + 30
+        while not member.assignment():  # a live member of Kafka's own group "shared"
+            assert time.monotonic() < deadline
+            member.poll(0.2)
+        with pytest.raises(LogError, match="group.id 'shared'"):
+            coordinator.commit("shared", "m", me.generation, [(topic, 0, 0)])
+        member.close()  # leaves Kafka's group: once it is empty, tributary's commits go through
+        if kafka.kind == "mock":
+            return  # the mock cluster keeps refusing commits without a member once its group had one
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                coordinator.commit("shared", "m", me.generation, [(topic, 0, 0), (topic, 1, 0)])
+                break
+            except LogError:
+                assert time.monotonic() < deadline, "Kafka kept refusing the commit after its member left"
+                time.sleep(0.5)
+        assert coordinator.offsets.committed("shared", [(topic, 0), (topic, 1)]) == {(topic, 0): 0, (topic, 1): 0}
