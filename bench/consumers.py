@@ -5,9 +5,16 @@
 2. latency: commit in PostgreSQL → record at an SSE consumer (`GET …/stream`), at a steady
    `--tps`, vs commit → visible in the log (a reader polling the log's files, the same moment);
    target SSE p99 ≤ 100 ms;
-3. fan-out: `--subscribers` SSE streams, each in its own group, each must receive every record.
+3. fan-out: `--subscribers` SSE streams, each in its own group, each must receive every record;
+4. kafka_throughput: part 1 on the Kafka backend (`[log] backend = "kafka"`, librdkafka's mock
+   cluster, `tests/kafka_mock.py`): the member pulling over HTTP vs `tributary log cat` reading the
+   same topic from the cluster (read_committed) — for information: the mock is no reference for a
+   real Kafka;
+5. kafka_readers: the coordinator's Kafka view reading a topic in pulls of `--pull-records` per
+   partition in turn, its readers kept (`KafkaView`) vs a new view (new Kafka clients) per pull.
 
     .venv/bin/python bench/consumers.py [--records 100000] [--seconds 20] [--tps 1000] [--writers 4] [--subscribers 50] [--repeat 3]
+    .venv/bin/python bench/consumers.py --only kafka_throughput --records 50000
 """
 
 from __future__ import annotations
@@ -93,6 +100,128 @@ def _cat_rate(root: Path, n: int) -> float:
     elapsed = time.perf_counter() - t0
     got = out.stdout.count(b"\n")
     assert got == n, f"log cat printed {got} records, expected {n}"
+    return n / elapsed
+
+
+def _kafka_fill(bootstraps: str, topic: str, n: int, partitions: int = 4) -> None:
+    """`n` records in transactions of 5,000, as capture writes them (a commit marker after each)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstraps, "transactional.id": "bench-fill", "log_level": "3"})
+    producer.init_transactions(30)
+    pad = "x" * 120
+    for lo in range(0, n, 5000):
+        producer.begin_transaction()
+        for i in range(lo, min(lo + 5000, n)):
+            key = canonical_json({"id": i})
+            value = orjson.dumps({"after": {"id": i, "pad": pad}, "op": "c"})
+            while True:
+                try:
+                    producer.produce(topic, key=key, value=value, partition=i % partitions)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        producer.commit_transaction(60)
+
+
+def _kafka_cat_rate(config: Path, n: int) -> float:
+    t0 = time.perf_counter()
+    out = subprocess.run(
+        [*CLI, "log", "cat", TOPIC, "--config", str(config)], cwd=ROOT, capture_output=True, check=True
+    )
+    elapsed = time.perf_counter() - t0
+    got = out.stdout.count(b"\n")
+    assert got == n, f"log cat printed {got} records, expected {n}"
+    return n / elapsed
+
+
+def _kafka_throughput(dsn: str, work: Path, records: int, repeat: int, parts: set[str], pull: int) -> dict[str, Any]:
+    mock = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "kafka_mock.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )
+    try:
+        assert mock.stdin is not None and mock.stdout is not None
+        bootstraps = mock.stdout.readline().strip()
+        mock.stdin.write(f"create {TOPIC} 4 1\n")
+        mock.stdin.flush()
+        assert mock.stdout.readline().strip() == "ok"
+        _kafka_fill(bootstraps, TOPIC, records)
+        out: dict[str, Any] = {}
+        if "kafka_readers" in parts:
+            kept_rates: list[float] = []
+            fresh_rates: list[float] = []
+            for _ in range(repeat):
+                kept_rates.append(_kafka_pulls(bootstraps, records, pull, fresh=False))
+                fresh_rates.append(_kafka_pulls(bootstraps, records, pull, fresh=True))
+            out["kafka_readers"] = {
+                "records": records,
+                "pull_records": pull,
+                "kept_per_s": statistics.median(kept_rates),
+                "new_per_pull_per_s": statistics.median(fresh_rates),
+                "ratio_kept_vs_new": statistics.median(k / f for k, f in zip(kept_rates, fresh_rates, strict=True)),
+                "runs": {"kept": kept_rates, "new_per_pull": fresh_rates},
+            }
+        if "kafka_throughput" not in parts:
+            return out
+        port = free_port()
+        config = work / "kafka.toml"
+        config.write_text(
+            f'[service]\ndsn = "{dsn}"\n[log]\nbackend = "kafka"\nroot = "{work / "klog"}"\n'
+            f'[log.kafka]\nbootstrap_servers = "{bootstraps}"\ncreate_topics = false\n'
+            'client = { "log_level" = "3" }\n'
+            f"[api]\nport = {port}\n"
+        )
+        cat_rates: list[float] = []
+        http_rates: list[float] = []
+        with _serve(config, port, work / "serve-kafka.err") as url:
+            for i in range(repeat):  # interleaved: both see the same neighbours
+                cat_rates.append(_kafka_cat_rate(config, records))
+                http_rates.append(_http_rate(url, f"ktp-{i}", records))
+        out["kafka_throughput"] = {
+            "records": records,
+            "log_cat_per_s": statistics.median(cat_rates),
+            "http_pull_per_s": statistics.median(http_rates),
+            "ratio_http_vs_cat": statistics.median(h / c for h, c in zip(http_rates, cat_rates, strict=True)),
+            "runs": {"log_cat": cat_rates, "http_pull": http_rates},
+        }
+        return out
+    finally:
+        mock.kill()
+        mock.wait()
+
+
+def _kafka_pulls(bootstraps: str, n: int, pull: int, *, fresh: bool) -> float:
+    """Records/s reading `n` records of TOPIC (4 partitions) in pulls of `pull` records, partitions
+    in turn: one KafkaView throughout, or (`fresh`) a new one (new clients) per pull."""
+    from tributary.capture.kafka_options import KafkaOptions
+    from tributary.consumers.kafkaview import KafkaView
+
+    options = KafkaOptions(bootstrap_servers=bootstraps, client={"log_level": "3"})
+    kept = None if fresh else KafkaView(options)
+    position = dict.fromkeys(range(4), 0)
+    got = 0
+    t0 = time.perf_counter()
+    while got < n:
+        for p in range(4):
+            view = kept or KafkaView(options)
+            view.refresh_if_older(0.05)
+            it = view.read(TOPIC, p, position[p])
+            for i, record in enumerate(it, 1):
+                position[p], got = record.offset + 1, got + 1
+                if i == pull:
+                    break
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+            if view is not kept:
+                view.close()
+    elapsed = time.perf_counter() - t0
+    if kept is not None:
+        kept.close()
     return n / elapsed
 
 
@@ -303,8 +432,11 @@ def main() -> None:
     parser.add_argument("--subscribers", type=int, default=50)
     parser.add_argument("--fan-records", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--pull-records", type=int, default=50, help="records per pull in kafka_readers")
     parser.add_argument(
-        "--only", default="throughput,fan_out,latency", help="comma-separated parts to run (default: all)"
+        "--only",
+        default="throughput,fan_out,latency,kafka_throughput,kafka_readers",
+        help="comma-separated parts to run (default: all)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "consumers.json")
     args = parser.parse_args()
@@ -346,6 +478,8 @@ def main() -> None:
                     "runs": fan,
                 }
         log.close()
+        if parts & {"kafka_throughput", "kafka_readers"}:
+            result |= _kafka_throughput(dsn, work, args.records, args.repeat, parts, args.pull_records)
         if "latency" in parts:
             lat = [
                 _latency(cluster, work, seconds=args.seconds, tps=args.tps, writers=args.writers, tag=str(i))

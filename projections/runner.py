@@ -23,11 +23,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from tributary.capture.log import Log, LogError, MissingMetadataError, TopicNotFoundError
+from tributary.capture.log import LogError, MissingMetadataError
 from tributary.projections.arrow_copy import distinct_keys, output_lines
 from tributary.projections.definition import Projection
 from tributary.projections.engine import applies_truncates, decide, merges_partitions, truncate_points
@@ -42,9 +42,12 @@ from tributary.projections.job import (
     items_frame,
 )
 from tributary.projections.loader import file_stamps, load_current, resolve
-from tributary.projections.source import records_frame
+from tributary.projections.source import LocalSource, LogSource
 from tributary.projections.spark import aggregation_session, get_session, local_cores
 from tributary.projections.store import BuildRow, Store
+
+if TYPE_CHECKING:
+    from tributary.capture.kafka_options import KafkaOptions
 
 __all__ = [
     "RunResult",
@@ -77,11 +80,18 @@ class RunSettings:
     split_bytes: int = 16 << 20
     max_passes: int = 5
     skip_errors: bool = False
+    kafka: KafkaOptions | None = None  # `[log] backend = "kafka"`: read `[log.kafka]`, not `log_root`
+    kafka_split_offsets: int = 100_000  # on Kafka: offsets per executor task, at most
 
     @classmethod
     def from_settings(cls, settings: Any, *, dsn: str | None = None) -> RunSettings:
         """From `api.config.Settings` (pass `dsn` when the service DSN is the embedded default)."""
         pr = settings.projections
+        kafka = None
+        if settings.log.backend == "kafka":
+            from tributary.api.settings.log import kafka_options
+
+            kafka = kafka_options(settings)
         return cls(
             dsn=dsn or settings.service.dsn,
             log_root=Path(settings.log.root),
@@ -90,6 +100,7 @@ class RunSettings:
             schema=pr.schema_,
             spark_master=pr.spark_master,
             spark_conf=dict(pr.spark_conf),
+            kafka=kafka,
         )
 
 
@@ -98,7 +109,7 @@ class RunResult:
     name: str
     build: int
     table: str
-    records: int
+    records: int  # offsets covered: on Kafka transaction markers and aborted records count too
     rows: int
     rebuilt: bool
     seconds: float
@@ -129,14 +140,13 @@ def _connect(s: RunSettings) -> psycopg.Connection[Any]:
         raise RunError(f"cannot connect to the service database ([service] dsn): {exc}") from exc
 
 
-def _ends(log: Log, topics: tuple[str, ...]) -> dict[TP, int]:
-    out: dict[TP, int] = {}
-    for t in topics:
-        try:
-            out.update({(t, i): e for i, e in enumerate(log.end_offsets(t))})
-        except TopicNotFoundError:
-            continue  # nothing captured on it yet
-    return out
+def _open_log(s: RunSettings) -> LogSource:
+    """The log a run reads, by `[log] backend`: the local log under `log_root`, or Kafka."""
+    if s.kafka is not None:
+        from tributary.projections.kafka_source import KafkaSource
+
+        return KafkaSource(s.kafka, split_offsets=s.kafka_split_offsets)
+    return LocalSource(s.log_root)
 
 
 def _spark_error(exc: Exception) -> ProjectionError:
@@ -157,7 +167,7 @@ def _catch_up(
     s: RunSettings,
     spark: Any,
     store: Store,
-    log: Log,
+    log: LogSource,
     p: Projection,
     b: BuildRow,
     progress: Progress | None = None,
@@ -167,7 +177,7 @@ def _catch_up(
     from pyspark.sql import functions as F
 
     ref = (s.modules, s.mirror, p.name)
-    ends = _ends(log, p.topics)
+    ends = log.ends(p.topics)
     ck = store.checkpoints(b)
     lo = {tp: ck.get(tp, (0, None))[0] for tp in ends}
     base = {tp: ck.get(tp, (0, None))[1] for tp in ends}
@@ -180,9 +190,8 @@ def _catch_up(
     topics = tuple(t for t in p.topics if any(tp[0] == t for tp in ends))
 
     def read(start: Mapping[TP, int], session: Any = spark) -> Any:
-        return records_frame(
+        return log.records_frame(
             session,
-            log,
             modules=s.modules,
             mirror=s.mirror,
             name=p.name,
@@ -311,15 +320,15 @@ _SEEN_ROOTS: set[tuple[str, str]] = set()  # (Spark application, log root) pairs
 
 
 def _session(s: RunSettings, spark: Any) -> Any:
-    """The session of a run; on a cluster, first (once per application and log root) a check that
-    every executor sees the log root."""
+    """The session of a run; on a cluster with the local log, first (once per application and log
+    root) a check that every executor sees the log root (on Kafka the executors reach the brokers)."""
     sess = (
         spark
         if spark is not None
         else get_session(s.spark_master, shuffle_partitions=s.shuffle_partitions, conf=s.spark_conf)
     )
     sc = sess.sparkContext
-    if local_cores(sc.master) is None:  # local masters run their tasks on this host
+    if local_cores(sc.master) is None and s.kafka is None:  # local masters run their tasks on this host
         seen = (str(sc.applicationId), str(s.log_root))
         if seen not in _SEEN_ROOTS:
             check_log_root(sess, s.log_root)
@@ -352,7 +361,7 @@ class _Locked:
 def _rebuild(s: RunSettings, spark: Any, store: Store, p: Projection, progress: Progress | None) -> RunResult:
     t0 = time.monotonic()
     stamps = file_stamps(s.modules)
-    log = Log.open(s.log_root)
+    log = _open_log(s)
     b = store.new_build(p)
     records = rows = 0
     try:
@@ -402,12 +411,19 @@ def rebuild_process(name: str, settings: RunSettings, *, progress: Progress | No
     args = json.dumps({"name": name, "settings": {**_settings_json(settings)}})
     code = "from tributary.projections.runner import rebuild_main; rebuild_main()"
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code, args], stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1
+        proc = subprocess.Popen(  # the settings on stdin, not argv: DSN and Kafka client secrets stay out of `ps`
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            bufsize=1,
         )
         result: dict[str, Any] | None = None
         failure: str | None = None
-        assert proc.stdout is not None
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(args + "\n")
+        proc.stdin.close()
         for line in proc.stdout:
             if not line.startswith(_MARK):
                 continue
@@ -426,19 +442,43 @@ def rebuild_process(name: str, settings: RunSettings, *, progress: Progress | No
 
 
 def _settings_json(s: RunSettings) -> dict[str, Any]:
-    return {f: (str(v) if isinstance(v, Path) else v) for f in s.__slots__ if (v := getattr(s, f)) is not None}
+    import dataclasses
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, Path):
+            return str(v)
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        return dict(v) if isinstance(v, Mapping) else v
+
+    return {f: plain(v) for f in s.__slots__ if (v := getattr(s, f)) is not None}
+
+
+def _settings_from_json(raw: Mapping[str, Any]) -> RunSettings:
+    """`_settings_json`'s inverse."""
+    kafka = None
+    if raw.get("kafka") is not None:
+        from tributary.capture.kafka_options import KafkaOptions
+
+        kafka = KafkaOptions(**raw["kafka"])
+    return RunSettings(
+        **{
+            **raw,
+            "log_root": Path(raw["log_root"]),
+            "modules": tuple(raw["modules"]),
+            "mirror": tuple(raw["mirror"]),
+            "kafka": kafka,
+        }
+    )
 
 
 def rebuild_main() -> None:
-    """The child of `rebuild_process`: argv[1] is {"name", "settings"}; reports on stdout."""
+    """The child of `rebuild_process`: {"name", "settings"} on stdin (or argv[1]); reports on stdout."""
     import json
     import sys
 
-    args = json.loads(sys.argv[1])
-    raw = args["settings"]
-    s = RunSettings(
-        **{**raw, "log_root": Path(raw["log_root"]), "modules": tuple(raw["modules"]), "mirror": tuple(raw["mirror"])}
-    )
+    args = json.loads(sys.argv[1] if len(sys.argv) > 1 else sys.stdin.readline())
+    s = _settings_from_json(args["settings"])
 
     def say(msg: dict[str, Any]) -> None:
         sys.stdout.write(_MARK + json.dumps(msg) + "\n")
@@ -462,7 +502,7 @@ def run(name: str, settings: RunSettings, *, spark: Any = None, progress: Progre
         if cur is None or cur.version != p.version:
             return _rebuild(settings, sess, store, p, progress)
         t0 = time.monotonic()
-        log = Log.open(settings.log_root)
+        log = _open_log(settings)
         try:
             done = _catch_up(settings, sess, store, log, p, cur, progress)
         finally:
@@ -531,7 +571,7 @@ def status(settings: RunSettings, name: str | None = None) -> list[ProjectionSta
         store = Store(conn, schema=settings.schema)
         store.ensure()
         try:
-            log: Log | None = Log.open(settings.log_root)
+            log: LogSource | None = _open_log(settings)
         except MissingMetadataError:
             raise  # segments without a manifest are not "nothing captured yet"
         except LogError:  # nothing captured yet: lag unknown, status still useful
@@ -543,7 +583,7 @@ def status(settings: RunSettings, name: str | None = None) -> list[ProjectionSta
             lag = 0
             if log is not None:  # never run: everything in its topics is waiting
                 ck = store.checkpoints(cur) if cur is not None else {}
-                lag = sum(max(0, e - ck.get(tp, (0, None))[0]) for tp, e in _ends(log, p.topics).items())
+                lag = sum(max(0, e - ck.get(tp, (0, None))[0]) for tp, e in log.ends(p.topics).items())
             others = tuple(f"{b.table_name}:{b.status}" for b in builds if not b.current)
             out.append(
                 ProjectionStatus(

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +32,7 @@ from tributary.capture.log import (
     SegmentCopy,
     Split,
     TailCopy,
+    TopicNotFoundError,
     copy_records,
     read_split,
     read_split_columns,
@@ -43,7 +44,7 @@ from tributary.projections.engine import prepare, unit_key
 from tributary.projections.loader import resolve
 from tributary.projections.records import SCHEMA_KEY, decode, default_event_time
 
-__all__ = ["RECORD_SCHEMA", "TP", "plan", "records_frame"]
+__all__ = ["RECORD_SCHEMA", "TP", "LocalSource", "LogSource", "RawRecord", "plan", "records_frame", "rows_frame"]
 
 TP = tuple[str, int]
 # The log's record columns, then the two every projection gets: its event time and its key.
@@ -415,14 +416,46 @@ def _raw_batches(records: Iterable[RawRecord]) -> Iterator[pa.RecordBatch]:
         yield pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(cols, _RAW, strict=True)], schema=_RAW)
 
 
-def _reader(modules: tuple[str, ...], mirror: tuple[str, ...], name: str, columns: bool = False):  # type: ignore[no-untyped-def]
-    """A mapInArrow function: row splits (or Parquet rows, `columns=True`) → RECORD_SCHEMA."""
+RecordsOf = Callable[[Iterator[pa.RecordBatch]], Iterator[RawRecord]]  # planned rows → their records
+
+
+def _reader(  # type: ignore[no-untyped-def]
+    modules: tuple[str, ...],
+    mirror: tuple[str, ...],
+    name: str,
+    columns: bool = False,
+    records: RecordsOf | None = None,
+):
+    """A mapInArrow function: row splits (or Parquet rows, `columns=True`; or what `records`
+    reads from its planned rows) → RECORD_SCHEMA."""
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         p = resolve(modules, mirror, name)
-        yield from _batches(p, (_column_records if columns else _split_records)(batches))
+        found = records if records is not None else _column_records if columns else _split_records
+        yield from _batches(p, found(batches))
 
     return read
+
+
+def rows_frame(p: Any, planned: Any, raw: Any, reader: Any) -> Any:
+    """The records of planned rows (a DataFrame of splits, or of Kafka offset ranges) as
+    RECORD_SCHEMA (+ `value_v` for a DataFrame projection): `raw` maps them to the log's seven
+    record columns (a DataFrame projection with the log's key and event time: those and the
+    VARIANT are then SQL, computed only if used), `reader` to RECORD_SCHEMA (Python)."""
+    from pyspark.sql import functions as F
+
+    variant = p.build is not None
+    if variant and not _custom(p):  # key, event time and VARIANT in SQL, computed only if used
+        rows = planned.mapInArrow(raw, _RAW_SCHEMA)
+        if not p.schema_records:
+            rows = rows.where(_not_schema())
+        rows = rows.withColumn("value_v", F.expr("try_parse_json(value)"))
+        pkey = F.coalesce(F.col("key"), F.lit("null")).alias("pkey")
+        return rows.select(*_ARROW.names[:7], _event_time().alias("event_time"), pkey, "value_v")
+    frame = planned.mapInArrow(reader, RECORD_SCHEMA)
+    if variant:
+        frame = frame.withColumn("value_v", F.expr("try_parse_json(value)"))
+    return frame
 
 
 def records_frame(
@@ -464,15 +497,73 @@ def records_frame(
     splits = spark.createDataFrame(rows, _SPLIT_SCHEMA)
     if rows:
         splits = splits.repartition(len(rows))
-    if variant and not _custom(p):  # key, event time and VARIANT in SQL, computed only if used
-        raw = splits.mapInArrow(_raw_rows, _RAW_SCHEMA)
-        if not p.schema_records:
-            raw = raw.where(_not_schema())
-        raw = raw.withColumn("value_v", F.expr("try_parse_json(value)"))
-        pkey = F.coalesce(F.col("key"), F.lit("null")).alias("pkey")
-        frame = raw.select(*_ARROW.names[:7], _event_time().alias("event_time"), pkey, "value_v")
-    else:
-        frame = splits.mapInArrow(_reader(tuple(modules), tuple(mirror), name), RECORD_SCHEMA)
-        if variant:
-            frame = frame.withColumn("value_v", F.expr("try_parse_json(value)"))
+    frame = rows_frame(p, splits, _raw_rows, _reader(tuple(modules), tuple(mirror), name))
     return frame if native is None else native.unionByName(frame)
+
+
+class LogSource(Protocol):
+    """What a run reads the log through: the local log (`LocalSource`) or Kafka
+    (`kafka_source.KafkaSource`), chosen by `[log] backend`."""
+
+    def ends(self, topics: Sequence[str]) -> dict[TP, int]:
+        """The committed end offset of each partition of `topics` (topics not there yet: none)."""
+        ...
+
+    def refresh(self) -> None:
+        """See what was committed since (the next `ends`)."""
+        ...
+
+    def records_frame(
+        self,
+        spark: Any,
+        *,
+        modules: Sequence[str],
+        mirror: Sequence[str],
+        name: str,
+        topics: Sequence[str],
+        lo: Mapping[TP, int],
+        hi: Mapping[TP, int],
+        max_bytes: int = 16 << 20,
+    ) -> Any:
+        """`records_frame` over this log."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalSource:
+    """The local log under `[log] root` as a `LogSource`."""
+
+    def __init__(self, root: Path) -> None:
+        self.log = Log.open(root)
+
+    def ends(self, topics: Sequence[str]) -> dict[TP, int]:
+        out: dict[TP, int] = {}
+        for t in topics:
+            try:
+                out.update({(t, i): e for i, e in enumerate(self.log.end_offsets(t))})
+            except TopicNotFoundError:
+                continue  # nothing captured on it yet
+        return out
+
+    def refresh(self) -> None:
+        self.log.refresh()
+
+    def records_frame(
+        self,
+        spark: Any,
+        *,
+        modules: Sequence[str],
+        mirror: Sequence[str],
+        name: str,
+        topics: Sequence[str],
+        lo: Mapping[TP, int],
+        hi: Mapping[TP, int],
+        max_bytes: int = 16 << 20,
+    ) -> Any:
+        return records_frame(
+            spark, self.log, modules=modules, mirror=mirror, name=name, topics=topics, lo=lo, hi=hi, max_bytes=max_bytes
+        )
+
+    def close(self) -> None:
+        self.log.close()

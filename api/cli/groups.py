@@ -31,6 +31,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (what GET /
 
 @contextmanager
 def _coordinator(config: Any) -> Iterator[Any]:
+    from tributary.api.settings.log import kafka_options
     from tributary.consumers import GroupCoordinator
     from tributary.eventstore.migrate import require_initialized
 
@@ -44,6 +45,7 @@ def _coordinator(config: Any) -> Iterator[Any]:
         session_timeout_ms=c.session_timeout_ms,
         auto_offset_reset=c.auto_offset_reset,
         max_connections=1,
+        kafka=kafka_options(settings),
     ) as coordinator:
         yield coordinator
 

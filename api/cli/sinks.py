@@ -54,6 +54,7 @@ def run(
 ) -> None:
     """Run the configured sinks until interrupted (SIGINT/SIGTERM): each joins its consumer group
     (`sink-<name>` unless `group` is set) and POSTs batches of its topics' records to its `url`."""
+    from tributary.api.settings.log import kafka_options
     from tributary.api.settings.logs import configure_json_logging
     from tributary.consumers import GroupCoordinator
     from tributary.eventstore.migrate import require_initialized
@@ -80,6 +81,7 @@ def run(
         session_timeout_ms=settings.consumers.session_timeout_ms,
         poll_interval_ms=settings.consumers.poll_interval_ms,
         max_connections=2 + 2 * len(chosen),
+        kafka=kafka_options(settings),
     )
     sinks: list[HttpSink] = []
     for sink in chosen:

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
+from tributary.api.settings.log import kafka_options
 from tributary.capture.log import LogError, Record
 from tributary.consumers import (
     ConsumerError,
@@ -569,9 +570,10 @@ def start_consumers(app: Any, *, dsn: str) -> Callable[[], Any]:
         session_timeout_ms=c.session_timeout_ms,
         auto_offset_reset=c.auto_offset_reset,
         poll_interval_ms=c.poll_interval_ms,
+        kafka=kafka_options(settings),
     )
     app.state.coordinator = coordinator
-    app.state.log_changes = changes = LogChanges(coordinator.view, interval_s=c.poll_interval_ms / 1000)
+    app.state.log_changes = changes = LogChanges(coordinator.view, interval_s=coordinator.poll_interval_s)
     _end_streams_on_exit_signals(changes)
     sweeper = asyncio.create_task(_sweep(coordinator, c.sweep_interval_ms / 1000), name="consumer-sweeper")
 

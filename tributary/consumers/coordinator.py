@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -39,6 +39,10 @@ from tributary.consumers.errors import (
 )
 from tributary.consumers.logview import LogView
 from tributary.consumers.notices import CHANNEL, RebalanceNotices
+from tributary.consumers.offsets import DbOffsets, GroupView, OffsetStore
+
+if TYPE_CHECKING:
+    from tributary.capture.kafka_options import KafkaOptions
 
 __all__ = [
     "OFFSET_RESETS",
@@ -124,7 +128,9 @@ class _Partition:
 
 
 class GroupCoordinator:
-    """Consumer groups over the service database `dsn` and the log at `log_root`."""
+    """Consumer groups over the service database `dsn` and the log at `log_root` — or, with `kafka`
+    (`[log] backend = "kafka"`), over that Kafka cluster, committed offsets in Kafka's group offsets
+    (docs/kafka.md)."""
 
     def __init__(
         self,
@@ -135,19 +141,29 @@ class GroupCoordinator:
         auto_offset_reset: OffsetReset = "latest",
         poll_interval_ms: int = 20,
         max_connections: int = 8,
+        kafka: KafkaOptions | None = None,
     ) -> None:
         self.session_timeout_ms = session_timeout_ms
         self.auto_offset_reset: OffsetReset = auto_offset_reset
         self.poll_interval_s = poll_interval_ms / 1000
-        self.view = LogView(log_root)
         self.pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             dsn, min_size=1, max_size=max_connections, timeout=10, open=True, kwargs={"autocommit": True}
         )
+        self.view: GroupView
+        self.offsets: OffsetStore
+        if kafka is None:
+            self.view, self.offsets = LogView(log_root), DbOffsets(self.pool)
+        else:
+            from tributary.consumers.kafkaview import KafkaOffsets, KafkaView
+
+            self.view, self.offsets = KafkaView(kafka), KafkaOffsets(kafka)
+            self.poll_interval_s = max(self.poll_interval_s, 0.05)  # each refresh asks the cluster
         self._turn = 0  # rotates the partition a fetch reads first, so none starves the others
         self.notices = RebalanceNotices(dsn)  # started by the first stream
 
     def close(self) -> None:
         self.notices.close()
+        self.offsets.close()
         self.pool.close()
         self.view.close()
 
@@ -302,16 +318,19 @@ class GroupCoordinator:
         with self._tx() as cur:
             reset, auto_commit, timeout = self._check_member(cur, group, member_id, generation, share=False)
             cur.execute(
-                "SELECT a.topic, a.partition, a.position, o.committed_offset FROM consumers.assignments a "
-                "LEFT JOIN consumers.offsets o ON o.group_id = a.group_id AND o.topic = a.topic "
-                "AND o.partition = a.partition WHERE a.group_id = %s AND a.member_id = %s "
-                "ORDER BY a.topic, a.partition",
+                "SELECT a.topic, a.partition, a.position FROM consumers.assignments a "
+                "WHERE a.group_id = %s AND a.member_id = %s ORDER BY a.topic, a.partition",
                 (group, member_id),
             )
-            parts = [_Partition(*row) for row in cur.fetchall()]
+            parts = [_Partition(t, p, pos, None) for t, p, pos in cur.fetchall()]
         if positions is not None:
             for p in parts:
                 p.position = positions.get((p.topic, p.partition))
+        # the committed offsets are needed where delivery starts anew, and to auto-commit
+        need = [(p.topic, p.partition) for p in parts if auto_commit or p.position is None]
+        committed_now = self.offsets.committed(group, need) if need else {}
+        for p in parts:
+            p.committed = committed_now.get((p.topic, p.partition))
         batch = Batch(
             generation,
             version=version,
@@ -342,7 +361,7 @@ class GroupCoordinator:
                 committed = {(p.topic, p.partition): p.committed for p in parts}
                 due = [(tp, pos) for tp, pos in commits.items() if committed[tp] != pos]
                 if due:
-                    self._write_offsets(cur, group, member_id, generation, due)
+                    self.offsets.commit(cur, group, member_id, generation, due)
                 self._record_resets(cur, group, member_id, batch.resets)
         return batch
 
@@ -516,6 +535,10 @@ class GroupCoordinator:
                     budget_bytes -= len(record.value or b"") + len(record.key or b"")
                     if budget_records <= 0 or budget_bytes <= 0:
                         break
+                else:
+                    if getattr(self.view, "skips_markers", False):
+                        # the read reached the end: a position at a transaction marker moves past it
+                        p.position = max(p.position, end)
             finally:
                 close = getattr(it, "close", None)
                 if close is not None:
@@ -544,23 +567,8 @@ class GroupCoordinator:
             for _, _, offset in offsets:
                 if offset < 0:
                     raise ConsumerError(f"offsets are never negative, got {offset}")
-            self._write_offsets(cur, group, member_id, generation, [((t, p), o) for t, p, o in offsets])
-
-    def _write_offsets(
-        self,
-        cur: psycopg.Cursor[Any],
-        group: str,
-        member_id: str | None,
-        generation: int,
-        offsets: Sequence[tuple[TopicPartition, int]],
-    ) -> None:
-        cur.executemany(
-            "INSERT INTO consumers.offsets (group_id, topic, partition, committed_offset, member_id, generation) "
-            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (group_id, topic, partition) DO UPDATE SET "
-            "committed_offset = excluded.committed_offset, committed_at = now(), member_id = excluded.member_id, "
-            "generation = excluded.generation",
-            [(group, t, p, o, member_id, generation) for (t, p), o in offsets],
-        )
+            # under the group's row lock (FOR SHARE): no rebalance can commit in between
+            self.offsets.commit(cur, group, member_id, generation, [((t, p), o) for t, p, o in offsets])
 
     # -- replay -------------------------------------------------------------------------------
 
@@ -601,13 +609,7 @@ class GroupCoordinator:
                         f"group {group!r} has {len(live)} live member(s) ({', '.join(live[:3])}"
                         f"{', …' if len(live) > 3 else ''}): stop them (or wait for their session timeout) before a reset"
                     )
-                committed = dict(
-                    ((t, p), o)
-                    for t, p, o in cur.execute(
-                        "SELECT topic, partition, committed_offset FROM consumers.offsets WHERE group_id = %s",
-                        (group,),
-                    ).fetchall()
-                )
+                committed = {(t, p): o for _, t, p, o, *_ in self.offsets.listed(conn, group)}
                 topics = [topic] if topic else sorted({t for t, _ in committed} | set(layout))
                 if not topics:
                     raise NotFound(f"group {group!r} has consumed no topic yet: name one with --topic")
@@ -620,7 +622,8 @@ class GroupCoordinator:
                         new = self._target(name, p, to, timestamp_ms, offset)
                         plan.append(((name, p), new))
                         out.append({"topic": name, "partition": p, "previous": committed.get((name, p)), "offset": new})
-                self._write_offsets(cur, group, None, generation, plan)
+                if not dry_run:  # (a Kafka commit is not rolled back with the transaction)
+                    self.offsets.commit(cur, group, None, generation, plan)
                 cur.execute("DELETE FROM consumers.assignments WHERE group_id = %s", (group,))
         return out
 
@@ -642,7 +645,7 @@ class GroupCoordinator:
         """Every group: live members, generation, total lag of its committed partitions."""
         self.view.refresh_if_older(self.poll_interval_s)
         with self.pool.connection() as conn:
-            return overview.groups(conn, self.view)
+            return overview.groups(conn, self.view, self.offsets)
 
     def describe(self, group: str) -> dict[str, Any] | None:
         """Members (id, topics, assignments, last heartbeat), generation, and per topic-partition the
@@ -650,13 +653,13 @@ class GroupCoordinator:
         out-of-range reset. None when there is no such group."""
         self.view.refresh_if_older(self.poll_interval_s)
         with self.pool.connection() as conn:
-            return overview.describe(conn, self.view, group)
+            return overview.describe(conn, self.view, self.offsets, group)
 
     def lag_rows(self) -> list[tuple[str, str, int, int, int]]:
         """(group, topic, partition, committed, end) of every committed partition (for /metrics)."""
         self.view.refresh_if_older(self.poll_interval_s)
         with self.pool.connection() as conn:
-            return overview.lag_rows(conn, self.view)
+            return overview.lag_rows(conn, self.view, self.offsets)
 
     # -- the group's row, rebalancing -----------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """What `tributary groups list | describe`, `GET /groups…` and `/metrics` show of consumer groups:
-read-only queries of schema `consumers` joined with the log's committed ends."""
+read-only queries of schema `consumers` and the offset store, joined with the log's committed ends."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 
-from tributary.consumers.logview import LogView
+from tributary.consumers.offsets import GroupView, OffsetStore
 
 __all__ = ["ALIVE", "describe", "groups", "lag_rows"]
 
@@ -16,21 +16,20 @@ __all__ = ["ALIVE", "describe", "groups", "lag_rows"]
 ALIVE = "m.last_heartbeat + m.session_timeout_ms * interval '1 millisecond' >= now()"
 
 
-def groups(conn: psycopg.Connection[Any], view: LogView) -> list[dict[str, Any]]:
+def groups(conn: psycopg.Connection[Any], view: GroupView, store: OffsetStore) -> list[dict[str, Any]]:
     """Every group: live members, generation, total lag of its committed partitions."""
     rows = conn.execute(
         f"SELECT g.group_id, g.generation, count(m.member_id) FILTER (WHERE {ALIVE}) "
         "FROM consumers.groups g LEFT JOIN consumers.members m ON m.group_id = g.group_id "
         "GROUP BY g.group_id, g.generation ORDER BY g.group_id"
     ).fetchall()
-    offsets = conn.execute("SELECT group_id, topic, partition, committed_offset FROM consumers.offsets").fetchall()
     lag: dict[str, int] = {}
-    for group, topic, p, committed in offsets:
+    for group, topic, p, committed, *_ in store.listed(conn):
         lag[group] = lag.get(group, 0) + max(view.bounds(topic, p)[1] - committed, 0)
     return [{"group": g, "members": n, "generation": gen, "lag": lag.get(g)} for g, gen, n in rows]
 
 
-def describe(conn: psycopg.Connection[Any], view: LogView, group: str) -> dict[str, Any] | None:
+def describe(conn: psycopg.Connection[Any], view: GroupView, store: OffsetStore, group: str) -> dict[str, Any] | None:
     """Members (id, topics, assignments, last heartbeat), generation, and per topic-partition the
     committed offset, log start and end, lag, last commit, the member holding it and the last
     out-of-range reset. None when there is no such group."""
@@ -49,11 +48,7 @@ def describe(conn: psycopg.Connection[Any], view: LogView, group: str) -> dict[s
     held = conn.execute(
         "SELECT topic, partition, member_id FROM consumers.assignments WHERE group_id = %s", (group,)
     ).fetchall()
-    offsets = conn.execute(
-        "SELECT topic, partition, committed_offset, committed_at, member_id, generation "
-        "FROM consumers.offsets WHERE group_id = %s",
-        (group,),
-    ).fetchall()
+    offsets = [row[1:] for row in store.listed(conn, group)]
     resets = conn.execute(
         "SELECT topic, partition, at, position, start_offset, end_offset, action FROM consumers.out_of_range "
         "WHERE group_id = %s",
@@ -111,12 +106,11 @@ def describe(conn: psycopg.Connection[Any], view: LogView, group: str) -> dict[s
     }
 
 
-def lag_rows(conn: psycopg.Connection[Any], view: LogView) -> list[tuple[str, str, int, int, int]]:
+def lag_rows(
+    conn: psycopg.Connection[Any], view: GroupView, store: OffsetStore
+) -> list[tuple[str, str, int, int, int]]:
     """(group, topic, partition, committed, end) of every committed partition (for /metrics)."""
-    rows = conn.execute(
-        "SELECT group_id, topic, partition, committed_offset FROM consumers.offsets ORDER BY 1, 2, 3"
-    ).fetchall()
-    return [(g, t, p, o, view.bounds(t, p)[1]) for g, t, p, o in rows]
+    return [(g, t, p, o, view.bounds(t, p)[1]) for g, t, p, o, *_ in store.listed(conn)]
 
 
 def _iso(at: datetime | None) -> str | None:

@@ -1,6 +1,7 @@
 """Waking long polls and streams when the log's committed end moves, without busy-waiting.
 
-One task per process re-reads the log's manifest while anyone waits (and not at all otherwise): at
+One task per process re-reads the log's manifest (on Kafka: asks the cluster for the partitions' ends)
+while anyone waits (and not at all otherwise): at
 once when the manifest is replaced (the log's commit point; Linux inotify, `ManifestWatch`), and every
 `interval_s` in any case (elsewhere, or while the log's directory does not exist yet, that poll is all
 there is). A waiter sleeps on an event that the task sets when a committed end moved.
@@ -13,7 +14,7 @@ import contextlib
 import logging
 
 from tributary.consumers.dirwatch import ManifestWatch
-from tributary.consumers.logview import LogView
+from tributary.consumers.offsets import GroupView
 
 __all__ = ["LogChanges"]
 
@@ -21,14 +22,15 @@ log = logging.getLogger(__name__)
 
 
 class LogChanges:
-    def __init__(self, view: LogView, *, interval_s: float) -> None:
+    def __init__(self, view: GroupView, *, interval_s: float) -> None:
         self.view = view
         self.interval_s = interval_s
         self._event = asyncio.Event()
         self._waiters = 0
         self._task: asyncio.Task[None] | None = None
         self._poke = asyncio.Event()  # set by the manifest watch: re-read the manifest now
-        self.watch = ManifestWatch(view.root, self._poke.set)
+        root = getattr(view, "root", None)  # None on Kafka: no files to watch, the poll is all there is
+        self.watch = ManifestWatch(root, self._poke.set) if root is not None else None
         self.closed = False  # set when the server stops: streams end instead of waiting on
 
     async def wait(self, seen: int, timeout_s: float) -> bool:
@@ -49,7 +51,8 @@ class LogChanges:
     async def _watch(self) -> None:
         failure = None
         while self._waiters > 0:
-            self.watch.ensure()
+            if self.watch is not None:
+                self.watch.ensure()
             self._poke.clear()  # before the read: a commit during it wakes the next round at once
             try:
                 changed = await asyncio.to_thread(self.view.refresh)
@@ -75,7 +78,8 @@ class LogChanges:
 
     async def close(self) -> None:
         self.end_waits()
-        self.watch.close()
+        if self.watch is not None:
+            self.watch.close()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

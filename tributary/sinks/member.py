@@ -17,6 +17,7 @@ import orjson
 import psycopg
 from psycopg_pool import PoolTimeout
 
+from tributary.capture.log import LogError
 from tributary.capture.log import Record as LogRecord
 from tributary.client import (
     CommitFailedError,
@@ -95,7 +96,7 @@ class GroupMember:
                 continue
             except OffsetOutOfRange as exc:
                 raise OffsetOutOfRangeError(str(exc)) from None
-            except GroupError as exc:
+            except (GroupError, LogError) as exc:  # LogError: the log (e.g. a Kafka cluster) cannot be read now
                 raise ConsumerError(str(exc)) from None
             if batch.records:
                 return [to_record(r) for r in batch.records]
@@ -120,7 +121,7 @@ class GroupMember:
         except (Fenced, UnknownMember, NotAssigned) as exc:
             self._mark_rejoin()
             raise CommitFailedError(f"commit refused, the group rebalanced: {exc}") from None
-        except GroupError as exc:
+        except (GroupError, LogError) as exc:
             raise ConsumerError(str(exc)) from None
         return chosen
 
@@ -168,7 +169,7 @@ class GroupMember:
             except UnknownMember:
                 self._mark_rejoin()
                 continue
-            except (psycopg.OperationalError, PoolTimeout):
-                continue  # the database may be restarting: the next poll reports it
+            except (psycopg.OperationalError, PoolTimeout, LogError):
+                continue  # the database (or the Kafka cluster) may be restarting: the next poll reports it
             if beat.rebalance:
                 self._mark_rejoin()

@@ -1,0 +1,240 @@
+"""Kafka as the projections' log (`[log] backend = "kafka"`, docs/kafka.md).
+
+The driver plans: per topic-partition the offset range [lo, hi) of a run, `lo` from the
+checkpoints the Store keeps in the service database and `hi` the partition's end for a
+read_committed reader — the last stable offset (a `read_committed` consumer's
+`get_watermark_offsets` asks the broker with its isolation level: librdkafka ≥ 1.8), so an open
+transaction is neither waited on nor read past. Nothing of the records passes through the driver.
+
+The executors read: one row per (topic, partition, lo, hi) sub-range (a partition's range is cut
+into pieces of at most `split_offsets` offsets so large partitions parallelise), and `mapInArrow`
+tasks that each assign a read_committed consumer to their ranges (no group offsets: assigned,
+never committed) and yield the records through the same paths as the local log's row splits
+(`source.rows_frame`), so the DataFrame has the schema, event time and keys `records_frame` gives
+for the local log. Offsets in Kafka are not contiguous (transaction markers, aborted records): a
+range ends at the first record at or past `hi`, or at the partition's end.
+
+confluent_kafka is imported where a client is made (the executors import this module).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import pyarrow as pa
+
+from tributary.projections.errors import RunError
+from tributary.projections.loader import resolve
+from tributary.projections.source import TP, RawRecord, _raw_batches, _reader, rows_frame
+
+if TYPE_CHECKING:
+    from tributary.capture.kafka_options import KafkaOptions
+
+__all__ = ["KafkaSource", "offset_ranges"]
+
+SPLIT_OFFSETS = 100_000  # offsets per executor task, at most
+TIMEOUT_S = 30.0  # metadata, end offsets; an executor waiting for its next record
+_RANGE_SCHEMA = "topic string, partition int, lo long, hi long"
+_CONSUME = 1000  # records per consume() call
+
+
+def offset_ranges(
+    topics: Sequence[str], lo: Mapping[TP, int], hi: Mapping[TP, int], split_offsets: int
+) -> list[tuple[str, int, int, int]]:
+    """(topic, partition, lo, hi) pieces of [lo, hi) per topic-partition of `topics` (lo
+    defaults to 0), each at most `split_offsets` offsets wide."""
+    out: list[tuple[str, int, int, int]] = []
+    wanted = set(topics)
+    for (topic, partition), stop in sorted(hi.items()):
+        if topic not in wanted:
+            continue
+        start = lo.get((topic, partition), 0)
+        while start < stop:
+            end = min(start + split_offsets, stop)
+            out.append((topic, partition, start, end))
+            start = end
+    return out
+
+
+def _one_line(exc: BaseException) -> str:
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+
+
+def _consumer_config(bootstrap: str, client: Mapping[str, str], purpose: str) -> dict[str, Any]:
+    return {
+        **client,
+        "bootstrap.servers": bootstrap,
+        "group.id": f"tributary-{purpose}-{uuid.uuid4().hex}",  # never joined: partitions are assigned
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "isolation.level": "read_committed",
+        "enable.partition.eof": True,
+        "auto.offset.reset": "earliest",  # a range below the log's start (retention) reads from its start
+    }
+
+
+def _headers(headers: Any) -> str | None:
+    """Kafka headers as the log's (a JSON object of strings, as capture wrote them)."""
+    if not headers:
+        return None
+    pairs = list(headers.items() if isinstance(headers, dict) else headers)
+    if len(pairs) == 1 and pairs[0][0] == "tributary.headers":  # the log's headers were not an object
+        return bytes(pairs[0][1]).decode()
+    return orjson.dumps({k: (v.decode() if isinstance(v, bytes) else v) for k, v in pairs}).decode()
+
+
+def _text(raw: bytes | None) -> str | None:
+    return None if raw is None else raw.decode()
+
+
+def _read_range(consumer: Any, topic: str, partition: int, lo: int, hi: int) -> Iterator[RawRecord]:
+    """The committed records of offsets [lo, hi) of one partition: until the first record at or
+    past `hi` or the partition's end (a read_committed reader's end: the last stable offset)."""
+    from confluent_kafka import KafkaError, TopicPartition
+
+    consumer.assign([TopicPartition(topic, partition, lo)])
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        msgs = consumer.consume(_CONSUME, 0.5)
+        if not msgs:
+            if time.monotonic() > deadline:
+                raise RunError(f"timed out reading {topic}/{partition} from Kafka at offset {lo} (range ends at {hi})")
+            continue
+        deadline = time.monotonic() + TIMEOUT_S
+        for msg in msgs:
+            error = msg.error()
+            if msg.topic() != topic or msg.partition() != partition:
+                continue  # not this range's (an earlier assignment's, already left)
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    at = msg.offset()
+                    if at is not None and at < lo:
+                        continue  # an end reached before this assignment's position
+                    return
+                raise RunError(f"reading {topic}/{partition} from Kafka: {error.str()}")
+            offset = msg.offset()
+            assert offset is not None  # a record read has one
+            if offset < lo:
+                continue
+            if offset >= hi:
+                return
+            lo = offset + 1
+            yield (
+                topic,
+                partition,
+                offset,
+                msg.timestamp()[1],
+                _text(msg.key()),
+                _text(msg.value()),
+                _headers(msg.headers()),
+            )
+
+
+def _range_records(bootstrap: str, client: Mapping[str, str]) -> Any:
+    """A function of planned offset ranges (Arrow batches of _RANGE_SCHEMA) → their records, read
+    by one consumer per task."""
+
+    def records(batches: Iterator[pa.RecordBatch]) -> Iterator[RawRecord]:
+        from confluent_kafka import Consumer, KafkaException
+
+        try:
+            consumer = Consumer(_consumer_config(bootstrap, client, "projection"))
+        except KafkaException as exc:
+            raise RunError(f"Kafka at {bootstrap}: {_one_line(exc)}") from None
+        try:
+            for batch in batches:
+                for r in batch.to_pylist():
+                    yield from _read_range(consumer, r["topic"], r["partition"], r["lo"], r["hi"])
+        except KafkaException as exc:
+            raise RunError(f"Kafka at {bootstrap}: {_one_line(exc)}") from None
+        finally:
+            consumer.close()
+
+    return records
+
+
+def _raw_rows(bootstrap: str, client: Mapping[str, str]) -> Any:
+    """A mapInArrow function: offset ranges → their records' first seven RECORD_SCHEMA columns."""
+    records = _range_records(bootstrap, client)
+
+    def rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from _raw_batches(records(batches))
+
+    return rows
+
+
+class KafkaSource:
+    """The topics of `[log.kafka]` as a `source.LogSource`: ends from the driver, records from
+    the executors."""
+
+    def __init__(self, options: KafkaOptions, *, split_offsets: int = SPLIT_OFFSETS, timeout_s: float = TIMEOUT_S):
+        self.opts = options
+        self.split_offsets = split_offsets
+        self.timeout_s = timeout_s
+        self._consumer: Any = None
+
+    def _fail(self, exc: BaseException) -> RunError:
+        return RunError(f"Kafka at {self.opts.bootstrap_servers}: {_one_line(exc)}")
+
+    def _driver(self) -> Any:
+        from confluent_kafka import Consumer, KafkaException
+
+        if self._consumer is None:
+            try:
+                self._consumer = Consumer(_consumer_config(self.opts.bootstrap_servers, self.opts.client, "planner"))
+            except KafkaException as exc:
+                raise self._fail(exc) from None
+        return self._consumer
+
+    def ends(self, topics: Sequence[str]) -> dict[TP, int]:
+        """Each partition's last stable offset (read_committed end) of the `topics` that exist."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        consumer = self._driver()
+        out: dict[TP, int] = {}
+        try:
+            meta = consumer.list_topics(timeout=self.timeout_s).topics
+            for topic in topics:
+                found = meta.get(topic)
+                if found is None or found.error is not None or not found.partitions:
+                    continue  # nothing captured on it yet
+                for p in sorted(found.partitions):
+                    out[(topic, p)] = consumer.get_watermark_offsets(TopicPartition(topic, p), self.timeout_s)[1]
+        except KafkaException as exc:
+            raise self._fail(exc) from None
+        return out
+
+    def refresh(self) -> None:
+        """Nothing to do: `ends` asks the brokers each time."""
+
+    def records_frame(
+        self,
+        spark: Any,
+        *,
+        modules: Sequence[str],
+        mirror: Sequence[str],
+        name: str,
+        topics: Sequence[str],
+        lo: Mapping[TP, int],
+        hi: Mapping[TP, int],
+        max_bytes: int = 16 << 20,
+    ) -> Any:
+        """The records of offsets [lo, hi) per topic-partition (`source.records_frame`'s schema;
+        `max_bytes` is the local log's and not used here)."""
+        p = resolve(tuple(modules), tuple(mirror), name)
+        rows = offset_ranges(topics, lo, hi, self.split_offsets)
+        planned = spark.createDataFrame(rows, _RANGE_SCHEMA)
+        if rows:
+            planned = planned.repartition(len(rows))
+        bootstrap, client = self.opts.bootstrap_servers, dict(self.opts.client)
+        reader = _reader(tuple(modules), tuple(mirror), name, records=_range_records(bootstrap, client))
+        return rows_frame(p, planned, _raw_rows(bootstrap, client), reader)
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            consumer.close()

@@ -1,0 +1,292 @@
+"""Projections on the Kafka backend: a Postgres table captured into Kafka, folded and aggregated
+on Spark by executors that read Kafka themselves (real Spark, real Postgres, a Kafka cluster)."""
+
+# ruff: noqa: F811  # `spark`, imported below, is the tests' parameter
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from tests.integration.capture.helpers import cli
+from tests.integration.kafka.conftest import KafkaCluster
+from tests.integration.kafka.helpers import read_committed, write_kafka_config
+from tests.integration.projections.conftest import spark  # noqa: F401  # the suite's one SparkSession
+from tests.integration.projections.helpers import dump
+from tributary.api.settings.config import load_settings
+from tributary.capture.kafka_log import OFFSETS_TOPIC
+from tributary.capture.log import canonical_json, partition_for
+from tributary.eventstore.migrate import run_migrations
+from tributary.projections.kafka_source import KafkaSource
+from tributary.projections.records import default_event_time
+from tributary.projections.runner import RunSettings, rebuild, run, status
+from tributary.projections.source import RECORD_SCHEMA
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "shop.public.orders"
+MIRROR = "shop_public_orders"
+PROJECTIONS = f'''
+from pyspark.sql import functions as F
+from tributary.projections.definition import Fold, Projection, Table
+
+TOPIC = "{TOPIC}"
+
+
+def build(records):
+    op = F.expr("variant_get(value_v, '$.op', 'string')")
+    rows = records.where((F.col("topic") == TOPIC) & op.isin("r", "c"))
+    return rows.groupBy(F.expr("variant_get(value_v, '$.after.customer', 'string')").alias("customer")).agg(
+        F.sum(F.expr("variant_get(value_v, '$.after.amount', 'bigint')")).alias("total"),
+        F.count(F.lit(1)).alias("n"),
+    )
+
+
+def customer(record):  # inserts and snapshot reads, by customer
+    value = record.value
+    if value is None or value.get("op") not in ("r", "c"):
+        return None
+    return value["after"]["customer"]
+
+
+def initial(key):
+    return {{"customer": key, "total": 0, "n": 0, "last": None}}
+
+
+def apply(state, record):
+    after = record.value["after"]
+    return {{**state, "total": state["total"] + after["amount"], "n": state["n"] + 1, "last": after["id"]}}
+
+
+def result(state):
+    return {{"customer": state["customer"], "total": state["total"], "n": state["n"]}}
+
+
+TABLE = Table.of({{"customer": "text", "total": "bigint", "n": "bigint"}}, ["customer"])
+PROJECTIONS = [
+    Projection(name="order_totals", version=1, topics=(TOPIC,), table=TABLE, build=build),
+    Projection(
+        name="customer_folds", version=1, topics=(TOPIC,), table=TABLE, key=customer,
+        fold=Fold(initial=initial, apply=apply, result=result),
+    ),
+]
+'''
+NAMES = ("order_totals", "customer_folds", MIRROR)
+
+
+def _setup(tmp_path: Path, dsn: str, kafka: KafkaCluster) -> Path:
+    if not kafka.creates_topics:  # made by an operator where clients may not (the mock)
+        kafka.create(OFFSETS_TOPIC, 1)
+        kafka.create(TOPIC, 3)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY, customer text NOT NULL, amount int NOT NULL)")
+        conn.execute("INSERT INTO orders SELECT g, 'c' || (g % 4), g FROM generate_series(1, 30) g")
+    (tmp_path / "kafka_projections.py").write_text(PROJECTIONS)
+    config = write_kafka_config(
+        tmp_path / "kafka.toml",
+        dsn=dsn,
+        log_root=tmp_path / "log",
+        bootstraps=kafka.bootstraps,
+        create_topics=kafka.creates_topics,
+    )
+    text = config.read_text().replace('include = ["public.*"]', 'include = ["public.orders"]')
+    config.write_text(
+        f'[service]\ndsn = "{dsn}"\n\n[projections]\nmodules = ["{tmp_path / "kafka_projections.py"}"]\n'
+        f'mirror = ["{TOPIC}"]\nspark_master = "local[2]"\n' + text
+    )
+    run_migrations(dsn)  # what `tributary init` does: capture and projections refuse before it
+    _capture(config)
+    return config
+
+
+def _capture(config: Path) -> None:
+    done = cli("capture", "--config", str(config), "--until-idle", "1")
+    assert done.returncode == 0, done.stderr
+
+
+def _settings(config: Path) -> RunSettings:
+    s = RunSettings.from_settings(load_settings(config))
+    assert s.kafka is not None and s.kafka.bootstrap_servers  # [log] backend = "kafka" reaches the runner
+    return dataclasses.replace(s, kafka_split_offsets=7)  # several ranges per partition
+
+
+def _expected(dsn: str, inserted: list[tuple[int, str, int]]) -> dict[str, list[str]]:
+    """The three views as SQL says they should be: totals of every row inserted (the DataFrame
+    and the fold), and the table's current rows (the mirror)."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TEMP TABLE inserted (id int, customer text, amount int)")
+        with conn.cursor().copy("COPY inserted FROM STDIN") as copy:
+            for row in inserted:
+                copy.write_row(row)
+        totals = [
+            r[0]
+            for r in conn.execute(
+                "SELECT (customer, sum(amount), count(*))::text FROM inserted GROUP BY customer ORDER BY 1"
+            )
+        ]
+        current = [r[0] for r in conn.execute("SELECT (id, customer, amount)::text FROM orders ORDER BY 1")]
+    return {"order_totals": totals, "customer_folds": totals, MIRROR: current}
+
+
+def _views(dsn: str) -> dict[str, list[str]]:
+    out = {name: dump(dsn, f"views.{name}") for name in NAMES[:2]}
+    with psycopg.connect(dsn) as conn:
+        out[MIRROR] = [
+            r[0] for r in conn.execute(f"SELECT (id, customer, amount)::text FROM views.{MIRROR} ORDER BY 1")
+        ]
+    return out
+
+
+def test_rebuild_and_incremental_runs_read_kafka(
+    fresh_db: str, tmp_path: Path, kafka: KafkaCluster, spark: Any
+) -> None:
+    config = _setup(tmp_path, fresh_db, kafka)
+    s = _settings(config)
+    inserted = [(g, f"c{g % 4}", g) for g in range(1, 31)]
+    for name in NAMES:
+        done = rebuild(name, s, spark=spark)
+        assert done.rebuilt and done.records > 0
+    assert _views(fresh_db) == _expected(fresh_db, inserted)
+
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO orders SELECT g, 'c' || (g % 5), g * 10 FROM generate_series(31, 45) g")
+        conn.execute("UPDATE orders SET amount = amount + 1 WHERE id % 6 = 0")
+        conn.execute("DELETE FROM orders WHERE id % 7 = 0")
+    inserted += [(g, f"c{g % 5}", g * 10) for g in range(31, 46)]
+    _capture(config)
+    lagging = {st.name: st.lag for st in status(s)}
+    assert all(lagging[name] > 0 for name in NAMES), lagging
+    for name in NAMES:
+        done = run(name, s, spark=spark)
+        assert not done.rebuilt and done.records > 0
+    incremental = _views(fresh_db)
+    assert incremental == _expected(fresh_db, inserted)
+    assert {st.name: st.lag for st in status(s)} == dict.fromkeys(NAMES, 0)
+
+    for name in NAMES:  # a rebuild over the same log gives the same tables
+        rebuild(name, s, spark=spark)
+    assert _views(fresh_db) == incremental
+
+    shown = cli("project", "status", "--json", "--config", str(config))  # as a user asks
+    assert shown.returncode == 0, shown.stderr
+    assert {r["name"]: r["lag"] for r in orjson.loads(shown.stdout)} == dict.fromkeys(NAMES, 0)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO orders VALUES (46, 'c9', 46), (47, 'c1', 47)")
+    _capture(config)
+    ran = cli("project", "run", "customer_folds", "--config", str(config), timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "customer_folds: caught up" in ran.stdout, ran.stdout
+    want = _expected(fresh_db, [*inserted, (46, "c9", 46), (47, "c1", 47)])
+    assert dump(fresh_db, "views.customer_folds") == want["customer_folds"]
+
+
+def test_the_frame_holds_the_committed_records_of_each_range(
+    fresh_db: str, tmp_path: Path, kafka: KafkaCluster, spark: Any
+) -> None:
+    config = _setup(tmp_path, fresh_db, kafka)
+    s = _settings(config)
+    assert s.kafka is not None
+    seen = read_committed(kafka.bootstraps, [TOPIC])  # an independent read_committed consumer
+    source = KafkaSource(s.kafka, split_offsets=3)
+    try:
+        hi = source.ends([TOPIC, "shop.public.nothing"])
+        assert sorted(hi) == [(TOPIC, p) for p in range(3)]
+        lo = {tp: end // 3 for tp, end in hi.items()}  # from inside each partition
+        frame = source.records_frame(
+            spark, modules=s.modules, mirror=s.mirror, name="customer_folds", topics=[TOPIC], lo=lo, hi=hi
+        )
+        assert frame.schema == spark.createDataFrame([], RECORD_SCHEMA).schema  # the local log's
+        rows = frame.collect()
+    finally:
+        source.close()
+    want = [r for r in seen if lo[(r[0], r[1])] <= r[2] < hi[(r[0], r[1])]]
+    assert len(want) > 10
+    assert len(want) < len(seen)
+    # Offsets are not contiguous (each transaction's commit marker takes one): counted, not computed.
+    assert sum(hi.values()) - sum(lo.values()) > len(want)
+    customers = Counter(orjson.loads(r[4])["after"]["customer"] for r in want if r[4] and b'"op":"r"' in r[4])
+    got = list(rows)
+    assert sorted((r["topic"], r["partition"], r["offset"]) for r in got) == sorted(
+        (t, p, o) for t, p, o, k, v, _, _ in want if v is not None and b'"op":"r"' in v
+    )  # the fold's key function keeps snapshot reads and inserts; schema records are filtered
+    by_offset = {(t, p, o): (k, v, ts) for t, p, o, k, v, _, ts in want}
+    for r in got:
+        key, value, ts = by_offset[(r["topic"], r["partition"], r["offset"])]
+        assert (r["key"], r["value"], r["timestamp"], r["headers"]) == (key.decode(), value.decode(), ts, None)
+        assert r["event_time"] == default_event_time(TOPIC, orjson.loads(value), ts)
+        assert orjson.loads(r["pkey"]) == orjson.loads(value)["after"]["customer"]
+    assert Counter(orjson.loads(r["pkey"]) for r in got) == customers
+
+
+def _fake_insert(row_id: int) -> tuple[bytes, bytes]:
+    """A CDC insert as capture writes it (enough of it for the projections above)."""
+    key = orjson.dumps({"id": row_id})
+    value = orjson.dumps(
+        {
+            "before": None,
+            "after": {"id": row_id, "customer": "ghost", "amount": 1000},
+            "source": {"ts_ms": 1, "table": "orders", "schema": "public"},
+            "op": "c",
+            "ts_ms": 1,
+        }
+    )
+    return key, value
+
+
+def test_open_and_aborted_transactions_never_reach_a_view(
+    fresh_db: str, tmp_path: Path, kafka: KafkaCluster, spark: Any
+) -> None:
+    if kafka.kind == "mock":
+        pytest.skip(
+            "librdkafka's mock cluster lists no aborted transactions in its Fetch responses and has no last "
+            "stable offset: it hands aborted and open records to read_committed consumers (a real broker does not)"
+        )
+    from confluent_kafka import Producer
+
+    config = _setup(tmp_path, fresh_db, kafka)
+    s = _settings(config)
+    assert s.kafka is not None
+    source = KafkaSource(s.kafka)
+    open_on = (partition_for(canonical_json({"id": 31}), 3) + 1) % 3  # not where row 31 goes
+    producer = Producer({"bootstrap.servers": kafka.bootstraps, "transactional.id": f"t-{uuid.uuid4().hex}"})
+    try:
+        before = source.ends([TOPIC])
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        key, value = _fake_insert(1001)
+        producer.produce(TOPIC, key=key, value=value, partition=open_on)
+        producer.flush(30)  # an open transaction, on the broker
+        assert source.ends([TOPIC])[(TOPIC, open_on)] == before[(TOPIC, open_on)]  # the last stable offset
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute("INSERT INTO orders VALUES (31, 'c1', 31)")
+        _capture(config)
+        t0 = time.monotonic()
+        for name in NAMES:
+            rebuild(name, s, spark=spark)
+        assert time.monotonic() - t0 < 120  # the open transaction is not waited on
+        inserted = [(g, f"c{g % 4}", g) for g in range(1, 31)] + [(31, "c1", 31)]
+        assert _views(fresh_db) == _expected(fresh_db, inserted)
+        producer.abort_transaction(30)
+        producer.begin_transaction()
+        key, value = _fake_insert(1002)
+        for partition in range(3):
+            producer.produce(TOPIC, key=key, value=value, partition=partition)
+        producer.flush(30)
+        producer.abort_transaction(30)
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute("INSERT INTO orders VALUES (32, 'c2', 32)")
+        _capture(config)
+        for name in NAMES:
+            run(name, s, spark=spark)
+        assert _views(fresh_db) == _expected(fresh_db, [*inserted, (32, "c2", 32)])
+    finally:
+        source.close()
+        producer.flush(5)
