@@ -24,10 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # its documented home (re-exported)
 
+from tributary.capture.kafka_codec import kafka_headers, one_line
 from tributary.capture.kafka_options import OFFSETS_TOPIC, KafkaOptions
 from tributary.capture.log import LogError, Mark, RecordIn, TopicConfig, TopicNotFoundError, decode_line
 
@@ -69,29 +69,12 @@ def position_owner(name: str) -> str:
     return name.split("#", 1)[0]
 
 
-def kafka_headers(headers: bytes | None) -> list[tuple[str, bytes]] | None:
-    """The log's headers (a JSON object of strings) as Kafka headers."""
-    if headers is None:
-        return None
-    try:
-        parsed = orjson.loads(headers)
-    except orjson.JSONDecodeError:
-        parsed = None
-    if isinstance(parsed, dict):
-        return [(str(k), v.encode() if isinstance(v, str) else orjson.dumps(v)) for k, v in parsed.items()]
-    return [("tributary.headers", headers)]
-
-
 def _policy_config(name: str, policy: str) -> dict[str, str]:
     if policy == "compact":
         return {"cleanup.policy": "compact"}
     if policy == "none":
         return {"cleanup.policy": "delete", "retention.ms": "-1"}
     return {"cleanup.policy": "delete"}
-
-
-def _one_line(exc: BaseException) -> str:
-    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
 
 
 class KafkaLog:
@@ -121,7 +104,7 @@ class KafkaLog:
             self._ensure_offsets_topic()
             self._positions = self._read_positions()
         except KafkaException as exc:
-            raise LogError(f"Kafka at {options.bootstrap_servers}: {_one_line(exc)}") from None
+            raise LogError(f"Kafka at {options.bootstrap_servers}: {one_line(exc)}") from None
 
     def _new_producer(self, source: str) -> Producer:
         producer = Producer(
@@ -147,7 +130,7 @@ class KafkaLog:
                     self._producers[name] = self._new_producer(name)
                     self._positions = self._read_positions()
                 except KafkaException as exc:
-                    raise LogError(f"Kafka at {self.opts.bootstrap_servers}: {_one_line(exc)}") from None
+                    raise LogError(f"Kafka at {self.opts.bootstrap_servers}: {one_line(exc)}") from None
             view = self._views[name] = KafkaSourceLog(self, name)
         return view
 
@@ -161,7 +144,7 @@ class KafkaLog:
         try:
             return self._client.list_topics(topic, timeout=_TIMEOUT_S)
         except KafkaException as exc:
-            raise LogError(f"Kafka at {self.opts.bootstrap_servers}: {_one_line(exc)}") from None
+            raise LogError(f"Kafka at {self.opts.bootstrap_servers}: {one_line(exc)}") from None
 
     def topics(self) -> dict[str, TopicConfig]:
         found: dict[str, TopicConfig] = {}
@@ -198,7 +181,7 @@ class KafkaLog:
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
             if not (isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS):
-                raise LogError(f"cannot create Kafka topic {name!r}: {_one_line(exc)}") from None
+                raise LogError(f"cannot create Kafka topic {name!r}: {one_line(exc)}") from None
 
     def _ensure_offsets_topic(self) -> None:
         name = self.opts.offsets_topic
@@ -277,7 +260,7 @@ class KafkaLog:
                 else:
                     found[key.decode()] = value.decode()
         except KafkaException as exc:
-            raise LogError(f"reading the offsets topic {name!r}: {_one_line(exc)}") from None
+            raise LogError(f"reading the offsets topic {name!r}: {one_line(exc)}") from None
         finally:
             consumer.close()
         return found
@@ -344,7 +327,7 @@ class KafkaLog:
                 ) from None
             with contextlib.suppress(KafkaException):  # else the next process's init_transactions aborts it
                 producer.abort_transaction(_TIMEOUT_S)
-            raise LogError(f"source {source!r}: Kafka transaction failed: {_one_line(exc)}") from None
+            raise LogError(f"source {source!r}: Kafka transaction failed: {one_line(exc)}") from None
 
     @staticmethod
     def _produce(

@@ -28,6 +28,7 @@ from typing import Any, BinaryIO
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from tributary.capture.kafka_codec import as_record, one_line
 from tributary.capture.kafka_options import KafkaOptions
 from tributary.capture.log import LogError, Record, TopicNotFoundError
 from tributary.capture.log.admin import latest_per_key
@@ -50,10 +51,6 @@ _BATCH = 1000  # messages taken from the consumer at a time
 _POLL_S = 0.5  # how long a poll waits: a `--follow` sees a stop request this often
 
 
-def _one_line(exc: BaseException) -> str:
-    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-
-
 def _reader(options: KafkaOptions, **extra: Any) -> Consumer:
     """A read_committed consumer that joins no group (partitions are assigned) and commits nothing."""
     return Consumer(
@@ -68,14 +65,6 @@ def _reader(options: KafkaOptions, **extra: Any) -> Consumer:
             **extra,
         }
     )
-
-
-def _log_headers(headers: Any) -> bytes | None:
-    """Kafka headers as the log's (a JSON object of strings)."""
-    if not headers:
-        return None
-    pairs = headers.items() if isinstance(headers, dict) else headers
-    return orjson.dumps({k: (v.decode(errors="replace") if isinstance(v, bytes) else v) for k, v in pairs})
 
 
 def _partition_count(consumer: Consumer, options: KafkaOptions, topic: str) -> int | None:
@@ -144,20 +133,6 @@ def _messages(
             yield msg
 
 
-def _record(topic: str, msg: Any) -> Record:
-    partition, offset = msg.partition(), msg.offset()
-    assert partition is not None and offset is not None  # a record read has both
-    return Record(
-        topic=topic,
-        partition=partition,
-        offset=offset,
-        timestamp=msg.timestamp()[1],
-        key=msg.key(),
-        value=msg.value(),
-        headers=_log_headers(msg.headers()),
-    )
-
-
 # -- live keys and positions (capture's own reads) -------------------------------------------------
 
 
@@ -191,7 +166,7 @@ def kafka_live_keys(options: KafkaOptions, topic: str) -> set[bytes]:
                 add(key)
         return live
     except KafkaException as exc:
-        raise LogError(f"Kafka at {options.bootstrap_servers}: {_one_line(exc)}") from None
+        raise LogError(f"Kafka at {options.bootstrap_servers}: {one_line(exc)}") from None
     finally:
         consumer.close()
 
@@ -219,7 +194,7 @@ def kafka_positions(options: KafkaOptions) -> dict[str, str]:
                 found[key.decode()] = value.decode()
         return found
     except KafkaException as exc:
-        raise LogError(f"Kafka at {options.bootstrap_servers}: {_one_line(exc)}") from None
+        raise LogError(f"Kafka at {options.bootstrap_servers}: {one_line(exc)}") from None
     finally:
         consumer.close()
 
@@ -244,7 +219,7 @@ def kafka_topics(options: KafkaOptions) -> list[dict[str, object]]:
             rows.append({"topic": name, "partitions": len(ends), "end_offsets": ends})
         return rows
     except KafkaException as exc:
-        raise LogError(f"Kafka at {options.bootstrap_servers}: {_one_line(exc)}") from None
+        raise LogError(f"Kafka at {options.bootstrap_servers}: {one_line(exc)}") from None
     finally:
         consumer.close()
 
@@ -269,9 +244,9 @@ def _stream(
         parts = [partition] if partition is not None else list(range(n))
         consumer.assign([TopicPartition(topic, p, from_offset) for p in parts])
         for msg in _messages(consumer, topic, parts, follow=follow, stop=stop):
-            yield None if msg is None else _record(topic, msg)
+            yield None if msg is None else as_record(topic, msg)
     except KafkaException as exc:
-        raise LogError(f"Kafka at {options.bootstrap_servers}: {_one_line(exc)}") from None
+        raise LogError(f"Kafka at {options.bootstrap_servers}: {one_line(exc)}") from None
     finally:
         consumer.close()
 
@@ -344,7 +319,7 @@ def kafka_verify(options: KafkaOptions, sources: list[str]) -> KafkaCheck:
     try:
         meta = consumer.list_topics(timeout=_TIMEOUT_S)
     except KafkaException as exc:
-        raise LogError(f"Kafka at {options.bootstrap_servers}: {_one_line(exc)}") from None
+        raise LogError(f"Kafka at {options.bootstrap_servers}: {one_line(exc)}") from None
     finally:
         consumer.close()
     offsets = options.offsets_topic

@@ -24,9 +24,9 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import orjson
 import pyarrow as pa
 
+from tributary.capture.kafka_codec import log_headers, one_line
 from tributary.projections.errors import RunError
 from tributary.projections.loader import resolve
 from tributary.projections.source import TP, RawRecord, _raw_batches, _reader, rows_frame
@@ -60,10 +60,6 @@ def offset_ranges(
     return out
 
 
-def _one_line(exc: BaseException) -> str:
-    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-
-
 def _consumer_config(bootstrap: str, client: Mapping[str, str], purpose: str) -> dict[str, Any]:
     return {
         **client,
@@ -75,16 +71,6 @@ def _consumer_config(bootstrap: str, client: Mapping[str, str], purpose: str) ->
         "enable.partition.eof": True,
         "auto.offset.reset": "earliest",  # a range below the log's start (retention) reads from its start
     }
-
-
-def _headers(headers: Any) -> str | None:
-    """Kafka headers as the log's (a JSON object of strings, as capture wrote them)."""
-    if not headers:
-        return None
-    pairs = list(headers.items() if isinstance(headers, dict) else headers)
-    if len(pairs) == 1 and pairs[0][0] == "tributary.headers":  # the log's headers were not an object
-        return bytes(pairs[0][1]).decode()
-    return orjson.dumps({k: (v.decode() if isinstance(v, bytes) else v) for k, v in pairs}).decode()
 
 
 def _text(raw: bytes | None) -> str | None:
@@ -130,7 +116,7 @@ def _read_range(consumer: Any, topic: str, partition: int, lo: int, hi: int) -> 
                 msg.timestamp()[1],
                 _text(msg.key()),
                 _text(msg.value()),
-                _headers(msg.headers()),
+                _text(log_headers(msg.headers())),
             )
 
 
@@ -144,13 +130,13 @@ def _range_records(bootstrap: str, client: Mapping[str, str]) -> Any:
         try:
             consumer = Consumer(_consumer_config(bootstrap, client, "projection"))
         except KafkaException as exc:
-            raise RunError(f"Kafka at {bootstrap}: {_one_line(exc)}") from None
+            raise RunError(f"Kafka at {bootstrap}: {one_line(exc)}") from None
         try:
             for batch in batches:
                 for r in batch.to_pylist():
                     yield from _read_range(consumer, r["topic"], r["partition"], r["lo"], r["hi"])
         except KafkaException as exc:
-            raise RunError(f"Kafka at {bootstrap}: {_one_line(exc)}") from None
+            raise RunError(f"Kafka at {bootstrap}: {one_line(exc)}") from None
         finally:
             consumer.close()
 
@@ -178,7 +164,7 @@ class KafkaSource:
         self._consumer: Any = None
 
     def _fail(self, exc: BaseException) -> RunError:
-        return RunError(f"Kafka at {self.opts.bootstrap_servers}: {_one_line(exc)}")
+        return RunError(f"Kafka at {self.opts.bootstrap_servers}: {one_line(exc)}")
 
     def _driver(self) -> Any:
         from confluent_kafka import Consumer, KafkaException

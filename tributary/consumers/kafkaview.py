@@ -24,10 +24,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from tributary.capture.kafka_codec import as_record, one_line
 from tributary.capture.kafka_options import KafkaOptions
 from tributary.capture.log import LogError, Record
 from tributary.consumers.assign import TopicPartition as GroupPartition
@@ -53,18 +53,6 @@ def kafka_client_config(options: KafkaOptions, **extra: Any) -> dict[str, Any]:
         "enable.auto.commit": False,
         **extra,
     }
-
-
-def _one_line(exc: BaseException) -> str:
-    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-
-
-def _log_headers(headers: Any) -> bytes | None:
-    """Kafka headers as the log's (a JSON object of strings)."""
-    if not headers:
-        return None
-    pairs = headers.items() if isinstance(headers, dict) else headers
-    return orjson.dumps({k: (v.decode(errors="replace") if isinstance(v, bytes) else v) for k, v in pairs})
 
 
 @dataclass(slots=True)
@@ -120,7 +108,7 @@ class KafkaView:
                 topics = [t for t in sorted(self._topics) if self._wanted.get(t, -1e18) >= fresh]
                 ends = self._bounds(topics, keep=True)
             except KafkaException as exc:
-                raise LogError(f"{self.where}: {_one_line(exc)}") from None
+                raise LogError(f"{self.where}: {one_line(exc)}") from None
             self.refreshed_at = time.monotonic()
             return self._swap(ends)
 
@@ -164,7 +152,7 @@ class KafkaView:
             try:
                 self._swap(self._bounds([topic], keep=False))
             except KafkaException as exc:
-                raise LogError(f"{self.where}: {_one_line(exc)}") from None
+                raise LogError(f"{self.where}: {one_line(exc)}") from None
 
     def refresh_if_older(self, seconds: float) -> None:
         if time.monotonic() - self.refreshed_at >= seconds:
@@ -203,7 +191,7 @@ class KafkaView:
             try:
                 [found] = self._meta.offsets_for_times([TopicPartition(topic, partition, timestamp_ms)], _TIMEOUT_S)
             except KafkaException as exc:
-                raise LogError(f"{self.where}: {_one_line(exc)}") from None
+                raise LogError(f"{self.where}: {one_line(exc)}") from None
         if found.error is not None or found.offset < 0:
             return self.bounds(topic, partition)[1]
         return int(found.offset)
@@ -250,17 +238,9 @@ class KafkaView:
                 if offset < position:
                     continue  # fetched twice (a seek over prefetched data)
                 position = offset + 1
-                yield Record(
-                    topic=topic,
-                    partition=partition,
-                    offset=offset,
-                    timestamp=msg.timestamp()[1],
-                    key=msg.key(),
-                    value=msg.value(),
-                    headers=_log_headers(msg.headers()),
-                )
+                yield as_record(topic, msg)
         except (KafkaException, RuntimeError) as exc:  # RuntimeError: the view was closed meanwhile
-            raise LogError(f"{self.where}: {_one_line(exc)}") from None
+            raise LogError(f"{self.where}: {one_line(exc)}") from None
         finally:
             reader.at = (topic, partition, position)
             self._give(reader)
@@ -290,7 +270,7 @@ class KafkaView:
             reader.consumer.assign([TopicPartition(topic, partition, offset)])
         except KafkaException as exc:
             self._give(reader)
-            raise LogError(f"{self.where}: {_one_line(exc)}") from None
+            raise LogError(f"{self.where}: {one_line(exc)}") from None
         return reader
 
     def _give(self, reader: _Reader) -> None:
@@ -353,7 +333,7 @@ class KafkaOffsets:
             with lock:
                 got = consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=_TIMEOUT_S)
         except (KafkaException, RuntimeError) as exc:  # RuntimeError: closed by another thread
-            raise LogError(f"{self.where}: reading the offsets of group {group!r}: {_one_line(exc)}") from None
+            raise LogError(f"{self.where}: reading the offsets of group {group!r}: {one_line(exc)}") from None
         out: dict[GroupPartition, int] = {}
         for tp in got:
             if tp.error is not None:
@@ -384,7 +364,7 @@ class KafkaOffsets:
             hint = ""
             if isinstance(error, KafkaError) and error.code() in _MEMBERSHIP_ERRORS:
                 hint = f" (a Kafka consumer subscribed with group.id {group!r} makes Kafka refuse tributary's commits)"
-            raise LogError(f"{self.where}: committing group {group!r}: {_one_line(exc)}{hint}") from None
+            raise LogError(f"{self.where}: committing group {group!r}: {one_line(exc)}{hint}") from None
         for tp in done or []:
             if tp.error is not None:
                 raise LogError(

@@ -28,6 +28,14 @@ class KafkaCluster:
         """Whether clients may create topics (AdminClient): not on the mock."""
         return self.kind != "mock"
 
+    @property
+    def hides_open_transactions(self) -> bool:
+        """Whether read_committed consumers are kept from records of a transaction that never
+        committed: not on the mock (it shows whatever reached it of a killed writer's open
+        transaction, and never aborts it), so a kill -9 landing between a flush and the commit shows
+        those records, and the restarted writer sends them again."""
+        return self.kind != "mock"
+
     def create(self, topic: str, partitions: int) -> None:
         """Make a topic as an operator would (the mock's own call; AdminClient elsewhere)."""
         if self.proc is not None:
