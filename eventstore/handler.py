@@ -163,11 +163,12 @@ class CommandHandler:
         if headers:
             meta["headers"] = dict(headers)
         record = None if command_id is None else CommandRecord(command_id, req)
-        # One pooled connection for the whole command: each attempt is a load (with the command's
-        # record on the first: one round trip) and an append (with the snapshot and the record).
+        # One pooled connection for the whole command: each attempt is a load (the command's record
+        # with it: one round trip; a retry finds the record a twin of this command stored meanwhile)
+        # and an append (with the snapshot and the record, in one transaction).
         with self.store.session() as conn:
             for attempt in range(self.max_retries + 1):
-                read = self._read(agg, conn, stream_id, command_id if attempt == 0 else None)
+                read = self._read(agg, conn, stream_id, command_id)
                 if read.stored is not None:
                     return self._replayed(command_id or "", req, read.stored)
                 loaded = self._fold(agg, conn, stream_id, read)

@@ -285,16 +285,7 @@ class EventStore:
     ) -> AppendResult:
         for _ in range(attempts):
             try:
-                if command is None and snapshot is None:  # one statement, its own transaction
-                    result = self._append(conn, stream_id, stream_type, events, expected_version, None, None)
-                else:
-                    # Pipeline mode: the statements up to the pipeline's sync are one implicit
-                    # transaction (PostgreSQL's extended protocol; a fetch flushes, it does not
-                    # sync), so the insert, the snapshot and the command record commit together,
-                    # or none does, in one round trip (two with a command record, whose answer
-                    # needs the insert's positions).
-                    with conn.pipeline():
-                        result = self._append(conn, stream_id, stream_type, events, expected_version, command, snapshot)
+                result = self._append(conn, stream_id, stream_type, events, expected_version, command, snapshot)
                 self._note(stream_id, result.version)  # committed: now a fact
                 return result
             except psycopg.errors.UniqueViolation as exc:
@@ -337,10 +328,29 @@ class EventStore:
             ):
                 raise ConcurrencyConflict(stream_id, expected, current)
             result = AppendResult(stream_id, current, ())
-        else:
-            known = self._known.get(stream_id, 0)
-            receive = self._insert(self._cursor(conn), stream_id, stream_type, events, expected, known)
-            if snapshot is not None:  # queued behind the insert: written only if its last event is stored
+            if command is not None:
+                conn.execute(
+                    CMD_PUT, (command.command_id, stream_id, command.request_hash, _jsonb(response_json(result)))
+                )
+            return result
+        known = self._known.get(stream_id, 0)
+        cursor = self._cursor(conn)
+        if command is None and snapshot is None:  # one statement, its own transaction
+            return self._appended(
+                conn,
+                stream_id,
+                expected,
+                events,
+                self._insert(cursor, stream_id, stream_type, events, expected, known)(),
+            )
+        # Pipeline mode: the statements up to the pipeline's sync are one implicit transaction
+        # (PostgreSQL's extended protocol; a fetch flushes, it does not sync), so the insert, the
+        # snapshot and the command record commit together or not at all. Without a record: one
+        # round trip (the insert's rows are read after the sync); with one, two (its answer holds
+        # the positions the insert returns).
+        with conn.pipeline():
+            receive = self._insert(cursor, stream_id, stream_type, events, expected, known)
+            if snapshot is not None:  # written only if the insert's last event is stored
                 conn.execute(
                     SNAP_PUT_AFTER,
                     (
@@ -354,16 +364,28 @@ class EventStore:
                         events[-1].event_id,
                     ),
                 )
-            recorded = receive()
-            if recorded is None:  # the expected version did not hold — unless this very batch is stored
-                original = self._existing(conn, events)
-                if original is not None:
-                    return original
-                raise ConcurrencyConflict(stream_id, expected, self._current(conn, stream_id))
-            result = AppendResult(stream_id, recorded[-1].version, recorded)
-        if command is not None:
-            conn.execute(CMD_PUT, (command.command_id, stream_id, command.request_hash, _jsonb(response_json(result))))
-        return result
+            if command is not None:
+                result = self._appended(conn, stream_id, expected, events, receive())
+                conn.execute(
+                    CMD_PUT, (command.command_id, stream_id, command.request_hash, _jsonb(response_json(result)))
+                )
+                return result
+        return self._appended(conn, stream_id, expected, events, receive())
+
+    def _appended(
+        self,
+        conn: psycopg.Connection[Any],
+        stream_id: str,
+        expected: ExpectedVersion,
+        events: Sequence[NewEvent],
+        recorded: tuple[RecordedEvent, ...] | None,
+    ) -> AppendResult:
+        if recorded is None:  # the expected version did not hold — unless this very batch is stored
+            original = self._existing(conn, events)
+            if original is not None:
+                return original
+            raise ConcurrencyConflict(stream_id, expected, self._current(conn, stream_id))
+        return AppendResult(stream_id, recorded[-1].version, recorded)
 
     @staticmethod
     def _insert(

@@ -285,6 +285,26 @@ class ApiSettings(_Section):
         description="How often /readyz and /metrics refresh their figures in the background (each call "
         "answers from the last refresh).",
     )
+    subscription_poll_s: float = Field(
+        default=0.1,
+        ge=0.01,
+        le=60,
+        description="While anyone is subscribed (`GET /all/subscribe`), how often the server asks the database "
+        "whether there are new events (one index probe per server process).",
+    )
+    subscription_page: int = Field(
+        default=100,
+        ge=1,
+        le=10_000,
+        description="Events a subscriber reads (and holds) at most at a time.",
+    )
+    subscription_keepalive_s: float = Field(
+        default=15.0,
+        ge=1,
+        le=3600,
+        description="After this many seconds without an event a subscription sends a comment line, so proxies "
+        "keep an idle connection open.",
+    )
 
 
 class SinkSettings(_Section):
