@@ -17,7 +17,7 @@ from types import ModuleType
 
 from tributary.projections.definition import Projection
 from tributary.projections.errors import DefinitionError
-from tributary.user_files import describe, import_file, is_path, module_name
+from tributary.user_files import describe, forget, import_file, is_path, module_name
 
 __all__ = ["file_stamps", "load", "load_current", "load_module", "resolve"]
 
@@ -125,5 +125,9 @@ def load_current(modules: tuple[str, ...], mirror: tuple[str, ...] = ()) -> dict
 
 
 def _forget(ref: str) -> None:
-    """Drop a module from `sys.modules` so that the next `load_module` executes its file again."""
-    sys.modules.pop(module_name("tributary_projection", Path(ref)) if is_path(ref) else ref, None)
+    """Drop a module from `sys.modules` so that the next `load_module` executes its file again
+    (and the files beside it that it imported)."""
+    if is_path(ref):
+        forget(module_name("tributary_projection", Path(ref)))
+    else:
+        sys.modules.pop(ref, None)

@@ -12,16 +12,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import os
 import sys
 import threading
 import traceback
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["describe", "import_file", "is_path", "module_name", "where"]
+__all__ = ["describe", "forget", "import_file", "is_path", "module_name", "where"]
 
 # `sys.path` is the process's: two threads importing files must not remove each other's entries.
 _path_lock = threading.RLock()
+_siblings: dict[str, tuple[str, ...]] = {}  # a file's module → the modules beside it that it imported
 
 
 def is_path(ref: str) -> bool:
@@ -49,6 +51,7 @@ def import_file(path: Path, name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     home = str(path.parent)
     with _path_lock:
+        before = set(sys.modules)
         sys.modules[name] = module
         sys.path.insert(0, home)
         try:
@@ -59,7 +62,22 @@ def import_file(path: Path, name: str) -> ModuleType:
         finally:
             with contextlib.suppress(ValueError):  # the file took it off itself
                 sys.path.remove(home)  # the first occurrence: ours
+        _siblings[name] = tuple(m for m in set(sys.modules) - before - {name} if _beside(sys.modules[m], home))
     return module
+
+
+def _beside(module: ModuleType | None, home: str) -> bool:
+    origin = getattr(module, "__file__", None)
+    return isinstance(origin, str) and os.path.abspath(origin).startswith(home + os.sep)
+
+
+def forget(name: str) -> None:
+    """Drop module `name`, and the modules beside its file that it imported, from this process:
+    the next `import_file` runs the file (and those) again."""
+    with _path_lock:
+        sys.modules.pop(name, None)
+        for sibling in _siblings.pop(name, ()):
+            sys.modules.pop(sibling, None)
 
 
 def where(exc: BaseException, ref: str) -> str:

@@ -15,6 +15,7 @@ from tributary.api.settings.config import load_settings
 from tributary.eventstore.errors import AggregateDefinitionError
 from tributary.eventstore.loader import load_module as load_domain
 from tributary.projections.errors import DefinitionError, ProjectionError, RunError
+from tributary.projections.loader import load_current
 from tributary.projections.loader import load_module as load_projection
 from tributary.projections.runner import RunSettings
 from tributary.projections.spark import jvm_log, log_jvm_to, rotate
@@ -39,6 +40,24 @@ def test_a_file_imports_its_siblings_and_leaves_sys_path_as_it_was(tmp_path: Pat
     assert module.VALUE == 42
     assert sys.path == before
     assert import_file(main, module_name("t_sibling", main)) is module  # once per process
+
+
+def test_an_edited_projection_file_is_read_again_with_the_helpers_it_imports(tmp_path: Path) -> None:
+    helper = tmp_path / "reload_helper_for_test.py"
+    main = tmp_path / "reloaded.py"
+    source = (
+        "from reload_helper_for_test import N\n"
+        "from tributary.projections.definition import Fold, Projection, Table\n"
+        "PROJECTION = Projection(name='reloaded', version=N, topics=('events.x',),\n"
+        "    table=Table.of({'k': 'text'}, ['k']), fold=Fold(initial=lambda k: k, apply=lambda s, r: s,\n"
+        "    result=lambda s: {'k': s}))\n"
+    )
+    helper.write_text("N = 1\n")
+    main.write_text(source)
+    assert load_current((str(main),))["reloaded"].version == 1
+    helper.write_text("N = 2\n")
+    main.write_text(source + "# edited\n")
+    assert load_current((str(main),))["reloaded"].version == 2
 
 
 def test_a_failing_file_leaves_no_module_behind(tmp_path: Path) -> None:
