@@ -429,13 +429,14 @@ def rebuild_process(name: str, settings: RunSettings, *, progress: Progress | No
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(args + "\n")
         proc.stdin.close()
-        for line in proc.stdout:
-            if not line.startswith(_MARK):
-                continue
-            msg = json.loads(line[len(_MARK) :])
-            if "progress" in msg and progress is not None:
-                progress(*msg["progress"])
-            result, failure = msg.get("result", result), msg.get("error", failure)
+        with proc.stdout:  # closed once read: an open pipe outlives the child as a ResourceWarning
+            for line in proc.stdout:
+                if not line.startswith(_MARK):
+                    continue
+                msg = json.loads(line[len(_MARK) :])
+                if "progress" in msg and progress is not None:
+                    progress(*msg["progress"])
+                result, failure = msg.get("result", result), msg.get("error", failure)
         code_ = proc.wait()
         if result is not None and code_ == 0:
             return RunResult(**result)
