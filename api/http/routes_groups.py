@@ -3,8 +3,8 @@ events), list, describe, reset (docs/consumers.md).
 
 The group coordinator (`tributary.consumers.GroupCoordinator`) is synchronous psycopg; every call runs
 in a worker thread. Waiting for records never polls the database: a pull or a stream sleeps on the log
-watcher (`LogChanges`), which re-reads the log's manifest when it is replaced (inotify) and every
-`[consumers] poll_interval_ms` while someone waits. A stream checks its membership against the database
+watcher (`LogChanges`), which re-reads the log's manifest when it is replaced (inotify; else every
+`[consumers] poll_interval_ms`) while someone waits. A stream checks its membership against the database
 only on rebalance notices or once per beat (`GroupCoordinator.stream_fetch`). A stream reads at most `[consumers] stream_batch_records` ahead of what its client has
 taken (the next batch is read only when the previous one was handed to the connection), so a slow
 client holds only its own stream.
