@@ -119,6 +119,10 @@ class StreamCursor:
     checks: int = 0  # how many batches asked the database (for tests and diagnostics)
 
 
+class _Raced(Exception):
+    """Another pull of the same member advanced a position this pull read from: read again."""
+
+
 @dataclass(slots=True)
 class _Partition:
     topic: str
@@ -312,7 +316,30 @@ class GroupCoordinator:
         records are returned; they are kept in the database unless the caller keeps its own
         (`positions`, a stream's: read and updated in place). A position behind the log's retention
         follows `auto_offset_reset` and is recorded as a reset (`resets`, `describe`, the server log);
-        `error` raises OffsetOutOfRange instead."""
+        `error` raises OffsetOutOfRange instead.
+
+        Pulls of one member never hand out the same records twice, even at the same time and from
+        several processes: the positions a pull advances are written only if they are still the ones
+        it started from (compare-and-set under the rows' locks); a pull that lost that race to another
+        one reads again from where the other one ended."""
+        while True:
+            try:
+                return self._fetch_once(
+                    group, member_id, generation, max_records=max_records, max_bytes=max_bytes, positions=positions
+                )
+            except _Raced:
+                continue  # another pull of this member took these records first (it moved the position)
+
+    def _fetch_once(
+        self,
+        group: str,
+        member_id: str,
+        generation: int,
+        *,
+        max_records: int,
+        max_bytes: int,
+        positions: dict[TopicPartition, int] | None,
+    ) -> Batch:
         self.view.refresh_if_older(self.poll_interval_s)
         version = self.view.version
         with self._tx() as cur:
@@ -353,17 +380,39 @@ class GroupCoordinator:
             with self._tx() as cur:
                 self._check_member(cur, group, member_id, generation, share=True)
                 if positions is None and moved:
-                    cur.executemany(
-                        "UPDATE consumers.assignments SET position = %s WHERE group_id = %s AND topic = %s "
-                        "AND partition = %s AND member_id = %s",
-                        [(pos, group, t, p, member_id) for (t, p), pos in moved.items()],
-                    )
+                    # before any commit (a Kafka commit is not rolled back with the transaction)
+                    self._advance(cur, group, member_id, {tp: (before[tp], pos) for tp, pos in moved.items()})
                 committed = {(p.topic, p.partition): p.committed for p in parts}
                 due = [(tp, pos) for tp, pos in commits.items() if committed[tp] != pos]
                 if due:
                     self.offsets.commit(cur, group, member_id, generation, due)
                 self._record_resets(cur, group, member_id, batch.resets)
         return batch
+
+    @staticmethod
+    def _advance(
+        cur: psycopg.Cursor[Any], group: str, member_id: str, moves: dict[TopicPartition, tuple[int | None, int | None]]
+    ) -> None:
+        """Move delivery positions `(from, to)` if they are still at `from`; _Raced (the transaction
+        rolls back) when another pull of the member moved one first. Pulls of one member serialize on the
+        member's row (`_check_member` updates it first), so a concurrent one sees what this one wrote."""
+        keys = sorted(moves)
+        updated = cur.execute(
+            "UPDATE consumers.assignments a SET position = u.new FROM unnest(%s::text[], %s::integer[], "
+            "%s::bigint[], %s::bigint[]) AS u(topic, partition, old, new) WHERE a.group_id = %s AND "
+            "a.member_id = %s AND a.topic = u.topic AND a.partition = u.partition "
+            "AND a.position IS NOT DISTINCT FROM u.old RETURNING 1",
+            (
+                [t for t, _ in keys],
+                [p for _, p in keys],
+                [moves[k][0] for k in keys],
+                [moves[k][1] for k in keys],
+                group,
+                member_id,
+            ),
+        ).fetchall()
+        if len(updated) != len(keys):
+            raise _Raced
 
     def _record_resets(
         self, cur: psycopg.Cursor[Any], group: str, member_id: str, resets: list[dict[str, Any]]
