@@ -360,8 +360,9 @@ class ConsumerSettings(_Section):
         default=20,
         ge=1,
         le=1000,
-        description="How often waiting pulls and streams re-read the log's manifest in any case, only while "
-        "someone waits (on Linux they also wake as soon as it is replaced).",
+        description="How often waiting pulls and streams re-read the log's manifest (on Kafka: ask the cluster for "
+        "the ends, at least every 50 ms) while someone waits, where inotify does not report the manifest's "
+        "replacement (with inotify: at once, and once a second in any case).",
     )
     stream_batch_records: int = Field(
         default=500,

@@ -3,6 +3,7 @@ delivery order, durable offsets, replay, retention."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,6 +147,48 @@ def test_delivery_is_in_offset_order_per_partition_and_each_record_once(
         assert offsets == sorted(offsets) and offsets == list(range(len(offsets)))
     write(writer, 5, start=50)
     assert sorted(x[2] for x in drain(coordinator, "g", "a", a.generation)) == list(range(50, 55))
+
+
+@pytest.mark.parametrize("processes", [1, 2], ids=["one coordinator", "two coordinators"])
+def test_concurrent_pulls_of_one_member_hand_out_every_record_once(
+    coordinator: GroupCoordinator, service: str, log_root: Path, writer: LogWriter, processes: int
+) -> None:
+    write(writer, 600)
+    m = coordinator.join("g", [TOPIC], member_id="a", session_timeout_ms=60_000)
+    # a second coordinator (its own connections and log view) stands for another `[api] workers` process
+    other = GroupCoordinator(service, log_root, poll_interval_ms=0, auto_offset_reset="earliest")
+    pullers = [coordinator, other if processes == 2 else coordinator]
+    got: list[list[tuple[int, int]]] = [[], []]
+    start = threading.Barrier(2)
+    failures: list[BaseException] = []
+
+    def pull(i: int) -> None:
+        try:
+            start.wait()
+            while True:
+                batch = pullers[i].fetch("g", "a", m.generation, max_records=3)
+                if not batch.records:
+                    return
+                got[i] += [(r.partition, r.offset) for r in batch.records]
+        except BaseException as exc:  # reported below, with the test's thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=pull, args=(i,)) for i in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        other.close()
+    assert not failures, failures
+    everything = got[0] + got[1]
+    assert len(everything) == len(set(everything)) == 600  # every record once: none twice, none missing
+    assert got[0] and got[1]  # both pulled (else the test would not test the race)
+    for mine in got:  # each pull's records are in offset order per partition
+        for p in range(4):
+            offsets = [o for q, o in mine if q == p]
+            assert offsets == sorted(offsets)
 
 
 def test_groups_fan_out_and_members_of_one_group_share(coordinator: GroupCoordinator, writer: LogWriter) -> None:

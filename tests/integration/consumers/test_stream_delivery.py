@@ -129,3 +129,83 @@ def test_a_waiting_stream_wakes_when_the_log_commits_not_on_the_next_poll(
             await changes.close()
 
     assert asyncio.run(go()) < 2
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the manifest watch uses Linux inotify")
+def test_while_the_watch_reports_changes_an_idle_wait_reads_the_manifest_rarely(
+    coordinator: GroupCoordinator, writer: LogWriter
+) -> None:
+    async def go() -> tuple[int, float]:
+        changes = LogChanges(coordinator.view, interval_s=0.01)  # without the watch: 100 reads a second
+        try:
+            coordinator.view.refresh()
+            seen = coordinator.view.version
+            loop = asyncio.get_running_loop()
+            waiting = asyncio.create_task(changes.wait(seen, 20))
+            await asyncio.sleep(2.0)
+            assert changes.watching() and not waiting.done()
+            reads = changes.reads
+            started = loop.time()
+            await asyncio.to_thread(write, writer, 1)
+            assert await asyncio.wait_for(waiting, 20)
+            return reads, loop.time() - started
+        finally:
+            await changes.close()
+
+    reads, woke_after = asyncio.run(go())
+    assert reads <= 4, reads  # the first read, then the safety re-read once a second
+    assert woke_after < 0.5  # a commit still wakes the waiter at once
+
+
+def test_without_the_watch_the_manifest_is_polled_every_interval(service: str, tmp_path: Path) -> None:
+    root = tmp_path / "later"  # the log's directory does not exist yet: nothing to watch
+
+    async def go() -> tuple[int, bool]:
+        with GroupCoordinator(service, root, poll_interval_ms=0) as c:
+            changes = LogChanges(c.view, interval_s=0.01)
+            try:
+                waiting = asyncio.create_task(changes.wait(c.view.version, 20))
+                await asyncio.sleep(0.5)
+                reads = changes.reads
+                w = LogWriter(root)
+                try:
+                    await asyncio.to_thread(w.topic, TOPIC, 1)
+                    await asyncio.to_thread(write, w, 1)
+                    woke = await asyncio.wait_for(waiting, 5)
+                finally:
+                    w.close()
+                return reads, woke
+            finally:
+                await changes.close()
+
+    reads, woke = asyncio.run(go())
+    assert reads >= 10, reads
+    assert woke
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the manifest watch uses Linux inotify")
+def test_a_watch_that_misses_a_change_is_no_longer_relied_on(coordinator: GroupCoordinator, writer: LogWriter) -> None:
+    async def go() -> tuple[bool, int, int]:
+        changes = LogChanges(coordinator.view, interval_s=0.01, watched_interval_s=0.2)
+        try:
+            coordinator.view.refresh()
+            waiting = asyncio.create_task(changes.wait(coordinator.view.version, 20))
+            await asyncio.sleep(0.3)
+            assert changes.watch is not None and changes.watching()
+            # the file system stops reporting (as a network file system's remote writes never do)
+            asyncio.get_running_loop().remove_reader(changes.watch._fd)
+            await asyncio.to_thread(write, writer, 1)
+            assert await asyncio.wait_for(waiting, 5)  # the safety re-read found it
+            await asyncio.sleep(0.2)
+            waiting = asyncio.create_task(changes.wait(coordinator.view.version, 20))
+            await asyncio.sleep(0.1)
+            before = changes.reads
+            await asyncio.sleep(0.5)
+            return changes.trusted, before, changes.reads
+        finally:
+            waiting.cancel()
+            await changes.close()
+
+    trusted, before, after = asyncio.run(go())
+    assert not trusted
+    assert after - before >= 10  # polled every interval from then on

@@ -1,0 +1,82 @@
+"""What the consumer-group routes share: the path and body fields, the app's coordinator, running a
+coordinator call in a worker thread, and the error body of the consumers' errors."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+from fastapi import Depends, HTTPException, Path, Request
+from pydantic import BaseModel, Field
+
+from tributary.api.http.auth import error, require
+from tributary.capture.log import LogError
+from tributary.consumers import ConsumerError, Fenced, GroupCoordinator, NotAssigned, OffsetOutOfRange, UnknownMember
+
+__all__ = [
+    "BODY_ERRORS",
+    "CONFLICT_ERRORS",
+    "MAX_INT",
+    "READ",
+    "Assignment",
+    "GroupName",
+    "MemberId",
+    "Topic",
+    "assignments_json",
+    "coordinator_of",
+    "error_body",
+    "run_in_thread",
+]
+
+T = TypeVar("T")
+
+NAME_PATTERN = r"^[A-Za-z0-9._:@+=-]{1,200}$"
+TOPIC_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,248}$"  # the log's own rule for topic names
+MAX_INT = 2**53 - 1  # offsets and generations: exact as a JSON number (a double)
+Topic = Annotated[str, Field(pattern=TOPIC_PATTERN, description="A topic of the log, e.g. `shop.public.orders`.")]
+GroupName = Annotated[str, Path(pattern=NAME_PATTERN, description="The consumer group's name.")]
+MemberId = Annotated[str, Path(pattern=NAME_PATTERN, description="The id `POST /groups/{group}/members` returned.")]
+READ = [Depends(require("read"))]
+
+
+class Assignment(BaseModel):
+    topic: str
+    partition: int
+
+
+BODY_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: error("the body is not JSON"),
+    413: error("the body is larger than [api] max_body_bytes"),
+    422: error("invalid request"),
+}
+CONFLICT_ERRORS: dict[int | str, dict[str, Any]] = {
+    409: error("fenced (a rebalance happened), unknown_member (join again) or not_assigned: see `code`")
+}
+
+
+def coordinator_of(request: Request) -> GroupCoordinator:
+    return request.app.state.coordinator  # type: ignore[no-any-return]
+
+
+async def run_in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn` in a worker thread; a log that cannot be read as it is (e.g. its manifest vanished) is a 503
+    with the log's one-line message, which says how to repair it."""
+    try:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    except LogError as exc:
+        raise HTTPException(503, str(exc)) from None
+
+
+def assignments_json(tps: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    return [{"topic": t, "partition": p} for t, p in tps]
+
+
+def error_body(exc: ConsumerError) -> dict[str, Any]:
+    """The JSON body of a consumers' error: the message, its `code`, and the fields that go with it."""
+    body: dict[str, Any] = {"error": str(exc), "code": getattr(exc, "code", "invalid"), "detail": str(exc)}
+    if isinstance(exc, UnknownMember | Fenced | NotAssigned):
+        body["generation"] = exc.generation
+    if isinstance(exc, OffsetOutOfRange):
+        body |= {"topic": exc.topic, "partition": exc.partition, "position": exc.position, "start": exc.start}
+    return body

@@ -1,0 +1,117 @@
+"""Consumer-group membership over HTTP: join, heartbeat, leave (docs/consumers.md)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+from tributary.api.http.auth import AUTH_RESPONSES
+from tributary.api.http.groups_shared import (
+    BODY_ERRORS,
+    CONFLICT_ERRORS,
+    MAX_INT,
+    NAME_PATTERN,
+    READ,
+    Assignment,
+    GroupName,
+    MemberId,
+    Topic,
+    assignments_json,
+    coordinator_of,
+    run_in_thread,
+)
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["consumers"])
+
+
+class JoinRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    topics: list[Topic] = Field(min_length=1, max_length=100, description="Topics to consume.")
+    member_id: str | None = Field(
+        default=None,
+        pattern=NAME_PATTERN,
+        description="Re-join as this member (after a restart or a 409); new when unset.",
+    )
+    session_timeout_ms: int | None = Field(
+        default=None,
+        ge=100,
+        le=3_600_000,
+        description="Leave the group after this long without a call (default `[consumers] session_timeout_ms`).",
+    )
+    auto_offset_reset: Literal["earliest", "latest", "error"] | None = Field(
+        default=None, description="Start of a partition without a committed offset, or behind retention."
+    )
+    auto_commit: StrictBool = Field(default=False, description="Each pull commits what the previous pulls returned.")
+
+
+class JoinReply(BaseModel):
+    member_id: str
+    generation: int
+    assignments: list[Assignment]
+    heartbeat_interval_ms: int
+    session_timeout_ms: int
+
+
+class HeartbeatRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    generation: int = Field(ge=0, le=MAX_INT)
+
+
+class HeartbeatReply(BaseModel):
+    generation: int
+    assignments: list[Assignment]
+    rebalance: bool = Field(description="The generation moved on: use these assignments from now on.")
+
+
+@router.post(
+    "/groups/{group}/members",
+    dependencies=READ,
+    response_model=JoinReply,
+    responses={**AUTH_RESPONSES, **BODY_ERRORS},
+)
+async def join(group: GroupName, body: JoinRequest, request: Request) -> dict[str, Any]:
+    """Join the group (or re-join with `member_id`): the answer names the member's partitions. Send a
+    heartbeat every `heartbeat_interval_ms` (pulls and an open stream count as heartbeats too)."""
+    m = await run_in_thread(
+        coordinator_of(request).join,
+        group,
+        body.topics,
+        member_id=body.member_id,
+        session_timeout_ms=body.session_timeout_ms,
+        auto_offset_reset=body.auto_offset_reset,
+        auto_commit=body.auto_commit,
+    )
+    return {
+        "member_id": m.member_id,
+        "generation": m.generation,
+        "assignments": assignments_json(m.assignments),
+        "heartbeat_interval_ms": m.heartbeat_interval_ms,
+        "session_timeout_ms": m.session_timeout_ms,
+    }
+
+
+@router.post(
+    "/groups/{group}/members/{member_id}/heartbeat",
+    dependencies=READ,
+    response_model=HeartbeatReply,
+    responses={**AUTH_RESPONSES, **BODY_ERRORS, **CONFLICT_ERRORS},
+)
+async def heartbeat(group: GroupName, member_id: MemberId, body: HeartbeatRequest, request: Request) -> dict[str, Any]:
+    """Stay in the group; `rebalance` = true when the generation moved on (take the new assignments;
+    records of partitions no longer held will be redelivered to their new member from the committed offset)."""
+    hb = await run_in_thread(coordinator_of(request).heartbeat, group, member_id, body.generation)
+    return {"generation": hb.generation, "assignments": assignments_json(hb.assignments), "rebalance": hb.rebalance}
+
+
+@router.delete("/groups/{group}/members/{member_id}", dependencies=READ, status_code=204, responses=AUTH_RESPONSES)
+async def leave(group: GroupName, member_id: MemberId, request: Request) -> Response:
+    """Leave the group: its partitions move to the other members at once."""
+    await run_in_thread(coordinator_of(request).leave, group, member_id)
+    return Response(status_code=204)
