@@ -259,7 +259,7 @@ class ChunkedSnapshot:
                     if name not in ctx.keyless:
                         ctx.keyless.append(name)
                         changed = True
-                if reason is not None:
+                if info is None or reason is not None:
                     self._warn(f"snapshot of {name} (requested by {origin}) refused: {name} {reason}")
                     continue
                 if name in ctx.keyless:
