@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -164,3 +165,46 @@ def test_a_refused_signal_is_logged_as_a_refusal(fresh_db: str, tmp_path: Path) 
         assert "refused" in said[0] and reason in said[0] and "requested (" not in said[0], said[0]
     assert any("public.items" in line and "requested" in line for line in lines), res.stderr
     assert sum(1 for c in changes(tmp_path / "log", "shop.public.items") if c["op"] == "r") == 200
+
+
+def test_a_schema_change_inside_a_chunks_window_makes_it_be_read_again(
+    fresh_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(TABLES["items"])
+        conn.execute(FILL["items"].format(n=1200))
+    reads: list[str] = []
+
+    def change_in_the_first_window(table: str, phase: str) -> None:
+        reads.append(phase)
+        if len(reads) == 1:  # after the first chunk's read, before its watermark
+            with psycopg.connect(fresh_db, autocommit=True) as conn:
+                conn.execute("ALTER TABLE items ADD COLUMN extra int DEFAULT 7")
+                conn.execute("UPDATE items SET note = 'after the change' WHERE id = 1100")
+
+    monkeypatch.setattr(ChunkedSnapshot, "after_read", change_in_the_first_window)
+    spec = _spec("shop", fresh_db, snapshot_chunk_rows=200)
+    daemon = CaptureDaemon([spec], DaemonOptions(log_root=tmp_path / "log", default_partitions=3))
+    runner = threading.Thread(target=daemon.run)
+    runner.start()
+    try:
+        session = daemon.sessions[0]
+        wait_for(lambda: session.status.snapshot_rows_done > 0, timeout=60, what="the first chunk")
+        wait_for(lambda: not session.snapshotting, timeout=60, what="the snapshot's end")
+        time.sleep(1.0)  # committed
+    finally:
+        daemon.request_stop()
+        runner.join(timeout=60)
+        _drop_slots(fresh_db, spec)
+    assert session.status.snapshot_chunks_reread >= 1
+    assert len(reads) == 1200 // 200 + 1, "the first chunk read twice, every other once"
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log")
+
+    def without_extra(rows: dict[bytes, dict[str, object]]) -> dict[bytes, dict[str, object]]:
+        # rows streamed before the column was added lack it (as any record before a schema change)
+        return {k: {c: v for c, v in row.items() if c != "extra"} for k, row in rows.items()}
+
+    logged = _compacted(config, "shop.public.items")
+    assert without_extra(logged) == without_extra(_table(fresh_db, "items"))
+    assert logged[b'{"id":1}']["extra"] == 7, "the first chunk read again, after the change"
+    assert logged[b'{"id":1100}']["note"] == "after the change"
