@@ -403,12 +403,14 @@ def commands(
     seconds: float,
     slice_s: float,
     client_kind: str = "raw",
+    command_ids: bool = False,
 ) -> dict[str, dict[str, float]]:
     """The same command (a deposit to the client's own account) through the Python API
     (`CommandHandler.handle` in this process) and through `POST /commands` of each API server
     (name -> (port, pid)), `clients` at a time, taking turns as the appends do. Per side:
     commands/s, latency p50/p99 and CPU per command (the Python API: this process; HTTP: the API
-    server's, and the load generator's apart)."""
+    server's, and the load generator's apart). `command_ids`: each command carries a new
+    `command_id` (idempotent commands: the record is looked up and stored with the events)."""
     tag = uuid.uuid4().hex[:6]
     recording = threading.Event()
     latencies: dict[str, list[float]] = {"python_api": [], **{name: [] for name in servers}}
@@ -424,16 +426,22 @@ def commands(
             assert status == 200, reply
     deposit = b'{"type": "deposit", "data": {"amount": "1.00"}}'
 
+    def body() -> bytes:
+        if not command_ids:
+            return deposit
+        return b'{"type": "deposit", "data": {"amount": "1.00"}, "command_id": "%s"}' % uuid.uuid4().hex.encode()
+
     def python_api(i: int, _: int) -> None:
         t0 = time.perf_counter()
-        handler.handle("account", f"py-{tag}-{i}", "deposit", {"amount": "1.00"})
+        command_id = uuid.uuid4().hex if command_ids else None
+        handler.handle("account", f"py-{tag}-{i}", "deposit", {"amount": "1.00"}, command_id=command_id)
         if recording.is_set():
             latencies["python_api"].append(time.perf_counter() - t0)
 
     def over_http(name: str) -> Work:
         def work(i: int, _: int) -> None:
             t0 = time.perf_counter()
-            status, reply = sessions[name][i].post(f"/commands/account/{name}-{tag}-{i}", deposit)
+            status, reply = sessions[name][i].post(f"/commands/account/{name}-{tag}-{i}", body())
             if recording.is_set():
                 latencies[name].append(time.perf_counter() - t0)
             if status != 200:
@@ -556,14 +564,14 @@ def appends_result(dsn: str, store: EventStore, args: argparse.Namespace) -> dic
 def commands_result(dsn: str, store: EventStore, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Commands/s over HTTP and through the Python API, 1 and 4 clients, medians of the repeats."""
     handler = CommandHandler(store, {"account": bank_account()}, snapshot_every=100)  # as `serve`'s defaults
-    out: dict[str, Any] = {"http_client": args.http_client, "target_ratio": 0.7}
+    out: dict[str, Any] = {"http_client": args.http_client, "command_ids": args.command_ids, "target_ratio": 0.7}
     with ExitStack() as stack:
         servers = {"http": stack.enter_context(api_server(dsn, work))}
         if args.compare_to is not None:
             servers["http_old"] = stack.enter_context(api_server(dsn, work, args.compare_to.resolve()))
         for clients in (1, 4):
             rows = [
-                commands(handler, servers, clients, args.seconds, args.slice, args.http_client)
+                commands(handler, servers, clients, args.seconds, args.slice, args.http_client, args.command_ids)
                 for _ in range(args.repeat)
             ]
             py = _median_of([r["python_api"] for r in rows])
@@ -613,6 +621,17 @@ def main() -> None:
         help="load generator of the HTTP commands: a minimal keep-alive client (default) or httpx",
     )
     parser.add_argument(
+        "--synchronous-commit-off",
+        action="store_true",
+        help="embedded server only: no wait for the WAL flush at commit, so the figures show the CPU and round "
+        "trips of each side rather than the disk's fsync",
+    )
+    parser.add_argument(
+        "--command-ids",
+        action="store_true",
+        help="commands: each carries a new command_id (idempotent commands)",
+    )
+    parser.add_argument(
         "--compare-to",
         type=Path,
         metavar="CHECKOUT",
@@ -643,6 +662,12 @@ def main() -> None:
         run_migrations(dsn)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(RAW_TABLE)
+        if args.synchronous_commit_off:
+            if args.dsn:
+                raise SystemExit("--synchronous-commit-off changes the server's settings: only on the embedded server")
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("ALTER SYSTEM SET synchronous_commit = off")
+                conn.execute("SELECT pg_reload_conf()")
         if args.cpu_ab:
             if args.dsn:
                 raise SystemExit("--cpu-ab changes synchronous_commit: only on the embedded server")
@@ -656,7 +681,14 @@ def main() -> None:
             result["commands"] = commands_result(dsn, store, work, args)
         if "load" in parts:
             result["load"] = load_times(store, args.load_events)
-        result.update({"runs": args.repeat, "seconds_per_run": args.seconds, "slice_s": args.slice})
+        result.update(
+            {
+                "runs": args.repeat,
+                "seconds_per_run": args.seconds,
+                "slice_s": args.slice,
+                "synchronous_commit": "off" if args.synchronous_commit_off else "on",
+            }
+        )
         store.close()
     finally:
         if cluster is not None:

@@ -396,12 +396,12 @@ class ChunkedSnapshot:
             marker = last_marker if i == len(kept) - 1 else "true"
             if kind == "columnar":
                 recs, last_row = unit
-                self.writer._chunk(job.encoder, job.plan, b"", job.now_ms, marker, recs=recs, last_row=last_row)
+                self.writer.stage_chunk(job.encoder, job.plan, b"", job.now_ms, marker, recs=recs, last_row=last_row)
             elif kind == "json":
-                self.writer._json(job.encoder, unit, job.now_ms, marker)
+                self.writer.stage_json_rows(job.encoder, unit, job.now_ms, marker)
             else:
                 row, out = unit
-                self.writer._row(job.encoder, row, job.now_ms, marker, out=out)
+                self.writer.stage_row(job.encoder, row, job.now_ms, marker, out=out)
         self.staging.flush()
         ctx.rows += job.rows
         ctx.chunks += 1
@@ -421,7 +421,7 @@ class ChunkedSnapshot:
         if gone:
             assert job.encoder is not None
             marker = "last" if self._last_of_all(job) else "true"
-            self.writer._deletes(job.encoder, gone, job.now_ms, marker)
+            self.writer.stage_deletes(job.encoder, gone, job.now_ms, marker)
             self.staging.flush()
         if job.final:
             self._table_done(job.table.qualified)
@@ -610,7 +610,7 @@ class ChunkedSnapshot:
         assert encoder is not None
         units: list[Any] = []
         rows = 0
-        plan = self.writer._columnar_plan(info)
+        plan = self.writer.columnar_plan(info)
         if plan is not None:
             from tributary.capture import snapshot_columns
 

@@ -202,21 +202,34 @@ def kafka_positions(options: KafkaOptions) -> dict[str, str]:
 # -- `tributary log topics` / `log cat` -------------------------------------------------------------
 
 
-def kafka_topics(options: KafkaOptions) -> list[dict[str, object]]:
-    """Each topic (internal ones aside): partitions and end offsets (high watermarks, which count
-    transaction markers too)."""
+def kafka_topics(options: KafkaOptions, *, timeout_s: float = _TIMEOUT_S) -> list[dict[str, object]]:
+    """Each topic (internal ones aside) in the shape of the local log's `admin.topics`:
+    partitions, start and end offsets (low and high watermarks), and `records` = the offsets
+    between them (transaction markers included: Kafka does not count records). `policy` is
+    "broker": the topic's `cleanup.policy` is the cluster's to keep."""
     consumer = _reader(options)
     try:
-        meta = consumer.list_topics(timeout=_TIMEOUT_S)
+        meta = consumer.list_topics(timeout=timeout_s)
         rows: list[dict[str, object]] = []
         for name in sorted(meta.topics):
             topic = meta.topics[name]
             if name.startswith("__") or topic.error is not None:
                 continue
-            ends = [
-                consumer.get_watermark_offsets(TopicPartition(name, p), _TIMEOUT_S)[1] for p in sorted(topic.partitions)
+            marks = [
+                consumer.get_watermark_offsets(TopicPartition(name, p), timeout_s) for p in sorted(topic.partitions)
             ]
-            rows.append({"topic": name, "partitions": len(ends), "end_offsets": ends})
+            starts, ends = [lo for lo, _ in marks], [hi for _, hi in marks]
+            rows.append(
+                {
+                    "topic": name,
+                    "partitions": len(marks),
+                    "policy": "broker",
+                    "records": sum(hi - lo for lo, hi in marks),
+                    "start_offsets": starts,
+                    "end_offsets": ends,
+                    "compaction": None,
+                }
+            )
         return rows
     except KafkaException as exc:
         raise LogError(f"Kafka at {options.bootstrap_servers}: {one_line(exc)}") from None

@@ -185,7 +185,7 @@ class SnapshotSource:
             if gone:
                 if previous is not None:
                     previous("true")
-                previous = functools.partial(self._deletes, encoder, sorted(gone), now_ms)
+                previous = functools.partial(self.stage_deletes, encoder, sorted(gone), now_ms)
                 gone.clear()  # the sorted list is the one copy held
         if previous is not None:
             previous("last")
@@ -205,7 +205,7 @@ class SnapshotSource:
     ) -> Iterator[tuple[Callable[[str], None], int]]:
         """The table's rows as units (stage, rows), by the first path that spells every column.
         `gone`: keys the topic holds; each key read is taken out of it as its unit is made."""
-        plan = self._columnar_plan(table)
+        plan = self.columnar_plan(table)
         if plan is not None:
             for chunk in reader.text_chunks(table):
                 recs = None
@@ -214,23 +214,26 @@ class SnapshotSource:
 
                     recs = snapshot_columns.encode_chunk(plan, chunk, self.staging.partitions(encoder.topic))
                     gone.difference_update(recs.keys.to_pylist())
-                yield functools.partial(self._chunk, encoder, plan, chunk, now_ms, recs=recs), chunk.count(b"\n") - 1
+                yield (
+                    functools.partial(self.stage_chunk, encoder, plan, chunk, now_ms, recs=recs),
+                    chunk.count(b"\n") - 1,
+                )
             return
         batches = None if self.spec.router is not None else reader.json_rows(table, table.identity_columns)
         if batches is not None:
             for batch in batches:
                 if gone:
                     gone.difference_update(key for key, _ in batch)
-                yield functools.partial(self._json, encoder, batch, now_ms), len(batch)
+                yield functools.partial(self.stage_json_rows, encoder, batch, now_ms), len(batch)
             return
         for row in reader.rows(table, ordered=self.spec.router is not None):
             out = None
             if gone:
                 out = encoder.encode(row)
                 gone.discard(out.key)
-            yield functools.partial(self._row, encoder, row, now_ms, out=out), 1
+            yield functools.partial(self.stage_row, encoder, row, now_ms, out=out), 1
 
-    def _columnar_plan(self, table: TableInfo) -> Any:
+    def columnar_plan(self, table: TableInfo) -> Any:
         """The table's columnar plan, or None: another path (see the module's docstring).
         pyarrow is imported here, not at start-up: only a snapshot pays for it."""
         if self.spec.router is not None or not self.columnar:
@@ -239,7 +242,7 @@ class SnapshotSource:
 
         return snapshot_columns.plan([(c.name, c.type) for c in table.columns], table.identity_columns)
 
-    def _chunk(
+    def stage_chunk(
         self,
         encoder: env.SnapshotEncoder,
         plan: Any,
@@ -282,7 +285,9 @@ class SnapshotSource:
                 now_ms,
             )
 
-    def _json(self, encoder: env.SnapshotEncoder, rows: list[tuple[bytes, bytes]], now_ms: int, marker: str) -> None:
+    def stage_json_rows(
+        self, encoder: env.SnapshotEncoder, rows: list[tuple[bytes, bytes]], now_ms: int, marker: str
+    ) -> None:
         """A batch of (key, after) rows from `json_rows`: `encoder.encode_json` minus the Output objects."""
         value = encoder.value_json
         pairs = [(key, value(after)) for key, after in rows[:-1]]
@@ -290,7 +295,7 @@ class SnapshotSource:
         pairs.append((key, value(after, marker)))
         self.staging.stage_pairs(encoder.topic, pairs, now_ms)
 
-    def _row(
+    def stage_row(
         self, encoder: env.SnapshotEncoder, row: Any, now_ms: int, marker: str, *, out: env.Output | None = None
     ) -> None:
         """`row`: text values from `SnapshotReader.rows`; a snapshot record's time is its read time.
@@ -300,7 +305,7 @@ class SnapshotSource:
         else:
             self.staging.stage((out if out is not None and marker == "true" else encoder.encode(row, marker),), now_ms)
 
-    def _deletes(self, encoder: env.SnapshotEncoder, keys: list[bytes], now_ms: int, marker: str) -> None:
+    def stage_deletes(self, encoder: env.SnapshotEncoder, keys: list[bytes], now_ms: int, marker: str) -> None:
         """A delete + tombstone per key the topic holds and the table no longer has, shaped as a
         streamed delete's (`before`: the key's columns) with the snapshot's `source` block (the
         last delete carries `marker`). `before` is the key, which already is the key's JSON."""

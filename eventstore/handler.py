@@ -21,7 +21,15 @@ from pydantic import BaseModel, ValidationError
 from tributary.eventstore.aggregate import Aggregate
 from tributary.eventstore.errors import ConcurrencyConflict, UnknownStreamType
 from tributary.eventstore.model import ExpectedVersion, NewEvent, event_json
-from tributary.eventstore.store import CommandRecord, EventStore, SameCommandRace, request_hash
+from tributary.eventstore.store import (
+    CommandRecord,
+    EventStore,
+    SameCommandRace,
+    SnapshotRecord,
+    StreamLoad,
+    request_hash,
+    stored_response,
+)
 from tributary.eventstore.values import check_data, check_headers, check_id
 
 __all__ = ["CommandHandler", "CommandResult", "LoadedState", "backoff"]
@@ -85,12 +93,25 @@ class CommandHandler:
     # -- loading ---------------------------------------------------------------------------------
     def load(self, stream_type: str, stream_id: str, *, use_snapshot: bool = True) -> LoadedState:
         agg = self.aggregate(stream_type)
-        state, version, base = agg.initial(), 0, 0
-        snap = self.store.snapshot(stream_id) if use_snapshot and self.snapshot_every else None
-        if snap is not None:
-            state, version = _from_snapshot(agg, snap, state)
-            base = version
-        for e in self.store.read_stream(stream_id, from_version=version + 1):
+        with self.store.session() as conn:
+            return self._fold(agg, conn, stream_id, self._read(agg, conn, stream_id, None, use_snapshot))
+
+    def _read(
+        self, agg: Aggregate[Any], conn: Any, stream_id: str, command_id: str | None, use_snapshot: bool = True
+    ) -> StreamLoad:
+        state_version = agg.state_version if use_snapshot and self.snapshot_every else None
+        return self.store.load(conn, stream_id, state_version=state_version, command_id=command_id)
+
+    def _fold(self, agg: Aggregate[Any], conn: Any, stream_id: str, read: StreamLoad) -> LoadedState:
+        """The state after the snapshot (if it still validates) and the events after it."""
+        state, version, base, events = agg.initial(), 0, 0, read.events
+        if read.snapshot is not None:
+            try:
+                state = agg.state_type.model_validate(read.snapshot[1])
+                version = base = read.snapshot[0]
+            except ValidationError:  # taken by other code: fold from the first event (one more read)
+                events = self.store.load(conn, stream_id, state_version=None).events
+        for e in events:
             state = agg.evolve(state, agg.load_event(e.type, e.schema_version, e.data))
             version = e.version
         return LoadedState(state, version, base)
@@ -106,20 +127,23 @@ class CommandHandler:
         expected_version: ExpectedVersion | None = None,
         command_id: str | None = None,
         correlation_id: str | None = None,
+        causation_id: str | None = None,
         headers: Mapping[str, str] | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> CommandResult:
         """Decide and append. `expected_version`: None or "any" (retry conflicts), "stream_exists"
         (the stream must have events; retry conflicts), "no_stream" or n (the stream must be at
-        that version: a conflict is the caller's). Each event's metadata: `causation_id` = the
-        command's id (`command_id`, else a new one), `correlation_id` (default: the command's id),
-        the user `headers`, and `metadata`'s own fields."""
+        that version: a conflict is the caller's). Each event's metadata: `causation_id` (default:
+        the command's id, `command_id`, else a new one), `correlation_id` (default: the command's
+        id), the user `headers`, and `metadata`'s own fields."""
         agg = self.aggregate(stream_type)
         check_id("stream id", stream_id)
         if command_id is not None:
             check_id("command_id", command_id)
         if correlation_id is not None:
             check_id("correlation_id", correlation_id)
+        if causation_id is not None:
+            check_id("causation_id", causation_id)
         check_data("data", data)
         if metadata:
             check_data("metadata", metadata)
@@ -132,42 +156,51 @@ class CommandHandler:
             pinned = expected_version
         command = agg.parse_command(command_type, data)
         req = request_hash(stream_type, stream_id, command_type, dict(data), expected_version)
-        if command_id is not None:
-            stored = self.store.command_response(command_id, req)
-            if stored is not None:
-                return CommandResult(stored["stream_id"], stored["version"], stored["events"], replayed=True)
-        cause = command_id or str(uuid.uuid4())
-        meta = {**(metadata or {}), "correlation_id": correlation_id or cause, "causation_id": cause}
+        own_id = command_id or str(uuid.uuid4())
+        meta = {**(metadata or {}), "correlation_id": correlation_id or own_id, "causation_id": causation_id or own_id}
         if command_id is not None:
             meta["command_id"] = command_id
         if headers:
             meta["headers"] = dict(headers)
-        for attempt in range(self.max_retries + 1):
-            loaded = self.load(stream_type, stream_id)
-            if (pinned is not None and loaded.version != pinned) or (
-                expected_version == "stream_exists" and loaded.version == 0
-            ):
-                raise ConcurrencyConflict(stream_id, expected_version, loaded.version)
-            decided = agg.decide(loaded.state, command)
-            events = [self._new_event(agg, e, meta) for e in decided]
-            expected: ExpectedVersion = loaded.version
-            record = None if command_id is None else CommandRecord(command_id, req)
-            try:
-                appended = self.store.append(stream_id, stream_type, events, expected, command=record)
-            except ConcurrencyConflict as exc:
-                if pinned is not None:
-                    raise ConcurrencyConflict(stream_id, expected_version, exc.actual) from None
-                if attempt == self.max_retries:
-                    raise ConcurrencyConflict(stream_id, exc.expected, exc.actual, attempts=attempt + 1) from None
-                self._sleep(backoff(attempt, base_s=self.retry_base_s, cap_s=self.retry_cap_s, rng=self._rng))
-                continue
-            except SameCommandRace:
-                stored = self.store.command_response(command_id or "", req)
-                assert stored is not None
-                return CommandResult(stored["stream_id"], stored["version"], stored["events"], replayed=True)
-            self._maybe_snapshot(agg, stream_id, loaded, decided, appended.version)
-            return CommandResult(stream_id, appended.version, [event_json(e) for e in appended.events])
+        record = None if command_id is None else CommandRecord(command_id, req)
+        # One pooled connection for the whole command: each attempt is a load (the command's record
+        # with it: one round trip; a retry finds the record a twin of this command stored meanwhile)
+        # and an append (with the snapshot and the record, in one transaction).
+        with self.store.session() as conn:
+            for attempt in range(self.max_retries + 1):
+                read = self._read(agg, conn, stream_id, command_id)
+                if read.stored is not None:
+                    return self._replayed(command_id or "", req, read.stored)
+                loaded = self._fold(agg, conn, stream_id, read)
+                if (pinned is not None and loaded.version != pinned) or (
+                    expected_version == "stream_exists" and loaded.version == 0
+                ):
+                    raise ConcurrencyConflict(stream_id, expected_version, loaded.version)
+                decided = agg.decide(loaded.state, command)
+                events = [self._new_event(agg, e, meta) for e in decided]
+                snapshot = self._snapshot(agg, loaded, decided, loaded.version + len(events))
+                try:
+                    appended = self.store.append(
+                        stream_id, stream_type, events, loaded.version, command=record, snapshot=snapshot, conn=conn
+                    )
+                except ConcurrencyConflict as exc:
+                    if pinned is not None:
+                        raise ConcurrencyConflict(stream_id, expected_version, exc.actual) from None
+                    if attempt == self.max_retries:
+                        raise ConcurrencyConflict(stream_id, exc.expected, exc.actual, attempts=attempt + 1) from None
+                    self._sleep(backoff(attempt, base_s=self.retry_base_s, cap_s=self.retry_cap_s, rng=self._rng))
+                    continue
+                except SameCommandRace:
+                    stored = self.store.load(conn, stream_id, state_version=None, command_id=command_id).stored
+                    assert stored is not None
+                    return self._replayed(command_id or "", req, stored)
+                return CommandResult(stream_id, appended.version, [event_json(e) for e in appended.events])
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _replayed(command_id: str, req: str, stored: tuple[str, dict[str, Any]]) -> CommandResult:
+        answer = stored_response(command_id, req, stored)
+        return CommandResult(answer["stream_id"], answer["version"], answer["events"], replayed=True)
 
     @staticmethod
     def _new_event(agg: Aggregate[Any], event: BaseModel, metadata: dict[str, Any]) -> NewEvent:
@@ -176,25 +209,12 @@ class CommandHandler:
             type=etype, data=event.model_dump(mode="json"), metadata=metadata, schema_version=agg.schema_version(etype)
         )
 
-    def _maybe_snapshot(
-        self, agg: Aggregate[Any], stream_id: str, loaded: LoadedState, decided: Any, version: int
-    ) -> None:
-        if not self.snapshot_every or version - loaded.from_snapshot < self.snapshot_every:
-            return
+    def _snapshot(self, agg: Aggregate[Any], loaded: LoadedState, decided: Any, version: int) -> SnapshotRecord | None:
+        """The snapshot to write with the append, every `snapshot_every` events (none for a
+        command that appends nothing: a snapshot is a cache)."""
+        if not self.snapshot_every or not decided or version - loaded.from_snapshot < self.snapshot_every:
+            return None
         state = loaded.state
         for event in decided:
             state = agg.evolve(state, event)
-        self.store.save_snapshot(stream_id, agg.stream_type, version, state.model_dump(mode="json"), agg.state_version)
-
-
-def _from_snapshot(agg: Aggregate[Any], snap: tuple[int, dict[str, Any], int], initial: BaseModel) -> tuple[Any, int]:
-    """(state, version) from a snapshot of the aggregate's current `state_version`; else (initial, 0):
-    a snapshot taken by other code (another state version, or a state that no longer validates) is
-    ignored, the stream is folded from its first event, and the next snapshot point replaces it."""
-    version, data, state_version = snap
-    if state_version != agg.state_version:
-        return initial, 0
-    try:
-        return agg.state_type.model_validate(data), version
-    except ValidationError:
-        return initial, 0
+        return SnapshotRecord(version, state.model_dump(mode="json"), agg.state_version)

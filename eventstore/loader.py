@@ -7,11 +7,7 @@ type) raises `AggregateDefinitionError` with one line that names the module and 
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import importlib.util
-import sys
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -19,64 +15,30 @@ from typing import Any
 
 from tributary.eventstore.aggregate import Aggregate
 from tributary.eventstore.errors import AggregateDefinitionError
+from tributary.user_files import describe, import_file, is_path, module_name, where
 
 __all__ = ["is_path", "load_aggregates", "load_module"]
 
 
-def is_path(ref: str) -> bool:
-    """A file reference (`x/y.py`), as opposed to a dotted module name."""
-    return ref.endswith(".py") or "/" in ref
-
-
 def load_module(ref: str) -> ModuleType:
-    """Import a domain file (`x/y.py`, relative to the working directory) or a dotted module."""
+    """Import a domain file (`x/y.py`; `load_settings` makes it absolute, beside the config file)
+    or a dotted module. The file's directory is importable while it runs (`from helpers import x`)."""
     if is_path(ref) and not Path(ref).is_file():
         raise AggregateDefinitionError(f"[eventstore] modules: no file {ref!r}")
     try:
         if is_path(ref):
-            return _load_file(ref)
+            return import_file(Path(ref), module_name("tributary_domain", Path(ref)))
         return importlib.import_module(ref)
     except AggregateDefinitionError as exc:  # an Aggregate(...) in the module broke a rule
-        raise AggregateDefinitionError(f"{ref}: {_where(exc, ref)}{exc}") from None
+        raise AggregateDefinitionError(f"{ref}: {where(exc, ref)}{exc}") from None
     except ModuleNotFoundError as exc:
         if not is_path(ref) and exc.name is not None and ref.startswith(exc.name):
             raise AggregateDefinitionError(f"[eventstore] modules: no module {ref!r}") from None
-        raise AggregateDefinitionError(f"{ref}: {_where(exc, ref)}{type(exc).__name__}: {exc}") from None
-    except SyntaxError as exc:
-        line = f"line {exc.lineno}: " if exc.lineno else ""
-        raise AggregateDefinitionError(f"{ref}: {line}{type(exc).__name__}: {exc.msg}") from None
-    except Exception as exc:  # noqa: BLE001 - a user's module may raise anything; said in one line
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        raise AggregateDefinitionError(f"{ref}: {_where(exc, ref)}{type(exc).__name__}: {first}") from None
-
-
-def _load_file(ref: str) -> ModuleType:
-    path = Path(ref).resolve()
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
-    name = f"tributary_domain_{path.stem}_{digest}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError("not a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
+        raise AggregateDefinitionError(describe(exc, ref)) from None
+    except KeyboardInterrupt:
         raise
-    return module
-
-
-def _where(exc: BaseException, ref: str) -> str:
-    """`line N: ` of the innermost frame in the module's own file, when there is one."""
-    target = str(Path(ref).resolve()) if is_path(ref) else ref.replace(".", "/")
-    line = None
-    for frame in traceback.extract_tb(exc.__traceback__):
-        if frame.filename == target or frame.filename.endswith(target + ".py"):
-            line = frame.lineno
-    return f"line {line}: " if line else ""
+    except BaseException as exc:  # noqa: BLE001 - a user's module may raise anything, sys.exit() too; said in one line
+        raise AggregateDefinitionError(describe(exc, ref)) from None
 
 
 def _exports(module: ModuleType, ref: str) -> list[Aggregate[Any]]:

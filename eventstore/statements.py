@@ -21,8 +21,10 @@ from sqlalchemy import (
     func,
     insert,
     literal_column,
+    null,
     select,
     tuple_,
+    union_all,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -39,6 +41,7 @@ __all__ = [
     "CURRENT",
     "INSERT_MANY",
     "INSERT_ONE",
+    "LOAD",
     "POSITION_EXISTS",
     "READ_ALL",
     "READ_ALL_HEAD",
@@ -46,6 +49,7 @@ __all__ = [
     "READ_FWD",
     "SNAP_GET",
     "SNAP_PUT",
+    "SNAP_PUT_AFTER",
     "STREAMS_OF_TYPE",
 ]
 
@@ -198,6 +202,38 @@ READ_BWD = _compiled(
     ("stream_id", "version", "limit"),
 )
 
+# A command's load, one statement: the stream's snapshot of the aggregate's state version (a row
+# whose `global_position` is NULL: its version, and its state in the `data` column), then the
+# events after it (after version 0 without one), in version order — the snapshot row first, as
+# every event after it has a higher version. One snapshot of the database for both: a snapshot
+# written meanwhile cannot be paired with events read before it.
+_snap = (
+    select(snapshots.c.version, snapshots.c.state)
+    .where(snapshots.c.stream_id == _p("snap_stream"), snapshots.c.state_version == _p("state_version"))
+    .cte("snap")
+)
+_snap_row = select(
+    cast(null(), BigInteger).label("global_position"),
+    cast(null(), Text).label("stream_id"),
+    cast(null(), Text).label("stream_type"),
+    _snap.c.version,
+    cast(null(), UUID).label("event_id"),
+    cast(null(), Text).label("type"),
+    cast(null(), Integer).label("schema_version"),
+    _snap.c.state.label("data"),
+    cast(null(), JSONB).label("metadata"),
+    cast(null(), TIMESTAMP(timezone=True)).label("occurred_at"),
+    cast(null(), TIMESTAMP(timezone=True)).label("recorded_at"),
+)
+_tail = select(*COLUMNS).where(
+    ev.stream_id == _p("stream_id"),
+    ev.version > func.coalesce(select(_snap.c.version).scalar_subquery(), _ZERO),
+)
+LOAD = _compiled(
+    union_all(_snap_row, _tail).order_by(literal_column("version")),
+    ("snap_stream", "state_version", "stream_id"),
+)
+
 # `$all` (and one stream type's events), gap-safe: a position is assigned at INSERT, not at COMMIT,
 # so an event of position p can become visible after one of position p + 1. Readers page by
 # (transaction id, position) and see only transactions below their snapshot's xmin (every
@@ -265,23 +301,39 @@ SNAP_GET = _compiled(
     ),
     ("stream_id",),
 )
-_snap = pg_insert(snapshots).values(
-    stream_id=_p("stream_id"),
-    stream_type=_p("stream_type"),
-    version=_p("version"),
-    state=_p("state"),
-    state_version=_p("state_version"),
-)
-SNAP_PUT = _compiled(
-    _snap.on_conflict_do_update(
+_SNAP_ORDER = ("stream_id", "stream_type", "version", "state", "state_version")
+
+
+def _snap_put(statement: object) -> ClauseElement:
+    assert isinstance(statement, type(pg_insert(snapshots)))
+    return statement.on_conflict_do_update(
         index_elements=[snapshots.c.stream_id],
         set_={
-            "version": _snap.excluded.version,
-            "state": _snap.excluded.state,
-            "state_version": _snap.excluded.state_version,
+            "version": statement.excluded.version,
+            "state": statement.excluded.state,
+            "state_version": statement.excluded.state_version,
             "taken_at": func.now(),
         },
-        where=snapshots.c.version < _snap.excluded.version,
+        where=snapshots.c.version < statement.excluded.version,
+    )
+
+
+SNAP_PUT = _compiled(_snap_put(pg_insert(snapshots).values(**{k: _p(k) for k in _SNAP_ORDER})), _SNAP_ORDER)
+# The snapshot a command takes, sent with its append (same implicit transaction, same round trip):
+# written only if that append's last event is stored, so a refused append leaves no snapshot.
+_appended = exists().where(ev.stream_id == _p("ev_stream"), ev.version == _p("ev_version"), ev.event_id == _p("ev_id"))
+SNAP_PUT_AFTER = _compiled(
+    _snap_put(
+        pg_insert(snapshots).from_select(
+            list(_SNAP_ORDER),
+            select(
+                _p("stream_id", Text),
+                _p("stream_type", Text),
+                _p("version", BigInteger),
+                cast(_p("state"), JSONB),
+                _p("state_version", Integer),
+            ).where(_appended),
+        )
     ),
-    ("stream_id", "stream_type", "version", "state", "state_version"),
+    (*_SNAP_ORDER, "ev_stream", "ev_version", "ev_id"),
 )

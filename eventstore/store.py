@@ -10,7 +10,8 @@ composed once from the tables in `schema.py` (`statements.py`).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
@@ -37,6 +38,7 @@ from tributary.eventstore.statements import (
     CURRENT,
     INSERT_MANY,
     INSERT_ONE,
+    LOAD,
     POSITION_EXISTS,
     READ_ALL,
     READ_ALL_HEAD,
@@ -44,6 +46,7 @@ from tributary.eventstore.statements import (
     READ_FWD,
     SNAP_GET,
     SNAP_PUT,
+    SNAP_PUT_AFTER,
     STREAMS_OF_TYPE,
 )
 from tributary.eventstore.values import check_id
@@ -53,10 +56,13 @@ __all__ = [
     "CommandRecord",
     "EventStore",
     "SameCommandRace",
+    "SnapshotRecord",
     "StreamInfo",
+    "StreamLoad",
     "read_all_statement",
     "recorded_event",
     "request_hash",
+    "stored_response",
 ]
 
 _NO_LIMIT = 2**62
@@ -100,6 +106,24 @@ class CommandRecord:
 
     command_id: str
     request_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRecord:
+    """A snapshot sent with an append (same transaction): stored only if the append is."""
+
+    version: int
+    state: dict[str, Any]
+    state_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLoad:
+    """What a command reads before it decides, in one round trip (`EventStore.load`)."""
+
+    stored: tuple[str, dict[str, Any]] | None  # the command id's record: (request hash, response)
+    snapshot: tuple[int, dict[str, Any]] | None  # (version, state) of the asked state version
+    events: list[RecordedEvent]  # the events after the snapshot (all of them without one)
 
 
 def request_hash(stream_type: str, stream_id: str, command_type: str, data: Any, expected: Any) -> str:
@@ -210,6 +234,13 @@ class EventStore:
     def close(self) -> None:
         self.pool.close()
 
+    @contextmanager
+    def session(self) -> Iterator[psycopg.Connection[Any]]:
+        """One pooled connection for a sequence of calls (a command's load and append: `load`,
+        `append(..., conn=…)`), with the store's error translation. Autocommit, as every call's."""
+        with _database, self.pool.connection() as conn:
+            yield conn
+
     # -- appending ------------------------------------------------------------------------------
     def append(
         self,
@@ -219,51 +250,59 @@ class EventStore:
         expected_version: ExpectedVersion = "any",
         *,
         command: CommandRecord | None = None,
+        snapshot: SnapshotRecord | None = None,
         attempts: int = 5,
+        conn: psycopg.Connection[Any] | None = None,
     ) -> AppendResult:
-        """Append atomically; re-appending the same event ids returns the original result."""
+        """Append atomically; re-appending the same event ids returns the original result.
+        `command` (an idempotency record) and `snapshot` are written in the same transaction;
+        `conn`: a connection of `session()` (else a pooled one for this call)."""
         check_id("stream id", stream_id)
         with _database:
-            return self._append_attempts(stream_id, stream_type, events, expected_version, command, attempts)
+            if conn is not None:
+                return self._append_attempts(
+                    conn, stream_id, stream_type, events, expected_version, command, snapshot, attempts
+                )
+            pool = self.pool
+            own = pool.getconn()
+            try:
+                return self._append_attempts(
+                    own, stream_id, stream_type, events, expected_version, command, snapshot, attempts
+                )
+            finally:
+                pool.putconn(own)
 
     def _append_attempts(
         self,
+        conn: psycopg.Connection[Any],
         stream_id: str,
         stream_type: str,
         events: Sequence[NewEvent],
         expected_version: ExpectedVersion,
         command: CommandRecord | None,
+        snapshot: SnapshotRecord | None,
         attempts: int,
     ) -> AppendResult:
-        pool = self.pool
         for _ in range(attempts):
-            conn = pool.getconn()
             try:
-                try:
-                    if command is None:
-                        result = self._append(conn, stream_id, stream_type, events, expected_version, None)
-                    else:
-                        with conn.transaction():
-                            result = self._append(conn, stream_id, stream_type, events, expected_version, command)
-                    self._note(stream_id, result.version)  # committed: now a fact
-                    return result
-                except psycopg.errors.UniqueViolation as exc:
-                    constraint = exc.diag.constraint_name or ""
-                if "commands" in constraint:
-                    raise SameCommandRace()
-                # A re-append of stored events can hit either constraint first (an exact version
-                # inserts n + 1 without looking at the stream's end): the ids decide.
-                original = self._existing(conn, events)
-                if original is not None:
-                    return original
-                if "event_id" in constraint:
-                    raise PartialDuplicateBatch("some of these event ids are already stored in another batch")
-                actual = self._current(conn, stream_id)
-                if isinstance(expected_version, int) or expected_version == "no_stream":
-                    raise ConcurrencyConflict(stream_id, expected_version, actual)
-                # `any` / `stream_exists`: someone appended meanwhile; go again from the new end.
-            finally:
-                pool.putconn(conn)
+                result = self._append(conn, stream_id, stream_type, events, expected_version, command, snapshot)
+                self._note(stream_id, result.version)  # committed: now a fact
+                return result
+            except psycopg.errors.UniqueViolation as exc:
+                constraint = exc.diag.constraint_name or ""
+            if "commands" in constraint:
+                raise SameCommandRace()
+            # A re-append of stored events can hit either constraint first (an exact version
+            # inserts n + 1 without looking at the stream's end): the ids decide.
+            original = self._existing(conn, events)
+            if original is not None:
+                return original
+            if "event_id" in constraint:
+                raise PartialDuplicateBatch("some of these event ids are already stored in another batch")
+            actual = self._current(conn, stream_id)
+            if isinstance(expected_version, int) or expected_version == "no_stream":
+                raise ConcurrencyConflict(stream_id, expected_version, actual)
+            # `any` / `stream_exists`: someone appended meanwhile; go again from the new end.
         raise ConcurrencyConflict(stream_id, expected_version, actual, attempts=attempts)
 
     @staticmethod
@@ -278,6 +317,7 @@ class EventStore:
         events: Sequence[NewEvent],
         expected: ExpectedVersion,
         command: CommandRecord | None,
+        snapshot: SnapshotRecord | None,
     ) -> AppendResult:
         if not events:
             current = self._current(conn, stream_id)
@@ -288,18 +328,64 @@ class EventStore:
             ):
                 raise ConcurrencyConflict(stream_id, expected, current)
             result = AppendResult(stream_id, current, ())
-        else:
-            known = self._known.get(stream_id, 0)
-            recorded = self._insert(self._cursor(conn), stream_id, stream_type, events, expected, known)
-            if recorded is None:  # the expected version did not hold — unless this very batch is stored
-                original = self._existing(conn, events)
-                if original is not None:
-                    return original
-                raise ConcurrencyConflict(stream_id, expected, self._current(conn, stream_id))
-            result = AppendResult(stream_id, recorded[-1].version, recorded)
-        if command is not None:
-            conn.execute(CMD_PUT, (command.command_id, stream_id, command.request_hash, _jsonb(response_json(result))))
-        return result
+            if command is not None:
+                conn.execute(
+                    CMD_PUT, (command.command_id, stream_id, command.request_hash, _jsonb(response_json(result)))
+                )
+            return result
+        known = self._known.get(stream_id, 0)
+        cursor = self._cursor(conn)
+        if command is None and snapshot is None:  # one statement, its own transaction
+            return self._appended(
+                conn,
+                stream_id,
+                expected,
+                events,
+                self._insert(cursor, stream_id, stream_type, events, expected, known)(),
+            )
+        # Pipeline mode: the statements up to the pipeline's sync are one implicit transaction
+        # (PostgreSQL's extended protocol; a fetch flushes, it does not sync), so the insert, the
+        # snapshot and the command record commit together or not at all. Without a record: one
+        # round trip (the insert's rows are read after the sync); with one, two (its answer holds
+        # the positions the insert returns).
+        with conn.pipeline():
+            receive = self._insert(cursor, stream_id, stream_type, events, expected, known)
+            if snapshot is not None:  # written only if the insert's last event is stored
+                conn.execute(
+                    SNAP_PUT_AFTER,
+                    (
+                        stream_id,
+                        stream_type,
+                        snapshot.version,
+                        _jsonb(snapshot.state),
+                        snapshot.state_version,
+                        stream_id,
+                        snapshot.version,
+                        events[-1].event_id,
+                    ),
+                )
+            if command is not None:
+                result = self._appended(conn, stream_id, expected, events, receive())
+                conn.execute(
+                    CMD_PUT, (command.command_id, stream_id, command.request_hash, _jsonb(response_json(result)))
+                )
+                return result
+        return self._appended(conn, stream_id, expected, events, receive())
+
+    def _appended(
+        self,
+        conn: psycopg.Connection[Any],
+        stream_id: str,
+        expected: ExpectedVersion,
+        events: Sequence[NewEvent],
+        recorded: tuple[RecordedEvent, ...] | None,
+    ) -> AppendResult:
+        if recorded is None:  # the expected version did not hold — unless this very batch is stored
+            original = self._existing(conn, events)
+            if original is not None:
+                return original
+            raise ConcurrencyConflict(stream_id, expected, self._current(conn, stream_id))
+        return AppendResult(stream_id, recorded[-1].version, recorded)
 
     @staticmethod
     def _insert(
@@ -309,15 +395,21 @@ class EventStore:
         events: Sequence[NewEvent],
         expected: ExpectedVersion,
         known: int,
-    ) -> tuple[RecordedEvent, ...] | None:
-        """Insert `events` after the stream's end if `expected` holds; None when it does not."""
+    ) -> Callable[[], tuple[RecordedEvent, ...] | None]:
+        """Send the insert of `events` after the stream's end if `expected` holds; the function
+        returned reads its result: the recorded events, None when `expected` did not hold. (In
+        pipeline mode, whatever is sent between the two travels in the same round trip.)"""
         if len(events) == 1:  # the common case, kept short: one row back, no id map
             e = events[0]
             d, m = dumps(e.data).decode(), dumps(e.metadata).decode()
             values: tuple[Any, ...] = (e.event_id, e.type, e.schema_version, d, m, e.occurred_at)
             cursor.execute(*_statement(INSERT_ONE, stream_id, stream_type, values, expected, known))
-            row = cursor.fetchone()
-            return None if row is None else (_recorded(stream_id, stream_type, e, d, m, *row),)
+
+            def one() -> tuple[RecordedEvent, ...] | None:
+                row = cursor.fetchone()
+                return None if row is None else (_recorded(stream_id, stream_type, e, d, m, *row),)
+
+            return one
         data = [dumps(e.data).decode() for e in events]
         meta = [dumps(e.metadata).decode() for e in events]
         values = (
@@ -328,15 +420,20 @@ class EventStore:
             meta,
             [e.occurred_at for e in events],
         )
-        rows = cursor.execute(*_statement(INSERT_MANY, stream_id, stream_type, values, expected, known)).fetchall()
-        if not rows:
-            return None
-        stored = {r[2]: r for r in rows}
-        out = []
-        for e, d, m in zip(events, data, meta, strict=True):
-            position, version, _, recorded_at = stored[e.event_id]
-            out.append(_recorded(stream_id, stream_type, e, d, m, position, version, recorded_at))
-        return tuple(out)
+        cursor.execute(*_statement(INSERT_MANY, stream_id, stream_type, values, expected, known))
+
+        def many() -> tuple[RecordedEvent, ...] | None:
+            rows = cursor.fetchall()
+            if not rows:
+                return None
+            stored = {r[2]: r for r in rows}
+            out = []
+            for e, d, m in zip(events, data, meta, strict=True):
+                position, version, _, recorded_at = stored[e.event_id]
+                out.append(_recorded(stream_id, stream_type, e, d, m, position, version, recorded_at))
+            return tuple(out)
+
+        return many
 
     def _existing(self, conn: psycopg.Connection[Any], events: Sequence[NewEvent]) -> AppendResult | None:
         """The original result when every id is stored already; PartialDuplicateBatch when some are."""
@@ -357,11 +454,45 @@ class EventStore:
         check_id("command_id", command_id)
         with _database, self.pool.connection() as conn:
             row = conn.execute(CMD_GET, (command_id,)).fetchone()
-        if row is None:
-            return None
-        if row[0] != request:
-            raise IdempotencyMismatch(f"command id {command_id!r} was already used for a different command")
-        return dict(row[1])
+        return None if row is None else stored_response(command_id, request, (str(row[0]), dict(row[1])))
+
+    # -- a command's load --------------------------------------------------------------------------------
+    def load(
+        self,
+        conn: psycopg.Connection[Any],
+        stream_id: str,
+        *,
+        state_version: int | None,
+        command_id: str | None = None,
+    ) -> StreamLoad:
+        """What a command needs before it decides, on `conn` (of `session()`), in one round trip:
+        the record of `command_id` (if any), the snapshot of `state_version` (None: no snapshot)
+        and the events after it. The record and the stream are two statements in one pipeline."""
+        check_id("stream id", stream_id)
+        stored = None
+        params: tuple[Any, ...]
+        if state_version is None:
+            query, params = READ_FWD, (stream_id, 1, _NO_LIMIT)
+        else:
+            query, params = LOAD, (stream_id, state_version, stream_id)
+        if command_id is None:
+            rows = conn.execute(query, params).fetchall()
+        else:
+            check_id("command_id", command_id)
+            with conn.pipeline():
+                record = conn.execute(CMD_GET, (command_id,))
+                stream = conn.execute(query, params)
+            row = record.fetchone()
+            stored = None if row is None else (str(row[0]), dict(row[1]))
+            rows = stream.fetchall()
+        snapshot = None
+        if rows and rows[0][0] is None:  # the snapshot row (no position)
+            snapshot = (int(rows[0][3]), dict(rows[0][7]))
+            rows = rows[1:]
+        events = [recorded_event(r) for r in rows]
+        if events:
+            self._note(stream_id, events[-1].version)
+        return StreamLoad(stored, snapshot, events)
 
     # -- reading ---------------------------------------------------------------------------------------
     def read_stream(
@@ -421,6 +552,13 @@ class EventStore:
     ) -> None:
         with _database, self.pool.connection() as conn, conn.transaction():
             conn.execute(SNAP_PUT, (stream_id, stream_type, version, _jsonb(state), state_version))
+
+
+def stored_response(command_id: str, request: str, stored: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """A command record's answer; IdempotencyMismatch if the record is of a different command."""
+    if stored[0] != request:
+        raise IdempotencyMismatch(f"command id {command_id!r} was already used for a different command")
+    return stored[1]
 
 
 class SameCommandRace(Exception):

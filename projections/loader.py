@@ -6,7 +6,6 @@ same references (cached per process) instead of unpickling user functions.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import sys
@@ -18,35 +17,31 @@ from types import ModuleType
 
 from tributary.projections.definition import Projection
 from tributary.projections.errors import DefinitionError
+from tributary.user_files import describe, forget, import_file, is_path, module_name
 
 __all__ = ["file_stamps", "load", "load_current", "load_module", "resolve"]
 
 
 def load_module(ref: str) -> ModuleType:
-    """A file path (`x/y.py`) or a dotted module name."""
-    if ref.endswith(".py") or "/" in ref:
-        path = Path(ref).resolve()
-        if not path.is_file():
-            raise DefinitionError(f"[projections] modules: no file {ref!r}")
-        digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
-        name = f"tributary_projection_{path.stem}_{digest}"
-        if name in sys.modules:
-            return sys.modules[name]
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise DefinitionError(f"[projections] modules: cannot import {ref!r}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception:
-            del sys.modules[name]
-            raise
-        return module
+    """A file path (`x/y.py`; `load_settings` makes it absolute, beside the config file) or a
+    dotted module name. The file's directory is importable while it runs (`from helpers import x`),
+    here and on Spark's workers. Whatever the module raises (`sys.exit()` too) is one line naming it."""
+    if is_path(ref) and not Path(ref).is_file():
+        raise DefinitionError(f"[projections] modules: no file {ref!r}")
     try:
+        if is_path(ref):
+            return import_file(Path(ref), module_name("tributary_projection", Path(ref)))
         return importlib.import_module(ref)
-    except ImportError as exc:
-        raise DefinitionError(f"[projections] modules: cannot import {ref!r}: {exc}") from exc
+    except DefinitionError:  # a Projection(...) in the module broke a rule: it names the field
+        raise
+    except ModuleNotFoundError as exc:
+        if not is_path(ref) and exc.name is not None and ref.startswith(exc.name):
+            raise DefinitionError(f"[projections] modules: cannot import {ref!r}: {exc}") from None
+        raise DefinitionError(describe(exc, ref)) from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a user's module may raise anything, sys.exit() too; said in one line
+        raise DefinitionError(describe(exc, ref)) from None
 
 
 def _exports(module: ModuleType, ref: str) -> list[Projection]:
@@ -85,7 +80,7 @@ def resolve(modules: Sequence[str], mirror: Sequence[str], name: str) -> Project
 
 def _stamp(ref: str) -> tuple[str, int, int] | None:
     """(path, mtime_ns, size) of the file a reference names, None when it has none (a namespace)."""
-    if ref.endswith(".py") or "/" in ref:
+    if is_path(ref):
         path = Path(ref).resolve()
     else:
         try:
@@ -130,10 +125,9 @@ def load_current(modules: tuple[str, ...], mirror: tuple[str, ...] = ()) -> dict
 
 
 def _forget(ref: str) -> None:
-    """Drop a module from `sys.modules` so that the next `load_module` executes its file again."""
-    if ref.endswith(".py") or "/" in ref:
-        path = Path(ref).resolve()
-        digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
-        sys.modules.pop(f"tributary_projection_{path.stem}_{digest}", None)
+    """Drop a module from `sys.modules` so that the next `load_module` executes its file again
+    (and the files beside it that it imported)."""
+    if is_path(ref):
+        forget(module_name("tributary_projection", Path(ref)))
     else:
         sys.modules.pop(ref, None)

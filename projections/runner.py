@@ -140,12 +140,17 @@ def _connect(s: RunSettings) -> psycopg.Connection[Any]:
         raise RunError(f"cannot connect to the service database ([service] dsn): {exc}") from exc
 
 
-def _open_log(s: RunSettings) -> LogSource:
+# `project status`, `/projections` and `/metrics` wait at most this long for Kafka's end offsets:
+# a scrape must not hang for a run's 30 s when the cluster is down.
+STATUS_TIMEOUT_S = 5.0
+
+
+def _open_log(s: RunSettings, *, timeout_s: float | None = None) -> LogSource:
     """The log a run reads, by `[log] backend`: the local log under `log_root`, or Kafka."""
     if s.kafka is not None:
-        from tributary.projections.kafka_source import KafkaSource
+        from tributary.projections.kafka_source import TIMEOUT_S, KafkaSource
 
-        return KafkaSource(s.kafka, split_offsets=s.kafka_split_offsets)
+        return KafkaSource(s.kafka, split_offsets=s.kafka_split_offsets, timeout_s=timeout_s or TIMEOUT_S)
     return LocalSource(s.log_root)
 
 
@@ -424,13 +429,14 @@ def rebuild_process(name: str, settings: RunSettings, *, progress: Progress | No
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(args + "\n")
         proc.stdin.close()
-        for line in proc.stdout:
-            if not line.startswith(_MARK):
-                continue
-            msg = json.loads(line[len(_MARK) :])
-            if "progress" in msg and progress is not None:
-                progress(*msg["progress"])
-            result, failure = msg.get("result", result), msg.get("error", failure)
+        with proc.stdout:  # closed once read: an open pipe outlives the child as a ResourceWarning
+            for line in proc.stdout:
+                if not line.startswith(_MARK):
+                    continue
+                msg = json.loads(line[len(_MARK) :])
+                if "progress" in msg and progress is not None:
+                    progress(*msg["progress"])
+                result, failure = msg.get("result", result), msg.get("error", failure)
         code_ = proc.wait()
         if result is not None and code_ == 0:
             return RunResult(**result)
@@ -571,7 +577,7 @@ def status(settings: RunSettings, name: str | None = None) -> list[ProjectionSta
         store = Store(conn, schema=settings.schema)
         store.ensure()
         try:
-            log: LogSource | None = _open_log(settings)
+            log: LogSource | None = _open_log(settings, timeout_s=STATUS_TIMEOUT_S)
         except MissingMetadataError:
             raise  # segments without a manifest are not "nothing captured yet"
         except LogError:  # nothing captured yet: lag unknown, status still useful

@@ -10,6 +10,8 @@ The JVM writes to its standard error on its own (`WARNING: Using incubator modul
 "Setting default log level" hint, log4j lines, task failures' Java stack traces), and its Python
 workers inherit that stream. None of it is for a terminal: the JVM is started with its standard
 error on a file (`jvm_log`, set by `log_jvm_to`), where log4j also writes (warnings and up).
+That file is rotated when a JVM starts: past `JVM_LOG_BYTES` it becomes `<name>.1` (replacing the
+previous one), so it never holds more than one run's output beyond the cap.
 """
 
 from __future__ import annotations
@@ -23,7 +25,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["aggregation_session", "get_session", "jvm_log", "local_cores", "log_jvm_to", "stop_session"]
+__all__ = [
+    "JVM_LOG_BYTES",
+    "aggregation_session",
+    "get_session",
+    "jvm_log",
+    "local_cores",
+    "log_jvm_to",
+    "rotate",
+    "stop_session",
+]
+
+JVM_LOG_BYTES = 10 << 20  # the JVM's log is rotated past this size when a session starts
 
 _LOCK = threading.Lock()
 _SESSION: Any = None
@@ -61,6 +74,16 @@ def log_jvm_to(path: Path) -> None:
 def jvm_log() -> Path:
     """The JVM's standard error: the file `log_jvm_to` named, else one in the temp directory."""
     return _JVM_LOG or Path(tempfile.gettempdir()) / f"tributary-spark-{os.getuid()}.log"
+
+
+def rotate(path: Path, max_bytes: int) -> None:
+    """Move `path` to `<path>.1` (replacing an older one) once it holds `max_bytes` or more: a
+    rename, so a process still appending to it (another run's JVM) keeps writing, to the old file."""
+    try:
+        if path.stat().st_size >= max_bytes:
+            path.replace(path.with_name(path.name + ".1"))
+    except FileNotFoundError:
+        pass
 
 
 @contextmanager
@@ -125,6 +148,7 @@ def get_session(master: str = "local[*]", *, shuffle_partitions: int = 4, conf: 
             builder = builder.config("spark.executorEnv.PYTHONPATH", pythonpath)
         for k, v in (conf or {}).items():
             builder = builder.config(k, v)
+        rotate(jvm_log(), JVM_LOG_BYTES)
         with _stderr_to(jvm_log()):
             session = builder.getOrCreate()
         _SESSION = session

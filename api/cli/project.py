@@ -9,6 +9,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from logging.handlers import RotatingFileHandler
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -34,6 +35,7 @@ __all__ = ["register"]
 
 _LOG = logging.getLogger("tributary.projections.cli")
 _LOG.propagate = False  # the trace goes to project.log; the terminal gets the one line
+TRACE_BYTES = 10 << 20  # project.log past this size becomes project.log.1 (replacing an older one)
 
 project_app = typer.Typer(help="Projections: fold the log into derived tables (PySpark).", no_args_is_help=True)
 
@@ -48,7 +50,8 @@ def _run_settings(config: Any, *, skip_errors: bool = False) -> RunSettings:
 def _reporting(settings: RunSettings) -> Iterator[None]:
     """Keep a run's terminal to its result or one line: the JVM's output goes to `spark.log` and
     a failure's full trace (the Python worker's, Spark's) to `project.log`, both beside the log
-    root; the one line names the projection, the record, the exception and that file."""
+    root; the one line names the projection, the record, the exception and that file. Each is
+    capped: past 10 MB it becomes `<name>.1`, replacing the previous one."""
     from tributary.api.settings.logs import JsonFormatter
     from tributary.projections.errors import ProjectionError, RunError
     from tributary.projections.spark import log_jvm_to
@@ -62,7 +65,7 @@ def _reporting(settings: RunSettings) -> Iterator[None]:
         if exc.__cause__ is None:  # ours from the start (a bad file, a lock): the line says it all
             raise
         home.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(trace, encoding="utf-8")
+        handler = RotatingFileHandler(trace, maxBytes=TRACE_BYTES, backupCount=1, encoding="utf-8")
         handler.setFormatter(JsonFormatter())
         _LOG.addHandler(handler)
         try:

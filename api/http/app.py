@@ -145,7 +145,12 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
             snapshot_every=settings.eventstore.snapshot_every or None,
         )
         app.state.metrics.known_stream_types(app.state.handler.aggregates)
-        app.state.subscriptions = Subscriptions(pool)
+        app.state.subscriptions = Subscriptions(
+            pool,
+            poll_s=settings.api.subscription_poll_s,
+            page=settings.api.subscription_page,
+            keepalive_s=settings.api.subscription_keepalive_s,
+        )
         app.state.subscriptions.end_on_exit_signals()
         stop_consumers = routes_groups.start_consumers(app, dsn=dsn)
         status = routes_admin.start_status(app)

@@ -9,9 +9,10 @@ The capture daemon is another process: its commit-latency histogram travels in i
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -21,6 +22,8 @@ from prometheus_client.registry import Collector
 from tributary.capture.log import Log, LogError
 from tributary.capture.status import ERROR_KINDS, SourceState, read_status, snapshot_under_way
 from tributary.consumers import GroupCoordinator
+
+KAFKA_TIMEOUT_S = 5.0  # a refresh does not wait a run's 30 s for an unreachable Kafka cluster
 
 __all__ = ["Metrics"]
 
@@ -80,7 +83,12 @@ class Metrics:
             "tributary_slot_lag_bytes", "pg_current_wal_lsn() - confirmed_flush_lsn", ["source"], registry=r
         )
         self.log_bytes = Gauge("tributary_log_bytes", "Bytes on disk per topic", ["topic"], registry=r)
-        self.log_records = Gauge("tributary_log_records", "Committed records per topic", ["topic"], registry=r)
+        self.log_records = Gauge(
+            "tributary_log_records",
+            "Committed records per topic (on Kafka: offsets, transaction markers included)",
+            ["topic"],
+            registry=r,
+        )
         self.projection_lag = Gauge(
             "tributary_projection_lag_records", "Records behind the log", ["projection"], registry=r
         )
@@ -178,20 +186,31 @@ class Metrics:
             self._snapshot(s)
             if isinstance(s.get("slot_lag_bytes"), int):
                 self.slot_lag.labels(s["name"]).set(s["slot_lag_bytes"])
-        try:
-            with Log.open(root) as log:
-                for topic in log.topics():
-                    self.log_records.labels(topic).set(
-                        sum(e - b for b, e in zip(log.start_offsets(topic), log.end_offsets(topic), strict=True))
-                    )
-                    self.log_bytes.labels(topic).set(log.disk_bytes(topic))
-        except LogError:
-            pass
+        with contextlib.suppress(LogError):  # no log yet, or Kafka unreachable: the other figures still count
+            self._refresh_topics(settings, root)
         self._refresh_projections(settings, dsn, rebuilds)
         if groups is not None:
             self._refresh_groups(groups)
         if dsn is not None and settings.sinks:
             self._refresh_sinks(settings, dsn)
+
+    def _refresh_topics(self, settings: Any, root: Path) -> None:
+        """Records per topic (offsets from start to end); on the local log also its bytes on disk."""
+        from tributary.api.settings.log import kafka_options
+
+        kafka = kafka_options(settings)
+        if kafka is not None:  # the cluster's topics; their bytes are the broker's to report
+            from tributary.capture.kafka_read import kafka_topics
+
+            for row in kafka_topics(kafka, timeout_s=KAFKA_TIMEOUT_S):
+                self.log_records.labels(row["topic"]).set(cast(int, row["records"]))
+            return
+        with Log.open(root) as log:
+            for topic in log.topics():
+                self.log_records.labels(topic).set(
+                    sum(e - b for b, e in zip(log.start_offsets(topic), log.end_offsets(topic), strict=True))
+                )
+                self.log_bytes.labels(topic).set(log.disk_bytes(topic))
 
     def _refresh_sinks(self, settings: Any, dsn: str) -> None:
         """The configured sinks' status rows (`tributary sinks run` writes them after every batch)."""

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.definitions import current_run_settings, current_settings
 from tributary.api.settings.config import Settings
+from tributary.api.settings.log import kafka_options
 from tributary.api.settings.sources import source_statuses
 from tributary.capture.log import LogError
 from tributary.capture.log.admin import topics as topics_of
@@ -186,12 +187,21 @@ async def sources(request: Request) -> list[dict[str, Any]]:
     return rows
 
 
-def _topics(root: Any) -> list[dict[str, Any]]:
-    if not Path(root).is_dir():
-        return []  # nothing captured yet
+# A page or a scrape does not wait a run's 30 s for an unreachable Kafka cluster.
+KAFKA_TIMEOUT_S = 5.0
+
+
+def _topics(settings: Any) -> list[dict[str, Any]]:
+    kafka = kafka_options(settings)
     try:
-        return topics_of(root)
-    except LogError as exc:  # e.g. segments without a manifest: not an empty log
+        if kafka is not None:
+            from tributary.capture.kafka_read import kafka_topics
+
+            return kafka_topics(kafka, timeout_s=KAFKA_TIMEOUT_S)
+        if not Path(settings.log.root).is_dir():
+            return []  # nothing captured yet
+        return topics_of(settings.log.root)
+    except LogError as exc:  # e.g. segments without a manifest (not an empty log), Kafka unreachable
         raise HTTPException(503, str(exc)) from None
 
 
@@ -199,13 +209,17 @@ def _topics(root: Any) -> list[dict[str, Any]]:
     "/topics",
     tags=["admin"],
     dependencies=[Depends(require("admin"))],
-    responses={**AUTH_RESPONSES, 503: error("the log cannot be read as it is (the message says how to repair it)")},
+    responses={
+        **AUTH_RESPONSES,
+        503: error("the log cannot be read as it is (the message says how to repair it), or Kafka cannot be reached"),
+    },
 )
 async def topics(request: Request) -> list[dict[str, Any]]:
     """Every topic: partitions, policy, `records` (`data_records` + `schema_records`), committed
     offsets; for `compact` topics, `compaction`: when the capture daemon's background cleaner last
-    compacted it and records/bytes before → after (`cleaner.json`)."""
-    return await asyncio.to_thread(_topics, _settings(request).log.root)
+    compacted it and records/bytes before → after (`cleaner.json`). On the Kafka backend: the
+    cluster's topics, `policy` "broker", `records` = offsets from start to end (markers included)."""
+    return await asyncio.to_thread(_topics, _settings(request))
 
 
 # -- projections -------------------------------------------------------------------------------

@@ -55,13 +55,21 @@ class CommandRequest(BaseModel):
         default=None,
         min_length=1,
         max_length=MAX_ID_LENGTH,
-        description="Makes the command idempotent; the events' `causation_id` (a new id when absent).",
+        description="Makes the command idempotent; the command's own id (a new one when absent): the events' "
+        "`causation_id` and `correlation_id` unless those are sent.",
     )
     correlation_id: str | None = Field(
         default=None,
         min_length=1,
         max_length=MAX_ID_LENGTH,
         description="Stored in each event's metadata (default: the command's id) and carried into the log's headers.",
+    )
+    causation_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_ID_LENGTH,
+        description="What caused this command (e.g. the id of the event a process manager reacted to): stored "
+        "in each event's metadata (default: the command's id) and carried into the log's headers.",
     )
     headers: dict[str, str] | None = Field(
         default=None,
@@ -189,6 +197,7 @@ async def send_command(stream_type: str, stream_id: str, body: CommandRequest, r
             expected_version=body.expected_version,
             command_id=body.command_id,
             correlation_id=body.correlation_id,
+            causation_id=body.causation_id,
             headers=body.headers,
         )
     except EventStoreError as exc:

@@ -6,6 +6,7 @@ the environment. Key names are a contract (users' files and environments name th
 
 from __future__ import annotations
 
+import logging
 import os
 import tomllib
 from pathlib import Path
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tributary.api.settings.environment import read_environment
 from tributary.api.settings.errors import ConfigError, describe, describe_toml_bytes, describe_toml_syntax
 from tributary.capture.spec import CHUNK_ROWS
+from tributary.user_files import is_path
 
 __all__ = [
     "ApiSettings",
@@ -34,6 +36,7 @@ __all__ = [
 ]
 
 DEFAULT_CONFIG = Path("tributary.toml")
+log = logging.getLogger(__name__)
 
 # Durations in ms and sizes in bytes have an upper bound too: a value past it is a typo, and an
 # unbounded one would overflow where it meets a timer or a 64-bit field instead of failing here.
@@ -195,7 +198,9 @@ class ProjectionSettings(_Section):
         description="Any Spark setting, applied when the session is built and winning over the defaults (e.g. "
         "spark.driver.host for executors on other hosts; `config show` masks secrets).",
     )
-    modules: tuple[str, ...] = Field(default=(), description="Projection files or modules.")
+    modules: tuple[str, ...] = Field(
+        default=(), description="Your projection files (relative to this file) or modules."
+    )
     schema_: str = Field(default="views", alias="schema", description="Schema of derived tables.")
     mirror: tuple[str, ...] = Field(default=(), description="Captured topics to mirror as tables.")
 
@@ -284,6 +289,26 @@ class ApiSettings(_Section):
         le=3600,
         description="How often /readyz and /metrics refresh their figures in the background (each call "
         "answers from the last refresh).",
+    )
+    subscription_poll_s: float = Field(
+        default=0.1,
+        ge=0.01,
+        le=60,
+        description="While anyone is subscribed (`GET /all/subscribe`), how often the server asks the database "
+        "whether there are new events (one index probe per server process).",
+    )
+    subscription_page: int = Field(
+        default=100,
+        ge=1,
+        le=10_000,
+        description="Events a subscriber reads (and holds) at most at a time.",
+    )
+    subscription_keepalive_s: float = Field(
+        default=15.0,
+        ge=1,
+        le=3600,
+        description="After this many seconds without an event a subscription sends a comment line, so proxies "
+        "keep an idle connection open.",
     )
 
 
@@ -414,21 +439,44 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _is_file_ref(ref: str) -> bool:
-    return ref.endswith(".py") or "/" in ref  # as `tributary.eventstore.loader.is_path`
+_SECTIONS_WITH_FILES = ("eventstore", "projections")  # their `modules` may name files
+_warned: set[tuple[str, str]] = set()  # (config file, module): the compatibility warning, once per process
 
 
-def _files_beside(data: dict[str, Any], path: Path) -> dict[str, Any]:
-    """The file's `[eventstore] modules` with each file path (`x/y.py`) taken relative to the file."""
-    section = data.get("eventstore")
-    if not isinstance(section, dict) or not isinstance(section.get("modules"), list) or path.parent == Path("."):
-        return data
-    modules: list[Any] = section["modules"]
-    beside = [
-        str(path.parent / m) if isinstance(m, str) and _is_file_ref(m) and not Path(m).is_absolute() else m
-        for m in modules
-    ]
-    return {**data, "eventstore": {**section, "modules": beside}}
+def _absolute(ref: str, base: Path | None, config: Path, section: str) -> str:
+    """A file reference made absolute: relative to the config file's folder (`base`), or, with no
+    base (the environment), to the working directory. For compatibility, a path found only
+    relative to the working directory still loads, with one warning."""
+    if not is_path(ref) or Path(ref).is_absolute():
+        return ref
+    if base is None:
+        return str(Path(ref).resolve())
+    beside = (base / ref).resolve()
+    if not beside.exists() and Path(ref).exists():
+        if (str(config), ref) not in _warned:
+            _warned.add((str(config), ref))
+            log.warning(
+                "%s: [%s] modules: %r is found relative to the working directory, not to the config file "
+                "(loaded anyway): write it as %r",
+                config,
+                section,
+                ref,
+                os.path.relpath(Path(ref).resolve(), base.resolve()),
+            )
+        return str(Path(ref).resolve())
+    return str(beside)
+
+
+def _files_absolute(data: dict[str, Any], base: Path | None, config: Path) -> dict[str, Any]:
+    """`data` with the file paths (`x/y.py`) of `[eventstore] modules` and `[projections] modules`
+    absolute, so every process (a rebuild's child, a Spark worker) loads the same file."""
+    out = dict(data)
+    for name in _SECTIONS_WITH_FILES:
+        section = data.get(name)
+        if isinstance(section, dict) and isinstance(section.get("modules"), list):
+            refs = [_absolute(m, base, config, name) if isinstance(m, str) else m for m in section["modules"]]
+            out[name] = {**section, "modules": refs}
+    return out
 
 
 def load_settings(path: Path | None = None) -> Settings:
@@ -445,7 +493,7 @@ def load_settings(path: Path | None = None) -> Settings:
         raise ConfigError(f"config file not found: {path}")
     env = read_environment(Settings, os.environ)
     problems = list(env.problems)
-    merged = _merge(_files_beside(data, path), env.data)
+    merged = _merge(_files_absolute(data, path.parent, path), _files_absolute(env.data, None, path))
     try:
         settings = Settings(**merged)
     except ValidationError as exc:

@@ -184,6 +184,27 @@ def test_metadata_from_the_request_to_the_log_headers(api: httpx.Client, config:
     assert orjson.loads(logged[2].headers or b"null") == plain
 
 
+def test_a_client_causation_id(api: httpx.Client) -> None:
+    """A command may name its cause (a process manager names the event it reacted to): the events
+    carry it; the correlation id stays the command's own unless sent; the id is validated."""
+    caused = send(api, "c1", "add", "a", command_id="cmd-9", causation_id="evt-41").json()
+    meta = caused["events"][0]["metadata"]
+    assert meta == {"command_id": "cmd-9", "correlation_id": "cmd-9", "causation_id": "evt-41"}
+    assert api.get("/streams/c1").json()["events"][0]["metadata"] == meta
+    chained = send(api, "c1", "complete", "a", causation_id="evt-42", correlation_id="order-1").json()
+    assert chained["events"][0]["metadata"] == {"correlation_id": "order-1", "causation_id": "evt-42"}
+    anonymous = send(api, "c1", "add", "b", causation_id="evt-43").json()["events"][0]["metadata"]
+    assert anonymous["causation_id"] == "evt-43" and len(anonymous["correlation_id"]) == 36
+    for bad in ("", "x" * 201, 7):
+        refused = send(api, "c1", "add", "z", causation_id=bad)
+        assert refused.status_code == 422, bad
+    assert send(api, "c1", "add", "z", causation_id="nul\x00").status_code == 422
+    assert [e["version"] for e in api.get("/streams/c1").json()["events"]] == [1, 2, 3]
+    schema = api.get("/openapi.json").json()["components"]["schemas"]["CommandRequest"]["properties"]
+    assert {alt.get("maxLength") for alt in schema["causation_id"]["anyOf"]} == {200, None}
+    assert "caused" in schema["causation_id"]["description"]
+
+
 def test_all_and_the_streams_of_a_type(api: httpx.Client) -> None:
     order: list[tuple[str, int]] = []
     for i in range(12):

@@ -129,3 +129,30 @@ def test_subscribe_refuses_an_unknown_position(setup: tuple[Path, int, EventStor
         assert httpx.get(base + "/all/subscribe", headers={"Last-Event-ID": "9" * 19}).status_code == 404
         head = httpx.head(base + "/all/subscribe", timeout=5)  # answered, not a stream left open
         assert head.status_code == 200 and head.headers["content-type"].startswith("text/event-stream")
+
+
+def test_subscription_settings_come_from_the_config(
+    setup: tuple[Path, int, EventStore], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`[api] subscription_keepalive_s` (here 1 s, from the file) and `subscription_page` (here 2,
+    from the environment) reach the server: an idle subscription sends its comment line within
+    the second, and the stored events come in pages of 2 (each page one chunk of the body)."""
+    config, port, store = setup
+    config.write_text(config.read_text() + "subscription_keepalive_s = 1\nsubscription_poll_s = 0.05\n")
+    monkeypatch.setenv("TRIBUTARY_API__SUBSCRIPTION_PAGE", "2")
+    for i in range(5):
+        store.append("p", "thing", [NewEvent(type="Made", data={"i": i})])
+    with served(config, port, err_path=tmp_path / "serve.err"):
+        chunks: list[bytes] = []
+        started = time.monotonic()
+        with httpx.stream("GET", f"http://127.0.0.1:{port}/all/subscribe", timeout=10) as r:
+            for chunk in r.iter_raw():
+                chunks.append(chunk)
+                if b": keep-alive" in chunk:
+                    break
+        waited = time.monotonic() - started
+    body = b"".join(chunks)
+    assert body.count(b"\ndata: ") == 5 and body.endswith(b": keep-alive\n\n")
+    assert waited < 5  # the default (15 s) would not have answered yet
+    pages = [c.count(b"\ndata: ") for c in chunks if b"data: " in c]
+    assert max(pages) <= 2 and sum(pages) == 5, pages

@@ -105,7 +105,10 @@ def test_files_load_relative_to_the_config_file(tmp_path: Path, monkeypatch: pyt
     config = Path("conf") / "t.toml"
     config.write_text('[eventstore]\nmodules = ["domain/tally.py", "tributary.eventstore.examples.bank"]\n')
     settings = load_settings(config)
-    assert settings.eventstore.modules == ("conf/domain/tally.py", "tributary.eventstore.examples.bank")
+    assert settings.eventstore.modules == (
+        str((tmp_path / "conf/domain/tally.py").resolve()),
+        "tributary.eventstore.examples.bank",
+    )
     assert sorted(load_aggregates(settings.eventstore.modules)) == ["account", "tally"]
 
 
@@ -131,3 +134,32 @@ def test_init_names_the_stream_types_or_says_there_are_none(fresh_db: str, tmp_p
     some = cli("init", "--config", str(config))
     assert some.returncode == 0, some.stdout + some.stderr
     assert "event store: stream type tally (commands: add, close)" in some.stdout
+
+
+def test_a_domain_file_imports_a_file_beside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The models in `walk_models_beside.py`, the aggregate in `walk.py` importing them; the config
+    names the file relative to itself and the working directory is elsewhere."""
+    (tmp_path / "conf" / "domain").mkdir(parents=True)
+    models, rest = HEAD.split("def decide", 1)
+    (tmp_path / "conf" / "domain" / "walk_models_beside.py").write_text(models)
+    (tmp_path / "conf" / "domain" / "walk.py").write_text(
+        "from pydantic import BaseModel\nfrom tributary.eventstore.aggregate import Aggregate\n"
+        "from walk_models_beside import Go, S, Went\n\ndef decide" + rest + agg()
+    )
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    config = tmp_path / "conf" / "t.toml"
+    config.write_text('[eventstore]\nmodules = ["domain/walk.py"]\n')
+    [walk] = load_aggregates(load_settings(config).eventstore.modules).values()
+    assert walk.stream_type == "walk" and walk.state_type.__module__ == "walk_models_beside"
+
+
+@pytest.mark.parametrize("command", [["init"], ["serve", "--port", "0"]])
+def test_init_and_serve_stop_on_a_module_that_exits(tmp_path: Path, command: list[str]) -> None:
+    (tmp_path / "walk.py").write_text(HEAD + "import sys\nsys.exit('bad')\n")
+    config = tmp_path / "t.toml"
+    config.write_text('[service]\ndsn = "postgresql://127.0.0.1:1/unreachable"\n[eventstore]\nmodules = ["walk.py"]\n')
+    run = cli(*command, "--config", str(config), timeout=60)
+    assert run.returncode == 1, run.stdout + run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert lines == [f"tributary: {tmp_path / 'walk.py'}: line 20: the module called sys.exit('bad')"], run.stderr

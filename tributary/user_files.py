@@ -1,0 +1,102 @@
+"""Importing the user's own Python files (`[eventstore] modules`, `[projections] modules`) one way.
+
+A file is imported under a name made from its absolute path, with its own directory at the front
+of `sys.path` while it runs (as `python file.py` has it), so `from helpers import x` finds a file
+beside it — in this process and in every Spark worker that loads the same file again. Whatever
+the file raises while it runs, `sys.exit()` included (KeyboardInterrupt aside), leaves no
+half-imported module behind; `describe` says it in one line with the file's line number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import sys
+import threading
+import traceback
+from pathlib import Path
+from types import ModuleType
+
+__all__ = ["describe", "forget", "import_file", "is_path", "module_name", "where"]
+
+# `sys.path` is the process's: two threads importing files must not remove each other's entries.
+_path_lock = threading.RLock()
+_siblings: dict[str, tuple[str, ...]] = {}  # a file's module → the modules beside it that it imported
+
+
+def is_path(ref: str) -> bool:
+    """A file reference (`x/y.py`), as opposed to a dotted module name."""
+    return ref.endswith(".py") or "/" in ref
+
+
+def module_name(prefix: str, path: Path) -> str:
+    """The name a file is imported under: one per absolute path, so two `orders.py` never clash."""
+    resolved = path.resolve()
+    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:8]
+    return f"{prefix}_{resolved.stem}_{digest}"
+
+
+def import_file(path: Path, name: str) -> ModuleType:
+    """Run the file as module `name` (or return it when this process already has), with the file's
+    directory importable while it runs. Raises what the file raises; `ImportError` when the file
+    is not a Python module."""
+    if name in sys.modules:
+        return sys.modules[name]
+    path = path.resolve()
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError("not a Python module")
+    module = importlib.util.module_from_spec(spec)
+    home = str(path.parent)
+    with _path_lock:
+        before = set(sys.modules)
+        sys.modules[name] = module
+        sys.path.insert(0, home)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+        finally:
+            with contextlib.suppress(ValueError):  # the file took it off itself
+                sys.path.remove(home)  # the first occurrence: ours
+        _siblings[name] = tuple(m for m in set(sys.modules) - before - {name} if _beside(sys.modules[m], home))
+    return module
+
+
+def _beside(module: ModuleType | None, home: str) -> bool:
+    origin = getattr(module, "__file__", None)
+    return isinstance(origin, str) and os.path.abspath(origin).startswith(home + os.sep)
+
+
+def forget(name: str) -> None:
+    """Drop module `name`, and the modules beside its file that it imported, from this process:
+    the next `import_file` runs the file (and those) again."""
+    with _path_lock:
+        sys.modules.pop(name, None)
+        for sibling in _siblings.pop(name, ()):
+            sys.modules.pop(sibling, None)
+
+
+def where(exc: BaseException, ref: str) -> str:
+    """`line N: ` of the innermost frame in the module's own file, when there is one."""
+    target = str(Path(ref).resolve()) if is_path(ref) else ref.replace(".", "/")
+    line = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename == target or frame.filename.endswith(target + ".py"):
+            line = frame.lineno
+    return f"line {line}: " if line else ""
+
+
+def describe(exc: BaseException, ref: str) -> str:
+    """`ref: line N: Type: first line of the message`, for an exception raised importing `ref`."""
+    if isinstance(exc, SyntaxError):
+        line = f"line {exc.lineno}: " if exc.lineno else ""
+        return f"{ref}: {line}{type(exc).__name__}: {exc.msg}"
+    if isinstance(exc, SystemExit):  # `sys.exit("bad")` at import: the module stopped itself
+        arg = "" if exc.code is None else repr(exc.code)
+        return f"{ref}: {where(exc, ref)}the module called sys.exit({arg})"
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{ref}: {where(exc, ref)}{type(exc).__name__}{(': ' + first) if first else ''}"
