@@ -90,6 +90,10 @@ class SnapshotContext:
     rows: int = 0  # rows staged by the snapshot under way
     chunks: int = 0  # chunks staged by the snapshot under way
     checked: str | None = None  # phase "absent": the last key checked (its JSON text)
+    # the rows the snapshot under way is estimated to stage (its tables' catalog estimates when
+    # requested; 0: unknown, estimated again when capture starts)
+    total: int = 0
+    keyless: list[str] = field(default_factory=list)  # tables refused for having no key (said once)
 
     def to_json(self) -> str:
         return orjson.dumps(
@@ -103,6 +107,8 @@ class SnapshotContext:
                 "rows": self.rows,
                 "chunks": self.chunks,
                 "checked": self.checked,
+                "total": self.total,
+                "keyless": self.keyless,
             }
         ).decode()
 
@@ -119,6 +125,8 @@ class SnapshotContext:
             rows=int(doc.get("rows") or 0),
             chunks=int(doc.get("chunks") or 0),
             checked=doc.get("checked"),
+            total=int(doc.get("total") or 0),
+            keyless=list(doc.get("keyless") or []),
         )
 
 
@@ -229,11 +237,13 @@ class ChunkedSnapshot:
 
     def apply_requests(self, conn: psycopg.Connection[Any] | None = None) -> bool:
         """Add the queued tables to the pending ones; True if the context changed. Unknown or
-        excluded tables, and tables without a key, are refused with a warning."""
+        excluded tables, and tables without a key, are refused with a warning (a keyless table is
+        remembered in the context: `SourceSession` does not ask for it again until it has a key)."""
         if not self._requested:
             return False
         requested, self._requested = self._requested, []
         infos = self._catalog(conn)
+        ctx = self.context
         changed = False
         for tables, origin in requested:
             for name in tables:
@@ -242,15 +252,25 @@ class ChunkedSnapshot:
                 if info is None:
                     reason = "is not an included table of this source"
                 elif not info.identity_columns:
-                    reason = "has no primary key or replica identity index: it cannot be read in key chunks"
-                if reason is not None:
+                    reason = (
+                        "has no primary key or replica identity index, so it cannot be read in key chunks; "
+                        "give it one and capture snapshots it at its next start (not said again until then)"
+                    )
+                    if name not in ctx.keyless:
+                        ctx.keyless.append(name)
+                        changed = True
+                if info is None or reason is not None:
                     self._warn(f"snapshot of {name} (requested by {origin}) refused: {name} {reason}")
                     continue
-                if name in self.context.pending:
+                if name in ctx.keyless:
+                    ctx.keyless.remove(name)
+                    changed = True
+                if name in ctx.pending:
                     continue
-                self.context.pending.append(name)
-                if name in (self.context.done or ()) and name not in self.context.check:
-                    self.context.check.append(name)  # its topic holds rows: deleted ones go
+                ctx.pending.append(name)
+                ctx.total += max(info.estimated_rows, 0)
+                if name in (ctx.done or ()) and name not in ctx.check:
+                    ctx.check.append(name)  # its topic holds rows: deleted ones go
                 log.info("source %s: chunked snapshot of %s requested by %s", self.spec.name, name, origin)
                 changed = True
         if changed:
@@ -420,7 +440,7 @@ class ChunkedSnapshot:
             ctx.done.append(name)
         ctx.last, ctx.checked, ctx.phase, ctx.high = None, None, "rows", None
         if not ctx.pending:
-            ctx.rows = ctx.chunks = 0
+            ctx.rows = ctx.chunks = ctx.total = 0
             self.status.snapshot_table = None
             log.info("source %s: chunked snapshot done", self.spec.name)
         self.dirty = True
@@ -434,10 +454,18 @@ class ChunkedSnapshot:
             status.snapshot_table = ctx.pending[0]
             status.snapshot_chunk = ctx.chunks
             status.snapshot_rows_done = ctx.rows
-            infos = self._infos
-            status.snapshot_rows_total = max(
-                ctx.rows, sum(max(infos[t].estimated_rows, 0) for t in ctx.pending if t in infos)
-            )
+            status.snapshot_rows_total = max(ctx.rows, ctx.total)
+
+    def estimate(self, conn: psycopg.Connection[Any]) -> None:
+        """A context resumed without an estimate (written by an older version, or rebuilt by
+        `log verify --repair`): the rows done plus the pending tables' catalog estimates (the
+        table being read counted whole: a bound from above)."""
+        ctx = self.context
+        if not ctx.pending or ctx.total > ctx.rows:
+            return
+        infos = self._catalog(conn)
+        ctx.total = ctx.rows + sum(max(infos[t].estimated_rows, 0) for t in ctx.pending if t in infos)
+        self._show()
 
     def on_commit(self, xid: int | None) -> bool:
         """The stream committed a transaction: remember it (the race check) and apply the snapshot

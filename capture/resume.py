@@ -17,7 +17,10 @@ capture then decides as for a new source.
 
 A chunked snapshot under way (capture/chunked.py) kept its progress in the lost manifest too: the
 tables the status file shows pending are read again from their first key (a chunk row read twice
-is a harmless duplicate of the same row version; none is skipped).
+is a harmless duplicate of the same row version; none is skipped), and each of them ends with the
+check of its topic's keys (a delete + tombstone per key the table no longer has). Which of them a
+re-snapshot had to check is lost with the manifest, so all are checked: on a topic whose keys all
+are still rows it only costs a read of the keys; skipped, it would keep deleted rows forever.
 """
 
 from __future__ import annotations
@@ -81,12 +84,14 @@ def _from_records(log: Log) -> dict[str, Lsn]:
 
 
 def _snapshots_pending(root: Path) -> dict[str, str]:
-    """A chunked snapshot's context per source whose status shows tables pending: read again."""
+    """A chunked snapshot's context per source whose status shows tables pending: read again,
+    each table's topic checked after (see the module's doc)."""
     found: dict[str, str] = {}
     for source in _status_sources(root):
         pending = source.get("snapshot_tables_pending")
         if isinstance(pending, list) and pending and "name" in source:
-            context = SnapshotContext(pending=[str(t) for t in pending], done=None)
+            tables = [str(t) for t in pending]
+            context = SnapshotContext(pending=tables, check=list(tables), done=None)
             found[context_key(str(source["name"]))] = context.to_json()
     return found
 

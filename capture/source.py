@@ -78,6 +78,7 @@ class SourceSession:
         )
         self.stream: StreamingSource | None = None  # once open
         self._chunked_start = False  # the new slot's snapshot is a chunked one
+        self._opened_changes = False  # `open` changed the snapshot context: `snapshot_tick` says so once
 
     def rebind(self, log_: Log | KafkaSourceLog) -> None:
         """Append to `log_` from now on: the daemon reopened the log (to drop another source's
@@ -138,7 +139,10 @@ class SourceSession:
         self.status.state = SourceState.STREAMING
 
     def _on_signal(self, signal: SnapshotSignal) -> None:
-        """A signal read from the stream (capture/signals.py): re-snapshot those tables."""
+        """A signal read from the stream (capture/signals.py): re-snapshot those tables. The
+        engine logs each table's request, or its refusal with the reason, when it applies them."""
+        if self.spec.router is not None:
+            raise ValueError("an outbox source's events are never snapshotted")
         self.request_snapshot(list(signal.tables), origin=signal.origin)
 
     def _chunked(self, conn: Any, context: SnapshotContext | None, *, fresh: bool, db: str) -> None:
@@ -165,6 +169,9 @@ class SourceSession:
                     self.status.snapshot_method = "consistent"
         if context.done is None:  # unknown (a manifest rebuilt by `log verify --repair`): all but pending
             context.done = [n for n in names if n not in context.pending]
+        # Keyless tables refused before (said once): asked for again only once they have a key.
+        keyless = {t.qualified for t in included if not t.identity_columns}
+        context.keyless = [n for n in context.keyless if n in names]
         engine = self.chunked = ChunkedSnapshot(
             spec,
             self.staging,
@@ -176,7 +183,7 @@ class SourceSession:
             clock=self.clock,
         )
         if spec.snapshot != "never":
-            known = set(context.done) | set(context.pending)
+            known = set(context.done) | set(context.pending) | (set(context.keyless) & keyless)
             for name in (n for n in names if n not in known):
                 if any(name in tables for tables, _ in self._requests):
                     continue
@@ -187,7 +194,8 @@ class SourceSession:
         for tables, origin in self._requests:
             engine.request(tables, origin=origin)
         self._requests = []
-        engine.apply_requests(conn)
+        engine.estimate(conn)  # a resumed snapshot's progress shows against its tables' rows
+        self._opened_changes = engine.apply_requests(conn)
         assert self.stream is not None
         self.stream.on_watermark = engine.on_watermark
         self.stream.on_commit = engine.on_commit
@@ -239,7 +247,8 @@ class SourceSession:
         True when the snapshot context changed (the daemon commits it)."""
         if self.chunked is None or self.in_transaction:
             return False
-        changed = self.chunked.apply_requests()
+        changed = self.chunked.apply_requests() or self._opened_changes
+        self._opened_changes = False  # what `open` applied (a keyless table refused) is committed now
         self.chunked.tick()
         return changed
 

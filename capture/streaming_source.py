@@ -232,7 +232,9 @@ class StreamingSource:
         return False
 
     def _signal(self, parse: Callable[[], signals.SnapshotSignal]) -> None:
-        """Parse a signal and hand it on; a malformed or refused one is a warning, never a stop."""
+        """Parse a signal and hand it on; a malformed or refused one is a warning, never a stop.
+        What it asks for is logged where it is applied: each table's snapshot requested, or
+        refused with the reason (an excluded or keyless table; capture/chunked.py)."""
         try:
             signal = parse()
             if self.on_signal is None:
@@ -240,8 +242,6 @@ class StreamingSource:
             self.on_signal(signal)
         except ValueError as exc:
             log.warning("source %s: signal ignored: %s", self.spec.name, exc)
-            return
-        log.info("source %s: snapshot of %s requested (%s)", self.spec.name, ", ".join(signal.tables), signal.origin)
 
     def _watermark(self, message: wal2json.LogicalMessage) -> bool:
         """A chunked snapshot's high watermark (capture/chunked.py): never a record of its own;

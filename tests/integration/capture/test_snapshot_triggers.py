@@ -94,8 +94,8 @@ def test_capture_snapshot_and_the_signal_table_reread_a_table_while_capture_runs
     assert proc.returncode == 0, err
     assert _reads(log_root, "u") == Counter({k: 1 for k in _reads(log_root, "u")}), "u was not re-read"
     assert len(_reads(log_root, "u")) == 10
-    assert "snapshot of public.t requested (signal message at" in err
-    assert "snapshot of public.t requested (public.tributary_signal row 'ad-hoc-1')" in err
+    assert "chunked snapshot of public.t requested by signal message at" in err
+    assert "chunked snapshot of public.t requested by public.tributary_signal row 'ad-hoc-1'" in err
     assert table_state(log_root, "shop.public.t") == _table(fresh_db)
 
 
