@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tributary.capture.kafka_options import OFFSETS_TOPIC, KafkaOptions
+
 MOCK = Path(__file__).resolve().parents[2] / "kafka_mock.py"
 
 
@@ -35,6 +37,25 @@ class KafkaCluster:
         transaction, and never aborts it), so a kill -9 landing between a flush and the commit shows
         those records, and the restarted writer sends them again."""
         return self.kind != "mock"
+
+    def options(self, transactional_id: str) -> KafkaOptions:
+        """`[log.kafka]` for this cluster: 3 partitions, one replica, topics made by capture where it may."""
+        return KafkaOptions(
+            bootstrap_servers=self.bootstraps,
+            client={"log_level": "3"},
+            partitions=3,
+            replication_factor=1,
+            create_topics=self.creates_topics,
+            transactional_id=transactional_id,
+        )
+
+    def prepare(self, *topics: str) -> None:
+        """The offsets topic and `topics` (3 partitions) made by an operator where clients may not
+        create topics (the mock)."""
+        if not self.creates_topics:
+            self.create(OFFSETS_TOPIC, 1)
+            for topic in topics:
+                self.create(topic, 3)
 
     def create(self, topic: str, partitions: int) -> None:
         """Make a topic as an operator would (the mock's own call; AdminClient elsewhere)."""

@@ -18,21 +18,12 @@ import pytest
 from tests.integration.capture.helpers import cli, records, spawn_capture, wait_for, write_config
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed, without_replays, write_kafka_config
-from tributary.capture.kafka_log import OFFSETS_TOPIC
 from tributary.capture.log import partition_for
 from tributary.capture.status import read_status
 
 pytestmark = pytest.mark.integration
 
 TOPIC = "shop.public.items"
-
-
-def _prepare(kafka: KafkaCluster, *topics: str) -> None:
-    """Topics made by an operator where clients may not create them (the mock)."""
-    if not kafka.creates_topics:
-        kafka.create(OFFSETS_TOPIC, 1)
-        for topic in topics:
-            kafka.create(topic, 3)
 
 
 def _stable(value: bytes | None) -> bytes:
@@ -50,7 +41,7 @@ def _streamed(value: bytes | None) -> bool:
 
 
 def test_capture_into_kafka_writes_what_the_local_log_holds(fresh_db: str, tmp_path: Path, kafka: KafkaCluster) -> None:
-    _prepare(kafka, TOPIC)
+    kafka.prepare(TOPIC)
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, note text)")
         conn.execute("INSERT INTO items SELECT g, 'seed ' || g FROM generate_series(1, 50) g")
@@ -121,7 +112,7 @@ def _ledger_writer(dsn: str, stop: threading.Event, committed: list[int]) -> Non
 def test_kill_9_loses_and_duplicates_nothing_for_read_committed(
     fresh_db: str, tmp_path: Path, kafka: KafkaCluster
 ) -> None:
-    _prepare(kafka, "shop.public.ledger", "shop.public.counters")
+    kafka.prepare("shop.public.ledger", "shop.public.counters")
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE ledger (id int PRIMARY KEY, amount int)")
         conn.execute("CREATE TABLE counters (k int PRIMARY KEY, v int NOT NULL)")
@@ -178,7 +169,7 @@ def _streaming(status_root: Path, pid: int, source: str) -> bool:
 def test_captures_of_different_sources_run_side_by_side(fresh_db: str, tmp_path: Path, kafka: KafkaCluster) -> None:
     """Two capture processes, one source each, the same transactional-id prefix: each source has
     its own producer, so neither fences the other; each resumes from its own position."""
-    _prepare(kafka, "shop.public.orders", "crm.public.people")
+    kafka.prepare("shop.public.orders", "crm.public.people")
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
         conn.execute("CREATE TABLE people (id int PRIMARY KEY)")
@@ -229,7 +220,7 @@ def test_captures_of_different_sources_run_side_by_side(fresh_db: str, tmp_path:
 def test_a_second_capture_of_a_source_fences_the_first(fresh_db: str, tmp_path: Path, kafka: KafkaCluster) -> None:
     if kafka.kind == "mock":
         pytest.skip("the mock cluster does not fence producers (docs/kafka.md)")
-    _prepare(kafka, "shop.public.orders")
+    kafka.prepare("shop.public.orders")
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
     config = write_kafka_config(

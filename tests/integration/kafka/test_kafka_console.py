@@ -24,9 +24,7 @@ TOPIC = "shop.public.items"
 
 
 def test_topics_and_metrics_show_the_kafka_topics(fresh_db: str, tmp_path: Path, kafka: KafkaCluster) -> None:
-    if not kafka.creates_topics:
-        kafka.create(OFFSETS_TOPIC, 1)
-        kafka.create(TOPIC, 3)
+    kafka.prepare(TOPIC)
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
         conn.execute("INSERT INTO items SELECT g, 'n' || g FROM generate_series(1, 12) g")

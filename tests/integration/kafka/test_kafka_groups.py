@@ -23,7 +23,6 @@ from tests.integration.consumers.helpers import Receiver, receiving
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.servers import ROOT, free_port, serving
-from tributary.capture.kafka_log import OFFSETS_TOPIC
 from tributary.capture.kafka_options import KafkaOptions
 from tributary.capture.log import LogError
 from tributary.consumers import GroupCoordinator
@@ -98,9 +97,7 @@ def _kafka_committed(bootstraps: str, group: str = GROUP) -> dict[int, int]:
 
 
 def test_groups_share_partitions_and_commit_to_kafka(fresh_db: str, tmp_path: Path, kafka: KafkaCluster) -> None:
-    if not kafka.creates_topics:
-        kafka.create(OFFSETS_TOPIC, 1)
-        kafka.create(TOPIC, 3)
+    kafka.prepare(TOPIC)
     run_migrations(fresh_db)
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, note text)")
@@ -257,9 +254,7 @@ def test_groups_share_partitions_and_commit_to_kafka(fresh_db: str, tmp_path: Pa
 
 
 def test_http_sink_delivers_from_kafka_and_commits_there(fresh_db: str, tmp_path: Path, kafka: KafkaCluster) -> None:
-    if not kafka.creates_topics:
-        kafka.create(OFFSETS_TOPIC, 1)
-        kafka.create(TOPIC, 3)
+    kafka.prepare(TOPIC)
     run_migrations(fresh_db)
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, note text)")

@@ -8,33 +8,15 @@ import pytest
 
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed
-from tributary.capture.kafka_log import OFFSETS_TOPIC, KafkaLog, KafkaOptions, ProducerFenced, transactional_id
+from tributary.capture.kafka_log import OFFSETS_TOPIC, KafkaLog, ProducerFenced, transactional_id
 from tributary.capture.log import LogError, TopicConfig
 
 pytestmark = pytest.mark.integration
 
 
-def _options(kafka: KafkaCluster, tid: str) -> KafkaOptions:
-    return KafkaOptions(
-        bootstrap_servers=kafka.bootstraps,
-        client={"log_level": "3"},
-        partitions=3,
-        replication_factor=1,
-        create_topics=kafka.creates_topics,
-        transactional_id=tid,
-    )
-
-
-def _prepare(kafka: KafkaCluster, *topics: str) -> None:
-    if not kafka.creates_topics:
-        kafka.create(OFFSETS_TOPIC, 1)
-        for topic in topics:
-            kafka.create(topic, 3)
-
-
 def test_commit_upto_a_mark_is_one_transaction_with_the_positions(kafka: KafkaCluster) -> None:
-    _prepare(kafka, "shop.public.t")
-    log = KafkaLog(_options(kafka, "t1"), ["shop"])
+    kafka.prepare("shop.public.t")
+    log = KafkaLog(kafka.options("t1"), ["shop"])
     assert log.positions() == {}
     shop = log.source("shop")
     shop.create_topic("shop.public.t", TopicConfig(partitions=3, policy="compact"))
@@ -50,7 +32,7 @@ def test_commit_upto_a_mark_is_one_transaction_with_the_positions(kafka: KafkaCl
         (2, b"k2", None, None, 2_000),
     ]
     log.close()  # the record after the mark was never committed: dropped
-    again = KafkaLog(_options(kafka, "t1"), ["shop"])
+    again = KafkaLog(kafka.options("t1"), ["shop"])
     try:
         assert again.positions() == {"shop": "0/16B3748"}
         assert sorted(read_committed(kafka.bootstraps, ["shop.public.t"])) == sorted(seen)  # type: ignore[type-var]
@@ -61,13 +43,13 @@ def test_commit_upto_a_mark_is_one_transaction_with_the_positions(kafka: KafkaCl
 def test_each_source_commits_through_its_own_producer(kafka: KafkaCluster) -> None:
     """One commit of two sources: each source's records and positions in its own transaction,
     produced by the producer whose transactional id is `<prefix>-<source>`."""
-    _prepare(kafka, "a.public.t", "b.public.t")
-    log = KafkaLog(_options(kafka, "t5"), ["a", "b"])
+    kafka.prepare("a.public.t", "b.public.t")
+    log = KafkaLog(kafka.options("t5"), ["a", "b"])
     try:
         log.source("a").append("a.public.t", 0, [(b"ka", b"from a", 1, None)])
         log.source("b").append("b.public.t", 0, [(b"kb", b"from b", 2, None)])
         log.commit(positions={"a": "0/10", "b": "0/20", "a#snapshot": "{}"})
-        assert transactional_id(_options(kafka, "t5"), "a") == "t5-a"
+        assert transactional_id(kafka.options("t5"), "a") == "t5-a"
         seen = read_committed(kafka.bootstraps, ["a.public.t", "b.public.t"])
         assert sorted((t, v) for t, _, _, _, v, _, _ in seen) == [("a.public.t", b"from a"), ("b.public.t", b"from b")]
         offsets = read_committed(kafka.bootstraps, [OFFSETS_TOPIC])
@@ -78,7 +60,7 @@ def test_each_source_commits_through_its_own_producer(kafka: KafkaCluster) -> No
         ]
     finally:
         log.close()
-    again = KafkaLog(_options(kafka, "t5"), ["b"])  # a process for b only reads every position back
+    again = KafkaLog(kafka.options("t5"), ["b"])  # a process for b only reads every position back
     try:
         assert again.positions() == {"a": "0/10", "a#snapshot": "{}", "b": "0/20"}
     finally:
@@ -88,8 +70,8 @@ def test_each_source_commits_through_its_own_producer(kafka: KafkaCluster) -> No
 def test_a_writer_that_dies_mid_transaction_is_aborted_by_the_next(kafka: KafkaCluster) -> None:
     if kafka.kind == "mock":
         pytest.skip("the mock cluster neither aborts a fenced transaction nor hides an open one (docs/kafka.md)")
-    _prepare(kafka, "shop.public.t")
-    log = KafkaLog(_options(kafka, "t2"), ["shop"])
+    kafka.prepare("shop.public.t")
+    log = KafkaLog(kafka.options("t2"), ["shop"])
     log.source("shop").append("shop.public.t", 0, [(b"a", b"1", 1, None)])
     log.commit(positions={"shop": "0/10"})
     # Die between produce and commit: records produced inside an open transaction.
@@ -98,7 +80,7 @@ def test_a_writer_that_dies_mid_transaction_is_aborted_by_the_next(kafka: KafkaC
     producer.produce("shop.public.t", key=b"b", value=b"never committed", partition=0)
     producer.produce(OFFSETS_TOPIC, key=b"shop", value=b"0/20", partition=0)
     producer.flush(10)
-    successor = KafkaLog(_options(kafka, "t2"), ["shop"])  # init_transactions fences and aborts the open one
+    successor = KafkaLog(kafka.options("t2"), ["shop"])  # init_transactions fences and aborts the open one
     try:
         assert successor.positions() == {"shop": "0/10"}
         assert [(k, v) for _, _, _, k, v, _, _ in read_committed(kafka.bootstraps, ["shop.public.t"])] == [(b"a", b"1")]
@@ -111,12 +93,12 @@ def test_a_writer_that_dies_mid_transaction_is_aborted_by_the_next(kafka: KafkaC
 def test_the_same_source_fences_another_process_and_other_sources_do_not(kafka: KafkaCluster) -> None:
     if kafka.kind == "mock":
         pytest.skip("the mock cluster does not fence producers (docs/kafka.md)")
-    _prepare(kafka, "a.public.t", "b.public.t")
-    first = KafkaLog(_options(kafka, "t6"), ["a"])
-    other = KafkaLog(_options(kafka, "t6"), ["b"])  # another source: no fencing
+    kafka.prepare("a.public.t", "b.public.t")
+    first = KafkaLog(kafka.options("t6"), ["a"])
+    other = KafkaLog(kafka.options("t6"), ["b"])  # another source: no fencing
     first.source("a").append("a.public.t", 0, [(b"k", b"1", 1, None)])
     first.commit(positions={"a": "0/10"})
-    second = KafkaLog(_options(kafka, "t6"), ["a"])  # the same source: the first is fenced
+    second = KafkaLog(kafka.options("t6"), ["a"])  # the same source: the first is fenced
     try:
         first.source("a").append("a.public.t", 0, [(b"k", b"2", 2, None)])
         with pytest.raises(ProducerFenced, match=r"^source 'a': another capture process took over .*'t6-a'"):
@@ -138,7 +120,7 @@ def test_the_same_source_fences_another_process_and_other_sources_do_not(kafka: 
 
 def test_missing_topic_without_create_topics_is_one_clear_line(kafka_mock: KafkaCluster) -> None:
     kafka_mock.create(OFFSETS_TOPIC, 1)
-    log = KafkaLog(_options(kafka_mock, "t3"))
+    log = KafkaLog(kafka_mock.options("t3"))
     try:
         # The partitions asked for (the source's), not [log.kafka] partitions (3 here).
         with pytest.raises(
@@ -151,4 +133,4 @@ def test_missing_topic_without_create_topics_is_one_clear_line(kafka_mock: Kafka
 
 def test_missing_offsets_topic_without_create_topics_is_one_clear_line(kafka_mock: KafkaCluster) -> None:
     with pytest.raises(LogError, match="offsets topic '__tributary_offsets' does not exist"):
-        KafkaLog(_options(kafka_mock, "t4"))
+        KafkaLog(kafka_mock.options("t4"))

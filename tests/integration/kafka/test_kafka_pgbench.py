@@ -22,7 +22,6 @@ from tests.integration.capture.helpers import Capture, cli, spawn_capture, wait_
 from tests.integration.capture.test_chunked_pgbench import _pgbench, _table
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import Change, read_committed, without_replays, write_kafka_config
-from tributary.capture.kafka_log import OFFSETS_TOPIC
 from tributary.capture.status import read_status
 
 pytestmark = pytest.mark.integration
@@ -69,10 +68,7 @@ def test_pgbench_with_kill_9s_is_exactly_once_on_kafka(fresh_db: str, tmp_path: 
         conn.execute("DELETE FROM pgbench_accounts WHERE aid > %s", (ACCOUNTS,))
     script = tmp_path / "tpcb.sql"
     script.write_text(SCRIPT)
-    if not kafka.creates_topics:  # an operator's topics (the mock cannot create them through the admin API)
-        kafka.create(OFFSETS_TOPIC, 1)
-        for topic in TOPICS:
-            kafka.create(topic, 3)
+    kafka.prepare(*TOPICS)
     status_root = tmp_path / "kstatus"
     config = write_kafka_config(
         tmp_path / "kafka.toml",

@@ -22,7 +22,6 @@ from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.integration.projections.conftest import spark  # noqa: F401  # the suite's one SparkSession
 from tests.integration.projections.helpers import dump
 from tributary.api.settings.config import load_settings
-from tributary.capture.kafka_log import OFFSETS_TOPIC
 from tributary.capture.log import canonical_json, partition_for
 from tributary.eventstore.migrate import run_migrations
 from tributary.projections.kafka_source import KafkaSource
@@ -83,9 +82,7 @@ NAMES = ("order_totals", "customer_folds", MIRROR)
 
 
 def _setup(tmp_path: Path, dsn: str, kafka: KafkaCluster) -> Path:
-    if not kafka.creates_topics:  # made by an operator where clients may not (the mock)
-        kafka.create(OFFSETS_TOPIC, 1)
-        kafka.create(TOPIC, 3)
+    kafka.prepare(TOPIC)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE orders (id int PRIMARY KEY, customer text NOT NULL, amount int NOT NULL)")
         conn.execute("INSERT INTO orders SELECT g, 'c' || (g % 4), g FROM generate_series(1, 30) g")

@@ -21,31 +21,12 @@ from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.pg import REPO_ROOT
 from tributary.capture.kafka_log import KafkaLog
-from tributary.capture.kafka_options import OFFSETS_TOPIC, KafkaOptions
 from tributary.capture.kafka_read import kafka_live_keys, kafka_positions
 from tributary.capture.log import Log, RecordIn, TopicConfig, partition_for
 from tributary.capture.schema_tracker import SCHEMA_KEY
 from tributary.capture.snapshot_source import live_keys
 
 pytestmark = pytest.mark.integration
-
-
-def _options(kafka: KafkaCluster, tid: str) -> KafkaOptions:
-    return KafkaOptions(
-        bootstrap_servers=kafka.bootstraps,
-        client={"log_level": "3"},
-        partitions=3,
-        replication_factor=1,
-        create_topics=kafka.creates_topics,
-        transactional_id=tid,
-    )
-
-
-def _prepare(kafka: KafkaCluster, *topics: str) -> None:
-    if not kafka.creates_topics:
-        kafka.create(OFFSETS_TOPIC, 1)
-        for topic in topics:
-            kafka.create(topic, 3)
 
 
 def _resnapshot_config(tmp_path: Path, dsn: str, kafka: KafkaCluster, *, chunked: bool = False) -> Path:
@@ -71,7 +52,7 @@ def test_live_keys_on_kafka_equal_the_local_logs(kafka: KafkaCluster, tmp_path: 
     """The same records (tombstones, a key written again after its tombstone, schema and keyless
     records, several commits) in a local log and on Kafka: the same live keys."""
     topic = "shop.public.mixed"
-    _prepare(kafka, topic)
+    kafka.prepare(topic)
     rng = random.Random(21)
     keys = [orjson.dumps({"id": i}) for i in range(300)]
     batches: list[list[tuple[int, RecordIn]]] = []
@@ -85,7 +66,7 @@ def test_live_keys_on_kafka_equal_the_local_logs(kafka: KafkaCluster, tmp_path: 
         batch.append((rng.randrange(3), (None, b'{"keyless":true}', 1_000, None)))
         batches.append(batch)
     local = Log.open(tmp_path / "log", writer=True, fsync=False)
-    kafka_log = KafkaLog(_options(kafka, "live-keys"), ["shop"])
+    kafka_log = KafkaLog(kafka.options("live-keys"), ["shop"])
     remote = kafka_log.source("shop")
     try:
         for log in (local, remote):
@@ -97,7 +78,7 @@ def test_live_keys_on_kafka_equal_the_local_logs(kafka: KafkaCluster, tmp_path: 
         # after the commits, records only appended (never committed) are not read back
         remote.append(topic, 0, [(keys[0], b"uncommitted", 1_000, None), (b'{"id":-1}', b"uncommitted", 1, None)])
         want = live_keys(local, topic)
-        got = kafka_live_keys(_options(kafka, "live-keys"), topic)
+        got = kafka_live_keys(kafka.options("live-keys"), topic)
     finally:
         local.close()
         kafka_log.close()
@@ -108,16 +89,16 @@ def test_live_keys_on_kafka_equal_the_local_logs(kafka: KafkaCluster, tmp_path: 
                 model[key] = value is not None
     assert got == want == {k for k, alive in model.items() if alive}
     assert 0 < len(got) < len(keys)
-    assert kafka_live_keys(_options(kafka, "live-keys"), "shop.public.nothing") == set()
+    assert kafka_live_keys(kafka.options("live-keys"), "shop.public.nothing") == set()
 
 
 def test_positions_read_back_as_the_writer_reads_them(kafka: KafkaCluster) -> None:
-    _prepare(kafka)
-    log = KafkaLog(_options(kafka, "positions"), ["shop", "crm"])
+    kafka.prepare()
+    log = KafkaLog(kafka.options("positions"), ["shop", "crm"])
     try:
         log.commit(positions={"shop": "0/10", "crm": "0/20"})
         log.commit(positions={"shop": "0/30"})
-        assert kafka_positions(_options(kafka, "x")) == log.positions() == {"shop": "0/30", "crm": "0/20"}
+        assert kafka_positions(kafka.options("x")) == log.positions() == {"shop": "0/30", "crm": "0/20"}
     finally:
         log.close()
 
@@ -149,7 +130,7 @@ def test_a_resnapshot_on_kafka_deletes_the_rows_removed_meanwhile_exactly_once(
     fresh_db: str, tmp_path: Path, kafka: KafkaCluster, chunked: bool
 ) -> None:
     topics = [f"shop.public.{t}" for t in TABLES]
-    _prepare(kafka, *topics)
+    kafka.prepare(*topics)
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         for table, ddl in TABLES.items():
             conn.execute(ddl)
@@ -185,7 +166,7 @@ def test_a_resnapshot_on_kafka_deletes_the_rows_removed_meanwhile_exactly_once(
 
 
 def _produce(kafka: KafkaCluster, topic: str, tid: str, keys: list[bytes]) -> None:
-    log = KafkaLog(_options(kafka, tid), ["shop"])
+    log = KafkaLog(kafka.options(tid), ["shop"])
     try:
         for i, key in enumerate(keys):
             log.source("shop").append(
@@ -213,7 +194,7 @@ def test_log_cat_follow_on_kafka_prints_new_commits_and_ends_cleanly(
     tmp_path: Path, kafka: KafkaCluster, sig: signal.Signals
 ) -> None:
     topic = "shop.public.follow"
-    _prepare(kafka, topic)
+    kafka.prepare(topic)
     config = write_kafka_config(
         tmp_path / "kafka.toml",
         dsn="postgresql://unused",
@@ -254,7 +235,7 @@ def test_log_cat_follow_on_kafka_prints_new_commits_and_ends_cleanly(
 
 
 def test_log_verify_on_kafka(fresh_db: str, tmp_path: Path, kafka: KafkaCluster) -> None:
-    _prepare(kafka, "shop.public.items")
+    kafka.prepare("shop.public.items")
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute(TABLES["items"])
         conn.execute(FILL["items"].format(n=20))
@@ -273,7 +254,7 @@ def test_log_verify_on_kafka(fresh_db: str, tmp_path: Path, kafka: KafkaCluster)
     config.write_text(text)  # capture runs for shop only
     res = cli("capture", "--config", str(config), "--until-idle", "1")
     assert res.returncode == 0, res.stderr
-    position = kafka_positions(_options(kafka, "v"))["shop"]
+    position = kafka_positions(kafka.options("v"))["shop"]
     done = cli("log", "verify", "--config", str(config))
     assert done.returncode == 0, done.stderr
     assert f"source shop: position {position}, 1 topic(s)" in done.stdout
