@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import contextlib
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # its documented home (re-exported)
 
 from tributary.capture.kafka_codec import kafka_headers, one_line
 from tributary.capture.kafka_options import OFFSETS_TOPIC, KafkaOptions
+from tributary.capture.kafka_read import committed_reader
 from tributary.capture.log import LogError, Mark, RecordIn, TopicConfig, TopicNotFoundError, decode_line
 
 __all__ = [
@@ -200,32 +200,20 @@ class KafkaLog:
         meta = self._metadata(topic).topics.get(topic)
         if meta is None or meta.error is not None:
             raise TopicNotFoundError(f"no topic {topic!r} on Kafka")
-        consumer = self._consumer()
+        consumer = committed_reader(self.opts)
         try:
             return [consumer.get_watermark_offsets(TopicPartition(topic, p), _TIMEOUT_S)[1] for p in meta.partitions]
         finally:
             consumer.close()
 
     # -- positions ------------------------------------------------------------------------------
-    def _consumer(self) -> Consumer:
-        return Consumer(
-            {
-                **self._base,
-                "group.id": f"tributary-capture-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-                "auto.offset.reset": "earliest",
-            }
-        )
-
     def _read_positions(self) -> dict[str, str]:
         """The offsets topic's last committed value per key (read_committed). Read up to the end
         as it is now, the producers being initialised: every position committed so far is before
         it; a transaction another source's process left open holds the read until it ends."""
         name = self.opts.offsets_topic
         meta = self._metadata(name).topics[name]
-        consumer = self._consumer()
+        consumer = committed_reader(self.opts)
         found: dict[str, str] = {}
         try:
             parts = [TopicPartition(name, p, 0) for p in meta.partitions]

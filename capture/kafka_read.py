@@ -35,6 +35,7 @@ from tributary.capture.log.admin import latest_per_key
 from tributary.capture.schema_tracker import SCHEMA_KEY
 
 __all__ = [
+    "committed_reader",
     "SCAN_KBYTES",
     "KafkaCheck",
     "kafka_cat",
@@ -51,8 +52,9 @@ _BATCH = 1000  # messages taken from the consumer at a time
 _POLL_S = 0.5  # how long a poll waits: a `--follow` sees a stop request this often
 
 
-def _reader(options: KafkaOptions, **extra: Any) -> Consumer:
-    """A read_committed consumer that joins no group (partitions are assigned) and commits nothing."""
+def committed_reader(options: KafkaOptions, **extra: Any) -> Consumer:
+    """A read_committed consumer that joins no group (partitions are assigned) and commits nothing:
+    every reader of capture's topics and offsets topic (capture's own start included)."""
     return Consumer(
         {
             **options.client,
@@ -141,7 +143,7 @@ def kafka_live_keys(options: KafkaOptions, topic: str) -> set[bytes]:
     keyless records aside), up to each partition's end when the scan began: what a compacted read
     shows, as `live_keys` of the local log. An unknown topic has none."""
     fetch = max(SCAN_KBYTES << 10, int(options.client.get("message.max.bytes", 0)))  # at least one record
-    consumer = _reader(options, **{"queued.max.messages.kbytes": SCAN_KBYTES, "fetch.max.bytes": fetch})
+    consumer = committed_reader(options, **{"queued.max.messages.kbytes": SCAN_KBYTES, "fetch.max.bytes": fetch})
     live: set[bytes] = set()
     add, discard = live.add, live.discard
     try:
@@ -175,7 +177,7 @@ def kafka_positions(options: KafkaOptions) -> dict[str, str]:
     """The offsets topic's latest committed value per key (a tombstone drops the key): each
     source's position, and a chunked snapshot's context (`<source>#snapshot`)."""
     topic = options.offsets_topic
-    consumer = _reader(options)
+    consumer = committed_reader(options)
     found: dict[str, str] = {}
     try:
         n = _partition_count(consumer, options, topic)
@@ -207,7 +209,7 @@ def kafka_topics(options: KafkaOptions, *, timeout_s: float = _TIMEOUT_S) -> lis
     partitions, start and end offsets (low and high watermarks), and `records` = the offsets
     between them (transaction markers included: Kafka does not count records). `policy` is
     "broker": the topic's `cleanup.policy` is the cluster's to keep."""
-    consumer = _reader(options)
+    consumer = committed_reader(options)
     try:
         meta = consumer.list_topics(timeout=timeout_s)
         rows: list[dict[str, object]] = []
@@ -247,7 +249,7 @@ def _stream(
     stop: Callable[[], bool] | None,
 ) -> Iterator[Record | None]:
     """`topic`'s committed records from `from_offset`; None once when caught up (see `_messages`)."""
-    consumer = _reader(options)
+    consumer = committed_reader(options)
     try:
         n = _partition_count(consumer, options, topic)
         if n is None:
@@ -328,7 +330,7 @@ def kafka_verify(options: KafkaOptions, sources: list[str]) -> KafkaCheck:
     every topic's partitions are numbered 0..n-1, each with a leader (a partition without one can
     be neither written nor read); fewer in-sync replicas than replicas is a warning."""
     check = KafkaCheck()
-    consumer = _reader(options)
+    consumer = committed_reader(options)
     try:
         meta = consumer.list_topics(timeout=_TIMEOUT_S)
     except KafkaException as exc:
