@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["OFFSETS_TOPIC", "KafkaOptions"]
+__all__ = ["OFFSETS_TOPIC", "VIEW_TIMEOUT_S", "KafkaOptions"]
 
 OFFSETS_TOPIC = "__tributary_offsets"
 
@@ -22,3 +22,8 @@ class KafkaOptions:
     create_topics: bool = True
     transactional_id: str = "tributary-capture"
     offsets_topic: str = OFFSETS_TOPIC
+
+
+# What an operator's view (`project status`, `/projections`, `/topics`, `/metrics`) waits at most
+# for an unreachable Kafka cluster before it says so, instead of a run's 30 s.
+VIEW_TIMEOUT_S = 5.0

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from tributary.capture.kafka_options import VIEW_TIMEOUT_S
 from tributary.capture.log import LogError, MissingMetadataError
 from tributary.projections.arrow_copy import distinct_keys, output_lines
 from tributary.projections.definition import Projection
@@ -140,9 +141,7 @@ def _connect(s: RunSettings) -> psycopg.Connection[Any]:
         raise RunError(f"cannot connect to the service database ([service] dsn): {exc}") from exc
 
 
-# `project status`, `/projections` and `/metrics` wait at most this long for Kafka's end offsets:
-# a scrape must not hang for a run's 30 s when the cluster is down.
-STATUS_TIMEOUT_S = 5.0
+STATUS_TIMEOUT_S = VIEW_TIMEOUT_S  # `project status`, `/projections`, `/metrics`: not a run's 30 s
 
 
 def _open_log(s: RunSettings, *, timeout_s: float | None = None) -> LogSource:

@@ -22,6 +22,7 @@ from tributary.api.http.definitions import current_run_settings, current_setting
 from tributary.api.settings.config import Settings
 from tributary.api.settings.log import kafka_options
 from tributary.api.settings.sources import source_statuses
+from tributary.capture.kafka_options import VIEW_TIMEOUT_S
 from tributary.capture.log import LogError
 from tributary.capture.log.admin import topics as topics_of
 from tributary.capture.status import read_status
@@ -187,17 +188,13 @@ async def sources(request: Request) -> list[dict[str, Any]]:
     return rows
 
 
-# A page or a scrape does not wait a run's 30 s for an unreachable Kafka cluster.
-KAFKA_TIMEOUT_S = 5.0
-
-
 def _topics(settings: Any) -> list[dict[str, Any]]:
     kafka = kafka_options(settings)
     try:
         if kafka is not None:
             from tributary.capture.kafka_read import kafka_topics
 
-            return kafka_topics(kafka, timeout_s=KAFKA_TIMEOUT_S)
+            return kafka_topics(kafka, timeout_s=VIEW_TIMEOUT_S)
         if not Path(settings.log.root).is_dir():
             return []  # nothing captured yet
         return topics_of(settings.log.root)
