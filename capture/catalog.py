@@ -11,7 +11,18 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["Column", "ColumnHistory", "ServerFacts", "TableInfo", "list_tables", "probe_wal2json", "server_facts"]
+__all__ = [
+    "CatalogConnection",
+    "Column",
+    "ColumnHistory",
+    "ServerFacts",
+    "TableInfo",
+    "list_tables",
+    "partition_roots",
+    "probe_wal2json",
+    "server_facts",
+    "table_warnings",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,8 +39,12 @@ class TableInfo:
     columns: tuple[Column, ...]
     primary_key: tuple[str, ...]
     replica_identity: str  # d(efault) n(othing) f(ull) i(ndex)
-    identity_columns: tuple[str, ...]  # PK, or the REPLICA IDENTITY USING INDEX columns
+    # The record key's columns, one rule for snapshot, stream and checks: the primary key, else the
+    # REPLICA IDENTITY USING INDEX columns; () = the whole row is the key.
+    identity_columns: tuple[str, ...]
     estimated_rows: int
+    index_columns: tuple[str, ...] = ()  # the REPLICA IDENTITY USING INDEX columns, if any
+    partitioned: bool = False  # a partitioned table (its rows live in its partitions)
 
     @property
     def qualified(self) -> str:
@@ -37,16 +52,69 @@ class TableInfo:
 
     @property
     def loses_updates(self) -> bool:
-        """Trap 4: without a key or FULL identity, wal2json silently drops UPDATE and DELETE."""
-        return self.replica_identity != "f" and not self.identity_columns
+        """Trap 4: unless the replica identity names the old row (its primary key under DEFAULT,
+        an index, or FULL), wal2json silently drops UPDATE and DELETE."""
+        if self.replica_identity == "f":
+            return False
+        if self.replica_identity == "i":
+            return not self.index_columns
+        return self.replica_identity == "n" or not self.primary_key
+
+    @property
+    def key_change_unseen(self) -> bool:
+        """Under REPLICA IDENTITY USING INDEX, a change of a primary-key column outside the index
+        is invisible in the WAL (the old row shows only the index's columns): the old key's
+        record would stay live."""
+        return (
+            self.replica_identity == "i"
+            and bool(self.primary_key)
+            and not set(self.primary_key) <= set(self.index_columns)
+        )
+
+    @property
+    def whole_row_key(self) -> bool:
+        """Keyed by the whole row (no primary key, no identity index): identical rows share a key."""
+        return not self.identity_columns
+
+
+# A partitioned table's rows are captured as the root table's (`partitioned_tables = "root"`, the
+# default) or as each leaf partition's ("leaves"); the estimate of a root sums its leaves'.
+def table_warnings(table: TableInfo) -> list[str]:
+    """What capture cannot keep right about a table as it is (the status and `init` show them)."""
+    name = table.qualified
+    if table.loses_updates:
+        return [f"{name} has no primary key or replica identity: its UPDATEs and DELETEs are not captured"]
+    if table.key_change_unseen:
+        return [
+            f"{name}: its replica identity index ({', '.join(table.index_columns)}) does not cover its primary key "
+            f"({', '.join(table.primary_key)}), so a changed primary-key value is not in the WAL and the old key's "
+            "record stays; use REPLICA IDENTITY DEFAULT or FULL"
+        ]
+    if table.whole_row_key:
+        return [
+            f"{name} has no primary key: its records are keyed by the whole row, so identical rows share one key "
+            "(deleting one of them deletes the key); add a primary key"
+        ]
+    return []
 
 
 _TABLES = """
-SELECT n.nspname, c.relname, c.oid, c.relreplident, GREATEST(c.reltuples, 0)::bigint
+SELECT n.nspname, c.relname, c.oid, c.relreplident,
+  CASE WHEN c.relkind = 'p' THEN (
+    SELECT COALESCE(sum(GREATEST(l.reltuples, 0)), 0) FROM pg_partition_tree(c.oid) t
+    JOIN pg_class l ON l.oid = t.relid WHERE t.isleaf)
+  ELSE GREATEST(c.reltuples, 0) END::bigint,
+  c.relkind = 'p'
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
-  AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%'
+WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'
+  AND CASE WHEN %s THEN c.relkind = 'r' ELSE c.relkind IN ('r', 'p') AND NOT c.relispartition END
 ORDER BY 1, 2
+"""
+_LEAVES = """
+SELECT n.nspname, c.relname, rn.nspname, r.relname
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_class r ON r.oid = pg_partition_root(c.oid) JOIN pg_namespace rn ON rn.oid = r.relnamespace
+WHERE c.relispartition AND c.relkind = 'r' {where}
 """
 _COLUMNS = """
 SELECT attrelid, attname, format_type(atttypid, atttypmod), atttypid
@@ -62,9 +130,10 @@ GROUP BY i.indrelid, i.indexrelid, i.indisprimary, i.indisreplident
 """
 
 
-def list_tables(conn: psycopg.Connection[Any], matches: Any) -> list[TableInfo]:
-    """Tables for which `matches(schema, table)` is true, with columns and keys."""
-    rows = [r for r in conn.execute(_TABLES).fetchall() if matches(r[0], r[1])]
+def list_tables(conn: psycopg.Connection[Any], matches: Any, *, leaves: bool = False) -> list[TableInfo]:
+    """Tables for which `matches(schema, table)` is true, with columns and keys: plain tables and
+    partitioned roots, or (`leaves`) plain tables and leaf partitions."""
+    rows = [r for r in conn.execute(_TABLES, (leaves,)).fetchall() if matches(r[0], r[1])]
     oids = [r[2] for r in rows]
     columns: dict[int, list[Column]] = {oid: [] for oid in oids}
     for relid, name, typ, typeoid in conn.execute(_COLUMNS, (oids,)).fetchall():
@@ -77,12 +146,60 @@ def list_tables(conn: psycopg.Connection[Any], matches: Any) -> list[TableInfo]:
         if is_ri:
             replident_idx[relid] = tuple(cols)
     out = []
-    for schema, table, oid, ident, est in rows:
+    for schema, table, oid, ident, est, partitioned in rows:
         ident = ident if isinstance(ident, str) else bytes(ident).decode()
         pk = pks.get(oid, ())
-        identity = replident_idx.get(oid, ()) if ident == "i" else (pk if ident == "d" else ())
-        out.append(TableInfo(schema, table, tuple(columns[oid]), pk, ident, identity, int(est)))
+        index = replident_idx.get(oid, ()) if ident == "i" else ()
+        key = pk or index
+        out.append(TableInfo(schema, table, tuple(columns[oid]), pk, ident, key, int(est), index, bool(partitioned)))
     return out
+
+
+def partition_roots(
+    conn: psycopg.Connection[Any], names: list[tuple[str, str]] | None = None
+) -> dict[tuple[str, str], tuple[str, str]]:
+    """(schema, table) of each leaf partition → its root table's; only of `names` when given."""
+    if names is None:
+        rows = conn.execute(_LEAVES.format(where="")).fetchall()
+    else:
+        if not names:
+            return {}
+        where = "AND (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
+        rows = conn.execute(_LEAVES.format(where=where), ([n[0] for n in names], [n[1] for n in names])).fetchall()
+    return {(r[0], r[1]): (r[2], r[3]) for r in rows}
+
+
+class CatalogConnection:
+    """A connection for catalog reads made while streaming: opened on first use, opened again
+    once when the server dropped it (a restart between two reads)."""
+
+    def __init__(self, connect: Callable[[], Any]) -> None:
+        self._connect = connect
+        self._conn: Any = None
+
+    def query(self, statement: Any, params: Any = None) -> list[tuple[Any, ...]]:
+        for attempt in (0, 1):
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = self._connect()
+                return list(self._conn.execute(statement, params).fetchall())
+            except psycopg.OperationalError:
+                self.close()
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    @property
+    def connection(self) -> Any:
+        """The open connection (opened now if needed), for helpers that take one."""
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connect()
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +298,7 @@ class ColumnHistory:
     committed, so one re-read suffices."""
 
     def __init__(self, connect: Callable[[], Any]) -> None:
-        self._connect = connect
-        self._conn: Any = None
+        self._catalog = CatalogConnection(connect)
         self._views: dict[tuple[str, str], _TableView] = {}
         self._attnums: dict[tuple[str, str], dict[str, int]] = {}  # every name each attnum was seen under
         self.reads = 0  # catalog reads so far (tests check the cache holds)
@@ -236,18 +352,7 @@ class ColumnHistory:
         return view
 
     def _query(self, schema: str, table: str) -> list[tuple[Any, ...]]:
-        for attempt in (0, 1):
-            try:
-                if self._conn is None or self._conn.closed:
-                    self._conn = self._connect()
-                return list(self._conn.execute(_HISTORY, (schema, table)).fetchall())
-            except psycopg.OperationalError:
-                self.close()
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
+        return self._catalog.query(_HISTORY, (schema, table))
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._catalog.close()

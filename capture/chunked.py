@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +94,9 @@ class SnapshotContext:
     # requested; 0: unknown, estimated again when capture starts)
     total: int = 0
     keyless: list[str] = field(default_factory=list)  # tables refused for having no key (said once)
+    # the key columns each table's records are keyed by ([] = the whole row): a table whose key
+    # changed while capture was stopped is re-snapshotted at start (records keyed the old way go)
+    keys: dict[str, list[str]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return orjson.dumps(
@@ -109,6 +112,7 @@ class SnapshotContext:
                 "checked": self.checked,
                 "total": self.total,
                 "keyless": self.keyless,
+                "keys": self.keys,
             }
         ).decode()
 
@@ -127,6 +131,7 @@ class SnapshotContext:
             checked=doc.get("checked"),
             total=int(doc.get("total") or 0),
             keyless=list(doc.get("keyless") or []),
+            keys={str(k): list(v) for k, v in (doc.get("keys") or {}).items()},
         )
 
 
@@ -244,7 +249,7 @@ class ChunkedSnapshot:
         requested, self._requested = self._requested, []
         infos = self._catalog(conn)
         ctx = self.context
-        changed = False
+        changed = self.note_keys(infos.values())
         for tables, origin in requested:
             for name in tables:
                 info = infos.get(name)
@@ -269,7 +274,7 @@ class ChunkedSnapshot:
                     continue
                 ctx.pending.append(name)
                 ctx.total += max(info.estimated_rows, 0)
-                if name in (ctx.done or ()) and name not in ctx.check:
+                if (name in (ctx.done or ()) or self._holds_records(info)) and name not in ctx.check:
                     ctx.check.append(name)  # its topic holds rows: deleted ones go
                 log.info("source %s: chunked snapshot of %s requested by %s", self.spec.name, name, origin)
                 changed = True
@@ -278,14 +283,31 @@ class ChunkedSnapshot:
             self._show()
         return changed
 
+    def _holds_records(self, info: TableInfo) -> bool:
+        """Does the table's topic hold records already (streamed before any snapshot of it)?"""
+        log_ = self.staging.log
+        topic = topic_name(self.spec.name, info.schema, info.table)
+        return topic in log_.topics() and any(log_.end_offsets(topic))
+
+    def note_keys(self, infos: Iterable[TableInfo]) -> bool:
+        """Remember the key each table is keyed by now; True if that changed the context."""
+        changed = False
+        for info in infos:
+            key = list(info.identity_columns)
+            if self.context.keys.get(info.qualified) != key:
+                self.context.keys[info.qualified] = key
+                changed = True
+        self.dirty = self.dirty or changed
+        return changed
+
     def _catalog(self, conn: psycopg.Connection[Any] | None = None) -> dict[str, TableInfo]:
         from tributary.capture.slot import sql_connection
 
         if conn is None:
             with sql_connection(self.spec.dsn, label=self.spec.name) as own:
-                tables = list_tables(own, self.tables.matches)
+                tables = self.tables.list(own)
         else:
-            tables = list_tables(conn, self.tables.matches)
+            tables = self.tables.list(conn)
         self._infos = {t.qualified: t for t in tables}
         return self._infos
 
@@ -500,7 +522,7 @@ class ChunkedSnapshot:
             job.now_ms = int(self.clock() * 1000)
             # The table's columns now, in this transaction: a schema change between chunks shows.
             schema, name = job.table.schema, job.table.table
-            found = list_tables(conn, lambda s, t: s == schema and t == name)
+            found = list_tables(conn, lambda s, t: s == schema and t == name, leaves=self.tables.leaves)
             if not found or not found[0].identity_columns:  # dropped (or its key) since: done
                 job.final = True
                 job.units, job.upper, job.checked = [], None, None
@@ -659,8 +681,14 @@ class ChunkedSnapshot:
         job.checked = batch[-1].decode() if batch else checked
         if not batch:
             return
-        table = sql.SQL("{}.{}").format(sql.Identifier(info.schema), sql.Identifier(info.table))
         keys = info.identity_columns
+        # A key of another shape (the table was keyed otherwise when it was written) is gone.
+        foreign = {k for k in batch if not _shaped(k, keys)}
+        batch = [k for k in batch if k not in foreign]
+        if not batch:
+            job.units = sorted(foreign)
+            return
+        table = sql.SQL("{}.{}").format(sql.Identifier(info.schema), sql.Identifier(info.table))
         match = sql.SQL(" AND ").join(
             sql.SQL("x.{k} IS NOT DISTINCT FROM r.{k}").format(k=sql.Identifier(k)) for k in keys
         )
@@ -669,7 +697,16 @@ class ChunkedSnapshot:
             "WHERE NOT EXISTS (SELECT 1 FROM {t} AS x WHERE {match})"
         ).format(t=table, match=match)
         absent = {str(r[0]).encode() for r in conn.execute(query, ([k.decode() for k in batch],))}
-        job.units = [k for k in batch if k in absent]
+        job.units = sorted(foreign | {k for k in batch if k in absent})
+
+
+def _shaped(key: bytes, columns: tuple[str, ...]) -> bool:
+    """Is `key` a JSON object with exactly the key columns (the shape records are keyed by now)?"""
+    try:
+        doc = orjson.loads(key)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(doc, dict) and len(doc) == len(columns) and all(c in doc for c in columns)
 
 
 def _keep(job: _Job, newer: set[bytes]) -> list[tuple[str, Any]]:

@@ -173,7 +173,8 @@ def envelopes_for(
 
     `known_columns`: the table's current columns (name, type, oid), so that an UPDATE's
     missing columns can be told apart as unchanged TOAST values (trap 3). `key_columns`: the
-    identity to key by when the table has no primary key (REPLICA IDENTITY USING INDEX/FULL).
+    table's key (capture/tables.py) when the change names no primary key: the replica identity
+    index's columns, or () for the whole row.
     """
     topic = topic_name(source_name, change.schema, change.table)
     change_lsn = _lsn(change.lsn_text, lsn)
@@ -198,9 +199,10 @@ def envelopes_for(
     after = _row(change.raw_columns)
     _fill_unchanged_toast(after, change, known_columns, old)
     new_key = _key(after, keys)
-    if old is not None and keys and all(k in old for k in keys):
+    whole_old = not keys and old is not None  # keyed by the whole row: FULL sent the old one
+    if old is not None and (whole_old or (keys and all(k in old for k in keys))):
         old_key = _key(old, keys)
-        if old_key != new_key:  # the primary key changed: delete the old key, create the new
+        if old_key != new_key:  # the key changed (any column, for a whole-row key): delete the old, create the new
             return [
                 Output(topic, old_key, _stream_value(old, None, source, "d", now_ms)),
                 Output(topic, old_key, None),

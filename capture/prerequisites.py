@@ -14,9 +14,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from tributary.capture.catalog import list_tables, probe_wal2json, server_facts
+from tributary.capture.catalog import list_tables, probe_wal2json, server_facts, table_warnings
 from tributary.capture.replication import ReplicationConnection, connect_options, translate_connect_error
-from tributary.capture.routing import TableFilter
+from tributary.capture.routing import TableFilter, topic_name
 from tributary.capture.source import SourceSpec
 
 __all__ = ["Finding", "Outcome", "SourceReport", "check_source"]
@@ -108,7 +108,9 @@ def _check_server(conn: psycopg.Connection[Any], report: SourceReport) -> None:
 def _check_tables(
     conn: psycopg.Connection[Any], spec: SourceSpec, report: SourceReport, set_full: bool, allowed: set[str]
 ) -> None:
-    tables = list_tables(conn, TableFilter(spec.include, spec.exclude).matches)
+    tables = list_tables(
+        conn, TableFilter(spec.include, spec.exclude).matches, leaves=spec.partitioned_tables == "leaves"
+    )
     report.tables = [t.qualified for t in tables]
     if not tables:
         report.add(Outcome.WARNING, f"no table matches include={list(spec.include)} exclude={list(spec.exclude)}")
@@ -139,7 +141,16 @@ def _check_tables(
                 f"{name}: no primary key or replica identity, so its UPDATEs and DELETEs would be silently lost; "
                 f"add a primary key, run init with --replica-identity-full, or allow it with --allow-without-key {name}",
             )
-    if tables and not any(f.message.startswith(t.qualified) for t in tables for f in report.findings):
+    for table in (t for t in tables if not t.loses_updates):
+        for warning in table_warnings(table):
+            report.add(Outcome.WARNING, warning)
+    for table in tables:
+        topic = topic_name(spec.name, table.schema, table.table)
+        if topic != f"{spec.name}.{table.qualified}":  # identifiers a topic name cannot hold as they are
+            report.add(Outcome.OK, f"{table.qualified} → topic {topic}")
+    if tables and not any(
+        f.outcome is not Outcome.OK and f.message.startswith(t.qualified) for t in tables for f in report.findings
+    ):
         report.add(Outcome.OK, f"{len(tables)} table(s) to capture, each with a key")
 
 

@@ -3,15 +3,33 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
+import hashlib
 import re
 from collections.abc import Iterable
 
-__all__ = ["TableFilter", "topic_name"]
+__all__ = ["TableFilter", "topic_name", "topic_part"]
+
+_PLAIN = re.compile(r"[A-Za-z0-9_-]+")
+_INVALID = re.compile(r"[^A-Za-z0-9_-]")
+
+
+@functools.lru_cache(maxsize=4096)
+def topic_part(name: str) -> str:
+    """One identifier as a part of a topic name: kept as it is when it holds only ASCII letters,
+    digits, `_` and `-`; else each other character (space, `.`, `$`, quotes, non-ASCII letters…)
+    becomes `_` and `_` + 8 hex digits of the SHA-256 of the identifier's UTF-8 bytes follow, so
+    two identifiers that differ only there never share a topic, and the name never changes."""
+    if _PLAIN.fullmatch(name):
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{_INVALID.sub('_', name)}_{digest}"
 
 
 def topic_name(source: str, schema: str, table: str) -> str:
-    """CDC topic of a table: `<source>.<schema>.<table>`."""
-    return f"{source}.{schema}.{table}"
+    """CDC topic of a table: `<source>.<schema>.<table>`, each identifier mapped by `topic_part`
+    (a valid topic name on the local log and on Kafka for any PostgreSQL identifier)."""
+    return f"{source}.{topic_part(schema)}.{topic_part(table)}"
 
 
 _SIMPLE = re.compile(r"^(\*|[A-Za-z_][A-Za-z0-9_$]*)\.(\*|[A-Za-z_][A-Za-z0-9_$]*)$")

@@ -42,6 +42,7 @@ class SchemaTracker:
     def __init__(self) -> None:
         self._announced: dict[tuple[str, str], tuple[ColumnSpec, ...]] = {}
         self._catalog: dict[tuple[str, str], tuple[ColumnSpec, ...]] = {}
+        self._keys: dict[tuple[str, str], tuple[str, ...]] = {}  # the key each table was last announced with
         self.version = 0  # bumped whenever a table's announced columns change (insert templates check it)
         # (schema, table, column, xid, names the change shows) → did the column exist at that change? None: yes
         self.existed: Callable[[str, str, str, int | None, frozenset[str]], bool] | None = None
@@ -82,9 +83,12 @@ class SchemaTracker:
             if kept:  # wal2json lists columns in attnum order; a kept one goes back where it was
                 order = {c[0]: i for i, c in enumerate(base)}
                 current = tuple(sorted(current + kept, key=lambda c: order.get(c[0], len(order))))
-        if self._announced.get((schema, table)) == current:
+        if base and len(current) == len(base) and current != base and set(current) == set(base):
+            current = base  # the same columns in another order: a leaf partition's, routed to its root
+        if self._announced.get((schema, table)) == current and self._keys.get((schema, table)) == tuple(key):
             return None
         self._announced[(schema, table)] = current
+        self._keys[(schema, table)] = tuple(key)
         self.version += 1
         body = {
             "schema": {

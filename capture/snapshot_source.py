@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from tributary.capture import envelope as env
-from tributary.capture.catalog import TableInfo, list_tables
+from tributary.capture.catalog import TableInfo
 from tributary.capture.log import Log, Mark
 from tributary.capture.lsn import Lsn
 from tributary.capture.schema_tracker import SCHEMA_KEY
@@ -138,7 +138,7 @@ class SnapshotSource:
             self.status.state = SourceState.SNAPSHOTTING
             with SnapshotReader(self.spec.dsn, info.snapshot_name, label=self.spec.name) as reader:
                 with sql_connection(self.spec.dsn, label=self.spec.name) as conn:
-                    included = list_tables(conn, self.tables.matches)
+                    included = self.tables.list(conn)
                 self.copy(reader, included, info.consistent_point, on_progress)
         return info.consistent_point
 

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tributary.capture import wal2json
-from tributary.capture.catalog import list_tables
 from tributary.capture.chunked import ChunkedSnapshot, SnapshotContext, context_key
 from tributary.capture.errors import SlotLost, SlotMissing
 from tributary.capture.log import Log, Mark
@@ -74,7 +73,11 @@ class SourceSession:
         # The signal table is the source's control channel: never snapshotted nor captured as records.
         exclude = (*spec.exclude, spec.signal_table) if spec.signal_table else spec.exclude
         self.tables = SourceTables(
-            spec.name, TableFilter(spec.include, exclude), self.staging, schema_records=spec.router is None
+            spec.name,
+            TableFilter(spec.include, exclude),
+            self.staging,
+            schema_records=spec.router is None,
+            leaves=spec.partitioned_tables == "leaves",
         )
         self.stream: StreamingSource | None = None  # once open
         self._chunked_start = False  # the new slot's snapshot is a chunked one
@@ -132,7 +135,8 @@ class SourceSession:
             if self.spec.router is None:
                 self._chunked(conn, context, fresh=fresh, db=slot.database)
         options = dict(wal2json.WAL2JSON_OPTIONS)
-        options.update(self.tables.filter.wal2json_options())
+        if not self.tables.routes_partitions:  # a leaf's name need not match the patterns its root does
+            options.update(self.tables.filter.wal2json_options())
         if self.spec.signal_table and "add-tables" in options:
             options["add-tables"] += "," + self.spec.signal_table  # its INSERTs are read, as signals
         self.slot.start_streaming(start, options)
@@ -149,7 +153,7 @@ class SourceSession:
         """The chunked-snapshot engine, its context resumed (or started: a new slot), tables
         included but never snapshotted requested (an `include` widened)."""
         spec = self.spec
-        included = list_tables(conn, self.tables.matches)
+        included = self.tables.list(conn)
         names = [t.qualified for t in included]
         if fresh or context is None:
             if fresh and self._chunked_start:
@@ -191,6 +195,16 @@ class SourceSession:
                     f"{name} is included but was never snapshotted: snapshotting it (chunked) while the rest streams"
                 )
                 self._requests.append(([name], "include"))
+        if spec.snapshot != "never":
+            for table in included:  # keyed otherwise than when its records were written
+                was = context.keys.get(table.qualified)
+                if was is not None and was != list(table.identity_columns) and table.qualified in context.done:
+                    engine._warn(
+                        f"{table.qualified} is now keyed by ({', '.join(table.identity_columns) or 'the whole row'}), "
+                        f"was ({', '.join(was) or 'the whole row'}): re-snapshotting it so records keyed the old way go"
+                    )
+                    self._requests.append(([table.qualified], "a key change"))
+        engine.note_keys(included)
         for tables, origin in self._requests:
             engine.request(tables, origin=origin)
         self._requests = []
@@ -199,6 +213,7 @@ class SourceSession:
         assert self.stream is not None
         self.stream.on_watermark = engine.on_watermark
         self.stream.on_commit = engine.on_commit
+        self.stream.on_resnapshot = lambda tables, why: self.request_snapshot(tables, origin=why)
 
     def _new_slot(self, slot: SlotState, on_progress: Callable[[SourceStatus], None] | None) -> Lsn:
         """(Re)create the slot, with the initial snapshot unless `snapshot = "never"`; returns its
@@ -300,3 +315,5 @@ class SourceSession:
             self.chunked.close()
         if self.stream is not None and self.stream.history is not None:
             self.stream.history.close()  # its catalog connection, opened on the first ambiguous UPDATE
+        if self.tables.catalog is not None:
+            self.tables.catalog.close()

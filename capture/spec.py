@@ -30,3 +30,5 @@ class SourceSpec:
     router: Callable[[dict[str, Any]], list[env.Output]] | None = None
     # "schema.table" whose INSERTs are signals (capture/signals.py), never captured as records.
     signal_table: str | None = None
+    # root: a leaf partition's changes are the root table's (its topic, key and schema); leaves: own tables
+    partitioned_tables: str = "root"

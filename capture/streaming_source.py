@@ -75,7 +75,6 @@ class StreamingSource:
         self.status = status
         self.db = db
         self.clock = clock
-        self.matches = tables.filter.matches
         self.history: ColumnHistory | None = None
         if spec.router is None and tables.schemas.existed is None:
             # Which columns an UPDATE omits because they did not exist at it (not unchanged TOAST).
@@ -83,6 +82,11 @@ class StreamingSource:
 
             self.history = ColumnHistory(lambda: sql_connection(spec.dsn, label=spec.name))
             tables.schemas.existed = self.history.existed
+        if tables.catalog is None:
+            from tributary.capture.catalog import CatalogConnection
+            from tributary.capture.slot import sql_connection
+
+            tables.catalog = CatalogConnection(lambda: sql_connection(spec.dsn, label=spec.name))
         # An outbox's rows are routed, not enveloped: no templates.
         self.templates = TemplateCache(spec.name, tables.schemas) if templates and spec.router is None else None
         self.templated = 0  # changes encoded by INSERT templates (the rest took the generic path)
@@ -103,6 +107,7 @@ class StreamingSource:
         # A chunked snapshot (capture/chunked.py): its watermarks, and each committed transaction.
         self.on_watermark: Callable[[str], bool] | None = None
         self.on_commit: Callable[[int], bool] | None = None  # True: a snapshot request was applied
+        self.on_resnapshot: Callable[[list[str], str], None] | None = None  # tables, why
 
     @property
     def seen(self) -> int:
@@ -177,31 +182,36 @@ class StreamingSource:
                     self._signal(lambda: signals.from_row(row, table=f"{parsed.schema}.{parsed.table}"))
                     self._tx["changes"] = self._tx.get("changes", 0) + 1  # a commit point: the request's
                 return False
-            if not self.matches(parsed.schema, parsed.table):
+            target = self.tables.route(parsed.schema, parsed.table)
+            if target is None:
                 return False
             if self.spec.router is not None:
                 if parsed.action != "I":
                     return False  # events are immutable: only inserts carry news
                 outputs = self.spec.router(env.stream_row(parsed.raw_columns))
             else:
+                parsed.schema, parsed.table = target  # a leaf partition's change is its root's
+                keys = self.tables.key_columns(parsed.schema, parsed.table, parsed.pk)
+                if self.tables.key_changes:
+                    self._resnapshot(self.tables.key_changes, "a key change")
                 if parsed.action != "D":
                     self.tables.observe(
                         parsed.schema,
                         parsed.table,
                         parsed.column_types(),
                         complete=parsed.action == "I",
-                        key=parsed.pk,
+                        key=keys,
                         now_ms=now_ms,
                         xid=parsed.xid,
                     )
-                outputs = self._envelopes(parsed, now_ms)
+                outputs = self._envelopes(parsed, now_ms, keys)
                 if parsed.action == "I" and self.templates is not None and offsets.in_transaction:
                     self.templates.learn(
                         parsed,
                         payload,
                         outputs,
                         db=self.db,
-                        key_columns=self.tables.identity.get((parsed.schema, parsed.table), ()),
+                        key_columns=keys,
                         tx_id=self._ctx["tx_id"],
                         commit_ts_ms=self._ctx["commit_ts_ms"],
                         now_ms=now_ms,
@@ -210,7 +220,12 @@ class StreamingSource:
             self._tx["changes"] = self._tx.get("changes", 0) + 1
             self.status.changes += 1
         elif isinstance(parsed, wal2json.Truncate):
-            if self.matches(parsed.schema, parsed.table):
+            target = self.tables.route(parsed.schema, parsed.table)
+            if target is not None and self.tables.is_leaf(parsed.schema, parsed.table):
+                # One partition emptied is not the root table emptied: its rows go by re-snapshot.
+                self._resnapshot([f"{target[0]}.{target[1]}"], f"a TRUNCATE of its partition {parsed.table}")
+                self._tx["changes"] = self._tx.get("changes", 0) + 1
+            elif target is not None:
                 for out in env.truncate_envelope(parsed, **self._context()):
                     self.staging.to_all_partitions(out.topic, out.key, out.value, now_ms)
                 self._tx["changes"] = self._tx.get("changes", 0) + 1
@@ -316,12 +331,19 @@ class StreamingSource:
         ctx["now_ms"] = int(self.clock() * 1000)
         return ctx
 
-    def _envelopes(self, change: Any, now_ms: int) -> list[env.Output]:
+    def _envelopes(self, change: Any, now_ms: int, keys: tuple[str, ...]) -> list[env.Output]:
         ctx = self._ctx
         ctx["now_ms"] = now_ms  # the clock read once per change, not once per use
         return env.envelopes_for(
             change,
             known_columns=self.tables.schemas.columns(change.schema, change.table) if change.action == "U" else None,
-            key_columns=self.tables.identity.get((change.schema, change.table)),
+            key_columns=keys,
             **ctx,
         )
+
+    def _resnapshot(self, tables: list[str], why: str) -> None:
+        """Ask for a chunked re-snapshot of `tables` (its key check removes what the stream could
+        not: keys of an older shape, a truncated partition's rows)."""
+        names, tables[:] = list(dict.fromkeys(tables)), []
+        if self.on_resnapshot is not None and not self.offsets.skipping:
+            self.on_resnapshot(names, why)

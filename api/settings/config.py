@@ -172,6 +172,11 @@ class SourceSettings(_Section):
     snapshot_chunk_rows: int = Field(
         default=CHUNK_ROWS, ge=100, le=10_000_000, description="Rows per chunk of a chunked snapshot."
     )
+    partitioned_tables: Literal["root", "leaves"] = Field(
+        default="root",
+        description="root: a partitioned table's changes go to the root table's topic (as Debezium's "
+        "publish.via.partition.root); leaves: each leaf partition is a table of its own.",
+    )
 
     @property
     def slot_name(self) -> str:

@@ -153,11 +153,16 @@ def test_schema_tracker_announces_changes_not_toast_omissions() -> None:
     cols = [("id", "integer", 23), ("big", "text", 25)]
     first = tracker.observe("shop", "public", "t", cols, complete=True, key=["id"])
     assert first is not None and first.key == SCHEMA_KEY and first.topic == "shop.public.t"
-    assert tracker.observe("shop", "public", "t", cols, complete=True) is None
-    assert tracker.observe("shop", "public", "t", cols[:1], complete=False) is None  # TOAST omitted
-    added = tracker.observe("shop", "public", "t", [*cols, ("n", "numeric", 1700)], complete=True)
+    assert tracker.observe("shop", "public", "t", cols, complete=True, key=["id"]) is None
+    assert tracker.observe("shop", "public", "t", cols[:1], complete=False, key=["id"]) is None  # TOAST omitted
+    added = tracker.observe("shop", "public", "t", [*cols, ("n", "numeric", 1700)], complete=True, key=["id"])
     assert added is not None
     assert [c["name"] for c in orjson.loads(added.value)["schema"]["columns"]] == ["id", "big", "n"]
+    # A partition's columns in another order are its root's columns: nothing to announce.
+    shuffled = [("n", "numeric", 1700), ("id", "integer", 23), ("big", "text", 25)]
+    assert tracker.observe("shop", "public", "t", shuffled, complete=True, key=["id"]) is None
+    rekeyed = tracker.observe("shop", "public", "t", shuffled, complete=True, key=["big", "id"])
+    assert rekeyed is not None and orjson.loads(rekeyed.value)["schema"]["key"] == ["big", "id"]
 
 
 @pytest.mark.parametrize("marker", ["true", "last"])
