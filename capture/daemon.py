@@ -173,6 +173,20 @@ class CaptureDaemon:
             session.committed()
             self._confirm(session, now)  # step 4: only now
 
+    def _commit_idle(self) -> None:
+        """Idle sources' later positions (capture/offsets.py, step 4) into the manifest, so the
+        slot is confirmed past nothing the manifest lacks; no records, so no mark (the log's end
+        may hold a transaction still open). A commit already due covers them."""
+        idle = [s for s in self.sessions if s.name not in self._retries and s.idle_boundary()]
+        if not idle or self._mark is not None:
+            return
+        positions = {s.name: str(s.boundary) for s in idle}
+        for s in idle:
+            positions.update(s.context_positions())
+        self.log.commit(positions=positions, upto=Mark())
+        for s in idle:
+            s.committed()
+
     def _confirm(self, session: SourceSession, now: float) -> None:
         try:
             session.confirm(now_us=int(now * 1_000_000))
@@ -340,6 +354,7 @@ class CaptureDaemon:
             if self._mark is not None and self.committer.due(now_ms):
                 self.commit()
             if now - self._last_status >= self.opts.status_interval_s:
+                self._commit_idle()
                 for s in self.sessions:
                     self._confirm(s, now)
                 self._last_status = now

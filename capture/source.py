@@ -96,21 +96,17 @@ class SourceSession:
         if position == str(Lsn.ZERO):  # a re-snapshot that never committed (capture/snapshot_source.py)
             position = None  # snapshot again, whatever the slot now is
         slot = self.slot.inspect()
+        behind = position is not None and slot.starts_after(Lsn.parse(position))
         start: Lsn
-        if position is not None and slot.usable:
+        if position is not None and slot.usable and not behind:
             start = Lsn.parse(position)
         elif position is None and self.spec.snapshot == "never" and slot.usable:
             start = Lsn.ZERO  # the server starts at the slot's confirmed_flush_lsn
         elif position is not None and self.spec.snapshot != "when_needed":
-            what = "was invalidated (wal_status = lost)" if slot.status == "lost" else "does not exist"
-            err = SlotLost if slot.status == "lost" else SlotMissing
-            raise err(
-                f"source {self.spec.name!r}: slot {self.spec.slot!r} {what}, so changes since "
-                f'{position} may be gone; set snapshot = "when_needed" to re-snapshot, or recreate it'
-            )
+            raise self._refusal(slot, position)
         else:
             if position is not None:
-                was = slot.status or "missing"
+                was = f"recreated (it starts at {slot.start}, after {position})" if behind else slot.status or "missing"
                 log.warning("source %s: slot %s %s; taking a new snapshot", self.spec.name, self.spec.slot, was)
                 self.status.warnings.append(f"slot {self.spec.slot} was {was}: re-snapshotted")
             start = self._new_slot(slot, on_progress)
@@ -137,6 +133,18 @@ class SourceSession:
             options["add-tables"] += "," + self.spec.signal_table  # its INSERTs are read, as signals
         self.slot.start_streaming(start, options)
         self.status.state = SourceState.STREAMING
+
+    def _refusal(self, slot: SlotState, position: str) -> SlotLost | SlotMissing:
+        """Why the slot cannot continue the log's position, and the two ways out that lose nothing."""
+        name, ways = self.spec.name, 'set snapshot = "when_needed" to re-snapshot, or capture into a new [log] root'
+        if slot.usable:
+            return SlotLost(
+                f"source {name!r}: slot {self.spec.slot!r} starts at {slot.start}, after the log's position "
+                f"{position}: it was recreated, and changes in between are not in it; {ways}"
+            )
+        what = "was invalidated (wal_status = lost)" if slot.status == "lost" else "does not exist"
+        err = SlotLost if slot.status == "lost" else SlotMissing
+        return err(f"source {name!r}: slot {self.spec.slot!r} {what}, so changes since {position} may be gone; {ways}")
 
     def _on_signal(self, signal: SnapshotSignal) -> None:
         """A signal read from the stream (capture/signals.py): re-snapshot those tables. The
@@ -287,6 +295,10 @@ class SourceSession:
         self.offsets.committed()
         if self.chunked is not None:
             self.chunked.dirty = False
+
+    def idle_boundary(self) -> bool:
+        """Make an idle position the boundary for the daemon to commit (capture/offsets.py, step 4)."""
+        return self.offsets.idle_boundary()
 
     def confirm(self, *, now_us: int, reply: bool = False) -> None:
         """Advance the slot to what may be confirmed (capture/offsets.py, step 4)."""

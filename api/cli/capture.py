@@ -66,9 +66,13 @@ def init(
                 "no [[sources]] configured: nothing to capture yet (see README, 'Pointing it at your own database')"
             )
         )
+    positions = _log_positions(settings)
     for spec in specs:
         report = check_source(
-            spec, replica_identity_full=replica_identity_full, allow_without_key=allow_without_key or ()
+            spec,
+            replica_identity_full=replica_identity_full,
+            allow_without_key=allow_without_key or (),
+            position=positions.get(spec.name),
         )
         console.print(f"[bold]source {literal(spec.name)}[/] ({len(report.tables)} tables)")
         for finding in report.findings:
@@ -77,6 +81,25 @@ def init(
             failed.append(spec.name)
     if failed:
         raise UserError(f"init: source(s) {', '.join(failed)} cannot be captured until the problems above are fixed")
+
+
+def _log_positions(settings: Settings) -> dict[str, str]:
+    """The sources' committed positions in the log ({} when there is no log yet): `init` must not
+    make a slot that would start after one of them without saying so."""
+    from tributary.capture.log import Log, LogError
+
+    try:
+        options = kafka_options(settings)
+        if options is not None:
+            from tributary.capture.kafka_read import kafka_positions  # confluent-kafka only when used
+
+            return kafka_positions(options)
+        if not settings.log.root.is_dir():
+            return {}
+        with Log.open(settings.log.root) as log:
+            return log.positions()
+    except LogError:
+        return {}
 
 
 def _domains(settings: Settings, console: Console) -> None:
