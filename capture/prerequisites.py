@@ -15,6 +15,7 @@ import psycopg
 from psycopg import sql
 
 from tributary.capture.catalog import list_tables, probe_wal2json, server_facts
+from tributary.capture.encodings import refusal
 from tributary.capture.lsn import Lsn
 from tributary.capture.replication import ReplicationConnection, connect_options, translate_connect_error
 from tributary.capture.routing import TableFilter
@@ -78,6 +79,9 @@ def check_source(
 
 def _check_server(conn: psycopg.Connection[Any], report: SourceReport) -> None:
     facts = server_facts(conn)
+    encoding = str(conn.info.parameter_status("server_encoding") or "UTF8")
+    if (refused := refusal(encoding, database=str(conn.info.dbname))) is not None:
+        report.add(Outcome.PROBLEM, refused)
     if facts.version_num < 100000:
         report.add(Outcome.PROBLEM, f"PostgreSQL {facts.version_num} is too old (10+ needed, 15+ tested)")
     if facts.wal_level != "logical":

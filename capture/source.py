@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tributary.capture import wal2json
+from tributary.capture import encodings, wal2json
 from tributary.capture.catalog import list_tables
 from tributary.capture.chunked import ChunkedSnapshot, SnapshotContext, context_key
-from tributary.capture.errors import SlotLost, SlotMissing
+from tributary.capture.errors import SlotLost, SlotMissing, SourceMisconfigured
 from tributary.capture.log import Log, Mark
 from tributary.capture.lsn import Lsn
 from tributary.capture.offsets import OffsetContext
@@ -96,6 +96,8 @@ class SourceSession:
         if position == str(Lsn.ZERO):  # a re-snapshot that never committed (capture/snapshot_source.py)
             position = None  # snapshot again, whatever the slot now is
         slot = self.slot.inspect()
+        if (refused := encodings.refusal(slot.encoding, database=slot.database)) is not None:
+            raise SourceMisconfigured(f"source {self.spec.name!r}: {refused}")
         behind = position is not None and slot.starts_after(Lsn.parse(position))
         start: Lsn
         if position is not None and slot.usable and not behind:
@@ -122,6 +124,7 @@ class SourceSession:
             db=slot.database,
             clock=self.clock,
             on_signal=self._on_signal,
+            encoding=encodings.python_codec(slot.encoding),
         )
         with sql_connection(self.spec.dsn, label=self.spec.name) as conn:
             self.status.warnings += self.tables.seed(conn)
