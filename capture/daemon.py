@@ -36,6 +36,7 @@ from tributary.capture.errors import (
 from tributary.capture.kafka_options import KafkaOptions
 from tributary.capture.log import Cleaner, CleanerPolicy, GroupCommitter, Log, LogError, Mark
 from tributary.capture.replication import Keepalive
+from tributary.capture.resume import confirmed_in_status
 from tributary.capture.slot import sql_connection
 from tributary.capture.source import SourceSession, SourceSpec
 from tributary.capture.status import LatencyHistogram, SourceState, write_status
@@ -119,6 +120,11 @@ class CaptureDaemon:
         self._cleaning: Future[object] | None = None  # the compaction running on the cleaner thread
         self.cleaner = self._new_cleaner()
         self.sessions = [SourceSession(spec, self._log_of(spec.name), clock=clock) for spec in specs]
+        confirmed = confirmed_in_status(options.log_root)  # the slot positions the last run confirmed
+        for session in self.sessions:
+            if session.name in confirmed:  # still true until this run confirms: kept in the status
+                session.confirmed_before = confirmed[session.name]
+                session.status.confirmed_lsn = str(confirmed[session.name])
         self.committer = GroupCommitter(linger_ms=options.linger_ms, max_records=options.batch_records)
         self._mark: Mark | None = None  # the log's end at the newest transaction boundary
         self.commit_seconds = LatencyHistogram()  # log commit latency, for /metrics

@@ -56,6 +56,8 @@ class SourceSession:
         self.rate_base = 0  # status.changes at the start of the current rate window (the daemon's)
         self.slot = Slot(spec.dsn, spec.slot, label=spec.name)
         self.chunked: ChunkedSnapshot | None = None  # once open (not for an outbox)
+        # What the previous run confirmed to the slot (its status file): a slot starting there is ours.
+        self.confirmed_before = Lsn.ZERO
         self._requests: list[tuple[list[str], str]] = []  # snapshot requests made before `open`
         self.reset(log_)
 
@@ -98,7 +100,7 @@ class SourceSession:
         slot = self.slot.inspect()
         if (refused := encodings.refusal(slot.encoding, database=slot.database)) is not None:
             raise SourceMisconfigured(f"source {self.spec.name!r}: {refused}")
-        behind = position is not None and slot.starts_after(Lsn.parse(position))
+        behind = position is not None and slot.starts_after(max(Lsn.parse(position), self.confirmed_before))
         start: Lsn
         if position is not None and slot.usable and not behind:
             start = Lsn.parse(position)

@@ -143,3 +143,33 @@ def test_a_slot_confirmed_while_idle_is_still_capture_s_own(fresh_db: str, tmp_p
     res = cli("capture", "--config", str(config), "--until-idle", "1")
     assert res.returncode == 0, res.stderr
     assert table_state(tmp_path / "log", TOPIC) == _table(fresh_db)
+
+
+def test_a_slot_an_earlier_capture_confirmed_past_its_manifest_is_accepted(fresh_db: str, tmp_path: Path) -> None:
+    """A log written by a capture that confirmed idle positions before committing them: the
+    status file's confirmed LSN says the slot's later start is capture's own."""
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, note text)")
+        conn.execute("CREATE TABLE noise (id int)")
+        conn.execute("INSERT INTO items SELECT g, 'seed' FROM generate_series(1, 10) g")
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log")
+    config.write_text(config.read_text().replace('include = ["public.*"]', 'include = ["public.items"]'))
+    res = cli("capture", "--config", str(config), "--until-idle", "1")
+    assert res.returncode == 0, res.stderr
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO noise SELECT generate_series(1, 100)")
+        advanced = conn.execute(
+            "SELECT end_lsn::text FROM pg_replication_slot_advance(%s, pg_current_wal_lsn())", (_slot(config),)
+        ).fetchone()[0]  # type: ignore[index]
+        conn.execute("UPDATE items SET note = 'later' WHERE id < 5")
+
+    res = cli("capture", "--config", str(config), "--until-idle", "1")
+    assert res.returncode == 1 and "after the log's position" in res.stderr, res.stderr  # nothing says it is ours
+
+    status_file = tmp_path / "log" / "capture-status.json"
+    doc = orjson.loads(status_file.read_bytes())
+    doc["sources"][0]["confirmed_lsn"] = advanced  # as that capture wrote it after confirming
+    status_file.write_bytes(orjson.dumps(doc))
+    res = cli("capture", "--config", str(config), "--until-idle", "1")
+    assert res.returncode == 0, res.stderr
+    assert table_state(tmp_path / "log", TOPIC) == _table(fresh_db)
