@@ -10,10 +10,10 @@ so capture refuses it (`refusal`) rather than write invalid or wrong text into t
 
 from __future__ import annotations
 
-__all__ = ["python_codec", "refusal"]
+__all__ = ["CODECS", "python_codec", "refusal"]
 
 # PostgreSQL server encodings (https://www.postgresql.org/docs/15/multibyte.html) → Python codecs.
-_CODECS = {
+CODECS = {
     "UTF8": "utf-8",
     "LATIN1": "latin-1",
     "LATIN2": "iso8859-2",
@@ -51,7 +51,7 @@ _CODECS = {
 
 def python_codec(server_encoding: str) -> str | None:
     """The Python codec of a server encoding; None for one capture cannot decode (`refusal`)."""
-    return _CODECS.get(server_encoding.upper())
+    return CODECS.get(server_encoding.upper())
 
 
 def refusal(server_encoding: str, *, database: str) -> str | None:

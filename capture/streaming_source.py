@@ -31,7 +31,9 @@ from tributary.capture import envelope as env
 from tributary.capture import signals, wal2json
 from tributary.capture.catalog import ColumnHistory
 from tributary.capture.chunked import WATERMARK_PREFIX
+from tributary.capture.errors import SourceMisconfigured
 from tributary.capture.insert_template import SPLIT, table_tag, table_tags
+from tributary.capture.lsn import Lsn
 from tributary.capture.offsets import OffsetContext
 from tributary.capture.replication import Keepalive, XLogData
 from tributary.capture.spec import SourceSpec
@@ -136,7 +138,14 @@ class StreamingSource:
         """`handle` for a database whose encoding is not UTF-8: its documents re-encoded as UTF-8."""
         if isinstance(message, XLogData):
             assert self._codec is not None
-            message = XLogData(message.data_start, message.wal_end, message.payload.decode(self._codec).encode())
+            try:
+                text = message.payload.decode(self._codec)
+            except UnicodeDecodeError as exc:  # never written to the log as invalid text
+                raise SourceMisconfigured(
+                    f"source {self.spec.name!r}: a change at {Lsn(message.data_start)} is not valid "
+                    f"{self._codec} text ({exc.reason})"
+                ) from None
+            message = XLogData(message.data_start, message.wal_end, text.encode())
         return StreamingSource.handle(self, message)
 
     def held_run(self) -> tuple[list[bytes], int] | None:
