@@ -79,8 +79,10 @@ def test_a_recreated_slot_is_refused_and_init_does_not_make_one(fresh_db: str, t
     assert table_state(tmp_path / "log", TOPIC) == before, "nothing was streamed from the recreated slot"
 
 
-def test_when_needed_resnapshots_a_recreated_slot(fresh_db: str, tmp_path: Path) -> None:
-    config = _captured_then_slot_dropped_and_changed(fresh_db, tmp_path, extra='snapshot = "when_needed"')
+@pytest.mark.parametrize("method", ["consistent", "chunked"])
+def test_when_needed_resnapshots_a_recreated_slot(fresh_db: str, tmp_path: Path, method: str) -> None:
+    extra = f'snapshot = "when_needed"\nsnapshot_method = "{method}"'
+    config = _captured_then_slot_dropped_and_changed(fresh_db, tmp_path, extra=extra)
     init = cli("init", "--config", str(config))
     assert init.returncode == 0 and "capture re-snapshots" in init.stdout, init.stdout
     _recreate_behind_capture(fresh_db, config)
