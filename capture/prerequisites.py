@@ -163,13 +163,13 @@ def _ensure_slot(conn: psycopg.Connection[Any], spec: SourceSpec, report: Source
         if spec.snapshot == "when_needed":
             report.add(
                 Outcome.WARNING,
-                f"slot {spec.slot} is missing and the log holds this source up to {position}: "
+                f"slot {spec.slot} is missing but capture has a position for this source ({position}): "
                 "capture re-snapshots and creates the slot (snapshot = when_needed)",
             )
         else:
             report.add(
                 Outcome.PROBLEM,
-                f"slot {spec.slot} is missing and the log holds this source up to {position}: "
+                f"slot {spec.slot} is missing but capture has a position for this source ({position}): "
                 f"a new slot would not hold the changes since then; {ways}",
             )
     elif row is None:

@@ -84,22 +84,35 @@ def init(
 
 
 def _log_positions(settings: Settings) -> dict[str, str]:
-    """The sources' committed positions in the log ({} when there is no log yet): `init` must not
-    make a slot that would start after one of them without saying so."""
+    """Each source's position in the log ({} when there is no log yet), or the later position the
+    last capture confirmed to its slot (its status file): `init` must not make a slot that would
+    start after it without saying so."""
     from tributary.capture.log import Log, LogError
+    from tributary.capture.lsn import Lsn
+    from tributary.capture.resume import confirmed_in_status
 
     try:
         options = kafka_options(settings)
         if options is not None:
             from tributary.capture.kafka_read import kafka_positions  # confluent-kafka only when used
 
-            return kafka_positions(options)
-        if not settings.log.root.is_dir():
+            positions = kafka_positions(options)
+        elif not settings.log.root.is_dir():
             return {}
-        with Log.open(settings.log.root) as log:
-            return log.positions()
+        else:
+            with Log.open(settings.log.root) as log:
+                positions = log.positions()
     except LogError:
         return {}
+    confirmed = confirmed_in_status(settings.log.root)
+    out: dict[str, str] = {}
+    for name, text in positions.items():
+        try:
+            lsn = Lsn.parse(text)  # 0/0: a re-snapshot under way, kept as it is
+            out[name] = str(max(lsn, confirmed.get(name, Lsn.ZERO)) if lsn else lsn)
+        except ValueError:  # not a source's position (a snapshot's context)
+            continue
+    return out
 
 
 def _domains(settings: Settings, console: Console) -> None:
