@@ -36,6 +36,7 @@ from tributary.capture.errors import (
 from tributary.capture.kafka_options import KafkaOptions
 from tributary.capture.log import Cleaner, CleanerPolicy, GroupCommitter, Log, LogError, Mark
 from tributary.capture.replication import Keepalive
+from tributary.capture.resume import confirmed_in_status
 from tributary.capture.slot import sql_connection
 from tributary.capture.source import SourceSession, SourceSpec
 from tributary.capture.status import LatencyHistogram, SourceState, write_status
@@ -119,6 +120,11 @@ class CaptureDaemon:
         self._cleaning: Future[object] | None = None  # the compaction running on the cleaner thread
         self.cleaner = self._new_cleaner()
         self.sessions = [SourceSession(spec, self._log_of(spec.name), clock=clock) for spec in specs]
+        confirmed = confirmed_in_status(options.log_root)  # the slot positions the last run confirmed
+        for session in self.sessions:
+            if session.name in confirmed:  # still true until this run confirms: kept in the status
+                session.confirmed_before = confirmed[session.name]
+                session.status.confirmed_lsn = str(confirmed[session.name])
         self.committer = GroupCommitter(linger_ms=options.linger_ms, max_records=options.batch_records)
         self._mark: Mark | None = None  # the log's end at the newest transaction boundary
         self.commit_seconds = LatencyHistogram()  # log commit latency, for /metrics
@@ -172,6 +178,20 @@ class CaptureDaemon:
         for session in self.sessions:
             session.committed()
             self._confirm(session, now)  # step 4: only now
+
+    def _commit_idle(self) -> None:
+        """Idle sources' later positions (capture/offsets.py, step 4) into the manifest, so the
+        slot is confirmed past nothing the manifest lacks; no records, so no mark (the log's end
+        may hold a transaction still open). A commit already due covers them."""
+        idle = [s for s in self.sessions if s.name not in self._retries and s.idle_boundary()]
+        if not idle or self._mark is not None:
+            return
+        positions = {s.name: str(s.boundary) for s in idle}
+        for s in idle:
+            positions.update(s.context_positions())
+        self.log.commit(positions=positions, upto=Mark())
+        for s in idle:
+            s.committed()
 
     def _confirm(self, session: SourceSession, now: float) -> None:
         try:
@@ -340,6 +360,7 @@ class CaptureDaemon:
             if self._mark is not None and self.committer.due(now_ms):
                 self.commit()
             if now - self._last_status >= self.opts.status_interval_s:
+                self._commit_idle()
                 for s in self.sessions:
                     self._confirm(s, now)
                 self._last_status = now

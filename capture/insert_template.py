@@ -150,7 +150,7 @@ def _generic(type_name: str) -> Token:
 
     def token(tok: bytes) -> bytes | None:
         try:
-            value = orjson.loads(tok)
+            value = -0.0 if tok == b"-0" else orjson.loads(tok)  # a float's -0: the sign kept
             return orjson.dumps(value if conv is None else conv(value))
         except (orjson.JSONDecodeError, orjson.JSONEncodeError, ValueError, TypeError):
             return None

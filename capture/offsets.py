@@ -9,9 +9,12 @@ Exactly once across `kill -9` rests on these steps, in this order (the daemon ru
    the daemon takes a log mark. A snapshot's boundary is its slot's consistent point.
 3. **Commit.** `Log.commit` fsyncs the segments up to the mark and atomically replaces the
    manifest, which records each source's boundary; then `committed()` makes it `durable`.
-4. **Confirm.** Only `confirmable()` is sent to the slot: the durable LSN, or — while nothing of
-   ours is appended-but-uncommitted — a later position past which the source sent nothing of ours
-   (a keepalive's end, an empty transaction), so an idle slot does not pin WAL.
+4. **Confirm.** Only `confirmable()`, the durable LSN, is sent to the slot, so the slot never
+   starts later than the manifest's position: a slot that does was made by someone else, and
+   what changed in between is not in it (capture/source.py refuses it). An idle source — nothing
+   of ours appended-but-uncommitted — turns a later position past which the source sent nothing
+   of ours (a keepalive's end, an empty transaction) into a boundary (`idle_boundary`), committed
+   without records, so an idle slot does not pin WAL.
 5. **Skip on restart.** The stream restarts at the durable LSN; a crash between 3 and 4 makes the
    server re-send transactions the log already holds. `begin` tells them apart: a transaction
    that ends at or before `durable` is skipped whole.
@@ -80,6 +83,15 @@ class OffsetContext:
         if not self.in_transaction and wal_end > self.idle_lsn:
             self.idle_lsn = wal_end
 
+    def idle_boundary(self) -> bool:
+        """Nothing of ours is pending and the source is known to have sent nothing of ours up to
+        a later position: make it the boundary (step 4), for the daemon to commit before it
+        confirms; True when it did."""
+        if self.in_transaction or self.boundary is not None or self.idle_lsn <= self.durable:
+            return False
+        self.boundary = self.idle_lsn
+        return True
+
     def committed(self) -> None:
         """The daemon made everything up to `boundary` durable (step 3)."""
         if self.boundary is not None:
@@ -88,8 +100,6 @@ class OffsetContext:
             self.boundary = None
 
     def confirmable(self) -> Lsn:
-        """The LSN the slot may be advanced to (step 4): durable, or further while nothing of ours
-        is pending."""
-        if self.in_transaction or self.boundary is not None:
-            return self.durable
-        return max(self.durable, self.idle_lsn)
+        """The LSN the slot may be advanced to (step 4): what the manifest holds, never further
+        (an idle position is committed first: `idle_boundary`)."""
+        return self.durable

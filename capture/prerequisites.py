@@ -15,6 +15,8 @@ import psycopg
 from psycopg import sql
 
 from tributary.capture.catalog import list_tables, probe_wal2json, server_facts, table_warnings
+from tributary.capture.encodings import refusal
+from tributary.capture.lsn import Lsn
 from tributary.capture.replication import ReplicationConnection, connect_options, translate_connect_error
 from tributary.capture.routing import TableFilter, topic_name
 from tributary.capture.source import SourceSpec
@@ -55,8 +57,11 @@ def check_source(
     replica_identity_full: bool = False,
     allow_without_key: Iterable[str] = (),
     create_slot: bool = True,
+    position: str | None = None,
 ) -> SourceReport:
-    """Check (and where allowed, fix) one source; never raises for a problem it can describe."""
+    """Check (and where allowed, fix) one source; never raises for a problem it can describe.
+    `position`: the source's committed position in the log, if it has one (a slot made now would
+    not hold the changes since then)."""
     report = SourceReport(spec.name)
     try:
         conn = psycopg.connect(spec.dsn, autocommit=True, connect_timeout=10, **connect_options())
@@ -68,12 +73,15 @@ def check_source(
         if report.ok:
             _check_tables(conn, spec, report, replica_identity_full, set(allow_without_key))
         if report.ok and create_slot:
-            _ensure_slot(conn, spec, report)
+            _ensure_slot(conn, spec, report, None if position in (None, str(Lsn.ZERO)) else position)
     return report
 
 
 def _check_server(conn: psycopg.Connection[Any], report: SourceReport) -> None:
     facts = server_facts(conn)
+    encoding = str(conn.info.parameter_status("server_encoding") or "UTF8")
+    if (refused := refusal(encoding, database=str(conn.info.dbname))) is not None:
+        report.add(Outcome.PROBLEM, refused)
     if facts.version_num < 100000:
         report.add(Outcome.PROBLEM, f"PostgreSQL {facts.version_num} is too old (10+ needed, 15+ tested)")
     if facts.wal_level != "logical":
@@ -154,11 +162,28 @@ def _check_tables(
         report.add(Outcome.OK, f"{len(tables)} table(s) to capture, each with a key")
 
 
-def _ensure_slot(conn: psycopg.Connection[Any], spec: SourceSpec, report: SourceReport) -> None:
+def _ensure_slot(conn: psycopg.Connection[Any], spec: SourceSpec, report: SourceReport, position: str | None) -> None:
     row = conn.execute(
-        "SELECT plugin, database, wal_status FROM pg_replication_slots WHERE slot_name = %s", (spec.slot,)
+        "SELECT plugin, database, wal_status, greatest(confirmed_flush_lsn, restart_lsn)::text"
+        " FROM pg_replication_slots WHERE slot_name = %s",
+        (spec.slot,),
     ).fetchone()
-    if row is None:
+    ways = 'set snapshot = "when_needed" to re-snapshot, or capture into a new [log] root'
+    if row is None and position is not None:
+        # A slot made now would start after the log's position: capture must re-snapshot, not stream.
+        if spec.snapshot == "when_needed":
+            report.add(
+                Outcome.WARNING,
+                f"slot {spec.slot} is missing but capture has a position for this source ({position}): "
+                "capture re-snapshots and creates the slot (snapshot = when_needed)",
+            )
+        else:
+            report.add(
+                Outcome.PROBLEM,
+                f"slot {spec.slot} is missing but capture has a position for this source ({position}): "
+                f"a new slot would not hold the changes since then; {ways}",
+            )
+    elif row is None:
         with ReplicationConnection(spec.dsn, label=spec.name) as repl:
             info = repl.create_slot(spec.slot, export_snapshot=False)
         report.add(Outcome.FIXED, f"created replication slot {spec.slot} at {info.consistent_point}")
@@ -171,6 +196,12 @@ def _ensure_slot(conn: psycopg.Connection[Any], spec: SourceSpec, report: Source
         report.add(
             Outcome.PROBLEM,
             f'slot {spec.slot} was invalidated (WAL it needed is gone): drop it, or set snapshot = "when_needed"',
+        )
+    elif position is not None and row[3] and Lsn.parse(row[3]) > Lsn.parse(position):
+        report.add(
+            Outcome.WARNING if spec.snapshot == "when_needed" else Outcome.PROBLEM,
+            f"slot {spec.slot} starts at {row[3]}, after the log's position {position}: it was recreated, and "
+            + ("capture re-snapshots (snapshot = when_needed)" if spec.snapshot == "when_needed" else ways),
         )
     else:
         report.add(Outcome.OK, f"replication slot {spec.slot} exists ({row[2]})")

@@ -21,7 +21,7 @@ from tributary.capture import compiled
 from tributary.capture.errors import SlotInUse, SlotMissing, SourceUnreachable, TransientSourceError
 from tributary.capture.lsn import Lsn
 
-__all__ = ["Keepalive", "ReplicationConnection", "SlotInfo", "XLogData", "connect_options"]
+__all__ = ["Keepalive", "SESSION_SETTINGS", "ReplicationConnection", "SlotInfo", "XLogData", "connect_options"]
 
 _XLOG_HEADER = struct.Struct("!QQQ")
 _KEEPALIVE = struct.Struct("!QQB")
@@ -51,9 +51,25 @@ class SlotInfo:
     snapshot_name: str | None
 
 
+# Every setting that changes how a value prints, pinned in the startup packet of every capture
+# connection, the walsender's included (wal2json prints values with the types' output functions,
+# under the walsender's settings): a startup option outranks `ALTER DATABASE/ROLE … SET`, so the
+# snapshot and the stream print the same datum the same way whatever the database says. Trap 2:
+# timestamps follow TimeZone.
+SESSION_SETTINGS = {
+    "TimeZone": "UTC",
+    "DateStyle": "ISO",
+    "IntervalStyle": "postgres",
+    "extra_float_digits": "3",
+    "bytea_output": "hex",
+    "lc_monetary": "C",
+    "client_encoding": "UTF8",
+}
+
+
 def connect_options() -> dict[str, Any]:
-    """Session settings every capture connection pins (trap 2: timestamps follow TimeZone)."""
-    return {"options": "-c TimeZone=UTC -c DateStyle=ISO -c IntervalStyle=postgres -c extra_float_digits=3"}
+    """Session settings every capture connection pins (`SESSION_SETTINGS`)."""
+    return {"options": " ".join(f"-c {k}={v}" for k, v in SESSION_SETTINGS.items())}
 
 
 def translate_connect_error(exc: psycopg.OperationalError, what: str) -> Exception:

@@ -34,7 +34,7 @@ from tributary.capture.log import Log
 from tributary.capture.lsn import Lsn
 from tributary.capture.status import read_status
 
-__all__ = ["positions_in"]
+__all__ = ["confirmed_in_status", "positions_in"]
 
 
 def _status_sources(root: Path) -> list[dict[str, object]]:
@@ -45,7 +45,10 @@ def _status_sources(root: Path) -> list[dict[str, object]]:
     return [s for s in doc.get("sources") or [] if isinstance(s, dict)]
 
 
-def _from_status(root: Path) -> dict[str, Lsn]:
+def confirmed_in_status(root: Path) -> dict[str, Lsn]:
+    """Each source's `confirmed_lsn` in the status file: what capture last confirmed to its slot
+    (a position the slot may legitimately start at, even past a manifest written by a capture
+    that confirmed idle positions before committing them)."""
     found: dict[str, Lsn] = {}
     for source in _status_sources(root):
         try:
@@ -98,7 +101,7 @@ def _snapshots_pending(root: Path) -> dict[str, str]:
 
 def positions_in(log: Log) -> dict[str, str]:
     """Every source position the log's status file and records show (see the module's doc)."""
-    found = _from_status(log.root)
+    found = confirmed_in_status(log.root)
     for name, lsn in _from_records(log).items():
         found[name] = max(found.get(name, Lsn.ZERO), lsn)
     positions = {name: str(lsn) for name, lsn in found.items()}

@@ -35,11 +35,19 @@ class SlotState:
 
     database: str
     status: str | None
+    start: Lsn = Lsn.ZERO  # the later of its confirmed_flush_lsn and restart_lsn
+    encoding: str = "UTF8"  # the database's (server_encoding): wal2json writes in it
 
     @property
     def usable(self) -> bool:
         """Does the slot still hold every change since its confirmed position?"""
         return self.status is not None and self.status != "lost"
+
+    def starts_after(self, position: Lsn) -> bool:
+        """Does the slot start later than `position`? Capture confirms only what its manifest
+        holds (capture/offsets.py), so its own slot never does: this one was recreated (or
+        advanced) by someone else, and the changes in between are not in it."""
+        return self.usable and self.start > position
 
 
 class Slot:
@@ -56,17 +64,21 @@ class Slot:
         error (capture must not consume someone else's slot)."""
         with sql_connection(self.dsn, label=self.label) as conn:
             database = str(conn.info.dbname)
+            encoding = str(conn.info.parameter_status("server_encoding") or "UTF8")
             row = conn.execute(
-                "SELECT plugin, wal_status, database FROM pg_replication_slots WHERE slot_name = %s", (self.name,)
+                "SELECT plugin, wal_status, database, confirmed_flush_lsn::text, restart_lsn::text"
+                " FROM pg_replication_slots WHERE slot_name = %s",
+                (self.name,),
             ).fetchone()
         if row is None:
-            return SlotState(database, None)
-        plugin, wal_status, slot_database = row
+            return SlotState(database, None, encoding=encoding)
+        plugin, wal_status, slot_database, confirmed, restart = row
         if plugin != "wal2json" or slot_database != database:
             raise SourceMisconfigured(
                 f"source {self.label!r}: slot {self.name!r} exists but is not a wal2json slot of database {database!r}"
             )
-        return SlotState(database, "lost" if wal_status == "lost" else str(wal_status))
+        start = max(Lsn.parse(lsn) if lsn else Lsn.ZERO for lsn in (confirmed, restart))
+        return SlotState(database, "lost" if wal_status == "lost" else str(wal_status), start, encoding)
 
     @contextmanager
     def recreate(self, state: SlotState, *, export_snapshot: bool) -> Iterator[SlotInfo]:

@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tributary.capture import wal2json
+from tributary.capture import encodings, wal2json
 from tributary.capture.chunked import ChunkedSnapshot, SnapshotContext, context_key
-from tributary.capture.errors import SlotLost, SlotMissing
+from tributary.capture.errors import SlotLost, SlotMissing, SourceMisconfigured
 from tributary.capture.log import Log, Mark
 from tributary.capture.lsn import Lsn
 from tributary.capture.offsets import OffsetContext
@@ -55,6 +55,8 @@ class SourceSession:
         self.rate_base = 0  # status.changes at the start of the current rate window (the daemon's)
         self.slot = Slot(spec.dsn, spec.slot, label=spec.name)
         self.chunked: ChunkedSnapshot | None = None  # once open (not for an outbox)
+        # What the previous run confirmed to the slot (its status file): a slot starting there is ours.
+        self.confirmed_before = Lsn.ZERO
         self._requests: list[tuple[list[str], str]] = []  # snapshot requests made before `open`
         self.reset(log_)
 
@@ -99,21 +101,19 @@ class SourceSession:
         if position == str(Lsn.ZERO):  # a re-snapshot that never committed (capture/snapshot_source.py)
             position = None  # snapshot again, whatever the slot now is
         slot = self.slot.inspect()
+        if (refused := encodings.refusal(slot.encoding, database=slot.database)) is not None:
+            raise SourceMisconfigured(f"source {self.spec.name!r}: {refused}")
+        behind = position is not None and slot.starts_after(max(Lsn.parse(position), self.confirmed_before))
         start: Lsn
-        if position is not None and slot.usable:
+        if position is not None and slot.usable and not behind:
             start = Lsn.parse(position)
         elif position is None and self.spec.snapshot == "never" and slot.usable:
             start = Lsn.ZERO  # the server starts at the slot's confirmed_flush_lsn
         elif position is not None and self.spec.snapshot != "when_needed":
-            what = "was invalidated (wal_status = lost)" if slot.status == "lost" else "does not exist"
-            err = SlotLost if slot.status == "lost" else SlotMissing
-            raise err(
-                f"source {self.spec.name!r}: slot {self.spec.slot!r} {what}, so changes since "
-                f'{position} may be gone; set snapshot = "when_needed" to re-snapshot, or recreate it'
-            )
+            raise self._refusal(slot, position)
         else:
             if position is not None:
-                was = slot.status or "missing"
+                was = f"recreated (it starts at {slot.start}, after {position})" if behind else slot.status or "missing"
                 log.warning("source %s: slot %s %s; taking a new snapshot", self.spec.name, self.spec.slot, was)
                 self.status.warnings.append(f"slot {self.spec.slot} was {was}: re-snapshotted")
             start = self._new_slot(slot, on_progress)
@@ -129,6 +129,7 @@ class SourceSession:
             db=slot.database,
             clock=self.clock,
             on_signal=self._on_signal,
+            encoding=encodings.python_codec(slot.encoding),
         )
         with sql_connection(self.spec.dsn, label=self.spec.name) as conn:
             self.status.warnings += self.tables.seed(conn)
@@ -141,6 +142,18 @@ class SourceSession:
             options["add-tables"] += "," + self.spec.signal_table  # its INSERTs are read, as signals
         self.slot.start_streaming(start, options)
         self.status.state = SourceState.STREAMING
+
+    def _refusal(self, slot: SlotState, position: str) -> SlotLost | SlotMissing:
+        """Why the slot cannot continue the log's position, and the two ways out that lose nothing."""
+        name, ways = self.spec.name, 'set snapshot = "when_needed" to re-snapshot, or capture into a new [log] root'
+        if slot.usable:
+            return SlotLost(
+                f"source {name!r}: slot {self.spec.slot!r} starts at {slot.start}, after the log's position "
+                f"{position}: it was recreated, and changes in between are not in it; {ways}"
+            )
+        what = "was invalidated (wal_status = lost)" if slot.status == "lost" else "does not exist"
+        err = SlotLost if slot.status == "lost" else SlotMissing
+        return err(f"source {name!r}: slot {self.spec.slot!r} {what}, so changes since {position} may be gone; {ways}")
 
     def _on_signal(self, signal: SnapshotSignal) -> None:
         """A signal read from the stream (capture/signals.py): re-snapshot those tables. The
@@ -302,6 +315,10 @@ class SourceSession:
         self.offsets.committed()
         if self.chunked is not None:
             self.chunked.dirty = False
+
+    def idle_boundary(self) -> bool:
+        """Make an idle position the boundary for the daemon to commit (capture/offsets.py, step 4)."""
+        return self.offsets.idle_boundary()
 
     def confirm(self, *, now_us: int, reply: bool = False) -> None:
         """Advance the slot to what may be confirmed (capture/offsets.py, step 4)."""

@@ -31,7 +31,9 @@ from tributary.capture import envelope as env
 from tributary.capture import signals, wal2json
 from tributary.capture.catalog import ColumnHistory
 from tributary.capture.chunked import WATERMARK_PREFIX
+from tributary.capture.errors import SourceMisconfigured
 from tributary.capture.insert_template import SPLIT, table_tag, table_tags
+from tributary.capture.lsn import Lsn
 from tributary.capture.offsets import OffsetContext
 from tributary.capture.replication import Keepalive, XLogData
 from tributary.capture.spec import SourceSpec
@@ -62,10 +64,13 @@ class StreamingSource:
         clock: Callable[[], float] = time.time,
         templates: bool = True,
         on_signal: Callable[[signals.SnapshotSignal], None] | None = None,
+        encoding: str | None = None,
     ) -> None:
         """`templates=False` sends every change down the generic path (tests hold the two equal).
         `on_signal`: called with each valid signal where the stream reads it (it may raise
-        ValueError to refuse one: logged as a warning)."""
+        ValueError to refuse one: logged as a warning). `encoding`: the Python codec wal2json
+        writes in (the database's, capture/encodings.py); not UTF-8, each document is decoded
+        from it first and every change takes the generic path."""
         self.spec = spec
         self.on_signal = on_signal
         self.signal_table = tuple(spec.signal_table.split(".", 1)) if spec.signal_table else None
@@ -89,6 +94,10 @@ class StreamingSource:
             tables.catalog = CatalogConnection(lambda: sql_connection(spec.dsn, label=spec.name))
         # An outbox's rows are routed, not enveloped: no templates.
         self.templates = TemplateCache(spec.name, tables.schemas) if templates and spec.router is None else None
+        self._codec = None if encoding in (None, "utf-8") else encoding
+        if self._codec is not None:
+            self.templates = None  # they splice the raw bytes: UTF-8 only
+            self.handle = self._handle_transcoded  # type: ignore[method-assign]
         self.templated = 0  # changes encoded by INSERT templates (the rest took the generic path)
         self.last_tx_changes = 0  # changes in the last transaction closed (the group commit counts them)
         self._hold_inserts = False  # inside a transaction being appended, with templates: INSERTs go to `_run`
@@ -129,6 +138,20 @@ class StreamingSource:
         if self._run:
             self._drain_run()
         return self._apply(payload)
+
+    def _handle_transcoded(self, message: XLogData | Keepalive) -> bool:
+        """`handle` for a database whose encoding is not UTF-8: its documents re-encoded as UTF-8."""
+        if isinstance(message, XLogData):
+            assert self._codec is not None
+            try:
+                text = message.payload.decode(self._codec)
+            except UnicodeDecodeError as exc:  # never written to the log as invalid text
+                raise SourceMisconfigured(
+                    f"source {self.spec.name!r}: a change at {Lsn(message.data_start)} is not valid "
+                    f"{self._codec} text ({exc.reason})"
+                ) from None
+            message = XLogData(message.data_start, message.wal_end, text.encode())
+        return StreamingSource.handle(self, message)
 
     def held_run(self) -> tuple[list[bytes], int] | None:
         """Where the connection may put INSERT documents straight away (`ReplicationConnection.read`

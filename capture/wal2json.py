@@ -120,7 +120,14 @@ def parse_timestamp_ms(text: str) -> int:
     return int(datetime.fromisoformat(text).timestamp() * 1000)
 
 
+_NEG_ZERO = b'"value":-0}'
+_NEG_ZERO_FLOAT = b'"value":-0.0}'
+
+
 def _decode(data: bytes) -> dict[str, Any]:
+    if _NEG_ZERO in data:
+        # A float's -0 (only floats print it): a JSON parser reads the integer 0 and drops the sign.
+        data = data.replace(_NEG_ZERO, _NEG_ZERO_FLOAT)
     if b'"numeric' in data:
         # Keep a fraction's literal text (Decimal would print 1E-30 for 0.000…001).
         return dict(json.loads(data, parse_float=str))

@@ -66,9 +66,13 @@ def init(
                 "no [[sources]] configured: nothing to capture yet (see README, 'Pointing it at your own database')"
             )
         )
+    positions = _log_positions(settings)
     for spec in specs:
         report = check_source(
-            spec, replica_identity_full=replica_identity_full, allow_without_key=allow_without_key or ()
+            spec,
+            replica_identity_full=replica_identity_full,
+            allow_without_key=allow_without_key or (),
+            position=positions.get(spec.name),
         )
         console.print(f"[bold]source {literal(spec.name)}[/] ({len(report.tables)} tables)")
         for finding in report.findings:
@@ -77,6 +81,38 @@ def init(
             failed.append(spec.name)
     if failed:
         raise UserError(f"init: source(s) {', '.join(failed)} cannot be captured until the problems above are fixed")
+
+
+def _log_positions(settings: Settings) -> dict[str, str]:
+    """Each source's position in the log ({} when there is no log yet), or the later position the
+    last capture confirmed to its slot (its status file): `init` must not make a slot that would
+    start after it without saying so."""
+    from tributary.capture.log import Log, LogError
+    from tributary.capture.lsn import Lsn
+    from tributary.capture.resume import confirmed_in_status
+
+    try:
+        options = kafka_options(settings)
+        if options is not None:
+            from tributary.capture.kafka_read import kafka_positions  # confluent-kafka only when used
+
+            positions = kafka_positions(options)
+        elif not settings.log.root.is_dir():
+            return {}
+        else:
+            with Log.open(settings.log.root) as log:
+                positions = log.positions()
+    except LogError:
+        return {}
+    confirmed = confirmed_in_status(settings.log.root)
+    out: dict[str, str] = {}
+    for name, text in positions.items():
+        try:
+            lsn = Lsn.parse(text)  # 0/0: a re-snapshot under way, kept as it is
+            out[name] = str(max(lsn, confirmed.get(name, Lsn.ZERO)) if lsn else lsn)
+        except ValueError:  # not a source's position (a snapshot's context)
+            continue
+    return out
 
 
 def _domains(settings: Settings, console: Console) -> None:

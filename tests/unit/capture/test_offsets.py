@@ -27,9 +27,13 @@ def test_a_boundary_is_confirmed_only_once_committed() -> None:
     assert offsets.confirmable() == 100  # appended, not durable
     offsets.keepalive(Lsn(400))
     assert offsets.confirmable() == 100  # a pending boundary holds the slot back
+    assert not offsets.idle_boundary()  # not while a boundary is pending
     offsets.committed()
     assert (offsets.durable, offsets.boundary) == (150, None)
-    assert offsets.confirmable() == 400  # nothing pending: the keepalive's end
+    assert offsets.confirmable() == 150  # never past what the manifest holds
+    assert offsets.idle_boundary() and offsets.boundary == 400  # nothing pending: the keepalive's end
+    offsets.committed()
+    assert offsets.confirmable() == 400 and not offsets.idle_boundary()
 
 
 def test_transactions_the_log_holds_are_skipped_whole() -> None:
@@ -45,7 +49,7 @@ def test_empty_transactions_advance_the_idle_position_or_the_pending_boundary() 
     offsets = _started(100)
     offsets.begin(Lsn(120))
     assert not offsets.end(Lsn(120), changes=0)  # nothing of ours: no commit forced
-    assert offsets.boundary is None and offsets.confirmable() == 120
+    assert offsets.boundary is None and offsets.idle_lsn == 120 and offsets.confirmable() == 100
     offsets.begin(Lsn(130))
     assert offsets.end(Lsn(130), changes=1)
     offsets.begin(Lsn(140))
@@ -87,7 +91,7 @@ def test_a_new_slot_is_committed_at_its_consistent_point() -> None:
         max_size=40,
     )
 )
-def test_never_confirms_past_what_is_durable_while_anything_is_pending(steps: list[tuple[str, int, int]]) -> None:
+def test_never_confirms_past_what_is_durable(steps: list[tuple[str, int, int]]) -> None:
     offsets = _started(10)
     at = 10
     for kind, step, changes in steps:
@@ -99,9 +103,9 @@ def test_never_confirms_past_what_is_durable_while_anything_is_pending(steps: li
         elif kind == "keepalive":
             offsets.keepalive(Lsn(at))
         else:
+            offsets.idle_boundary()
             pending = offsets.boundary
             offsets.committed()
             assert pending is None or offsets.durable == pending
-        if offsets.boundary is not None:
-            assert offsets.confirmable() == offsets.durable
+        assert offsets.confirmable() == offsets.durable  # never past the manifest
         assert offsets.confirmable() <= at
