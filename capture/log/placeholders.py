@@ -1,0 +1,176 @@
+"""Unchanged-TOAST placeholders in CDC envelopes, pure: which `after` columns hold one, and the
+record with them filled from the key's earlier values.
+
+Capture writes `"__tributary_unavailable__"` for a column an UPDATE did not send (an unchanged
+out-of-line value, `capture/envelope.py`). The value it stands for lives in an older record of
+the key; compaction drops that record, so it carries the value forward into the record it keeps
+(`compaction.py`), and `log cat --compacted` resolves it the same way. A value is rewritten by
+splicing byte ranges: every other byte of it (numerics' exact text, jsonb as captured) is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+__all__ = ["PLACEHOLDER", "Carry", "CarryForward", "fill", "holes", "observe"]
+
+PLACEHOLDER = "__tributary_unavailable__"  # capture.values.UNAVAILABLE (the log imports nothing above it)
+_MARK = b'"' + PLACEHOLDER.encode() + b'"'
+_LITERAL = _MARK.decode()
+_WS = re.compile(r"[ \t\n\r]*")
+_decoder = json.JSONDecoder()
+
+Carry = dict[str, str]
+"""Per key: a column's latest real value, as its JSON text, for the columns being resolved."""
+Spans = dict[str, tuple[int, int]]
+
+
+def _skip(text: str, pos: int) -> int:
+    return _WS.match(text, pos).end()  # type: ignore[union-attr]  # matches the empty string
+
+
+def _members(text: str, pos: int, *, into: str | None = None) -> tuple[Spans, Spans | None, int]:
+    """The object at `pos`: each member's value span, the spans of member `into`'s own members
+    when that is an object (None: no such object), and the end. Raises ValueError if malformed."""
+    if text[pos] != "{":
+        raise ValueError("not an object")
+    spans: Spans = {}
+    inner: Spans | None = None
+    pos = _skip(text, pos + 1)
+    if text[pos] == "}":
+        return spans, inner, pos + 1
+    while True:
+        name, pos = _decoder.raw_decode(text, pos)
+        if not isinstance(name, str):
+            raise ValueError("member name is not a string")
+        pos = _skip(text, pos)
+        if text[pos] != ":":
+            raise ValueError("no colon")
+        start = _skip(text, pos + 1)
+        if name == into and text[start] == "{":
+            inner, _, end = _members(text, start)
+        else:
+            if name == into:
+                inner = None
+            _value, end = _decoder.raw_decode(text, start)
+        spans[name] = (start, end)
+        pos = _skip(text, end)
+        if text[pos] == "}":
+            return spans, inner, pos + 1
+        if text[pos] != ",":
+            raise ValueError("no comma")
+        pos = _skip(text, pos + 1)
+
+
+def _after(value: bytes) -> tuple[str, Spans] | None:
+    """The value as text and the spans of its `after` object's members (None: not an envelope
+    with an `after` object — a tombstone, a delete, an event, a schema record, or not JSON)."""
+    try:
+        text = value.decode()
+        _top, inner, end = _members(text, _skip(text, 0), into="after")
+    except (ValueError, IndexError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None
+    if inner is None or _skip(text, end) != len(text):
+        return None
+    return text, inner
+
+
+def holes(value: bytes | None) -> frozenset[str]:
+    """The columns of an envelope's `after` that hold the placeholder exactly."""
+    if value is None or _MARK not in value:  # the common case: one substring search
+        return frozenset()
+    parsed = _after(value)
+    if parsed is None:
+        return frozenset()
+    text, spans = parsed
+    return frozenset(c for c, (s, e) in spans.items() if text[s:e] == _LITERAL)
+
+
+def observe(carry: Carry, value: bytes | None, columns: frozenset[str]) -> None:
+    """Fold one record of the key (in offset order) into `carry`, for `columns`: a tombstone or
+    a record without a row (a delete) forgets everything — nothing is carried across a delete;
+    a real value (null included) replaces the carried one; a placeholder keeps it; a column the
+    row lacks (dropped by a schema change) is forgotten, so it is never resurrected."""
+    parsed = None if value is None else _after(value)
+    if parsed is None:
+        carry.clear()
+        return
+    text, spans = parsed
+    for c in columns:
+        span = spans.get(c)
+        if span is None:
+            carry.pop(c, None)
+            continue
+        raw = text[span[0] : span[1]]
+        if raw != _LITERAL:
+            carry[c] = raw
+
+
+def fill(value: bytes, carry: Carry, *, pad: bool = False) -> bytes:
+    """`value` with each `after` column that holds the placeholder and has a carried value
+    replaced by it (the same bytes when there is none). `pad` puts one space before the first
+    value filled: the same JSON, one byte longer (see `compaction._rewrite`)."""
+    parsed = _after(value) if _MARK in value else None
+    if parsed is None:
+        return value
+    text, spans = parsed
+    todo = sorted((s, e, carry[c]) for c, (s, e) in spans.items() if c in carry and text[s:e] == _LITERAL)
+    if not todo:
+        return value
+    parts: list[str] = []
+    pos = 0
+    for i, (s, e, raw) in enumerate(todo):
+        parts += [text[pos:s], " " if pad and i == 0 else "", raw]
+        pos = e
+    parts.append(text[pos:])
+    return "".join(parts).encode()
+
+
+class CarryForward:
+    """One compaction pass's carrying of real values into the records it keeps (pure: fed the
+    records, in offset order, by `compaction.compact_partition`).
+
+    First `latest(key, offset, value, previous)` for each record of the dirty section (the pass's
+    key map): it notes which keys' latest records hold placeholders. Then `decide` for each record
+    of the sealed segments being rewritten, oldest first: it folds the key's values (`observe`)
+    and fills the kept record. A key whose latest record lies at or past `sealed_end` (the active
+    segment, which a pass never rewrites) keeps its last sealed record as a *carrier* of the
+    values (filled the same way) until a later pass can fill the latest one; without it the value
+    would be gone before the record that needs it is compactable."""
+
+    def __init__(self, *, clean_end: int, sealed_end: int) -> None:
+        self.clean_end = clean_end
+        self.sealed_end = sealed_end
+        self.wanted: dict[bytes, frozenset[str]] = {}  # key → placeholder columns of its latest record
+        self.last_sealed: dict[bytes, int | None] = {}  # key of a latest record past sealed_end → its last sealed offset
+        self.carry: dict[bytes, Carry] = {}
+
+    def latest(self, key: bytes, offset: int, value: bytes | None, previous: int | None) -> None:
+        """A record of the dirty section, the newest of its key so far (`previous`: the one before
+        it there; None: none since the clean end)."""
+        cols = holes(value)
+        if cols:
+            self.wanted[key] = cols
+        else:
+            self.wanted.pop(key, None)
+        if offset >= self.sealed_end and (previous is None or previous < self.sealed_end):
+            self.last_sealed[key] = previous  # None: its record below the clean end, if any
+
+    def decide(self, offset: int, key: bytes | None, value: bytes | None, keep: bool, latest: int) -> tuple[bool, Carry]:
+        """Whether to keep a sealed record that the compaction rule kept (`keep`) or dropped, and
+        the values to `fill` it with (empty: none). `latest`: the offset of its key's latest record."""
+        cols = None if key is None else self.wanted.get(key)
+        if key is None or cols is None:
+            return keep, {}
+        carry = self.carry.setdefault(key, {})
+        observe(carry, value, cols)
+        if latest >= self.sealed_end:
+            last = self.last_sealed.get(key)
+            if not (offset == last or (last is None and offset < self.clean_end)) or not carry:
+                return False, {}
+            return True, dict(carry)
+        if not keep:
+            return False, {}
+        del self.carry[key]  # the key's last record in this pass
+        return True, carry
