@@ -68,7 +68,10 @@ def init(
         )
     for spec in specs:
         report = check_source(
-            spec, replica_identity_full=replica_identity_full, allow_without_key=allow_without_key or ()
+            spec,
+            replica_identity_full=replica_identity_full,
+            allow_without_key=allow_without_key or (),
+            kafka=settings.log.backend == "kafka" and spec.router is None,  # an outbox carries events
         )
         console.print(f"[bold]source {literal(spec.name)}[/] ({len(report.tables)} tables)")
         for finding in report.findings:

@@ -206,13 +206,14 @@ def latest_per_key(records: Iterable[Record]) -> list[Record]:
         if r.key is None:
             keyless.append(r)
             continue
-        previous = latest.get((r.partition, r.key))
+        at = (r.partition, r.key)
+        previous = latest.get(at)
         cols = holes(r.value)
         if cols and previous is not None and r.value is not None:
             carry: Carry = {}
             observe(carry, previous.value, cols)  # `previous` is resolved already: the fold so far
             r = replace(r, value=fill(r.value, carry))
-        latest[(r.partition, r.key)] = r
+        latest[at] = r
     kept = [r for r in latest.values() if r.value is not None] + keyless
     return sorted(kept, key=lambda r: (r.timestamp, r.partition, r.offset))
 

@@ -143,7 +143,7 @@ class CarryForward:
         self.clean_end = clean_end
         self.sealed_end = sealed_end
         self.wanted: dict[bytes, frozenset[str]] = {}  # key → placeholder columns of its latest record
-        self.last_sealed: dict[bytes, int | None] = {}  # key of a latest record past sealed_end → its last sealed offset
+        self.last_sealed: dict[bytes, int | None] = {}  # key whose latest is unsealed → last sealed offset
         self.carry: dict[bytes, Carry] = {}
 
     def latest(self, key: bytes, offset: int, value: bytes | None, previous: int | None) -> None:
@@ -157,7 +157,9 @@ class CarryForward:
         if offset >= self.sealed_end and (previous is None or previous < self.sealed_end):
             self.last_sealed[key] = previous  # None: its record below the clean end, if any
 
-    def decide(self, offset: int, key: bytes | None, value: bytes | None, keep: bool, latest: int) -> tuple[bool, Carry]:
+    def decide(
+        self, offset: int, key: bytes | None, value: bytes | None, keep: bool, latest: int
+    ) -> tuple[bool, Carry]:
         """Whether to keep a sealed record that the compaction rule kept (`keep`) or dropped, and
         the values to `fill` it with (empty: none). `latest`: the offset of its key's latest record."""
         cols = None if key is None else self.wanted.get(key)

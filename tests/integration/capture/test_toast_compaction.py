@@ -137,3 +137,25 @@ def test_unchanged_toast_value_survives_background_compaction(fresh_db: str, tmp
         copies = [pq.read_table(p).to_pylist() for p in pdir.glob("*.parquet")]
         rows = [row for table in copies for row in table if row["offset"] == r.offset]
         assert len(rows) == 1 and orjson.loads(rows[0]["value"])["after"] == want[r.key]
+
+
+def test_init_on_kafka_warns_about_tables_whose_unchanged_values_compaction_can_lose(fresh_db: str) -> None:
+    from tributary.capture.prerequisites import Outcome, check_source
+    from tributary.capture.spec import SourceSpec
+
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE doc (id int PRIMARY KEY, n int, body text)")
+        conn.execute("CREATE TABLE full_doc (id int PRIMARY KEY, body jsonb)")
+        conn.execute("ALTER TABLE full_doc REPLICA IDENTITY FULL")
+        conn.execute("CREATE TABLE counts (id text PRIMARY KEY, n bigint, at timestamptz)")  # nothing TOAST-able
+    spec = SourceSpec("shop", fresh_db, "slot_toast_init", ("public.*",), (), "initial", 1)
+    warned = [
+        f.message
+        for kafka in (False, True)
+        for f in check_source(spec, create_slot=False, kafka=kafka).findings
+        if f.outcome is Outcome.WARNING
+    ]
+    assert warned == [
+        'on Kafka, compaction can leave an unchanged large value only as "__tributary_unavailable__" in '
+        "public.doc: set REPLICA IDENTITY FULL on them to capture it whole (docs/kafka.md)"
+    ]
