@@ -30,7 +30,6 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -38,9 +37,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tributary.capture.log import _fileio
-from tributary.capture.log.codec import peek_offset
 from tributary.capture.log.reader import open_segment
-from tributary.capture.log.segment import SegmentRef, iter_records, log_path, parquet_path, starts_at
+from tributary.capture.log.segment import SegmentRef, claims_below, iter_records, log_path, parquet_path, starts_at
 from tributary.capture.log.types import Split, segment_base
 
 __all__ = [
@@ -257,19 +255,11 @@ def read_split_columns(split: Split, lo: int, hi: int) -> pa.Table | None:
         table = decode_lines(data)
         if table is None or table["offset"][0].as_py() != split.first_offset:
             return None
-        if table["offset"][-1].as_py() + 1 < hi and _continues_below(f, split.end_byte, hi):
+        if table["offset"][-1].as_py() + 1 < hi and claims_below(f, split.end_byte, hi):
             return None  # rewritten since planning with a record grown (compaction filled it)
     off = table["offset"].to_numpy()
     a, b = np.searchsorted(off, max(lo, split.first_offset)), np.searchsorted(off, hi)
     return table.slice(a, b - a)
-
-
-def _continues_below(f: BinaryIO, pos: int, hi: int) -> bool:
-    """The line at byte `pos` of the open file claims an offset below `hi`: the planned byte range
-    no longer holds all of its offsets (a sealed segment rewritten with a record grown). An
-    unreadable head — the end of the file, or an append under way — claims nothing."""
-    off = peek_offset(os.pread(f.fileno(), 40, pos))
-    return off is not None and off < hi
 
 
 # -- tail copies: the committed prefix of a partition's active segment ---------------------------

@@ -260,13 +260,12 @@ def test_a_rewritten_segment_never_keeps_its_size_so_an_old_parquet_copy_looks_s
         assert [(r["offset"], orjson.loads(r["value"])["after"]["a"]) for r in rows] == [(1, "v" * n)]
 
 
-def test_a_split_planned_before_a_record_grew_still_reads_every_offset_of_its_range(tmp_path: Path) -> None:
-    from tributary.capture.log import read_split, read_split_columns
-
+def _grown_layout() -> list[tuple[bytes, bytes, int]]:
+    """Records (key, value, ts; one segment per ts) where compaction fills K's record in the
+    segment at ts 100 and drops the one after it, so that the filled record ends exactly where
+    the segment's old bytes up to offset 4 ended: offset 4 now lies beyond them."""
     a, x, z, y = (canonical_json({"id": i}) for i in (5, 7, 9, 8))
     kept = envelope({"id": 1, "a": PH})
-    head = _line(1, a, envelope({"id": 5}), 100)
-    # sized so that, rewritten, the split's old byte range ends exactly after the filled record
     n, pad = next(
         (n, pad)
         for n in range(40, 600)
@@ -276,23 +275,43 @@ def test_a_split_planned_before_a_record_grew_still_reads_every_offset_of_its_ra
         + _line(3, x, envelope({"id": 7, "pad": "p" * pad}), 100)
         + _line(4, z, envelope({"id": 9}), 100)
     )
-    records = [
+    return [
         (K, envelope({"id": 1, "a": "v" * n}), 0),  # segment 0: the value, dropped
         (a, envelope({"id": 5}), 100),  # segment 1: kept as it is
         (K, kept, 100),  # kept and filled
         (x, envelope({"id": 7, "pad": "p" * pad}), 100),  # dropped
-        (z, envelope({"id": 9}), 100),  # kept, beyond the old byte range once K's record grew
+        (z, envelope({"id": 9}), 100),  # kept, beyond the old bytes once K's record grew
         (x, envelope({"id": 7}), 200),  # segment 2
         (y, envelope({"id": 8}), 300),  # the active segment
     ]
+
+
+def test_a_split_planned_before_a_record_grew_still_reads_every_offset_of_its_range(tmp_path: Path) -> None:
+    from tributary.capture.log import read_split, read_split_columns
+
     with Log.open(tmp_path / "log", writer=True, segment_ms=10) as log:
         log.create_topic("c", TopicConfig(partitions=1, policy="compact"))
-        for key, value, ts in records:
+        for key, value, ts in _grown_layout():
             log.append("c", 0, [(key, value, ts, None)])
         log.commit()
         split = next(s for s in log.splits("c") if s.first_offset == 1)
-        assert head > 0 and split.end_offset == 5
+        assert split.end_offset == 5
         log.compact(now_ms=1_000)
     assert [r.offset for r in read_split(split)] == [1, 2, 4]
     table = read_split_columns(split, 0, 1 << 40)
     assert table is None or table["offset"].to_pylist() == [1, 2, 4]
+
+
+def test_a_reader_that_took_a_since_grown_segment_for_the_active_one_reads_all_of_it(tmp_path: Path) -> None:
+    records = _grown_layout()
+    with Log.open(tmp_path / "log", writer=True, segment_ms=10) as log:
+        log.create_topic("c", TopicConfig(partitions=1, policy="compact"))
+        for key, value, ts in records[:5]:
+            log.append("c", 0, [(key, value, ts, None)])
+        log.commit()
+        with Log.open(tmp_path / "log") as reader:  # its manifest: segment 1 active, offsets < 5
+            for key, value, ts in records[5:]:
+                log.append("c", 0, [(key, value, ts, None)])
+            log.commit()
+            log.compact(now_ms=1_000)
+            assert [r.offset for r in reader.read("c", 0)] == [1, 2, 4]
