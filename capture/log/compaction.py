@@ -118,12 +118,13 @@ def compact_partition(
                 size += len(line) + 1
                 covered = since(off)
                 keep = keep_record(off, ts, key, value is None, latest, now_ms, retention, covered)
-                keep, carry = carrying.decide(off, key, value, keep, -1 if key is None else latest.get(key, off))
+                if key is not None and key in carrying.wanted:  # its latest record holds placeholders
+                    keep, carry = carrying.decide(off, key, value, keep, latest[key])
+                    if keep and carry and (filled := _filled_line(record, carry)) is not None:
+                        line = filled
+                        first_filled = first_filled or (len(kept), record, carry)
                 if not keep:
                     continue
-                if carry and value is not None and (filled := _filled_line(record, carry)) is not None:
-                    line = filled
-                    first_filled = first_filled or (len(kept), record, carry)
                 kept.append((off, ts, line))
                 if value is None and key is not None:
                     ready = max(ts, now_ms if covered is None else covered) + retention

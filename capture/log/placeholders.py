@@ -157,13 +157,12 @@ class CarryForward:
         if offset >= self.sealed_end and (previous is None or previous < self.sealed_end):
             self.last_sealed[key] = previous  # None: its record below the clean end, if any
 
-    def decide(
-        self, offset: int, key: bytes | None, value: bytes | None, keep: bool, latest: int
-    ) -> tuple[bool, Carry]:
+    def decide(self, offset: int, key: bytes, value: bytes | None, keep: bool, latest: int) -> tuple[bool, Carry]:
         """Whether to keep a sealed record that the compaction rule kept (`keep`) or dropped, and
-        the values to `fill` it with (empty: none). `latest`: the offset of its key's latest record."""
-        cols = None if key is None else self.wanted.get(key)
-        if key is None or cols is None:
+        the values to `fill` it with (empty: none). `latest`: the offset of its key's latest record.
+        Only keys in `wanted` need asking: the others' records are left to the rule."""
+        cols = self.wanted.get(key)
+        if cols is None:
             return keep, {}
         carry = self.carry.setdefault(key, {})
         observe(carry, value, cols)
