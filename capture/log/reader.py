@@ -93,7 +93,7 @@ def read_partition(
                     return  # do not even decode what lies beyond the range
             if limit is not None and claims_below(f, limit, end):
                 raise ref.corrupt(
-                    f"segment rewritten since the manifest was read: offset {start}.. lie past byte {limit}", start
+                    f"segment rewritten since the manifest was read: offsets from {start} lie past byte {limit}", start
                 )
 
 
