@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
+
+import orjson
 
 __all__ = ["PLACEHOLDER", "Carry", "CarryForward", "fill", "holes", "observe"]
 
@@ -19,14 +22,18 @@ PLACEHOLDER = "__tributary_unavailable__"  # capture.values.UNAVAILABLE (the log
 _MARK = b'"' + PLACEHOLDER.encode() + b'"'
 _LITERAL = _MARK.decode()
 _WS = re.compile(r"[ \t\n\r]*")
+_WS_CHARS = frozenset(" \t\n\r")
 _decoder = json.JSONDecoder()
 
-Carry = dict[str, str]
-"""Per key: a column's latest real value, as its JSON text, for the columns being resolved."""
+Carry = dict[str, bytes]
+"""Per key and column being resolved: the value (envelope) of the latest record holding a real
+value there; its JSON text is copied out when a record is filled."""
 Spans = dict[str, tuple[int, int]]
 
 
 def _skip(text: str, pos: int) -> int:
+    if text[pos : pos + 1] not in _WS_CHARS:  # compact JSON (what capture writes): no regex
+        return pos
     return _WS.match(text, pos).end()  # type: ignore[union-attr]  # matches the empty string
 
 
@@ -76,15 +83,27 @@ def _after(value: bytes) -> tuple[str, Spans] | None:
     return text, inner
 
 
+def _row(value: bytes) -> dict[str, Any] | None:
+    """An envelope's `after` object decoded (None: not an envelope with one). Only whether a
+    column is there and holds the placeholder is read from it; bytes are copied from `_after`."""
+    try:
+        doc = orjson.loads(value)
+    except orjson.JSONDecodeError:  # JSON orjson refuses (a number beyond a double): scan it
+        parsed = _after(value)
+        if parsed is None:
+            return None
+        text, spans = parsed
+        return {c: PLACEHOLDER if text[s:e] == _LITERAL else text[s:e] for c, (s, e) in spans.items()}
+    after = doc.get("after") if isinstance(doc, dict) else None
+    return after if isinstance(after, dict) else None
+
+
 def holes(value: bytes | None) -> frozenset[str]:
     """The columns of an envelope's `after` that hold the placeholder exactly."""
     if value is None or _MARK not in value:  # the common case: one substring search
         return frozenset()
-    parsed = _after(value)
-    if parsed is None:
-        return frozenset()
-    text, spans = parsed
-    return frozenset(c for c, (s, e) in spans.items() if text[s:e] == _LITERAL)
+    row = _row(value)
+    return frozenset() if row is None else frozenset(c for c, v in row.items() if v == PLACEHOLDER)
 
 
 def observe(carry: Carry, value: bytes | None, columns: frozenset[str]) -> None:
@@ -92,19 +111,25 @@ def observe(carry: Carry, value: bytes | None, columns: frozenset[str]) -> None:
     a record without a row (a delete) forgets everything — nothing is carried across a delete;
     a real value (null included) replaces the carried one; a placeholder keeps it; a column the
     row lacks (dropped by a schema change) is forgotten, so it is never resurrected."""
-    parsed = None if value is None else _after(value)
-    if parsed is None:
+    row = None if value is None else _row(value)
+    if value is None or row is None:
         carry.clear()
         return
-    text, spans = parsed
     for c in columns:
-        span = spans.get(c)
-        if span is None:
+        if c not in row:
             carry.pop(c, None)
-            continue
-        raw = text[span[0] : span[1]]
-        if raw != _LITERAL:
-            carry[c] = raw
+        elif row[c] != PLACEHOLDER:
+            carry[c] = value
+
+
+def _raw(value: bytes, column: str) -> str | None:
+    """The JSON text of `after[column]` in an envelope, exactly as written."""
+    parsed = _after(value)
+    if parsed is None or column not in parsed[1]:
+        return None
+    text, spans = parsed
+    s, e = spans[column]
+    return text[s:e]
 
 
 def fill(value: bytes, carry: Carry, *, pad: bool = False) -> bytes:
@@ -115,7 +140,8 @@ def fill(value: bytes, carry: Carry, *, pad: bool = False) -> bytes:
     if parsed is None:
         return value
     text, spans = parsed
-    todo = sorted((s, e, carry[c]) for c, (s, e) in spans.items() if c in carry and text[s:e] == _LITERAL)
+    found = ((s, e, _raw(carry[c], c)) for c, (s, e) in spans.items() if c in carry and text[s:e] == _LITERAL)
+    todo = sorted((s, e, raw) for s, e, raw in found if raw is not None)
     if not todo:
         return value
     parts: list[str] = []

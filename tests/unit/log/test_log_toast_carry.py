@@ -54,9 +54,10 @@ def test_fill_splices_the_value_and_keeps_every_other_byte() -> None:
         b'{"before":null,"after":{"id":1,"num":"12345678901234567890.120","j":{"x":1.10,"y":[1e400]},'
         b'"a": "' + PH.encode() + b'","z":"\\u00e9"},"source":{},"op":"u","ts_ms":5}'
     )
-    carry: dict[str, str] = {}
-    observe(carry, b'{"after":{"a":"big \\"value\\" \xc3\xa9","j":{"x":1.10}},"op":"r"}', holes(raw))
-    assert carry == {"a": '"big \\"value\\" \u00e9"'}
+    carry: dict[str, bytes] = {}
+    source = b'{"after":{"a":"big \\"value\\" \xc3\xa9","j":{"x":1.10}},"op":"r"}'
+    observe(carry, source, holes(raw))
+    assert carry == {"a": source}
     out = fill(raw, carry)
     assert out == raw.replace(b'"' + PH.encode() + b'"', b'"big \\"value\\" \xc3\xa9"')
     assert fill(raw, carry, pad=True) == out.replace(b'"a": "big', b'"a":  "big')
@@ -65,10 +66,10 @@ def test_fill_splices_the_value_and_keeps_every_other_byte() -> None:
 
 def test_observe_resets_on_deletes_and_tombstones_and_never_resurrects_a_dropped_column() -> None:
     cols = frozenset({"a"})
-    carry: dict[str, str] = {}
+    carry: dict[str, bytes] = {}
     observe(carry, envelope({"a": "v1"}), cols)
     observe(carry, envelope({"a": PH}), cols)
-    assert carry == {"a": '"v1"'}
+    assert carry == {"a": envelope({"a": "v1"})}
     observe(carry, envelope({"b": 1}), cols)  # the column was dropped
     assert carry == {}
     observe(carry, envelope({"a": "v2"}), cols)
@@ -78,7 +79,12 @@ def test_observe_resets_on_deletes_and_tombstones_and_never_resurrects_a_dropped
     observe(carry, None, cols)
     assert carry == {}
     observe(carry, envelope({"a": None}), cols)  # a real null, as the row had it
-    assert carry == {"a": "null"}
+    assert carry == {"a": envelope({"a": None})}
+    assert fill(envelope({"a": PH}), carry) == envelope({"a": None})
+    huge = b'{"after":{"a":1e400,"b":"' + PH.encode() + b'"}}'  # beyond a double: still read
+    assert holes(huge) == {"b"} and fill(huge, {"b": huge.replace(b'"' + PH.encode() + b'"', b"[2e999]")}) == (
+        b'{"after":{"a":1e400,"b":[2e999]}}'
+    )
 
 
 # -- the law, on real files ---------------------------------------------------------------------------
@@ -232,7 +238,7 @@ def test_a_rewritten_segment_never_keeps_its_size_so_an_old_parquet_copy_looks_s
         (n, pad)
         for n in range(40, 400)
         for pad in range(0, 40)
-        if _line(1, K, fill(kept, {"a": '"' + "v" * n + '"'}), 100)
+        if _line(1, K, fill(kept, {"a": envelope({"a": "v" * n})}), 100)
         == _line(1, K, kept, 100) + _line(2, x, envelope({"id": 7, "pad": "p" * pad}), 100)
     )
     records = [
@@ -269,7 +275,7 @@ def _grown_layout() -> list[tuple[bytes, bytes, int]]:
         (n, pad)
         for n in range(40, 600)
         for pad in range(0, 40)
-        if _line(2, K, fill(kept, {"a": '"' + "v" * n + '"'}), 100)
+        if _line(2, K, fill(kept, {"a": envelope({"a": "v" * n})}), 100)
         == _line(2, K, kept, 100)
         + _line(3, x, envelope({"id": 7, "pad": "p" * pad}), 100)
         + _line(4, z, envelope({"id": 9}), 100)
