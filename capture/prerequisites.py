@@ -16,6 +16,7 @@ from psycopg import sql
 
 from tributary.capture.catalog import list_tables, probe_wal2json, server_facts, table_warnings
 from tributary.capture.encodings import refusal
+from tributary.capture.envelope import toastable
 from tributary.capture.lsn import Lsn
 from tributary.capture.replication import ReplicationConnection, connect_options, translate_connect_error
 from tributary.capture.routing import TableFilter, topic_name
@@ -58,10 +59,12 @@ def check_source(
     allow_without_key: Iterable[str] = (),
     create_slot: bool = True,
     position: str | None = None,
+    kafka: bool = False,
 ) -> SourceReport:
     """Check (and where allowed, fix) one source; never raises for a problem it can describe.
     `position`: the source's committed position in the log, if it has one (a slot made now would
-    not hold the changes since then)."""
+    not hold the changes since then). `kafka`: the log is Kafka's, whose compaction cannot carry
+    unchanged TOAST values forward."""
     report = SourceReport(spec.name)
     try:
         conn = psycopg.connect(spec.dsn, autocommit=True, connect_timeout=10, **connect_options())
@@ -72,6 +75,8 @@ def check_source(
         _check_server(conn, report)
         if report.ok:
             _check_tables(conn, spec, report, replica_identity_full, set(allow_without_key))
+            if kafka:
+                _check_toast_on_kafka(conn, spec, report)
         if report.ok and create_slot:
             _ensure_slot(conn, spec, report, None if position in (None, str(Lsn.ZERO)) else position)
     return report
@@ -160,6 +165,25 @@ def _check_tables(
         f.outcome is not Outcome.OK and f.message.startswith(t.qualified) for t in tables for f in report.findings
     ):
         report.add(Outcome.OK, f"{len(tables)} table(s) to capture, each with a key")
+
+
+def _check_toast_on_kafka(conn: psycopg.Connection[Any], spec: SourceSpec, report: SourceReport) -> None:
+    """Warn about tables whose UPDATEs may omit an unchanged TOASTed value: on Kafka, broker
+    compaction removes the record that held it, so only REPLICA IDENTITY FULL keeps it whole."""
+    names = [
+        t.qualified
+        for t in list_tables(
+            conn, TableFilter(spec.include, spec.exclude).matches, leaves=spec.partitioned_tables == "leaves"
+        )
+        if t.replica_identity != "f" and any(toastable(c.type) for c in t.columns if c.name not in t.identity_columns)
+    ]
+    if names:
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        report.add(
+            Outcome.WARNING,
+            f'on Kafka, compaction can leave an unchanged large value only as "__tributary_unavailable__" '
+            f"in {shown}: set REPLICA IDENTITY FULL on them to capture it whole (docs/kafka.md)",
+        )
 
 
 def _ensure_slot(conn: psycopg.Connection[Any], spec: SourceSpec, report: SourceReport, position: str | None) -> None:

@@ -73,6 +73,7 @@ def init(
             replica_identity_full=replica_identity_full,
             allow_without_key=allow_without_key or (),
             position=positions.get(spec.name),
+            kafka=settings.log.backend == "kafka" and spec.router is None,  # an outbox carries events
         )
         console.print(f"[bold]source {literal(spec.name)}[/] ({len(report.tables)} tables)")
         for finding in report.findings:

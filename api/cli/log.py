@@ -113,7 +113,9 @@ def cat_cmd(
     partition: Annotated[int | None, typer.Option("--partition", "-p", help="Only this partition.")] = None,
     from_offset: Annotated[int, typer.Option("--from", help="Start at this offset (per partition).")] = 0,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new commits until Ctrl-C.")] = False,
-    compacted: Annotated[bool, typer.Option("--compacted", help="Only the latest record per key.")] = False,
+    compacted: Annotated[
+        bool, typer.Option("--compacted", help="Only the latest record per key, TOAST placeholders filled.")
+    ] = False,
     root: RootOption = None,
     config: ConfigOption = None,
 ) -> None:

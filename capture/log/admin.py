@@ -12,6 +12,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -19,6 +20,7 @@ from tributary.capture.log.cleaner import read_checkpoint
 from tributary.capture.log.errors import LogError, LogLockedError
 from tributary.capture.log.log import Log
 from tributary.capture.log.manifest import PartitionState
+from tributary.capture.log.placeholders import Carry, fill, holes, observe
 from tributary.capture.log.reader import committed_segments, open_segment, partition_dir
 from tributary.capture.log.segment import log_path
 from tributary.capture.log.types import CompactionStats, Problem, Record
@@ -195,14 +197,23 @@ def _merged(parts: Iterable[Iterator[Record]]) -> Iterator[Record]:
 
 
 def latest_per_key(records: Iterable[Record]) -> list[Record]:
-    """The table view: the latest record per key (keys whose latest is a tombstone are gone)."""
+    """The table view: the latest record per key (keys whose latest is a tombstone are gone),
+    its unchanged-TOAST placeholders filled from the key's earlier records as compaction does,
+    so the view is the same before and after a compaction."""
     latest: dict[tuple[int, bytes], Record] = {}
     keyless: list[Record] = []
     for r in records:
         if r.key is None:
             keyless.append(r)
-        else:
-            latest[(r.partition, r.key)] = r
+            continue
+        at = (r.partition, r.key)
+        previous = latest.get(at)
+        cols = holes(r.value)
+        if cols and previous is not None and r.value is not None:
+            carry: Carry = {}
+            observe(carry, previous.value, cols)  # `previous` is resolved already: the fold so far
+            r = replace(r, value=fill(r.value, carry))
+        latest[at] = r
     kept = [r for r in latest.values() if r.value is not None] + keyless
     return sorted(kept, key=lambda r: (r.timestamp, r.partition, r.offset))
 

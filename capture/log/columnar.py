@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 
 from tributary.capture.log import _fileio
 from tributary.capture.log.reader import open_segment
-from tributary.capture.log.segment import SegmentRef, iter_records, log_path, parquet_path, starts_at
+from tributary.capture.log.segment import SegmentRef, claims_below, iter_records, log_path, parquet_path, starts_at
 from tributary.capture.log.types import Split, segment_base
 
 __all__ = [
@@ -243,18 +243,20 @@ def read_split_columns(split: Split, lo: int, hi: int) -> pa.Table | None:
     f = open_segment(Path(split.path))
     if f is None:
         return None
+    if split.end_offset is not None:
+        hi = min(hi, split.end_offset)
     with f:
         size = split.end_byte - split.start_byte
         if size <= 0 or not starts_at(f, split.start_byte, split.first_offset):
             return None
         data = os.pread(f.fileno(), size, split.start_byte)
-    if len(data) != size:
-        return None
-    table = decode_lines(data)
-    if table is None or table["offset"][0].as_py() != split.first_offset:
-        return None
-    if split.end_offset is not None:
-        hi = min(hi, split.end_offset)
+        if len(data) != size:
+            return None
+        table = decode_lines(data)
+        if table is None or table["offset"][0].as_py() != split.first_offset:
+            return None
+        if table["offset"][-1].as_py() + 1 < hi and claims_below(f, split.end_byte, hi):
+            return None  # rewritten since planning with a record grown (compaction filled it)
     off = table["offset"].to_numpy()
     a, b = np.searchsorted(off, max(lo, split.first_offset)), np.searchsorted(off, hi)
     return table.slice(a, b - a)

@@ -12,9 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tributary.capture.log import _fileio
-from tributary.capture.log.codec import BadLine, decode_line
+from tributary.capture.log.codec import BadLine, Decoded, decode_line, encode_batch
 from tributary.capture.log.index import pack_offsets, pack_times
 from tributary.capture.log.manifest import PartitionState
+from tributary.capture.log.placeholders import Carry, CarryForward, fill
 from tributary.capture.log.reader import committed_segments, open_segment, partition_dir, read_partition
 from tributary.capture.log.segment import (
     SegmentRef,
@@ -81,7 +82,11 @@ def compact_partition(
     dropped only once it has stood alone for the retention, so a reader that saw an older value
     and reaches the tombstone within `delete_retention_ms` always sees it. Parquet copies of the
     segments rewritten or removed are left in place (a stale copy still holds valid records of
-    the old version, which a running reader may be using) and appended to `superseded`."""
+    the old version, which a running reader may be using) and appended to `superseded`.
+
+    A kept record whose `after` holds unchanged-TOAST placeholders gets the values that the
+    records dropped before it held (`placeholders.CarryForward`): its value is rewritten, its
+    offset stays, and a placeholder never outlives the value it stands for."""
     retention = cfg.delete_retention_ms if delete_retention_ms is None else delete_retention_ms
     since = covered_since or (lambda _offset: -(1 << 62))
     pdir = partition_dir(root, topic, partition)
@@ -89,13 +94,16 @@ def compact_partition(
     if not sealed:
         return None
     latest: dict[bytes, int] = {}
+    carrying = CarryForward(clean_end=clean_end, sealed_end=state.segment)
     for rec in read_partition(root, topic, partition, state, clean_end, state.end):
         if rec.key is not None:
+            carrying.latest(rec.key, rec.offset, rec.value, latest.get(rec.key))
             latest[rec.key] = rec.offset
     due: int | None = None
     for base in sealed:
         ref = SegmentRef(topic, partition, pdir, base)
         kept: list[tuple[int, int, bytes]] = []
+        first_filled: tuple[int, Decoded, Carry] | None = None  # padded if the size comes out the same
         before = size = 0
         f = open_segment(log_path(pdir, base))
         if f is None:
@@ -103,20 +111,27 @@ def compact_partition(
         with f:  # streamed: a 128 MiB segment is never held whole, only what it keeps
             for pos, line in iter_lines(log_path(pdir, base), file=f):
                 try:
-                    off, ts, key, value, _h = decode_line(line)
+                    record = off, ts, key, value, _h = decode_line(line)
                 except BadLine as exc:
                     raise ref.corrupt(f"{exc} (at byte {pos}); compaction stopped", exc.offset) from None
                 before += 1
                 size += len(line) + 1
                 covered = since(off)
-                if keep_record(off, ts, key, value is None, latest, now_ms, retention, covered):
-                    kept.append((off, ts, line))
-                    if value is None and key is not None:
-                        ready = max(ts, now_ms if covered is None else covered) + retention
-                        due = ready if due is None else min(due, ready)
+                keep = keep_record(off, ts, key, value is None, latest, now_ms, retention, covered)
+                if key is not None and key in carrying.wanted:  # its latest record holds placeholders
+                    keep, carry = carrying.decide(off, key, value, keep, latest[key])
+                    if keep and carry and (filled := _filled_line(record, carry)) is not None:
+                        line = filled
+                        first_filled = first_filled or (len(kept), record, carry)
+                if not keep:
+                    continue
+                kept.append((off, ts, line))
+                if value is None and key is not None:
+                    ready = max(ts, now_ms if covered is None else covered) + retention
+                    due = ready if due is None else min(due, ready)
         stats.records_before += before
         stats.bytes_before += size
-        if len(kept) == before:
+        if len(kept) == before and first_filled is None:
             stats.records_after += before
             stats.bytes_after += size
             continue
@@ -126,11 +141,27 @@ def compact_partition(
             remove_segments(pdir, [base], parquet=superseded is None)
             stats.segments_deleted += 1
             continue
+        if first_filled is not None and sum(len(line) + 1 for _o, _t, line in kept) == size:
+            # never the old size: a Parquet copy made from the old bytes must look stale
+            i, record, carry = first_filled
+            kept[i] = (kept[i][0], kept[i][1], _filled_line(record, carry, pad=True) or kept[i][2])
         data = _rewrite(ref, kept, interval, parquet=superseded is None)
         stats.segments_rewritten += 1
         stats.records_after += len(kept)
         stats.bytes_after += data
     return due
+
+
+def _filled_line(record: Decoded, carry: Carry, *, pad: bool = False) -> bytes | None:
+    """The record's line (no newline) with its placeholders filled from `carry`; None if none was."""
+    off, ts, key, value, headers = record
+    if value is None:
+        return None
+    filled = fill(value, carry, pad=pad)
+    if filled is value:
+        return None
+    data, _sizes, _ts = encode_batch(off, [(key, filled, ts, headers)])
+    return data[:-1]
 
 
 def _rewrite(ref: SegmentRef, kept: list[tuple[int, int, bytes]], interval: int, *, parquet: bool = True) -> int:

@@ -12,6 +12,7 @@ from tributary.capture.log.index import lookup_time
 from tributary.capture.log.manifest import PartitionState
 from tributary.capture.log.segment import (
     SegmentRef,
+    claims_below,
     iter_records,
     list_segments,
     load_time_index,
@@ -90,6 +91,10 @@ def read_partition(
                 start = off + 1
                 if off + 1 >= end:
                     return  # do not even decode what lies beyond the range
+            if limit is not None and claims_below(f, limit, end):
+                raise ref.corrupt(
+                    f"segment rewritten since the manifest was read: offsets from {start} lie past byte {limit}", start
+                )
 
 
 def read_partition_from_time(

@@ -14,6 +14,7 @@ from tributary.capture.log.index import lookup_offset, unpack_offsets, unpack_ti
 
 __all__ = [
     "SegmentRef",
+    "claims_below",
     "index_path",
     "iter_lines",
     "iter_records",
@@ -124,6 +125,15 @@ def starts_at(f: BinaryIO, pos: int, offset: int) -> bool:
     head = os.pread(f.fileno(), 41, max(pos - 1, 0))
     at = head[1:] if pos else head
     return (not pos or head[:1] == b"\n") and peek_offset(at) == offset
+
+
+def claims_below(f: BinaryIO, pos: int, end: int) -> bool:
+    """The line at byte `pos` of the open file claims an offset below `end`. Where a reader's plan
+    (a manifest's committed bytes, a split's byte range) ends, that means the file was rewritten
+    since with a record grown (compaction filled it), pushing offsets of the plan past those bytes.
+    An unreadable head — the end of the file, or an append under way — claims nothing."""
+    off = peek_offset(os.pread(f.fileno(), 40, pos))
+    return off is not None and off < end
 
 
 def iter_lines(
