@@ -30,3 +30,5 @@ class SourceSpec:
     router: Callable[[dict[str, Any]], list[env.Output]] | None = None
     # "schema.table" whose INSERTs are signals (capture/signals.py), never captured as records.
     signal_table: str | None = None
+    # Re-snapshot a table (chunked) when a schema change rewrote its rows (capture/ddl_watch.py).
+    resnapshot_on_rewrite: bool = False

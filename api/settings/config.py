@@ -172,6 +172,11 @@ class SourceSettings(_Section):
     snapshot_chunk_rows: int = Field(
         default=CHUNK_ROWS, ge=100, le=10_000_000, description="Rows per chunk of a chunked snapshot."
     )
+    resnapshot_on_rewrite: bool = Field(
+        default=False,
+        description="After a schema change that rewrote a table's rows (ALTER COLUMN TYPE, ADD COLUMN DEFAULT, …), "
+        "re-snapshot it (chunked) so its topic equals the table again.",
+    )
 
     @property
     def slot_name(self) -> str:

@@ -54,6 +54,7 @@ def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[Sourc
             signal_table=s.signal_table,
             snapshot_method=s.snapshot_method,
             snapshot_chunk_rows=s.snapshot_chunk_rows,
+            resnapshot_on_rewrite=s.resnapshot_on_rewrite,
         )
         for s in settings.sources
     ]
