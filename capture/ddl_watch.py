@@ -30,9 +30,11 @@ A notice names the slot whose watcher wrote it: other sources of the same databa
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -139,13 +141,25 @@ def read_shapes(
     return out
 
 
+_WATCHERS: weakref.WeakSet[CatalogWatcher] = weakref.WeakSet()
+
+
+@atexit.register
+def _join_at_exit() -> None:
+    """A thread still inside libpq when the interpreter finalises crashes it: end the watchers
+    first (each read takes milliseconds; a notice waits at most `LOCK_TIMEOUT` for a lock)."""
+    watchers = list(_WATCHERS)
+    for watcher in watchers:
+        watcher.stop()
+    for watcher in watchers:
+        watcher.join(timeout=30)
+
+
 class CatalogWatcher:
     """Reads the catalog every `interval` seconds on a thread of its own and writes a notice into
     the WAL for each included table whose name, columns or rows changed (module docstring)."""
 
-    def __init__(
-        self, spec: SourceSpec, matches: Callable[[str, str], bool], *, interval: float = POLL_S
-    ) -> None:
+    def __init__(self, spec: SourceSpec, matches: Callable[[str, str], bool], *, interval: float = POLL_S) -> None:
         self.spec = spec
         self.matches = matches
         self.interval = interval
@@ -162,15 +176,19 @@ class CatalogWatcher:
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"capture-ddl-{self.spec.name}", daemon=True)
+        _WATCHERS.add(self)
         self._thread.start()
 
     def stop(self) -> None:
-        """End the thread (it closes its connection): a read takes milliseconds, a notice at most
-        `LOCK_TIMEOUT` waiting for DDL in progress; a thread alive at exit would crash the interpreter."""
+        """Ask the thread to end (it closes its connection), without waiting: a source that fails
+        must not hold the capture loop (a connect to a host that drops packets takes 10 s). The
+        process waits for it at exit (`_join_at_exit`)."""
         self._stop.set()
-        thread, self._thread = self._thread, None
+
+    def join(self, timeout: float) -> None:
+        thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=30)
+            thread.join(timeout)
 
     def _run(self) -> None:
         from tributary.capture.slot import sql_connection
@@ -184,7 +202,9 @@ class CatalogWatcher:
             except (CaptureError, psycopg.Error) as exc:
                 # The stream's own connection reports a source that is down; here it is said once.
                 level = logging.DEBUG if self._failing else logging.WARNING
-                log.log(level, "source %s: catalog watcher: %s (tried again in %.0fs)", self.spec.name, exc, self.interval)
+                log.log(
+                    level, "source %s: catalog watcher: %s (tried again in %.0fs)", self.spec.name, exc, self.interval
+                )
                 self._failing = True
                 self._close()
         self._close()
@@ -262,9 +282,7 @@ class CatalogWatcher:
                 "key": list(key),
                 "restated": restated,
             }
-            conn.execute(
-                "SELECT pg_logical_emit_message(true, %s, %s)", (DDL_PREFIX, orjson.dumps(notice).decode())
-            )
+            conn.execute("SELECT pg_logical_emit_message(true, %s, %s)", (DDL_PREFIX, orjson.dumps(notice).decode()))
         self.notices += 1
         log.info(
             "source %s: schema change of %s seen in the catalog%s",
