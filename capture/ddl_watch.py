@@ -317,6 +317,7 @@ class SchemaChanges:
         *,
         db: str,
         request: Callable[[list[str], str], None],
+        restart: Callable[[str], None] = lambda name: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.spec = spec
@@ -326,20 +327,39 @@ class SchemaChanges:
         self.status = status
         self.db = db
         self.request = request  # (tables, origin): a chunked snapshot, as a signal asks for it
+        self.restart = restart  # a table being snapshotted: read it again from its first key
         self.endings: list[_Ending] = []
+        self.ended: list[str] = []  # topics ended (their table renamed away): nothing to warn about
         self.dirty = False  # endings changed since the last commit
 
     def load(self, positions: Mapping[str, str]) -> None:
         """The endings a previous run committed and had not done yet."""
         text = positions.get(ddl_key(self.spec.name))
         if text:
-            self.endings = [_Ending(e["schema"], e["table"], e["lsn"]) for e in orjson.loads(text)]
+            doc = orjson.loads(text)
+            self.endings = [_Ending(e["schema"], e["table"], e["lsn"]) for e in doc.get("pending") or ()]
+            self.ended = [str(t) for t in doc.get("ended") or ()]
 
     def positions(self) -> dict[str, str]:
         """The endings to commit with the log, if they changed."""
         if not self.dirty:
             return {}
-        return {ddl_key(self.spec.name): orjson.dumps([e.to_json() for e in self.endings]).decode()}
+        doc = {"pending": [e.to_json() for e in self.endings], "ended": self.ended}
+        return {ddl_key(self.spec.name): orjson.dumps(doc).decode()}
+
+    def orphans(self, present: Iterable[tuple[str, str]]) -> list[str]:
+        """The source's topics of included tables that no longer exist and that capture did not
+        end: dropped, or renamed while capture was stopped (their rows stay in the topic)."""
+        prefix = f"{self.spec.name}."
+        tables = set(present)
+        out = []
+        for topic in sorted(self.staging.log.topics()):
+            if not topic.startswith(prefix) or topic.endswith(".messages") or topic in self.ended:
+                continue
+            schema, dot, table = topic[len(prefix) :].partition(".")
+            if dot and (schema, table) not in tables and self.tables.matches(schema, table):
+                out.append(topic)
+        return out
 
     def on_notice(self, content: str, *, tx_end: Lsn, now_ms: int) -> bool:
         """A notice read from the stream; True when it staged or asked for something."""
@@ -381,6 +401,7 @@ class SchemaChanges:
                     )
             acted = True
         elif included and notice.get("restated") and self.spec.resnapshot_on_rewrite:
+            self.restart(name)  # chunks staged before the rewrite hold the old values
             self.request([name], f"a schema change that rewrote {name} (resnapshot_on_rewrite)")
             acted = True
         return acted
@@ -414,5 +435,7 @@ class SchemaChanges:
             self.staging.flush()
             log.info("source %s: topic %s ended: %d key(s) deleted", self.spec.name, topic, len(keys))
             self.endings.remove(ending)
+            if topic not in self.ended:
+                self.ended.append(topic)
         self.dirty = True
         return True

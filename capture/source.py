@@ -157,6 +157,7 @@ class SourceSession:
             self.status,
             db=db,
             request=lambda tables, origin: self.request_snapshot(tables, origin=origin),
+            restart=lambda name: self.chunked.restart(name) if self.chunked is not None else None,
             clock=self.clock,
         )
         ddl.load(positions)
@@ -164,6 +165,14 @@ class SourceSession:
         self.stream.on_ddl = lambda content, tx_end, now_ms: ddl.on_notice(content, tx_end=tx_end, now_ms=now_ms)
         self.watcher = CatalogWatcher(self.spec, self.tables.matches)
         self.watcher.baseline(conn)
+        for topic in ddl.orphans((t.schema, t.table) for t in self.watcher.shapes.values()):
+            text = (
+                f"topic {topic}: its table no longer exists (dropped, or renamed while capture was stopped): "
+                "its rows stay in the topic (docs/capture.md, Schema changes)"
+            )
+            log.warning("source %s: %s", self.spec.name, text)
+            if text not in self.status.warnings:
+                self.status.warnings.append(text)
 
     def _on_signal(self, signal: SnapshotSignal) -> None:
         """A signal read from the stream (capture/signals.py): re-snapshot those tables. The

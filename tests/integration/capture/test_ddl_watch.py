@@ -6,6 +6,8 @@ table's rows move to its new topic while its old topic folds to empty."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,16 @@ import orjson
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import Capture, cli, records, spawn_capture, table_state, wait_for, write_config
+from tests.integration.capture.helpers import (
+    ROOT,
+    Capture,
+    cli,
+    records,
+    spawn_capture,
+    table_state,
+    wait_for,
+    write_config,
+)
 from tributary.capture.log import LogError
 from tributary.capture.status import read_status, snapshot_under_way
 
@@ -150,3 +161,96 @@ def test_rename_moves_the_rows_to_the_new_topic_and_empties_the_old(running: tup
     # Tombstones, so compaction drops the old keys.
     old = records(log, "shop.public.t")
     assert sum(r.value is None for r in old) == ROWS
+
+
+@pytest.mark.parametrize("running", [False], indirect=True, ids=["default"])
+def test_rename_with_a_new_table_under_the_old_name(running: tuple[str, Path]) -> None:
+    dsn, log = running
+    with psycopg.connect(dsn) as conn:  # one transaction: the old name is never free
+        conn.execute("ALTER TABLE t RENAME TO t_old")
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL)")
+        conn.execute("INSERT INTO t VALUES (1, 100), (500, 500)")
+    wait_for(lambda: _fold(log, "shop.public.t_old") == _table(dsn, "t_old"), DEADLINE_S, "the renamed table")
+    wait_for(lambda: _fold(log, "shop.public.t") == _table(dsn, "t"), DEADLINE_S, "the old topic to equal the new t")
+    assert set(_fold(log, "shop.public.t")) == {1, 500}
+
+
+def test_a_rename_while_capture_is_stopped_is_said_at_start(fresh_db: str, tmp_path: Path) -> None:
+    _sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL)", "INSERT INTO t VALUES (1, 1), (2, 2)")
+    log = tmp_path / "log"
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=log)
+    init = cli("init", "--config", str(config))
+    assert init.returncode == 0, init.stdout + init.stderr
+    proc = spawn_capture(config)
+    try:
+        wait_for(lambda: _fold(log, "shop.public.t") == _table(fresh_db, "t"), DEADLINE_S, "the snapshot")
+        _sql(fresh_db, "ALTER TABLE t RENAME TO t2")
+        wait_for(lambda: _fold(log, "shop.public.t2") == _table(fresh_db, "t2"), DEADLINE_S, "the new topic")
+        wait_for(lambda: _fold(log, "shop.public.t") == {}, DEADLINE_S, "the old topic ended")
+        _settle(log)
+    finally:
+        _stop(proc)
+    # Ended while capture ran: nothing to say at the next start. Renamed while stopped: said.
+    _sql(fresh_db, "ALTER TABLE t2 RENAME TO t3")
+    run = cli("capture", "--config", str(config), "--until-idle", "3")
+    assert run.returncode == 0, run.stderr
+    assert "topic shop.public.t:" not in run.stderr
+    assert "topic shop.public.t2: its table no longer exists" in run.stderr, run.stderr
+    assert _fold(log, "shop.public.t3") == _table(fresh_db, "t3")  # snapshotted as a table added later
+    assert _fold(log, "shop.public.t2") == _table(fresh_db, "t3")  # what the docs say stays
+
+
+# A capture whose chunked snapshot, having read its third chunk of rows, waits (before that chunk's
+# watermark) until the test creates the file `release` next to the config.
+_PAUSE_IN_ROWS = """
+import sys, time
+from pathlib import Path
+from tributary.capture.chunked import ChunkedSnapshot
+gate = Path(sys.argv[1]).parent
+seen = []
+def pause(table, phase):
+    seen.append(phase)
+    if seen.count("rows") == 3:
+        (gate / "paused").touch()
+        deadline = time.monotonic() + 120
+        while not (gate / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+ChunkedSnapshot.after_read = pause
+from tributary.api.cli.main import main
+sys.argv = ["tributary", "capture", "--config", sys.argv[1]]
+main()
+"""
+
+
+def test_a_rewrite_while_the_table_is_being_snapshotted_reads_it_again(fresh_db: str, tmp_path: Path) -> None:
+    _sql(
+        fresh_db,
+        "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL)",
+        "INSERT INTO t SELECT g, g FROM generate_series(1, 1000) g",
+    )
+    log = tmp_path / "log"
+    extra = 'snapshot_method = "chunked"\nsnapshot_chunk_rows = 100\nresnapshot_on_rewrite = true'
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=log, source_extra=extra)
+    init = cli("init", "--config", str(config))
+    assert init.returncode == 0, init.stdout + init.stderr
+    err_path = tmp_path / "capture.err"
+    with err_path.open("wb") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _PAUSE_IN_ROWS, str(config)], stderr=err_file, stdout=subprocess.DEVNULL, cwd=ROOT
+        )
+    try:
+        wait_for((tmp_path / "paused").exists, DEADLINE_S, "the third chunk read")
+        assert 0 < len(_fold(log, "shop.public.t")) < 1000  # two chunks staged, with the old values
+        _sql(fresh_db, "ALTER TABLE t ALTER COLUMN v TYPE int USING v * 10")
+        wait_for(lambda: "schema change of public.t seen" in err_path.read_text(), DEADLINE_S, "the notice")
+        (tmp_path / "release").touch()
+        wait_for(lambda: _fold(log, "shop.public.t") == _table(fresh_db, "t"), DEADLINE_S, "the rewritten rows")
+        _settle(log)
+    finally:
+        (tmp_path / "release").touch()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    err = err_path.read_text()
+    assert proc.returncode == 0, err
+    # The request joined the snapshot under way (read again from its first key), rather than following it.
+    assert "requested by a schema change" not in err, err
