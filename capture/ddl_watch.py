@@ -260,7 +260,9 @@ class CatalogWatcher:
             now = shapes.get(before.oid)
             if now is None or not now.detailed:
                 return None  # renamed between the two reads: the next read sees it
-            renamed, _, restated = changed(before, now)
+            renamed, reshaped, restated = changed(before, now)
+            if not (renamed or reshaped or restated):
+                return now  # changed back meanwhile: nothing to tell
             infos = list_tables(conn, lambda s, t: (s, t) == (schema, table))
             key = infos[0].identity_columns if infos else ()
             taken = False
@@ -378,6 +380,8 @@ class SchemaChanges:
         name = f"{schema}.{table}"
         included = self.tables.matches(schema, table)
         if included:
+            if origin is not None:  # its changes under the new name are keyed as its snapshot is
+                self.tables.identity[(schema, table)] = tuple(key)
             self.tables.observe(schema, table, columns, complete=True, key=key, now_ms=now_ms)
             acted = True
         if origin is not None:
