@@ -79,15 +79,17 @@ def ddl_key(source: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class TableShape:
-    """One table as the catalog shows it; `columns` and `attrs` only for tables watched closely."""
+    """One table as the catalog shows it; the signatures for the tables watched closely (those
+    included), the columns only from a full read (`read_shapes(full=True)`)."""
 
     oid: int
     schema: str
     table: str
     relfilenode: int
-    columns: tuple[ColumnSpec, ...] = ()
-    attrs: tuple[int, ...] = ()  # each column's pg_attribute xmin, in attnum order
+    columns_sig: str = ""  # md5 of the columns' names and types, in attnum order
+    attrs_sig: str = ""  # md5 of each column's pg_attribute xmin (a column altered: a new one)
     detailed: bool = False
+    columns: tuple[ColumnSpec, ...] = ()
 
     @property
     def qualified(self) -> str:
@@ -101,8 +103,8 @@ def changed(before: TableShape, after: TableShape) -> tuple[bool, bool, bool]:
     renamed = (before.schema, before.table) != (after.schema, after.table)
     if not (before.detailed and after.detailed):
         return renamed, False, False
-    reshaped = before.columns != after.columns
-    rewritten = before.relfilenode != after.relfilenode and before.attrs != after.attrs
+    reshaped = before.columns_sig != after.columns_sig
+    rewritten = before.relfilenode != after.relfilenode and before.attrs_sig != after.attrs_sig
     return renamed, reshaped, reshaped or rewritten
 
 
@@ -112,30 +114,45 @@ FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
   AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%'
 """
-_ATTRS = """
-SELECT attrelid, attname, format_type(atttypid, atttypmod), atttypid, xmin::text::bigint
+# One row per table, so a poll of many tables moves little: %I quotes a name holding a separator.
+_SIGS = """
+SELECT attrelid,
+  md5(string_agg(format('%%I %%s %%s', attname, atttypid, atttypmod), ',' ORDER BY attnum)),
+  md5(string_agg(xmin::text, ',' ORDER BY attnum))
+FROM pg_attribute WHERE attrelid = ANY(%s) AND attnum > 0 AND NOT attisdropped GROUP BY attrelid
+"""
+_COLUMNS = """
+SELECT attrelid, attname, format_type(atttypid, atttypmod), atttypid
 FROM pg_attribute WHERE attrelid = ANY(%s) AND attnum > 0 AND NOT attisdropped ORDER BY attrelid, attnum
 """
 
 
 def read_shapes(
-    conn: psycopg.Connection[Any], matches: Callable[[str, str], bool], also: Iterable[int] = ()
+    conn: psycopg.Connection[Any],
+    matches: Callable[[str, str], bool],
+    also: Iterable[int] = (),
+    *,
+    full: bool = False,
 ) -> dict[int, TableShape]:
-    """Every user table by oid; columns for those `matches` includes and the oids in `also`."""
+    """Every user table by oid; signatures for those `matches` includes and the oids in `also`
+    (and, `full`, their columns)."""
     rows = conn.execute(_CLASSES).fetchall()
     extra = set(also)
     close = [int(r[0]) for r in rows if matches(r[1], r[2]) or int(r[0]) in extra]
+    sigs: dict[int, tuple[str, str]] = {oid: ("", "") for oid in close}
     columns: dict[int, list[ColumnSpec]] = {oid: [] for oid in close}
-    attrs: dict[int, list[int]] = {oid: [] for oid in close}
     if close:
-        for relid, name, typ, typeoid, xmin in conn.execute(_ATTRS, (close,)).fetchall():
-            columns[relid].append((name, typ, int(typeoid)))
-            attrs[relid].append(int(xmin))
+        for relid, cols, attrs in conn.execute(_SIGS, (close,)).fetchall():
+            sigs[int(relid)] = (str(cols), str(attrs))
+        if full:
+            for relid, name, typ, typeoid in conn.execute(_COLUMNS, (close,)).fetchall():
+                columns[int(relid)].append((name, typ, int(typeoid)))
     out = {}
     for oid, schema, table, node in rows:
         oid = int(oid)
-        if oid in columns:
-            out[oid] = TableShape(oid, schema, table, int(node), tuple(columns[oid]), tuple(attrs[oid]), True)
+        if oid in sigs:
+            cols, attrs = sigs[oid]
+            out[oid] = TableShape(oid, schema, table, int(node), cols, attrs, True, tuple(columns[oid]))
         else:
             out[oid] = TableShape(oid, schema, table, int(node))
     return out
@@ -256,7 +273,7 @@ class CatalogWatcher:
             conn.execute(
                 sql.SQL("LOCK TABLE {}.{} IN ACCESS SHARE MODE").format(sql.Identifier(schema), sql.Identifier(table))
             )
-            shapes = read_shapes(conn, lambda s, t: (s, t) == (schema, table))
+            shapes = read_shapes(conn, lambda s, t: (s, t) == (schema, table), full=True)
             now = shapes.get(before.oid)
             if now is None or not now.detailed:
                 return None  # renamed between the two reads: the next read sees it

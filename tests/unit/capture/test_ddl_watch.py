@@ -8,12 +8,10 @@ from tributary.capture.ddl_watch import TableShape, changed
 
 pytestmark = pytest.mark.unit
 
-COLS = (("id", "integer", 23), ("v", "integer", 23))
-
 
 def _shape(**kw: object) -> TableShape:
     base: dict[str, object] = dict(
-        oid=1, schema="public", table="t", relfilenode=100, columns=COLS, attrs=(5, 5), detailed=True
+        oid=1, schema="public", table="t", relfilenode=100, columns_sig="id int, v int", attrs_sig="5,5", detailed=True
     )
     base.update(kw)
     return TableShape(**base)  # type: ignore[arg-type]
@@ -28,20 +26,20 @@ def test_a_rewrite_without_a_column_change_is_vacuum_full_or_cluster() -> None:
 
 
 def test_a_column_altered_without_a_rewrite_is_set_default_or_not_null() -> None:
-    assert changed(_shape(), _shape(attrs=(5, 9))) == (False, False, False)
+    assert changed(_shape(), _shape(attrs_sig="5,9")) == (False, False, False)
 
 
 def test_a_same_type_alter_using_rewrites_the_rows() -> None:
-    assert changed(_shape(), _shape(relfilenode=200, attrs=(5, 9))) == (False, False, True)
+    assert changed(_shape(), _shape(relfilenode=200, attrs_sig="5,9")) == (False, False, True)
 
 
 def test_a_new_column_restates_the_rows() -> None:
-    after = _shape(columns=(*COLS, ("c", "integer", 23)), attrs=(5, 5, 9))
+    after = _shape(columns_sig="id int, v int, c int", attrs_sig="5,5,9")
     assert changed(_shape(), after) == (False, True, True)
 
 
 def test_a_retyped_column_restates_the_rows() -> None:
-    after = _shape(columns=(COLS[0], ("v", "text", 25)), relfilenode=200, attrs=(5, 9))
+    after = _shape(columns_sig="id int, v text", relfilenode=200, attrs_sig="5,9")
     assert changed(_shape(), after) == (False, True, True)
 
 
