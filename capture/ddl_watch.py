@@ -4,8 +4,8 @@ wal2json emits no DDL (trap 5): a new shape shows only in the next change of the
 rewrite (`ALTER COLUMN … TYPE … USING`, `ADD COLUMN … DEFAULT`) changes every row without one.
 So each source has a *catalog watcher* (`CatalogWatcher`, a thread with its own connection) that
 reads `pg_class` and `pg_attribute` once a second: every table's oid, name and relfilenode, and
-the included tables' columns with their types and the `xmin` of each column's row (the
-transaction that last added, renamed, retyped or dropped it).
+for the included tables two signatures, of their columns' names and types and of the `xmin` of
+each column's row (the transaction that last added, renamed, retyped or dropped it).
 
 When a table's name or columns changed, or it was rewritten (a new relfilenode together with a
 rewritten column row: VACUUM FULL or CLUSTER alone change only the relfilenode), the watcher
