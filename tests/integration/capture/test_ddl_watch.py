@@ -254,3 +254,48 @@ def test_a_rewrite_while_the_table_is_being_snapshotted_reads_it_again(fresh_db:
     assert proc.returncode == 0, err
     # The request joined the snapshot under way (read again from its first key), rather than following it.
     assert "requested by a schema change" not in err, err
+
+
+# A capture that dies (as kill -9) when it is about to end an old topic: the notice is committed.
+_CRASH_BEFORE_ENDING = """
+import os, sys
+from tributary.capture.ddl_watch import SchemaChanges
+from tributary.capture.lsn import Lsn
+real = SchemaChanges.tick
+def tick(self, durable):
+    if any(Lsn.parse(e.lsn) <= durable for e in self.endings):
+        os._exit(9)
+    return real(self, durable)
+SchemaChanges.tick = tick
+from tributary.api.cli.main import main
+sys.argv = ["tributary", "capture", "--config", sys.argv[1]]
+main()
+"""
+
+
+def test_an_old_topic_is_ended_after_a_crash_once_its_notice_is_committed(fresh_db: str, tmp_path: Path) -> None:
+    _sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL)", "INSERT INTO t VALUES (1, 1), (2, 2)")
+    log = tmp_path / "log"
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=log)
+    init = cli("init", "--config", str(config))
+    assert init.returncode == 0, init.stdout + init.stderr
+    err_path = tmp_path / "crash.err"
+    with err_path.open("wb") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _CRASH_BEFORE_ENDING, str(config)],
+            stderr=err_file,
+            stdout=subprocess.DEVNULL,
+            cwd=ROOT,
+        )
+    try:
+        wait_for(lambda: _fold(log, "shop.public.t") == _table(fresh_db, "t"), DEADLINE_S, "the snapshot")
+        _sql(fresh_db, "ALTER TABLE t RENAME TO t2")
+        assert proc.wait(timeout=DEADLINE_S) == 9, err_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert len(_fold(log, "shop.public.t")) == 2  # not ended yet
+    run = cli("capture", "--config", str(config), "--until-idle", "3")
+    assert run.returncode == 0, run.stderr
+    assert _fold(log, "shop.public.t") == {}
+    assert _fold(log, "shop.public.t2") == _table(fresh_db, "t2")
