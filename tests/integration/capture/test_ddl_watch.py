@@ -1,7 +1,8 @@
 """Schema changes that touch rows no later change shows, against a real server and a running
 capture: the catalog watcher's notice (capture/ddl_watch.py) puts a schema record at the change,
-`resnapshot_on_rewrite` makes the topic equal the table again after a rewrite, and a renamed
-table's rows move to its new topic while its old topic folds to empty."""
+`resnapshot_on_rewrite` makes the topic equal the table again after a rewrite (also of a table
+being snapshotted), and a renamed table's rows move to its new topic while its old topic folds to
+empty (also across a crash); a rename while capture is stopped is said at start."""
 
 from __future__ import annotations
 
