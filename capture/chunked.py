@@ -300,6 +300,18 @@ class ChunkedSnapshot:
         self.dirty = self.dirty or changed
         return changed
 
+    def restart(self, name: str) -> None:
+        """Read `name` again from its first key if it is being read: its rows staged so far may
+        predate a rewrite of the table (capture/ddl_watch.py); the chunk in flight is read again."""
+        ctx = self.context
+        if not ctx.pending or ctx.pending[0] != name:
+            return
+        ctx.last = ctx.high = ctx.checked = None
+        ctx.phase = "rows"
+        if self.job is not None and self.job.table.qualified == name:
+            self.job.watch.invalid = True
+        self.dirty = True
+
     def _catalog(self, conn: psycopg.Connection[Any] | None = None) -> dict[str, TableInfo]:
         from tributary.capture.slot import sql_connection
 

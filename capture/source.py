@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from tributary.capture import encodings, wal2json
 from tributary.capture.chunked import ChunkedSnapshot, SnapshotContext, context_key
+from tributary.capture.ddl_watch import CatalogWatcher, SchemaChanges
 from tributary.capture.errors import SlotLost, SlotMissing, SourceMisconfigured
 from tributary.capture.log import Log, Mark
 from tributary.capture.lsn import Lsn
@@ -58,6 +59,7 @@ class SourceSession:
         # What the previous run confirmed to the slot (its status file): a slot starting there is ours.
         self.confirmed_before = Lsn.ZERO
         self._requests: list[tuple[list[str], str]] = []  # snapshot requests made before `open`
+        self.watcher: CatalogWatcher | None = None  # once streaming (not for an outbox)
         self.reset(log_)
 
     def reset(self, log_: Log | KafkaSourceLog) -> None:
@@ -69,6 +71,10 @@ class SourceSession:
         if self.chunked is not None:
             self.chunked.close()
             self.chunked = None
+        if self.watcher is not None:
+            self.watcher.stop()
+        self.watcher = None
+        self.ddl: SchemaChanges | None = None
         self.slot = Slot(spec.dsn, spec.slot, label=spec.name)
         self.offsets = OffsetContext()
         self.staging = Staging(log_, partitions=spec.partitions)
@@ -135,12 +141,15 @@ class SourceSession:
             self.status.warnings += self.tables.seed(conn)
             if self.spec.router is None:
                 self._chunked(conn, context, fresh=fresh, db=slot.database)
+                self._schema_changes(conn, positions, db=slot.database)
         options = dict(wal2json.WAL2JSON_OPTIONS)
         if not self.tables.routes_partitions:  # a leaf's name need not match the patterns its root does
             options.update(self.tables.filter.wal2json_options())
         if self.spec.signal_table and "add-tables" in options:
             options["add-tables"] += "," + self.spec.signal_table  # its INSERTs are read, as signals
         self.slot.start_streaming(start, options)
+        if self.watcher is not None:
+            self.watcher.start()
         self.status.state = SourceState.STREAMING
 
     def _refusal(self, slot: SlotState, position: str) -> SlotLost | SlotMissing:
@@ -154,6 +163,33 @@ class SourceSession:
         what = "was invalidated (wal_status = lost)" if slot.status == "lost" else "does not exist"
         err = SlotLost if slot.status == "lost" else SlotMissing
         return err(f"source {name!r}: slot {self.spec.slot!r} {what}, so changes since {position} may be gone; {ways}")
+
+    def _schema_changes(self, conn: Any, positions: dict[str, str], *, db: str) -> None:
+        """The catalog watcher (its baseline read now) and the stream's side of its notices,
+        with the old topics a previous run had still to end (capture/ddl_watch.py)."""
+        ddl = self.ddl = SchemaChanges(
+            self.spec,
+            self.tables,
+            self.staging,
+            self.status,
+            db=db,
+            request=lambda tables, origin: self.request_snapshot(tables, origin=origin),
+            restart=lambda name: self.chunked.restart(name) if self.chunked is not None else None,
+            clock=self.clock,
+        )
+        ddl.load(positions)
+        assert self.stream is not None
+        self.stream.on_ddl = lambda content, tx_end, now_ms: ddl.on_notice(content, tx_end=tx_end, now_ms=now_ms)
+        self.watcher = CatalogWatcher(self.spec, self.tables.matches)
+        self.watcher.baseline(conn)
+        for topic in ddl.orphans((t.schema, t.table) for t in self.watcher.shapes.values()):
+            text = (
+                f"topic {topic}: its table no longer exists (dropped, or renamed while capture was stopped): "
+                "its rows stay in the topic (docs/capture.md, Schema changes)"
+            )
+            log.warning("source %s: %s", self.spec.name, text)
+            if text not in self.status.warnings:
+                self.status.warnings.append(text)
 
     def _on_signal(self, signal: SnapshotSignal) -> None:
         """A signal read from the stream (capture/signals.py): re-snapshot those tables. The
@@ -273,19 +309,23 @@ class SourceSession:
     def snapshot_tick(self) -> bool:
         """Between source transactions: apply snapshot requests and start the next chunk read;
         True when the snapshot context changed (the daemon commits it)."""
-        if self.chunked is None or self.in_transaction:
+        if self.in_transaction:
             return False
-        changed = self.chunked.apply_requests() or self._opened_changes
+        ended = self.ddl is not None and self.ddl.tick(self.offsets.durable)  # old topics of renamed tables
+        if self.chunked is None:
+            return ended
+        changed = self.chunked.apply_requests() or self._opened_changes or ended
         self._opened_changes = False  # what `open` applied (a keyless table refused) is committed now
         self.chunked.tick()
         return changed
 
     def context_positions(self) -> dict[str, str]:
         """The snapshot context, for the daemon's next commit, if it changed."""
+        out = self.ddl.positions() if self.ddl is not None else {}
         engine = self.chunked
-        if engine is None or not engine.dirty:
-            return {}
-        return {context_key(self.spec.name): engine.context.to_json()}
+        if engine is not None and engine.dirty:
+            out[context_key(self.spec.name)] = engine.context.to_json()
+        return out
 
     # -- what the daemon reads -------------------------------------------------------------
     @property
@@ -315,6 +355,8 @@ class SourceSession:
         self.offsets.committed()
         if self.chunked is not None:
             self.chunked.dirty = False
+        if self.ddl is not None:
+            self.ddl.dirty = False
 
     def idle_boundary(self) -> bool:
         """Make an idle position the boundary for the daemon to commit (capture/offsets.py, step 4)."""
@@ -328,6 +370,8 @@ class SourceSession:
 
     def close(self) -> None:
         self.slot.close()
+        if self.watcher is not None:
+            self.watcher.stop()
         if self.chunked is not None:
             self.chunked.close()
         if self.stream is not None and self.stream.history is not None:

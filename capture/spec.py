@@ -32,3 +32,5 @@ class SourceSpec:
     signal_table: str | None = None
     # root: a leaf partition's changes are the root table's (its topic, key and schema); leaves: own tables
     partitioned_tables: str = "root"
+    # Re-snapshot a table (chunked) when a schema change rewrote its rows (capture/ddl_watch.py).
+    resnapshot_on_rewrite: bool = False

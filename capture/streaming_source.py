@@ -31,6 +31,7 @@ from tributary.capture import envelope as env
 from tributary.capture import signals, wal2json
 from tributary.capture.catalog import ColumnHistory
 from tributary.capture.chunked import WATERMARK_PREFIX
+from tributary.capture.ddl_watch import DDL_PREFIX
 from tributary.capture.errors import SourceMisconfigured
 from tributary.capture.insert_template import SPLIT, table_tag, table_tags
 from tributary.capture.lsn import Lsn
@@ -117,6 +118,8 @@ class StreamingSource:
         self.on_watermark: Callable[[str], bool] | None = None
         self.on_commit: Callable[[int], bool] | None = None  # True: a snapshot request was applied
         self.on_resnapshot: Callable[[list[str], str], None] | None = None  # tables, why
+        # A schema change notice (capture/ddl_watch.py): (content, its transaction's end, now) → acted.
+        self.on_ddl: Callable[[str, Any, int], bool] | None = None
 
     @property
     def seen(self) -> int:
@@ -170,7 +173,13 @@ class StreamingSource:
         if isinstance(parsed, wal2json.Begin):
             appending = offsets.begin(parsed.nextlsn)
             self._hold_inserts = appending and self.templates is not None
-            self._tx = {"xid": parsed.xid, "ts_ms": parsed.timestamp_ms, "lsn": parsed.lsn, "changes": 0}
+            self._tx = {
+                "xid": parsed.xid,
+                "ts_ms": parsed.timestamp_ms,
+                "lsn": parsed.lsn,
+                "nextlsn": parsed.nextlsn,
+                "changes": 0,
+            }
             self.staging.xid = parsed.xid
             self._tx_part = None
             self._ctx = {
@@ -255,6 +264,11 @@ class StreamingSource:
         elif isinstance(parsed, wal2json.LogicalMessage):
             if parsed.prefix == WATERMARK_PREFIX:
                 return self._watermark(parsed)
+            if parsed.prefix == DDL_PREFIX:  # a catalog watcher's notice (capture/ddl_watch.py)
+                on_ddl, tx_end = self.on_ddl, self._tx.get("nextlsn")
+                if on_ddl is not None and offsets.in_transaction and on_ddl(parsed.content, tx_end, now_ms):
+                    self._tx["changes"] = self._tx.get("changes", 0) + 1  # a commit point: its records
+                return False
             if parsed.prefix == signals.SIGNAL_PREFIX:
                 message = parsed
                 self._signal(lambda: signals.from_message(message.content, lsn=str(message.lsn or "")))

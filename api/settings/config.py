@@ -177,6 +177,11 @@ class SourceSettings(_Section):
         description="root: a partitioned table's changes go to the root table's topic (as Debezium's "
         "publish.via.partition.root); leaves: each leaf partition is a table of its own.",
     )
+    resnapshot_on_rewrite: bool = Field(
+        default=False,
+        description="After a schema change that rewrote a table's rows (ALTER COLUMN TYPE, ADD COLUMN DEFAULT, …), "
+        "re-snapshot it (chunked) so its topic equals the table again.",
+    )
 
     @property
     def slot_name(self) -> str:
