@@ -514,6 +514,15 @@ class ChunkedSnapshot:
         if job is not None:
             self.staging.unwatch(job.watch.topic)
         if job is not None and job.thread is not None and job.thread.is_alive():
+            # Cancel its statement and wait for it: a thread left inside libpq while the
+            # interpreter exits aborts the process (PyGILState_Release).
+            reader = self._reader
+            if reader is not None:
+                with contextlib.suppress(psycopg.Error):
+                    reader.connection.cancel_safe(timeout=5.0)
+            job.thread.join(timeout=30.0)
+            if job.thread.is_alive():
+                log.warning("source %s: a chunk read did not end within 30 s of the stop", self.spec.name)
             return  # the reading thread closes the connection when it ends
         reader, self._reader = self._reader, None
         if reader is not None:
