@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,12 +53,15 @@ from tributary.capture.spec import SourceSpec
 from tributary.capture.staging import Staging, Watch
 from tributary.capture.status import SourceStatus
 from tributary.capture.tables import SourceTables
+from tributary.capture.values import type_family
 
 __all__ = [
     "RECENT_XIDS",
     "WATERMARK_PREFIX",
     "ChunkedSnapshot",
     "SnapshotContext",
+    "absent_query",
+    "check_query",
     "context_key",
 ]
 
@@ -659,17 +662,47 @@ class ChunkedSnapshot:
         job.checked = batch[-1].decode() if batch else checked
         if not batch:
             return
-        table = sql.SQL("{}.{}").format(sql.Identifier(info.schema), sql.Identifier(info.table))
-        keys = info.identity_columns
-        match = sql.SQL(" AND ").join(
-            sql.SQL("x.{k} IS NOT DISTINCT FROM r.{k}").format(k=sql.Identifier(k)) for k in keys
-        )
-        query = sql.SQL(
-            "SELECT k FROM unnest(%s::text[]) AS k, LATERAL json_populate_record(NULL::{t}, k::json) AS r "
-            "WHERE NOT EXISTS (SELECT 1 FROM {t} AS x WHERE {match})"
-        ).format(t=table, match=match)
+        query = check_query(conn, info)
         absent = {str(r[0]).encode() for r in conn.execute(query, ([k.decode() for k in batch],))}
         job.units = [k for k in batch if k in absent]
+
+
+_NOT_NULL = """
+SELECT a.attname FROM pg_attribute a
+JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attnotnull
+"""
+
+
+def check_query(conn: psycopg.Connection[Any], info: TableInfo) -> sql.Composed:
+    """`absent_query` for the table as it is now (which of its key columns are NOT NULL)."""
+    return absent_query(info, {str(r[0]) for r in conn.execute(_NOT_NULL, (info.schema, info.table))})
+
+
+def absent_query(info: TableInfo, not_null: Collection[str]) -> sql.Composed:
+    """The keys of a batch (JSON texts, the one parameter, a text[]) that name no row of the table.
+
+    Each key is looked up on its own (a LATERAL subquery with LIMIT 1: a plan the planner cannot
+    turn into a scan of the table per batch), matching a NOT NULL key column (every primary key or
+    replica identity index column is) with `=`, which the key's index serves; IS NOT DISTINCT FROM,
+    which no index serves, is kept for a column that may hold NULL (a whole-row key: no index
+    anyway). A key's JSON spells bytea as hex without `\\x` (capture/values.py), which
+    json_populate_record reads as escaped text, giving the hex digits' own bytes: re-decoded as hex."""
+    table = sql.SQL("{}.{}").format(sql.Identifier(info.schema), sql.Identifier(info.table))
+    types = {c.name: c.type for c in info.columns}
+    conds = []
+    for key in info.identity_columns:
+        col = sql.Identifier(key)
+        value: sql.Composable = sql.SQL("r.{}").format(col)
+        if type_family(types.get(key, "")) == "bytea":
+            value = sql.SQL("decode(encode(r.{}, 'escape'), 'hex')").format(col)
+        op = sql.SQL("=") if key in not_null else sql.SQL("IS NOT DISTINCT FROM")
+        conds.append(sql.SQL("x.{} {} {}").format(col, op, value))
+    return sql.SQL(
+        "SELECT k FROM unnest(%s::text[]) AS k CROSS JOIN LATERAL json_populate_record(NULL::{t}, k::json) AS r "
+        "LEFT JOIN LATERAL (SELECT true AS hit FROM {t} AS x WHERE {match} LIMIT 1) AS found ON true "
+        "WHERE found.hit IS NULL"
+    ).format(t=table, match=sql.SQL(" AND ").join(conds))
 
 
 def _keep(job: _Job, newer: set[bytes]) -> list[tuple[str, Any]]:
