@@ -14,7 +14,7 @@ import pytest
 from tests.integration.capture.helpers import cli, spawn_capture, wait_for, write_config
 from tests.integration.capture.test_chunked_snapshot import _chunked
 from tests.integration.capture.test_resnapshot import FILL, TABLES
-from tributary.capture.session_guard import CHECK_INTERVAL_MS, server_settings
+from tributary.capture.session_guard import CHECK_INTERVAL_MS
 
 pytestmark = pytest.mark.integration
 
@@ -63,10 +63,3 @@ def test_a_statement_of_a_killed_capture_is_cancelled(fresh_db: str, tmp_path: P
             what="the killed capture's statements to end",
         )
         locker.rollback()
-
-
-def test_only_a_server_that_has_it_is_asked_to_check_its_client() -> None:
-    assert "client_connection_check_interval" in server_settings(150004, statement_timeout_ms=None)
-    assert "client_connection_check_interval" not in server_settings(130011, statement_timeout_ms=None)
-    assert "statement_timeout" not in server_settings(150004, statement_timeout_ms=None)
-    assert server_settings(100000, statement_timeout_ms=5000)["statement_timeout"] == "5000ms"

@@ -14,8 +14,8 @@ from psycopg import sql
 from tests.integration.capture.helpers import cli, write_config
 from tests.integration.capture.test_chunked_snapshot import _chunked
 from tests.integration.capture.test_resnapshot import _compacted, _slot
-from tributary.capture.catalog import Column, TableInfo, list_tables
-from tributary.capture.chunked import absent_query, check_query
+from tributary.capture.catalog import TableInfo, list_tables
+from tributary.capture.chunked import check_query
 
 pytestmark = pytest.mark.integration
 
@@ -119,11 +119,3 @@ def test_a_whole_row_key_matches_rows_with_nulls(fresh_db: str) -> None:
         absent = {r[0] for r in conn.execute(query, (list(keys),))}
     assert absent == {k for k, gone in keys.items() if gone}
     assert "IS NOT DISTINCT FROM" in query.as_string(None)
-
-
-def test_key_columns_that_are_not_null_are_matched_with_equality() -> None:
-    columns = (Column("a", "integer", 23), Column("b", "text", 25))
-    info = TableInfo("public", "t", columns, ("a",), "d", ("a", "b"), 0)
-    text = absent_query(info, {"a"}).as_string(None)
-    assert 'x."a" = r."a"' in text
-    assert 'x."b" IS NOT DISTINCT FROM r."b"' in text
