@@ -28,6 +28,7 @@ key the table no longer has gets a delete + tombstone (capture/snapshot_source.p
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import threading
@@ -653,12 +654,10 @@ class ChunkedSnapshot:
             finally:
                 reader.close()
         live = self._live[1]
-        if checked is not None:
-            mark = checked.encode()
-            live = [k for k in live if k > mark]
+        start = 0 if checked is None else bisect.bisect_right(live, checked.encode())  # sorted
         n = self.spec.snapshot_chunk_rows
-        batch = live[:n]
-        job.final = len(live) <= n
+        batch = live[start : start + n]
+        job.final = len(live) - start <= n
         job.checked = batch[-1].decode() if batch else checked
         if not batch:
             return
@@ -682,12 +681,13 @@ def check_query(conn: psycopg.Connection[Any], info: TableInfo) -> sql.Composed:
 def absent_query(info: TableInfo, not_null: Collection[str]) -> sql.Composed:
     """The keys of a batch (JSON texts, the one parameter, a text[]) that name no row of the table.
 
-    Each key is looked up on its own (a LATERAL subquery with LIMIT 1: a plan the planner cannot
-    turn into a scan of the table per batch), matching a NOT NULL key column (every primary key or
-    replica identity index column is) with `=`, which the key's index serves; IS NOT DISTINCT FROM,
-    which no index serves, is kept for a column that may hold NULL (a whole-row key: no index
-    anyway). A key's JSON spells bytea as hex without `\\x` (capture/values.py), which
-    json_populate_record reads as escaped text, giving the hex digits' own bytes: re-decoded as hex."""
+    A key column that is NOT NULL (every primary key or replica identity index column is) is
+    matched with `=`, which lets the planner look each key up in the key's index, or hash the
+    batch and read the table once when the batch is big beside it; IS NOT DISTINCT FROM allows
+    neither (each key would scan the table) and is kept for a column that may hold NULL (a
+    whole-row key), NULL matching NULL. A key's JSON spells bytea as hex without `\\x`
+    (capture/values.py), which json_populate_record reads as escaped text, giving the hex digits'
+    own bytes: re-decoded as hex (from `r`, so that the lookup depends on `r` alone)."""
     table = sql.SQL("{}.{}").format(sql.Identifier(info.schema), sql.Identifier(info.table))
     types = {c.name: c.type for c in info.columns}
     conds = []
@@ -699,9 +699,8 @@ def absent_query(info: TableInfo, not_null: Collection[str]) -> sql.Composed:
         op = sql.SQL("=") if key in not_null else sql.SQL("IS NOT DISTINCT FROM")
         conds.append(sql.SQL("x.{} {} {}").format(col, op, value))
     return sql.SQL(
-        "SELECT k FROM unnest(%s::text[]) AS k CROSS JOIN LATERAL json_populate_record(NULL::{t}, k::json) AS r "
-        "LEFT JOIN LATERAL (SELECT true AS hit FROM {t} AS x WHERE {match} LIMIT 1) AS found ON true "
-        "WHERE found.hit IS NULL"
+        "SELECT k FROM unnest(%s::text[]) AS k, LATERAL json_populate_record(NULL::{t}, k::json) AS r "
+        "WHERE NOT EXISTS (SELECT 1 FROM {t} AS x WHERE {match})"
     ).format(t=table, match=sql.SQL(" AND ").join(conds))
 
 
