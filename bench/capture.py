@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from bench._paced import paced_writes  # noqa: E402
 from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
 from tributary.capture.catalog import list_tables  # noqa: E402
-from tributary.capture.chunked import check_query, context_key  # noqa: E402
+from tributary.capture.chunked import check_query, context_key, key_lines  # noqa: E402
 from tributary.capture.log import Log  # noqa: E402
 from tributary.capture.lsn import Lsn  # noqa: E402
 from tributary.capture.status import read_status  # noqa: E402
@@ -577,9 +577,10 @@ def bench_key_check(dsn: str, rows: int, batch: int) -> dict[str, float]:
         )
         timings: dict[str, float] = {}
         found: dict[str, int] = {}
+        params = {"check": key_lines([k.encode() for k in keys]), "not_distinct": keys}  # as each was sent
         for label, query in (("check", check_query(conn, info)), ("not_distinct", old)):
             t0 = time.perf_counter()
-            found[label] = len(conn.execute(query, (keys,)).fetchall())
+            found[label] = len(conn.execute(query, (params[label],)).fetchall())
             timings[label] = time.perf_counter() - t0
         conn.execute("DROP TABLE check_t")
     if found["check"] != found["not_distinct"]:

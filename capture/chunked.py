@@ -64,6 +64,7 @@ __all__ = [
     "absent_query",
     "check_query",
     "context_key",
+    "key_lines",
 ]
 
 log = logging.getLogger(__name__)
@@ -662,7 +663,7 @@ class ChunkedSnapshot:
         if not batch:
             return
         query = check_query(conn, info)
-        absent = {str(r[0]).encode() for r in conn.execute(query, ([k.decode() for k in batch],))}
+        absent = {str(r[0]).encode() for r in conn.execute(query, (key_lines(batch),))}
         job.units = [k for k in batch if k in absent]
 
 
@@ -673,13 +674,20 @@ WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped 
 """
 
 
+def key_lines(keys: list[bytes]) -> str:
+    """A batch of keys as `absent_query`'s parameter: one text, a key (its JSON) a line. JSON
+    holds no raw newline, and one text costs nothing to send where a text[] of 200,000 keys
+    costs seconds of client CPU (psycopg escapes each element in Python)."""
+    return b"\n".join(keys).decode()
+
+
 def check_query(conn: psycopg.Connection[Any], info: TableInfo) -> sql.Composed:
     """`absent_query` for the table as it is now (which of its key columns are NOT NULL)."""
     return absent_query(info, {str(r[0]) for r in conn.execute(_NOT_NULL, (info.schema, info.table))})
 
 
 def absent_query(info: TableInfo, not_null: Collection[str]) -> sql.Composed:
-    """The keys of a batch (JSON texts, the one parameter, a text[]) that name no row of the table.
+    """The keys of a batch (the one parameter: `key_lines`) that name no row of the table.
 
     A key column that is NOT NULL (every primary key or replica identity index column is) is
     matched with `=`, which lets the planner look each key up in the key's index, or hash the
@@ -699,7 +707,8 @@ def absent_query(info: TableInfo, not_null: Collection[str]) -> sql.Composed:
         op = sql.SQL("=") if key in not_null else sql.SQL("IS NOT DISTINCT FROM")
         conds.append(sql.SQL("x.{} {} {}").format(col, op, value))
     return sql.SQL(
-        "SELECT k FROM unnest(%s::text[]) AS k, LATERAL json_populate_record(NULL::{t}, k::json) AS r "
+        "SELECT k FROM unnest(string_to_array(%s::text, E'\\n')) AS k, "
+        "LATERAL json_populate_record(NULL::{t}, k::json) AS r "
         "WHERE NOT EXISTS (SELECT 1 FROM {t} AS x WHERE {match})"
     ).format(t=table, match=sql.SQL(" AND ").join(conds))
 

@@ -15,7 +15,7 @@ from tests.integration.capture.helpers import cli, write_config
 from tests.integration.capture.test_chunked_snapshot import _chunked
 from tests.integration.capture.test_resnapshot import _compacted, _slot
 from tributary.capture.catalog import TableInfo, list_tables
-from tributary.capture.chunked import check_query
+from tributary.capture.chunked import check_query, key_lines
 
 pytestmark = pytest.mark.integration
 
@@ -82,8 +82,12 @@ def _per_key_scans(plan: dict[str, Any], table: str) -> list[dict[str, Any]]:
     return found
 
 
+def _lines(batch: list[str]) -> str:
+    return key_lines([k.encode() for k in batch])
+
+
 def _explain(conn: psycopg.Connection[Any], query: sql.Composed, batch: list[str]) -> dict[str, Any]:
-    row = conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + query, (batch,)).fetchone()
+    row = conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + query, (_lines(batch),)).fetchone()
     assert row is not None
     return dict(row[0][0]["Plan"])
 
@@ -104,7 +108,7 @@ def test_the_key_check_never_scans_the_table_per_key(fresh_db: str) -> None:
         ]
         batch += [k.replace('"k', '"gone', 1) for k in batch[:20]]
         query = check_query(conn, info)
-        absent = [r[0] for r in conn.execute(query, (batch,))]
+        absent = [r[0] for r in conn.execute(query, (_lines(batch),))]
         plans = {n: _explain(conn, query, batch[-n:]) for n in (len(batch), 40)}
     assert sorted(absent) == sorted(batch[-20:]), "exactly the keys the table does not have"
     for n, plan in plans.items():
@@ -131,6 +135,6 @@ def test_a_whole_row_key_matches_rows_with_nulls(fresh_db: str) -> None:
             '{"a":null,"b":null,"c":null}': True,
         }
         query = check_query(conn, info)
-        absent = {r[0] for r in conn.execute(query, (list(keys),))}
+        absent = {r[0] for r in conn.execute(query, (_lines(list(keys)),))}
     assert absent == {k for k, gone in keys.items() if gone}
     assert "IS NOT DISTINCT FROM" in query.as_string(None)
