@@ -6,6 +6,7 @@ Prints one JSON document. Ratios, not single timings, are the result: the machin
     .venv/bin/python bench/capture.py --rows 200000 --snapshot-rows 400000 --repeat 1
     .venv/bin/python bench/capture.py --compare-to /work/baseline   # also that checkout's capture, alternating
     .venv/bin/python bench/capture.py --skip streaming,snapshot,latency --chunked   # chunked vs consistent, kill -9 at 90 %
+    .venv/bin/python bench/capture.py --skip streaming,snapshot,latency --resnapshot --key-check-rows 300000
 
 `--compare-to CHECKOUT` runs another checkout's capture (its `.venv/bin/tributary`) on
 the same table right after this one's in each repeat, alternating which goes first, and reports
@@ -27,15 +28,18 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
+from psycopg import sql as pg_sql
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._paced import paced_writes  # noqa: E402
 from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
-from tributary.capture.chunked import context_key  # noqa: E402
+from tributary.capture.catalog import list_tables  # noqa: E402
+from tributary.capture.chunked import check_query, context_key, key_lines  # noqa: E402
 from tributary.capture.log import Log  # noqa: E402
 from tributary.capture.lsn import Lsn  # noqa: E402
 from tributary.capture.status import read_status  # noqa: E402
@@ -468,6 +472,129 @@ def bench_chunked(
     }
 
 
+def _context(log_root: Path) -> dict[str, Any] | None:
+    """The source's chunked-snapshot context as last committed (capture/chunked.py), if any."""
+    try:
+        with Log.open(log_root) as log:
+            text = log.positions().get(context_key("b"))
+    except Exception:  # noqa: BLE001 - the log may be being created
+        return None
+    return None if text is None else json.loads(text)
+
+
+def _resnapshot_until(config: Path, log_root: Path, table: str, timeout: float = 3600) -> tuple[float, float]:
+    """Start capture on a log whose slot is gone (`snapshot = "when_needed"`): wait until its
+    chunked re-snapshot of `table` is committed whole, key check included; (seconds in all,
+    seconds of the key check: from the first commit in phase "absent")."""
+    start = time.perf_counter()
+    proc = _spawn(config)
+    began = False
+    absent_at: float | None = None
+    try:
+        while True:
+            ctx = _context(log_root) or {}
+            pending = list(ctx.get("pending") or [])
+            if table in pending:
+                began = True
+                if ctx.get("phase") == "absent" and absent_at is None:
+                    absent_at = time.perf_counter()
+            elif began:
+                end = time.perf_counter()
+                return end - start, end - (absent_at or end)
+            if proc.poll() is not None:
+                raise RuntimeError(f"capture exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+            if time.perf_counter() - start > timeout:
+                raise RuntimeError("the re-snapshot did not finish in time")
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait(timeout=60)
+
+
+def bench_resnapshot(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path) -> dict[str, float]:
+    """A chunked first snapshot of a table, then, its slot dropped and 1 % of its rows deleted, the
+    `when_needed` re-snapshot of it: every row read again, then every key of its topic checked
+    against the table (a delete + tombstone for each key gone). The ratio re-snapshot ÷ first."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "DROP TABLE IF EXISTS resnap_t; CREATE TABLE resnap_t (id bigserial PRIMARY KEY, a int, b text, c timestamptz)"
+        )
+        conn.execute(
+            "INSERT INTO resnap_t (a, b, c) SELECT g, md5(g::text) || md5((g+1)::text), now() FROM generate_series(1, %s) g",
+            (rows,),
+        )
+        conn.execute("VACUUM ANALYZE resnap_t")
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'bench_resnap'"
+        )
+    log_root = work / "log-resnap"
+    shutil.rmtree(log_root, ignore_errors=True)
+    extra = 'snapshot_method = "chunked"\n'
+    config = _config(work / "resnap.toml", dsn, log_root, "bench_resnap", "when_needed", "public.resnap_t", extra)
+    os.sync()
+    c0 = _children_cpu()
+    first_s, _ = _snapshot_until(config, log_root, "b.public.resnap_t")
+    first_cpu = _children_cpu() - c0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot('bench_resnap')")
+        deleted = conn.execute("DELETE FROM resnap_t WHERE id % 100 = 0").rowcount
+        conn.execute("VACUUM ANALYZE resnap_t")
+    os.sync()
+    c0 = _children_cpu()
+    again_s, check_s = _resnapshot_until(config, log_root, "public.resnap_t")
+    again_cpu = _children_cpu() - c0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot('bench_resnap')")
+        conn.execute("DROP TABLE resnap_t")
+    shutil.rmtree(log_root, ignore_errors=True)
+    return {
+        "first_s": first_s,
+        "resnapshot_s": again_s,
+        "ratio": again_s / first_s,
+        "key_check_s": check_s,
+        "keys_deleted": deleted,
+        "first_client_cpu_s": first_cpu,
+        "resnapshot_client_cpu_s": again_cpu,
+    }
+
+
+def bench_key_check(dsn: str, rows: int, batch: int) -> dict[str, float]:
+    """One batch of the re-snapshot's key check (capture/chunked.py `check_query`) against the same
+    batch matched as the check once did (IS NOT DISTINCT FROM, which no index serves)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "DROP TABLE IF EXISTS check_t; CREATE TABLE check_t (id int PRIMARY KEY, n numeric(12, 2), note text)"
+        )
+        conn.execute("INSERT INTO check_t SELECT g, g * 1.5, 'seed' FROM generate_series(1, %s) g", (rows,))
+        conn.execute("VACUUM ANALYZE check_t")
+        info = list_tables(conn, lambda s, t: (s, t) == ("public", "check_t"))[0]
+        step = max(1, rows * 11 // 10 // batch)  # spread over the table, about 1 in 11 past its end
+        keys = [f'{{"id":{i}}}' for i in range(1, rows * 11 // 10 + 1, step)][:batch]
+        old = pg_sql.SQL(
+            "SELECT k FROM unnest(%s::text[]) AS k, LATERAL json_populate_record(NULL::public.check_t, k::json) AS r "
+            "WHERE NOT EXISTS (SELECT 1 FROM public.check_t AS x WHERE x.id IS NOT DISTINCT FROM r.id)"
+        )
+        timings: dict[str, float] = {}
+        found: dict[str, int] = {}
+        params = {"check": key_lines([k.encode() for k in keys]), "not_distinct": keys}  # as each was sent
+        for label, query in (("check", check_query(conn, info)), ("not_distinct", old)):
+            t0 = time.perf_counter()
+            found[label] = len(conn.execute(query, (params[label],)).fetchall())
+            timings[label] = time.perf_counter() - t0
+        conn.execute("DROP TABLE check_t")
+    if found["check"] != found["not_distinct"]:
+        raise RuntimeError(f"the two checks disagree: {found}")
+    return {
+        "rows": rows,
+        "batch": len(keys),
+        "absent": found["check"],
+        "check_ms": timings["check"] * 1000,
+        "not_distinct_ms": timings["not_distinct"] * 1000,
+        "speedup": timings["not_distinct"] / timings["check"],
+    }
+
+
 def bench_latency(dsn: str, work: Path, seconds: float, tps: int) -> dict[str, float]:
     """Commit -> committed in the log, at a steady rate: the row carries its commit clock."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -533,6 +660,14 @@ def main() -> None:
         "--chunked", action="store_true", help="also: consistent vs chunked snapshot, and a kill -9 at 90 %%"
     )
     parser.add_argument("--chunk-rows", type=int, default=None, help="snapshot_chunk_rows (default: capture's)")
+    parser.add_argument(
+        "--resnapshot",
+        action="store_true",
+        help="also: a chunked re-snapshot (key check included) against the first snapshot of the table",
+    )
+    parser.add_argument(
+        "--key-check-rows", type=int, default=0, help="also: one 2,000-key batch of the key check on a table this big"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "capture.json")
     parser.add_argument(
         "--compare-to", type=Path, default=None, help="another checkout (with its .venv) to run on the same tables"
@@ -565,6 +700,12 @@ def main() -> None:
             if args.chunked
             else []
         )
+        resnapshot = (
+            [bench_resnapshot(cluster, dsn, args.snapshot_rows, work) for _ in range(args.repeat)]
+            if args.resnapshot
+            else []
+        )
+        key_check = bench_key_check(dsn, args.key_check_rows, 2000) if args.key_check_rows else None
         latency = {} if "latency" in skip else bench_latency(dsn, work, args.latency_seconds, 1000)
         big = bench_big_tx(dsn, args.big_tx_rows, work) if args.big_tx_rows else None
     finally:
@@ -608,6 +749,15 @@ def main() -> None:
             "ratios": [round(r["ratio"], 3) for r in chunked],
             "target_ratio": 0.8,
         },
+        "resnapshot": {
+            "rows": args.snapshot_rows,
+            "runs": len(resnapshot),
+            "median": med(resnapshot),
+            "range": spread(resnapshot),
+            "ratios": [round(r["ratio"], 3) for r in resnapshot],
+            "target_ratio": 3.0,  # re-snapshot ÷ first snapshot (docs/capture.md: 2–3×)
+        },
+        "key_check": key_check,
         "load_average": os.getloadavg(),
         "latency_1000tps": latency,
         "big_transaction": big,

@@ -17,6 +17,7 @@ import psycopg
 from tributary.capture.errors import SourceMisconfigured
 from tributary.capture.lsn import Lsn
 from tributary.capture.replication import ReplicationConnection, SlotInfo, connect_options, translate_connect_error
+from tributary.capture.session_guard import CATALOG_STATEMENT_TIMEOUT_MS, client_params, guard
 
 __all__ = ["Slot", "SlotState", "sql_connection"]
 
@@ -24,9 +25,11 @@ __all__ = ["Slot", "SlotState", "sql_connection"]
 def sql_connection(dsn: str, *, label: str) -> psycopg.Connection[Any]:
     """A plain autocommit connection with capture's session settings (catalog reads, slot checks)."""
     try:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=10, **connect_options())
+        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10, **connect_options(), **client_params())
+        guard(conn, statement_timeout_ms=CATALOG_STATEMENT_TIMEOUT_MS)  # capture/session_guard.py
     except psycopg.OperationalError as exc:
         raise translate_connect_error(exc, f"source {label!r}") from None
+    return conn
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from tributary.capture import compiled
 from tributary.capture.catalog import TableInfo
 from tributary.capture.errors import TransientSourceError
 from tributary.capture.replication import connect_options, translate_connect_error
+from tributary.capture.session_guard import client_params, guard
 from tributary.capture.values import copy_unescape, type_family
 
 __all__ = ["CHUNK_BYTES", "JSON_BATCH", "SnapshotReader", "take_copy_python"]
@@ -88,7 +89,10 @@ class SnapshotReader:
     def __init__(self, dsn: str, snapshot_name: str | None, *, label: str) -> None:
         self.label = label
         try:
-            self._conn: psycopg.Connection[Any] = psycopg.connect(dsn, connect_timeout=10, **connect_options())
+            self._conn: psycopg.Connection[Any] = psycopg.connect(
+                dsn, connect_timeout=10, **connect_options(), **client_params()
+            )
+            guard(self._conn, statement_timeout_ms=None)  # a COPY may run long (capture/session_guard.py)
         except psycopg.OperationalError as exc:
             raise translate_connect_error(exc, f"source {label!r} (snapshot)") from None
         self._conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
