@@ -32,3 +32,5 @@ class SourceSpec:
     signal_table: str | None = None
     # root: a leaf partition's changes are the root table's (its topic, key and schema); leaves: own tables
     partitioned_tables: str = "root"
+    # "schema.table" without a key whose lost UPDATEs/DELETEs the user accepted (`init` refuses others)
+    allow_without_key: tuple[str, ...] = ()

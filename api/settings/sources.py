@@ -55,6 +55,7 @@ def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[Sourc
             snapshot_method=s.snapshot_method,
             snapshot_chunk_rows=s.snapshot_chunk_rows,
             partitioned_tables=s.partitioned_tables,
+            allow_without_key=s.allow_without_key,
         )
         for s in settings.sources
     ]
