@@ -4,7 +4,8 @@ running), e.g.`), which read as broken sentences."""
 
 from __future__ import annotations
 
-import click
+from typing import Any
+
 from typer.core import TyperGroup
 
 __all__ = ["SentenceGroup", "first_sentence"]
@@ -23,7 +24,8 @@ def first_sentence(text: str) -> str:
 class SentenceGroup(TyperGroup):
     """A typer group whose listing gives every command its whole first sentence."""
 
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    # Any: typer carries its own copy of click, whose Context and HelpFormatter it does not export
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
         rows = []
         for name in self.list_commands(ctx):
             cmd = self.get_command(ctx, name)

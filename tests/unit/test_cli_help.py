@@ -4,8 +4,8 @@ never ended at an abbreviation (`…, e.g.`), at the width a plain terminal or a
 from __future__ import annotations
 
 import re
+from typing import Any
 
-import click
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.unit
 _ABBREVIATIONS = ("e.g.", "i.e.", "vs.", "cf.")
 
 
-def _groups(group: click.Command, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+def _groups(group: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     """The command path of every group under `group` (a command with subcommands), itself included."""
     found = [path]
     for name, cmd in getattr(group, "commands", {}).items():
