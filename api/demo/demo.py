@@ -288,19 +288,24 @@ class _Run:
 
     def stop(self) -> None:
         """Stop every stage (Spark's running jobs cancelled, so a projection pass ends now), wait a
-        bounded time for them, stop Spark's JVM, print the summary."""
-        from tributary.projections.spark import cancel_jobs, stop_session
+        bounded time for them, stop Spark's JVM, print the summary. A Spark still starting is not
+        waited for: its JVM ends when this process does (it exits when its stdin closes)."""
+        from tributary.projections.spark import cancel_jobs, has_session, stop_session
 
         self.stop_event.set()
         if self.daemon is not None:
             self.daemon.request_stop()
         if self.server is not None:
             self.server.should_exit = True
-        cancel_jobs()
         deadline = time.monotonic() + STOP_WAIT_S
         for stage in self.stages:
-            stage.join(timeout=max(0.0, deadline - time.monotonic()))
-        stop_session()
+            while stage.is_alive() and time.monotonic() < deadline:
+                if stage.name == "projections" and not has_session():
+                    break  # still starting Spark (20 s and more when busy): its JVM exits with this process
+                cancel_jobs()  # again while waiting: a pass may begin once Spark has started
+                stage.join(timeout=0.5)
+        if has_session():
+            stop_session()
         if self.workload is not None:
             self.workload.close()
             _summary(self.console, self.settings.log.root, self.workload.counts, self.counts, self.stages)
