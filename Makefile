@@ -54,4 +54,5 @@ bench: setup
 
 clean:
 	-$(VENV)/bin/tributary pg down
+	-$(VENV)/bin/tributary pg down --data-dir .tributary/demo/pg
 	rm -rf .tributary

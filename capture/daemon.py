@@ -269,6 +269,7 @@ class CaptureDaemon:
             self._logged.pop(session.name, None)
             log.info("source %r recovered after %s: streaming", session.name, status.error)
         status.error = status.error_kind = status.retry_at_ms = None
+        log.info("source %s: streaming from LSN %s", session.name, status.confirmed_lsn)
         if session.has_boundary:  # a snapshot was taken: commit it whole, with its LSN
             self._mark = self.log.mark()
             self.commit()

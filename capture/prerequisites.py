@@ -22,7 +22,7 @@ from tributary.capture.replication import ReplicationConnection, connect_options
 from tributary.capture.routing import TableFilter, topic_name
 from tributary.capture.source import SourceSpec
 
-__all__ = ["Finding", "Outcome", "SourceReport", "check_source"]
+__all__ = ["Finding", "Outcome", "SourceReport", "allow_line", "check_source"]
 
 
 class Outcome(enum.StrEnum):
@@ -43,6 +43,7 @@ class SourceReport:
     name: str
     findings: list[Finding] = field(default_factory=list)
     tables: list[str] = field(default_factory=list)
+    connected: bool = False  # False: nothing but the connection could be checked
 
     @property
     def ok(self) -> bool:
@@ -71,15 +72,22 @@ def check_source(
     except psycopg.OperationalError as exc:
         report.add(Outcome.PROBLEM, str(translate_connect_error(exc, "cannot connect")))
         return report
+    report.connected = True
     with conn:
         _check_server(conn, report)
         if report.ok:
-            _check_tables(conn, spec, report, replica_identity_full, set(allow_without_key))
+            _check_tables(conn, spec, report, replica_identity_full, {*allow_without_key, *spec.allow_without_key})
             if kafka:
                 _check_toast_on_kafka(conn, spec, report)
         if report.ok and create_slot:
             _ensure_slot(conn, spec, report, None if position in (None, str(Lsn.ZERO)) else position)
     return report
+
+
+def allow_line(spec: SourceSpec, *tables: str) -> str:
+    """The config line that keeps `tables` allowed without a key, beside those already allowed."""
+    names = sorted({*spec.allow_without_key, *tables})
+    return "allow_without_key = [" + ", ".join(f'"{n}"' for n in names) + "]"
 
 
 def _check_server(conn: psycopg.Connection[Any], report: SourceReport) -> None:
@@ -152,7 +160,8 @@ def _check_tables(
             report.add(
                 Outcome.PROBLEM,
                 f"{name}: no primary key or replica identity, so its UPDATEs and DELETEs would be silently lost; "
-                f"add a primary key, run init with --replica-identity-full, or allow it with --allow-without-key {name}",
+                f"add a primary key, run init with --replica-identity-full, or allow it: add "
+                f"`{allow_line(spec, name)}` to the config's [[sources]] entry {spec.name!r}",
             )
     for table in (t for t in tables if not t.loses_updates):
         for warning in table_warnings(table):

@@ -282,7 +282,14 @@ class SourceSession:
             snapshot = SnapshotSource(
                 self.spec, self.staging, self.tables, self.status, db=slot.database, clock=self.clock
             )
+            log.info("source %s: snapshot started (consistent)", self.spec.name)
             start = snapshot.take(self.slot, slot, on_progress)
+            log.info(
+                "source %s: snapshot finished: %s rows at %s",
+                self.spec.name,
+                f"{self.status.snapshot_rows_done:,}",
+                start,
+            )
         else:
             with self.slot.recreate(slot, export_snapshot=False) as info:
                 start = info.consistent_point

@@ -34,3 +34,5 @@ class SourceSpec:
     partitioned_tables: str = "root"
     # Re-snapshot a table (chunked) when a schema change rewrote its rows (capture/ddl_watch.py).
     resnapshot_on_rewrite: bool = False
+    # "schema.table" without a key whose lost UPDATEs/DELETEs the user accepted (`init` refuses others)
+    allow_without_key: tuple[str, ...] = ()

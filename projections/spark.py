@@ -155,6 +155,19 @@ def get_session(master: str = "local[*]", *, shuffle_partitions: int = 4, conf: 
         return session
 
 
+def has_session() -> bool:
+    """Whether this process's session exists (False while it is still starting)."""
+    return _SESSION is not None
+
+
+def cancel_jobs() -> None:
+    """Cancel the session's running jobs, if there is a session: whoever waits on one gets an
+    error at once (a process that is stopping need not wait for a pass to finish)."""
+    session = _SESSION  # not under _LOCK: that is held while a session starts, which may take long
+    if session is not None:
+        session.sparkContext.cancelAllJobs()
+
+
 def stop_session() -> None:
     global _SESSION
     with _LOCK:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Annotated
@@ -15,18 +16,21 @@ from rich.live import Live
 from rich.text import Text
 
 from tributary.api.cli.common import ConfigOption, UserError, settings_from
+from tributary.api.cli.help import SentenceGroup
 from tributary.api.cli.output import console as make_console
-from tributary.api.cli.output import is_terminal, literal
+from tributary.api.cli.output import count, is_terminal, literal
 from tributary.api.settings.config import Settings
 from tributary.api.settings.log import cleaner_policy, kafka_options
-from tributary.api.settings.sources import source_specs, source_statuses
+from tributary.api.settings.sources import OUTBOX_SOURCE, source_specs, source_statuses
 from tributary.capture.daemon import CaptureDaemon, DaemonOptions
-from tributary.capture.prerequisites import Outcome, check_source
+from tributary.capture.prerequisites import Outcome, SourceReport, allow_line, check_source
+from tributary.capture.spec import SourceSpec
 from tributary.capture.status import SourceStatus, snapshot_summary
 
 __all__ = ["register"]
 
 capture_app = typer.Typer(
+    cls=SentenceGroup,
     help="Run the capture daemon (every source, and the event store's outbox) into the log.",
     invoke_without_command=True,
 )
@@ -47,7 +51,11 @@ def init(
     ] = False,
     allow_without_key: Annotated[
         list[str] | None,
-        typer.Option("--allow-without-key", help="schema.table whose lost UPDATEs/DELETEs you accept (repeatable)."),
+        typer.Option(
+            "--allow-without-key",
+            help="schema.table whose lost UPDATEs/DELETEs you accept, for this run, beside [[sources]] "
+            "allow_without_key (repeatable).",
+        ),
     ] = None,
 ) -> None:
     """Check every source's prerequisites, create slots, run the service migrations; say what is missing.
@@ -75,9 +83,19 @@ def init(
             position=positions.get(spec.name),
             kafka=settings.log.backend == "kafka" and spec.router is None,  # an outbox carries events
         )
-        console.print(f"[bold]source {literal(spec.name)}[/] ({len(report.tables)} tables)")
+        tables = count(len(report.tables), "table")
+        console.print(f"[bold]source {literal(spec.name)}[/] ({tables if report.connected else 'could not connect'})")
         for finding in report.findings:
             console.print(f"  {_MARKS[finding.outcome]:>8} {literal(finding.message)}")
+        kept = _allowed_this_run_only(spec, report, allow_without_key or ())
+        if kept:
+            console.print(
+                f"  {_MARKS[Outcome.WARNING]:>8} "
+                + literal(
+                    f"{', '.join(kept)} allowed without a key for this run only: to keep it, add "
+                    f"`{allow_line(spec, *kept)}` to the config's [[sources]] entry {spec.name!r}"
+                )
+            )
         if not report.ok:
             failed.append(spec.name)
     if failed:
@@ -114,6 +132,14 @@ def _log_positions(settings: Settings) -> dict[str, str]:
         except ValueError:  # not a source's position (a snapshot's context)
             continue
     return out
+
+
+def _allowed_this_run_only(spec: SourceSpec, report: SourceReport, flagged: Sequence[str]) -> list[str]:
+    """Tables without a key that `--allow-without-key` allowed but the config does not (yet)."""
+    if spec.name == OUTBOX_SOURCE:
+        return []
+    keyless = {t for t in report.tables if any(f.message.startswith(f"{t}: no primary key") for f in report.findings)}
+    return sorted(t for t in set(flagged) & keyless if t not in spec.allow_without_key)
 
 
 def _domains(settings: Settings, console: Console) -> None:
@@ -174,11 +200,16 @@ def capture(
         cleaner=cleaner_policy(settings),
         kafka=kafka_options(settings),
     )
-    if not is_terminal():  # a service manager, a pipe, a file: its logs only
+    if not is_terminal():  # a service manager, a pipe, a file: its logs, and a progress line now and then
         logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT, stream=sys.stderr)
         daemon = CaptureDaemon(specs, options)
         daemon.install_signal_handlers()
-        raise typer.Exit(daemon.run())
+        progress = _ProgressLog(lambda: [s.status for s in daemon.sessions], settings.capture.progress_interval_s)
+        progress.start()
+        try:
+            raise typer.Exit(daemon.run())
+        finally:
+            progress.stop.set()
     live = Console(stderr=True, highlight=False)
     handler = _ConsoleLogHandler(live)
     handler.setFormatter(logging.Formatter(_LOG_FORMAT))
@@ -227,6 +258,31 @@ class _ConsoleLogHandler(logging.Handler):
             self.console.print(Text(self.format(record)), soft_wrap=True)
         except Exception:  # noqa: BLE001 - logging must never stop capture
             self.handleError(record)
+
+
+def progress_line(s: SourceStatus) -> str:
+    """One source's progress, as the live display shows it, for a log."""
+    detail = snapshot_summary(s.to_json()) or f"lsn {s.last_lsn or '-'}"
+    error = f" ({s.error})" if s.error else ""
+    return f"source {s.name}: {s.state.value}{error}, {count(s.changes, 'change')} ({s.changes_per_s:,.1f}/s), {detail}"
+
+
+class _ProgressLog(threading.Thread):
+    """Off a terminal, where there is no live display: every `interval_s`, a log line per source
+    (its state, changes, changes/s, the snapshot under way), so a log shows capture is alive."""
+
+    def __init__(self, sources: Callable[[], Sequence[SourceStatus]], interval_s: float) -> None:
+        super().__init__(name="capture-progress", daemon=True)
+        self.sources, self.interval_s = sources, interval_s
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.interval_s):
+            for status in list(self.sources()):
+                _progress_log.info("%s", progress_line(status))
+
+
+_progress_log = logging.getLogger("tributary.capture.progress")
 
 
 class _LiveStatus:

@@ -12,10 +12,12 @@ from typing import Annotated, Any
 import typer
 
 from tributary.api.cli.common import ConfigOption, UserError, service_dsn, settings_from
+from tributary.api.cli.help import SentenceGroup
 
 __all__ = ["register"]
 
 groups_app = typer.Typer(
+    cls=SentenceGroup,
     help=(
         "Consumer groups: who consumes what, how far behind, and replay.\n\n"
         "A group holds one committed offset per topic-partition (the next offset it reads); its live members "

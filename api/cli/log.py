@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tributary.api.cli.common import ConfigOption
+from tributary.api.cli.help import SentenceGroup
 from tributary.capture.log import LogError
 from tributary.capture.log.admin import CompactedInBackground, cat, compact, repair, topics, verify
 
@@ -27,6 +28,7 @@ __all__ = ["log_app", "register"]
 DEFAULT_ROOT = Path(".tributary/log")
 
 log_app = typer.Typer(
+    cls=SentenceGroup,
     help="Inspect the log: list topics, print records, compact, verify checksums.",
     no_args_is_help=True,
 )

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from tributary.api.cli.common import ConfigOption, UserError, service_dsn, settings_from
+from tributary.api.cli.help import SentenceGroup
 from tributary.api.devdb.embedded import EmbeddedPostgres, PgError
 from tributary.api.settings.config import ConfigError, Settings
 
@@ -19,6 +20,7 @@ __all__ = ["ConfigOption", "UserError", "app", "main", "service_dsn", "settings_
 
 
 app = typer.Typer(
+    cls=SentenceGroup,
     name="tributary",
     help=(
         "Change-data capture and event sourcing on PostgreSQL.\n\n"
@@ -32,7 +34,9 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 pg_app = typer.Typer(
-    help="The embedded PostgreSQL (wal2json, wal_level=logical) for demos and tests.", no_args_is_help=True
+    cls=SentenceGroup,
+    help="The embedded PostgreSQL (wal2json, wal_level=logical) for demos and tests.",
+    no_args_is_help=True,
 )
 app.add_typer(pg_app, name="pg")
 

@@ -13,7 +13,7 @@ import sys
 from rich.console import Console
 from rich.markup import escape
 
-__all__ = ["console", "is_terminal", "literal"]
+__all__ = ["console", "count", "is_terminal", "literal"]
 
 
 def console(*, stderr: bool = False) -> Console:
@@ -29,3 +29,8 @@ def literal(text: object) -> str:
 def is_terminal() -> bool:
     """Both stdout and stderr are terminals: only then may a command draw a live display."""
     return sys.stdout.isatty() and sys.stderr.isatty()
+
+
+def count(n: int, noun: str) -> str:
+    """`1 row`, `2 rows`, `1,000 rows`: a number and its noun, singular or plural as it agrees."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"

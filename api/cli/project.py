@@ -18,6 +18,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tributary.api.cli.common import ConfigOption, service_dsn, settings_from
+from tributary.api.cli.help import SentenceGroup
+from tributary.api.cli.output import count
 
 if TYPE_CHECKING:
     from tributary.projections.runner import RunResult, RunSettings
@@ -37,7 +39,9 @@ _LOG = logging.getLogger("tributary.projections.cli")
 _LOG.propagate = False  # the trace goes to project.log; the terminal gets the one line
 TRACE_BYTES = 10 << 20  # project.log past this size becomes project.log.1 (replacing an older one)
 
-project_app = typer.Typer(help="Projections: fold the log into derived tables (PySpark).", no_args_is_help=True)
+project_app = typer.Typer(
+    cls=SentenceGroup, help="Projections: fold the log into derived tables (PySpark).", no_args_is_help=True
+)
 
 
 def _run_settings(config: Any, *, skip_errors: bool = False) -> RunSettings:
@@ -104,7 +108,7 @@ def _print_result(result: RunResult) -> None:
     what = "rebuilt" if result.rebuilt else "caught up"
     typer.echo(
         f"{result.name}: {what} build {result.build} ({result.table}): "
-        f"{result.records:,} records read, {result.rows:,} rows written in {result.seconds:.1f}s"
+        f"{count(result.records, 'record')} read, {count(result.rows, 'row')} written in {result.seconds:.1f}s"
     )
 
 

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from tributary.api.cli.common import ConfigOption, UserError, service_dsn, settings_from
+from tributary.api.cli.help import SentenceGroup
 
 __all__ = ["register"]
 
@@ -102,7 +103,7 @@ def serve(
 
 
 config_app = typer.Typer(
-    help="Configuration: the reference of every key, the effective settings.", no_args_is_help=True
+    cls=SentenceGroup, help="Configuration: the reference of every key, the effective settings.", no_args_is_help=True
 )
 
 

@@ -16,11 +16,14 @@ from typing import Annotated, Any
 import typer
 
 from tributary.api.cli.common import ConfigOption, UserError, service_dsn, settings_from
+from tributary.api.cli.help import SentenceGroup
 from tributary.api.settings.config import SinkSettings
 
 __all__ = ["register", "sinks_app"]
 
-sinks_app = typer.Typer(help="HTTP sinks: consumer groups that POST the log's records elsewhere.", no_args_is_help=True)
+sinks_app = typer.Typer(
+    cls=SentenceGroup, help="HTTP sinks: consumer groups that POST the log's records elsewhere.", no_args_is_help=True
+)
 
 
 def register(app: typer.Typer) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -36,12 +37,26 @@ __all__ = [
 ]
 
 DEFAULT_CONFIG = Path("tributary.toml")
+_QUALIFIED_TABLE = re.compile(r"[^.\s\"*?\[\]]+\.[^.\s\"*?\[\]]+")  # schema.table, as signal_table
 log = logging.getLogger(__name__)
 
 # Durations in ms and sizes in bytes have an upper bound too: a value past it is a typo, and an
 # unbounded one would overflow where it meets a timer or a 64-bit field instead of failing here.
 _MAX_MS = 100 * 365 * 86_400_000  # a century: "forever" for retention
 _MAX_SEGMENT_BYTES = (1 << 32) - 1  # the log's offset index holds 32-bit byte positions (Log.open refuses more)
+
+
+def _valid_dsn(dsn: str) -> str:
+    """A DSN libpq can parse (a URI or key=value pairs): a typo stops the config in one line
+    naming the key, not a driver's traceback later. The value is never repeated (a password)."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.Error:
+        raise ValueError("not a valid DSN: expected postgresql://user@host:port/dbname or key=value pairs") from None
+    return dsn
 
 
 class _Section(BaseModel):
@@ -56,6 +71,11 @@ class ServiceSettings(_Section):
         default=None,
         description="DSN of the service database; unset = the embedded cluster (`tributary pg up`).",
     )
+
+    @field_validator("dsn")
+    @classmethod
+    def _parsable(cls, dsn: str | None) -> str | None:
+        return None if dsn is None else _valid_dsn(dsn)
 
 
 class KafkaLogSettings(_Section):
@@ -182,6 +202,24 @@ class SourceSettings(_Section):
         description="After a schema change that rewrote a table's rows (ALTER COLUMN TYPE, ADD COLUMN DEFAULT, …), "
         "re-snapshot it (chunked) so its topic equals the table again.",
     )
+    allow_without_key: tuple[str, ...] = Field(
+        default=(),
+        description="schema.table of tables without a key whose lost UPDATEs and DELETEs you accept "
+        "(`init` refuses them otherwise).",
+    )
+
+    @field_validator("dsn")
+    @classmethod
+    def _parsable(cls, dsn: str) -> str:
+        return _valid_dsn(dsn)
+
+    @field_validator("allow_without_key")
+    @classmethod
+    def _qualified_tables(cls, tables: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [t for t in tables if not _QUALIFIED_TABLE.fullmatch(t)]
+        if bad:
+            raise ValueError(f"each entry must be schema.table, not {', '.join(repr(t) for t in bad)}")
+        return tables
 
     @property
     def slot_name(self) -> str:
@@ -198,6 +236,13 @@ class CaptureSettings(_Section):
         gt=0,
         le=3600,
         description="Ceiling of each source's retry backoff: a failed source retries after 0.5 s, doubling up to this (a misconfigured one waits this long).",
+    )
+    progress_interval_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=86_400,
+        description="How often `capture`, when not on a terminal, logs a progress line per source (state, "
+        "changes, changes/s, the snapshot under way).",
     )
 
 

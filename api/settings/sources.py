@@ -56,6 +56,7 @@ def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[Sourc
             snapshot_chunk_rows=s.snapshot_chunk_rows,
             partitioned_tables=s.partitioned_tables,
             resnapshot_on_rewrite=s.resnapshot_on_rewrite,
+            allow_without_key=s.allow_without_key,
         )
         for s in settings.sources
     ]

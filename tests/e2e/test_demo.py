@@ -6,6 +6,7 @@ once on stderr and in `/healthz` (the console shows it), and the demo exits 1.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -22,7 +23,7 @@ import psycopg
 import pytest
 
 from tests.e2e.test_console import _browser, _wait
-from tributary.api.devdb.embedded import EmbeddedPostgres
+from tributary.api.devdb.embedded import EmbeddedPostgres, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -30,28 +31,54 @@ ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-c", "from tributary.api.cli.main import main; main()"]
 
 
+def _pg_dir(tmp_path: Path) -> Path:
+    """Where the demo run in `tmp_path` keeps its cluster: its own directory, `.tributary/demo`."""
+    return tmp_path / ".tributary" / "demo" / "pg"
+
+
 @contextmanager
 def _demo(tmp_path: Path, duration: int | None) -> Iterator[tuple[subprocess.Popen[str], Path, Path]]:
-    """`tributary demo [--duration N]` in the background: (process, stdout file, stderr file)."""
-    env = {
-        **os.environ,
-        "TRIBUTARY_PG_DATA_DIR": str(tmp_path / "pg"),
-        "TRIBUTARY_LOG__ROOT": str(tmp_path / "log"),
-        "PYTHONUNBUFFERED": "1",
-    }
+    """`tributary demo [--duration N]` in the background, in `tmp_path`, in a session of its own
+    (so that what it leaves running can be found): (process, stdout file, stderr file)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIBUTARY_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env["TRIBUTARY_API__PORT"] = str(free_port())  # not 8000, which demos run at once would share
     out, err = tmp_path / "demo.out", tmp_path / "demo.err"
     with out.open("w") as o, err.open("w") as e:
         args = ["demo"] if duration is None else ["demo", "--duration", str(duration)]
-        proc = subprocess.Popen([*CLI, *args], cwd=tmp_path, env=env, stdout=o, stderr=e, text=True)
+        proc = subprocess.Popen(
+            [*CLI, *args], cwd=tmp_path, env=env, stdout=o, stderr=e, text=True, start_new_session=True
+        )
     try:
         yield proc, out, err
     finally:
         if proc.poll() is None:
-            proc.terminate()
+            proc.kill()
             proc.wait(timeout=120)
+        _kill_session(proc.pid)
         subprocess.run(
-            [*CLI, "pg", "down", "--data-dir", str(tmp_path / "pg")], cwd=ROOT, capture_output=True, timeout=120
+            [*CLI, "pg", "down", "--data-dir", str(_pg_dir(tmp_path))], cwd=ROOT, capture_output=True, timeout=120
         )
+
+
+def _session_processes(sid: int) -> list[str]:
+    """The command lines of the processes still in session `sid` (the demo's children: Spark's
+    JVM, its Python workers)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[3]) == sid and fields[0] != "Z":  # after ") ": state, ppid, pgrp, session
+            found.append(cmdline.strip())
+    return found
+
+
+def _kill_session(sid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(sid, signal.SIGKILL)
 
 
 def _until(predicate: Any, timeout: float, what: str, proc: subprocess.Popen[str], err: Path) -> Any:
@@ -123,7 +150,7 @@ def test_demo_runs_end_to_end_through_a_rebuild_and_reports_work(tmp_path: Path)
 def test_a_failing_stage_shows_at_once_and_the_demo_exits_1(tmp_path: Path) -> None:
     with _demo(tmp_path, 45) as (proc, out, err):
         base = _until(lambda: _url(out), 180, "the console URL", proc, err)
-        shop = EmbeddedPostgres(tmp_path / "pg").dsn("shop")
+        shop = EmbeddedPostgres(_pg_dir(tmp_path)).dsn("shop")
         with psycopg.connect(shop, autocommit=True) as conn:  # the workload's table is gone
             conn.execute("ALTER TABLE orders RENAME TO orders_elsewhere")
         line = _until(lambda: re.search(r"tributary demo: shop failed: .*", err.read_text()), 30, "stderr", proc, err)
@@ -139,3 +166,42 @@ def test_a_failing_stage_shows_at_once_and_the_demo_exits_1(tmp_path: Path) -> N
         proc.wait(timeout=300)
     assert proc.returncode == 1, out.read_text() + err.read_text()
     assert "shop failed" in out.read_text()  # and again in the summary
+
+
+@pytest.mark.parametrize(
+    ("signum", "when"),
+    [(signal.SIGTERM, "projecting"), (signal.SIGINT, "starting Spark")],
+    ids=["SIGTERM-projecting", "SIGINT-starting-spark"],
+)
+def test_a_signal_stops_everything_with_the_summary_and_blames_no_stage(tmp_path: Path, signum: int, when: str) -> None:
+    """`timeout 900 make demo` sends SIGTERM; Ctrl-C, SIGINT. Either ends it within seconds, with
+    the summary and nothing of the demo left running: during a projection pass (cancelled, never
+    reported as a failure), or while Spark's JVM is still starting."""
+    with _demo(tmp_path, None) as (proc, out, err):
+        base = _until(lambda: _url(out), 180, "the console URL", proc, err)
+        cluster = EmbeddedPostgres(_pg_dir(tmp_path))
+        assert cluster.is_running()
+
+        def projected() -> bool:
+            rows = _get(base + "/projections") or []
+            return any(p["build"] is not None for p in rows)
+
+        def jvm() -> bool:
+            return any("java" in c for c in _session_processes(proc.pid))
+
+        if when == "projecting":
+            _until(projected, 240, "a first projection run (Spark's JVM up)", proc, err)
+        _until(jvm, 240, "Spark's JVM", proc, err)
+        proc.send_signal(signum)
+        proc.wait(timeout=90)
+        deadline = time.monotonic() + 60  # children exit a moment after their parent: wait for that
+        while (left := _session_processes(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        running = cluster.is_running()
+    stdout, stderr = out.read_text(), err.read_text()
+    assert proc.returncode == 0, stdout + stderr
+    assert "summary shop transactions=" in stdout, stdout
+    assert "failed" not in stdout and "tributary demo:" not in stderr, stdout + stderr
+    assert "Traceback" not in stderr, stderr
+    assert "stopped the embedded Postgres" in stdout, stdout
+    assert not running and not left, left

@@ -56,14 +56,45 @@ def test_quickstart_blocks_are_found() -> None:
         assert step in text, step
 
 
-def test_quickstart_runs_as_written(tmp_path: Path) -> None:
-    blocks = quickstart_blocks(README.read_text())
-    port = free_port()
+def _checkout(tmp_path: Path) -> Path:
+    """An empty directory standing for the checkout: only a link `.venv` to this one's."""
     work = tmp_path / "checkout"
     work.mkdir()
     (work / ".venv").symlink_to(ROOT / ".venv")
+    return work
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("TRIBUTARY_") and k != "COLUMNS"}
+
+
+def test_quickstart_runs_as_written(tmp_path: Path) -> None:
+    _run_quickstart(tmp_path, _checkout(tmp_path))
+
+
+def test_quickstart_runs_after_make_demo_in_the_same_checkout(tmp_path: Path) -> None:
+    """The README's first command is `make demo`: the Quick start, next, in the same checkout, must
+    start clean (the demo keeps its cluster, its `shop` and its log to itself)."""
+    work = _checkout(tmp_path)
+    demo = subprocess.run(
+        [str(work / ".venv" / "bin" / "tributary"), "demo", "--duration", "10"],
+        cwd=work,
+        env={**_clean_env(), "TRIBUTARY_API__PORT": str(free_port())},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert demo.returncode == 0 and "summary shop transactions=" in demo.stdout, demo.stdout + demo.stderr
+    _run_quickstart(tmp_path, work)
+
+
+def _run_quickstart(tmp_path: Path, work: Path) -> None:
+    """Run the Quick start's blocks in `work` and check what every step printed and left."""
+    blocks = quickstart_blocks(README.read_text())
+    port = free_port()
     (tmp_path / "quickstart.sh").write_text(script(blocks, port))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIBUTARY_") and k != "COLUMNS"}
+    env = _clean_env()
     env["TRIBUTARY_API__PORT"] = str(port)
     proc = subprocess.Popen(
         ["bash", "--noprofile", "--norc", str(tmp_path / "quickstart.sh")],
@@ -109,6 +140,7 @@ def test_quickstart_runs_as_written(tmp_path: Path) -> None:
     assert '"balance":"7.50"' in commands, commands
     assert re.search(r"^shop\.public\.orders\t", commands, flags=re.M), commands
     assert re.search(r"^events\.account\t", commands, flags=re.M), commands
+    assert "shop.public.customers" not in commands, commands  # only what this Quick start made
     assert '"after":{"id":1,"customer":"ada","total":"15.00"}' in commands, commands
     assert '"type":"MoneyWithdrawn"' in commands, commands
 
@@ -116,6 +148,7 @@ def test_quickstart_runs_as_written(tmp_path: Path) -> None:
     views = re.findall(r'^\{"view":"balances".*$', project, flags=re.M)
     assert len(views) == 2, project
     assert '"balance":"12.50"' in views[0] and '"balance":"7.50"' in views[1], project
+    assert all(v.count('"account_id"') == 1 for v in views), project  # acc-1's row only
     assert "balances: rebuilt build 1 (balances__v1_1)" in project, project
     assert "balances: rebuilt build 2 (balances__v2_2)" in project, project
 

@@ -114,7 +114,7 @@ def test_a_key_outside_its_section_says_where_it_belongs(tmp_path: Path) -> None
 def test_which_of_several_sources_is_named(tmp_path: Path) -> None:
     path = _write(
         tmp_path,
-        '[[sources]]\nname = "a"\ndsn = "x"\n\n[[sources]]\nname = "b"\n\n[[sources]]\nname = "c"\ndsn = "y"\n'
+        '[[sources]]\nname = "a"\ndsn = "host=a"\n\n[[sources]]\nname = "b"\n\n[[sources]]\nname = "c"\ndsn = "host=c"\n'
         'snapshot = "sometimes"\n',
     )
     assert _fails(["config", "show", "-c", str(path)]) == [
