@@ -322,9 +322,9 @@ class ChunkedSnapshot:
 
         if conn is None:
             with sql_connection(self.spec.dsn, label=self.spec.name) as own:
-                tables = self.tables.list(own)
+                tables = self.tables.included(own)
         else:
-            tables = self.tables.list(conn)
+            tables = self.tables.included(conn)
         self._infos = {t.qualified: t for t in tables}
         return self._infos
 

@@ -138,7 +138,7 @@ class SnapshotSource:
             self.status.state = SourceState.SNAPSHOTTING
             with SnapshotReader(self.spec.dsn, info.snapshot_name, label=self.spec.name) as reader:
                 with sql_connection(self.spec.dsn, label=self.spec.name) as conn:
-                    included = self.tables.list(conn)
+                    included = self.tables.included(conn)
                 self.copy(reader, included, info.consistent_point, on_progress)
         return info.consistent_point
 

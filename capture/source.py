@@ -202,7 +202,7 @@ class SourceSession:
         """The chunked-snapshot engine, its context resumed (or started: a new slot), tables
         included but never snapshotted requested (an `include` widened)."""
         spec = self.spec
-        included = self.tables.list(conn)
+        included = self.tables.included(conn)
         names = [t.qualified for t in included]
         if fresh or context is None:
             if fresh and self._chunked_start:

@@ -64,7 +64,7 @@ class SourceTables:
         """Is the table captured (`include`/`exclude`)?"""
         return self.filter.matches(schema, table)
 
-    def list(self, conn: psycopg.Connection[Any]) -> list[TableInfo]:
+    def included(self, conn: psycopg.Connection[Any]) -> list[TableInfo]:
         """The included tables as the snapshot reads them (partitioned roots, or leaves)."""
         return list_tables(conn, self.filter.matches, leaves=self.leaves)
 
@@ -130,7 +130,7 @@ class SourceTables:
         self._routes.clear()
         if not self.leaves:
             self._roots = partition_roots(conn)
-        included = self.list(conn)
+        included = self.included(conn)
         self.routes_partitions = any(t.partitioned for t in included)
         for table in included:
             self.schemas.seed(table.schema, table.table, [(c.name, c.type, c.typeoid) for c in table.columns])
