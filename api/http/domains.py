@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from tributary.api.http.problems import document_problems
 from tributary.eventstore.aggregate import Aggregate
 
 __all__ = ["GENERIC_COMMAND_PATH", "document_domains", "domain_paths"]
@@ -35,6 +36,7 @@ def document_domains(app: FastAPI, aggregates: Mapping[str, Aggregate[Any]]) -> 
         if app.openapi_schema is None:
             schema = base()  # FastAPI's own document, which it caches in app.openapi_schema
             domain_paths(schema, aggregates)
+            document_problems(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import PlainTextResponse, Response
 from psycopg import errors
 from pydantic import BaseModel
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.definitions import current_run_settings, current_settings
+from tributary.api.http.problems import Problem
 from tributary.api.settings.config import Settings
 from tributary.api.settings.log import kafka_options
 from tributary.api.settings.sources import source_statuses
@@ -199,7 +200,7 @@ def _topics(settings: Any) -> list[dict[str, Any]]:
             return []  # nothing captured yet
         return topics_of(settings.log.root)
     except LogError as exc:  # e.g. segments without a manifest (not an empty log), Kafka unreachable
-        raise HTTPException(503, str(exc)) from None
+        raise Problem(503, "log_unreadable", str(exc)) from None
 
 
 @router.get(
@@ -262,7 +263,7 @@ async def start_rebuild(name: str, request: Request) -> dict[str, Any]:
 
     settings = await asyncio.to_thread(_run_settings, request)
     if name not in await asyncio.to_thread(load_current, settings.modules, settings.mirror):
-        raise HTTPException(404, f"no projection named {name!r}")
+        raise Problem(404, "unknown_projection", f"no projection named {name!r}")
     with _rebuild_lock:
         running = [b for b in _rebuilds.values() if b["projection"] == name and b["state"] == "running"]
         if running:
@@ -310,7 +311,7 @@ async def rebuild_progress(rebuild_id: str) -> dict[str, Any]:
     """Progress of a rebuild started with POST /projections/{name}/rebuild."""
     entry = _rebuilds.get(rebuild_id)
     if entry is None:
-        raise HTTPException(404, f"no rebuild {rebuild_id!r}")
+        raise Problem(404, "unknown_rebuild", f"no rebuild {rebuild_id!r}")
     return entry
 
 

@@ -10,11 +10,12 @@ import asyncio
 import time
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
+from tributary.api.http.problems import ConflictBody, Problem
 from tributary.eventstore.errors import (
     CommandRejected,
     ConcurrencyConflict,
@@ -129,39 +130,36 @@ def _json(body: Any, status: int = 200) -> Response:
     return Response(dumps(body), status_code=status, media_type="application/json")
 
 
-def _http_error(exc: EventStoreError) -> HTTPException:
+def _http_error(exc: EventStoreError) -> Problem:
+    """The one mapping of the event store's errors to problems."""
     if isinstance(exc, ConcurrencyConflict):
-        return HTTPException(
+        return Problem(
             409,
-            {
-                "error": "conflict",
-                "message": str(exc),
-                "stream": exc.stream_id,
-                "expected": exc.expected,
-                "actual": exc.actual,
-                "attempts": exc.attempts,
-            },
+            "conflict",
+            str(exc),
+            stream=exc.stream_id,
+            expected=exc.expected,
+            actual=exc.actual,
+            attempts=exc.attempts,
         )
     if isinstance(exc, StoreUnavailable):
-        return HTTPException(503, {"error": "unavailable", "message": str(exc)})
+        return Problem(503, "unavailable", str(exc))
     if isinstance(exc, InvalidValue):
-        return HTTPException(422, {"error": "invalid_value", "field": exc.field, "message": str(exc)})
+        return Problem(422, "invalid_value", str(exc), field=exc.field)
     if isinstance(exc, UnknownStreamType):
-        return HTTPException(404, {"error": "unknown_stream_type", "message": str(exc)})
+        return Problem(404, "unknown_stream_type", str(exc))
     if isinstance(exc, CommandRejected):
-        return HTTPException(422, {"error": "rejected", "rule": exc.rule, "message": exc.reason})
+        return Problem(422, "rejected", exc.reason, rule=exc.rule)
     if isinstance(exc, InvalidCommand):
-        return HTTPException(
-            422,
-            {
-                "error": "invalid",
-                "message": str(exc),
-                "fields": [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors],
-            },
-        )
-    if isinstance(exc, UnknownCommand | IdempotencyMismatch | PartialDuplicateBatch):
-        return HTTPException(422, {"error": type(exc).__name__, "message": str(exc)})
-    return HTTPException(400, {"error": type(exc).__name__, "message": str(exc)})
+        fields = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors]
+        return Problem(422, "invalid_command", str(exc), fields=fields)
+    if isinstance(exc, UnknownCommand):
+        return Problem(422, "unknown_command", str(exc))
+    if isinstance(exc, IdempotencyMismatch):
+        return Problem(422, "idempotency_mismatch", str(exc))
+    if isinstance(exc, PartialDuplicateBatch):
+        return Problem(422, "partial_duplicate_batch", str(exc))
+    return Problem(400, "bad_request", str(exc))
 
 
 @router.post(
@@ -173,8 +171,9 @@ def _http_error(exc: EventStoreError) -> HTTPException:
         400: error("the body is not JSON"),
         404: error("unknown stream type"),
         409: error(
-            "version conflict: the stream is not at `expected_version`, or other writers won every retry "
-            "(`stream`, `expected`, `actual`, `attempts`, and a `message` that says what to do)"
+            "`conflict`: the stream is not at `expected_version`, or other writers won every retry "
+            "(`stream`, `expected`, `actual`, `attempts`, and a `detail` that says what to do)",
+            ConflictBody,
         ),
         413: error("the body is larger than `[api] max_body_bytes`"),
         422: error(f"invalid or rejected command, or a stream id over {MAX_ID_LENGTH} characters"),
@@ -242,7 +241,7 @@ async def read_stream(
     except EventStoreError as exc:
         raise _http_error(exc) from None
     if not events and (backwards or start == 1):
-        raise HTTPException(404, {"error": "unknown_stream", "message": f"no stream {stream_id!r}"})
+        raise Problem(404, "unknown_stream", f"no stream {stream_id!r}")
     return _json({"stream_id": stream_id, "events": [event_json(e) for e in events]})
 
 
@@ -259,7 +258,7 @@ async def stream_state(stream_id: str, request: Request) -> Response:
     except EventStoreError as exc:
         raise _http_error(exc) from None
     if not first:
-        raise HTTPException(404, {"error": "unknown_stream", "message": f"no stream {stream_id!r}"})
+        raise Problem(404, "unknown_stream", f"no stream {stream_id!r}")
     stream_type = first[0].stream_type
     try:
         loaded = await asyncio.to_thread(handler.load, stream_type, stream_id)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.head import HEAD_MARK
+from tributary.api.http.problems import Problem
 from tributary.api.http.routes_commands import EventOut, _http_error, _json
 from tributary.api.http.subscriptions import Subscriptions
 from tributary.eventstore.errors import EventStoreError, UnknownPosition
@@ -47,9 +48,9 @@ def _subscriptions(request: Request) -> Subscriptions:
     return request.app.state.subscriptions  # type: ignore[no-any-return]
 
 
-def _position_error(exc: EventStoreError) -> HTTPException:
+def _position_error(exc: EventStoreError) -> Problem:
     if isinstance(exc, UnknownPosition):
-        return HTTPException(404, {"error": "unknown_position", "position": exc.position, "message": str(exc)})
+        return Problem(404, "unknown_position", str(exc), position=exc.position)
     return _http_error(exc)
 
 
