@@ -86,7 +86,7 @@ def _serve(dsn: str, tmp: Path) -> Iterator[str]:
     config = tmp / "t.toml"
     config.write_text(
         f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{tmp / "log"}"\n'
-        f'[api]\nport = {port}\nmax_body_bytes = 4096\nmax_header_bytes = 4096\n'
+        f"[api]\nport = {port}\nmax_body_bytes = 4096\nmax_header_bytes = 4096\n"
         '[eventstore]\nmodules = ["tributary.eventstore.examples.bank"]\n'
     )
     with serving(config, port, err_path=tmp / "serve.err") as url:
@@ -106,7 +106,7 @@ def test_every_error_body_in_the_readme_is_what_the_server_sends(base: str) -> N
             got = client.request(ex.method, ex.path, headers=ex.headers, content=ex.body)
             assert (got.status_code, got.headers["content-type"]) == (ex.status, ex.content_type), got.text
             assert got.json() == ex.answer, f"{ex.method} {ex.path}"
-            assert MEMBERS <= set(ex.answer) and ex.answer["status"] == ex.status
+            assert set(ex.answer) >= MEMBERS and ex.answer["status"] == ex.status
             assert ex.answer["type"] == f"urn:tributary:problem:{ex.answer['code']}"
 
 
@@ -141,5 +141,7 @@ def test_the_openapi_document_declares_problems(base: str) -> None:
         assert list(answer["content"]) == [PROBLEM], (path, method, status)
     conflict = schema["paths"]["/commands/{stream_type}/{stream_id}"]["post"]["responses"]["409"]
     ref = conflict["content"][PROBLEM]["schema"]["$ref"].rsplit("/", 1)[1]
-    assert {"stream", "expected", "actual", "attempts", "code"} <= set(schema["components"]["schemas"][ref]["properties"])
+    assert {"stream", "expected", "actual", "attempts", "code"} <= set(
+        schema["components"]["schemas"][ref]["properties"]
+    )
     assert "HTTPValidationError" not in schema["components"]["schemas"]
