@@ -37,7 +37,7 @@ from tributary.api.settings.config import Settings
 from tributary.api.settings.logs import REQUEST_ID
 from tributary.consumers import ConsumerError
 from tributary.eventstore.handler import CommandHandler
-from tributary.eventstore.loader import load_aggregates
+from tributary.eventstore.loader import load_current
 from tributary.eventstore.store import EventStore
 
 __all__ = ["WORKER_CONFIG", "Service", "create_app", "worker_app"]
@@ -116,8 +116,9 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     """An app bound to one service database; the pool opens on start-up and closes on shutdown.
 
     The aggregates of `[eventstore] modules` are loaded here, so a broken domain module stops the
-    program before it serves (`AggregateDefinitionError`, one line naming the module)."""
-    aggregates = load_aggregates(settings.eventstore.modules)
+    program before it serves (`AggregateDefinitionError`, one line naming the module); later changes
+    to the modules are followed (`definitions.current_aggregates`)."""
+    aggregates = load_current(settings.eventstore.modules)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -176,6 +177,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     app.state.settings = settings
     app.state.dsn = dsn
     app.state.aggregates = aggregates
+    app.state.aggregates_by_module = {ref: load_current((ref,)) for ref in settings.eventstore.modules}
     app.state.metrics = app.metrics = Metrics()
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
     app.add_middleware(HeadAsGet)
@@ -188,7 +190,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     app.include_router(routes_admin.router)
     app.include_router(routes_groups.router)
     app.add_exception_handler(ConsumerError, routes_groups.consumer_error)
-    document_domains(app, aggregates)
+    document_domains(app)
 
     app.add_exception_handler(Problem, handle_problem)
 

@@ -15,6 +15,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
+from tributary.api.http.definitions import current_aggregates, due
 from tributary.api.http.problems import ConflictBody, Problem
 from tributary.eventstore.errors import (
     CommandRejected,
@@ -125,6 +126,27 @@ def _handler(request: Request) -> CommandHandler:
     return request.app.state.handler  # type: ignore[no-any-return]
 
 
+async def _current_handler(request: Request) -> CommandHandler:
+    """The handler, with the aggregates of `[eventstore] modules` as the config and domain files say
+    now (looked at once a second at most: `definitions.current_aggregates`)."""
+    state = request.app.state
+    if due(state, "aggregates"):
+        await asyncio.to_thread(current_aggregates, state, checked=True)
+    return _handler(request)
+
+
+def _no_modules(state: Any, stream_type: str) -> Problem:
+    """404 for a command while no domain module is configured: which config file says so."""
+    path = getattr(state, "config_path", None)
+    if path is None:  # nothing to follow: the server read no file at start
+        how = "the server read no config file at start; list them in one and restart `tributary serve --config FILE`"
+    else:
+        how = f"add them to [eventstore] modules in {path}; the running server loads them within a second"
+    return Problem(
+        404, "unknown_stream_type", f"no stream type {stream_type!r}: no [eventstore] modules are configured ({how})"
+    )
+
+
 def _json(body: Any, status: int = 200) -> Response:
     """The body in the event store's JSON codec (decimals as exact strings), sent as it is encoded."""
     return Response(dumps(body), status_code=status, media_type="application/json")
@@ -182,7 +204,7 @@ def _http_error(exc: EventStoreError) -> Problem:
 )
 async def send_command(stream_type: str, stream_id: str, body: CommandRequest, request: Request) -> Response:
     """Validate the command against the aggregate's state and append its events."""
-    handler = _handler(request)
+    handler = await _current_handler(request)
     metrics = request.app.state.metrics
     started = time.perf_counter()
     outcome = "ok"
@@ -201,6 +223,8 @@ async def send_command(stream_type: str, stream_id: str, body: CommandRequest, r
         )
     except EventStoreError as exc:
         outcome = type(exc).__name__
+        if isinstance(exc, UnknownStreamType) and not handler.aggregates:
+            raise _no_modules(request.app.state, stream_type) from None
         raise _http_error(exc) from None
     finally:
         metrics.command_seconds.labels(stream_type).observe(time.perf_counter() - started)
@@ -252,7 +276,7 @@ async def read_stream(
 )
 async def stream_state(stream_id: str, request: Request) -> Response:
     """The aggregate's folded state and version."""
-    handler = _handler(request)
+    handler = await _current_handler(request)
     try:
         first = await asyncio.to_thread(handler.store.read_stream, stream_id, limit=1)
     except EventStoreError as exc:
