@@ -32,6 +32,7 @@ __all__ = [
     "definition_problems",
     "due",
     "projection_problem",
+    "refresh_definitions",
 ]
 
 log = logging.getLogger(__name__)
@@ -192,17 +193,22 @@ def current_aggregates(state: Any, *, checked: bool = False) -> dict[str, Any]:
         return found
 
 
-def definition_problems(state: Any) -> dict[str, str]:
-    """What does not load now, by what it is (`/healthz` `problems`): the config file, projection
-    files, domain modules; each says that the last good definitions are served."""
+def refresh_definitions(state: Any) -> None:
+    """Look at the config file, the projection files and the domain modules again (each at most once
+    a second), so that `definition_problems` is current."""
     current_projections(state)
     current_aggregates(state)
+
+
+def definition_problems(state: Any) -> dict[str, str]:
+    """What did not load when last looked at, by what it is (`/healthz` `problems`): the config file,
+    projection files, domain modules; each says that the last good definitions are served. No I/O."""
     out: dict[str, str] = {}
     if getattr(state, "config_problem", None):
         out["config"] = state.config_problem
     for key, problems in (
-        ("[projections] modules", state.projection_problems),
-        ("[eventstore] modules", state.aggregate_problems),
+        ("[projections] modules", getattr(state, "projection_problems", {})),
+        ("[eventstore] modules", getattr(state, "aggregate_problems", {})),
     ):
         if problems:
             out[key] = "; ".join(problems.values()) + " (serving the last definitions that loaded)"

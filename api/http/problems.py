@@ -12,6 +12,7 @@ from __future__ import annotations
 import http
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import Request
@@ -148,13 +149,13 @@ def carriable(value: Any) -> Any:
 
 
 def problem_response(
-    status: int, code: str, detail: str, *, headers: dict[str, str] | None = None, **extensions: Any
+    status: int, code: str, detail: str, *, headers: Mapping[str, str] | None = None, **extensions: Any
 ) -> Response:
     return Response(
         encode(problem_body(status, code, detail, **extensions)),
         status_code=status,
         media_type=MEDIA_TYPE,
-        headers=headers,
+        headers=dict(headers) if headers else None,
     )
 
 

@@ -24,7 +24,9 @@ from tributary.api.http.definitions import (
     current_run_settings,
     current_settings,
     definition_problems,
+    due,
     projection_problem,
+    refresh_definitions,
 )
 from tributary.api.http.problems import Problem
 from tributary.api.settings.config import Settings
@@ -75,8 +77,10 @@ async def healthz(request: Request) -> dict[str, Any]:
     failed, by name (`tributary demo` runs capture, projections and workloads beside the API), and
     user files that do not load now (`config`, `[projections] modules`, `[eventstore] modules`:
     the API serves their last good definitions)."""
-    problems = dict(getattr(request.app.state, "problems", None) or {})
-    problems |= await asyncio.to_thread(definition_problems, request.app.state)
+    state = request.app.state
+    if due(state, "definitions"):  # monitors call this often: the files are looked at once a second at most
+        await asyncio.to_thread(refresh_definitions, state)
+    problems = dict(getattr(state, "problems", None) or {}) | definition_problems(state)
     return {"status": "ok", "problems": problems} if problems else {"status": "ok"}
 
 
