@@ -194,5 +194,12 @@ def document_problems(schema: dict[str, Any]) -> None:
                 if not ref or ref.endswith("/HTTPValidationError"):
                     found = {"schema": {"$ref": "#/components/schemas/ProblemBody"}}
                 content[MEDIA_TYPE] = found
+            op["responses"].setdefault(  # any route, when the server fails: the details are in its log
+                "500",
+                {
+                    "description": "`internal_error`: see the server log (under the request's `X-Request-ID`)",
+                    "content": {MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/ProblemBody"}}},
+                },
+            )
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)
