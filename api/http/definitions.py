@@ -126,15 +126,16 @@ def _load_each(
     return good, problems, origin
 
 
-def current_projections(state: Any) -> dict[str, Any]:
+def current_projections(state: Any, *, fresh: bool = False) -> dict[str, Any]:
     """Every configured projection by name, from the files as they were at most `RECHECK_S` ago
-    (the views route calls this per request: the `stat`s are paid once per interval, not per page).
-    A file that does not load keeps its last good projections (`state.projection_problems`)."""
+    (the views route calls this per request: the `stat`s are paid once per interval, not per page),
+    or as they are now (`fresh`: `/projections` and rebuilds). A file that does not load keeps its
+    last good projections (`state.projection_problems`)."""
     from tributary.projections.loader import load_current
 
     with _defs_lock:
         last: dict[str, Any] | None = getattr(state, "last_projections", None)
-        if last is not None and not due(state, "projections"):
+        if last is not None and not due(state, "projections") and not fresh:
             return last
         pr = current_projection_settings(state)
         refs = tuple(pr.modules) + (("[projections] mirror",) if pr.mirror else ())

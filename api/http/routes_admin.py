@@ -259,7 +259,7 @@ async def projections(request: Request) -> list[dict[str, Any]]:
     state = request.app.state
 
     def read() -> list[Any]:
-        served = current_projections(state)
+        served = current_projections(state, fresh=True)
         return status(_run_settings(request), projections=served)
 
     rows = await asyncio.to_thread(read)
@@ -297,7 +297,7 @@ async def start_rebuild(name: str, request: Request) -> dict[str, Any]:
     are now); 202 with an id to poll at GET /rebuilds/{id}."""
     settings = await asyncio.to_thread(_run_settings, request)
     state = request.app.state
-    if name not in await asyncio.to_thread(current_projections, state):
+    if name not in await asyncio.to_thread(lambda: current_projections(state, fresh=True)):
         raise Problem(404, "unknown_projection", f"no projection named {name!r}")
     problem = projection_problem(state, name)
     if problem is not None:  # a rebuild runs the file as it is on disk: it would fail
