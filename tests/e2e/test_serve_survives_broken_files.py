@@ -97,8 +97,16 @@ def test_domain_modules_added_or_broken_while_serving(fresh_db: str, tmp_path: P
         assert f"{domain}: line " in health["problems"]["[eventstore] modules"], health
         assert _add(base, "t-1").json()["version"] == 2
 
-        # fixed: the problem goes away
+        # the config file saved half-way: its last good settings are served, the problem shown
         domain.write_text(DOMAIN)
+        good = config.read_text()
+        config.write_text(good + "[api\n")
+        health = _until(lambda: _get(base, "/healthz").json(), lambda h: "config" in h.get("problems", {}), "config")
+        assert health["problems"]["config"].startswith(f"{config} does not load"), health
+        assert _add(base, "t-1").json()["version"] == 3
+
+        # fixed: the problems go away
+        config.write_text(good)
         _until(lambda: _get(base, "/healthz").json(), lambda h: "problems" not in h, "/healthz without problems")
 
 
