@@ -22,11 +22,15 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "MEDIA_TYPE",
     "TITLES",
-    "carriable",
+    "TYPE_PREFIX",
+    "ConflictBody",
     "Problem",
     "ProblemBody",
+    "carriable",
     "code_for_status",
+    "document_problems",
     "encode",
+    "handle_problem",
     "problem_body",
     "problem_response",
 ]
@@ -151,6 +155,7 @@ def carriable(value: Any) -> Any:
 def problem_response(
     status: int, code: str, detail: str, *, headers: Mapping[str, str] | None = None, **extensions: Any
 ) -> Response:
+    """A problem as a response (`application/problem+json`)."""
     return Response(
         encode(problem_body(status, code, detail, **extensions)),
         status_code=status,
@@ -174,6 +179,7 @@ class Problem(Exception):
 
 
 async def handle_problem(request: Request, exc: Exception) -> Response:
+    """The app's handler of `Problem`."""
     assert isinstance(exc, Problem)
     return exc.response()
 
