@@ -8,6 +8,8 @@ type) raises `AggregateDefinitionError` with one line that names the module and 
 from __future__ import annotations
 
 import importlib
+import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -15,9 +17,9 @@ from typing import Any
 
 from tributary.eventstore.aggregate import Aggregate
 from tributary.eventstore.errors import AggregateDefinitionError
-from tributary.user_files import describe, import_file, is_path, module_name, where
+from tributary.user_files import describe, file_stamp, forget, import_file, is_path, module_name, where
 
-__all__ = ["is_path", "load_aggregates", "load_module"]
+__all__ = ["is_path", "load_aggregates", "load_current", "load_module"]
 
 
 def load_module(ref: str) -> ModuleType:
@@ -74,3 +76,22 @@ def load_aggregates(modules: Sequence[str]) -> dict[str, Aggregate[Any]]:
                 )
             found[agg.stream_type], origin[agg.stream_type] = agg, ref
     return found
+
+
+_stamps: dict[str, tuple[str, int, int] | None] = {}
+_stamps_lock = threading.Lock()
+
+
+def load_current(modules: Sequence[str]) -> dict[str, Aggregate[Any]]:
+    """`load_aggregates`, importing again every module whose file changed since this process last
+    imported it: `tributary serve` follows domain files edited or added while it runs."""
+    with _stamps_lock:
+        for ref in modules:
+            stamp = file_stamp(ref)
+            if ref in _stamps and _stamps[ref] != stamp:
+                if is_path(ref):
+                    forget(module_name("tributary_domain", Path(ref)))
+                else:
+                    sys.modules.pop(ref, None)
+            _stamps[ref] = stamp
+        return load_aggregates(modules)

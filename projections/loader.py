@@ -17,7 +17,7 @@ from types import ModuleType
 
 from tributary.projections.definition import Projection
 from tributary.projections.errors import DefinitionError
-from tributary.user_files import describe, forget, import_file, is_path, module_name
+from tributary.user_files import describe, file_stamp, forget, import_file, is_path, module_name
 
 __all__ = ["file_stamps", "load", "load_current", "load_module", "resolve"]
 
@@ -79,22 +79,7 @@ def resolve(modules: Sequence[str], mirror: Sequence[str], name: str) -> Project
 
 
 def _stamp(ref: str) -> tuple[str, int, int] | None:
-    """(path, mtime_ns, size) of the file a reference names, None when it has none (a namespace)."""
-    if is_path(ref):
-        path = Path(ref).resolve()
-    else:
-        try:
-            spec = importlib.util.find_spec(ref)
-        except (ImportError, ValueError):
-            return None
-        if spec is None or not spec.origin or not spec.has_location:
-            return None
-        path = Path(spec.origin)
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return str(path), st.st_mtime_ns, st.st_size
+    return file_stamp(ref)
 
 
 _stamps: dict[str, tuple[str, int, int] | None] = {}

@@ -566,10 +566,14 @@ def list_projections(settings: RunSettings) -> list[dict[str, Any]]:
     ]
 
 
-def status(settings: RunSettings, name: str | None = None) -> list[ProjectionStatus]:
+def status(
+    settings: RunSettings, name: str | None = None, *, projections: Mapping[str, Projection] | None = None
+) -> list[ProjectionStatus]:
     """Per projection: serving build, its lifecycle state, records read, lag behind the log,
-    late records dropped, and whether the file's version asks for a rebuild."""
-    projections: Mapping[str, Projection] = load_current(settings.modules, settings.mirror)
+    late records dropped, and whether the file's version asks for a rebuild. `projections`: the
+    definitions to report on (the API's, which outlive a file saved half-way), else the files'."""
+    if projections is None:
+        projections = load_current(settings.modules, settings.mirror)
     names = [name] if name else sorted(projections)
     out: list[ProjectionStatus] = []
     with _connect(settings) as conn:

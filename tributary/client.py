@@ -224,7 +224,7 @@ class Consumer:
                         elif event == "error":
                             body = orjson.loads(data)
                             if body.get("code") == "offset_out_of_range":
-                                raise OffsetOutOfRangeError(str(body.get("error") or body))
+                                raise OffsetOutOfRangeError(str(body.get("detail") or body))
                             self._mark_rejoin()  # the member is gone (left, or silent past its session timeout)
                             break
             except httpx.TransportError as exc:
@@ -442,30 +442,26 @@ def _seg(value: str) -> str:
     return quote(value, safe="")
 
 
-def _code(response: httpx.Response) -> str | None:
-    """The contract's error code (`fenced`, `unknown_member`, …) of an error answer, if any."""
+def _problem(response: httpx.Response) -> dict[str, Any]:
+    """The server's problem details (RFC 9457) of an error answer; empty when the body is not one
+    (a proxy's page, say)."""
     try:
         body = response.json()
     except ValueError:
-        return None
-    if not isinstance(body, dict):
-        return None
-    detail = body.get("detail")
-    code = body.get("code") or (detail.get("code") if isinstance(detail, dict) else None)
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _code(response: httpx.Response) -> str | None:
+    """The contract's error code (`fenced`, `unknown_member`, …) of an error answer, if any."""
+    code = _problem(response).get("code")
     return str(code) if code else None
 
 
 def _message(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return f"HTTP {response.status_code}"
-    if isinstance(body, dict):
-        detail = body.get("detail", body)
-        if isinstance(detail, dict):
-            return str(detail.get("message") or detail.get("error") or detail)
-        return str(body.get("error") or detail)
-    return str(body)
+    """The problem's one-line `detail`, else the status."""
+    detail = _problem(response).get("detail")
+    return str(detail) if detail else f"HTTP {response.status_code}"
 
 
 def _raise_for(response: httpx.Response, what: str) -> None:

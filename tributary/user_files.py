@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["describe", "forget", "import_file", "is_path", "module_name", "where"]
+__all__ = ["describe", "file_stamp", "forget", "import_file", "is_path", "module_name", "where"]
 
 # `sys.path` is the process's: two threads importing files must not remove each other's entries.
 _path_lock = threading.RLock()
@@ -29,6 +29,26 @@ _siblings: dict[str, tuple[str, ...]] = {}  # a file's module → the modules be
 def is_path(ref: str) -> bool:
     """A file reference (`x/y.py`), as opposed to a dotted module name."""
     return ref.endswith(".py") or "/" in ref
+
+
+def file_stamp(ref: str) -> tuple[str, int, int] | None:
+    """(path, mtime_ns, size) of the file a reference names, None when it has none (a namespace):
+    a long-running process imports a module again when its stamp changed."""
+    if is_path(ref):
+        path = Path(ref).resolve()
+    else:
+        try:
+            spec = importlib.util.find_spec(ref)
+        except (ImportError, ValueError):
+            return None
+        if spec is None or not spec.origin or not spec.has_location:
+            return None
+        path = Path(spec.origin)
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return str(path), st.st_mtime_ns, st.st_size
 
 
 def module_name(prefix: str, path: Path) -> str:

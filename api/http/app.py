@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import os
 import re
 import secrets
@@ -21,8 +20,9 @@ import psycopg
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from psycopg_pool import AsyncConnectionPool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive, Scope, Send
 
 from tributary.api.http import routes_admin, routes_commands, routes_groups, routes_streams, routes_views
@@ -30,13 +30,14 @@ from tributary.api.http.domains import document_domains
 from tributary.api.http.head import HeadAsGet
 from tributary.api.http.limits import BodyLimit, RequestTracker, connections
 from tributary.api.http.metrics import Metrics
+from tributary.api.http.problems import Problem, carriable, code_for_status, handle_problem, problem_response
 from tributary.api.http.routes_views import Views
 from tributary.api.http.subscriptions import Subscriptions
 from tributary.api.settings.config import Settings
 from tributary.api.settings.logs import REQUEST_ID
 from tributary.consumers import ConsumerError
 from tributary.eventstore.handler import CommandHandler
-from tributary.eventstore.loader import load_aggregates
+from tributary.eventstore.loader import load_current
 from tributary.eventstore.store import EventStore
 
 __all__ = ["WORKER_CONFIG", "Service", "create_app", "worker_app"]
@@ -115,8 +116,9 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     """An app bound to one service database; the pool opens on start-up and closes on shutdown.
 
     The aggregates of `[eventstore] modules` are loaded here, so a broken domain module stops the
-    program before it serves (`AggregateDefinitionError`, one line naming the module)."""
-    aggregates = load_aggregates(settings.eventstore.modules)
+    program before it serves (`AggregateDefinitionError`, one line naming the module); later changes
+    to the modules are followed (`definitions.current_aggregates`)."""
+    aggregates = load_current(settings.eventstore.modules)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -175,6 +177,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     app.state.settings = settings
     app.state.dsn = dsn
     app.state.aggregates = aggregates
+    app.state.aggregates_by_module = {ref: load_current((ref,)) for ref in settings.eventstore.modules}
     app.state.metrics = app.metrics = Metrics()
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
     app.add_middleware(HeadAsGet)
@@ -187,31 +190,47 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     app.include_router(routes_admin.router)
     app.include_router(routes_groups.router)
     app.add_exception_handler(ConsumerError, routes_groups.consumer_error)
-    document_domains(app, aggregates)
+    document_domains(app)
+
+    app.add_exception_handler(Problem, handle_problem)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # FastAPI's and Starlette's own: 404 of an unknown path, 405 (with its `Allow` header), …
+        status, detail = exc.status_code, str(exc.detail)
+        if status == 404 and detail == "Not Found":
+            detail = f"no route {request.url.path}; /openapi.json lists the routes"
+        elif status == 405 and exc.headers and "allow" in {k.lower() for k in exc.headers}:
+            allowed = next(v for k, v in exc.headers.items() if k.lower() == "allow")
+            detail = f"{request.method} is not allowed on {request.url.path} (allowed: {allowed})"
+        return problem_response(status, code_for_status(status), detail, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # FastAPI's own body, whose echo of the input JSON can carry (a lone surrogate, NaN, Infinity).
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        # FastAPI's field errors as `errors`; their echo of the input JSON can carry a lone surrogate, NaN, Infinity.
         errors = jsonable_encoder(exc.errors())
+        detail = _first_error(errors)
         try:
-            return JSONResponse({"detail": _carriable(errors)}, status_code=422)
+            return problem_response(422, "invalid_request", detail, errors=carriable(errors))
         except RecursionError:  # an input nested deeper than the walk may go: not echoed
-            return JSONResponse({"detail": _carriable([_without_input(e) for e in errors])}, status_code=422)
+            return problem_response(
+                422, "invalid_request", detail, errors=carriable([_without_input(e) for e in errors])
+            )
 
     @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+    async def unexpected(request: Request, exc: Exception) -> Response:
         # One line, no internals (DSNs, keys) in the body; the details go to the log.
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse({"detail": "internal error; see the server log"}, status_code=500)
+        return problem_response(500, "internal_error", "internal error; see the server log")
 
-    async def missing_schema(request: Request, exc: Exception) -> JSONResponse:
+    async def missing_schema(request: Request, exc: Exception) -> Response:
         # Served before `tributary init`: say so (503, one line) instead of a 500 and a trace.
         from tributary.eventstore.migrate import NotInitializedError, require_initialized
 
         try:
             await asyncio.to_thread(require_initialized, dsn)
         except NotInitializedError as missing:
-            return JSONResponse({"detail": str(missing)}, status_code=503)
+            return problem_response(503, "not_initialized", str(missing))
         return await unexpected(request, exc)
 
     app.add_exception_handler(psycopg.errors.UndefinedTable, missing_schema)
@@ -220,20 +239,15 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     return app
 
 
-def _carriable(value: Any) -> Any:
-    """`value` as JSON can carry it in UTF-8: an unpaired UTF-16 surrogate (JSON's `\\ud83d`
-    escape decodes to one) becomes U+FFFD, NaN and infinities their names as strings."""
-    if isinstance(value, str):
-        if value.isascii():
-            return value
-        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, dict):
-        return {_carriable(k): _carriable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_carriable(v) for v in value]
-    return value
+def _first_error(errors: Any) -> str:
+    """`detail` of a 422: the first field error in one line (`body.expected_version: Input should be …`)."""
+    if not errors or not isinstance(errors[0], dict):
+        return "the request does not fit the route's schema"
+    first = errors[0]
+    where = ".".join(str(part) for part in first.get("loc", ()))
+    more = f" (and {len(errors) - 1} more in `errors`)" if len(errors) > 1 else ""
+    message = carriable(str(first.get("msg", "invalid")).splitlines()[0] if first.get("msg") else "invalid")
+    return f"{carriable(where)}: {message}{more}"
 
 
 def _without_input(error: Any) -> Any:

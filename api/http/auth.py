@@ -6,25 +6,21 @@ import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from fastapi import HTTPException, Request
+from fastapi import Request
 from pydantic import BaseModel
 
+from tributary.api.http.problems import Problem, ProblemBody
 from tributary.api.settings.config import ApiSettings
 
-__all__ = ["AUTH_RESPONSES", "ErrorBody", "Scope", "error", "require"]
+__all__ = ["AUTH_RESPONSES", "Scope", "error", "require"]
 
 Scope = Literal["read", "write", "admin"]
 
 
-class ErrorBody(BaseModel):
-    """Every error response: FastAPI's `{"detail": ...}` (a message, or an object with `error` and `message`)."""
-
-    detail: Any
-
-
-def error(description: str) -> dict[str, Any]:
-    """An OpenAPI `responses=` entry for an error status with the shared body."""
-    return {"model": ErrorBody, "description": description}
+def error(description: str, model: type[BaseModel] = ProblemBody) -> dict[str, Any]:
+    """An OpenAPI `responses=` entry for an error status: a problem (`application/problem+json`,
+    see `problems.document_problems`)."""
+    return {"model": model, "description": description}
 
 
 # Declared on every route that depends on `require`, so the OpenAPI lists the statuses it can answer.
@@ -54,12 +50,13 @@ def require(scope: Scope) -> Callable[[Request], Awaitable[None]]:
         presented = header[7:] if header.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
         scopes = _scopes_for(settings, presented) if presented else None
         if scopes is None:
-            raise HTTPException(
+            raise Problem(
                 401,
+                "unauthorized",
                 "missing or unknown API key (send Authorization: Bearer <key>)",
                 headers={"WWW-Authenticate": "Bearer"},
             )
         if scope not in scopes and "admin" not in scopes:
-            raise HTTPException(403, f"this API key lacks the {scope!r} scope")
+            raise Problem(403, "forbidden", f"this API key lacks the {scope!r} scope")
 
     return check

@@ -1,9 +1,14 @@
-"""The projections a running API serves, as the config file and the projection files say *now*.
+"""The projections and aggregates a running API serves, as the config file and the user's files say *now*.
 
-`tributary serve` runs for weeks while users add `[projections] modules` and edit projection files:
-`/projections`, `/views` and rebuilds must see those changes without a restart. Reading is cheap:
-one `stat` of the config file and of each projection file (at most once a second for `/views`); a
-file is read again only when its stamp (mtime, size) changed.
+`tributary serve` runs for weeks while users add `[projections] modules` and `[eventstore] modules`
+and edit those files: `/projections`, `/views`, rebuilds and commands must see the changes without
+a restart. Reading is cheap: one `stat` of the config file and of each module's file (at most once
+a second); a file is read again only when its stamp (mtime, size) changed.
+
+A file saved half-way (a syntax error, a definition that breaks a rule) never takes the served
+definitions down: the API keeps serving what that file defined when it last loaded, and says which
+file does not load and why in one line (`definition_problems`: `/healthz`, `/projections`, the
+console).
 """
 
 from __future__ import annotations
@@ -11,22 +16,30 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from tributary.api.settings.config import DEFAULT_CONFIG, ConfigError, ProjectionSettings, load_settings
+from tributary.api.settings.config import DEFAULT_CONFIG, ConfigError, ProjectionSettings, Settings, load_settings
 
 __all__ = [
     "config_file",
+    "current_aggregates",
     "current_projection_settings",
     "current_projections",
     "current_run_settings",
     "current_settings",
+    "definition_problems",
+    "due",
+    "projection_problem",
+    "refresh_definitions",
 ]
 
 log = logging.getLogger(__name__)
-RECHECK_S = 1.0  # how stale the definitions `/views` serves may be
+RECHECK_S = 1.0  # how stale the definitions the API serves may be
 _lock = threading.Lock()
+_defs_lock = threading.RLock()
+T = TypeVar("T")
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:
@@ -39,55 +52,172 @@ def _stamp(path: Path) -> tuple[int, int] | None:
 
 def config_file(config: Path | None) -> Path | None:
     """The file `load_settings(config)` reads (absolute, so a later chdir does not matter), if any:
-    set it as `app.state.config_path` and the app follows its `[projections]`."""
+    set it as `app.state.config_path` and the app follows its `[projections]` and `[eventstore]`."""
     path = config if config is not None else DEFAULT_CONFIG
     return path.resolve() if path.exists() else None
 
 
-def current_projection_settings(state: Any) -> ProjectionSettings:
-    """`[projections]` from the config file the app was started with (`state.config_path`), read
-    again when the file changed; the start-up settings when there is no file or it no longer loads."""
+def _file_settings(state: Any) -> Settings:
+    """The settings of the config file the app was started with (`state.config_path`), read again
+    when the file changed; the last that loaded when it no longer loads (said once per change)."""
     path: Path | None = getattr(state, "config_path", None)
     if path is None:
-        return state.settings.projections  # type: ignore[no-any-return]
+        return state.settings  # type: ignore[no-any-return]
     stamp = _stamp(path)
     with _lock:
         if getattr(state, "config_stamp", None) == stamp:
-            return state.projection_settings  # type: ignore[no-any-return]
-        projections = getattr(state, "projection_settings", state.settings.projections)
+            return state.file_settings  # type: ignore[no-any-return]
+        settings = getattr(state, "file_settings", state.settings)
         if stamp is not None:
             try:
-                projections = load_settings(path).projections
+                settings = load_settings(path)
+                state.config_problem = None
             except ConfigError as exc:  # keep serving what loaded last; say why once per change
-                log.warning("config file %s changed but does not load (%s); keeping its last [projections]", path, exc)
-        state.config_stamp, state.projection_settings = stamp, projections
-        return projections  # type: ignore[no-any-return]
+                first = str(exc).splitlines()[0]
+                state.config_problem = f"{path} does not load ({first}); serving its last good settings"
+                log.warning("config file %s changed but does not load (%s); keeping its last settings", path, exc)
+        state.config_stamp, state.file_settings = stamp, settings
+        return settings  # type: ignore[no-any-return]
 
 
-def current_projections(state: Any) -> dict[str, Any]:
+def current_projection_settings(state: Any) -> ProjectionSettings:
+    """`[projections]` as the config file says now."""
+    return _file_settings(state).projections
+
+
+def due(state: Any, what: str) -> bool:
+    """Whether `what` was last looked at more than `RECHECK_S` ago (and mark it looked at now)."""
+    now = time.monotonic()
+    if now - getattr(state, f"{what}_checked_at", -RECHECK_S) < RECHECK_S:
+        return False
+    setattr(state, f"{what}_checked_at", now)
+    return True
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _load_each(
+    refs: tuple[str, ...],
+    load_one: Callable[[str], Mapping[str, T]],
+    last_good: Mapping[str, Mapping[str, T]],
+    what: str,
+) -> tuple[dict[str, Mapping[str, T]], dict[str, str], dict[str, str]]:
+    """Each module's definitions as it loads now, or as it last loaded when it does not load now
+    (its problem in one line); then all of them by name, with the module each came from."""
+    good: dict[str, Mapping[str, T]] = {}
+    problems: dict[str, str] = {}
+    for ref in refs:
+        try:
+            good[ref] = load_one(ref)
+        except Exception as exc:  # noqa: BLE001 - a user's file saved half-way: reported, the last good one served
+            problems[ref] = _line(exc)
+            if ref in last_good:
+                good[ref] = last_good[ref]
+    origin: dict[str, str] = {}
+    for ref, defs in good.items():
+        for name in defs:
+            if name in origin:
+                problems.setdefault(ref, f"{ref}: {what} {name!r} is already defined by {origin[name]}")
+            else:
+                origin[name] = ref
+    return good, problems, origin
+
+
+def current_projections(state: Any, *, fresh: bool = False) -> dict[str, Any]:
     """Every configured projection by name, from the files as they were at most `RECHECK_S` ago
-    (the views route calls this per request: the `stat`s are paid once per interval, not per page)."""
+    (the views route calls this per request: the `stat`s are paid once per interval, not per page),
+    or as they are now (`fresh`: `/projections` and rebuilds). A file that does not load keeps its
+    last good projections (`state.projection_problems`)."""
     from tributary.projections.loader import load_current
 
-    now = time.monotonic()
-    last: dict[str, Any] | None = getattr(state, "last_projections", None)
-    if last is not None and now - getattr(state, "projections_checked_at", 0.0) < RECHECK_S:
-        return last
-    state.projections_checked_at = now
-    pr = current_projection_settings(state)
-    try:
-        found = load_current(tuple(pr.modules), tuple(pr.mirror))
-    except Exception as exc:  # noqa: BLE001 - a file saved half-way: keep serving what loaded last
-        if last is None:
-            raise
-        log.warning("a projection file does not load (%s: %s); serving its last definitions", type(exc).__name__, exc)
-        return last
-    state.last_projections = found
-    return found
+    with _defs_lock:
+        last: dict[str, Any] | None = getattr(state, "last_projections", None)
+        if last is not None and not due(state, "projections") and not fresh:
+            return last
+        pr = current_projection_settings(state)
+        refs = tuple(pr.modules) + (("[projections] mirror",) if pr.mirror else ())
+
+        def load_one(ref: str) -> Mapping[str, Any]:
+            return load_current((), tuple(pr.mirror)) if ref == "[projections] mirror" else load_current((ref,))
+
+        before = getattr(state, "projection_problems", {})
+        good, problems, origin = _load_each(refs, load_one, getattr(state, "projections_by_module", {}), "projection")
+        for ref, problem in problems.items():
+            if before.get(ref) != problem:
+                log.warning("projection file %s does not load; serving its last good definitions", problem)
+        state.projections_by_module, state.projection_problems, state.projection_origin = good, problems, origin
+        found = {name: good[ref][name] for name, ref in origin.items()}
+        state.last_projections = found
+        return found
+
+
+def projection_problem(state: Any, name: str) -> str | None:
+    """The one-line problem of the file projection `name` comes from, if that file does not load now."""
+    ref = getattr(state, "projection_origin", {}).get(name)
+    return getattr(state, "projection_problems", {}).get(ref) if ref else None
+
+
+def current_aggregates(state: Any, *, checked: bool = False) -> dict[str, Any]:
+    """Every aggregate of `[eventstore] modules` by stream type, as the config and the domain files
+    say at most `RECHECK_S` ago; a file that does not load keeps its last good aggregates
+    (`state.aggregate_problems`). The command handler, the metrics and `/openapi.json` follow.
+    `checked`: the caller has just found it `due`."""
+    from tributary.eventstore.loader import load_current
+
+    with _defs_lock:
+        last: dict[str, Any] = getattr(state, "aggregates", {})
+        if not checked and not due(state, "aggregates"):
+            return last
+        modules = tuple(_file_settings(state).eventstore.modules)
+        if not hasattr(state, "aggregates_by_module"):  # what create_app loaded, all of it, from these files
+            state.aggregates_by_module = {}
+        before = getattr(state, "aggregate_problems", {})
+        good, problems, origin = _load_each(
+            modules, lambda ref: load_current((ref,)), state.aggregates_by_module, "stream type"
+        )
+        for ref, problem in problems.items():
+            if before.get(ref) != problem:
+                log.warning("domain module %s does not load; serving its last good aggregates", problem)
+        state.aggregates_by_module, state.aggregate_problems = good, problems
+        found = {name: good[ref][name] for name, ref in origin.items()}
+        if found.keys() != last.keys() or any(found[k] is not last[k] for k in found):
+            state.aggregates = found
+            state.aggregates_generation = getattr(state, "aggregates_generation", 0) + 1
+            handler = getattr(state, "handler", None)
+            if handler is not None:
+                handler.aggregates = dict(found)
+            state.metrics.known_stream_types(found)
+            log.info("serving stream types: %s", ", ".join(sorted(found)) or "none")
+        return found
+
+
+def refresh_definitions(state: Any) -> None:
+    """Look at the config file, the projection files and the domain modules again (each at most once
+    a second), so that `definition_problems` is current."""
+    current_projections(state)
+    current_aggregates(state)
+
+
+def definition_problems(state: Any) -> dict[str, str]:
+    """What did not load when last looked at, by what it is (`/healthz` `problems`): the config file,
+    projection files, domain modules; each says that the last good definitions are served. No I/O."""
+    out: dict[str, str] = {}
+    if getattr(state, "config_problem", None):
+        out["config"] = state.config_problem
+    for key, problems in (
+        ("[projections] modules", getattr(state, "projection_problems", {})),
+        ("[eventstore] modules", getattr(state, "aggregate_problems", {})),
+    ):
+        if problems:
+            out[key] = "; ".join(problems.values()) + " (serving the last definitions that loaded)"
+    return out
 
 
 def current_settings(state: Any) -> Any:
-    """The app's settings with `[projections]` as the config file says now."""
+    """The app's settings with `[projections]` as the config file says now (the rest as started)."""
     return state.settings.model_copy(update={"projections": current_projection_settings(state)})
 
 

@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from tributary.api.http.problems import document_problems
 from tributary.eventstore.aggregate import Aggregate
 
 __all__ = ["GENERIC_COMMAND_PATH", "document_domains", "domain_paths"]
@@ -27,14 +28,20 @@ GENERIC_COMMAND_PATH = "/commands/{stream_type}/{stream_id}"
 _REF = "#/components/schemas/{}"
 
 
-def document_domains(app: FastAPI, aggregates: Mapping[str, Aggregate[Any]]) -> None:
-    """Have `app.openapi()` (hence `/openapi.json` and `/docs`) describe every stream type too."""
+def document_domains(app: FastAPI) -> None:
+    """Have `app.openapi()` (hence `/openapi.json` and `/docs`) describe every stream type too: those
+    of `app.state.aggregates`, made again when they change (`aggregates_generation`)."""
     base: Callable[[], dict[str, Any]] = app.openapi
+    made_for: list[int] = [-1]
 
     def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
+        generation = getattr(app.state, "aggregates_generation", 0)
+        if app.openapi_schema is None or made_for[0] != generation:
+            app.openapi_schema = None
             schema = base()  # FastAPI's own document, which it caches in app.openapi_schema
-            domain_paths(schema, aggregates)
+            domain_paths(schema, app.state.aggregates)
+            made_for[0] = generation
+            document_problems(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 

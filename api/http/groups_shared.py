@@ -7,12 +7,22 @@ import asyncio
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, HTTPException, Path, Request
+from fastapi import Depends, Path, Request
 from pydantic import BaseModel, Field
 
 from tributary.api.http.auth import error, require
+from tributary.api.http.problems import Problem, problem_body
 from tributary.capture.log import LogError
-from tributary.consumers import ConsumerError, Fenced, GroupCoordinator, NotAssigned, OffsetOutOfRange, UnknownMember
+from tributary.consumers import (
+    ConsumerError,
+    Fenced,
+    GroupBusy,
+    GroupCoordinator,
+    NotAssigned,
+    NotFound,
+    OffsetOutOfRange,
+    UnknownMember,
+)
 
 __all__ = [
     "BODY_ERRORS",
@@ -25,7 +35,9 @@ __all__ = [
     "Topic",
     "assignments_json",
     "coordinator_of",
-    "error_body",
+    "consumer_problem",
+    "consumer_status",
+    "error_members",
     "run_in_thread",
 ]
 
@@ -65,18 +77,35 @@ async def run_in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     try:
         return await asyncio.to_thread(fn, *args, **kwargs)
     except LogError as exc:
-        raise HTTPException(503, str(exc)) from None
+        raise Problem(503, "log_unreadable", str(exc)) from None
 
 
 def assignments_json(tps: list[tuple[str, int]]) -> list[dict[str, Any]]:
     return [{"topic": t, "partition": p} for t, p in tps]
 
 
-def error_body(exc: ConsumerError) -> dict[str, Any]:
-    """The JSON body of a consumers' error: the message, its `code`, and the fields that go with it."""
-    body: dict[str, Any] = {"error": str(exc), "code": getattr(exc, "code", "invalid"), "detail": str(exc)}
-    if isinstance(exc, UnknownMember | Fenced | NotAssigned):
-        body["generation"] = exc.generation
+def consumer_status(exc: ConsumerError) -> int:
+    """The one mapping of the consumers' errors to HTTP: 409 for membership and fencing, 410 past
+    retention, 404 for a topic or group that is not there, 422 for the rest."""
+    if isinstance(exc, UnknownMember | Fenced | NotAssigned | GroupBusy):
+        return 409
     if isinstance(exc, OffsetOutOfRange):
-        body |= {"topic": exc.topic, "partition": exc.partition, "position": exc.position, "start": exc.start}
-    return body
+        return 410
+    if isinstance(exc, NotFound):
+        return 404
+    return 422
+
+
+def consumer_problem(exc: ConsumerError) -> dict[str, Any]:
+    """A consumers' error as a problem body (also what a stream's `error` event carries)."""
+    return problem_body(consumer_status(exc), getattr(exc, "code", "invalid"), str(exc), **error_members(exc))
+
+
+def error_members(exc: ConsumerError) -> dict[str, Any]:
+    """The problem members of a consumers' error beyond its `code` and message."""
+    members: dict[str, Any] = {}
+    if isinstance(exc, UnknownMember | Fenced | NotAssigned):
+        members["generation"] = exc.generation
+    if isinstance(exc, OffsetOutOfRange):
+        members |= {"topic": exc.topic, "partition": exc.partition, "position": exc.position, "start": exc.start}
+    return members

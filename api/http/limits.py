@@ -17,6 +17,8 @@ from typing import Any, cast
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tributary.api.http.problems import MEDIA_TYPE, encode, problem_body
+
 __all__ = ["BodyLimit", "ConnectionGuard", "GuardedH11", "GuardedHttpTools", "RequestTracker", "connections"]
 
 
@@ -52,12 +54,13 @@ class BodyLimit:
             await self._too_large(send)
 
     async def _too_large(self, send: Send) -> None:
-        body = b'{"detail":"request body larger than %d bytes"}' % self.max_bytes
+        detail = f"request body larger than {self.max_bytes} bytes ([api] max_body_bytes)"
+        body = encode(problem_body(413, "body_too_large", detail))
         await send(
             {
                 "type": "http.response.start",
                 "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+                "headers": [(b"content-type", MEDIA_TYPE.encode()), (b"content-length", str(len(body)).encode())],
             }
         )
         await send({"type": "http.response.body", "body": body})
@@ -67,9 +70,10 @@ class _TooLarge(Exception):
     pass
 
 
+_TIMEOUT_BODY = encode(problem_body(408, "request_timeout", "the request did not arrive in time; send it at once"))
 _TIMEOUT_RESPONSE = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
-    b"content-length: 52\r\n\r\nthe request did not arrive in time; send it at once\n"
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: %b\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%b"
+    % (MEDIA_TYPE.encode(), len(_TIMEOUT_BODY), _TIMEOUT_BODY)
 )
 # File descriptors kept free of client connections: the database pools, the log, Spark's sockets.
 _RESERVED_FDS = 64
@@ -271,13 +275,14 @@ def _body_within(receive: Receive, conn: _Connection) -> Receive:
 
 
 async def _refuse_head(send: Send, limit: int) -> None:
-    body = b"request headers larger than %d bytes ([api] max_header_bytes); send fewer or shorter headers\n" % limit
+    detail = f"request headers larger than {limit} bytes ([api] max_header_bytes); send fewer or shorter headers"
+    body = encode(problem_body(431, "headers_too_large", detail))
     await send(
         {
             "type": "http.response.start",
             "status": 431,
             "headers": [
-                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-type", MEDIA_TYPE.encode()),
                 (b"content-length", str(len(body)).encode()),
                 (b"connection", b"close"),
             ],

@@ -165,8 +165,10 @@ class Metrics:
         dsn: str | None = None,
         rebuilds: Iterable[Mapping[str, Any]] = (),
         groups: GroupCoordinator | None = None,
+        projections: Mapping[str, Any] | None = None,
     ) -> None:
-        """Read every source of truth once (called by the background refresh, off the event loop)."""
+        """Read every source of truth once (called by the background refresh, off the event loop);
+        `projections`: the definitions the API serves."""
         from tributary.api.settings.sources import source_statuses
 
         root = Path(settings.log.root)
@@ -187,7 +189,7 @@ class Metrics:
                 self.slot_lag.labels(s["name"]).set(s["slot_lag_bytes"])
         with contextlib.suppress(LogError):  # no log yet, or Kafka unreachable: the other figures still count
             self._refresh_topics(settings, root)
-        self._refresh_projections(settings, dsn, rebuilds)
+        self._refresh_projections(settings, dsn, rebuilds, projections)
         if groups is not None:
             self._refresh_groups(groups)
         if dsn is not None and settings.sinks:
@@ -261,11 +263,17 @@ class Metrics:
         self.snapshot_chunks.labels(name).set(s.get("snapshot_chunk", 0) if running else 0)
         self.snapshot_tables_pending.labels(name).set(len(s.get("snapshot_tables_pending") or ()) if running else 0)
 
-    def _refresh_projections(self, settings: Any, dsn: str | None, rebuilds: Iterable[Mapping[str, Any]]) -> None:
+    def _refresh_projections(
+        self,
+        settings: Any,
+        dsn: str | None,
+        rebuilds: Iterable[Mapping[str, Any]],
+        projections: Mapping[str, Any] | None = None,
+    ) -> None:
         from tributary.projections.runner import RunSettings, status
 
         try:
-            for st in status(RunSettings.from_settings(settings, dsn=dsn)):
+            for st in status(RunSettings.from_settings(settings, dsn=dsn), projections=projections):
                 self.projection_lag.labels(st.name).set(st.lag)
         except Exception:  # noqa: BLE001 - no projection configured or run yet: nothing to report
             pass

@@ -12,13 +12,23 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import PlainTextResponse, Response
 from psycopg import errors
 from pydantic import BaseModel
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
-from tributary.api.http.definitions import current_run_settings, current_settings
+from tributary.api.http.definitions import (
+    current_aggregates,
+    current_projections,
+    current_run_settings,
+    current_settings,
+    definition_problems,
+    due,
+    projection_problem,
+    refresh_definitions,
+)
+from tributary.api.http.problems import Problem
 from tributary.api.settings.config import Settings
 from tributary.api.settings.log import kafka_options
 from tributary.api.settings.sources import source_statuses
@@ -64,9 +74,14 @@ def _settings(request: Request) -> Settings:
 @router.get("/healthz", tags=["ops"])
 async def healthz(request: Request) -> dict[str, Any]:
     """The process is up; `problems` (only when there are any): parts running in this process that
-    failed, by name (`tributary demo` runs capture, projections and workloads beside the API)."""
-    problems: dict[str, str] | None = getattr(request.app.state, "problems", None)
-    return {"status": "ok", "problems": dict(problems)} if problems else {"status": "ok"}
+    failed, by name (`tributary demo` runs capture, projections and workloads beside the API), and
+    user files that do not load now (`config`, `[projections] modules`, `[eventstore] modules`:
+    the API serves their last good definitions)."""
+    state = request.app.state
+    if due(state, "definitions"):  # monitors call this often: the files are looked at once a second at most
+        await asyncio.to_thread(refresh_definitions, state)
+    problems = dict(getattr(state, "problems", None) or {}) | definition_problems(state)
+    return {"status": "ok", "problems": problems} if problems else {"status": "ok"}
 
 
 class Status:
@@ -108,12 +123,15 @@ class Status:
             log.log(logging.INFO if ready else logging.WARNING, "readiness: %s", "ready" if ready else checks)
         self.ready, self.body = ready, orjson.dumps({"ready": ready, "checks": checks})
         settings = await asyncio.to_thread(current_settings, state)  # `[projections]` as the file says now
+        projections = await asyncio.to_thread(current_projections, state)
+        await asyncio.to_thread(current_aggregates, state)  # the metrics' and OpenAPI's stream types follow
         await asyncio.to_thread(
             state.metrics.refresh,
             settings,
             dsn=state.dsn,
             rebuilds=list(_rebuilds.values()),
             groups=getattr(state, "coordinator", None),
+            projections=projections,
         )
 
     async def _database(self, pool: Any) -> dict[str, str]:
@@ -199,7 +217,7 @@ def _topics(settings: Any) -> list[dict[str, Any]]:
             return []  # nothing captured yet
         return topics_of(settings.log.root)
     except LogError as exc:  # e.g. segments without a manifest (not an empty log), Kafka unreachable
-        raise HTTPException(503, str(exc)) from None
+        raise Problem(503, "log_unreadable", str(exc)) from None
 
 
 @router.get(
@@ -232,17 +250,32 @@ def _run_settings(request: Request) -> Any:
 
 @router.get("/projections", tags=["admin"], dependencies=[Depends(require("admin"))], responses=AUTH_RESPONSES)
 async def projections(request: Request) -> list[dict[str, Any]]:
-    """Version, serving build, state, lag, and any rebuild started from the API with its progress."""
-    from tributary.projections.runner import status
+    """Version, serving build, state, lag, and any rebuild started from the API with its progress;
+    `problem`: the one-line error of its file when that file does not load now (its last good
+    definition is served). A file that never loaded is a row of its own: `name` null, `module`,
+    `state` "not loadable", `problem`."""
+    from tributary.projections.runner import ProjectionStatus, status
 
-    rows = await asyncio.to_thread(lambda: status(_run_settings(request)))
+    state = request.app.state
+
+    def read() -> list[Any]:
+        served = current_projections(state, fresh=True)
+        return status(_run_settings(request), projections=served)
+
+    rows = await asyncio.to_thread(read)
     out = []
     for r in rows:
         entry = {k: getattr(r, k) for k in r.__slots__}
+        entry["module"] = state.projection_origin.get(r.name)
+        entry["problem"] = projection_problem(state, r.name)
         entry["rebuild"] = next(
             (b for b in _rebuilds.values() if b["projection"] == r.name and b["state"] == "running"), None
         )
         out.append(entry)
+    for ref, problem in sorted(state.projection_problems.items()):
+        if ref not in state.projection_origin.values():  # nothing of it is served
+            empty = dict.fromkeys(ProjectionStatus.__slots__)
+            out.append(empty | {"state": "not loadable", "module": ref, "problem": problem, "rebuild": None})
     return out
 
 
@@ -253,16 +286,22 @@ async def projections(request: Request) -> list[dict[str, Any]]:
     response_model_exclude_unset=True,
     tags=["admin"],
     dependencies=[Depends(require("admin"))],
-    responses={**AUTH_RESPONSES, 404: error("no projection with this name")},
+    responses={
+        **AUTH_RESPONSES,
+        404: error("no projection with this name"),
+        409: error("`projection_not_loadable`: the projection's file does not load now"),
+    },
 )
 async def start_rebuild(name: str, request: Request) -> dict[str, Any]:
     """Start a rebuild in the background (in its own process, reading the projection files as they
     are now); 202 with an id to poll at GET /rebuilds/{id}."""
-    from tributary.projections.loader import load_current
-
     settings = await asyncio.to_thread(_run_settings, request)
-    if name not in await asyncio.to_thread(load_current, settings.modules, settings.mirror):
-        raise HTTPException(404, f"no projection named {name!r}")
+    state = request.app.state
+    if name not in await asyncio.to_thread(lambda: current_projections(state, fresh=True)):
+        raise Problem(404, "unknown_projection", f"no projection named {name!r}")
+    problem = projection_problem(state, name)
+    if problem is not None:  # a rebuild runs the file as it is on disk: it would fail
+        raise Problem(409, "projection_not_loadable", f"{problem}; fix the file, then rebuild")
     with _rebuild_lock:
         running = [b for b in _rebuilds.values() if b["projection"] == name and b["state"] == "running"]
         if running:
@@ -310,7 +349,7 @@ async def rebuild_progress(rebuild_id: str) -> dict[str, Any]:
     """Progress of a rebuild started with POST /projections/{name}/rebuild."""
     entry = _rebuilds.get(rebuild_id)
     if entry is None:
-        raise HTTPException(404, f"no rebuild {rebuild_id!r}")
+        raise Problem(404, "unknown_rebuild", f"no rebuild {rebuild_id!r}")
     return entry
 
 

@@ -10,11 +10,13 @@ import asyncio
 import time
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
+from tributary.api.http.definitions import current_aggregates, due
+from tributary.api.http.problems import ConflictBody, Problem
 from tributary.eventstore.errors import (
     CommandRejected,
     ConcurrencyConflict,
@@ -124,44 +126,62 @@ def _handler(request: Request) -> CommandHandler:
     return request.app.state.handler  # type: ignore[no-any-return]
 
 
+async def _current_handler(request: Request) -> CommandHandler:
+    """The handler, with the aggregates of `[eventstore] modules` as the config and domain files say
+    now (looked at once a second at most: `definitions.current_aggregates`)."""
+    state = request.app.state
+    if due(state, "aggregates"):
+        await asyncio.to_thread(current_aggregates, state, checked=True)
+    return _handler(request)
+
+
+def _no_modules(state: Any, stream_type: str) -> Problem:
+    """404 for a command while no domain module is configured: which config file says so."""
+    path = getattr(state, "config_path", None)
+    if path is None:  # nothing to follow: the server read no file at start
+        how = "the server read no config file at start; list them in one and restart `tributary serve --config FILE`"
+    else:
+        how = f"add them to [eventstore] modules in {path}; the running server loads them within a second"
+    return Problem(
+        404, "unknown_stream_type", f"no stream type {stream_type!r}: no [eventstore] modules are configured ({how})"
+    )
+
+
 def _json(body: Any, status: int = 200) -> Response:
     """The body in the event store's JSON codec (decimals as exact strings), sent as it is encoded."""
     return Response(dumps(body), status_code=status, media_type="application/json")
 
 
-def _http_error(exc: EventStoreError) -> HTTPException:
+def _http_error(exc: EventStoreError) -> Problem:
+    """The one mapping of the event store's errors to problems."""
     if isinstance(exc, ConcurrencyConflict):
-        return HTTPException(
+        return Problem(
             409,
-            {
-                "error": "conflict",
-                "message": str(exc),
-                "stream": exc.stream_id,
-                "expected": exc.expected,
-                "actual": exc.actual,
-                "attempts": exc.attempts,
-            },
+            "conflict",
+            str(exc),
+            stream=exc.stream_id,
+            expected=exc.expected,
+            actual=exc.actual,
+            attempts=exc.attempts,
         )
     if isinstance(exc, StoreUnavailable):
-        return HTTPException(503, {"error": "unavailable", "message": str(exc)})
+        return Problem(503, "unavailable", str(exc))
     if isinstance(exc, InvalidValue):
-        return HTTPException(422, {"error": "invalid_value", "field": exc.field, "message": str(exc)})
+        return Problem(422, "invalid_value", str(exc), field=exc.field)
     if isinstance(exc, UnknownStreamType):
-        return HTTPException(404, {"error": "unknown_stream_type", "message": str(exc)})
+        return Problem(404, "unknown_stream_type", str(exc))
     if isinstance(exc, CommandRejected):
-        return HTTPException(422, {"error": "rejected", "rule": exc.rule, "message": exc.reason})
+        return Problem(422, "rejected", exc.reason, rule=exc.rule)
     if isinstance(exc, InvalidCommand):
-        return HTTPException(
-            422,
-            {
-                "error": "invalid",
-                "message": str(exc),
-                "fields": [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors],
-            },
-        )
-    if isinstance(exc, UnknownCommand | IdempotencyMismatch | PartialDuplicateBatch):
-        return HTTPException(422, {"error": type(exc).__name__, "message": str(exc)})
-    return HTTPException(400, {"error": type(exc).__name__, "message": str(exc)})
+        fields = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors]
+        return Problem(422, "invalid_command", str(exc), fields=fields)
+    if isinstance(exc, UnknownCommand):
+        return Problem(422, "unknown_command", str(exc))
+    if isinstance(exc, IdempotencyMismatch):
+        return Problem(422, "idempotency_mismatch", str(exc))
+    if isinstance(exc, PartialDuplicateBatch):
+        return Problem(422, "partial_duplicate_batch", str(exc))
+    return Problem(400, "bad_request", str(exc))
 
 
 @router.post(
@@ -173,8 +193,9 @@ def _http_error(exc: EventStoreError) -> HTTPException:
         400: error("the body is not JSON"),
         404: error("unknown stream type"),
         409: error(
-            "version conflict: the stream is not at `expected_version`, or other writers won every retry "
-            "(`stream`, `expected`, `actual`, `attempts`, and a `message` that says what to do)"
+            "`conflict`: the stream is not at `expected_version`, or other writers won every retry "
+            "(`stream`, `expected`, `actual`, `attempts`, and a `detail` that says what to do)",
+            ConflictBody,
         ),
         413: error("the body is larger than `[api] max_body_bytes`"),
         422: error(f"invalid or rejected command, or a stream id over {MAX_ID_LENGTH} characters"),
@@ -183,7 +204,7 @@ def _http_error(exc: EventStoreError) -> HTTPException:
 )
 async def send_command(stream_type: str, stream_id: str, body: CommandRequest, request: Request) -> Response:
     """Validate the command against the aggregate's state and append its events."""
-    handler = _handler(request)
+    handler = await _current_handler(request)
     metrics = request.app.state.metrics
     started = time.perf_counter()
     outcome = "ok"
@@ -202,6 +223,8 @@ async def send_command(stream_type: str, stream_id: str, body: CommandRequest, r
         )
     except EventStoreError as exc:
         outcome = type(exc).__name__
+        if isinstance(exc, UnknownStreamType) and not handler.aggregates:
+            raise _no_modules(request.app.state, stream_type) from None
         raise _http_error(exc) from None
     finally:
         metrics.command_seconds.labels(stream_type).observe(time.perf_counter() - started)
@@ -242,7 +265,7 @@ async def read_stream(
     except EventStoreError as exc:
         raise _http_error(exc) from None
     if not events and (backwards or start == 1):
-        raise HTTPException(404, {"error": "unknown_stream", "message": f"no stream {stream_id!r}"})
+        raise Problem(404, "unknown_stream", f"no stream {stream_id!r}")
     return _json({"stream_id": stream_id, "events": [event_json(e) for e in events]})
 
 
@@ -253,13 +276,13 @@ async def read_stream(
 )
 async def stream_state(stream_id: str, request: Request) -> Response:
     """The aggregate's folded state and version."""
-    handler = _handler(request)
+    handler = await _current_handler(request)
     try:
         first = await asyncio.to_thread(handler.store.read_stream, stream_id, limit=1)
     except EventStoreError as exc:
         raise _http_error(exc) from None
     if not first:
-        raise HTTPException(404, {"error": "unknown_stream", "message": f"no stream {stream_id!r}"})
+        raise Problem(404, "unknown_stream", f"no stream {stream_id!r}")
     stream_type = first[0].stream_type
     try:
         loaded = await asyncio.to_thread(handler.load, stream_type, stream_id)

@@ -6,7 +6,6 @@ import datetime as dt
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Request
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
@@ -19,6 +18,7 @@ from tributary.api.http.groups_shared import (
     coordinator_of,
     run_in_thread,
 )
+from tributary.api.http.problems import Problem
 
 __all__ = ["router"]
 
@@ -81,7 +81,7 @@ async def describe(group: GroupName, request: Request) -> Any:
     retention (`out_of_range`)."""
     described = await run_in_thread(coordinator_of(request).describe, group)
     if described is None:
-        return JSONResponse({"detail": f"no consumer group {group!r}"}, status_code=404)
+        raise Problem(404, "not_found", f"no consumer group {group!r}")
     return described
 
 

@@ -30,8 +30,8 @@ from tributary.api.http.groups_shared import (
     MemberId,
     Topic,
     assignments_json,
+    consumer_problem,
     coordinator_of,
-    error_body,
     run_in_thread,
 )
 from tributary.capture.log import Record
@@ -239,7 +239,7 @@ def _sse_record(r: Record) -> bytes:
 
 
 def _sse_error(exc: ConsumerError) -> bytes:
-    return b"event: error\ndata: %b\n\n" % orjson.dumps(error_body(exc))
+    return b"event: error\ndata: %b\n\n" % orjson.dumps(consumer_problem(exc))
 
 
 def _event_id(text: str) -> tuple[str, int, int] | None:

@@ -17,22 +17,17 @@ from types import FrameType
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 
 from tributary.api.http import routes_group_admin, routes_group_delivery, routes_group_members
-from tributary.api.http.groups_shared import error_body
+from tributary.api.http.groups_shared import consumer_problem
+from tributary.api.http.problems import MEDIA_TYPE, encode
 from tributary.api.http.routes_group_delivery import record_json
 from tributary.api.settings.log import kafka_options
 from tributary.consumers import (
     ConsumerError,
-    Fenced,
-    GroupBusy,
     GroupCoordinator,
     LogChanges,
-    NotAssigned,
-    NotFound,
-    OffsetOutOfRange,
-    UnknownMember,
 )
 
 __all__ = ["consumer_error", "record_json", "router", "start_consumers"]
@@ -44,19 +39,11 @@ router.include_router(routes_group_delivery.router)
 router.include_router(routes_group_admin.router)
 
 
-async def consumer_error(request: Request, exc: Exception) -> JSONResponse:
-    """The one mapping of the consumers' errors to HTTP: 409 for membership and fencing, 410 past
-    retention, 404 for a topic or group that is not there, 422 for the rest."""
+async def consumer_error(request: Request, exc: Exception) -> Response:
+    """A consumers' error as a problem (`groups_shared.consumer_status` maps it to a status)."""
     assert isinstance(exc, ConsumerError)
-    if isinstance(exc, UnknownMember | Fenced | NotAssigned | GroupBusy):
-        status = 409
-    elif isinstance(exc, OffsetOutOfRange):
-        status = 410
-    elif isinstance(exc, NotFound):
-        status = 404
-    else:
-        status = 422
-    return JSONResponse(error_body(exc), status_code=status)
+    body = consumer_problem(exc)
+    return Response(encode(body), status_code=body["status"], media_type=MEDIA_TYPE)
 
 
 async def _sweep(coordinator: GroupCoordinator, interval_s: float) -> None:

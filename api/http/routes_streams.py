@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.head import HEAD_MARK
+from tributary.api.http.problems import Problem
 from tributary.api.http.routes_commands import EventOut, _http_error, _json
 from tributary.api.http.subscriptions import Subscriptions
 from tributary.eventstore.errors import EventStoreError, UnknownPosition
@@ -47,9 +48,9 @@ def _subscriptions(request: Request) -> Subscriptions:
     return request.app.state.subscriptions  # type: ignore[no-any-return]
 
 
-def _position_error(exc: EventStoreError) -> HTTPException:
+def _position_error(exc: EventStoreError) -> Problem:
     if isinstance(exc, UnknownPosition):
-        return HTTPException(404, {"error": "unknown_position", "position": exc.position, "message": str(exc)})
+        return Problem(404, "unknown_position", str(exc), position=exc.position)
     return _http_error(exc)
 
 
@@ -58,7 +59,10 @@ _READ_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: error("`after` is not the position of a stored event"),
     503: error("the service database did not answer; retry"),
 }
-_TYPE = Query(None, min_length=1, max_length=MAX_ID_LENGTH, description="Only the events of this stream type.")
+_NO_NUL = r"^[^\x00]*$"  # the store's text cannot hold a NUL: refused as the schema says, not by the database
+_TYPE = Query(
+    None, min_length=1, max_length=MAX_ID_LENGTH, pattern=_NO_NUL, description="Only the events of this stream type."
+)
 
 
 @router.get(
@@ -68,8 +72,10 @@ _TYPE = Query(None, min_length=1, max_length=MAX_ID_LENGTH, description="Only th
 )
 async def list_streams(
     request: Request,
-    type: str = Query(min_length=1, max_length=MAX_ID_LENGTH, description="The stream type."),
-    after: str = Query("", max_length=MAX_ID_LENGTH, description="The last stream id of the previous page."),
+    type: str = Query(min_length=1, max_length=MAX_ID_LENGTH, pattern=_NO_NUL, description="The stream type."),
+    after: str = Query(
+        "", max_length=MAX_ID_LENGTH, pattern=_NO_NUL, description="The last stream id of the previous page."
+    ),
     limit: int = Query(100, ge=1, le=1000),
 ) -> Response:
     """The streams of a type, in stream id order, with their current version."""

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import orjson
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from psycopg import AsyncConnection, errors, sql
@@ -25,6 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.definitions import current_projections
+from tributary.api.http.problems import Problem
 
 __all__ = ["CONNECTION_WAIT_S", "PREPARE_THRESHOLD", "StatementTimeout", "Views", "router"]
 
@@ -100,8 +101,9 @@ def _parse_filters(params: Mapping[str, str], types: dict[str, str]) -> list[tup
             continue
         filters.append((column, sql_op, value))
     if unknown:
-        raise HTTPException(
+        raise Problem(
             422,
+            "invalid_query",
             f"unknown column or operator: {', '.join(sorted(unknown))} "
             f"(columns: {', '.join(types)}; operators: {', '.join(_OPS)})",
         )
@@ -116,13 +118,13 @@ def _decode_cursor(cursor: str, width: int) -> list[Any]:
     try:
         values = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
     except (ValueError, orjson.JSONDecodeError):
-        raise HTTPException(422, "cursor is not one this API returned") from None
+        raise Problem(422, "invalid_query", "cursor is not one this API returned") from None
     if (
         not isinstance(values, list)
         or len(values) != width
         or not all(v is None or (isinstance(v, str | int | float) and not isinstance(v, bool)) for v in values)
     ):
-        raise HTTPException(422, "cursor is not one this API returned")
+        raise Problem(422, "invalid_query", "cursor is not one this API returned")
     return values
 
 
@@ -230,7 +232,7 @@ async def query_view(name: str, request: Request) -> Response:
     state = request.app.state
     views: Views | None = getattr(state, "views", None)
     if views is None:
-        raise HTTPException(503, "starting up: the database pool is not open yet")
+        raise Problem(503, "unavailable", "starting up: the database pool is not open yet")
     body = await _page(state, views, name, params, limit, params.get("cursor"), params.get("order_by"))
     return Response(body, media_type="application/json")
 
@@ -378,15 +380,15 @@ async def _page(
     """The JSON body of one page of a view."""
     view = _view(state, views.meta, name)
     if view is None:
-        raise HTTPException(404, f"no view named {name!r}; GET /views lists them")
+        raise Problem(404, "unknown_view", f"no view named {name!r}; GET /views lists them")
     types, primary_key = view.types, view.primary_key
     filters = _parse_filters(params, types)
     if not 1 <= limit <= MAX_LIMIT:
-        raise HTTPException(422, f"limit must be between 1 and {MAX_LIMIT}")
+        raise Problem(422, "invalid_query", f"limit must be between 1 and {MAX_LIMIT}")
     descending = bool(order_by and order_by.startswith("-"))
     order_col = (order_by[1:] if descending else order_by) if order_by else None  # one `-` at most
     if order_col is not None and order_col not in types:
-        raise HTTPException(422, f"cannot order by unknown column {order_col!r}")
+        raise Problem(422, "invalid_query", f"cannot order by unknown column {order_col!r}")
     keys = ([order_col] if order_col and order_col not in primary_key else []) + list(primary_key)
     if order_col in primary_key:
         keys = [order_col] + [k for k in primary_key if k != order_col]
@@ -415,19 +417,24 @@ async def _page(
     try:
         rows = await views.fetch(shape, query, args)
     except errors.DataError as exc:  # a bad value for a typed column is the caller's error
-        raise HTTPException(
-            422, f"a filter value does not fit its column's type: {exc.diag.message_primary or exc}"
+        raise Problem(
+            422, "invalid_query", f"a filter value does not fit its column's type: {exc.diag.message_primary or exc}"
         ) from None  # (no diag when psycopg refused it: a NUL byte, which text cannot hold)
     except errors.UndefinedTable:
-        raise HTTPException(404, f"view {name!r} has not been built yet: run `tributary project run {name}`") from None
+        raise Problem(
+            404, "view_not_built", f"view {name!r} has not been built yet: run `tributary project run {name}`"
+        ) from None
     except StatementTimeout:
-        raise HTTPException(
+        raise Problem(
             503,
+            "unavailable",
             f"the query ran longer than the server allows ([api] statement_timeout_ms = {views.statement_timeout_ms}); "
             "narrow the filters or order by an indexed column",
         ) from None
     except errors.OperationalError:  # lost or refused (`Views.fetch` has the pool checked); retry
-        raise HTTPException(503, "the service database did not answer (connection lost or refused); retry") from None
+        raise Problem(
+            503, "unavailable", "the service database did not answer (connection lost or refused); retry"
+        ) from None
     page = rows[:limit] if len(rows) > limit else rows
     next_cursor = _encode_cursor([page[-1][k] for k in keys]) if len(rows) > limit and page else None
     return orjson.dumps({"view": name, "rows": page, "next_cursor": next_cursor}, default=_default)

@@ -108,7 +108,13 @@ def test_request_ids_in_responses_and_log(served: Served) -> None:
     for bad in ("a" * 65, "two words", "<script>"):  # not echoed: a new id instead
         assert served.client.get("/healthz", headers={"X-Request-ID": bad}).headers["x-request-id"] != bad
     failed = served.client.get("/views/broken", headers={"X-Request-ID": "trace-500"})
-    assert failed.status_code == 500 and failed.json() == {"detail": "internal error; see the server log"}
+    assert failed.status_code == 500 and failed.json() == {
+        "type": "urn:tributary:problem:internal_error",
+        "title": "Internal error",
+        "status": 500,
+        "detail": "internal error; see the server log",
+        "code": "internal_error",
+    }
     assert failed.headers["x-request-id"] == "trace-500"
     errors = [r for r in served.log_records() if r["level"] == "error"]
     assert any(r.get("request_id") == "trace-500" and "missing" in r.get("exc", "") for r in errors), errors

@@ -56,10 +56,10 @@ def api(pg_server: PgServer, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def _one_line(got: httpx.Response, status: int, *words: str) -> None:
-    """`status`, a UTF-8 JSON body whose message is one line and says `words`."""
+    """`status`, a UTF-8 problem body whose `detail` is one line and says `words`."""
     assert got.status_code == status, got.text
-    detail = got.json()["detail"]
-    message = detail["message"] if isinstance(detail, dict) else str(detail)
+    assert got.headers["content-type"] == "application/problem+json" and got.json()["status"] == status
+    message = got.json()["detail"]
     assert "\n" not in message and all(w in message for w in words), message
 
 
@@ -122,8 +122,9 @@ def test_a_conflict_says_which_stream_expected_and_actual_and_to_retry(api: Api)
     assert api.raw("c-1", b'{"type": "open", "data": {"owner": "a"}}').status_code == 200
     got = api.raw("c-1", b'{"type": "deposit", "data": {"amount": "1"}, "expected_version": 0}')
     _one_line(got, 409, "'c-1'", "version 1", "expected 0", "retry")
-    detail = got.json()["detail"]
-    assert detail["stream"] == "c-1" and detail["expected"] == 0 and detail["actual"] == 1
+    problem = got.json()
+    assert problem["code"] == "conflict"
+    assert problem["stream"] == "c-1" and problem["expected"] == 0 and problem["actual"] == 1
 
 
 def test_order_by_takes_one_minus_only(api: Api) -> None:

@@ -206,3 +206,32 @@ def test_console_shows_consumer_groups_with_members_generation_lag_and_last_comm
             driver.save_screenshot(str(ARTIFACTS / "console-groups.png"))
         finally:
             driver.quit()
+
+
+BROKEN = "from tributary.projections.definition import Projection\nPROJECTION = Projection(\n"
+
+
+def test_console_shows_a_projection_file_that_does_not_load(fresh_db: str, tmp_path: Path) -> None:
+    """A projection file saved half-way: the console names the file and its error (in the projections
+    table and the header), and keeps showing the projections that load."""
+    run_migrations(fresh_db)
+    broken = tmp_path / "half_saved.py"
+    broken.write_text(BROKEN)
+    port = free_port()
+    config = tmp_path / "t.toml"
+    config.write_text(
+        f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\n'
+        f'[projections]\nmodules = ["tributary.projections.examples.account_balances", "{broken}"]\n'
+        f"[api]\nport = {port}\n"
+    )
+    with serving(config, port, err_path=tmp_path / "serve.err") as base:
+        driver = _browser(tmp_path / "chromium-profile")
+        try:
+            driver.get(base + "/")
+            _wait(driver, lambda d: str(broken) in d.find_element("id", "projections").text, 60, "the broken file")
+            table = driver.find_element("id", "projections").text
+            assert "account_balances" in table and "not loadable" in table and "SyntaxError" in table, table
+            _wait(driver, lambda d: "[projections] modules" in d.find_element("id", "problems").text, 30, "header")
+            assert str(broken) in driver.find_element("id", "problems").text
+        finally:
+            driver.quit()

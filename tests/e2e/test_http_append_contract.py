@@ -108,13 +108,16 @@ def send(api: httpx.Client, stream: str, type_: str, title: str, **extra: object
 def test_every_expected_version_form(api: httpx.Client) -> None:
     def status(stream: str, title: str, expected: object) -> tuple[int, Any]:
         r = send(api, stream, "add", title, expected_version=expected)
-        return r.status_code, r.json()["version"] if r.status_code == 200 else r.json()["detail"]
+        return r.status_code, r.json()["version"] if r.status_code == 200 else r.json()
 
     refused = send(api, "l1", "add", "a", expected_version="stream_exists")
     assert refused.status_code == 409
-    assert refused.json()["detail"] | {"message": ""} == {
-        "error": "conflict",
-        "message": "",
+    assert refused.json() | {"detail": ""} == {
+        "type": "urn:tributary:problem:conflict",
+        "title": "Version conflict",
+        "status": 409,
+        "code": "conflict",
+        "detail": "",
         "stream": "l1",
         "expected": "stream_exists",
         "actual": 0,
@@ -166,7 +169,7 @@ def test_metadata_from_the_request_to_the_log_headers(api: httpx.Client, config:
     too_many = send(api, "m1", "add", "x", headers={f"h{i}": "v" for i in range(33)})
     assert too_many.status_code == 422
     reserved = send(api, "m1", "add", "x", headers={"correlation_id": "sneaky"})
-    assert reserved.status_code == 422 and reserved.json()["detail"]["field"] == "headers.correlation_id"
+    assert reserved.status_code == 422 and reserved.json()["field"] == "headers.correlation_id"
     assert send(api, "m1", "add", "x", headers={"n": 1}).status_code == 422  # values are strings
 
     assert cli("init", "--config", str(config)).returncode == 0
@@ -222,7 +225,7 @@ def test_all_and_the_streams_of_a_type(api: httpx.Client) -> None:
     assert api.get("/all", params={"type": "tasklist", "after": paged[3]["position"]}).json()["events"] == paged[4:]
     assert api.get("/all", params={"type": "nothing"}).json() == {"events": [], "next": 0}
     missing = api.get("/all", params={"after": 10**9})
-    assert missing.status_code == 404 and missing.json()["detail"]["error"] == "unknown_position"
+    assert missing.status_code == 404 and missing.json()["code"] == "unknown_position"
 
     first = api.get("/streams", params={"type": "tasklist", "limit": 3}).json()
     assert [s["stream_id"] for s in first["streams"]] == ["list-0", "list-1", "list-2"]

@@ -54,7 +54,7 @@ def test_a_trailing_slash_never_redirects_to_the_host_header() -> None:
 
 def test_expected_version_beyond_bigint_is_a_422() -> None:
     got = _send("POST", "/commands/account/a", json={"type": "open", "expected_version": 2**64})
-    assert got.status_code == 422 and got.json()["detail"][0]["loc"][:2] == ["body", "expected_version"]
+    assert got.status_code == 422 and got.json()["errors"][0]["loc"][:2] == ["body", "expected_version"]
 
 
 @pytest.mark.parametrize(
@@ -76,7 +76,7 @@ def test_a_deeply_nested_refused_body_is_a_422() -> None:
     body = b'{"type": "open", "data": ' + b"[" * 900 + b"]" * 900 + b"}"
     got = _send("POST", "/commands/account/a", content=body, headers={"content-type": "application/json"})
     assert got.status_code == 422, got.text
-    assert got.json()["detail"][0]["loc"] == ["body", "data"]
+    assert got.json()["errors"][0]["loc"] == ["body", "data"]
 
 
 @pytest.mark.parametrize("depth", [10, 900])
@@ -84,7 +84,7 @@ def test_a_deeply_nested_refused_body_with_a_lone_surrogate_is_a_422(depth: int)
     body = b'{"type": "open", "data": ' + b"[" * depth + b'"\\ud83d"' + b"]" * depth + b"}"
     got = _send("POST", "/commands/account/a", content=body, headers={"content-type": "application/json"})
     assert got.status_code == 422, got.text
-    assert got.json()["detail"][0]["loc"] == ["body", "data"]
+    assert got.json()["errors"][0]["loc"] == ["body", "data"]
 
 
 @pytest.mark.parametrize("body", [b"Infinity", b"-Infinity", b"NaN", b'{"type": "open", "expected_version": NaN}'])
