@@ -232,18 +232,13 @@ def _run_settings(request: Request) -> Any:
 
 @router.get("/projections", tags=["admin"], dependencies=[Depends(require("admin"))], responses=AUTH_RESPONSES)
 async def projections(request: Request) -> list[dict[str, Any]]:
-    """Version, serving build, state, lag, and any rebuild started from the API with its progress."""
+    """Version, serving build, state (`done` only when caught up: `behind` while `lag` > 0, see
+    `label`), lag, and any rebuild started from the API with its progress."""
     from tributary.projections.runner import status
 
-    rows = await asyncio.to_thread(lambda: status(_run_settings(request)))
-    out = []
-    for r in rows:
-        entry = {k: getattr(r, k) for k in r.__slots__}
-        entry["rebuild"] = next(
-            (b for b in _rebuilds.values() if b["projection"] == r.name and b["state"] == "running"), None
-        )
-        out.append(entry)
-    return out
+    running = {b["projection"]: b for b in list(_rebuilds.values()) if b["state"] == "running"}
+    rows = await asyncio.to_thread(lambda: status(_run_settings(request), rebuilding=set(running)))
+    return [{**{k: getattr(r, k) for k in r.__slots__}, "rebuild": running.get(r.name)} for r in rows]
 
 
 @router.post(

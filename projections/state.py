@@ -1,0 +1,36 @@
+"""A projection's state as a person reads it, in one place for `project status`, `GET /projections`
+and the console: a build's own status stays `done` after its swap while records keep arriving, so
+the state shown is worked out from the builds and the lag, never "done" while records wait."""
+
+from __future__ import annotations
+
+__all__ = ["BUSY", "STATES", "projection_state", "state_label"]
+
+BUSY = frozenset({"building", "catching_up", "swapping"})
+"""A build's statuses while a rebuild writes it (`projections.builds.status`)."""
+
+STATES = ("never run", "building", "failed", "rebuilding", "behind", "done")
+"""Every state `projection_state` returns: `never run` (no build yet), `building` (the first build
+under way, nothing serving), `failed` (nothing serving, the last build failed), `rebuilding` (a new
+build under way while the old one serves), `behind` (serving, records waiting), `done` (serving,
+caught up with the log)."""
+
+
+def projection_state(serving: bool, newest: str | None, lag: int, *, rebuilding: bool = False) -> str:
+    """One of `STATES` from whether a build serves the view, the newest build's status (None when
+    there is none), the records waiting in the projection's topics, and whether a rebuild was
+    started elsewhere (an API rebuild starts its process before its build row exists)."""
+    if not serving:
+        if rebuilding or newest in BUSY:
+            return "building"
+        return "failed" if newest == "failed" else "never run"
+    if rebuilding or newest in BUSY:
+        return "rebuilding"
+    return "behind" if lag > 0 else "done"
+
+
+def state_label(state: str, lag: int) -> str:
+    """What the console and `project status` print: `behind (162 records)`, else the state."""
+    if state == "behind":
+        return f"behind ({lag:,} record{'' if lag == 1 else 's'})"
+    return state
