@@ -595,9 +595,8 @@ def status(
                 ck = store.checkpoints(cur) if cur is not None else {}
                 lag = sum(max(0, e - ck.get(tp, (0, None))[0]) for tp, e in log.ends(p.topics).items())
             others = tuple(f"{b.table_name}:{b.status}" for b in builds if not b.current)
-            state = projection_state(
-                cur is not None, builds[-1].status if builds else None, lag, rebuilding=n in rebuilding
-            )
+            newest = builds[-1].status if builds else None
+            state = projection_state(cur is not None, newest, lag, locked=store.locked(n), started=n in rebuilding)
             out.append(
                 ProjectionStatus(
                     n,

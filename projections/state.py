@@ -7,25 +7,28 @@ from __future__ import annotations
 __all__ = ["BUSY", "STATES", "projection_state", "state_label"]
 
 BUSY = frozenset({"building", "catching_up", "swapping"})
-"""A build's statuses while a rebuild writes it (`projections.builds.status`)."""
+"""A build's statuses while a rebuild writes it (`projections.builds.status`); a killed rebuild
+leaves its build with one of them."""
 
 STATES = ("never run", "building", "failed", "rebuilding", "behind", "done")
 """Every state `projection_state` returns: `never run` (no build yet), `building` (the first build
-under way, nothing serving), `failed` (nothing serving, the last build failed), `rebuilding` (a new
-build under way while the old one serves), `behind` (serving, records waiting), `done` (serving,
-caught up with the log)."""
+under way, nothing serving), `failed` (nothing serving, the last build failed or was stopped
+unfinished), `rebuilding` (a new build under way while the old one serves), `behind` (serving,
+records waiting), `done` (serving, caught up with the log)."""
 
 
-def projection_state(serving: bool, newest: str | None, lag: int, *, rebuilding: bool = False) -> str:
+def projection_state(
+    serving: bool, newest: str | None, lag: int, *, locked: bool = False, started: bool = False
+) -> str:
     """One of `STATES` from whether a build serves the view, the newest build's status (None when
-    there is none), the records waiting in the projection's topics, and whether a rebuild was
-    started elsewhere (an API rebuild starts its process before its build row exists)."""
+    there is none), the records waiting in the projection's topics, whether a runner holds the
+    projection's lock, and whether a rebuild was started elsewhere (an API rebuild's process, before
+    its build row exists). A build left `building` by a killed process holds no lock: it is not
+    under way, so the serving build's lag decides, or, with none serving, the state is `failed`."""
+    if started or (locked and newest in BUSY):
+        return "rebuilding" if serving else "building"
     if not serving:
-        if rebuilding or newest in BUSY:
-            return "building"
-        return "failed" if newest == "failed" else "never run"
-    if rebuilding or newest in BUSY:
-        return "rebuilding"
+        return "never run" if newest is None else "failed"
     return "behind" if lag > 0 else "done"
 
 
