@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +45,7 @@ from tributary.projections.job import (
 from tributary.projections.loader import file_stamps, load_current, resolve
 from tributary.projections.source import LocalSource, LogSource
 from tributary.projections.spark import aggregation_session, get_session, local_cores
+from tributary.projections.state import projection_state, state_label
 from tributary.projections.store import BuildRow, Store
 
 if TYPE_CHECKING:
@@ -132,6 +133,7 @@ class ProjectionStatus:
     other_builds: tuple[str, ...] = field(default=())
     dead_letters: int = 0
     last_error: str | None = None
+    label: str = ""  # the state as people read it: `behind (162 records)` (`projections.state`)
 
 
 def _connect(s: RunSettings) -> psycopg.Connection[Any]:
@@ -567,11 +569,16 @@ def list_projections(settings: RunSettings) -> list[dict[str, Any]]:
 
 
 def status(
-    settings: RunSettings, name: str | None = None, *, projections: Mapping[str, Projection] | None = None
+    settings: RunSettings,
+    name: str | None = None,
+    *,
+    projections: Mapping[str, Projection] | None = None,
+    rebuilding: Collection[str] = (),
 ) -> list[ProjectionStatus]:
-    """Per projection: serving build, its lifecycle state, records read, lag behind the log,
-    late records dropped, and whether the file's version asks for a rebuild. `projections`: the
-    definitions to report on (the API's, which outlive a file saved half-way), else the files'."""
+    """Per projection: serving build, its state (`projections.state`: `done` only when caught up),
+    records read, lag behind the log, late records dropped, and whether the file's version asks for
+    a rebuild. `projections`: the definitions to report on (the API's, which outlive a file saved
+    half-way), else the files'. `rebuilding`: projections whose rebuild another process has started."""
     if projections is None:
         projections = load_current(settings.modules, settings.mirror)
     names = [name] if name else sorted(projections)
@@ -594,13 +601,15 @@ def status(
                 ck = store.checkpoints(cur) if cur is not None else {}
                 lag = sum(max(0, e - ck.get(tp, (0, None))[0]) for tp, e in log.ends(p.topics).items())
             others = tuple(f"{b.table_name}:{b.status}" for b in builds if not b.current)
+            newest = builds[-1].status if builds else None
+            state = projection_state(cur is not None, newest, lag, locked=store.locked(n), started=n in rebuilding)
             out.append(
                 ProjectionStatus(
                     n,
                     p.version,
                     cur.build if cur else None,
                     cur.version if cur else None,
-                    cur.status if cur else (builds[-1].status if builds else "never run"),
+                    state,
                     cur.table_name if cur else None,
                     cur.records if cur else 0,
                     lag,
@@ -609,6 +618,7 @@ def status(
                     others,
                     store.dead_letters(cur) if cur else 0,
                     next((b.error for b in reversed(builds) if b.status == "failed"), None),
+                    state_label(state, lag),
                 )
             )
         if log is not None:

@@ -118,6 +118,17 @@ class Store:
         ).fetchone()
         return bool(row and row[0])
 
+    def locked(self, name: str) -> bool:
+        """Whether a runner holds `try_lock(name)` now (any session): a build row a killed process
+        left `building` is not being written, so it is not shown as under way."""
+        row = self.conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " AND classid = hashtext('tributary_projection')::oid AND objid = hashtext(%s)::oid)",
+            (name,),
+        ).fetchone()
+        return bool(row and row[0])
+
     def unlock(self, name: str) -> None:
         self.conn.execute("SELECT pg_advisory_unlock(hashtext('tributary_projection'), hashtext(%s))", (name,))
 

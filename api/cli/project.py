@@ -146,7 +146,7 @@ def status_cmd(
     for r in rows:
         flag = "  (version changed: next run rebuilds)" if r.needs_rebuild and r.build is not None else ""
         typer.echo(
-            f"{r.name} v{r.version}: {r.state} build={r.build} table={r.table} records={r.records:,} "
+            f"{r.name} v{r.version}: {r.label} build={r.build} table={r.table} records={r.records:,} "
             f"lag={r.lag:,} late_dropped={r.late_dropped:,}{flag}"
         )
 

@@ -250,17 +250,18 @@ def _run_settings(request: Request) -> Any:
 
 @router.get("/projections", tags=["admin"], dependencies=[Depends(require("admin"))], responses=AUTH_RESPONSES)
 async def projections(request: Request) -> list[dict[str, Any]]:
-    """Version, serving build, state, lag, and any rebuild started from the API with its progress;
-    `problem`: the one-line error of its file when that file does not load now (its last good
-    definition is served). A file that never loaded is a row of its own: `name` null, `module`,
-    `state` "not loadable", `problem`."""
+    """Version, serving build, state (`done` only when caught up: `behind` while `lag` > 0, see
+    `label`), lag, and any rebuild started from the API with its progress; `problem`: the one-line
+    error of its file when that file does not load now (its last good definition is served). A file
+    that never loaded is a row of its own: `name` null, `module`, `state` "not loadable", `problem`."""
     from tributary.projections.runner import ProjectionStatus, status
 
     state = request.app.state
+    running = {b["projection"]: b for b in list(_rebuilds.values()) if b["state"] == "running"}
 
     def read() -> list[Any]:
         served = current_projections(state, fresh=True)
-        return status(_run_settings(request), projections=served)
+        return status(_run_settings(request), projections=served, rebuilding=set(running))
 
     rows = await asyncio.to_thread(read)
     out = []
@@ -268,9 +269,7 @@ async def projections(request: Request) -> list[dict[str, Any]]:
         entry = {k: getattr(r, k) for k in r.__slots__}
         entry["module"] = state.projection_origin.get(r.name)
         entry["problem"] = projection_problem(state, r.name)
-        entry["rebuild"] = next(
-            (b for b in _rebuilds.values() if b["projection"] == r.name and b["state"] == "running"), None
-        )
+        entry["rebuild"] = running.get(r.name)
         out.append(entry)
     for ref, problem in sorted(state.projection_problems.items()):
         if ref not in state.projection_origin.values():  # nothing of it is served

@@ -208,6 +208,81 @@ def test_console_shows_consumer_groups_with_members_generation_lag_and_last_comm
             driver.quit()
 
 
+VISITS = """
+from tributary.projections.definition import Projection, Table
+
+PROJECTION = Projection(
+    name="visits",
+    version=1,
+    topics=("shop.public.visits",),
+    table=Table.of({"page": "text", "n": "bigint"}, ["page"]),
+    build=lambda df: df,
+)
+"""
+
+
+def test_console_shows_capture_warnings_and_errors_and_a_projection_behind(fresh_db: str, tmp_path: Path) -> None:
+    """Capture's warnings under their source's row with a count, a failing source's error line, and
+    a projection whose serving build says `done` while records wait shown `behind`, never `done`."""
+    from psycopg.conninfo import make_conninfo
+
+    from tributary.projections.definition import Projection, Table
+    from tributary.projections.store import Store
+
+    run_migrations(fresh_db)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE visits (page text, n int)")  # no key: keyed by the whole row
+        conn.execute("ALTER TABLE visits REPLICA IDENTITY FULL")
+        conn.execute("INSERT INTO visits SELECT 'page ' || g, g FROM generate_series(1, 7) g")
+    (tmp_path / "visits.py").write_text(VISITS)
+    port = free_port()
+    config = tmp_path / "t.toml"
+    head = (
+        f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\npartitions = 1\n'
+        f'[[sources]]\nname = "shop"\ndsn = "{fresh_db}"\nslot = "console_warn"\ninclude = ["public.visits"]\n'
+    )
+    tail = f'[projections]\nmodules = ["{tmp_path / "visits.py"}"]\n[api]\nport = {port}\n'
+    config.write_text(head + tail)
+    assert (r := _cli("init", "--config", str(config))).returncode == 0, r.stdout + r.stderr
+    broken = make_conninfo(fresh_db, dbname="no_such_database", connect_timeout="5")
+    config.write_text(head + f'[[sources]]\nname = "broken"\ndsn = "{broken}"\nslot = "console_broken"\n' + tail)
+    r = _cli("capture", "--config", str(config), "--until-idle", "2")
+    assert r.returncode != 0 and "no_such_database" in r.stderr, r.stderr  # a batch run that missed a source
+    with psycopg.connect(fresh_db, autocommit=True) as conn:  # a build that serves, its status `done`, unfed
+        store = Store(conn)
+        store.ensure()
+        table = Table.of({"page": "text", "n": "bigint"}, ["page"])
+        projection = Projection(name="visits", version=1, topics=("shop.public.visits",), table=table, build=len)
+        store.swap(store.new_build(projection))
+    with serving(config, port, err_path=tmp_path / "serve.err") as base:
+        driver = _browser(tmp_path / "chromium-profile")
+        try:
+            driver.get(base + "/")
+            _wait(driver, lambda d: "keyed by the whole row" in d.find_element("id", "sources").text, 60, "the warning")
+            _wait(driver, lambda d: "visits" in d.find_element("id", "projections").text, 60, "the projection")
+            shop = driver.find_element("css selector", "#sources tr.detail[data-source='shop']").text
+            assert "public.visits has no primary key: its records are keyed by the whole row" in shop, shop
+            badge = driver.find_element("css selector", "#sources .badge").text
+            assert badge.endswith("warning" if badge.startswith("1 ") else "warnings") and badge[0].isdigit(), badge
+            failing = driver.find_element("css selector", "#sources tr.detail[data-source='broken'] .source-error")
+            assert "no_such_database" in failing.text and failing.is_displayed(), failing.text
+            cell = driver.find_element("css selector", "#projections td[data-state]")
+            assert cell.get_attribute("data-state") == "behind", cell.text
+            assert cell.text.startswith("behind (") and cell.text.endswith(" records)"), cell.text
+            assert "done" not in driver.find_element("id", "projections").text
+            colors = driver.execute_script(
+                "const e = document.createElement('span'); e.className = 'state-running'; document.body.append(e);"
+                "const c = [getComputedStyle(arguments[0]).color, getComputedStyle(e).color]; e.remove(); return c;",
+                cell,
+            )
+            assert colors[0] == colors[1], colors  # amber, as a run under way; not green
+            assert not driver.find_element("id", "keyform").is_displayed()  # no keys configured: no prompt
+            ARTIFACTS.mkdir(exist_ok=True)
+            driver.save_screenshot(str(ARTIFACTS / "console-warnings.png"))
+        finally:
+            driver.quit()
+
+
 BROKEN = "from tributary.projections.definition import Projection\nPROJECTION = Projection(\n"
 
 
