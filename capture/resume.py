@@ -99,11 +99,21 @@ def _snapshots_pending(root: Path) -> dict[str, str]:
     return found
 
 
+def repaired_key(source: str) -> str:
+    """The manifest positions' entry that marks a source's position as rebuilt by a repair ("1";
+    "" once capture has resumed from it)."""
+    return f"{source}#repaired"
+
+
 def positions_in(log: Log) -> dict[str, str]:
-    """Every source position the log's status file and records show (see the module's doc)."""
+    """Every source position the log's status file and records show (see the module's doc), each
+    marked as rebuilt: capture confirms idle positions to the slot only after committing them, and
+    those commits went with the manifest, so the slot may start past a rebuilt position with nothing
+    of the source's in between (capture then continues from the slot, capture/source.py)."""
     found = confirmed_in_status(log.root)
     for name, lsn in _from_records(log).items():
         found[name] = max(found.get(name, Lsn.ZERO), lsn)
     positions = {name: str(lsn) for name, lsn in found.items()}
+    positions.update({repaired_key(name): "1" for name in found})
     positions.update((k, v) for k, v in _snapshots_pending(log.root).items() if k.split("#")[0] in positions)
     return positions

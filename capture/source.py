@@ -28,6 +28,7 @@ from tributary.capture.log import Log, Mark
 from tributary.capture.lsn import Lsn
 from tributary.capture.offsets import OffsetContext
 from tributary.capture.replication import ReplicationConnection
+from tributary.capture.resume import repaired_key
 from tributary.capture.routing import TableFilter, topic_name
 from tributary.capture.signals import SnapshotSignal
 from tributary.capture.slot import Slot, SlotState, sql_connection
@@ -59,6 +60,7 @@ class SourceSession:
         # What the previous run confirmed to the slot (its status file): a slot starting there is ours.
         self.confirmed_before = Lsn.ZERO
         self._requests: list[tuple[list[str], str]] = []  # snapshot requests made before `open`
+        self._unmark_repaired = False  # the position was rebuilt by a repair: say at the next commit it is ours
         self.watcher: CatalogWatcher | None = None  # once streaming (not for an outbox)
         self.reset(log_)
 
@@ -110,6 +112,17 @@ class SourceSession:
         if (refused := encodings.refusal(slot.encoding, database=slot.database)) is not None:
             raise SourceMisconfigured(f"source {self.spec.name!r}: {refused}")
         behind = position is not None and slot.starts_after(max(Lsn.parse(position), self.confirmed_before))
+        if positions.get(repaired_key(self.spec.name)):
+            self._unmark_repaired = True  # the next commit says capture resumed from it
+            if behind and slot.usable:
+                text = (
+                    f"the log's position {position} was rebuilt by `log verify --repair` and slot {self.spec.slot} "
+                    f"starts later, at {slot.start}: continuing from the slot (a repair cannot see the positions "
+                    "confirmed while idle); if the slot was also recreated, re-snapshot with `capture snapshot`"
+                )
+                log.warning("source %s: %s", self.spec.name, text)
+                self.status.warnings.append(text)
+                behind = False
         start: Lsn
         if position is not None and slot.usable and not behind:
             start = Lsn.parse(position)
@@ -329,6 +342,8 @@ class SourceSession:
     def context_positions(self) -> dict[str, str]:
         """The snapshot context, for the daemon's next commit, if it changed."""
         out = self.ddl.positions() if self.ddl is not None else {}
+        if self._unmark_repaired:
+            out[repaired_key(self.spec.name)] = ""
         engine = self.chunked
         if engine is not None and engine.dirty:
             out[context_key(self.spec.name)] = engine.context.to_json()
@@ -360,6 +375,7 @@ class SourceSession:
     def committed(self) -> None:
         """The daemon made everything up to `boundary` durable (capture/offsets.py, step 3)."""
         self.offsets.committed()
+        self._unmark_repaired = False
         if self.chunked is not None:
             self.chunked.dirty = False
         if self.ddl is not None:

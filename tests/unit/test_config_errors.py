@@ -125,7 +125,7 @@ def test_which_of_several_sources_is_named(tmp_path: Path) -> None:
 
 
 def test_resnapshot_on_rewrite_is_a_boolean(tmp_path: Path) -> None:
-    path = _write(tmp_path, '[[sources]]\nname = "a"\ndsn = "x"\nresnapshot_on_rewrite = "sometimes"\n')
+    path = _write(tmp_path, '[[sources]]\nname = "a"\ndsn = "host=a"\nresnapshot_on_rewrite = "sometimes"\n')
     assert _fails(["config", "show", "-c", str(path)]) == [
         f"tributary: config error in {path}: [[sources]] resnapshot_on_rewrite: expected true or false, got 'sometimes'"
     ]
