@@ -6,13 +6,17 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from tests.waiting import STALL_S, size_of, wait_exit, wait_progress
 from tributary.capture.log import Log
+from tributary.capture.status import STATUS_FILE, read_status
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -44,7 +48,15 @@ include = ["public.*"]
     return path
 
 
-def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+    progress: Callable[[], Hashable] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI. With `progress`, it may run as long as that (or its output) keeps moving."""
+    if progress is not None:
+        return _cli_following(args, env=env, progress=progress, stall=max(timeout, STALL_S))
     return subprocess.run(
         [sys.executable, "-c", "from tributary.api.cli.main import main; main()", *args],
         capture_output=True,
@@ -53,6 +65,29 @@ def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> 
         cwd=ROOT,
         env={**os.environ, **(env or {})},
     )
+
+
+def _cli_following(
+    args: tuple[str, ...], *, env: dict[str, str] | None, progress: Callable[[], Hashable], stall: float
+) -> subprocess.CompletedProcess[str]:
+    """`cli` for long work: output goes to files, and the wait follows `progress` and the output's size."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path, err_path = Path(tmp) / "out", Path(tmp) / "err"
+        cmd = [sys.executable, "-c", "from tributary.api.cli.main import main; main()", *args]
+        with out_path.open("wb") as out, err_path.open("wb") as err:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=ROOT, env={**os.environ, **(env or {})})
+        try:
+            code = wait_exit(
+                proc,
+                what=f"tributary {' '.join(args[:1])}",
+                progress=lambda: (progress(), size_of(out_path, err_path)),
+                stall=stall,
+            )
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return subprocess.CompletedProcess(cmd, code, out_path.read_text(), err_path.read_text())
 
 
 class Capture:
@@ -128,7 +163,13 @@ def changes(log_root: Path, topic: str) -> list[dict[str, Any]]:
     return [v for v in (orjson.loads(r.value) for r in records(log_root, topic) if r.value) if "op" in v]
 
 
-def wait_for(predicate: Any, timeout: float = 30.0, what: str = "condition") -> None:
+def wait_for(
+    predicate: Any, timeout: float = 30.0, what: str = "condition", *, progress: Callable[[], Hashable] | None = None
+) -> None:
+    """Wait for `predicate()`. With `progress`, `timeout` is how long progress may stall (see tests/waiting.py)."""
+    if progress is not None:
+        wait_progress(predicate, progress, what=what, stall=max(timeout, STALL_S))
+        return
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -139,3 +180,17 @@ def wait_for(predicate: Any, timeout: float = 30.0, what: str = "condition") -> 
 
 def dump(obj: Any) -> str:
     return json.dumps(obj, indent=1, default=str)
+
+
+PROGRESS_FIELDS = ("state", "confirmed_lsn", "changes", "snapshot_chunk", "snapshot_rows_done", "snapshot_rows_read")
+
+
+def capture_progress(log_root: Path) -> tuple[Any, ...]:
+    """What moves while capture works: the log's bytes (status file aside) and each source's counters.
+
+    The status file's timestamp alone is no progress: a stuck capture rewrites it every second too.
+    """
+    logged = size_of(log_root, skip=STATUS_FILE)
+    doc = read_status(log_root) or {}
+    sources = tuple(tuple(s.get(k) for k in PROGRESS_FIELDS) for s in doc.get("sources", []))
+    return logged, doc.get("pid"), sources
