@@ -28,7 +28,7 @@ class FakeClock:
 
 
 def _wait(clock: FakeClock, done: Callable[[], bool], progress: Callable[[], object], **kw: float) -> None:
-    wait_progress(done, progress, what="the thing", clock=clock, sleep=clock.sleep, poll=1.0, **kw)  # type: ignore[arg-type]
+    wait_progress(done, progress, what="the thing", clock=clock, sleep=clock.sleep, poll=1.0, **kw)
 
 
 def test_returns_at_once_when_done() -> None:
