@@ -15,7 +15,7 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 
 STALL_S = 120.0
-CEILING_S = 1800.0
+CEILING_S = 1200.0
 POLL_S = 0.1
 
 

@@ -25,7 +25,7 @@ from tests.e2e.test_console import _browser, _wait
 from tests.waiting import Stalled, size_of, wait_exit, wait_progress
 from tributary.api.devdb.embedded import EmbeddedPostgres, free_port
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]  # Spark on a slow machine
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-c", "from tributary.api.cli.main import main; main()"]

@@ -8,14 +8,17 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
 import orjson
+import psycopg
 
 from tests.waiting import STALL_S, size_of, wait_exit, wait_progress
 from tributary.capture.log import Log
+from tributary.capture.lsn import Lsn
 from tributary.capture.status import STATUS_FILE, read_status
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -54,7 +57,9 @@ def cli(
     env: dict[str, str] | None = None,
     progress: Callable[[], Hashable] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run the CLI. With `progress`, it may run as long as that (or its output) keeps moving."""
+    """Run the CLI. With `progress` (given, or a `capture --config` run's log), `timeout` is how long
+    that and the output may stand still: a slow machine makes a long snapshot slower, not a failure."""
+    progress = progress or _capture_log_progress(args)
     if progress is not None:
         return _cli_following(args, env=env, progress=progress, stall=max(timeout, STALL_S))
     return subprocess.run(
@@ -65,6 +70,18 @@ def cli(
         cwd=ROOT,
         env={**os.environ, **(env or {})},
     )
+
+
+def _capture_log_progress(args: tuple[str, ...]) -> Callable[[], Hashable] | None:
+    """For `capture ... --config FILE`: the progress of the log FILE names; None for anything else."""
+    if not args or args[0] != "capture" or "--config" not in args[:-1]:
+        return None
+    try:
+        doc = tomllib.loads(Path(args[args.index("--config") + 1]).read_text())
+        root = Path(doc["log"]["root"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a test of a bad config: a plain run
+    return lambda: capture_progress(root)
 
 
 def _cli_following(
@@ -111,6 +128,7 @@ class Capture:
                 cwd=ROOT,
             )
         self.pid = self.proc.pid
+        self._log_progress = _capture_log_progress(("capture", "--config", str(config)))
 
     @property
     def returncode(self) -> int | None:
@@ -120,10 +138,19 @@ class Capture:
         self.proc.send_signal(sig)
 
     def wait(self, timeout: float | None = None) -> int:
-        return self.proc.wait(timeout=timeout)
+        """Wait for the exit; `timeout` is how long its log and stderr may stand still meanwhile."""
+        if timeout is None:
+            return self.proc.wait()
+        log = self._log_progress or (lambda: None)
+        return wait_exit(
+            self.proc,
+            what="capture to exit",
+            progress=lambda: (log(), size_of(self.err_path)),
+            stall=max(timeout, STALL_S),
+        )
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
-        self.proc.wait(timeout=timeout)
+        self.wait(timeout=timeout)
         return "", self.err_path.read_text()
 
 
@@ -194,3 +221,32 @@ def capture_progress(log_root: Path) -> tuple[Any, ...]:
     doc = read_status(log_root) or {}
     sources = tuple(tuple(s.get(k) for k in PROGRESS_FIELDS) for s in doc.get("sources", []))
     return logged, doc.get("pid"), sources
+
+
+def status_progress(log_root: Path, *statuses: Any) -> Callable[[], Hashable]:
+    """Progress of an in-process capture: its log's bytes and its sources' `SourceStatus` counters."""
+    return lambda: (
+        size_of(log_root, skip=STATUS_FILE),
+        tuple(tuple(str(getattr(s, k)) for k in PROGRESS_FIELDS) for s in statuses),
+    )
+
+
+def wal_position(dsn: str) -> Lsn:
+    """The source's current WAL position: every transaction committed so far lies before it."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return Lsn.parse(row[0])
+
+
+def confirmed_past(status: Any, lsn: Lsn) -> bool:
+    """An in-process source confirmed `lsn`: what was committed before it is durable in the log."""
+    return status.confirmed_lsn is not None and Lsn.parse(status.confirmed_lsn) >= lsn
+
+
+def source_status(log_root: Path, pid: int, name: str = "shop") -> dict[str, Any]:
+    """Source `name`'s entry in the status file of capture process `pid` ({} before it wrote one)."""
+    doc = read_status(log_root) or {}
+    if doc.get("pid") != pid:
+        return {}
+    return next((s for s in doc.get("sources", []) if s.get("name") == name), {})

@@ -32,7 +32,7 @@ from tests.waiting import size_of, wait_exit
 from tributary.api.devdb.embedded import find_bin_dir
 from tributary.capture.status import read_status
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]  # pgbench and kill -9s on a slow machine
 
 TABLES = {
     "pgbench_accounts": "aid",

@@ -25,7 +25,7 @@ from tests.integration.kafka.helpers import Change, read_committed, without_repl
 from tests.waiting import size_of, wait_exit
 from tributary.capture.status import read_status
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]  # pgbench and kill -9s on a slow machine
 
 TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
 TOPICS = [f"shop.public.{t}" for t in TABLES]
