@@ -8,6 +8,7 @@ any normal run (so a test that makes progress forever still ends).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -76,6 +77,27 @@ def size_of(*paths: Path, skip: str | None = None) -> int:
     return total
 
 
+def tree_cpu_s(pid: int) -> int:
+    """Whole CPU seconds used by process `pid` and its descendants (a Spark JVM, a pgbench): moves
+    while they compute, even when they print nothing; an idle poll loop does not move it."""
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        child = int(stat.parent.name)
+        parent[child] = int(fields[1])
+        ticks[child] = int(fields[11]) + int(fields[12])  # utime, stime
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        found = [c for c, p in parent.items() if p in frontier and c not in tree]
+        tree.update(found)
+        frontier = found
+    return sum(ticks.get(p, 0) for p in tree) // os.sysconf("SC_CLK_TCK")
+
+
 def wait_exit(
     proc: subprocess.Popen[bytes] | subprocess.Popen[str],
     *,
@@ -84,12 +106,22 @@ def wait_exit(
     stall: float = STALL_S,
     ceiling: float = CEILING_S,
 ) -> int:
-    """Wait for a process to exit while `progress()` (e.g. its output's size) keeps moving."""
+    """Wait for a process to exit while `progress()` (e.g. its output's size) or the CPU time of
+    the process and its children keeps moving."""
+    moving = progress or (lambda: None)
     wait_progress(
         lambda: proc.poll() is not None,
-        progress or (lambda: None),
+        lambda: (moving(), tree_cpu_s(proc.pid)),
         what=what,
         stall=stall,
         ceiling=ceiling,
+        poll=0.25,
+        sleep=lambda seconds: _exited_within(proc, seconds),
     )
     return proc.returncode
+
+
+def _exited_within(proc: subprocess.Popen[bytes] | subprocess.Popen[str], seconds: float) -> None:
+    """Sleep `seconds`, or less when the process exits meanwhile (so no poll period is lost)."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=seconds)

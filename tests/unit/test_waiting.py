@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -9,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.waiting import Stalled, size_of, wait_exit, wait_progress
+from tests.waiting import Stalled, size_of, tree_cpu_s, wait_exit, wait_progress
 
 pytestmark = pytest.mark.unit
 
@@ -75,3 +77,19 @@ def test_size_of_counts_files_and_directories(tmp_path: Path) -> None:
 def test_wait_exit_returns_the_exit_code() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     assert wait_exit(proc, what="python", stall=60) == 3
+
+
+def test_tree_cpu_counts_a_busy_child_of_the_process() -> None:
+    """A parent that only waits, its child computing: the tree's CPU seconds move (a Spark JVM
+    under the CLI), so a wait on the parent sees progress."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys; subprocess.run([sys.executable, '-c', 'while True: pass'])"],
+        start_new_session=True,
+    )
+    try:
+        start = tree_cpu_s(parent.pid)
+        wait_progress(lambda: tree_cpu_s(parent.pid) >= start + 1, lambda: None, what="a CPU second", stall=60)
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)  # the parent and its busy child
+        parent.wait()
+    assert tree_cpu_s(parent.pid) == 0  # gone: nothing counted

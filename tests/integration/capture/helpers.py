@@ -57,19 +57,11 @@ def cli(
     env: dict[str, str] | None = None,
     progress: Callable[[], Hashable] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run the CLI. With `progress` (given, or a `capture --config` run's log), `timeout` is how long
-    that and the output may stand still: a slow machine makes a long snapshot slower, not a failure."""
-    progress = progress or _capture_log_progress(args)
-    if progress is not None:
-        return _cli_following(args, env=env, progress=progress, stall=max(timeout, STALL_S))
-    return subprocess.run(
-        [sys.executable, "-c", "from tributary.api.cli.main import main; main()", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-    )
+    """Run the CLI. `timeout` is how long it may make no progress: its output, its CPU time (and
+    its children's: Spark), `progress` or, for `capture --config`, the log. A slow machine makes a
+    long snapshot or Spark job slower, not a failure."""
+    moving = progress or _capture_log_progress(args) or (lambda: None)
+    return _cli_following(args, env=env, progress=moving, stall=max(timeout, STALL_S))
 
 
 def _capture_log_progress(args: tuple[str, ...]) -> Callable[[], Hashable] | None:
