@@ -231,8 +231,23 @@ def test_a_source_cut_mid_transaction_is_re_read_whole_while_the_other_commits(
             rows = 300_000
             with psycopg.connect(far_dsn, autocommit=True) as conn:
                 conn.execute("INSERT INTO bulk SELECT g, repeat('x', 50) FROM generate_series(1, %s) g", (rows,))
+
+                def bulk_committed() -> bool:
+                    with Log.open(root) as log:
+                        topic = "far.public.bulk"
+                        return topic in log.topics() and sum(log.end_offsets(topic)) >= rows
+
+                cut_at = _source(root, "far").get("changes", 0)
                 for _ in range(8):  # cut its stream while the transaction is being read
-                    time.sleep(0.4)
+                    wait_for(
+                        lambda cut_at=cut_at: _source(root, "far").get("changes", 0) > cut_at or bulk_committed(),
+                        30,
+                        "the far source reading the transaction again",
+                        progress=lambda: capture_progress(root),
+                    )
+                    if bulk_committed():
+                        break
+                    cut_at = _source(root, "far").get("changes", 0)
                     conn.execute(
                         "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
                         "WHERE slot_name = 'slot_far' AND active_pid IS NOT NULL"
