@@ -79,7 +79,7 @@ def _capture_log_progress(args: tuple[str, ...]) -> Callable[[], Hashable] | Non
 def _cli_following(
     args: tuple[str, ...], *, env: dict[str, str] | None, progress: Callable[[], Hashable], stall: float
 ) -> subprocess.CompletedProcess[str]:
-    """`cli` for long work: output goes to files, and the wait follows `progress` and the output's size."""
+    """Run the CLI with its output in files (no pipe to fill) and wait while it or `progress` moves."""
     with tempfile.TemporaryDirectory() as tmp:
         out_path, err_path = Path(tmp) / "out", Path(tmp) / "err"
         cmd = [sys.executable, "-c", "from tributary.api.cli.main import main; main()", *args]
