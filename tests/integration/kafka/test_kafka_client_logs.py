@@ -13,6 +13,7 @@ from tributary.capture.kafka_logs import LIBRDKAFKA_LOGGER
 from tributary.capture.kafka_options import KafkaOptions
 from tributary.capture.kafka_read import committed_reader
 from tributary.consumers.kafkaview import kafka_client_config
+from tributary.projections.kafka_source import _consumer_config
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +24,7 @@ def _fail_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == LIBRDKAFKA_LOGGER and "FAIL" in r.getMessage()]
 
 
-@pytest.mark.parametrize("make", ["committed_reader", "kafka_client_config"])
+@pytest.mark.parametrize("make", ["committed_reader", "kafka_client_config", "projection"])
 def test_a_refused_connection_is_a_log_record_not_a_stderr_line(
     make: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -32,8 +33,10 @@ def test_a_refused_connection_is_a_log_record_not_a_stderr_line(
     caplog.set_level(logging.DEBUG, logger=LIBRDKAFKA_LOGGER)
     if make == "committed_reader":
         consumer = committed_reader(UNREACHABLE)
-    else:
+    elif make == "kafka_client_config":
         consumer = Consumer(kafka_client_config(UNREACHABLE, **{"group.id": "g"}))
+    else:
+        consumer = Consumer(_consumer_config(UNREACHABLE.bootstrap_servers, {}, "projection"))
     try:
 
         def failed() -> bool:
