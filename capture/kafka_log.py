@@ -143,6 +143,7 @@ class KafkaLog:
     # -- topics ---------------------------------------------------------------------------------
     def _metadata(self, topic: str | None = None) -> Any:
         try:
+            self._client.poll(0)  # hands its queued librdkafka log lines to the logger
             return self._client.list_topics(topic, timeout=_TIMEOUT_S)
         except KafkaException as exc:
             raise LogError(f"Kafka at {self.opts.bootstrap_servers}: {one_line(exc)}") from None
