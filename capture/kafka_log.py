@@ -27,6 +27,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # its documented home (re-exported)
 
 from tributary.capture.kafka_codec import kafka_headers, one_line
+from tributary.capture.kafka_logs import with_logger
 from tributary.capture.kafka_options import OFFSETS_TOPIC, KafkaOptions
 from tributary.capture.kafka_read import committed_reader
 from tributary.capture.log import LogError, Mark, RecordIn, TopicConfig, TopicNotFoundError, decode_line
@@ -89,7 +90,7 @@ class KafkaLog:
         self.default_partitions = options.partitions
         base: dict[str, Any] = dict(options.client)
         base["bootstrap.servers"] = options.bootstrap_servers
-        self._base = base
+        self._base = with_logger(base)
         self._buffer: list[_Buffered] = []
         self._first = 0  # appended records before `_buffer[0]` (committed or dropped)
         self._positions: dict[str, str] = {}
@@ -98,7 +99,7 @@ class KafkaLog:
         self._producers: dict[str, Producer] = {}
         self._views: dict[str, KafkaSourceLog] = {}
         try:
-            self._client = Producer({**base, "allow.auto.create.topics": False})  # metadata only
+            self._client = Producer({**self._base, "allow.auto.create.topics": False})  # metadata only
             for name in sources:
                 self._producers[name] = self._new_producer(name)
             self._ensure_offsets_topic()
@@ -142,6 +143,7 @@ class KafkaLog:
     # -- topics ---------------------------------------------------------------------------------
     def _metadata(self, topic: str | None = None) -> Any:
         try:
+            self._client.poll(0)  # hands its queued librdkafka log lines to the logger
             return self._client.list_topics(topic, timeout=_TIMEOUT_S)
         except KafkaException as exc:
             raise LogError(f"Kafka at {self.opts.bootstrap_servers}: {one_line(exc)}") from None

@@ -29,6 +29,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from tributary.capture.kafka_codec import as_record, one_line
+from tributary.capture.kafka_logs import with_logger
 from tributary.capture.kafka_options import KafkaOptions
 from tributary.capture.log import LogError, Record, TopicNotFoundError
 from tributary.capture.log.admin import latest_per_key
@@ -56,16 +57,18 @@ def committed_reader(options: KafkaOptions, **extra: Any) -> Consumer:
     """A read_committed consumer that joins no group (partitions are assigned) and commits nothing:
     every reader of capture's topics and offsets topic (capture's own start included)."""
     return Consumer(
-        {
-            **options.client,
-            "bootstrap.servers": options.bootstrap_servers,
-            "group.id": f"tributary-cli-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-            **extra,
-        }
+        with_logger(
+            {
+                **options.client,
+                "bootstrap.servers": options.bootstrap_servers,
+                "group.id": f"tributary-cli-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "auto.offset.reset": "earliest",
+                **extra,
+            }
+        )
     )
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from tributary.capture.kafka_codec import log_headers, one_line
+from tributary.capture.kafka_logs import with_logger
 from tributary.projections.errors import RunError
 from tributary.projections.loader import resolve
 from tributary.projections.source import TP, RawRecord, _raw_batches, _reader, rows_frame
@@ -61,16 +62,18 @@ def offset_ranges(
 
 
 def _consumer_config(bootstrap: str, client: Mapping[str, str], purpose: str) -> dict[str, Any]:
-    return {
-        **client,
-        "bootstrap.servers": bootstrap,
-        "group.id": f"tributary-{purpose}-{uuid.uuid4().hex}",  # never joined: partitions are assigned
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "isolation.level": "read_committed",
-        "enable.partition.eof": True,
-        "auto.offset.reset": "earliest",  # a range below the log's start (retention) reads from its start
-    }
+    return with_logger(
+        {
+            **client,
+            "bootstrap.servers": bootstrap,
+            "group.id": f"tributary-{purpose}-{uuid.uuid4().hex}",  # never joined: partitions are assigned
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",  # a range below the log's start (retention) reads from its start
+        }
+    )
 
 
 def _text(raw: bytes | None) -> str | None:

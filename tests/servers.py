@@ -5,12 +5,12 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 
+from tests.waiting import STALL_S, Stalled, size_of, tree_cpu_s, wait_exit, wait_progress
 from tributary.api.devdb.embedded import free_port
 
 __all__ = ["ROOT", "free_port", "served", "serving"]
@@ -41,19 +41,30 @@ def served(
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def up() -> bool:
             try:
                 if httpx.get(base + ready, timeout=5).status_code == 200:
-                    break
+                    return True
             except httpx.TransportError:
                 pass
-            assert time.monotonic() < deadline and proc.poll() is None, err_path.read_text()
-            time.sleep(0.2)
+            assert proc.poll() is None, err_path.read_text()
+            return False
+
+        try:  # `timeout`: how long its start may make no progress (CPU time, its log)
+            wait_progress(
+                up,
+                lambda: (tree_cpu_s(proc.pid), size_of(err_path)),
+                what=f"serve to answer {ready}",
+                stall=max(timeout, STALL_S),
+                poll=0.2,
+            )
+        except Stalled as stalled:
+            raise AssertionError(f"{stalled}: {err_path.read_text()}") from None
         yield proc
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        wait_exit(proc, what="serve to stop", progress=lambda: size_of(err_path), stall=max(30, STALL_S))
 
 
 @contextlib.contextmanager

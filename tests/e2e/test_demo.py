@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,9 +22,10 @@ import psycopg
 import pytest
 
 from tests.e2e.test_console import _browser, _wait
+from tests.waiting import Stalled, size_of, wait_exit, wait_progress
 from tributary.api.devdb.embedded import EmbeddedPostgres, free_port
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]  # Spark on a slow machine
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-c", "from tributary.api.cli.main import main; main()"]
@@ -81,15 +81,46 @@ def _kill_session(sid: int) -> None:
         os.killpg(sid, signal.SIGKILL)
 
 
+def _session_cpu(sid: int) -> int:
+    """CPU ticks the processes of session `sid` used so far: moves while the demo works (Spark's
+    JVM starting prints nothing for a long while on a slow machine)."""
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[3]) == sid:
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks
+
+
+def _demo_progress(proc: subprocess.Popen[str], out: Path) -> Any:
+    """What moves while the demo works or stops: its output, its processes and their CPU time."""
+    return size_of(out, out.with_suffix(".err")), tuple(_session_processes(proc.pid)), _session_cpu(proc.pid)
+
+
 def _until(predicate: Any, timeout: float, what: str, proc: subprocess.Popen[str], err: Path) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        assert proc.poll() is None, f"the demo exited while waiting for {what}: {err.read_text()}"
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}: {err.read_text()}")
+    """`predicate()`'s first true value; `timeout` is how long the demo may make no progress."""
+    found: list[Any] = []
+
+    def done() -> bool:
+        found[:] = [predicate()]
+        assert found[0] or proc.poll() is None, f"the demo exited while waiting for {what}: {err.read_text()}"
+        return bool(found[0])
+
+    try:
+        wait_progress(
+            done, lambda: _demo_progress(proc, err.with_suffix(".out")), what=what, stall=max(timeout, 120), poll=0.5
+        )
+    except Stalled as stalled:
+        raise AssertionError(f"{stalled}: {err.read_text()}") from None
+    return found[0]
+
+
+def _exit(proc: subprocess.Popen[str], out: Path, what: str) -> None:
+    """Wait for the demo to exit while it keeps stopping things (output, processes, CPU)."""
+    wait_exit(proc, what=what, progress=lambda: _demo_progress(proc, out), stall=300)
 
 
 def _url(out: Path) -> str | None:
@@ -127,7 +158,7 @@ def test_demo_runs_end_to_end_through_a_rebuild_and_reports_work(tmp_path: Path)
         _until(lambda: (p := balances()) and p["records"] > rebuilt["records"], 120, "a run after", proc, err)
         assert (_get(base + "/healthz") or {}).get("problems") is None
         proc.send_signal(signal.SIGINT)  # Ctrl-C
-        proc.wait(timeout=300)
+        _exit(proc, out, "the demo to stop after Ctrl-C")
     stdout, stderr = out.read_text(), err.read_text()
     assert proc.returncode == 0, stdout + stderr
     summary = re.search(
@@ -163,7 +194,7 @@ def test_a_failing_stage_shows_at_once_and_the_demo_exits_1(tmp_path: Path) -> N
             _wait(driver, lambda d: "shop failed" in d.find_element("id", "problems").text, 20, "the problem")
         finally:
             driver.quit()
-        proc.wait(timeout=300)
+        _exit(proc, out, "the demo to exit after its failed stage")
     assert proc.returncode == 1, out.read_text() + err.read_text()
     assert "shop failed" in out.read_text()  # and again in the summary
 
@@ -193,10 +224,15 @@ def test_a_signal_stops_everything_with_the_summary_and_blames_no_stage(tmp_path
             _until(projected, 240, "a first projection run (Spark's JVM up)", proc, err)
         _until(jvm, 240, "Spark's JVM", proc, err)
         proc.send_signal(signum)
-        proc.wait(timeout=90)
-        deadline = time.monotonic() + 60  # children exit a moment after their parent: wait for that
-        while (left := _session_processes(proc.pid)) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        _exit(proc, out, "the demo to stop on the signal")
+        with contextlib.suppress(Stalled):  # children exit a moment after their parent: wait for that
+            wait_progress(
+                lambda: not _session_processes(proc.pid),
+                lambda: tuple(_session_processes(proc.pid)),
+                what="the demo's children to exit",
+                stall=60,
+            )
+        left = _session_processes(proc.pid)
         running = cluster.is_running()
     stdout, stderr = out.read_text(), err.read_text()
     assert proc.returncode == 0, stdout + stderr

@@ -28,6 +28,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from tributary.capture.kafka_codec import as_record, one_line
+from tributary.capture.kafka_logs import with_logger
 from tributary.capture.kafka_options import KafkaOptions
 from tributary.capture.log import LogError, Record
 from tributary.consumers.assign import TopicPartition as GroupPartition
@@ -46,13 +47,15 @@ _WANTED_S = 600.0  # a topic no one asked about for this long is no longer polle
 
 def kafka_client_config(options: KafkaOptions, **extra: Any) -> dict[str, Any]:
     """The client settings of `[log.kafka]` plus `extra` (read_committed, no auto-commit)."""
-    return {
-        **options.client,
-        "bootstrap.servers": options.bootstrap_servers,
-        "isolation.level": "read_committed",
-        "enable.auto.commit": False,
-        **extra,
-    }
+    return with_logger(
+        {
+            **options.client,
+            "bootstrap.servers": options.bootstrap_servers,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            **extra,
+        }
+    )
 
 
 @dataclass(slots=True)

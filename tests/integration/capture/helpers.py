@@ -6,13 +6,20 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+import tomllib
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
 import orjson
+import psycopg
 
+from tests.waiting import STALL_S, size_of, wait_exit, wait_progress
 from tributary.capture.log import Log
+from tributary.capture.lsn import Lsn
+from tributary.capture.status import STATUS_FILE, read_status
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -44,15 +51,52 @@ include = ["public.*"]
     return path
 
 
-def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from tributary.api.cli.main import main; main()", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-    )
+def cli(
+    *args: str,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+    progress: Callable[[], Hashable] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI. `timeout` is how long it may make no progress: its output, its CPU time (and
+    its children's: Spark), `progress` or, for `capture --config`, the log. A slow machine makes a
+    long snapshot or Spark job slower, not a failure."""
+    moving = progress or _capture_log_progress(args) or (lambda: None)
+    return _cli_following(args, env=env, progress=moving, stall=max(timeout, STALL_S))
+
+
+def _capture_log_progress(args: tuple[str, ...]) -> Callable[[], Hashable] | None:
+    """For `capture ... --config FILE`: the progress of the log FILE names; None for anything else."""
+    if not args or args[0] != "capture" or "--config" not in args[:-1]:
+        return None
+    try:
+        doc = tomllib.loads(Path(args[args.index("--config") + 1]).read_text())
+        root = Path(doc["log"]["root"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a test of a bad config: a plain run
+    return lambda: capture_progress(root)
+
+
+def _cli_following(
+    args: tuple[str, ...], *, env: dict[str, str] | None, progress: Callable[[], Hashable], stall: float
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI with its output in files (no pipe to fill) and wait while it or `progress` moves."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path, err_path = Path(tmp) / "out", Path(tmp) / "err"
+        cmd = [sys.executable, "-c", "from tributary.api.cli.main import main; main()", *args]
+        with out_path.open("wb") as out, err_path.open("wb") as err:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=ROOT, env={**os.environ, **(env or {})})
+        try:
+            code = wait_exit(
+                proc,
+                what=f"tributary {' '.join(args[:1])}",
+                progress=lambda: (progress(), size_of(out_path, err_path)),
+                stall=stall,
+            )
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return subprocess.CompletedProcess(cmd, code, out_path.read_text(), err_path.read_text())
 
 
 class Capture:
@@ -76,6 +120,7 @@ class Capture:
                 cwd=ROOT,
             )
         self.pid = self.proc.pid
+        self._log_progress = _capture_log_progress(("capture", "--config", str(config)))
 
     @property
     def returncode(self) -> int | None:
@@ -85,10 +130,19 @@ class Capture:
         self.proc.send_signal(sig)
 
     def wait(self, timeout: float | None = None) -> int:
-        return self.proc.wait(timeout=timeout)
+        """Wait for the exit; `timeout` is how long its log and stderr may stand still meanwhile."""
+        if timeout is None:
+            return self.proc.wait()
+        log = self._log_progress or (lambda: None)
+        return wait_exit(
+            self.proc,
+            what="capture to exit",
+            progress=lambda: (log(), size_of(self.err_path)),
+            stall=max(timeout, STALL_S),
+        )
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
-        self.proc.wait(timeout=timeout)
+        self.wait(timeout=timeout)
         return "", self.err_path.read_text()
 
 
@@ -128,7 +182,13 @@ def changes(log_root: Path, topic: str) -> list[dict[str, Any]]:
     return [v for v in (orjson.loads(r.value) for r in records(log_root, topic) if r.value) if "op" in v]
 
 
-def wait_for(predicate: Any, timeout: float = 30.0, what: str = "condition") -> None:
+def wait_for(
+    predicate: Any, timeout: float = 30.0, what: str = "condition", *, progress: Callable[[], Hashable] | None = None
+) -> None:
+    """Wait for `predicate()`. With `progress`, `timeout` is how long progress may stall (see tests/waiting.py)."""
+    if progress is not None:
+        wait_progress(predicate, progress, what=what, stall=max(timeout, STALL_S))
+        return
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -139,3 +199,46 @@ def wait_for(predicate: Any, timeout: float = 30.0, what: str = "condition") -> 
 
 def dump(obj: Any) -> str:
     return json.dumps(obj, indent=1, default=str)
+
+
+PROGRESS_FIELDS = ("state", "confirmed_lsn", "changes", "snapshot_chunk", "snapshot_rows_done", "snapshot_rows_read")
+
+
+def capture_progress(log_root: Path) -> tuple[Any, ...]:
+    """What moves while capture works: the log's bytes (status file aside) and each source's counters.
+
+    The status file's timestamp alone is no progress: a stuck capture rewrites it every second too.
+    """
+    logged = size_of(log_root, skip=STATUS_FILE)
+    doc = read_status(log_root) or {}
+    sources = tuple(tuple(s.get(k) for k in PROGRESS_FIELDS) for s in doc.get("sources", []))
+    return logged, doc.get("pid"), sources
+
+
+def status_progress(log_root: Path, *statuses: Any) -> Callable[[], Hashable]:
+    """Progress of an in-process capture: its log's bytes and its sources' `SourceStatus` counters."""
+    return lambda: (
+        size_of(log_root, skip=STATUS_FILE),
+        tuple(tuple(str(getattr(s, k)) for k in PROGRESS_FIELDS) for s in statuses),
+    )
+
+
+def wal_position(dsn: str) -> Lsn:
+    """The source's current WAL position: every transaction committed so far lies before it."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return Lsn.parse(row[0])
+
+
+def confirmed_past(status: Any, lsn: Lsn) -> bool:
+    """An in-process source confirmed `lsn`: what was committed before it is durable in the log."""
+    return status.confirmed_lsn is not None and Lsn.parse(status.confirmed_lsn) >= lsn
+
+
+def source_status(log_root: Path, pid: int, name: str = "shop") -> dict[str, Any]:
+    """Source `name`'s entry in the status file of capture process `pid` ({} before it wrote one)."""
+    doc = read_status(log_root) or {}
+    if doc.get("pid") != pid:
+        return {}
+    return next((s for s in doc.get("sources", []) if s.get("name") == name), {})

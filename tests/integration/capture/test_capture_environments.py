@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import changes, cli, spawn_capture, wait_for, write_config
+from tests.integration.capture.helpers import capture_progress, changes, cli, spawn_capture, wait_for, write_config
 from tests.pg import PgServer
 from tributary.api.devdb.embedded import EmbeddedPostgres
 from tributary.capture.status import read_status
@@ -90,7 +89,13 @@ def test_slot_held_by_another_process(fresh_db: str, tmp_path: Path) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        time.sleep(1.5)
+
+        def slot_held() -> bool:
+            with psycopg.connect(fresh_db, autocommit=True) as conn:
+                row = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (_slot(config),))
+                return row.fetchone() == (True,)
+
+        wait_for(slot_held, what="pg_recvlogical holding the slot", progress=lambda: holder.poll())
         res = cli("capture", "--config", str(config), "--until-idle", "1")
         assert res.returncode == 1
         last = res.stderr.strip().splitlines()[-1]
@@ -128,7 +133,11 @@ def test_second_capture_on_the_same_log_is_refused(fresh_db: str, tmp_path: Path
     from tests.integration.capture.helpers import spawn_capture
 
     first = spawn_capture(config, "--until-idle", "4")
-    time.sleep(2.5)
+    wait_for(  # its status written: it holds the log
+        lambda: (read_status(tmp_path / "log") or {}).get("pid") == first.pid,
+        what="the first capture's status",
+        progress=lambda: capture_progress(tmp_path / "log"),
+    )
     second = cli("capture", "--config", str(config), "--until-idle", "1")
     first.wait(timeout=60)
     assert second.returncode == 1

@@ -14,7 +14,17 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import changes, cli, records, spawn_capture, table_state, write_config
+from tests.integration.capture.helpers import (
+    capture_progress,
+    changes,
+    cli,
+    records,
+    source_status,
+    spawn_capture,
+    table_state,
+    wait_for,
+    write_config,
+)
 from tests.pg import PgServer
 from tributary.capture.lsn import Lsn
 
@@ -58,7 +68,11 @@ def test_snapshot_hand_over_under_concurrent_writes(fresh_db: str, tmp_path: Pat
     writer = threading.Thread(target=_random_writes, args=(fresh_db, stop, 1))
     writer.start()
     proc = spawn_capture(config, "--until-idle", "3")
-    time.sleep(4)
+    wait_for(  # the snapshot handed over to the stream while the writer writes
+        lambda: source_status(tmp_path / "log", proc.pid).get("changes", 0) > 0,
+        what="changes streamed after the snapshot",
+        progress=lambda: capture_progress(tmp_path / "log"),
+    )
     stop.set()
     writer.join()
     _, err = proc.communicate(timeout=120)
@@ -144,12 +158,25 @@ def test_server_restart_and_killed_walsender_are_survived(pg_server: PgServer, f
                 time.sleep(0.2 * (attempt + 1))
         raise AssertionError("could not write after restart")
 
-    time.sleep(2)
+    log_root = tmp_path / "log"
+
+    def captured(n: int) -> None:
+        wait_for(
+            lambda: len(changes(log_root, "shop.public.ledger")) >= n,
+            what=f"{n} rows captured",
+            progress=lambda: capture_progress(log_root),
+        )
+
+    wait_for(
+        lambda: source_status(log_root, proc.pid).get("state") == "streaming",
+        what="capture streaming",
+        progress=lambda: capture_progress(log_root),
+    )
     write(200)
-    time.sleep(1)
+    captured(200)
     pg_server.restart()
     write(200)
-    time.sleep(1)
+    captured(400)
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute(
             "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE active_pid IS NOT NULL AND database = current_database()"
@@ -170,11 +197,28 @@ def test_idle_slot_does_not_pin_wal(fresh_db: str, pg_server: PgServer, tmp_path
         conn.execute("CREATE TABLE other.noise (id serial PRIMARY KEY, pad text)")
     config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log")
     proc = spawn_capture(config, "--until-idle", "5")
-    time.sleep(2)
+    wait_for(
+        lambda: source_status(tmp_path / "log", proc.pid).get("state") == "streaming",
+        what="capture streaming",
+        progress=lambda: capture_progress(tmp_path / "log"),
+    )
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         for _ in range(40):
             conn.execute("INSERT INTO other.noise (pad) SELECT repeat('x', 1000) FROM generate_series(1, 200)")
-        time.sleep(3)
+        noise_end = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+
+        def slot_confirmed() -> tuple[str, bool] | None:
+            return conn.execute(
+                "SELECT confirmed_flush_lsn::text, confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots"
+                " WHERE database = current_database()",
+                noise_end,
+            ).fetchone()
+
+        wait_for(  # capture confirms past the noise, of which it was sent nothing
+            lambda: bool((slot_confirmed() or (None, False))[1]),
+            what="the slot confirmed past the uncaptured WAL",
+            progress=slot_confirmed,
+        )
         lag = conn.execute(
             "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) FROM pg_replication_slots WHERE database = current_database()"
         ).fetchone()
@@ -189,10 +233,18 @@ def test_sigterm_commits_and_exits_zero(fresh_db: str, tmp_path: Path) -> None:
         conn.execute("INSERT INTO t SELECT generate_series(1, 100)")
     config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log")
     proc = spawn_capture(config)
-    time.sleep(3)
+    wait_for(
+        lambda: source_status(tmp_path / "log", proc.pid).get("state") == "streaming",
+        what="capture streaming",
+        progress=lambda: capture_progress(tmp_path / "log"),
+    )
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute("INSERT INTO t SELECT generate_series(101, 150)")
-    time.sleep(1)
+    wait_for(
+        lambda: source_status(tmp_path / "log", proc.pid).get("changes", 0) >= 50,
+        what="the inserts received",
+        progress=lambda: capture_progress(tmp_path / "log"),
+    )
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err

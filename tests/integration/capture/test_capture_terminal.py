@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import ROOT, wait_for, write_config
+from tests.integration.capture.helpers import ROOT, capture_progress, wait_for, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -69,12 +69,27 @@ def test_capture_on_a_terminal_shows_sources_state_and_rate(tmp_path: Path, fres
 
     try:
         # the snapshot's 50 rows are not changes: streaming starts at 0
-        wait_for(lambda: re.search(r"shop\s+streaming\s+0 changes", screen()) is not None, 60, "the streaming line")
+        wait_for(
+            lambda: re.search(r"shop\s+streaming\s+0 changes", screen()) is not None,
+            60,
+            "the streaming line",
+            progress=lambda: capture_progress(config.parent / "log"),
+        )
         assert re.search(r"capture → \S*log", screen()), screen()
         _insert(fresh_db, 1000, 300)  # the line updates: the changes so far, a rate
-        wait_for(lambda: re.search(r"shop\s+streaming\s+300 changes", screen()) is not None, 60, "300 changes")
+        wait_for(
+            lambda: re.search(r"shop\s+streaming\s+300 changes", screen()) is not None,
+            60,
+            "300 changes",
+            progress=lambda: capture_progress(config.parent / "log"),
+        )
         # the rate is measured over a second or so: a redraw shows it above 0
-        wait_for(lambda: re.search(r"[1-9][\d,]*\.\d changes/s", screen()) is not None, 10, "a rate above 0")
+        wait_for(
+            lambda: re.search(r"[1-9][\d,]*\.\d changes/s", screen()) is not None,
+            10,
+            "a rate above 0",
+            progress=lambda: capture_progress(config.parent / "log"),
+        )
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, screen()
         assert re.search(r"shop\s+stopped", screen()), screen()
@@ -94,9 +109,19 @@ def test_capture_off_a_terminal_prints_only_its_logs(tmp_path: Path, fresh_db: s
         )
     try:
         status = config.parent / "log" / "capture-status.json"
-        wait_for(lambda: status.exists() and '"streaming"' in status.read_text(), 60, "streaming")
+        wait_for(
+            lambda: status.exists() and '"streaming"' in status.read_text(),
+            60,
+            "streaming",
+            progress=lambda: capture_progress(config.parent / "log"),
+        )
         _insert(fresh_db, 1000, 300)
-        wait_for(lambda: '"changes": 300' in status.read_text(), 60, "300 changes")
+        wait_for(
+            lambda: '"changes": 300' in status.read_text(),
+            60,
+            "300 changes",
+            progress=lambda: capture_progress(config.parent / "log"),
+        )
         time.sleep(1.5)  # a live display would have redrawn by now
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, err_path.read_text()

@@ -20,7 +20,18 @@ import orjson
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import changes, cli, records, spawn_capture, wait_for, write_config
+from tests.integration.capture.helpers import (
+    capture_progress,
+    changes,
+    cli,
+    confirmed_past,
+    records,
+    spawn_capture,
+    status_progress,
+    wait_for,
+    wal_position,
+    write_config,
+)
 from tests.integration.capture.test_resnapshot import FILL, TABLES, _change_while_slot_gone, _compacted, _table
 from tests.pg import REPO_ROOT
 from tributary.capture.chunked import ChunkedSnapshot
@@ -179,7 +190,8 @@ def test_other_sources_stream_while_a_slow_chunked_snapshot_runs(
     runner.start()
     try:
         source = daemon.sessions[0].status
-        wait_for(lambda: source.snapshot_rows_done > 0, what="the first chunk")
+        moving = status_progress(tmp_path / "log", *(s.status for s in daemon.sessions))
+        wait_for(lambda: source.snapshot_rows_done > 0, what="the first chunk", progress=moving)
         with psycopg.connect(other_db, autocommit=True) as conn:
             for i in range(5):
                 conn.execute("INSERT INTO ticks VALUES (%s)", (i,))
@@ -187,10 +199,11 @@ def test_other_sources_stream_while_a_slow_chunked_snapshot_runs(
                     lambda i=i: len(changes(tmp_path / "log", "other.public.ticks")) > i,
                     timeout=2.0,
                     what="the other source's insert in the log",
+                    progress=moving,
                 )
         assert source.snapshot_tables_pending == ["public.items"], "the snapshot still runs"
         assert source.snapshot_rows_done < 3000
-        wait_for(lambda: not daemon.sessions[0].snapshotting, timeout=60, what="the snapshot's end")
+        wait_for(lambda: not daemon.sessions[0].snapshotting, timeout=60, what="the snapshot's end", progress=moving)
     finally:
         daemon.request_stop()
         runner.join(timeout=60)
@@ -223,11 +236,13 @@ def test_a_table_growing_at_its_end_is_not_chased_forever(
     runner.start()
     try:
         session = daemon.sessions[0]
-        wait_for(lambda: session.status.snapshot_rows_done > 0, timeout=60, what="the first chunk")
-        wait_for(lambda: not session.snapshotting, timeout=60, what="the snapshot's end")
+        moving = status_progress(tmp_path / "log", session.status)
+        wait_for(lambda: session.status.snapshot_rows_done > 0, timeout=60, what="the first chunk", progress=moving)
+        wait_for(lambda: not session.snapshotting, timeout=60, what="the snapshot's end", progress=moving)
         assert session.status.snapshot_rows_read < grown[0]
         monkeypatch.setattr(ChunkedSnapshot, "after_read", None)
-        time.sleep(1.5)  # the last inserts streamed and committed
+        last = wal_position(fresh_db)  # the last inserts streamed and committed
+        wait_for(lambda: confirmed_past(session.status, last), what=f"capture confirming {last}", progress=moving)
     finally:
         daemon.request_stop()
         runner.join(timeout=60)
@@ -249,7 +264,12 @@ def test_kill_9_mid_chunked_snapshot_resumes_from_the_last_committed_chunk(fresh
             doc = read_status(tmp_path / "log")
             return bool(doc) and doc["sources"][0]["snapshot_rows_done"] >= total // 3
 
-        wait_for(far_enough, timeout=120, what="a third of the chunked snapshot")
+        wait_for(
+            far_enough,
+            timeout=120,
+            what="a third of the chunked snapshot",
+            progress=lambda: capture_progress(tmp_path / "log"),
+        )
         with psycopg.connect(fresh_db, autocommit=True) as conn:  # streamed while it runs
             conn.execute("UPDATE items SET note = 'during' WHERE id % 1000 = 1")
             conn.execute("DELETE FROM items WHERE id % 1000 = 2")
@@ -336,9 +356,11 @@ def test_request_snapshot_rereads_a_table_and_refuses_unknown_ones(fresh_db: str
     topic = "shop.public.items"
     try:
         session = daemon.sessions[0]
+        moving = status_progress(tmp_path / "log", session.status)
         wait_for(
             lambda: sum(1 for c in changes(tmp_path / "log", topic) if c["op"] == "r") == 900,
             what="the initial snapshot committed",
+            progress=moving,
         )
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute("DELETE FROM items WHERE id > 800")
@@ -347,8 +369,9 @@ def test_request_snapshot_rereads_a_table_and_refuses_unknown_ones(fresh_db: str
             lambda: sum(1 for c in changes(tmp_path / "log", topic) if c["op"] == "r") == 900 + 800,
             timeout=60,
             what="the requested snapshot's rows",
+            progress=moving,
         )
-        wait_for(lambda: not session.snapshotting, what="the requested snapshot's end")
+        wait_for(lambda: not session.snapshotting, what="the requested snapshot's end", progress=moving)
         warnings = " ".join(session.status.warnings)
         assert "public.nope (requested by a test) refused" in warnings
         assert "public.keyless (requested by a test) refused" in warnings
@@ -423,11 +446,13 @@ def test_concurrent_writes_during_a_chunked_snapshot_end_equal(
         runner = threading.Thread(target=daemon.run)
         runner.start()
         session = daemon.sessions[0]
-        wait_for(lambda: session.status.snapshot_rows_done > 0, timeout=60, what="the first chunk")
-        wait_for(lambda: not session.snapshotting, timeout=120, what="the snapshot's end")
+        moving = status_progress(tmp_path / "log", session.status)
+        wait_for(lambda: session.status.snapshot_rows_done > 0, timeout=60, what="the first chunk", progress=moving)
+        wait_for(lambda: not session.snapshotting, timeout=120, what="the snapshot's end", progress=moving)
         stop.set()
         writer.join(timeout=30)
-        time.sleep(1.5)  # the writer's last transactions streamed and committed
+        last = wal_position(fresh_db)  # the writer's last transactions streamed and committed
+        wait_for(lambda: confirmed_past(session.status, last), what=f"capture confirming {last}", progress=moving)
         daemon.request_stop()
         runner.join(timeout=60)
     finally:

@@ -7,14 +7,21 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import orjson
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import changes, cli, wait_for, write_config
+from tests.integration.capture.helpers import (
+    changes,
+    cli,
+    confirmed_past,
+    status_progress,
+    wait_for,
+    wal_position,
+    write_config,
+)
 from tests.integration.capture.test_chunked_snapshot import _chunked, _drop_slots, _spec
 from tests.integration.capture.test_resnapshot import FILL, TABLES, _change_while_slot_gone, _compacted, _slot, _table
 from tests.pg import REPO_ROOT
@@ -69,12 +76,17 @@ def test_a_resumed_chunked_snapshot_shows_the_tables_estimate(
     runner.start()
     try:
         session = daemon.sessions[0]
-        wait_for(lambda: session.chunked is not None and session.chunked.job is not None, what="the resumed chunk")
+        moving = status_progress(tmp_path / "log", session.status)
+        wait_for(
+            lambda: session.chunked is not None and session.chunked.job is not None,
+            what="the resumed chunk",
+            progress=moving,
+        )
         status = session.status
         assert status.snapshot_rows_done == saved["rows"]
         assert status.snapshot_rows_total >= total * 0.9, (status.snapshot_rows_done, status.snapshot_rows_total)
         release.set()
-        wait_for(lambda: not session.snapshotting, timeout=60, what="the snapshot's end")
+        wait_for(lambda: not session.snapshotting, timeout=60, what="the snapshot's end", progress=moving)
     finally:
         release.set()
         daemon.request_stop()
@@ -189,9 +201,11 @@ def test_a_schema_change_inside_a_chunks_window_makes_it_be_read_again(
     runner.start()
     try:
         session = daemon.sessions[0]
-        wait_for(lambda: session.status.snapshot_rows_done > 0, timeout=60, what="the first chunk")
-        wait_for(lambda: not session.snapshotting, timeout=60, what="the snapshot's end")
-        time.sleep(1.0)  # committed
+        moving = status_progress(tmp_path / "log", session.status)
+        wait_for(lambda: session.status.snapshot_rows_done > 0, timeout=60, what="the first chunk", progress=moving)
+        wait_for(lambda: not session.snapshotting, timeout=60, what="the snapshot's end", progress=moving)
+        last = wal_position(fresh_db)  # committed
+        wait_for(lambda: confirmed_past(session.status, last), what=f"capture confirming {last}", progress=moving)
     finally:
         daemon.request_stop()
         runner.join(timeout=60)

@@ -13,7 +13,7 @@ import orjson
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import cli, records, spawn_capture, wait_for, write_config
+from tests.integration.capture.helpers import capture_progress, cli, records, spawn_capture, wait_for, write_config
 from tributary.capture.log import Log
 from tributary.capture.status import read_status
 
@@ -150,7 +150,12 @@ def test_kill_9_in_the_middle_of_a_resnapshot(fresh_db: str, tmp_path: Path) -> 
         return src.get("state") == "snapshotting" and 0 < src.get("snapshot_rows_done", 0) < rows // 2
 
     try:
-        wait_for(mid_snapshot, timeout=120, what="the re-snapshot under way")
+        wait_for(
+            mid_snapshot,
+            timeout=120,
+            what="the re-snapshot under way",
+            progress=lambda: capture_progress(tmp_path / "log"),
+        )
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()

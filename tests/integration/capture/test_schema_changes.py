@@ -14,7 +14,7 @@ import orjson
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import cli, records, spawn_capture, wait_for, write_config
+from tests.integration.capture.helpers import capture_progress, cli, records, spawn_capture, wait_for, write_config
 from tributary.capture.catalog import ColumnHistory
 from tributary.capture.log import LogError
 from tributary.capture.schema_tracker import SCHEMA_KEY
@@ -96,11 +96,17 @@ def test_drop_column_while_capture_runs(fresh_db: str, tmp_path: Path) -> None:
     proc = spawn_capture(config)
     try:
         _sql(fresh_db, "INSERT INTO t VALUES (1, 1, 'a'), (2, 2, 'b')")
-        wait_for(lambda: sum(map(len, _timelines(tmp_path / "log").values())) >= 2, what="the inserts")
+        wait_for(
+            lambda: sum(map(len, _timelines(tmp_path / "log").values())) >= 2,
+            what="the inserts",
+            progress=lambda: capture_progress(tmp_path / "log"),
+        )
         _sql(fresh_db, "ALTER TABLE t DROP COLUMN note", "UPDATE t SET n = 10 WHERE id = 1")
         _sql(fresh_db, "INSERT INTO t VALUES (3, 3)", "UPDATE t SET n = 20 WHERE id = 2")
         wait_for(
-            lambda: sum("op" in e for t in _timelines(tmp_path / "log").values() for e in t) >= 5, what="the updates"
+            lambda: sum("op" in e for t in _timelines(tmp_path / "log").values() for e in t) >= 5,
+            what="the updates",
+            progress=lambda: capture_progress(tmp_path / "log"),
         )
     finally:
         proc.send_signal(signal.SIGTERM)

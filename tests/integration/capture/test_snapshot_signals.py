@@ -10,7 +10,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import cli, records, spawn_capture, table_state, wait_for, write_config
+from tests.integration.capture.helpers import (
+    capture_progress,
+    cli,
+    records,
+    spawn_capture,
+    table_state,
+    wait_for,
+    write_config,
+)
 from tributary.capture.log import Log, LogError
 
 pytestmark = pytest.mark.integration
@@ -46,7 +54,12 @@ def test_signal_rows_are_not_captured_and_a_bad_signal_does_not_stop_capture(fre
     log_root = tmp_path / "log"
     proc = spawn_capture(config)
     try:
-        wait_for(lambda: len(_state(log_root)) == 5, timeout=60, what="the initial snapshot")
+        wait_for(
+            lambda: len(_state(log_root)) == 5,
+            timeout=60,
+            what="the initial snapshot",
+            progress=lambda: capture_progress(log_root),
+        )
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute("INSERT INTO tributary_signal VALUES ('1', 'bogus', '{}')")
             conn.execute("INSERT INTO tributary_signal VALUES ('2', 'execute-snapshot', '{not json')")
@@ -56,7 +69,12 @@ def test_signal_rows_are_not_captured_and_a_bad_signal_does_not_stop_capture(fre
             conn.execute("UPDATE tributary_signal SET type = 'x'")
             conn.execute("DELETE FROM tributary_signal")
             conn.execute("INSERT INTO t VALUES (6, 'after the signals')")
-        wait_for(lambda: len(_state(log_root)) == 6, timeout=60, what="the change after")
+        wait_for(
+            lambda: len(_state(log_root)) == 6,
+            timeout=60,
+            what="the change after",
+            progress=lambda: capture_progress(log_root),
+        )
         assert proc.proc.poll() is None, "capture is still running"
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -12,7 +12,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import cli, spawn_capture, table_state, wait_for, write_config
+from tests.integration.capture.helpers import capture_progress, cli, spawn_capture, table_state, wait_for, write_config
 from tests.servers import serving
 from tributary.api.devdb.embedded import free_port
 from tributary.capture.status import read_status
@@ -64,7 +64,12 @@ def test_a_table_added_later_shows_as_pending_then_snapshotting_then_done(fresh_
                 src = _source(log_root, proc.pid)
                 return bool(src and src.get("snapshot_table") == "public.late" and src.get("snapshot_chunk", 0) >= 2)
 
-            wait_for(under_way, timeout=60, what="the chunked snapshot of public.late under way")
+            wait_for(
+                under_way,
+                timeout=60,
+                what="the chunked snapshot of public.late under way",
+                progress=lambda: capture_progress(log_root),
+            )
             snap = next(s for s in httpx.get(base + "/sources").json() if s["name"] == "shop")["snapshot"]
             assert snap is not None, "GET /sources shows the snapshot under way"
             assert snap["method"] == "chunked" and snap["table"] == "public.late"
@@ -79,7 +84,12 @@ def test_a_table_added_later_shows_as_pending_then_snapshotting_then_done(fresh_
                     and 'tributary_capture_snapshot_tables_pending{source="shop"} 2.0' in text
                 )
 
-            wait_for(metrics_show_it, timeout=30, what="the metrics to show the snapshot under way")
+            wait_for(
+                metrics_show_it,
+                timeout=30,
+                what="the metrics to show the snapshot under way",
+                progress=lambda: capture_progress(log_root),
+            )
             shown = cli("capture", "status", "--config", str(config))
             assert shown.returncode == 0, shown.stderr
             line = next(line for line in shown.stdout.splitlines() if line.startswith("shop "))
@@ -91,13 +101,23 @@ def test_a_table_added_later_shows_as_pending_then_snapshotting_then_done(fresh_
                 src = _source(log_root, proc.pid)
                 return bool(src and not src.get("snapshot_tables_pending"))
 
-            wait_for(done, timeout=120, what="the snapshot of the added tables to end")
+            wait_for(
+                done,
+                timeout=120,
+                what="the snapshot of the added tables to end",
+                progress=lambda: capture_progress(log_root),
+            )
 
             def metrics_idle() -> bool:
                 text = httpx.get(base + "/metrics").text
                 return 'tributary_capture_snapshot_running{method="chunked",source="shop"} 0.0' in text
 
-            wait_for(metrics_idle, timeout=30, what="the metrics to show no snapshot")
+            wait_for(
+                metrics_idle,
+                timeout=30,
+                what="the metrics to show no snapshot",
+                progress=lambda: capture_progress(log_root),
+            )
             assert next(s for s in httpx.get(base + "/sources").json() if s["name"] == "shop")["snapshot"] is None
             assert "snapshot" not in next(
                 line for line in cli("capture", "status", "--config", str(config)).stdout.splitlines() if "shop" in line

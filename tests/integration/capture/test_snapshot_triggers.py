@@ -13,7 +13,15 @@ import orjson
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import cli, records, spawn_capture, table_state, wait_for, write_config
+from tests.integration.capture.helpers import (
+    capture_progress,
+    cli,
+    records,
+    spawn_capture,
+    table_state,
+    wait_for,
+    write_config,
+)
 from tributary.capture.log import LogError
 from tributary.capture.status import read_status, snapshot_under_way
 
@@ -70,23 +78,43 @@ def test_capture_snapshot_and_the_signal_table_reread_a_table_while_capture_runs
     log_root = tmp_path / "log"
     proc = spawn_capture(config)
     try:
-        wait_for(lambda: _each_read(log_root, "t", 1, ROWS), timeout=60, what="the initial snapshot")
+        wait_for(
+            lambda: _each_read(log_root, "t", 1, ROWS),
+            timeout=60,
+            what="the initial snapshot",
+            progress=lambda: capture_progress(log_root),
+        )
         res = cli("capture", "snapshot", "public.t", "--config", str(config))
         assert res.returncode == 0, res.stderr
         assert "snapshot of public.t requested from source shop" in res.stdout
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute("UPDATE t SET v = 'changed' WHERE id % 10 = 0")
-        wait_for(lambda: _each_read(log_root, "t", 2, ROWS), timeout=60, what="t read again (capture snapshot)")
+        wait_for(
+            lambda: _each_read(log_root, "t", 2, ROWS),
+            timeout=60,
+            what="t read again (capture snapshot)",
+            progress=lambda: capture_progress(log_root),
+        )
         # (a request for a table whose snapshot is still under way joins it: wait for its end)
         seen = time.time() * 1000
-        wait_for(lambda: _done(log_root, proc.pid, seen), timeout=60, what="the snapshot's end in the status")
+        wait_for(
+            lambda: _done(log_root, proc.pid, seen),
+            timeout=60,
+            what="the snapshot's end in the status",
+            progress=lambda: capture_progress(log_root),
+        )
 
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute(
                 """INSERT INTO tributary_signal VALUES ('ad-hoc-1', 'execute-snapshot', '{"tables": ["public.t"]}')"""
             )
             conn.execute("INSERT INTO t VALUES (%s, 'new')", (ROWS + 1,))
-        wait_for(lambda: _reads(log_root, "t")[b'{"id":1}'] == 3, timeout=60, what="t read again (signal table)")
+        wait_for(
+            lambda: _reads(log_root, "t")[b'{"id":1}'] == 3,
+            timeout=60,
+            what="t read again (signal table)",
+            progress=lambda: capture_progress(log_root),
+        )
         wait_for(lambda: table_state(log_root, "shop.public.t") == _table(fresh_db), timeout=60, what="t in the log")
     finally:
         proc.send_signal(signal.SIGTERM)

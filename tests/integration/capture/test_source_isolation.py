@@ -6,6 +6,7 @@ other sources and the event store's outbox go on committing."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
@@ -18,8 +19,9 @@ import httpx
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import cli, records, spawn_capture, table_state, wait_for
+from tests.integration.capture.helpers import capture_progress, cli, records, spawn_capture, table_state, wait_for
 from tests.servers import serving
+from tests.waiting import Stalled, wait_progress
 from tributary.api.devdb.embedded import EmbeddedPostgres, free_port
 from tributary.capture.log import Log
 from tributary.capture.status import read_status
@@ -96,20 +98,41 @@ def test_an_unreachable_source_fails_alone_and_recovers_when_its_server_comes_up
             lambda: _state(root, "far") == "failed" and _state(root, "shop") == "streaming",
             60,
             "the far source failed while the shop streams",
+            progress=lambda: capture_progress(root),
         )
         assert proc.proc.poll() is None, proc.communicate(5)[1]
         far = _source(root, "far")
         assert far["error"].startswith("source 'far': ") and "\n" not in far["error"]
         assert PASSWORD not in json.dumps(far) and far["error_kind"] == "unreachable"
-        wait_for(lambda: _source(root, "far").get("failures", 0) >= 2, 30, "a second attempt (backoff)")
+        wait_for(
+            lambda: _source(root, "far").get("failures", 0) >= 2,
+            30,
+            "a second attempt (backoff)",
+            progress=lambda: capture_progress(root),
+        )
 
         # The others go on: the shop's snapshot and stream, the outbox's events.
-        wait_for(lambda: _state(root, "_eventstore") == "streaming", 60, "outbox streaming")
+        wait_for(
+            lambda: _state(root, "_eventstore") == "streaming",
+            60,
+            "outbox streaming",
+            progress=lambda: capture_progress(root),
+        )
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute("INSERT INTO orders SELECT g, g FROM generate_series(51, 80) g")
         store.append("acct-1", "account", [NewEvent(type="AccountOpened", data={"owner": "a"})], "no_stream")
-        wait_for(lambda: len(table_state(root, "shop.public.orders")) == 80, 30, "the shop's rows committed")
-        wait_for(lambda: len(records(root, "events.account")) == 1, 30, "the outbox's event committed")
+        wait_for(
+            lambda: len(table_state(root, "shop.public.orders")) == 80,
+            30,
+            "the shop's rows committed",
+            progress=lambda: capture_progress(root),
+        )
+        wait_for(
+            lambda: len(records(root, "events.account")) == 1,
+            30,
+            "the outbox's event committed",
+            progress=lambda: capture_progress(root),
+        )
 
         # Everything a user looks at says `failed` and why, in one line without the password.
         shown = cli("capture", "status", "--config", str(config))
@@ -130,7 +153,9 @@ def test_an_unreachable_source_fails_alone_and_recovers_when_its_server_comes_up
                     and 'tributary_capture_source_state{source="shop",state="streaming"} 1.0' in text
                 )
 
-            wait_for(metrics_show_it, 30, "the metrics to show the failed source")
+            wait_for(
+                metrics_show_it, 30, "the metrics to show the failed source", progress=lambda: capture_progress(root)
+            )
             assert PASSWORD not in httpx.get(base + "/metrics").text
 
         # Its server comes up: the source recovers by itself (snapshot, then stream), no restart.
@@ -138,11 +163,21 @@ def test_an_unreachable_source_fails_alone_and_recovers_when_its_server_comes_up
         with psycopg.connect(far_pg.dsn(), autocommit=True) as conn:
             conn.execute("CREATE TABLE parts (id int PRIMARY KEY, name text)")
             conn.execute("INSERT INTO parts SELECT g, 'p' || g FROM generate_series(1, 20) g")
-        wait_for(lambda: _state(root, "far") == "streaming", 60, "the far source recovered")
+        wait_for(
+            lambda: _state(root, "far") == "streaming",
+            60,
+            "the far source recovered",
+            progress=lambda: capture_progress(root),
+        )
         assert _source(root, "far")["error"] is None
         with psycopg.connect(far_pg.dsn(), autocommit=True) as conn:
             conn.execute("INSERT INTO parts SELECT g, 'p' || g FROM generate_series(21, 30) g")
-        wait_for(lambda: len(table_state(root, "far.public.parts")) == 30, 30, "the far source's rows")
+        wait_for(
+            lambda: len(table_state(root, "far.public.parts")) == 30,
+            30,
+            "the far source's rows",
+            progress=lambda: capture_progress(root),
+        )
         assert proc.proc.poll() is None
     finally:
         store.close()
@@ -174,7 +209,12 @@ def test_a_source_cut_mid_transaction_is_re_read_whole_while_the_other_commits(
             conn.execute("CREATE TABLE bulk (id int PRIMARY KEY, pad text)")
         proc = spawn_capture(config)
         try:
-            wait_for(lambda: _state(root, "far") == "streaming" and _state(root, "shop") == "streaming", 60, "both")
+            wait_for(
+                lambda: _state(root, "far") == "streaming" and _state(root, "shop") == "streaming",
+                60,
+                "both",
+                progress=lambda: capture_progress(root),
+            )
             done = threading.Event()
             ticks = 0
 
@@ -191,17 +231,47 @@ def test_a_source_cut_mid_transaction_is_re_read_whole_while_the_other_commits(
             rows = 300_000
             with psycopg.connect(far_dsn, autocommit=True) as conn:
                 conn.execute("INSERT INTO bulk SELECT g, repeat('x', 50) FROM generate_series(1, %s) g", (rows,))
+
+                def bulk_committed() -> bool:
+                    with Log.open(root) as log:
+                        topic = "far.public.bulk"
+                        return topic in log.topics() and sum(log.end_offsets(topic)) >= rows
+
+                cut_at = _source(root, "far").get("changes", 0)
                 for _ in range(8):  # cut its stream while the transaction is being read
-                    time.sleep(0.4)
+                    wait_for(
+                        lambda cut_at=cut_at: _source(root, "far").get("changes", 0) > cut_at or bulk_committed(),
+                        30,
+                        "the far source reading the transaction again",
+                        progress=lambda: capture_progress(root),
+                    )
+                    if bulk_committed():
+                        break
+                    cut_at = _source(root, "far").get("changes", 0)
                     conn.execute(
                         "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
                         "WHERE slot_name = 'slot_far' AND active_pid IS NOT NULL"
                     )
-            wait_for(lambda: _state(root, "far") == "streaming", 60, "far streaming again")
-            wait_for(lambda: len(records(root, "far.public.bulk")) >= rows, 120, "the big transaction")
+            wait_for(
+                lambda: _state(root, "far") == "streaming",
+                60,
+                "far streaming again",
+                progress=lambda: capture_progress(root),
+            )
+            wait_for(
+                lambda: len(records(root, "far.public.bulk")) >= rows,
+                120,
+                "the big transaction",
+                progress=lambda: capture_progress(root),
+            )
             done.set()
             ticker.join()
-            wait_for(lambda: len(table_state(root, "shop.public.ticks")) == ticks, 30, "every tick")
+            wait_for(
+                lambda: len(table_state(root, "shop.public.ticks")) == ticks,
+                30,
+                "every tick",
+                progress=lambda: capture_progress(root),
+            )
             far = _source(root, "far")
             assert far["failures"] >= 1 and _source(root, "shop")["failures"] == 0
             assert far["changes"] > rows, far  # appended more than once: a cut transaction was re-read
@@ -243,20 +313,46 @@ def test_a_misconfigured_source_fails_with_its_reason_and_recovers_once_fixed(fr
             lambda: _state(root, "far") == _state(root, "norep") == "failed" and _state(root, "shop") == "streaming",
             60,
             "far and norep failed, the shop streaming",
+            progress=lambda: capture_progress(root),
         )
         far, norep = _source(root, "far"), _source(root, "norep")
         assert far["error_kind"] == "misconfigured" and "not a wal2json slot" in far["error"]
         assert norep["error_kind"] == "misconfigured" and "replication role" in norep["error"], norep
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute("INSERT INTO a SELECT generate_series(1, 10)")
-        wait_for(lambda: len(table_state(root, "shop.public.a")) == 10, 30, "the shop goes on")
+        wait_for(
+            lambda: len(table_state(root, "shop.public.a")) == 10,
+            30,
+            "the shop goes on",
+            progress=lambda: capture_progress(root),
+        )
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute("SELECT pg_drop_replication_slot('taken_slot')")
             conn.execute(f"ALTER ROLE {role} REPLICATION")
-        wait_for(lambda: _state(root, "far") == "streaming", 30, "far recovered once its slot was freed")
-        wait_for(lambda: _state(root, "norep") == "streaming", 30, "norep recovered once granted")
-        wait_for(lambda: len(table_state(root, "far.public.a")) == 10, 30, "far's snapshot")
-        wait_for(lambda: len(table_state(root, "norep.public.a")) == 10, 30, "norep's snapshot")
+        wait_for(
+            lambda: _state(root, "far") == "streaming",
+            30,
+            "far recovered once its slot was freed",
+            progress=lambda: capture_progress(root),
+        )
+        wait_for(
+            lambda: _state(root, "norep") == "streaming",
+            30,
+            "norep recovered once granted",
+            progress=lambda: capture_progress(root),
+        )
+        wait_for(
+            lambda: len(table_state(root, "far.public.a")) == 10,
+            30,
+            "far's snapshot",
+            progress=lambda: capture_progress(root),
+        )
+        wait_for(
+            lambda: len(table_state(root, "norep.public.a")) == 10,
+            30,
+            "norep's snapshot",
+            progress=lambda: capture_progress(root),
+        )
         # What still stops capture as a whole: a second writer of the same log, one line, exit 1.
         second = cli("capture", "--config", str(config), "--until-idle", "1")
         assert second.returncode == 1 and len(second.stderr.strip().splitlines()) == 1, second.stderr
@@ -300,7 +396,12 @@ def test_a_source_transaction_becomes_visible_whole_while_another_source_commits
         proc = spawn_capture(config)
         done = threading.Event()
         try:
-            wait_for(lambda: _state(root, "far") == "streaming" and _state(root, "shop") == "streaming", 60, "both")
+            wait_for(
+                lambda: _state(root, "far") == "streaming" and _state(root, "shop") == "streaming",
+                60,
+                "both",
+                progress=lambda: capture_progress(root),
+            )
 
             def tick() -> None:
                 with psycopg.connect(far_dsn, autocommit=True) as conn:
@@ -319,15 +420,21 @@ def test_a_source_transaction_becomes_visible_whole_while_another_source_commits
                         "INSERT INTO bulk SELECT g, repeat('x', 20) FROM generate_series(%s, %s) g",
                         (round_ * rows + 1, (round_ + 1) * rows),
                     )
-                deadline = time.monotonic() + 120
-                while time.monotonic() < deadline:
+
+                def committed() -> int:
                     with Log.open(root) as log:
                         topic = "shop.public.bulk"
                         n = sum(log.end_offsets(topic)) if topic in log.topics() else 0
                     seen.add(n)
-                    if n >= (round_ + 1) * rows:
-                        break
-                    time.sleep(0.005)
+                    return n
+
+                with contextlib.suppress(Stalled):  # sample the committed count until the round is in
+                    wait_progress(
+                        lambda round_=round_: committed() >= (round_ + 1) * rows,
+                        lambda: capture_progress(root),
+                        what=f"round {round_} committed",
+                        poll=0.005,
+                    )
             done.set()
             ticker.join()
             # Committed counts seen: each transaction's records appear all at once (plus, at most,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tributary.capture.kafka_logs import with_logger
 from tributary.capture.kafka_options import OFFSETS_TOPIC, KafkaOptions
 
 MOCK = Path(__file__).resolve().parents[2] / "kafka_mock.py"
@@ -68,7 +69,7 @@ class KafkaCluster:
             return
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        admin = AdminClient({"bootstrap.servers": self.bootstraps})
+        admin = AdminClient(with_logger({"bootstrap.servers": self.bootstraps}))
         admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
 
 

@@ -9,6 +9,8 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from tributary.capture.kafka_logs import with_logger
+
 Seen = tuple[str, int, int, bytes | None, bytes | None, list[tuple[str, bytes]] | None, int]
 
 
@@ -16,13 +18,15 @@ def read_committed(bootstraps: str, topics: list[str]) -> list[Seen]:
     """Every record a read_committed consumer sees in `topics`, from the start to the end:
     (topic, partition, offset, key, value, headers, timestamp_ms)."""
     consumer = Consumer(
-        {
-            "bootstrap.servers": bootstraps,
-            "group.id": f"test-{time.monotonic_ns()}",
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-            "enable.auto.commit": False,
-        }
+        with_logger(
+            {
+                "bootstrap.servers": bootstraps,
+                "group.id": f"test-{time.monotonic_ns()}",
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "enable.auto.commit": False,
+            }
+        )
     )
     try:
         meta = consumer.list_topics(timeout=30)

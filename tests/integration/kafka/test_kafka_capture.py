@@ -15,7 +15,15 @@ import orjson
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import cli, records, spawn_capture, wait_for, write_config
+from tests.integration.capture.helpers import (
+    capture_progress,
+    cli,
+    records,
+    source_status,
+    spawn_capture,
+    wait_for,
+    write_config,
+)
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed, without_replays, write_kafka_config
 from tributary.capture.log import partition_for
@@ -193,13 +201,21 @@ def test_captures_of_different_sources_run_side_by_side(fresh_db: str, tmp_path:
                 lambda name=name, pid=proc.pid: _streaming(tmp_path / f"status-{name}", pid, name),
                 timeout=60,
                 what=f"{name} streaming",
+                progress=lambda name=name: capture_progress(tmp_path / f"status-{name}"),
             )
         for round_ in range(3):
             with psycopg.connect(fresh_db, autocommit=True) as conn:
                 for i in range(20):
                     conn.execute("INSERT INTO orders VALUES (%s)", (round_ * 20 + i,))
                     conn.execute("INSERT INTO people VALUES (%s)", (round_ * 20 + i,))
-            time.sleep(1.5)
+            for name, proc in procs.items():  # each captured the round
+                wait_for(
+                    lambda name=name, pid=proc.pid, n=20 * (round_ + 1): (
+                        source_status(tmp_path / f"status-{name}", pid, name).get("changes", 0) >= n
+                    ),
+                    what=f"{name} capturing round {round_}",
+                    progress=lambda name=name: capture_progress(tmp_path / f"status-{name}"),
+                )
             for proc in procs.values():
                 assert proc.proc.poll() is None, proc.communicate(5)[1]
     finally:
@@ -233,9 +249,16 @@ def test_a_second_capture_of_a_source_fences_the_first(fresh_db: str, tmp_path: 
     first = spawn_capture(config)
     second = None
     try:
-        time.sleep(5)
+        moving = lambda: capture_progress(tmp_path / "status")  # noqa: E731
+        wait_for(
+            lambda: _streaming(tmp_path / "status", first.pid, "shop"), what="the first streaming", progress=moving
+        )
         second = spawn_capture(config)  # its producer of source "shop" fences the first's
-        time.sleep(5)
+        wait_for(  # a status of its own: past its start, where its producer fenced the first's
+            lambda: (read_status(tmp_path / "status") or {}).get("pid") == second.pid,
+            what="the second capture's first status",
+            progress=moving,
+        )
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute("INSERT INTO orders VALUES (1)")  # the first's next commit is refused
         assert first.wait(timeout=60) == 1

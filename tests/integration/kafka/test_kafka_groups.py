@@ -23,6 +23,7 @@ from tests.integration.consumers.helpers import Receiver, receiving
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.servers import ROOT, free_port, serving
+from tributary.capture.kafka_logs import with_logger
 from tributary.capture.kafka_options import KafkaOptions
 from tributary.capture.log import LogError
 from tributary.consumers import GroupCoordinator
@@ -88,7 +89,7 @@ def _commit(base: str, member: str, generation: int, offsets: dict[int, int]) ->
 
 def _kafka_committed(bootstraps: str, group: str = GROUP) -> dict[int, int]:
     """What any Kafka client sees as the group's committed offsets."""
-    consumer = Consumer({"bootstrap.servers": bootstraps, "group.id": group, "enable.auto.commit": False})
+    consumer = Consumer(with_logger({"bootstrap.servers": bootstraps, "group.id": group, "enable.auto.commit": False}))
     try:
         got = consumer.committed([TopicPartition(TOPIC, p) for p in range(3)], timeout=30)
         return {tp.partition: tp.offset for tp in got if tp.offset >= 0}
@@ -297,7 +298,9 @@ def test_a_kafka_member_of_the_same_group_id_blocks_commits_until_it_leaves(
 ) -> None:
     topic = "plain.topic"
     if kafka.creates_topics:
-        AdminClient({"bootstrap.servers": kafka.bootstraps}).create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+        AdminClient(with_logger({"bootstrap.servers": kafka.bootstraps})).create_topics([NewTopic(topic, 2, 1)])[
+            topic
+        ].result(30)
     else:
         kafka.create(topic, 2)
     run_migrations(fresh_db)
@@ -306,7 +309,14 @@ def test_a_kafka_member_of_the_same_group_id_blocks_commits_until_it_leaves(
         me = coordinator.join("shared", [topic], member_id="m", session_timeout_ms=120_000)
         assert sorted(me.assignments) == [(topic, 0), (topic, 1)]
         member = Consumer(
-            {"bootstrap.servers": kafka.bootstraps, "group.id": "shared", "session.timeout.ms": 6000, "log_level": "3"}
+            with_logger(
+                {
+                    "bootstrap.servers": kafka.bootstraps,
+                    "group.id": "shared",
+                    "session.timeout.ms": 6000,
+                    "log_level": "3",
+                }
+            )
         )
         member.subscribe([topic])
         deadline = time.monotonic() + 30

@@ -18,13 +18,14 @@ import orjson
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import Capture, cli, spawn_capture, wait_for
+from tests.integration.capture.helpers import Capture, capture_progress, cli, spawn_capture, wait_for
 from tests.integration.capture.test_chunked_pgbench import _pgbench, _table
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import Change, read_committed, without_replays, write_kafka_config
+from tests.waiting import size_of, wait_exit
 from tributary.capture.status import read_status
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]  # pgbench and kill -9s on a slow machine
 
 TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
 TOPICS = [f"shop.public.{t}" for t in TABLES]
@@ -52,6 +53,14 @@ def _streaming(status_root: Path, pid: int) -> bool:
     if doc.get("pid") != pid:
         return False
     return any(s["name"] == "shop" and s.get("state") == "streaming" for s in doc.get("sources", []))
+
+
+def _changes(status_root: Path, pid: int) -> int:
+    """Changes this capture process has streamed (0 before it streams)."""
+    doc = read_status(status_root) or {}
+    if doc.get("pid") != pid:
+        return 0
+    return sum(s.get("changes", 0) for s in doc.get("sources", []) if s["name"] == "shop")
 
 
 def _kill(proc: Capture) -> None:
@@ -85,24 +94,50 @@ def test_pgbench_with_kill_9s_is_exactly_once_on_kafka(fresh_db: str, tmp_path: 
     rng = random.Random(21)
     kills = 0
     try:
-        wait_for(lambda: _streaming(status_root, proc.pid), timeout=60, what="the snapshot to be committed")
+        wait_for(
+            lambda: _streaming(status_root, proc.pid),
+            timeout=60,
+            what="the snapshot to be committed",
+            progress=lambda: (capture_progress(status_root), size_of(proc.err_path)),
+        )
         with bench_err.open("wb") as err:  # every pgbench transaction commits after the snapshot point
             bench = subprocess.Popen(
-                [pgbench, "-n", "-c", "2", "-R", str(RATE), "-T", "600", "-f", str(script), fresh_db],
+                [pgbench, "-n", "-c", "2", "-R", str(RATE), "-T", "3600", "-f", str(script), fresh_db],
                 stdout=subprocess.DEVNULL,
                 stderr=err,
             )
         for _ in range(KILLS):
             pid = proc.pid
-            wait_for(lambda pid=pid: _streaming(status_root, pid), timeout=60, what="capture streaming again")
-            time.sleep(rng.uniform(1.0, 2.5))  # pgbench's changes flow through capture meanwhile
+            wait_for(
+                lambda pid=pid: _streaming(status_root, pid),
+                timeout=60,
+                what="capture streaming again",
+                progress=lambda: capture_progress(status_root),
+            )
+            # pgbench's changes flow through capture meanwhile: some hundreds, then a kill at a random moment
+            some = rng.randint(RATE, 3 * RATE)
+            wait_for(
+                lambda pid=pid, some=some: _changes(status_root, pid) >= some,
+                what=f"{some} changes streamed",
+                progress=lambda: capture_progress(status_root),
+            )
+            time.sleep(rng.uniform(0.0, 0.5))
             assert bench.poll() is None, f"pgbench ended early: {bench_err.read_text()}"
             _kill(proc)
             kills += 1
             proc = spawn_capture(config)
-        time.sleep(2)  # pgbench goes on against the restarted capture
+        pid = proc.pid  # pgbench goes on against the restarted capture, until that streamed some of it
+        wait_for(
+            lambda: _streaming(status_root, pid) and _changes(status_root, pid) > 0,
+            what="the restarted capture streaming pgbench",
+            progress=lambda: capture_progress(status_root),
+        )
         bench.send_signal(signal.SIGINT)  # its transaction in flight is rolled back, never half committed
-        assert bench.wait(timeout=60) in (0, 1, -signal.SIGINT), bench_err.read_text()
+        assert wait_exit(bench, what="pgbench to stop", progress=lambda: size_of(bench_err)) in (
+            0,
+            1,
+            -signal.SIGINT,
+        ), bench_err.read_text()
     finally:
         if bench is not None and bench.poll() is None:
             bench.kill()
@@ -110,7 +145,7 @@ def test_pgbench_with_kill_9s_is_exactly_once_on_kafka(fresh_db: str, tmp_path: 
         if proc.returncode is None:
             _kill(proc)
     assert kills == KILLS
-    final = cli("capture", "--config", str(config), "--until-idle", "2", timeout=120)
+    final = cli("capture", "--config", str(config), "--until-idle", "2", progress=lambda: capture_progress(status_root))
     assert final.returncode == 0, final.stderr
 
     seen = read_committed(kafka.bootstraps, TOPICS)

@@ -22,6 +22,7 @@ from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.integration.projections.conftest import spark  # noqa: F401  # the suite's one SparkSession
 from tests.integration.projections.helpers import dump
 from tributary.api.settings.config import load_settings
+from tributary.capture.kafka_logs import with_logger
 from tributary.capture.log import canonical_json, partition_for
 from tributary.eventstore.migrate import run_migrations
 from tributary.projections.kafka_source import KafkaSource
@@ -253,7 +254,9 @@ def test_open_and_aborted_transactions_never_reach_a_view(
     assert s.kafka is not None
     source = KafkaSource(s.kafka)
     open_on = (partition_for(canonical_json({"id": 31}), 3) + 1) % 3  # not where row 31 goes
-    producer = Producer({"bootstrap.servers": kafka.bootstraps, "transactional.id": f"t-{uuid.uuid4().hex}"})
+    producer = Producer(
+        with_logger({"bootstrap.servers": kafka.bootstraps, "transactional.id": f"t-{uuid.uuid4().hex}"})
+    )
     try:
         before = source.ends([TOPIC])
         producer.init_transactions(30)
