@@ -21,6 +21,7 @@ __all__ = [
     "partition_roots",
     "probe_wal2json",
     "server_facts",
+    "table_info",
     "table_warnings",
 ]
 
@@ -153,6 +154,12 @@ def list_tables(conn: psycopg.Connection[Any], matches: Any, *, leaves: bool = F
         key = pk or index
         out.append(TableInfo(schema, table, tuple(columns[oid]), pk, ident, key, int(est), index, bool(partitioned)))
     return out
+
+
+def table_info(conn: psycopg.Connection[Any], schema: str, table: str, *, leaves: bool = False) -> TableInfo | None:
+    """One table's columns and keys as `list_tables` reads them; None when it is not there (now)."""
+    found = list_tables(conn, lambda s, t: (s, t) == (schema, table), leaves=leaves)
+    return found[0] if found else None
 
 
 def partition_roots(
@@ -297,8 +304,9 @@ class ColumnHistory:
     transaction the reading did not see ended; a transaction's changes reach capture after it
     committed, so one re-read suffices."""
 
-    def __init__(self, connect: Callable[[], Any]) -> None:
-        self._catalog = CatalogConnection(connect)
+    def __init__(self, catalog: CatalogConnection) -> None:
+        """`catalog`: the connection it reads through (shared with the source's other catalog reads)."""
+        self._catalog = catalog
         self._views: dict[tuple[str, str], _TableView] = {}
         self._attnums: dict[tuple[str, str], dict[str, int]] = {}  # every name each attnum was seen under
         self.reads = 0  # catalog reads so far (tests check the cache holds)

@@ -43,7 +43,7 @@ import psycopg
 from psycopg import sql
 
 from tributary.capture import envelope as env
-from tributary.capture.catalog import TableInfo, list_tables
+from tributary.capture.catalog import TableInfo, table_info
 from tributary.capture.errors import CaptureError, TransientSourceError
 from tributary.capture.log import Log
 from tributary.capture.lsn import Lsn
@@ -548,12 +548,12 @@ class ChunkedSnapshot:
             job.now_ms = int(self.clock() * 1000)
             # The table's columns now, in this transaction: a schema change between chunks shows.
             schema, name = job.table.schema, job.table.table
-            found = list_tables(conn, lambda s, t: s == schema and t == name, leaves=self.tables.leaves)
-            if not found or not found[0].identity_columns:  # dropped (or its key) since: done
+            found = table_info(conn, schema, name, leaves=self.tables.leaves)
+            if found is None or not found.identity_columns:  # dropped (or its key) since: done
                 job.final = True
                 job.units, job.upper, job.checked = [], None, None
             else:
-                job.table = found[0]
+                job.table = found
             info = job.table
             job.encoder = env.SnapshotEncoder(
                 schema=info.schema,

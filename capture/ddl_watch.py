@@ -43,7 +43,7 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from tributary.capture.catalog import list_tables
+from tributary.capture.catalog import table_info
 from tributary.capture.errors import CaptureError
 from tributary.capture.lsn import Lsn
 from tributary.capture.routing import topic_name
@@ -280,8 +280,8 @@ class CatalogWatcher:
             renamed, reshaped, restated = changed(before, now)
             if not (renamed or reshaped or restated):
                 return now  # changed back meanwhile: nothing to tell
-            infos = list_tables(conn, lambda s, t: (s, t) == (schema, table))
-            key = infos[0].identity_columns if infos else ()
+            info = table_info(conn, schema, table, leaves=self.spec.partitioned_tables == "leaves")
+            key = info.identity_columns if info is not None else ()
             taken = False
             if renamed:
                 found = conn.execute(

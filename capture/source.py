@@ -397,7 +397,5 @@ class SourceSession:
             self.watcher.stop()
         if self.chunked is not None:
             self.chunked.close()
-        if self.stream is not None and self.stream.history is not None:
-            self.stream.history.close()  # its catalog connection, opened on the first ambiguous UPDATE
         if self.tables.catalog is not None:
-            self.tables.catalog.close()
+            self.tables.catalog.close()  # the stream's catalog reads (column history, new tables' keys)

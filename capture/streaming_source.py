@@ -29,7 +29,7 @@ from typing import Any
 
 from tributary.capture import envelope as env
 from tributary.capture import signals, wal2json
-from tributary.capture.catalog import ColumnHistory
+from tributary.capture.catalog import CatalogConnection, ColumnHistory
 from tributary.capture.chunked import WATERMARK_PREFIX
 from tributary.capture.ddl_watch import DDL_PREFIX
 from tributary.capture.errors import SourceMisconfigured
@@ -81,18 +81,15 @@ class StreamingSource:
         self.status = status
         self.db = db
         self.clock = clock
-        self.history: ColumnHistory | None = None
-        if spec.router is None and tables.schemas.existed is None:
-            # Which columns an UPDATE omits because they did not exist at it (not unchanged TOAST).
-            from tributary.capture.slot import sql_connection
-
-            self.history = ColumnHistory(lambda: sql_connection(spec.dsn, label=spec.name))
-            tables.schemas.existed = self.history.existed
-        if tables.catalog is None:
-            from tributary.capture.catalog import CatalogConnection
+        if tables.catalog is None:  # catalog reads while streaming, opened on first use
             from tributary.capture.slot import sql_connection
 
             tables.catalog = CatalogConnection(lambda: sql_connection(spec.dsn, label=spec.name))
+        self.history: ColumnHistory | None = None
+        if spec.router is None and tables.schemas.existed is None:
+            # Which columns an UPDATE omits because they did not exist at it (not unchanged TOAST).
+            self.history = ColumnHistory(tables.catalog)
+            tables.schemas.existed = self.history.existed
         # An outbox's rows are routed, not enveloped: no templates.
         self.templates = TemplateCache(spec.name, tables.schemas) if templates and spec.router is None else None
         self._codec = None if encoding in (None, "utf-8") else encoding

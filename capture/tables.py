@@ -24,7 +24,14 @@ from typing import Any
 
 import psycopg
 
-from tributary.capture.catalog import CatalogConnection, TableInfo, list_tables, partition_roots, table_warnings
+from tributary.capture.catalog import (
+    CatalogConnection,
+    TableInfo,
+    list_tables,
+    partition_roots,
+    table_info,
+    table_warnings,
+)
 from tributary.capture.routing import TableFilter
 from tributary.capture.schema_tracker import SchemaTracker
 from tributary.capture.staging import Staging
@@ -117,10 +124,8 @@ class SourceTables:
     def _read_key(self, schema: str, table: str) -> tuple[str, ...]:
         if self.catalog is None:
             return ()
-        found = [
-            t for t in list_tables(self.catalog.connection, lambda s, t: (s, t) == (schema, table), leaves=self.leaves)
-        ]
-        return found[0].identity_columns if found else ()
+        info = table_info(self.catalog.connection, schema, table, leaves=self.leaves)
+        return info.identity_columns if info is not None else ()
 
     def seed(self, conn: psycopg.Connection[Any]) -> list[str]:
         """Each table's columns and identity from the catalog: to recognise omitted TOAST values

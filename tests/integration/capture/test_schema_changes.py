@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import capture_progress, cli, records, spawn_capture, wait_for, write_config
-from tributary.capture.catalog import ColumnHistory
+from tributary.capture.catalog import CatalogConnection, ColumnHistory
 from tributary.capture.log import LogError
 from tributary.capture.schema_tracker import SCHEMA_KEY
 from tributary.capture.values import UNAVAILABLE
@@ -250,7 +250,7 @@ def test_column_history_places_each_transaction_before_or_after_the_ddl(fresh_db
         return int(row[0])
 
     _sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY, note text)", "INSERT INTO t VALUES (1, 'a')")
-    history = ColumnHistory(lambda: psycopg.connect(fresh_db, autocommit=True))
+    history = ColumnHistory(CatalogConnection(lambda: psycopg.connect(fresh_db, autocommit=True)))
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         before_add = xid_of(conn, "UPDATE t SET id = 1")
         conn.execute("ALTER TABLE t ADD COLUMN big text")
