@@ -40,16 +40,19 @@ from typing import Any
 
 import orjson
 import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
 from psycopg import sql
 
 from tributary.capture import envelope as env
 from tributary.capture.catalog import TableInfo, table_info
 from tributary.capture.errors import CaptureError, TransientSourceError
-from tributary.capture.log import Log
+from tributary.capture.log import Log, Mark
+from tributary.capture.log.keyscan import live_key_array
 from tributary.capture.lsn import Lsn
 from tributary.capture.routing import topic_name
 from tributary.capture.snapshot import SnapshotReader
-from tributary.capture.snapshot_source import SnapshotSource, live_keys
+from tributary.capture.snapshot_source import SnapshotSource
 from tributary.capture.spec import SourceSpec
 from tributary.capture.staging import Staging, Watch
 from tributary.capture.status import SourceStatus
@@ -166,6 +169,30 @@ class _Job:
     partitions: int = 1
 
 
+@dataclass
+class _Kept:
+    """A re-snapshot this process began at its table's first chunk: every key staged to the
+    table's topic since (streamed ones in `streamed`, kept by `Staging.keep`; the chunks' in
+    `read`) names a record at least as new as the table, so the check deletes exactly the topic's
+    live keys outside them — with no query of the table. `need`: the log's appended ends when it
+    began; the check waits until the log has committed them (a key staged just before is then in
+    the log's live keys with its latest record)."""
+
+    table: str
+    topic: str
+    need: Mark
+    streamed: set[bytes]
+    read: list[pa.Array] = field(default_factory=list)
+    frozen: pa.Array | None = None  # `streamed` as it was when the check began (copied on the loop)
+
+    def absent(self, live: pa.Array) -> list[bytes]:
+        """The live keys no record staged since names, sorted (off the loop: a key the loop
+        stages after `frozen` was taken is left out when the deletes are staged)."""
+        staged = self.frozen if self.frozen is not None else pa.array([], pa.binary())
+        seen = pa.concat_arrays([*self.read, staged])
+        return sorted(live.filter(pc.invert(pc.is_in(live, value_set=seen))).to_pylist())
+
+
 class RecentXids:
     """The transactions the stream committed last, each with its order: the last `bound` at
     least, `2 * bound` at most (two generations: adding stays O(1), nothing is copied)."""
@@ -235,7 +262,9 @@ class ChunkedSnapshot:
         self._reader: SnapshotReader | None = None
         self._infos: dict[str, TableInfo] = {}
         self._requested: list[tuple[list[str], str]] = []
-        self._live: tuple[str, list[bytes]] | None = None  # phase "absent": the topic's live keys, sorted
+        self._live: tuple[str, list[bytes]] | None = None  # phase "absent": the keys to check (or delete), sorted
+        self._kept: _Kept | None = None  # the table re-snapshotted since its first chunk in this process
+        self._unkept: set[str] = set()  # tables restarted mid-re-snapshot: their check queries the table
         self._closed = False
         self.rereads = 0
         self._show()
@@ -313,6 +342,9 @@ class ChunkedSnapshot:
             return
         ctx.last = ctx.high = ctx.checked = None
         ctx.phase = "rows"
+        if self._kept is not None and self._kept.table == name:
+            self._drop_kept()  # keys of an earlier shape may be staged since: the check queries the table
+            self._unkept.add(name)
         if self.job is not None and self.job.table.qualified == name:
             self.job.watch.invalid = True
         self.dirty = True
@@ -363,8 +395,10 @@ class ChunkedSnapshot:
             self._warn(f"snapshot of {name} skipped: the table is gone, excluded, or has no key")
             self._table_done(name)
             return
-        self._seq += 1
         topic = topic_name(self.spec.name, info.schema, info.table)
+        if not self._keep_keys(name, topic):
+            return  # the check waits for the log to commit what was staged before the re-snapshot
+        self._seq += 1
         partitions = self.staging.partitions(topic)  # created here, on the loop: the thread only reads
         job = _Job(
             id=f"{self.spec.name}:{self._run}:{self._seq}",
@@ -382,6 +416,28 @@ class ChunkedSnapshot:
         self.job = job
         self.status.snapshot_table = name
         job.thread.start()
+
+    def _keep_keys(self, name: str, topic: str) -> bool:
+        """On the loop, before a job of `name`: at a re-snapshot's first chunk, begin keeping the
+        keys staged to its topic (`_Kept`); before its check, False until the log committed what
+        was appended when that began."""
+        ctx, kept = self.context, self._kept
+        if kept is not None and kept.table != name:
+            self._drop_kept()
+            kept = None
+        first = ctx.phase == "rows" and ctx.last is None and name in ctx.check
+        if kept is None and first and name not in self._unkept:
+            self._kept = _Kept(name, topic, self.staging.log.mark(), self.staging.keep(topic))
+        elif kept is not None and ctx.phase == "absent" and kept.frozen is None:
+            if not self.staging.log.committed_through(kept.need):
+                return False
+            kept.frozen = pa.array(list(kept.streamed), pa.binary())
+        return True
+
+    def _drop_kept(self) -> None:
+        if self._kept is not None:
+            self.staging.unkeep(self._kept.topic)
+            self._kept = None
 
     def on_watermark(self, content: str) -> bool:
         """The stream reached a watermark; True when a chunk was staged (a commit point)."""
@@ -430,6 +486,8 @@ class ChunkedSnapshot:
         )
         assert job.encoder is not None
         kept = _keep(job, newer)
+        if self._kept is not None and self._kept.table == info.qualified:
+            self._kept.read.extend(_unit_keys(kept))
         last_marker = "last" if self._last_of_all(job) else "true"
         for i, (kind, unit) in enumerate(kept):
             marker = last_marker if i == len(kept) - 1 else "true"
@@ -456,7 +514,8 @@ class ChunkedSnapshot:
 
     def _stage_absent(self, job: _Job, newer: set[bytes]) -> None:
         ctx = self.context
-        gone = [k for k in job.units if k not in newer]
+        streamed = self._kept.streamed if self._kept is not None else set()
+        gone = [k for k in job.units if k not in newer and k not in streamed]
         if gone:
             assert job.encoder is not None
             marker = "last" if self._last_of_all(job) else "true"
@@ -473,6 +532,9 @@ class ChunkedSnapshot:
             ctx.pending.pop(0)
         if name in ctx.check:
             ctx.check.remove(name)
+        if self._kept is not None and self._kept.table == name:
+            self._drop_kept()
+        self._unkept.discard(name)
         if ctx.done is None:
             ctx.done = []
         if name not in ctx.done:
@@ -515,6 +577,7 @@ class ChunkedSnapshot:
 
     def close(self) -> None:
         self._closed = True
+        self._drop_kept()
         job, self.job = self.job, None
         if job is not None:
             self.staging.unwatch(job.watch.topic)
@@ -680,30 +743,25 @@ class ChunkedSnapshot:
         return units, rows, None
 
     def _read_absent(self, job: _Job, conn: psycopg.Connection[Any], checked: str | None) -> None:
-        """The next batch of the topic's live keys (sorted, past `checked`) and which of them
-        the table no longer has."""
+        """The next batch of the keys to check (sorted, past `checked`) and which of them the
+        table no longer has: the topic's live keys, queried against the table in batches; or,
+        when this process kept every key staged since the re-snapshot began (`_Kept`), the live
+        keys outside those, deleted without a query."""
         info = job.table
         assert job.encoder is not None
         name = info.qualified
-        if not isinstance(self.staging.log, Log) and (self._live is None or self._live[0] != name):
-            from tributary.capture.kafka_read import kafka_live_keys  # a consumer of its own
-
-            self._live = (name, sorted(kafka_live_keys(self.staging.log.kafka.opts, job.encoder.topic)))
+        kept = self._kept if self._kept is not None and self._kept.table == name else None
         if self._live is None or self._live[0] != name:
-            # A reader of its own: the loop's writer `Log` is not shared across threads.
-            assert isinstance(self.staging.log, Log)  # Kafka's case is above
-            reader = Log.open(self.staging.log.root)
-            try:
-                self._live = (name, sorted(live_keys(reader, job.encoder.topic)))
-            finally:
-                reader.close()
-        live = self._live[1]
-        start = 0 if checked is None else bisect.bisect_right(live, checked.encode())  # sorted
+            live = self._topic_live(job.encoder.topic)
+            self._live = (name, kept.absent(live) if kept is not None else sorted(live.to_pylist()))
+        keys_to_check = self._live[1]
+        start = 0 if checked is None else bisect.bisect_right(keys_to_check, checked.encode())  # sorted
         n = self.spec.snapshot_chunk_rows
-        batch = live[start : start + n]
-        job.final = len(live) - start <= n
+        batch = keys_to_check[start : start + n]
+        job.final = len(keys_to_check) - start <= n
         job.checked = batch[-1].decode() if batch else checked
-        if not batch:
+        if not batch or kept is not None:
+            job.units = batch
             return
         keys = info.identity_columns
         # A key of another shape (the table was keyed otherwise when it was written) is gone.
@@ -715,6 +773,20 @@ class ChunkedSnapshot:
         query = check_query(conn, info)
         absent = {str(r[0]).encode() for r in conn.execute(query, (key_lines(batch),))}
         job.units = sorted(foreign | {k for k in batch if k in absent})
+
+    def _topic_live(self, topic: str) -> pa.Array:
+        """The topic's live keys, read off the loop by a reader of its own (the loop's writer is
+        not shared across threads; on Kafka a consumer of its own)."""
+        log_ = self.staging.log
+        if not isinstance(log_, Log):
+            from tributary.capture.kafka_read import kafka_live_keys
+
+            return pa.array(list(kafka_live_keys(log_.kafka.opts, topic)), pa.binary())
+        reader = Log.open(log_.root)
+        try:
+            return live_key_array(reader, topic)
+        finally:
+            reader.close()
 
 
 def _shaped(key: bytes, columns: tuple[str, ...]) -> bool:
@@ -799,3 +871,18 @@ def _keep(job: _Job, newer: set[bytes]) -> list[tuple[str, Any]]:
             if out.key not in newer:
                 kept.append((kind, unit))
     return kept
+
+
+def _unit_keys(kept: list[tuple[str, Any]]) -> list[pa.Array]:
+    """The keys of the units `_keep` kept (what a chunk staged), as binary arrays."""
+    out: list[pa.Array] = []
+    for kind, unit in kept:
+        if kind == "columnar":
+            recs, _ = unit
+            keys = recs.keys.cast(pa.binary()) if recs.keys.type != pa.binary() else recs.keys
+            out.append(keys.filter(pa.array(recs.partitions >= 0)))
+        elif kind == "json":
+            out.append(pa.array([pair[0] for pair in unit], pa.binary()))
+        else:
+            out.append(pa.array([unit[1].key], pa.binary()))
+    return out

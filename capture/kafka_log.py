@@ -274,6 +274,10 @@ class KafkaLog:
         self._check()
         return KafkaMark(appended=self._first + len(self._buffer))
 
+    def committed_through(self, mark: Mark) -> bool:
+        """Is every record appended before `mark` produced and committed (or dropped)?"""
+        return self._first >= (mark.appended if isinstance(mark, KafkaMark) else 0)
+
     def commit(self, *, positions: Mapping[str, str] | None = None, upto: Mark | None = None) -> None:
         """Produce the records appended up to `upto` (all if None) and `positions`: per source, its
         records and its positions in one transaction of its producer, committed in turn (the
@@ -390,6 +394,9 @@ class KafkaSourceLog:
 
     def mark(self) -> KafkaMark:
         return self.kafka.mark()
+
+    def committed_through(self, mark: Mark) -> bool:
+        return self.kafka.committed_through(mark)
 
     def commit(self, *, positions: Mapping[str, str] | None = None, upto: Mark | None = None) -> None:
         self.kafka.commit(positions=positions, upto=upto)

@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from tributary.capture import envelope as env
 from tributary.capture.catalog import TableInfo
 from tributary.capture.log import Log, Mark
 from tributary.capture.lsn import Lsn
-from tributary.capture.schema_tracker import SCHEMA_KEY
 from tributary.capture.slot import Slot, SlotState, sql_connection
 from tributary.capture.snapshot import SnapshotReader
 from tributary.capture.spec import SourceSpec
@@ -53,7 +52,6 @@ if TYPE_CHECKING:
 __all__ = ["PROGRESS_ROWS", "SnapshotSource", "live_keys"]
 
 PROGRESS_ROWS = 10_000  # `on_progress` is called each time this many more rows are copied
-SCAN_BYTES = 8 << 20  # a re-snapshot reads a topic's keys this much segment data at a time (bounds its memory)
 DELETE_BATCH = 2_000  # a re-snapshot's deletes are staged this many keys at a time
 
 Progress = Callable[[SourceStatus], None]
@@ -64,41 +62,16 @@ RESNAPSHOT_POSITION = str(Lsn.ZERO)  # a re-snapshot under way: a start takes th
 def live_keys(log: Log | KafkaSourceLog, topic: str) -> set[bytes]:
     """The keys of `topic` whose latest committed record is not a tombstone (schema records and
     keyless records aside): what a compacted read of the topic shows. Holds a bytes object and a
-    set slot per key (docs/capture.md says how much). Each split is decoded whole into Arrow columns
-    (`read_split_columns`, as the projections' reader does), record by record only where that
-    path refuses.
+    set slot per key (docs/capture.md says how much); read by capture/log/keyscan.py.
 
     On Kafka: read back from the topic by a read_committed consumer (capture/kafka_read.py)."""
     if not isinstance(log, Log):
         from tributary.capture.kafka_read import kafka_live_keys  # confluent-kafka only when used
 
         return kafka_live_keys(log.kafka.opts, topic)
-    if topic not in log.topics():
-        return set()
-    import pyarrow as pa
+    from tributary.capture.log.keyscan import live_keys as local_live_keys
 
-    from tributary.capture.log import read_split, read_split_columns
-
-    ends = log.end_offsets(topic)
-    live: set[bytes] = set()
-    add, discard = live.add, live.discard
-    for split in log.splits(topic, max_bytes=SCAN_BYTES):  # each partition's splits in offset order
-        end = ends[split.partition]
-        table = read_split_columns(split, 0, end)
-        pairs: Iterable[tuple[bytes | None, bool]]
-        if table is None:
-            pairs = ((r.key, r.value is None) for r in read_split(split) if r.offset < end)
-        else:
-            keys = table.column("key").cast(pa.binary()).to_pylist()
-            pairs = zip(keys, table.column("value").is_null().to_pylist(), strict=True)
-        for key, tombstone in pairs:
-            if key is None or key == SCHEMA_KEY:
-                continue
-            if tombstone:
-                discard(key)
-            else:
-                add(key)
-    return live
+    return local_live_keys(log, topic)
 
 
 class SnapshotSource:

@@ -50,6 +50,7 @@ class Staging:
         self.count = 0  # records in `pending`
         self._partitions: dict[str, int] = {}  # topic -> partition count, once known
         self.watches: dict[str, Watch] = {}  # topics whose staged keys are collected (a chunk being read)
+        self.kept: dict[str, set[bytes]] = {}  # topics whose staged keys are kept (a re-snapshot under way)
         self.xid: int | None = None  # the transaction being staged (the stream sets it), for `watches`
 
     def watch(self, topic: str) -> Watch:
@@ -60,10 +61,28 @@ class Staging:
     def unwatch(self, topic: str) -> None:
         self.watches.pop(topic, None)
 
+    def keep(self, topic: str) -> set[bytes]:
+        """Keep every key staged to `topic` from now on (those staged and not yet appended too)
+        in the set returned, until `unkeep`: a chunked re-snapshot's record of what it wrote."""
+        kept = self.kept[topic] = set()
+        for (name, _), records in self.pending.items():
+            if name == topic:
+                kept.update(r[0] for r in records if r[0] is not None)
+        return kept
+
+    def unkeep(self, topic: str) -> None:
+        self.kept.pop(topic, None)
+
     def _watched(self, topic: str, keys: Iterable[bytes | None]) -> None:
         watch = self.watches.get(topic)
+        kept = self.kept.get(topic)
+        if watch is None and kept is None:
+            return
+        present = [k for k in keys if k is not None]
         if watch is not None:
-            watch.by_xid[self.xid].update(k for k in keys if k is not None)
+            watch.by_xid[self.xid].update(present)
+        if kept is not None:
+            kept.update(present)
 
     def partitions(self, topic: str) -> int:
         """The topic's partition count, creating the topic on first use: CDC topics compacted
@@ -83,7 +102,7 @@ class Staging:
         """Each output to its key's partition; `timestamp_ms` for those that carry none."""
         pending = self.pending
         counts = self._partitions
-        watches = self.watches
+        watches, kept = self.watches, self.kept
         staged = 0
         for out in outputs:
             topic = out.topic
@@ -91,7 +110,7 @@ class Staging:
             ts = timestamp_ms if out.timestamp_ms is None else out.timestamp_ms
             pending[(topic, partition_for(out.key, count))].append((out.key, out.value, ts, out.headers))
             staged += 1
-            if watches and topic in watches:
+            if (watches or kept) and (topic in watches or topic in kept):
                 self._watched(topic, (out.key,))
         self.count += staged
         if self.count >= FLUSH_RECORDS:
@@ -102,7 +121,7 @@ class Staging:
         count = self._partitions.get(topic) or self.partitions(topic)
         self.pending[(topic, partition_for(key, count))].append((key, value, timestamp_ms, None))
         self.count += 1
-        if self.watches:
+        if self.watches or self.kept:
             self._watched(topic, (key,))
         if self.count >= FLUSH_RECORDS:
             self.flush()
@@ -114,7 +133,7 @@ class Staging:
         for key, value in pairs:
             pending[(topic, partition_for(key, count))].append((key, value, timestamp_ms, None))
         self.count += len(pairs)
-        if self.watches:
+        if self.watches or self.kept:
             self._watched(topic, (key for key, _ in pairs))
         if self.count >= FLUSH_RECORDS:
             self.flush()
@@ -132,7 +151,7 @@ class Staging:
         """A run of one topic's records (no headers, one timestamp) straight into the log as
         encoded lines (`encode_plain`), each partition's after what is staged for it."""
         count = self._partitions.get(topic) or self.partitions(topic)
-        if self.watches:
+        if self.watches or self.kept:
             self._watched(topic, keys)
         runs = split_partitions(keys, values, count) if count > 1 else [(keys, values)]
         for partition, (ks, vs) in enumerate(runs):

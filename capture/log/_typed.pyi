@@ -17,3 +17,7 @@ def encode_columns(
     """`codec_arrow.encode_columns_python`'s (lines, sizes) for n records, or None: pieces[0] is
     the key, the rest the value; each is bytes (every record's) or an Arrow binary array's
     (offsets buffer, data buffer, array offset)."""
+
+def key_spans(data: bytes, offs: Any, ks: Any, ke: Any, tomb: Any) -> int:
+    """Each line's offset, key span and tombstone flag into the int64/int64/int64/uint8 arrays; the line
+    count, or -1 (not intact, or more lines than the arrays hold): take the decoding path."""

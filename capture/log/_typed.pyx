@@ -290,3 +290,103 @@ def encode_columns(object first_offset, object timestamp_ms, Py_ssize_t n, list 
         free(offs)
         free(size)
         free(buf)
+
+
+cdef inline Py_ssize_t take_digits(const unsigned char *d, Py_ssize_t p, Py_ssize_t end, long long *out) noexcept nogil:
+    """The non-negative decimal at d[p:] (at most 18 digits); the position after it, or -1."""
+    cdef Py_ssize_t start = p
+    cdef long long v = 0
+    while p < end and 48 <= d[p] <= 57 and p - start < 18:
+        v = v * 10 + (d[p] - 48)
+        p += 1
+    if p == start or (p < end and 48 <= d[p] <= 57):
+        return -1
+    out[0] = v
+    return p
+
+
+cdef inline bint has(const unsigned char *d, Py_ssize_t p, Py_ssize_t end, const char *lit, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    if p + n > end:
+        return False
+    for i in range(n):
+        if d[p + i] != <unsigned char>lit[i]:
+            return False
+    return True
+
+
+cdef Py_ssize_t _key_spans(
+    const unsigned char *d, Py_ssize_t end, Py_ssize_t cap,
+    long long *offs, long long *ks, long long *ke, unsigned char *tomb
+) noexcept nogil:
+    cdef Py_ssize_t p = 0, line, n = 0, q
+    cdef long long off, prev = -1, ts, kl, vl, hl, stored
+    cdef Py_ssize_t k0, v0, h0, h1
+    while p < end:
+        if n >= cap:
+            return -1
+        line = p
+        if not has(d, p, end, b'{"offset":', 10):
+            return -1
+        p = take_digits(d, p + 10, end, &off)
+        if p < 0 or off <= prev or not has(d, p, end, b',"timestamp":', 13):
+            return -1
+        p += 13
+        if p < end and d[p] == 45:  # '-'
+            p += 1
+        p = take_digits(d, p, end, &ts)
+        if p < 0 or not has(d, p, end, b',"lens":[', 9):
+            return -1
+        p = take_digits(d, p + 9, end, &kl)
+        if p < 0 or not has(d, p, end, b',', 1):
+            return -1
+        p = take_digits(d, p + 1, end, &vl)
+        if p < 0 or not has(d, p, end, b',', 1):
+            return -1
+        p = take_digits(d, p + 1, end, &hl)
+        if p < 0 or not has(d, p, end, b'],"key":', 8):
+            return -1
+        k0 = p + 8
+        v0 = k0 + kl + 9
+        h0 = v0 + vl + 11
+        h1 = h0 + hl
+        if h1 + 7 > end or not has(d, k0 + kl, end, b',"value":', 9) or not has(d, v0 + vl, end, b',"headers":', 11):
+            return -1
+        if not has(d, h1, end, b',"crc":', 7):
+            return -1
+        q = take_digits(d, h1 + 7, end, &stored)
+        if q < 0 or not has(d, q, end, b'}\n', 2):
+            return -1
+        if <long long>crc32(0, d + line, <unsigned int>(h1 - line)) != stored:
+            return -1
+        if kl == 4 and has(d, k0, end, b'null', 4):
+            ks[n] = -1
+            ke[n] = -1
+        else:
+            ks[n] = k0
+            ke[n] = k0 + kl
+        tomb[n] = vl == 4 and has(d, v0, end, b'null', 4)
+        offs[n] = off
+        prev = off
+        n += 1
+        p = q + 2
+    return n
+
+
+def key_spans(
+    const unsigned char[::1] data, long long[::1] offs, long long[::1] ks, long long[::1] ke, unsigned char[::1] tomb
+):
+    """Each line's offset, its key span [ks, ke) in `data` (-1, -1 for a null key) and whether
+    its value is JSON null (a tombstone): what `live_keys` needs of a record, without decoding its value.
+    Every line is checked as `codec.decode_line` checks it (its layout, ascending offsets, its CRC).
+    Returns the number of lines, or -1 when a line is not an intact record or there are more
+    lines than `ks` holds: the caller then takes the decoding path, which says what is wrong."""
+    cdef Py_ssize_t cap = min(offs.shape[0], ks.shape[0], ke.shape[0], tomb.shape[0])
+    cdef Py_ssize_t n
+    if data.shape[0] == 0:
+        return 0
+    if cap == 0:
+        return -1
+    with nogil:
+        n = _key_spans(&data[0], data.shape[0], cap, &offs[0], &ks[0], &ke[0], &tomb[0])
+    return n

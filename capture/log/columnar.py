@@ -30,6 +30,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -51,6 +52,7 @@ __all__ = [
     "copy_format",
     "copy_records",
     "decode_lines",
+    "decode_split",
     "is_current",
     "make_copies",
     "parquet_path",
@@ -59,6 +61,7 @@ __all__ = [
     "sweep_tail_copies",
     "tail_copies",
     "tail_copy_valid",
+    "text_spans",
     "write_parquet",
 ]
 
@@ -80,6 +83,7 @@ SCHEMA = pa.schema([RECORD_SCHEMA.field(n) for n in RECORD_SCHEMA.names[2:]])
 COPY_SCHEMA = RECORD_SCHEMA.append(pa.field("segment_bytes", pa.int64()))
 STALE_COPY_DIR_S = 86400.0  # a copy job's staging directory this old was left by a killed job
 _BATCH = 8192
+_T = TypeVar("_T")
 _SIZE = b"tributary.segment_bytes"
 
 
@@ -160,7 +164,7 @@ def _is(buf: np.ndarray, at: np.ndarray, text: bytes) -> np.ndarray:
     return same
 
 
-def _texts(data: bytes, buf: np.ndarray, start: np.ndarray, stop: np.ndarray) -> pa.Array:
+def text_spans(data: bytes, buf: np.ndarray, start: np.ndarray, stop: np.ndarray) -> pa.Array:
     """The byte ranges [start, stop) of data as one string column (JSON `null` → null), built as
     Arrow binary views into `data` (no Python object per value), then cast (which checks UTF-8)."""
     n = len(start)
@@ -222,7 +226,7 @@ def decode_lines(data: bytes) -> pa.Table | None:
     ):
         return None
     try:
-        stored = pc.cast(_texts(data, buf, he + 7, ends - 1), pa.int64()).to_numpy(zero_copy_only=False)
+        stored = pc.cast(text_spans(data, buf, he + 7, ends - 1), pa.int64()).to_numpy(zero_copy_only=False)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     view = memoryview(data)
@@ -230,7 +234,7 @@ def decode_lines(data: bytes) -> pa.Table | None:
     if not (crcs == stored).all():
         return None
     try:
-        texts = [_texts(data, buf, ks, ke), _texts(data, buf, vs, ve), _texts(data, buf, hs, he)]
+        texts = [text_spans(data, buf, ks, ke), text_spans(data, buf, vs, ve), text_spans(data, buf, hs, he)]
     except pa.ArrowInvalid:
         return None  # not UTF-8
     return pa.Table.from_arrays([pa.array(off), pa.array(ints["timestamp"]), *texts], schema=SCHEMA)
@@ -240,6 +244,23 @@ def read_split_columns(split: Split, lo: int, hi: int) -> pa.Table | None:
     """The records of a row split with offsets in [lo, hi) as SCHEMA columns, decoded by
     `decode_lines` from the split's byte range; None when that fast path does not apply (the
     file is gone or changed since planning, or a line is not intact): read it with `read_split`."""
+    found = decode_split(
+        split, hi, decode_lines, lambda table: (table["offset"][0].as_py(), table["offset"][-1].as_py())
+    )
+    if found is None:
+        return None
+    table, hi = found
+    off = table["offset"].to_numpy()
+    a, b = np.searchsorted(off, max(lo, split.first_offset)), np.searchsorted(off, hi)
+    return table.slice(a, b - a)
+
+
+def decode_split(
+    split: Split, hi: int, decode: Callable[[bytes], _T | None], first_last: Callable[[_T], tuple[int, int]]
+) -> tuple[_T, int] | None:
+    """`decode` over the split's byte range, checked to be what was planned (the first offset;
+    and, when the lines end below `hi`, that no record grown by a compaction follows them), and
+    `hi` bounded by the split; None when the file is gone or changed, or `decode` refuses."""
     f = open_segment(Path(split.path))
     if f is None:
         return None
@@ -252,14 +273,15 @@ def read_split_columns(split: Split, lo: int, hi: int) -> pa.Table | None:
         data = os.pread(f.fileno(), size, split.start_byte)
         if len(data) != size:
             return None
-        table = decode_lines(data)
-        if table is None or table["offset"][0].as_py() != split.first_offset:
+        decoded = decode(data)
+        if decoded is None:
             return None
-        if table["offset"][-1].as_py() + 1 < hi and claims_below(f, split.end_byte, hi):
+        first, last = first_last(decoded)
+        if first != split.first_offset:
+            return None
+        if last + 1 < hi and claims_below(f, split.end_byte, hi):
             return None  # rewritten since planning with a record grown (compaction filled it)
-    off = table["offset"].to_numpy()
-    a, b = np.searchsorted(off, max(lo, split.first_offset)), np.searchsorted(off, hi)
-    return table.slice(a, b - a)
+    return decoded, hi
 
 
 # -- tail copies: the committed prefix of a partition's active segment ---------------------------

@@ -462,6 +462,15 @@ class Log:
     def end_offsets(self, topic: str) -> list[int]:
         return [p.end for p in self._topic(topic).partitions]
 
+    def committed_through(self, mark: Mark) -> bool:
+        """Is every record appended before `mark` committed (durable, and seen by a reader opened
+        from now on)? A topic gone since does not count."""
+        for (topic, partition), end in mark.ends.items():
+            state = self._committed.topics.get(topic)
+            if state is not None and partition < len(state.partitions) and state.partitions[partition].end < end.end:
+                return False
+        return True
+
     def start_offsets(self, topic: str) -> list[int]:
         return [p.start for p in self._topic(topic).partitions]
 

@@ -1,9 +1,11 @@
 """The re-snapshot's check of a topic's keys against its table (capture/chunked.py): composite
 keys of mixed types match their rows, each key is found through the table's key index (not a
-scan of the table per key), and a whole-row key with NULLs still matches its row."""
+scan of the table per key), a whole-row key with NULLs still matches its row, and a re-snapshot
+begun in this process deletes without querying the table."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +13,13 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.integration.capture.helpers import cli, write_config
-from tests.integration.capture.test_chunked_snapshot import _chunked
-from tests.integration.capture.test_resnapshot import _compacted, _slot
+from tests.integration.capture.helpers import cli, confirmed_past, status_progress, wait_for, wal_position, write_config
+from tests.integration.capture.test_chunked_snapshot import _chunked, _drop_slots, _spec
+from tests.integration.capture.test_resnapshot import FILL, TABLES, _compacted, _slot, _table, _when_needed
+from tributary.capture import chunked
 from tributary.capture.catalog import TableInfo, list_tables
-from tributary.capture.chunked import check_query, key_lines
+from tributary.capture.chunked import ChunkedSnapshot, check_query, key_lines
+from tributary.capture.daemon import CaptureDaemon, DaemonOptions
 
 pytestmark = pytest.mark.integration
 
@@ -138,3 +142,61 @@ def test_a_whole_row_key_matches_rows_with_nulls(fresh_db: str) -> None:
         absent = {r[0] for r in conn.execute(query, (_lines(list(keys)),))}
     assert absent == {k for k, gone in keys.items() if gone}
     assert "IS NOT DISTINCT FROM" in query.as_string(None)
+
+
+def test_a_resnapshot_begun_in_this_process_deletes_without_querying_the_table(
+    fresh_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-snapshot that this process began at its first chunk kept every key staged to the
+    topic since (chunks and stream): its check deletes the live keys outside them, with no query
+    of the table, and stays right while rows are inserted, updated and deleted during its chunks
+    and during the check itself."""
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(TABLES["items"])
+        conn.execute(FILL["items"].format(n=2000))
+    config = _chunked(write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log"), 300)
+    _when_needed(config)
+    res = cli("capture", "--config", str(config), "--until-idle", "1")
+    assert res.returncode == 0, res.stderr
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (_slot(config),))
+        conn.execute("DELETE FROM items WHERE id % 7 = 0")  # gone while no slot: only the check finds them
+
+    phases: list[str] = []
+
+    def change_meanwhile(table: str, phase: str) -> None:
+        phases.append(phase)
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            if phases.count("rows") == 1 and phase == "rows":  # inside the first chunk's window
+                conn.execute("DELETE FROM items WHERE id IN (5, 1990)")  # one read, one not yet
+                conn.execute("UPDATE items SET note = 'during' WHERE id IN (6, 1991)")
+                conn.execute("INSERT INTO items SELECT g, 1, 'new' FROM generate_series(3001, 3010) g")
+            elif phase == "absent" and phases.count("absent") == 1:  # inside the check's window
+                conn.execute("DELETE FROM items WHERE id IN (8, 3001)")
+                conn.execute("INSERT INTO items VALUES (7, 2, 'back')")  # its key was deleted while no slot
+
+    queried: list[str] = []
+    original = chunked.check_query
+
+    def counted(conn: psycopg.Connection[Any], info: TableInfo) -> sql.Composed:
+        queried.append(info.qualified)
+        return original(conn, info)
+
+    monkeypatch.setattr(chunked, "check_query", counted)
+    monkeypatch.setattr(ChunkedSnapshot, "after_read", change_meanwhile)
+    spec = _spec("shop", fresh_db, slot=_slot(config), snapshot="when_needed", snapshot_chunk_rows=300)
+    daemon = CaptureDaemon([spec], DaemonOptions(log_root=tmp_path / "log", default_partitions=3))
+    runner = threading.Thread(target=daemon.run)
+    runner.start()
+    try:
+        session = daemon.sessions[0]
+        moving = status_progress(tmp_path / "log", session.status)
+        wait_for(lambda: "absent" in phases and not session.snapshotting, what="the re-snapshot's end", progress=moving)
+        end = wal_position(fresh_db)
+        wait_for(lambda: confirmed_past(session.status, end), what="the stream past the changes", progress=moving)
+    finally:
+        daemon.request_stop()
+        runner.join(timeout=60)
+        _drop_slots(fresh_db, spec)
+    assert queried == []  # the check queried nothing
+    assert _compacted(config, "shop.public.items") == _table(fresh_db, "items")

@@ -1,18 +1,20 @@
 """Pure parts of chunked snapshots (capture/chunked.py): the context's JSON, the visibility rule
 against a snapshot's xmax/xip across xid wraparound, the bounded set of recent commits, and the
-keys a watch collects from every staging path."""
+keys a watch (and a re-snapshot's keeping) collects from every staging path, and the check a
+re-snapshot begun in this process makes without querying the table."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tributary.capture import envelope as env
-from tributary.capture.chunked import RecentXids, SnapshotContext, _invisible, context_key
-from tributary.capture.log import Log
+from tributary.capture.chunked import RecentXids, SnapshotContext, _invisible, _Kept, context_key
+from tributary.capture.log import Log, Mark
 from tributary.capture.staging import Staging
 
 pytestmark = pytest.mark.unit
@@ -81,3 +83,33 @@ def test_a_watch_collects_keys_from_every_staging_path(tmp_path: Path) -> None:
         staging.unwatch("t")
         staging.stage_record("t", b"f", b"1", 0)
         assert b"f" not in set().union(*watch.by_xid.values())
+
+
+def test_kept_keys_come_from_every_staging_path_and_from_what_is_staged_already(tmp_path: Path) -> None:
+    with Log.open(tmp_path / "log", writer=True, default_partitions=2) as log:
+        staging = Staging(log, partitions=2)
+        staging.stage_record("t", b"before", b"1", 0)  # staged, not yet appended, when keeping begins
+        staging.stage_record("u", b"other", b"1", 0)
+        kept = staging.keep("t")
+        assert kept == {b"before"}
+        staging.stage([env.Output("t", b"a", b"1"), env.Output("u", b"z", b"1")], 0)
+        staging.stage([env.Output("t", b"c", None)], 0)  # a tombstone's key too
+        staging.append_run("t", [b"d"], [b"1"], 0)
+        watch = staging.watch("t")  # a chunk's watch beside it: both collect
+        staging.stage_record("t", b"e", b"1", 0)
+        staging.unwatch("t")
+        staging.stage_record("t", b"f", b"1", 0)  # between chunks: still kept
+        assert kept == {b"before", b"a", b"c", b"d", b"e", b"f"}
+        assert set().union(*watch.by_xid.values()) == {b"e"}
+        staging.unkeep("t")
+        staging.stage_record("t", b"g", b"1", 0)
+        assert b"g" not in kept
+
+
+def test_the_kept_check_deletes_the_live_keys_nothing_staged_names() -> None:
+    kept = _Kept("public.t", "s.public.t", Mark(), {b"streamed"})
+    kept.read.append(pa.array([b"read1", b"read2"], pa.binary()))
+    kept.frozen = pa.array(sorted(kept.streamed), pa.binary())
+    live = pa.array([b"read2", b"gone2", b"streamed", b"gone1", b"read1"], pa.binary())
+    assert kept.absent(live) == [b"gone1", b"gone2"]
+    assert _Kept("public.t", "s.public.t", Mark(), set()).absent(live[:2]) == [b"gone2", b"read2"]
