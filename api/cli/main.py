@@ -11,10 +11,10 @@ from typing import Annotated
 
 import typer
 
+from tributary import __version__
 from tributary.api.cli.common import ConfigOption, UserError, service_dsn, settings_from
 from tributary.api.cli.help import SentenceGroup
 from tributary.api.devdb.embedded import EmbeddedPostgres, PgError
-from tributary import __version__
 from tributary.api.settings.config import ConfigError, Settings
 from tributary.impl import ImplError, selection
 
