@@ -67,6 +67,7 @@ def _root(
         ),
     ] = False,
 ) -> None:
+    # no docstring: the group's help is the `help=` given to typer.Typer above
     pass
 
 
