@@ -36,6 +36,7 @@ from psycopg import sql as pg_sql
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._compiled import add_allow_python, require_compiled  # noqa: E402
 from bench._paced import paced_writes  # noqa: E402
 from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
 from tributary.capture.catalog import list_tables  # noqa: E402
@@ -672,7 +673,9 @@ def main() -> None:
     parser.add_argument(
         "--compare-to", type=Path, default=None, help="another checkout (with its .venv) to run on the same tables"
     )
+    add_allow_python(parser)
     args = parser.parse_args()
+    impl = require_compiled(args.allow_python)
     compare_to = args.compare_to.resolve() if args.compare_to else None
     work = Path(tempfile.mkdtemp(prefix="tributary-bench-"))
     cluster = EmbeddedPostgres(work / "pg")
@@ -721,6 +724,7 @@ def main() -> None:
         )
 
     result = {
+        "impl": impl,
         "machine": {"cpus": os.cpu_count()},
         "compare_to": str(compare_to) if compare_to else None,
         "streaming": {

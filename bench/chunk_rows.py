@@ -21,6 +21,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._compiled import add_allow_python, require_compiled  # noqa: E402
 from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
 from tributary.capture.daemon import CaptureDaemon, DaemonOptions  # noqa: E402
 from tributary.capture.spec import SourceSpec  # noqa: E402
@@ -53,7 +54,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=500_000)
     parser.add_argument("--chunks", default="5000,20000,50000")
     parser.add_argument("--repeat", type=int, default=3)
+    add_allow_python(parser)
     args = parser.parse_args()
+    impl = require_compiled(args.allow_python)
     chunks = [int(c) for c in args.chunks.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-chunk-") as tmp:
         work = Path(tmp)
@@ -82,6 +85,7 @@ def main() -> None:
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     base = medians["consistent"]
     out = {
+        "impl": impl,
         "rows": args.rows,
         "repeat": args.repeat,
         "median_s": medians,

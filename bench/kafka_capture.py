@@ -35,6 +35,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._compiled import add_allow_python, require_compiled  # noqa: E402
 from bench._paced import paced_writes  # noqa: E402
 from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
 from tributary.capture.kafka_options import OFFSETS_TOPIC  # noqa: E402
@@ -197,7 +198,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--tps", type=int, default=200, help="the latency writer's transactions per second")
     parser.add_argument("--latency-seconds", type=float, default=8.0)
+    add_allow_python(parser)
     args = parser.parse_args()
+    impl = require_compiled(args.allow_python)
     work = Path(tempfile.mkdtemp(prefix="tributary-bench-kafka-"))
     cluster = EmbeddedPostgres(work / "pg")
     cluster.up()
@@ -259,6 +262,7 @@ def main() -> None:
         cluster.destroy()
         shutil.rmtree(work, ignore_errors=True)
     result = {
+        "impl": impl,
         "rows_per_run": args.rows,
         "runs": runs,
         "median": {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]},

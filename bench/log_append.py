@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._compiled import add_allow_python, require_compiled  # noqa: E402
 from tributary.capture.log import GroupCommitter, Log, TopicConfig, canonical_json, partition_for  # noqa: E402
 from tributary.capture.log.codec import encode_batch  # noqa: E402
 
@@ -157,7 +158,9 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=100, help="records per step (a capture poll)")
     ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "log_append.json")
+    add_allow_python(ap)
     args = ap.parse_args()
+    impl = require_compiled(args.allow_python)
     base = Path(tempfile.mkdtemp(prefix="log-bench-", dir=args.dir))
     try:
         chunks, parts = make_records(args.records, args.chunk)
@@ -198,6 +201,7 @@ def main() -> None:
         t_raw = median(lambda: read_raw(base), args.repeat)
         mb = 1 << 20
         result = {
+            "impl": impl,
             "records": n,
             "record_bytes_avg": round(nbytes / n, 1),
             "partitions": PARTITIONS,

@@ -27,6 +27,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._compiled import add_allow_python, require_compiled  # noqa: E402
 from bench._paced import paced_writes  # noqa: E402
 from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
 from tributary.capture.log import Log  # noqa: E402
@@ -123,7 +124,9 @@ def main() -> None:
     parser.add_argument("--cleaner-interval", type=float, default=1.0)
     parser.add_argument("--segment-bytes", type=int, default=131072)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "log_cleaner.json")
+    add_allow_python(parser)
     args = parser.parse_args()
+    impl = require_compiled(args.allow_python)
     work = Path(tempfile.mkdtemp(prefix="tributary-bench-cleaner-"))
     cluster = EmbeddedPostgres(work / "pg")
     cluster.up()
@@ -149,6 +152,7 @@ def main() -> None:
     result = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in runs.items() if rs}
     result["on_vs_off_p99"] = result["on"]["p99_ms"] / result["off"]["p99_ms"]
     result["params"] = vars(args) | {"out": str(args.out)}
+    result["impl"] = impl
     text = json.dumps(result, indent=1)
     print(text)  # noqa: T201
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,8 +15,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tributary import __version__
+from tributary.impl import selection
+
 __all__ = [
     "ERROR_KINDS",
+    "build_info",
     "LatencyHistogram",
     "SourceState",
     "SourceStatus",
@@ -97,6 +101,13 @@ class LatencyHistogram:
         return {"buckets": buckets, "sum": self.sum, "count": running}
 
 
+def build_info() -> dict[str, str]:
+    """This process's version and which implementation runs its typed twins (`tributary.impl`):
+    the daemon writes it into its status file, and /metrics shows it as `tributary_build_info`."""
+    chosen = selection()
+    return {"version": __version__, "impl": chosen.name, "compiled": ",".join(chosen.compiled)}
+
+
 def write_status(
     root: Path,
     *,
@@ -107,6 +118,7 @@ def write_status(
 ) -> None:
     root.mkdir(parents=True, exist_ok=True)
     body: dict[str, Any] = {"pid": pid, "updated_ms": updated_ms, "sources": [s.to_json() for s in sources]}
+    body["build"] = build_info()
     if commit_seconds is not None:
         body["commit_seconds"] = commit_seconds.to_json()
     tmp = root / (STATUS_FILE + ".tmp")

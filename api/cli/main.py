@@ -11,10 +11,12 @@ from typing import Annotated
 
 import typer
 
+from tributary import __version__
 from tributary.api.cli.common import ConfigOption, UserError, service_dsn, settings_from
 from tributary.api.cli.help import SentenceGroup
 from tributary.api.devdb.embedded import EmbeddedPostgres, PgError
 from tributary.api.settings.config import ConfigError, Settings
+from tributary.impl import ImplError, selection
 
 __all__ = ["ConfigOption", "UserError", "app", "main", "service_dsn", "settings_from"]
 
@@ -39,6 +41,34 @@ pg_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(pg_app, name="pg")
+
+
+def version_line() -> str:
+    """`tributary 0.1.0 (compiled: capture._hotpath, log._typed)`: a bug report's first line says
+    whether the compiled twins or their pure-Python references ran."""
+    return f"tributary {__version__} ({selection()})"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(version_line())
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print the version and which implementation runs (compiled or python), then exit.",
+            callback=_print_version,
+            is_eager=True,
+        ),
+    ] = False,
+) -> None:
+    # no docstring: the group's help is the `help=` given to typer.Typer above
+    pass
 
 
 def _embedded(settings: Settings, data_dir: Path | None) -> EmbeddedPostgres:
@@ -104,9 +134,12 @@ def _register_subcommands() -> None:
         module.register(app)
 
 
-_register_subcommands()
+try:
+    _register_subcommands()
+except ImplError as exc:  # TRIBUTARY_IMPL=compiled without the build, or a bad value: before any command
+    sys.exit(f"tributary: {exc}")
 
-_USER_ERRORS: tuple[type[BaseException], ...] = (UserError, ConfigError, PgError)
+_USER_ERRORS: tuple[type[BaseException], ...] = (UserError, ConfigError, PgError, ImplError)
 
 
 def user_errors() -> tuple[type[BaseException], ...]:

@@ -16,12 +16,12 @@ from typing import Any, cast
 
 import psycopg
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tributary.capture.kafka_options import VIEW_TIMEOUT_S
 from tributary.capture.log import Log, LogError
-from tributary.capture.status import ERROR_KINDS, SourceState, read_status, snapshot_under_way
+from tributary.capture.status import ERROR_KINDS, SourceState, build_info, read_status, snapshot_under_way
 from tributary.consumers import GroupCoordinator
 
 __all__ = ["Metrics"]
@@ -146,6 +146,8 @@ class Metrics:
         r.register(self.http_requests)
         self.capture_commits = _CommitLatency()
         r.register(self.capture_commits)
+        self.capture_build = _BuildInfo()
+        r.register(self.capture_build)
 
     def known_stream_types(self, names: Iterable[str]) -> None:
         """The stream types that may label command series; any other (a client's typo, a scan) is "other"."""
@@ -174,6 +176,7 @@ class Metrics:
         root = Path(settings.log.root)
         current = read_status(root) or {}
         self.capture_commits.status = current
+        self.capture_build.status = current
         _, sources = source_statuses(settings, current)
         for s in sources:
             self.capture_changes.labels(s["name"]).set(s.get("changes", 0))
@@ -332,4 +335,24 @@ class _CommitLatency(Collector):
         )
         buckets = [(le if le == "+Inf" else repr(float(le)), count) for le, count in h["buckets"]]
         family.add_metric([], buckets, h["sum"])
+        yield family
+
+
+class _BuildInfo(Collector):
+    """`tributary_build_info{process,version,impl,compiled}`: which implementation runs the typed
+    twins (compiled, python or mixed) in this process ("api") and in the capture daemon ("capture",
+    from its status file, once it has written one)."""
+
+    def __init__(self) -> None:
+        self.api = build_info()
+        self.status: dict[str, Any] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        family = InfoMetricFamily(
+            "tributary_build", "Version, and which implementation runs the typed code", labels=["process"]
+        )
+        family.add_metric(["api"], self.api)
+        capture = self.status.get("build")
+        if isinstance(capture, dict):
+            family.add_metric(["capture"], {k: str(v) for k, v in capture.items()})
         yield family

@@ -27,10 +27,12 @@ __all__ = [
 
 ENV_PREFIX = "TRIBUTARY_"
 
-# `TRIBUTARY_` names that are not settings: the pure-Python switch of the typed code, the test
-# suite's server choice, and the variables deploy/compose.yaml substitutes (a shell that runs
-# compose has them exported).
-NOT_SETTINGS = frozenset({"TRIBUTARY_PURE_PYTHON", "TRIBUTARY_TEST_PG", "TRIBUTARY_API_KEY", "TRIBUTARY_IMAGE"})
+# `TRIBUTARY_` names that are not settings: the switch between compiled and pure-Python code
+# (`tributary.impl`, and its older spelling), the test suite's server choice, and the variables
+# deploy/compose.yaml substitutes (a shell that runs compose has them exported).
+NOT_SETTINGS = frozenset(
+    {"TRIBUTARY_IMPL", "TRIBUTARY_PURE_PYTHON", "TRIBUTARY_TEST_PG", "TRIBUTARY_API_KEY", "TRIBUTARY_IMAGE"}
+)
 
 Path_ = tuple[str, ...]
 

@@ -1,22 +1,17 @@
-"""The log's typed twins (capture/log/_typed.pyx, Cython), looked up in one place.
+"""The log's typed twins (capture/log/_typed.pyx, Cython), looked up through `tributary.impl`.
 
 Each twin stands beside a pure-Python reference that stays the fallback: a twin is None when the
-module was not built or `TRIBUTARY_PURE_PYTHON=1` turns the typed code off."""
+module was not built or `TRIBUTARY_IMPL=python` turns the compiled code off."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
+
+from tributary.impl import twin
 
 __all__ = ["typed_twin"]
 
 
 def typed_twin(name: str) -> Any:
-    """`_typed.<name>`, or None when the typed module is off or missing."""
-    if os.environ.get("TRIBUTARY_PURE_PYTHON") == "1":
-        return None
-    try:
-        import tributary.capture.log._typed as _typed
-    except ImportError:
-        return None
-    return getattr(_typed, name)
+    """`_typed.<name>`, or None when its pure-Python reference runs instead."""
+    return twin("log._typed", name)

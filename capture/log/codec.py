@@ -20,7 +20,7 @@ import orjson
 from tributary.capture.log._twins import typed_twin
 
 _typed_plain: Callable[[int, int, Sequence[bytes], Sequence[bytes]], tuple[bytes, list[int]] | None] | None
-_typed_plain = typed_twin("encode_plain")  # capture/compiled.py warns when the build is missing
+_typed_plain = typed_twin("encode_plain")  # tributary/impl.py warns when the build is missing
 
 __all__ = [
     "BadLine",

@@ -269,6 +269,7 @@ def test_the_environment_overrides_the_file_key_by_key(tmp_path: Path) -> None:
         "tributary_log__linger_ms": "1",  # names are case-insensitive; a single key beats its section's JSON
         "TRIBUTARY_SOURCES": '[{"name": "shop", "dsn": "postgresql://h/shop"}]',
         "TRIBUTARY_PURE_PYTHON": "1",  # read by the typed code, not a setting: allowed
+        "TRIBUTARY_IMPL": "python",  # the same switch, its current name
         "TRIBUTARY_TEST_PG": "embedded",
     }
     data = _show(["-c", str(path)], env=env)

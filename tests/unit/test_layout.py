@@ -94,7 +94,7 @@ def test_no_private_module_or_name_is_imported_across_packages() -> None:
         home = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
         for line, target, names in _imports(path):
             where = f"{path.relative_to(REPO_ROOT)}:{line}"
-            if target.startswith("tributary."):
+            if target.split(".")[0] == "tributary":  # the root package too (`from tributary import __version__`)
                 owner = target.rpartition(".")[0] if _private(target.rpartition(".")[2]) else target
                 if _private(target) and not home.startswith(owner):
                     bad.append(f"{where}: {target}")
@@ -167,11 +167,18 @@ def test_no_import_cycles() -> None:
 
 
 def test_the_log_imports_nothing_else_from_capture() -> None:
-    """The log is a lower layer: capture, projections, the API and consumers build on it."""
+    """The log is a lower layer: capture, projections, the API and consumers build on it. Below it
+    only the switch between compiled and pure-Python code (`tributary.impl`)."""
     bad = [
         f"{_module(p)} imports {m}"
         for p in _files("capture/log")
         for _, m, _names in _imports(p)
-        if m.startswith("tributary.") and not m.startswith("tributary.capture.log")
+        if m.startswith("tributary.") and not m.startswith("tributary.capture.log") and m != "tributary.impl"
     ]
     assert bad == []
+
+
+def test_the_implementation_switch_imports_nothing_of_the_project() -> None:
+    """`tributary.impl` is the bottom layer: capture and the log both look their twins up there."""
+    path = REPO_ROOT / "tributary" / "impl.py"
+    assert [m for _, m, _names in _imports(path) if m.split(".")[0] == "tributary"] == []

@@ -222,7 +222,7 @@ def test_text_chunks_typed_and_pure_are_equal(
         with SnapshotReader(fresh_db, snap[0], label="t") as reader:
             got = list(reader.text_chunks(table, chunk_bytes=chunk_bytes))
             with monkeypatch.context() as m:
-                m.setattr(compiled, "take_copy", None)  # not built, or TRIBUTARY_PURE_PYTHON=1
+                m.setattr(compiled, "take_copy", None)  # not built, or TRIBUTARY_IMPL=python
                 want = list(reader.text_chunks(table, chunk_bytes=chunk_bytes))
             assert list(reader.text_chunks(table, chunk_bytes=chunk_bytes)) == got  # the next table's COPY too
     finally:

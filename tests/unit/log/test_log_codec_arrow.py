@@ -185,6 +185,6 @@ def test_encode_columns_runs_the_reference_for_what_the_typed_twin_does_not_take
     for args in ([with_null], [big], [pa.scalar(None, pa.binary())], [pa.scalar("s", pa.string())]):
         assert _piece(args[0], 2) is None
     assert encode_columns(0, 0, keys, [with_null]) == encode_columns_python(0, 0, keys, [with_null])
-    monkeypatch.setattr(codec_arrow, "_typed_columns", None)  # not built, or TRIBUTARY_PURE_PYTHON=1
+    monkeypatch.setattr(codec_arrow, "_typed_columns", None)  # not built, or TRIBUTARY_IMPL=python
     args = [pa.array([b"x", b"yy"], pa.binary())]
     assert encode_columns(3, 4, keys, args) == encode_columns_python(3, 4, keys, args)
