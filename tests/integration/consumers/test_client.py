@@ -1,4 +1,4 @@
-"""`tributary.client.Consumer` against a real `tributary serve` over a real log and Postgres:
+"""`tributary_client.Consumer` against a real `tributary serve` over a real log and Postgres:
 the README's example as written, a group dividing partitions and resuming after commits, and the
 proof by breaking it (kill -9 a member, kill -9 the server)."""
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from tributary_client import Consumer
 
 from tests.integration.consumers.helpers import Filler, write_config
 from tests.servers import ROOT, free_port, served
-from tributary.client import Consumer
 from tributary.eventstore.migrate import run_migrations
 
 pytestmark = pytest.mark.integration
