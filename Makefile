@@ -23,10 +23,11 @@ apt:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
+# client/ (the tributary-client distribution) in the same pip command as the project, which depends on it:
+# it comes from this checkout, not from the package index.
 $(VENV)/.installed: pyproject.toml client/pyproject.toml capture/_hotpath.pyx capture/log/_typed.pyx
 	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	# client/ first, in the same resolve: tributary depends on tributary-client, which this checkout builds
 	$(VENV)/bin/pip install -q -e ./client -e '.[test]'
 	@touch $@
 
