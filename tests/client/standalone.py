@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from importlib.metadata import distributions
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
+
 from tests.pg import REPO_ROOT
 
 __all__ = ["CLIENT", "Standalone", "build", "isolated_env", "pins"]
@@ -46,13 +48,22 @@ def _normal(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def _valid(version: str) -> bool:
+    """A PEP 440 version (pip refuses a constraints file with any other)."""
+    try:
+        Version(version)
+    except InvalidVersion:
+        return False
+    return True
+
+
 def pins() -> list[str]:
     """`name==version` of every distribution this test environment imports (the first one found on
     sys.path per name, as imports see them), except the project's own."""
     found: dict[str, str] = {}
     for dist in distributions():
         name = dist.metadata["Name"]
-        if name and _normal(name) not in OURS:
+        if name and _normal(name) not in OURS and _valid(dist.version):
             found.setdefault(_normal(name), dist.version)
     return [f"{name}=={version}" for name, version in sorted(found.items())]
 
