@@ -23,10 +23,12 @@ apt:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-$(VENV)/.installed: pyproject.toml capture/_hotpath.pyx capture/log/_typed.pyx
+# client/ (the tributary-client distribution) in the same pip command as the project, which depends on it:
+# it comes from this checkout, not from the package index.
+$(VENV)/.installed: pyproject.toml client/pyproject.toml capture/_hotpath.pyx capture/log/_typed.pyx
 	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]'
+	$(VENV)/bin/pip install -q -e ./client -e '.[test]'
 	@touch $@
 
 venv: $(VENV)/.installed
@@ -38,7 +40,8 @@ test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # mypy sees the top-level folders as the package they install as (`capture/` is `tributary.capture`, …)
-# through a tree of links under build/typecheck; what lives in the root folder `tributary/` is linked as it is.
+# through a tree of links under build/typecheck; what lives in the root folder `tributary/` is linked as it is,
+# and `client/tributary_client` (the tributary-client distribution) beside it.
 TYPECHECK_PACKAGES := api capture eventstore projections migrations
 
 lint: venv
@@ -47,7 +50,8 @@ lint: venv
 	rm -rf build/typecheck && mkdir -p build/typecheck/tributary
 	for d in $(TYPECHECK_PACKAGES); do ln -s ../../../$$d build/typecheck/tributary/$$d; done
 	for f in tributary/*; do case $$f in *__pycache__) ;; *) ln -s ../../../$$f build/typecheck/$$f;; esac; done
-	cd build/typecheck && MYPYPATH=. ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p tributary
+	ln -s ../../client/tributary_client build/typecheck/tributary_client  # the client distribution, checked with its users
+	cd build/typecheck && MYPYPATH=. ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p tributary -p tributary_client
 
 bench: setup
 	$(VENV)/bin/python bench/log_append.py

@@ -1,6 +1,6 @@
 """Consumers over HTTP, each figure against a baseline measured in the same run (embedded Postgres):
 
-1. throughput: one consumer-group member pulling batches over HTTP (`tributary.client.Consumer`)
+1. throughput: one consumer-group member pulling batches over HTTP (`tributary_client.Consumer`)
    vs `tributary log cat` over the same topic (reading the files directly); target ≥ 0.5×;
 2. latency: commit in PostgreSQL → record at an SSE consumer (`GET …/stream`), at a steady
    `--tps`, vs commit → visible in the log (a reader polling the log's files, the same moment);
@@ -41,10 +41,11 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tributary_client import Consumer  # noqa: E402
+
 from bench._paced import paced_writes  # noqa: E402
 from tributary.api.devdb.embedded import EmbeddedPostgres, free_port  # noqa: E402
 from tributary.capture.log import Log, TopicConfig, canonical_json  # noqa: E402
-from tributary.client import Consumer  # noqa: E402
 from tributary.eventstore.migrate import run_migrations  # noqa: E402
 
 CLI = [sys.executable, "-c", "from tributary.api.cli.main import main; main()"]

@@ -1,7 +1,7 @@
 """A sink's membership in its consumer group, in-process: the group coordinator
 (`tributary.consumers.GroupCoordinator`) on the service database and the log's files, no HTTP hop.
 
-It has the shape of `tributary.client.Consumer` (`poll`, `commit`, `close`), so the sink's loop is
+It has the shape of `tributary_client.Consumer` (`poll`, `commit`, `close`), so the sink's loop is
 the same whichever way it reads. A heartbeat thread keeps the membership while a batch is being
 retried; a rebalance (a fenced fetch or commit, an unknown member, a heartbeat that says so) makes
 the next poll join again.
@@ -16,10 +16,7 @@ from collections.abc import Mapping, Sequence
 import orjson
 import psycopg
 from psycopg_pool import PoolTimeout
-
-from tributary.capture.log import LogError
-from tributary.capture.log import Record as LogRecord
-from tributary.client import (
+from tributary_client import (
     CommitFailedError,
     ConsumerError,
     OffsetOutOfRangeError,
@@ -27,6 +24,9 @@ from tributary.client import (
     Record,
     TopicPartition,
 )
+
+from tributary.capture.log import LogError
+from tributary.capture.log import Record as LogRecord
 from tributary.consumers import ConsumerError as GroupError
 from tributary.consumers import Fenced, GroupCoordinator, NotAssigned, OffsetOutOfRange, UnknownMember
 

@@ -25,8 +25,8 @@ from typing import Protocol
 import httpx
 import psycopg
 from psycopg_pool import PoolTimeout
+from tributary_client import CommitFailedError, ConsumerError, Record, TopicPartition
 
-from tributary.client import CommitFailedError, ConsumerError, Record, TopicPartition
 from tributary.sinks.batching import Batch, Batcher
 from tributary.sinks.config import HttpSinkConfig
 from tributary.sinks.delivery import Answer, Delivery, Stopped
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 class RecordSource(Protocol):
-    """What the sink reads from: a consumer-group member (`tributary.client.Consumer` has this shape)."""
+    """What the sink reads from: a consumer-group member (`tributary_client.Consumer` has this shape)."""
 
     def poll(self, timeout_ms: int | None = None) -> list[Record]: ...
 

@@ -12,8 +12,7 @@ from typing import Any
 import orjson
 import psycopg
 from psycopg.types.json import Jsonb
-
-from tributary.client import Record
+from tributary_client import Record
 
 __all__ = ["DeadLetterRow", "SinkError", "SinkStatus", "SinkStore"]
 

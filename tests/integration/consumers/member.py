@@ -13,8 +13,7 @@ import sys
 import time
 
 import orjson
-
-from tributary.client import CommitFailedError, Consumer
+from tributary_client import CommitFailedError, Consumer
 
 
 def main() -> None:

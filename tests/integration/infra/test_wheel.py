@@ -29,25 +29,28 @@ def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(the wheel, the fresh venv's bin directory)."""
+    """(the wheel, the fresh venv's bin directory). tributary-client, which tributary depends on,
+    is built from `client/` and installed beside it, as `pip install ./client .` does."""
     work = tmp_path_factory.mktemp("wheel")
-    built = _run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(work),
-            str(REPO_ROOT),
-        ],
-        work,
-    )
-    assert built.returncode == 0, built.stderr
+    for project in (REPO_ROOT, REPO_ROOT / "client"):
+        built = _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "-q",
+                "-w",
+                str(work),
+                str(project),
+            ],
+            work,
+        )
+        assert built.returncode == 0, built.stderr
     (wheel,) = work.glob("tributary-*.whl")
+    (client_wheel,) = work.glob("tributary_client-*.whl")
     venv = work / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], work).check_returncode()
     deps = _run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], work)
@@ -64,6 +67,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
             "--no-deps",
             "--ignore-installed",
             "-q",
+            str(client_wheel),
             str(wheel),
         ],
         work,
@@ -107,11 +111,14 @@ def test_only_tributary_is_importable_and_migrations_come_from_the_package(
         "print(tributary.__file__)\n"
         "print(MIGRATIONS)\n"
         "print(head_revision())\n"
+        "from tributary.client import Consumer\n"
+        "print(Consumer.__module__)\n"
     )
     out = _run([str(bin_dir / "python"), "-c", probe], tmp_path)
     assert out.returncode == 0, out.stderr
-    found, package, migrations, head = out.stdout.splitlines()
+    found, package, migrations, head, consumer = out.stdout.splitlines()
     assert found == "[]"  # `import capture`, `import api`, … find nothing of ours
     venv = bin_dir.parent
     assert Path(package).is_relative_to(venv) and Path(migrations).is_relative_to(venv)
     assert head and head != "None"
+    assert consumer == "tributary_client._consumer"  # tributary.client re-exports the installed tributary-client

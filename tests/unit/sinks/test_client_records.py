@@ -9,9 +9,9 @@ import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tributary_client import Record, TopicPartition
 
 from tributary.capture.log import Record as LogRecord
-from tributary.client import Record, TopicPartition
 from tributary.sinks import to_record
 from tributary.sinks.store import encode
 

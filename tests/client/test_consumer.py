@@ -1,10 +1,10 @@
-"""`tributary.client.Consumer` against a real `tributary serve` over a real log and Postgres:
-the README's example as written, a group dividing partitions and resuming after commits, and the
-proof by breaking it (kill -9 a member, kill -9 the server)."""
+"""`tributary_client.Consumer` against a real `tributary serve` over a real log and Postgres: a
+group dividing partitions and resuming after its commits, and the proof by breaking it (kill -9 a
+member, kill -9 the server). The README's example runs where a consumer installs the client alone
+(`test_standalone.py`)."""
 
 from __future__ import annotations
 
-import re
 import signal
 import subprocess
 import sys
@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from tributary_client import Consumer
 
 from tests.integration.consumers.helpers import Filler, write_config
 from tests.servers import ROOT, free_port, served
-from tributary.client import Consumer
 from tributary.eventstore.migrate import run_migrations
 
 pytestmark = pytest.mark.integration
@@ -32,37 +32,6 @@ def _wait(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
-
-
-def _readme_example() -> str:
-    text = (ROOT / "README.md").read_text()
-    match = re.search(r"<!-- client-example -->\n```python\n(.*?)```", text, re.S)
-    assert match, "README.md lost its client example"
-    return match.group(1)
-
-
-def test_readme_client_example_runs_as_written(fresh_db: str, tmp_path: Path) -> None:
-    run_migrations(fresh_db)
-    filler = Filler(tmp_path / "log")
-    filler.topic(TOPIC, partitions=2)
-    filler.write(TOPIC, [(f"k{i}", {"id": i}) for i in range(6)])
-    port = free_port()
-    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", port=port)
-    with served(config, port, err_path=tmp_path / "serve.err"):
-        run = subprocess.run(
-            [sys.executable, "-c", _readme_example(), f"http://127.0.0.1:{port}"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=tmp_path,
-        )
-        assert run.returncode == 0, run.stderr
-        lines = run.stdout.splitlines()
-        assert sorted(lines) == sorted(f"{TOPIC} \"k{i}\" {{'id': {i}}}" for i in range(6))
-        # It committed: the same group has nothing left to read.
-        with Consumer(f"http://127.0.0.1:{port}", group="billing", topics=[TOPIC]) as again:
-            assert again.poll(timeout_ms=500) == []
-    filler.close()
 
 
 def test_group_divides_partitions_and_resumes_after_its_commits(fresh_db: str, tmp_path: Path) -> None:
