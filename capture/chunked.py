@@ -48,7 +48,6 @@ from tributary.capture import envelope as env
 from tributary.capture.catalog import TableInfo, table_info
 from tributary.capture.errors import CaptureError, TransientSourceError
 from tributary.capture.log import Log, Mark
-from tributary.capture.log.keyscan import live_key_array
 from tributary.capture.lsn import Lsn
 from tributary.capture.routing import topic_name
 from tributary.capture.snapshot import SnapshotReader
@@ -782,6 +781,8 @@ class ChunkedSnapshot:
             from tributary.capture.kafka_read import kafka_live_keys
 
             return pa.array(list(kafka_live_keys(log_.kafka.opts, topic)), pa.binary())
+        from tributary.capture.log import live_key_array  # pyarrow: loaded on first use
+
         reader = Log.open(log_.root)
         try:
             return live_key_array(reader, topic)

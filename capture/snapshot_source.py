@@ -69,7 +69,7 @@ def live_keys(log: Log | KafkaSourceLog, topic: str) -> set[bytes]:
         from tributary.capture.kafka_read import kafka_live_keys  # confluent-kafka only when used
 
         return kafka_live_keys(log.kafka.opts, topic)
-    from tributary.capture.log.keyscan import live_keys as local_live_keys
+    from tributary.capture.log import live_keys as local_live_keys
 
     return local_live_keys(log, topic)
 

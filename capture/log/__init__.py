@@ -70,6 +70,7 @@ if TYPE_CHECKING:
         copy_records,
         read_split_columns,
     )
+    from tributary.capture.log.keyscan import live_key_array, live_keys
 
 __all__ = [
     "COPY_SCHEMA",
@@ -102,6 +103,8 @@ __all__ = [
     "encode_columns",
     "encode_plain",
     "hashes",
+    "live_key_array",
+    "live_keys",
     "murmur2",
     "partition_for",
     "read_split",
@@ -119,6 +122,8 @@ _LAZY = {
     "copy_records": "columnar",
     "read_split_columns": "columnar",
     "encode_columns": "codec_arrow",
+    "live_key_array": "keyscan",
+    "live_keys": "keyscan",
 }
 
 
