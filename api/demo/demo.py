@@ -25,7 +25,7 @@ from rich.console import Console
 from tributary.api.cli.common import ConfigOption, settings_from
 from tributary.api.cli.output import literal
 from tributary.api.demo.shop import Workload, create_shop
-from tributary.api.devdb.embedded import EmbeddedPostgres, free_port
+from tributary.api.devdb.embedded import EmbeddedPostgres, listening_socket
 from tributary.api.settings.config import Settings, SourceSettings
 from tributary.api.settings.log import cleaner_policy
 from tributary.api.settings.sources import source_specs
@@ -173,8 +173,9 @@ class _Run:
         from tributary.eventstore.migrate import run_migrations
 
         run_migrations(service_dsn)
+        listener = listening_socket(self.base.api.port)  # held until the API serves on it: no race for the port
         settings = self.settings = _demo_settings(
-            self.base, service_dsn, shop_dsn, free_port(self.base.api.port), self.directory / "log"
+            self.base, service_dsn, shop_dsn, int(listener.getsockname()[1]), self.directory / "log"
         )
         url = f"http://127.0.0.1:{settings.api.port}"
         console.print(f"[bold]postgres[/]   {service_dsn} (sample shop in database {DEMO_DB!r})")
@@ -211,14 +212,20 @@ class _Run:
             uvicorn.Config(app, host="127.0.0.1", port=settings.api.port, log_level="warning", access_log=False)
         )
 
+        api_over = threading.Event()
+
         def api(stop_: threading.Event) -> None:
-            server.run()
+            try:
+                server.run(sockets=[listener])
+            finally:
+                api_over.set()
 
         def bank(stop_: threading.Event) -> None:
             """Open a few accounts through the API, then keep moving money."""
-            deadline = time.monotonic() + 30
-            while not server.started and time.monotonic() < deadline and not stop_.is_set():
-                time.sleep(0.1)
+            while not server.started and not api_over.is_set() and not stop_.is_set():
+                time.sleep(0.1)  # the API starting: as long as it takes on a loaded machine
+            if not server.started:
+                return  # it failed (its stage reports why) or the demo stops
             rng = random.Random(11)
             import httpx  # only the demo's own API client needs it
 

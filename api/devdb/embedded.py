@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["EmbeddedPostgres", "PgError", "find_bin_dir", "free_port"]
+__all__ = ["EmbeddedPostgres", "PgError", "find_bin_dir", "free_port", "listening_socket"]
 
 DATABASE = "tributary"
 SUPERUSER = "postgres"
@@ -46,6 +46,22 @@ def find_bin_dir() -> Path:
     raise PgError(
         "PostgreSQL server binaries not found: install them with `apt-get install postgresql-15 postgresql-15-wal2json`"
     )
+
+
+def listening_socket(preferred: int = 0) -> socket.socket:
+    """A TCP socket listening on 127.0.0.1: on `preferred` if it is free, else on any free port.
+    Held by the caller until its server takes it over, so no other process can take the port
+    between choosing it and serving on it (as a port number chosen by `free_port` can be)."""
+    for port in (preferred, 0):
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen(128)
+        except OSError:
+            s.close()
+            continue
+        return s
+    raise PgError("no free TCP port on 127.0.0.1")
 
 
 def free_port(preferred: int = 0) -> int:

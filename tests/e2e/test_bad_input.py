@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import httpx
+import orjson
 import pytest
 from psycopg import sql
 
-from tests.pg import PgServer, fresh_database
+from tests.pg import REPO_ROOT, PgServer, fresh_database
 from tests.servers import free_port, serving
 from tributary.eventstore.migrate import run_migrations
 from tributary.eventstore.values import MAX_ID_LENGTH
@@ -125,6 +126,21 @@ def test_a_conflict_says_which_stream_expected_and_actual_and_to_retry(api: Api)
     problem = got.json()
     assert problem["code"] == "conflict"
     assert problem["stream"] == "c-1" and problem["expected"] == 0 and problem["actual"] == 1
+
+
+def test_the_conflict_example_of_docs_eventstore_md_is_what_the_api_answers(api: Api) -> None:
+    """docs/eventstore.md shows a 409 body for a stream at version 3 and a command expecting 0."""
+    text = (REPO_ROOT / "docs" / "eventstore.md").read_text()
+    example = text[text.index("The 409 body says what happened") :]
+    example = example[example.index("```json") + len("```json") : example.index("```", example.index("```json") + 7)]
+    documented = orjson.loads(example)
+    stream = documented["stream"]
+    assert api.raw(stream, b'{"type": "open", "data": {"owner": "a"}}').status_code == 200
+    for _ in range(documented["actual"] - 1):
+        assert api.raw(stream, b'{"type": "deposit", "data": {"amount": "1"}}').status_code == 200
+    got = api.raw(stream, b'{"type": "deposit", "data": {"amount": "1"}, "expected_version": 0}')
+    assert got.status_code == 409 and got.headers["content-type"].startswith("application/problem+json")
+    assert got.json() == documented
 
 
 def test_order_by_takes_one_minus_only(api: Api) -> None:
