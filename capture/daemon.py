@@ -237,6 +237,8 @@ class CaptureDaemon:
                     s.status.error, s.status.error_kind = reason, "error"
             raise
         finally:
+            for s in self.sessions:
+                s.status.retry_at_ms = None  # this process retries nothing more: no time to show
             self._write_status(force=True)
             for s in self.sessions:
                 s.close()

@@ -21,7 +21,7 @@ import pytest
 
 from tests.integration.capture.helpers import capture_progress, cli, records, spawn_capture, table_state, wait_for
 from tests.servers import serving
-from tests.waiting import Stalled, wait_progress
+from tests.waiting import Stalled, wait_exit, wait_progress
 from tributary.api.devdb.embedded import EmbeddedPostgres, free_port
 from tributary.capture.log import Log
 from tributary.capture.status import read_status
@@ -449,3 +449,25 @@ def test_a_source_transaction_becomes_visible_whole_while_another_source_commits
         assert proc.returncode == 0, err
     finally:
         pg_server.drop_database(far_db)
+
+
+def test_a_stopped_capture_leaves_no_retry_time_behind(fresh_db: str, tmp_path: Path) -> None:
+    """A failing source's status keeps its error once capture stops, but no time of a retry that
+    no process will make (the console and `capture status` showed one as if it were due)."""
+    root = tmp_path / "log"
+    far_dsn = f"postgresql://postgres:{PASSWORD}@127.0.0.1:{free_port()}/tributary"
+    config = _config(tmp_path / "t.toml", dsn=fresh_db, root=root, far_dsn=far_dsn, outbox=False)
+    proc = spawn_capture(config)
+    try:
+        wait_for(
+            lambda: _state(root, "far") == "failed" and _source(root, "far").get("retry_at_ms") is not None,
+            60,
+            "the far source failed, its retry scheduled",
+            progress=lambda: capture_progress(root),
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        wait_exit(proc.proc, what="capture stopping")
+    far = _source(root, "far")
+    assert far["state"] == "failed" and far["error"], far
+    assert far["retry_at_ms"] is None
