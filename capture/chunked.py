@@ -36,12 +36,10 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import psycopg
-import pyarrow as pa
-import pyarrow.compute as pc
 from psycopg import sql
 
 from tributary.capture import envelope as env
@@ -57,6 +55,9 @@ from tributary.capture.staging import Staging, Watch
 from tributary.capture.status import SourceStatus
 from tributary.capture.tables import SourceTables
 from tributary.capture.values import type_family
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # loaded on first use: the CLI imports this module without it
 
 __all__ = [
     "RECENT_XIDS",
@@ -187,6 +188,9 @@ class _Kept:
     def absent(self, live: pa.Array) -> list[bytes]:
         """The live keys no record staged since names, sorted (off the loop: a key the loop
         stages after `frozen` was taken is left out when the deletes are staged)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         staged = self.frozen if self.frozen is not None else pa.array([], pa.binary())
         seen = pa.concat_arrays([*self.read, staged])
         return sorted(live.filter(pc.invert(pc.is_in(live, value_set=seen))).to_pylist())
@@ -430,6 +434,8 @@ class ChunkedSnapshot:
         elif kept is not None and ctx.phase == "absent" and kept.frozen is None:
             if not self.staging.log.committed_through(kept.need):
                 return False
+            import pyarrow as pa
+
             kept.frozen = pa.array(list(kept.streamed), pa.binary())
         return True
 
@@ -778,6 +784,8 @@ class ChunkedSnapshot:
         not shared across threads; on Kafka a consumer of its own)."""
         log_ = self.staging.log
         if not isinstance(log_, Log):
+            import pyarrow as pa
+
             from tributary.capture.kafka_read import kafka_live_keys
 
             return pa.array(list(kafka_live_keys(log_.kafka.opts, topic)), pa.binary())
@@ -876,6 +884,8 @@ def _keep(job: _Job, newer: set[bytes]) -> list[tuple[str, Any]]:
 
 def _unit_keys(kept: list[tuple[str, Any]]) -> list[pa.Array]:
     """The keys of the units `_keep` kept (what a chunk staged), as binary arrays."""
+    import pyarrow as pa
+
     out: list[pa.Array] = []
     for kind, unit in kept:
         if kind == "columnar":
