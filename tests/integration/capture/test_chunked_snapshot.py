@@ -494,6 +494,8 @@ def test_a_crash_while_checking_keys_neither_deletes_a_live_key_nor_loses_a_dele
     res = cli("capture", "--config", str(config), "--until-idle", "1")
     assert res.returncode == 0, res.stderr
     _change_while_slot_gone(fresh_db, config)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:  # keys enough gone for three batches of deletes
+        conn.execute("DELETE FROM items WHERE id % 2 = 0")
     crashed = subprocess.run(
         [sys.executable, "-c", _CRASH_IN_CHECK, str(config)], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT
     )
