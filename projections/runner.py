@@ -52,6 +52,7 @@ from tributary.projections.store import BuildRow, Store
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from tributary.api.settings.config import Settings
     from tributary.capture.kafka_options import KafkaOptions
     from tributary.projections.records import SortKey
 
@@ -90,8 +91,11 @@ class RunSettings:
     kafka_split_offsets: int = 100_000  # on Kafka: offsets per executor task, at most
 
     @classmethod
-    def from_settings(cls, settings: Any, *, dsn: str | None = None) -> RunSettings:
+    def from_settings(cls, settings: Settings, *, dsn: str | None = None) -> RunSettings:
         """From `api.config.Settings` (pass `dsn` when the service DSN is the embedded default)."""
+        service = dsn or settings.service.dsn
+        if not service:
+            raise RunError("no service database to keep the projections in: set [service] dsn")
         pr = settings.projections
         kafka = None
         if settings.log.backend == "kafka":
@@ -99,7 +103,7 @@ class RunSettings:
 
             kafka = kafka_options(settings)
         return cls(
-            dsn=dsn or settings.service.dsn,
+            dsn=service,
             log_root=Path(settings.log.root),
             modules=tuple(pr.modules),
             mirror=tuple(pr.mirror),
@@ -407,7 +411,7 @@ def _deliver(
 _SEEN_ROOTS: set[tuple[str, str]] = set()  # (Spark application, log root) pairs whose executors see the root
 
 
-def _session(s: RunSettings, spark: Any) -> Any:
+def _session(s: RunSettings, spark: SparkSession | None) -> SparkSession:
     """The session of a run; on a cluster with the local log, first (once per application and log
     root) a check that every executor sees the log root (on Kafka the executors reach the brokers)."""
     sess = (
@@ -446,7 +450,7 @@ class _Locked:
             self.conn.close()
 
 
-def _rebuild(s: RunSettings, spark: Any, store: Store, p: Projection, progress: Progress | None) -> RunResult:
+def _rebuild(s: RunSettings, spark: SparkSession, store: Store, p: Projection, progress: Progress | None) -> RunResult:
     t0 = time.monotonic()
     stamps = file_stamps(s.modules)
     log = _open_log(s)
@@ -475,7 +479,9 @@ def _rebuild(s: RunSettings, spark: Any, store: Store, p: Projection, progress: 
     return RunResult(p.name, b.build, b.table_name, records, rows, True, time.monotonic() - t0)
 
 
-def rebuild(name: str, settings: RunSettings, *, spark: Any = None, progress: Progress | None = None) -> RunResult:
+def rebuild(
+    name: str, settings: RunSettings, *, spark: SparkSession | None = None, progress: Progress | None = None
+) -> RunResult:
     """Build `<schema>.<name>__v<version>_<build>` from offset 0 while the old build keeps
     serving, catch up to the log end, swap the view `<schema>.<name>` in one transaction and
     drop the old builds. A failure leaves the old build serving and the new one `failed`."""
@@ -581,7 +587,9 @@ def rebuild_main() -> None:
     say({"result": {f: getattr(result, f) for f in result.__slots__}})
 
 
-def run(name: str, settings: RunSettings, *, spark: Any = None, progress: Progress | None = None) -> RunResult:
+def run(
+    name: str, settings: RunSettings, *, spark: SparkSession | None = None, progress: Progress | None = None
+) -> RunResult:
     """Catch the current build up to the log end; rebuild first if there is none or the
     projection's version changed."""
     p = resolve(settings.modules, settings.mirror, name)
@@ -615,7 +623,7 @@ def run_continuous(
     freshness_s: float = 5.0,
     stop: Callable[[], bool] = lambda: False,
     sleep: Callable[[float], None] = time.sleep,
-    spark: Any = None,
+    spark: SparkSession | None = None,
 ) -> int:
     """`project run --continuous`: catch up again at once while records arrive; while idle, poll
     with a backoff from 0.25 s doubling up to `freshness_s` (an idle poll reads the manifest and
