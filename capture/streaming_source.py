@@ -409,8 +409,8 @@ class StreamingSource:
         return True
 
     def _context(self, now_ms: int | None = None) -> _EnvelopeContext:
-        """The envelope's transaction context (the keywords of `envelope.*_envelope(s)_for`), at
-        `now_ms`, else now."""
+        """The transaction's keywords for `envelopes_for`, `truncate_envelope` and
+        `message_envelope`, at `now_ms` (else the clock, read now)."""
         tx = self._tx
         return _EnvelopeContext(
             source_name=self.spec.name,
