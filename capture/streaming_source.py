@@ -24,8 +24,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from itertools import groupby
-from typing import Any
+from typing import Any, TypedDict
 
 from tributary.capture import envelope as env
 from tributary.capture import signals, wal2json
@@ -48,6 +49,31 @@ __all__ = ["RUN_CHANGES", "StreamingSource"]
 RUN_CHANGES = 200  # INSERTs held back to be encoded column-wise in one go
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Transaction:
+    """The transaction the stream is in (or last closed): what its records' envelopes name
+    (`xid`, `lsn`, `ts_ms`), where it ends (`nextlsn`, a schema change notice's position) and how
+    many of its changes count towards a commit point. Before the first BEGIN every field is empty."""
+
+    xid: int | None = None
+    ts_ms: int | None = None  # its commit time: the records' event time
+    lsn: Lsn | None = None
+    nextlsn: Lsn | None = None
+    changes: int = 0
+    tx_part: bytes | None = None  # its `source` fields as the INSERT templates splice them, made once
+
+
+class _EnvelopeContext(TypedDict):
+    """The transaction context every streamed envelope names (`envelope.envelopes_for` & co.)."""
+
+    source_name: str
+    db: str
+    lsn: Lsn | None
+    tx_id: int | None
+    commit_ts_ms: int | None
+    now_ms: int
 
 
 class StreamingSource:
@@ -99,16 +125,7 @@ class StreamingSource:
         self.templated = 0  # changes encoded by INSERT templates (the rest took the generic path)
         self.last_tx_changes = 0  # changes in the last transaction closed (the group commit counts them)
         self._hold_inserts = False  # inside a transaction being appended, with templates: INSERTs go to `_run`
-        self._tx: dict[str, Any] = {}
-        self._ctx: dict[str, Any] = {
-            "source_name": spec.name,
-            "db": db,
-            "lsn": None,
-            "tx_id": None,
-            "commit_ts_ms": None,
-            "now_ms": 0,
-        }
-        self._tx_part: bytes | None = None  # the transaction's `source` fields, for the templates
+        self._tx = _Transaction()
         self._run: list[bytes] = []  # INSERT documents not yet encoded (only ever inside a transaction)
         self._last_tag = b""  # the table tag of the last run: most runs are all that table's
         # A chunked snapshot (capture/chunked.py): its watermarks, and each committed transaction.
@@ -164,121 +181,153 @@ class StreamingSource:
         return self._run, RUN_CHANGES - len(self._run)
 
     def _apply(self, payload: bytes) -> bool:
-        """One wal2json document through the generic path (parse, envelopes, stage)."""
+        """One wal2json document through the generic path (parse, envelopes, stage), by its kind;
+        True when it was a commit point. While the offsets skip a transaction already in the log,
+        only its BEGIN and COMMIT are read: they carry the offsets past it."""
         parsed = wal2json.parse_message(payload)
-        offsets = self.offsets
         if isinstance(parsed, wal2json.Begin):
-            appending = offsets.begin(parsed.nextlsn)
-            self._hold_inserts = appending and self.templates is not None
-            self._tx = {
-                "xid": parsed.xid,
-                "ts_ms": parsed.timestamp_ms,
-                "lsn": parsed.lsn,
-                "nextlsn": parsed.nextlsn,
-                "changes": 0,
-            }
-            self.staging.xid = parsed.xid
-            self._tx_part = None
-            self._ctx = {
-                "source_name": self.spec.name,
-                "db": self.db,
-                "lsn": parsed.lsn,
-                "tx_id": parsed.xid,
-                "commit_ts_ms": parsed.timestamp_ms,
-                "now_ms": 0,
-            }
+            self._begin(parsed)
             return False
         if isinstance(parsed, wal2json.Commit):
-            self._hold_inserts = False
-            self.staging.xid = None
-            changes = self._tx.get("changes", 0)
-            if self.on_commit is not None and self.on_commit(parsed.xid) and not offsets.skipping:
-                changes = max(changes, 1)  # a snapshot requested inside it: a commit point, with the request
-            if not offsets.end(parsed.nextlsn, changes=changes):
-                return False  # skipped, or nothing of ours in it
-            self.staging.flush()
-            self.last_tx_changes = changes
-            self.status.last_lsn = str(parsed.nextlsn)
-            self.status.transactions += 1
-            return True
-        if offsets.skipping:
+            return self._commit(parsed)
+        if self.offsets.skipping:
             return False
         now_ms = int(self.clock() * 1000)
         if isinstance(parsed, wal2json.Change):
-            if self.signal_table is not None and (parsed.schema, parsed.table) == self.signal_table:
-                if parsed.action == "I":
-                    row = {c["name"]: c.get("value") for c in parsed.raw_columns}
-                    self._signal(lambda: signals.from_row(row, table=f"{parsed.schema}.{parsed.table}"))
-                    self._tx["changes"] = self._tx.get("changes", 0) + 1  # a commit point: the request's
-                return False
-            target = self.tables.route(parsed.schema, parsed.table)
-            if target is None:
-                return False
-            if self.spec.router is not None:
-                if parsed.action != "I":
-                    return False  # events are immutable: only inserts carry news
-                outputs = self.spec.router(env.stream_row(parsed.raw_columns))
-            else:
-                parsed.schema, parsed.table = target  # a leaf partition's change is its root's
-                keys = self.tables.key_columns(parsed.schema, parsed.table, parsed.pk)
-                if self.tables.key_changes:
-                    self._resnapshot(self.tables.key_changes, "a key change")
-                if parsed.action != "D":
-                    self.tables.observe(
-                        parsed.schema,
-                        parsed.table,
-                        parsed.column_types(),
-                        complete=parsed.action == "I",
-                        key=keys,
-                        now_ms=now_ms,
-                        xid=parsed.xid,
-                    )
-                outputs = self._envelopes(parsed, now_ms, keys)
-                if parsed.action == "I" and self.templates is not None and offsets.in_transaction:
-                    self.templates.learn(
-                        parsed,
-                        payload,
-                        outputs,
-                        db=self.db,
-                        key_columns=keys,
-                        tx_id=self._ctx["tx_id"],
-                        commit_ts_ms=self._ctx["commit_ts_ms"],
-                        now_ms=now_ms,
-                    )
-            self._stage(outputs, now_ms)
-            self._tx["changes"] = self._tx.get("changes", 0) + 1
-            self.status.changes += 1
+            self._change(parsed, payload, now_ms)
         elif isinstance(parsed, wal2json.Truncate):
-            target = self.tables.route(parsed.schema, parsed.table)
-            if target is not None and self.tables.is_leaf(parsed.schema, parsed.table):
-                # One partition emptied is not the root table emptied: its rows go by re-snapshot.
-                self._resnapshot([f"{target[0]}.{target[1]}"], f"a TRUNCATE of its partition {parsed.table}")
-                self._tx["changes"] = self._tx.get("changes", 0) + 1
-            elif target is not None:
-                for out in env.truncate_envelope(parsed, **self._context()):
-                    self.staging.to_all_partitions(out.topic, out.key, out.value, now_ms)
-                self._tx["changes"] = self._tx.get("changes", 0) + 1
+            self._truncate(parsed, now_ms)
         elif isinstance(parsed, wal2json.LogicalMessage):
-            if parsed.prefix == WATERMARK_PREFIX:
-                return self._watermark(parsed)
-            if parsed.prefix == DDL_PREFIX:  # a catalog watcher's notice (capture/ddl_watch.py)
-                on_ddl, tx_end = self.on_ddl, self._tx.get("nextlsn")
-                if on_ddl is not None and offsets.in_transaction and on_ddl(parsed.content, tx_end, now_ms):
-                    self._tx["changes"] = self._tx.get("changes", 0) + 1  # a commit point: its records
-                return False
-            if parsed.prefix == signals.SIGNAL_PREFIX:
-                message = parsed
-                self._signal(lambda: signals.from_message(message.content, lsn=str(message.lsn or "")))
-            else:
-                self._stage(env.message_envelope(parsed, **self._context()), now_ms)
-            if not offsets.in_transaction and parsed.lsn is not None:
-                # A non-transactional message stands alone: it is its own commit point.
-                self.staging.flush()
-                self.last_tx_changes = 1
-                offsets.standalone(parsed.lsn)
-                return True
-            self._tx["changes"] = self._tx.get("changes", 0) + 1
+            return self._message(parsed, now_ms)
         return False
+
+    def _begin(self, begin: wal2json.Begin) -> None:
+        """A transaction starts: fresh state for its records' envelopes, and its INSERTs held back
+        for their templates only when it is appended (not one the offsets skip)."""
+        appending = self.offsets.begin(begin.nextlsn)
+        self._hold_inserts = appending and self.templates is not None
+        self._tx = _Transaction(xid=begin.xid, ts_ms=begin.timestamp_ms, lsn=begin.lsn, nextlsn=begin.nextlsn)
+        self.staging.xid = begin.xid
+
+    def _commit(self, commit: wal2json.Commit) -> bool:
+        """A transaction ends: a commit point when changes of ours were in it (or a snapshot was
+        requested in it, so that the request is stored with a position); its records are flushed
+        to the staging before the daemon's commit reads the offsets."""
+        self._hold_inserts = False
+        self.staging.xid = None
+        changes = self._tx.changes
+        if self.on_commit is not None and self.on_commit(commit.xid) and not self.offsets.skipping:
+            changes = max(changes, 1)  # a snapshot requested inside it: a commit point, with the request
+        if not self.offsets.end(commit.nextlsn, changes=changes):
+            return False  # skipped, or nothing of ours in it
+        self.staging.flush()
+        self.last_tx_changes = changes
+        self.status.last_lsn = str(commit.nextlsn)
+        self.status.transactions += 1
+        return True
+
+    def _change(self, change: wal2json.Change, payload: bytes, now_ms: int) -> None:
+        """A row change: of the signal table, maybe a signal; of a captured table, its records (an
+        outbox's as its router makes them: INSERTs only, since events are immutable)."""
+        if self.signal_table is not None and (change.schema, change.table) == self.signal_table:
+            self._signal_row(change)
+            return
+        target = self.tables.route(change.schema, change.table)
+        if target is None:
+            return
+        if self.spec.router is not None:
+            if change.action != "I":
+                return  # events are immutable: only inserts carry news
+            outputs = self.spec.router(env.stream_row(change.raw_columns))
+        else:
+            outputs = self._table_change(change, target, payload, now_ms)
+        self._stage(outputs, now_ms)
+        self._tx.changes += 1
+        self.status.changes += 1
+
+    def _signal_row(self, change: wal2json.Change) -> None:
+        """A change of the signal table: an INSERT is a signal, and a commit point of its own (the
+        request's); the table's other changes are nobody's records."""
+        if change.action != "I":
+            return
+        row = {c["name"]: c.get("value") for c in change.raw_columns}
+        self._signal(lambda: signals.from_row(row, table=f"{change.schema}.{change.table}"))
+        self._tx.changes += 1
+
+    def _table_change(
+        self, change: wal2json.Change, target: tuple[str, str], payload: bytes, now_ms: int
+    ) -> list[env.Output]:
+        """A captured table's change → its envelopes: filed under its root table, its key and
+        columns checked against what is known (a key change asks for a re-snapshot, new columns are
+        a schema change); an INSERT in a transaction teaches its table's template."""
+        change.schema, change.table = target  # a leaf partition's change is its root's
+        keys = self.tables.key_columns(change.schema, change.table, change.pk)
+        if self.tables.key_changes:
+            self._resnapshot(self.tables.key_changes, "a key change")
+        if change.action != "D":
+            self.tables.observe(
+                change.schema,
+                change.table,
+                change.column_types(),
+                complete=change.action == "I",
+                key=keys,
+                now_ms=now_ms,
+                xid=change.xid,
+            )
+        outputs = self._envelopes(change, now_ms, keys)
+        if change.action == "I" and self.templates is not None and self.offsets.in_transaction:
+            self.templates.learn(
+                change,
+                payload,
+                outputs,
+                db=self.db,
+                key_columns=keys,
+                tx_id=self._tx.xid,
+                commit_ts_ms=self._tx.ts_ms,
+                now_ms=now_ms,
+            )
+        return outputs
+
+    def _truncate(self, truncate: wal2json.Truncate, now_ms: int) -> None:
+        """A TRUNCATE of a captured table: one record on every partition of its topic. Of one
+        partition of a partitioned table: not the root table emptied, so its rows go by re-snapshot."""
+        target = self.tables.route(truncate.schema, truncate.table)
+        if target is None:
+            return
+        if self.tables.is_leaf(truncate.schema, truncate.table):
+            self._resnapshot([f"{target[0]}.{target[1]}"], f"a TRUNCATE of its partition {truncate.table}")
+        else:
+            for out in env.truncate_envelope(truncate, **self._context()):
+                self.staging.to_all_partitions(out.topic, out.key, out.value, now_ms)
+        self._tx.changes += 1
+
+    def _message(self, message: wal2json.LogicalMessage, now_ms: int) -> bool:
+        """A logical message: a chunked snapshot's watermark, a schema change notice, a signal, or
+        else a record of `<source>.messages`. Outside a transaction it is its own commit point."""
+        if message.prefix == WATERMARK_PREFIX:
+            return self._watermark(message)
+        if message.prefix == DDL_PREFIX:
+            self._ddl_notice(message, now_ms)
+            return False
+        if message.prefix == signals.SIGNAL_PREFIX:
+            self._signal(lambda: signals.from_message(message.content, lsn=str(message.lsn or "")))
+        else:
+            self._stage(env.message_envelope(message, **self._context()), now_ms)
+        if not self.offsets.in_transaction and message.lsn is not None:
+            # A non-transactional message stands alone: it is its own commit point.
+            self.staging.flush()
+            self.last_tx_changes = 1
+            self.offsets.standalone(message.lsn)
+            return True
+        self._tx.changes += 1
+        return False
+
+    def _ddl_notice(self, message: wal2json.LogicalMessage, now_ms: int) -> None:
+        """A catalog watcher's notice (capture/ddl_watch.py), acted on where its transaction ends;
+        a commit point when acting on it staged records."""
+        on_ddl = self.on_ddl
+        if on_ddl is not None and self.offsets.in_transaction and on_ddl(message.content, self._tx.nextlsn, now_ms):
+            self._tx.changes += 1  # a commit point: its records
 
     def _signal(self, parse: Callable[[], signals.SnapshotSignal]) -> None:
         """Parse a signal and hand it on; a malformed or refused one is a warning, never a stop.
@@ -306,7 +355,7 @@ class StreamingSource:
 
     def _stage(self, outputs: Iterable[env.Output], now_ms: int) -> None:
         """A streamed record's timestamp is its transaction's commit time (event time)."""
-        ts = self._tx.get("ts_ms") or now_ms if self.offsets.in_transaction else now_ms
+        ts = self._tx.ts_ms or now_ms if self.offsets.in_transaction else now_ms
         self.staging.stage(outputs, ts)
 
     def _drain_run(self) -> None:
@@ -322,15 +371,15 @@ class StreamingSource:
             template = self.templates.current(tag)
             self._last_tag = tag
             if template is not None:
-                tx_part = self._tx_part
-                if tx_part is None:
-                    tx_part = self._tx_part = template.tx_part(self._ctx["tx_id"], self._ctx["commit_ts_ms"])
+                tx = self._tx
+                if tx.tx_part is None:
+                    tx.tx_part = template.tx_part(tx.xid, tx.ts_ms)
                 now_ms = int(self.clock() * 1000)
-                records = template.encode_many(payloads, tx_part, now_ms)
+                records = template.encode_many(payloads, tx.tx_part, now_ms)
                 if records is not None:
                     keys, values = records
-                    self.staging.append_run(template.topic, keys, values, self._tx["ts_ms"] or now_ms)
-                    self._tx["changes"] += n
+                    self.staging.append_run(template.topic, keys, values, tx.ts_ms or now_ms)
+                    tx.changes += n
                     self.status.changes += n
                     self.templated += n
                     continue
@@ -346,33 +395,39 @@ class StreamingSource:
         template = self.templates.current(table_tag(parts[0]))
         if template is None:
             return False
-        tx_part = self._tx_part
-        if tx_part is None:
-            tx_part = self._tx_part = template.tx_part(self._ctx["tx_id"], self._ctx["commit_ts_ms"])
+        tx = self._tx
+        if tx.tx_part is None:
+            tx.tx_part = template.tx_part(tx.xid, tx.ts_ms)
         now_ms = int(self.clock() * 1000)
-        record = template.encode(payload, parts, tx_part, now_ms)
+        record = template.encode(payload, parts, tx.tx_part, now_ms)
         if record is None:
             return False
-        self._tx["changes"] += 1
+        tx.changes += 1
         self.status.changes += 1
         self.templated += 1
-        self.staging.stage_record(template.topic, *record, self._tx["ts_ms"] or now_ms)
+        self.staging.stage_record(template.topic, *record, tx.ts_ms or now_ms)
         return True
 
-    def _context(self) -> dict[str, Any]:
-        """The envelope's transaction context: built once per transaction, `now_ms` refreshed."""
-        ctx = self._ctx
-        ctx["now_ms"] = int(self.clock() * 1000)
-        return ctx
+    def _context(self, now_ms: int | None = None) -> _EnvelopeContext:
+        """The transaction's keywords for `envelopes_for`, `truncate_envelope` and
+        `message_envelope`, at `now_ms` (else the clock, read now)."""
+        tx = self._tx
+        return _EnvelopeContext(
+            source_name=self.spec.name,
+            db=self.db,
+            lsn=tx.lsn,
+            tx_id=tx.xid,
+            commit_ts_ms=tx.ts_ms,
+            now_ms=int(self.clock() * 1000) if now_ms is None else now_ms,
+        )
 
-    def _envelopes(self, change: Any, now_ms: int, keys: tuple[str, ...]) -> list[env.Output]:
-        ctx = self._ctx
-        ctx["now_ms"] = now_ms  # the clock read once per change, not once per use
+    def _envelopes(self, change: wal2json.Change, now_ms: int, keys: tuple[str, ...]) -> list[env.Output]:
+        """A change's records, with the clock read once per change, not once per use."""
         return env.envelopes_for(
             change,
             known_columns=self.tables.schemas.columns(change.schema, change.table) if change.action == "U" else None,
             key_columns=keys,
-            **ctx,
+            **self._context(now_ms),
         )
 
     def _resnapshot(self, tables: list[str], why: str) -> None:

@@ -39,7 +39,7 @@ def output_lines(p: Projection, table: pa.Table) -> bytes:
 
 def distinct_keys(p: Projection, table: pa.Table) -> bool:
     """No two output rows share a primary key (then an empty table can take them by COPY alone:
-    `Store.commit_run(unique=True)`). False when a key column is missing."""
+    `Store.replace_rows(distinct_keys=True)`). False when a key column is missing."""
     pk = list(p.table.primary_key)
     if not set(pk) <= set(table.column_names):
         return False

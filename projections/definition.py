@@ -11,10 +11,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tributary.projections.errors import DefinitionError
 from tributary.projections.records import ProjectionRecord
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 __all__ = [
     "Column",
@@ -149,7 +152,7 @@ class Projection:
     topics: tuple[str, ...]
     table: Table
     fold: Fold | None = None
-    build: Callable[[Any], Any] | None = None
+    build: Callable[[DataFrame], DataFrame] | None = None
     window: WindowSpec | None = None
     key: Callable[[ProjectionRecord], Any] | None = None
     event_time: Callable[[ProjectionRecord], int] | None = None

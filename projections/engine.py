@@ -32,7 +32,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import groupby
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -222,9 +222,20 @@ def recompute_items(
     return [*items, *truncate_items(all_truncates, _holders(items))]
 
 
-def truncate_points(
-    points: Mapping[TP, tuple[int, int]], truncates: Iterable[ProjectionRecord]
-) -> dict[TP, tuple[int, int]]:
+class TruncateAt(Protocol):
+    """Where a truncate is: a `ProjectionRecord`, or a Spark row of its columns."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def event_time(self) -> int: ...
+
+
+def truncate_points(points: Mapping[TP, tuple[int, int]], truncates: Iterable[TruncateAt]) -> dict[TP, tuple[int, int]]:
     """Each topic-partition's latest truncate (by offset), as (event time, offset), after these
     truncates: kept with the checkpoints, so a build shows where its tables were last truncated."""
     out = dict(points)

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tributary.projections.errors import RunError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = ["LogRootUnreachable", "check_log_root"]
 
@@ -27,15 +30,17 @@ class LogRootUnreachable(RunError):
     """Some executor host cannot see the log root (local log backend on a cluster)."""
 
 
-def _probe(root: str, names: Sequence[str]) -> Any:
-    def probe(_: Iterator[Any]) -> Iterator[tuple[str, bool]]:
+def _probe(root: str, names: Sequence[str]) -> Callable[[Iterable[int]], Iterator[tuple[str, bool]]]:
+    """A task's check: its host, and whether it sees `root` holding `names`."""
+
+    def probe(_: Iterable[int]) -> Iterator[tuple[str, bool]]:
         seen = os.path.isdir(root) and all(os.path.exists(os.path.join(root, n)) for n in names)
         yield socket.gethostname(), seen
 
     return probe
 
 
-def check_log_root(spark: Any, root: Path, *, tasks: int | None = None) -> None:
+def check_log_root(spark: SparkSession, root: Path, *, tasks: int | None = None) -> None:
     """Raise `LogRootUnreachable` (one line, naming the hosts) unless every task of a small job,
     spread over the executors (`tasks`, default the cluster's task slots), sees `root` holding
     the entries the driver sees there."""

@@ -10,14 +10,20 @@ single-process reference runs.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pyarrow as pa
 
-from tributary.projections.engine import Item, Prior, fold_units, plan_items
+from tributary.projections.engine import Item, Prior, UnitOut, fold_units, plan_items
 from tributary.projections.loader import resolve
 from tributary.projections.records import ProjectionRecord, decode
+
+if TYPE_CHECKING:
+    from pyspark import Broadcast
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+ArrowMap = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]  # a `mapInArrow` function
 
 __all__ = [
     "ITEM_SCHEMA",
@@ -64,7 +70,9 @@ def _record(row: Mapping[str, Any]) -> ProjectionRecord:
     return ProjectionRecord(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers, row["event_time"])
 
 
-def _planner(ref: tuple[tuple[str, ...], tuple[str, ...], str]):  # type: ignore[no-untyped-def]
+def _planner(ref: tuple[tuple[str, ...], tuple[str, ...], str]) -> ArrowMap:
+    """A task's routing: records (with `max_before`) → the items they become (ITEM_SCHEMA)."""
+
     def plan(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         p = resolve(*ref)
         for batch in batches:
@@ -90,12 +98,12 @@ def _planner(ref: tuple[tuple[str, ...], tuple[str, ...], str]):  # type: ignore
 
 
 def items_frame(
-    spark: Any,
-    records: Any,
+    spark: SparkSession,
+    records: DataFrame,
     ref: tuple[tuple[str, ...], tuple[str, ...], str],
     windowed: bool,
     base_max: Mapping[tuple[str, int], int | None],
-) -> Any:
+) -> DataFrame:
     """Records → items (ITEM_SCHEMA). Windowed projections first get each record's
     `max_before` (its partition's max event time before it, continuing from `base_max`)."""
     from pyspark.sql import Window
@@ -125,7 +133,7 @@ def items_frame(
 TRUNCATE_COLUMNS = (*_REC, "event_time")
 
 
-def is_truncate() -> Any:
+def is_truncate() -> Column:
     """`ProjectionRecord.is_truncate` over a records/items frame (false, never null)."""
     from pyspark.sql import functions as F
 
@@ -137,7 +145,7 @@ def is_truncate() -> Any:
     return F.coalesce(cond, F.lit(False))
 
 
-def deliveries(truncates: Any, holders: Any) -> Any:
+def deliveries(truncates: DataFrame, holders: DataFrame) -> DataFrame:
     """Items (ITEM_SCHEMA) delivering each truncate (TRUNCATE_COLUMNS) to each holder
     (unit, topic, partition) of its topic-partition: `engine.truncate_items` as a join."""
     from pyspark.sql import functions as F
@@ -168,9 +176,9 @@ class _Stager:
         self.copies = [sql.SQL("COPY {} FROM STDIN").format(sql.Identifier("tributary_projections", n)) for n in names]
         self.rows = 0
         self.units = 0
-        self.errors: list[Any] = []
+        self.errors: list[tuple[str, int, int, str]] = []
 
-    def write(self, chunk: list[Any]) -> None:
+    def write(self, chunk: list[UnitOut]) -> None:
         rows_copy, del_copy, state_copy = self.copies
         with self.conn.cursor() as cur:
             with cur.copy(rows_copy) as cp:
@@ -203,11 +211,11 @@ class _Stager:
 
 def _folder(
     ref: tuple[tuple[str, ...], tuple[str, ...], str],
-    priors: Any,
+    priors: Broadcast[dict[str, Prior]] | None,
     skip_errors: bool,
     dsn: str,
     names: tuple[str, str, str],
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+) -> ArrowMap:
     def fold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         p = resolve(*ref)
         known: Mapping[str, Prior] = priors.value if priors is not None else {}
@@ -242,7 +250,7 @@ def _folder(
 
         stager = _Stager(dsn, names)
         try:
-            chunk: list[Any] = []
+            chunk: list[UnitOut] = []
             for u in fold_units(p, items(), known, skip_errors=skip_errors):
                 chunk.append(u)
                 if len(chunk) >= 4096:
@@ -267,8 +275,8 @@ def _folder(
 
 
 def fold_frame(
-    spark: Any,
-    items: Any,
+    spark: SparkSession,
+    items: DataFrame,
     ref: tuple[tuple[str, ...], tuple[str, ...], str],
     priors: Mapping[str, Prior],
     partitions: int,
@@ -276,7 +284,7 @@ def fold_frame(
     dsn: str,
     staging: tuple[str, str, str],
     skip_errors: bool = False,
-) -> Any:
+) -> DataFrame:
     """Items → folded units COPYed by the tasks into `staging`; one summary row per task
     (SUMMARY_SCHEMA) is all that comes back to the driver."""
     bc = spark.sparkContext.broadcast(dict(priors)) if priors else None

@@ -30,9 +30,12 @@ from tributary.capture.kafka_codec import log_headers, one_line
 from tributary.capture.kafka_logs import with_logger
 from tributary.projections.errors import RunError
 from tributary.projections.loader import resolve
-from tributary.projections.source import TP, RawRecord, _raw_batches, _reader, rows_frame
+from tributary.projections.source import TP, ArrowMap, RawRecord, RecordsOf, _raw_batches, _reader, rows_frame
 
 if TYPE_CHECKING:
+    from confluent_kafka import Consumer
+    from pyspark.sql import DataFrame, SparkSession
+
     from tributary.capture.kafka_options import KafkaOptions
 
 __all__ = ["KafkaSource", "offset_ranges"]
@@ -80,7 +83,7 @@ def _text(raw: bytes | None) -> str | None:
     return None if raw is None else raw.decode()
 
 
-def _read_range(consumer: Any, topic: str, partition: int, lo: int, hi: int) -> Iterator[RawRecord]:
+def _read_range(consumer: Consumer, topic: str, partition: int, lo: int, hi: int) -> Iterator[RawRecord]:
     """The committed records of offsets [lo, hi) of one partition: until the first record at or
     past `hi` or the partition's end (a read_committed reader's end: the last stable offset)."""
     from confluent_kafka import KafkaError, TopicPartition
@@ -123,7 +126,7 @@ def _read_range(consumer: Any, topic: str, partition: int, lo: int, hi: int) -> 
             )
 
 
-def _range_records(bootstrap: str, client: Mapping[str, str]) -> Any:
+def _range_records(bootstrap: str, client: Mapping[str, str]) -> RecordsOf:
     """A function of planned offset ranges (Arrow batches of _RANGE_SCHEMA) → their records, read
     by one consumer per task."""
 
@@ -146,7 +149,7 @@ def _range_records(bootstrap: str, client: Mapping[str, str]) -> Any:
     return records
 
 
-def _raw_rows(bootstrap: str, client: Mapping[str, str]) -> Any:
+def _raw_rows(bootstrap: str, client: Mapping[str, str]) -> ArrowMap:
     """A mapInArrow function: offset ranges → their records' first seven RECORD_SCHEMA columns."""
     records = _range_records(bootstrap, client)
 
@@ -164,12 +167,12 @@ class KafkaSource:
         self.opts = options
         self.split_offsets = split_offsets
         self.timeout_s = timeout_s
-        self._consumer: Any = None
+        self._consumer: Consumer | None = None
 
     def _fail(self, exc: BaseException) -> RunError:
         return RunError(f"Kafka at {self.opts.bootstrap_servers}: {one_line(exc)}")
 
-    def _driver(self) -> Any:
+    def _driver(self) -> Consumer:
         from confluent_kafka import Consumer, KafkaException
 
         if self._consumer is None:
@@ -202,7 +205,7 @@ class KafkaSource:
 
     def records_frame(
         self,
-        spark: Any,
+        spark: SparkSession,
         *,
         modules: Sequence[str],
         mirror: Sequence[str],
@@ -211,7 +214,7 @@ class KafkaSource:
         lo: Mapping[TP, int],
         hi: Mapping[TP, int],
         max_bytes: int = 16 << 20,
-    ) -> Any:
+    ) -> DataFrame:
         """The records of offsets [lo, hi) per topic-partition (`source.records_frame`'s schema;
         `max_bytes` is the local log's and not used here)."""
         p = resolve(tuple(modules), tuple(mirror), name)

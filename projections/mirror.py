@@ -8,7 +8,7 @@ followed by `key` and `row`. Give `columns`/`primary_key` for a typed table of y
 The schema records reach this fold (`schema_records=True`) as a unit of their own: its state
 is the latest schema (the last one in fold order; capture writes every change to every
 partition) and it owns no row. The store reads it from the unit's state to define the view, at
-the swap and in any incremental run that changes it (`Store.commit_run`).
+the swap and in any incremental run that changes it (`Store.commit_folds`).
 
 Records are folded in log order (event time is held constant): a key's changes are totally
 ordered by their offsets, while commit timestamps of snapshot reads and streamed changes

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,7 @@ from tributary.capture.kafka_options import VIEW_TIMEOUT_S
 from tributary.capture.log import LogError, MissingMetadataError
 from tributary.projections.arrow_copy import distinct_keys, output_lines
 from tributary.projections.definition import Projection
-from tributary.projections.engine import applies_truncates, decide, merges_partitions, truncate_points
+from tributary.projections.engine import Prior, applies_truncates, decide, merges_partitions, truncate_points
 from tributary.projections.errors import LockedError, ProjectionError, RunError
 from tributary.projections.executors import check_log_root
 from tributary.projections.job import (
@@ -49,7 +50,11 @@ from tributary.projections.state import projection_state, state_label
 from tributary.projections.store import BuildRow, Store
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from tributary.api.settings.config import Settings
     from tributary.capture.kafka_options import KafkaOptions
+    from tributary.projections.records import SortKey
 
 __all__ = [
     "RunResult",
@@ -86,8 +91,11 @@ class RunSettings:
     kafka_split_offsets: int = 100_000  # on Kafka: offsets per executor task, at most
 
     @classmethod
-    def from_settings(cls, settings: Any, *, dsn: str | None = None) -> RunSettings:
+    def from_settings(cls, settings: Settings, *, dsn: str | None = None) -> RunSettings:
         """From `api.config.Settings` (pass `dsn` when the service DSN is the embedded default)."""
+        service = dsn or settings.service.dsn
+        if not service:
+            raise RunError("no service database to keep the projections in: set [service] dsn")
         pr = settings.projections
         kafka = None
         if settings.log.backend == "kafka":
@@ -95,7 +103,7 @@ class RunSettings:
 
             kafka = kafka_options(settings)
         return cls(
-            dsn=dsn or settings.service.dsn,
+            dsn=service,
             log_root=Path(settings.log.root),
             modules=tuple(pr.modules),
             mirror=tuple(pr.mirror),
@@ -169,9 +177,44 @@ class _Pass:
     recomputed: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Span:
+    """What one pass reads, per topic-partition of the projection's topics: from its checkpoint
+    (`lo`) to the log's committed end (`ends`), with the max event time its checkpoint stored
+    (`base`, where windowed watermarks continue from)."""
+
+    ends: Mapping[TP, int]
+    lo: Mapping[TP, int]
+    base: Mapping[TP, int | None]
+    topics: tuple[str, ...]  # the projection's topics that have partitions in the log
+    resumed: bool  # the build has checkpoints: its state table may know the units read
+
+    @property
+    def total(self) -> int:
+        """Offsets the pass covers."""
+        return sum(self.ends[tp] - self.lo[tp] for tp in self.ends if self.ends[tp] > self.lo[tp])
+
+    def checkpoints(self) -> dict[TP, tuple[int, int | None]]:
+        """Each topic-partition's checkpoint after the pass: at its end, max event time as before."""
+        return {tp: (end, self.base[tp]) for tp, end in self.ends.items()}
+
+
+def _span(store: Store, log: LogSource, p: Projection, b: BuildRow) -> _Span:
+    """Step 1: snapshot the log's committed ends against the build's checkpoints."""
+    ends = log.ends(p.topics)
+    ck = store.checkpoints(b)
+    return _Span(
+        ends=ends,
+        lo={tp: ck.get(tp, (0, None))[0] for tp in ends},
+        base={tp: ck.get(tp, (0, None))[1] for tp in ends},
+        topics=tuple(t for t in p.topics if any(tp[0] == t for tp in ends)),
+        resumed=bool(ck),
+    )
+
+
 def _catch_up(
     s: RunSettings,
-    spark: Any,
+    spark: SparkSession,
     store: Store,
     log: LogSource,
     p: Projection,
@@ -179,128 +222,171 @@ def _catch_up(
     progress: Progress | None = None,
     stage: str = "catching_up",
 ) -> _Pass:
-    """One pass from the checkpoints to the log's committed end."""
-    from pyspark.sql import functions as F
-
-    ref = (s.modules, s.mirror, p.name)
-    ends = log.ends(p.topics)
-    ck = store.checkpoints(b)
-    lo = {tp: ck.get(tp, (0, None))[0] for tp in ends}
-    base = {tp: ck.get(tp, (0, None))[1] for tp in ends}
-    todo = {tp: ends[tp] - lo[tp] for tp in ends if ends[tp] > lo[tp]}
-    if not todo:
+    """One pass from the checkpoints to the log's committed end: a DataFrame transform's over
+    the whole log, or a fold's over the new records (steps 1–4 of this module's docstring)."""
+    span = _span(store, log, p, b)
+    total = span.total
+    if total == 0:
         return _Pass()
-    total = sum(todo.values())
     if progress:
         progress(stage, 0, total)
-    topics = tuple(t for t in p.topics if any(tp[0] == t for tp in ends))
+    with _reported_as_run_errors():
+        if p.build is not None:
+            done = _transform_pass(s, spark, store, log, p, b, span)
+        else:
+            done = _fold_pass(s, spark, store, log, p, b, span)
+    if progress:
+        progress(stage, total, total)
+    return done
 
-    def read(start: Mapping[TP, int], session: Any = spark) -> Any:
-        return log.records_frame(
-            session,
-            modules=s.modules,
-            mirror=s.mirror,
-            name=p.name,
-            topics=topics,
-            lo=start,
-            hi=ends,
-            max_bytes=s.split_bytes,
-        )
 
-    windowed = p.window is not None
-    new_ck: dict[TP, tuple[int, int | None]] = {tp: (ends[tp], base[tp]) for tp in ends}
+@contextmanager
+def _reported_as_run_errors() -> Iterator[None]:
+    """Spark wraps a task's error in its own: report the record (`projection … failed on …`),
+    not the stack. Our own errors, and any other, pass as they are."""
     try:
-        if p.build is not None:  # a DataFrame transform recomputes over the whole log
-            out = p.build(read({}, aggregation_session(spark, s.shuffle_partitions))).toArrow()
-            lines = output_lines(p, out)  # checks the rows (unknown columns, NULL keys) first
-            rows = store.commit_run(
-                p, b, [], new_ck, total, rows=[lines], replace_all=True, unique=distinct_keys(p, out)
-            )
-            if progress:
-                progress(stage, total, total)
-            return _Pass(total, rows)
-        store.upgrade_state(b)
-        new_records = read(lo)
-        items = items_frame(spark, new_records, ref, windowed, base)
-        truncating = applies_truncates(p)
-        points = store.truncate_points(b) if truncating else {}
-        priors: dict[str, Any] = {}
-        recompute: set[str] = set()
-        fresh = None
-        if ck or truncating:  # read the new records once for every job below
-            fresh = items = items.persist()
-        try:
-            if truncating:
-                items, points = _deliver(spark, store, b, items, points)
-            if ck:  # the state table may know these units: resume or recompute each
-                merged = merges_partitions(p)
-                firsts: dict[str, list[tuple[int, str, int, int]]] = {}
-                if merged:  # each unit's first new record on each topic-partition
-                    for r in (
-                        items.groupBy("unit", "topic", "partition")
-                        .agg(F.min(F.struct("offset", "event_time")).alias("m"))
-                        .collect()
-                    ):
-                        k = (r["m"]["event_time"], r["topic"], r["partition"], r["m"]["offset"])
-                        firsts.setdefault(r["unit"], []).append(k)
-                else:  # session windows: each unit's earliest new record
-                    for r in (
-                        items.groupBy("unit")
-                        .agg(F.min(F.struct("event_time", "topic", "partition", "offset")).alias("m"))
-                        .collect()
-                    ):
-                        firsts[r["unit"]] = [tuple(r["m"])]
-                priors, recompute = decide(store.priors(b, list(firsts)), firsts, merged=merged)
-            if recompute:
-                everything = items_frame(spark, read({}), ref, windowed, {})
-                rc = F.broadcast(spark.createDataFrame([(u,) for u in sorted(recompute)], "unit string"))
-                if truncating:  # all their records, and every truncate of the log delivered to them
-                    trunc = is_truncate()
-                    theirs = everything.where(~trunc).join(rc, "unit", "left_semi")
-                    holders = theirs.select("unit", "topic", "partition").distinct()
-                    every = everything.where(trunc).select(*TRUNCATE_COLUMNS)
-                    theirs = theirs.unionByName(deliveries(every, holders))
-                else:
-                    theirs = everything.join(rc, "unit", "left_semi")
-                items = items.join(rc, "unit", "left_anti").unionByName(theirs)
-            if windowed:  # watermarks continue from each partition's max event time
-                for r in new_records.groupBy("topic", "partition").agg(F.max("event_time").alias("m")).collect():
-                    tp = (r["topic"], r["partition"])
-                    prev = base.get(tp)
-                    new_ck[tp] = (ends[tp], r["m"] if prev is None else max(prev, r["m"]))
-            staged = store.staging(p, b)
-            outputs = (
-                fold_frame(
-                    spark,
-                    items,
-                    ref,
-                    priors,
-                    s.shuffle_partitions,
-                    dsn=s.dsn,
-                    staging=staged.names,
-                    skip_errors=s.skip_errors,
-                )
-                .toArrow()
-                .to_pylist()
-            )
-        finally:
-            if fresh is not None:
-                fresh.unpersist()
+        yield
     except ProjectionError:
         raise
-    except Exception as exc:  # Spark wraps task errors; report the record, not the stack
+    except Exception as exc:
         if type(exc).__module__.startswith(("pyspark", "py4j")):
             raise _spark_error(exc) from exc
         raise
-    rows = store.commit_run(p, b, outputs, new_ck, total, staged=staged, truncates=points)
-    if progress:
-        progress(stage, total, total)
-    return _Pass(total, rows, len(recompute))
+
+
+def _read(
+    s: RunSettings, log: LogSource, p: Projection, span: _Span, spark: SparkSession, start: Mapping[TP, int]
+) -> DataFrame:
+    """The projection's records from `start` (empty: the log's beginning) to the span's ends."""
+    return log.records_frame(
+        spark,
+        modules=s.modules,
+        mirror=s.mirror,
+        name=p.name,
+        topics=span.topics,
+        lo=start,
+        hi=span.ends,
+        max_bytes=s.split_bytes,
+    )
+
+
+def _transform_pass(
+    s: RunSettings, spark: SparkSession, store: Store, log: LogSource, p: Projection, b: BuildRow, span: _Span
+) -> _Pass:
+    """A DataFrame transform recomputes over the whole log: its output replaces the table."""
+    assert p.build is not None
+    records = _read(s, log, p, span, aggregation_session(spark, s.shuffle_partitions), {})
+    out = p.build(records).toArrow()
+    lines = output_lines(p, out)  # checks the rows (unknown columns, NULL keys) first
+    rows = store.replace_rows(p, b, [lines], span.checkpoints(), span.total, distinct_keys=distinct_keys(p, out))
+    return _Pass(span.total, rows)
+
+
+def _fold_pass(
+    s: RunSettings, spark: SparkSession, store: Store, log: LogSource, p: Projection, b: BuildRow, span: _Span
+) -> _Pass:
+    """A fold's pass (steps 2–4): the new records routed to units (with the new truncates
+    delivered), each touched unit resumed from its stored state or recomputed from all its
+    records, folded by Spark tasks into staging tables, committed with the checkpoints."""
+    ref = (s.modules, s.mirror, p.name)
+    store.upgrade_state(b)
+    new_records = _read(s, log, p, span, spark, span.lo)
+    items = items_frame(spark, new_records, ref, p.window is not None, span.base)
+    truncating = applies_truncates(p)
+    points = store.truncate_points(b) if truncating else {}
+    priors: dict[str, Prior] = {}
+    recompute: set[str] = set()
+    fresh = None
+    if span.resumed or truncating:  # read the new records once for every job below
+        fresh = items = items.persist()
+    try:
+        if truncating:
+            items, points = _deliver(spark, store, b, items, points)
+        if span.resumed:  # the state table may know these units: resume or recompute each
+            merged = merges_partitions(p)
+            firsts = _first_new_records(items, merged=merged)
+            priors, recompute = decide(store.priors(b, list(firsts)), firsts, merged=merged)
+        if recompute:
+            everything = items_frame(spark, _read(s, log, p, span, spark, {}), ref, p.window is not None, {})
+            items = _recomputed(spark, items, everything, recompute, truncating=truncating)
+        checkpoints = span.checkpoints() if p.window is None else _watermarked(span, new_records)
+        staged = store.staging(p, b)
+        summaries = (
+            fold_frame(
+                spark,
+                items,
+                ref,
+                priors,
+                s.shuffle_partitions,
+                dsn=s.dsn,
+                staging=staged.names,
+                skip_errors=s.skip_errors,
+            )
+            .toArrow()
+            .to_pylist()
+        )
+    finally:
+        if fresh is not None:
+            fresh.unpersist()
+    rows = store.commit_folds(p, b, staged, summaries, checkpoints, span.total, truncates=points)
+    return _Pass(span.total, rows, len(recompute))
+
+
+def _first_new_records(items: DataFrame, *, merged: bool) -> dict[str, list[SortKey]]:
+    """What decides whether a unit resumes (`engine.decide`): its first new record on each
+    topic-partition when the fold merges them by event time, else (session windows) its
+    earliest new record."""
+    from pyspark.sql import functions as F
+
+    firsts: dict[str, list[SortKey]] = {}
+    if merged:
+        by_tp = items.groupBy("unit", "topic", "partition").agg(F.min(F.struct("offset", "event_time")).alias("m"))
+        for r in by_tp.collect():
+            firsts.setdefault(r["unit"], []).append(
+                (r["m"]["event_time"], r["topic"], r["partition"], r["m"]["offset"])
+            )
+        return firsts
+    by_unit = items.groupBy("unit").agg(F.min(F.struct("event_time", "topic", "partition", "offset")).alias("m"))
+    for r in by_unit.collect():
+        event_time, topic, partition, offset = r["m"]
+        firsts[r["unit"]] = [(event_time, topic, partition, offset)]
+    return firsts
+
+
+def _recomputed(
+    spark: SparkSession, items: DataFrame, everything: DataFrame, recompute: Collection[str], *, truncating: bool
+) -> DataFrame:
+    """`items` with the units to recompute given all their records of the log (`everything`),
+    and, for a fold that applies truncates, every truncate of the log delivered to them."""
+    from pyspark.sql import functions as F
+
+    rc = F.broadcast(spark.createDataFrame([(u,) for u in sorted(recompute)], "unit string"))
+    if truncating:
+        trunc = is_truncate()
+        theirs = everything.where(~trunc).join(rc, "unit", "left_semi")
+        holders = theirs.select("unit", "topic", "partition").distinct()
+        every = everything.where(trunc).select(*TRUNCATE_COLUMNS)
+        theirs = theirs.unionByName(deliveries(every, holders))
+    else:
+        theirs = everything.join(rc, "unit", "left_semi")
+    return items.join(rc, "unit", "left_anti").unionByName(theirs)
+
+
+def _watermarked(span: _Span, new_records: DataFrame) -> dict[TP, tuple[int, int | None]]:
+    """A windowed fold's checkpoints: watermarks continue from each partition's max event time."""
+    from pyspark.sql import functions as F
+
+    out = span.checkpoints()
+    for r in new_records.groupBy("topic", "partition").agg(F.max("event_time").alias("m")).collect():
+        tp = (r["topic"], r["partition"])
+        prev = span.base.get(tp)
+        out[tp] = (span.ends[tp], r["m"] if prev is None else max(prev, r["m"]))
+    return out
 
 
 def _deliver(
-    spark: Any, store: Store, b: BuildRow, items: Any, points: Mapping[TP, tuple[int, int]]
-) -> tuple[Any, dict[TP, tuple[int, int]]]:
+    spark: SparkSession, store: Store, b: BuildRow, items: DataFrame, points: Mapping[TP, tuple[int, int]]
+) -> tuple[DataFrame, dict[TP, tuple[int, int]]]:
     """`engine.deliver_truncates` on Spark: the new truncates (few) come to the driver; each is
     joined to the holders of its topic-partition — units of the new records, and stored units
     whose `tps` name it. Returns (items with deliveries, new truncate points)."""
@@ -311,7 +397,7 @@ def _deliver(
     items = items.where(~trunc)
     if not found:
         return items, dict(points)
-    new_points = truncate_points(points, found)  # Rows: the same attributes as a record
+    new_points = truncate_points(points, found)
     tps = sorted({(r["topic"], r["partition"]) for r in found})
     on_tps = F.broadcast(spark.createDataFrame(tps, "topic string, partition int"))
     holders = items.join(on_tps, ["topic", "partition"], "left_semi").select("unit", "topic", "partition")
@@ -325,7 +411,7 @@ def _deliver(
 _SEEN_ROOTS: set[tuple[str, str]] = set()  # (Spark application, log root) pairs whose executors see the root
 
 
-def _session(s: RunSettings, spark: Any) -> Any:
+def _session(s: RunSettings, spark: SparkSession | None) -> SparkSession:
     """The session of a run; on a cluster with the local log, first (once per application and log
     root) a check that every executor sees the log root (on Kafka the executors reach the brokers)."""
     sess = (
@@ -364,7 +450,7 @@ class _Locked:
             self.conn.close()
 
 
-def _rebuild(s: RunSettings, spark: Any, store: Store, p: Projection, progress: Progress | None) -> RunResult:
+def _rebuild(s: RunSettings, spark: SparkSession, store: Store, p: Projection, progress: Progress | None) -> RunResult:
     t0 = time.monotonic()
     stamps = file_stamps(s.modules)
     log = _open_log(s)
@@ -393,7 +479,9 @@ def _rebuild(s: RunSettings, spark: Any, store: Store, p: Projection, progress: 
     return RunResult(p.name, b.build, b.table_name, records, rows, True, time.monotonic() - t0)
 
 
-def rebuild(name: str, settings: RunSettings, *, spark: Any = None, progress: Progress | None = None) -> RunResult:
+def rebuild(
+    name: str, settings: RunSettings, *, spark: SparkSession | None = None, progress: Progress | None = None
+) -> RunResult:
     """Build `<schema>.<name>__v<version>_<build>` from offset 0 while the old build keeps
     serving, catch up to the log end, swap the view `<schema>.<name>` in one transaction and
     drop the old builds. A failure leaves the old build serving and the new one `failed`."""
@@ -499,7 +587,9 @@ def rebuild_main() -> None:
     say({"result": {f: getattr(result, f) for f in result.__slots__}})
 
 
-def run(name: str, settings: RunSettings, *, spark: Any = None, progress: Progress | None = None) -> RunResult:
+def run(
+    name: str, settings: RunSettings, *, spark: SparkSession | None = None, progress: Progress | None = None
+) -> RunResult:
     """Catch the current build up to the log end; rebuild first if there is none or the
     projection's version changed."""
     p = resolve(settings.modules, settings.mirror, name)
@@ -533,7 +623,7 @@ def run_continuous(
     freshness_s: float = 5.0,
     stop: Callable[[], bool] = lambda: False,
     sleep: Callable[[float], None] = time.sleep,
-    spark: Any = None,
+    spark: SparkSession | None = None,
 ) -> int:
     """`project run --continuous`: catch up again at once while records arrive; while idle, poll
     with a backoff from 0.25 s doubling up to `freshness_s` (an idle poll reads the manifest and

@@ -14,11 +14,13 @@ the log passes through the driver. Both paths give the same rows (tests/integrat
 from __future__ import annotations
 
 import contextlib
+import operator
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import reduce
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -44,9 +46,15 @@ from tributary.projections.engine import prepare, unit_key
 from tributary.projections.loader import resolve
 from tributary.projections.records import SCHEMA_KEY, decode, default_event_time
 
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+    from tributary.projections.definition import Projection
+
 __all__ = ["RECORD_SCHEMA", "TP", "LocalSource", "LogSource", "RawRecord", "plan", "records_frame", "rows_frame"]
 
 TP = tuple[str, int]
+ArrowMap = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]  # a `mapInArrow` function
 # The log's record columns, then the two every projection gets: its event time and its key.
 _ARROW = LOG_RECORD.append(pa.field("event_time", pa.int64())).append(pa.field("pkey", pa.string()))
 _SPARK_TYPES = {pa.string(): "string", pa.int32(): "int", pa.int64(): "long"}
@@ -189,7 +197,7 @@ def _segment_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
             yield from pa.Table.from_arrays([seg, *table.columns], schema=_COPY).to_batches(_BATCH)
 
 
-def _event_time() -> Any:
+def _event_time() -> Column:
     """`records.default_event_time` over (topic, value_v, timestamp): an event's `occurred_at`,
     a CDC envelope's `source.ts_ms` (else `ts_ms`), else the log time. The JSON types are checked
     as in Python: a JSON string is not an integer, a number is not an ISO-8601 time (the text
@@ -207,7 +215,7 @@ def _event_time() -> Any:
         f"THEN ({micros} - pmod({micros}, 1000L)) div 1000L END"
     )
 
-    def integer(path: str) -> Any:  # a JSON integer; true/false too, as Python's isinstance(x, int) says
+    def integer(path: str) -> Column:  # a JSON integer; true/false too, as Python's isinstance(x, int) says
         return F.coalesce(
             F.expr(typed(path, "BIGINT", "bigint")), F.expr(typed(path, "BOOLEAN", "boolean")).cast("long")
         )
@@ -217,7 +225,7 @@ def _event_time() -> Any:
     return F.coalesce(chosen, F.col("timestamp")).cast("long")
 
 
-def _spark_writer(spark: Any) -> Callable[[Path, Sequence[SegmentCopy]], None]:
+def _spark_writer(spark: SparkSession) -> Callable[[Path, Sequence[SegmentCopy]], None]:
     """The Parquet writer of the log's copy jobs (`Log.make_copies`): Spark tasks read each copy's
     records (`_segment_rows`); Spark adds the VARIANT value and the default event time, shreds
     the VARIANT and writes one file per copy under the job's staging directory."""
@@ -240,7 +248,9 @@ def _spark_writer(spark: Any) -> Callable[[Path, Sequence[SegmentCopy]], None]:
     return write
 
 
-def columnar_segments(spark: Any, log: Log, segments: Sequence[Segment]) -> tuple[list[Segment], list[Segment]]:
+def columnar_segments(
+    spark: SparkSession, log: Log, segments: Sequence[Segment]
+) -> tuple[list[Segment], list[Segment]]:
     """(segments with a current format-2 Parquet copy, segments without one) — making missing
     or older-format copies first, in parallel Spark tasks. A copy is made once per sealed
     segment (and per planned tail copy); later runs find it. If the copies cannot be written
@@ -259,7 +269,7 @@ def columnar_segments(spark: Any, log: Log, segments: Sequence[Segment]) -> tupl
     return [s for s in segments if s not in failed], failed
 
 
-def _native_records(spark: Any, segments: Sequence[Segment], variant: bool) -> Any:
+def _native_records(spark: SparkSession, segments: Sequence[Segment], variant: bool) -> DataFrame:
     """The records of sealed segments from their format-2 Parquet copies: one scan of the copies
     the run reads whole (a rebuild's: no per-row filter, so the offset, topic and partition
     columns are not even decoded), one of the others with offsets limited to the run's [lo, hi)
@@ -275,10 +285,14 @@ def _native_records(spark: Any, segments: Sequence[Segment], variant: bool) -> A
     if whole:
         scans.append(spark.read.parquet(*(str(s.copy_path) for s in whole)).select(*columns))
     if part:
-        wanted = None
-        for topic, partition, lo, hi in sorted({(s.topic, s.partition, s.lo, s.hi) for s in part}):
-            one = (F.col("topic") == topic) & (F.col("partition") == partition) & F.col("offset").between(lo, hi - 1)
-            wanted = one if wanted is None else wanted | one
+        ranges = sorted({(s.topic, s.partition, s.lo, s.hi) for s in part})
+        wanted = reduce(
+            operator.or_,
+            (
+                (F.col("topic") == topic) & (F.col("partition") == partition) & F.col("offset").between(lo, hi - 1)
+                for topic, partition, lo, hi in ranges
+            ),
+        )
         scans.append(spark.read.parquet(*(str(s.copy_path) for s in part)).where(wanted).select(*columns))
     return scans[0] if len(scans) == 1 else scans[0].unionByName(scans[1])
 
@@ -286,19 +300,19 @@ def _native_records(spark: Any, segments: Sequence[Segment], variant: bool) -> A
 RawRecord = tuple[str, int, int, int, str | None, str | None, str | None]  # topic … headers, JSON as text
 
 
-def _not_schema() -> Any:
+def _not_schema() -> Column:
     """Records that are not schema records (a keyless truncate is kept)."""
     from pyspark.sql import functions as F
 
     return F.col("key").isNull() | (F.col("key") != F.lit(SCHEMA_KEY))
 
 
-def _custom(p: Any) -> bool:
+def _custom(p: Projection) -> bool:
     """The projection brings its own key or event time (Python), instead of the log's defaults."""
     return p.key is not None or p.event_time is not None
 
 
-def _batches(p: Any, records: Iterable[RawRecord]) -> Iterator[pa.RecordBatch]:
+def _batches(p: Projection, records: Iterable[RawRecord]) -> Iterator[pa.RecordBatch]:
     """Arrow batches of RECORD_SCHEMA: each record with its key and event time (Python path)."""
     custom = _custom(p)
     cols: dict[str, list[Any]] = {f: [] for f in _ARROW.names}
@@ -419,13 +433,13 @@ def _raw_batches(records: Iterable[RawRecord]) -> Iterator[pa.RecordBatch]:
 RecordsOf = Callable[[Iterator[pa.RecordBatch]], Iterator[RawRecord]]  # planned rows → their records
 
 
-def _reader(  # type: ignore[no-untyped-def]
+def _reader(
     modules: tuple[str, ...],
     mirror: tuple[str, ...],
     name: str,
     columns: bool = False,
     records: RecordsOf | None = None,
-):
+) -> ArrowMap:
     """A mapInArrow function: row splits (or Parquet rows, `columns=True`; or what `records`
     reads from its planned rows) → RECORD_SCHEMA."""
 
@@ -437,7 +451,7 @@ def _reader(  # type: ignore[no-untyped-def]
     return read
 
 
-def rows_frame(p: Any, planned: Any, raw: Any, reader: Any) -> Any:
+def rows_frame(p: Projection, planned: DataFrame, raw: ArrowMap, reader: ArrowMap) -> DataFrame:
     """The records of planned rows (a DataFrame of splits, or of Kafka offset ranges) as
     RECORD_SCHEMA (+ `value_v` for a DataFrame projection): `raw` maps them to the log's seven
     record columns (a DataFrame projection with the log's key and event time: those and the
@@ -459,7 +473,7 @@ def rows_frame(p: Any, planned: Any, raw: Any, reader: Any) -> Any:
 
 
 def records_frame(
-    spark: Any,
+    spark: SparkSession,
     log: Log,
     *,
     modules: Sequence[str],
@@ -469,7 +483,7 @@ def records_frame(
     lo: Mapping[TP, int],
     hi: Mapping[TP, int],
     max_bytes: int = 16 << 20,
-) -> Any:
+) -> DataFrame:
     """A DataFrame of the records in [lo, hi) of each topic-partition (schema RECORD_SCHEMA; for a
     DataFrame projection also `value_v`, the value as a VARIANT — shredded columns when read
     from a Parquet copy, `try_parse_json(value)` for the tail)."""
@@ -515,7 +529,7 @@ class LogSource(Protocol):
 
     def records_frame(
         self,
-        spark: Any,
+        spark: SparkSession,
         *,
         modules: Sequence[str],
         mirror: Sequence[str],
@@ -524,7 +538,7 @@ class LogSource(Protocol):
         lo: Mapping[TP, int],
         hi: Mapping[TP, int],
         max_bytes: int = 16 << 20,
-    ) -> Any:
+    ) -> DataFrame:
         """`records_frame` over this log."""
         ...
 
@@ -551,7 +565,7 @@ class LocalSource:
 
     def records_frame(
         self,
-        spark: Any,
+        spark: SparkSession,
         *,
         modules: Sequence[str],
         mirror: Sequence[str],
@@ -560,7 +574,7 @@ class LocalSource:
         lo: Mapping[TP, int],
         hi: Mapping[TP, int],
         max_bytes: int = 16 << 20,
-    ) -> Any:
+    ) -> DataFrame:
         return records_frame(
             spark, self.log, modules=modules, mirror=mirror, name=name, topics=topics, lo=lo, hi=hi, max_bytes=max_bytes
         )

@@ -23,7 +23,10 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = [
     "JVM_LOG_BYTES",
@@ -39,7 +42,7 @@ __all__ = [
 JVM_LOG_BYTES = 10 << 20  # the JVM's log is rotated past this size when a session starts
 
 _LOCK = threading.Lock()
-_SESSION: Any = None
+_SESSION: SparkSession | None = None
 _JVM_LOG: Path | None = None
 
 # The repl logger at the root's level: Spark prints its "sc.setLogLevel" hint when they differ.
@@ -103,7 +106,9 @@ def _stderr_to(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def get_session(master: str = "local[*]", *, shuffle_partitions: int = 4, conf: Mapping[str, str] | None = None) -> Any:
+def get_session(
+    master: str = "local[*]", *, shuffle_partitions: int = 4, conf: Mapping[str, str] | None = None
+) -> SparkSession:
     """The process's SparkSession (created on first use; later calls return the same one).
     `conf` goes on top of the defaults: its settings win."""
     global _SESSION
@@ -176,8 +181,11 @@ def stop_session() -> None:
             _SESSION = None
 
 
-def local_cores(master: str) -> int | None:
-    """The task slots of a `local`, `local[n]` or `local[*]` master (None for a cluster)."""
+def local_cores(master: str | None) -> int | None:
+    """The task slots of a `local`, `local[n]` or `local[*]` master (None for a cluster, and for
+    a context that names no master)."""
+    if master is None:
+        return None
     if master == "local":
         return 1
     if master.startswith("local[") and master.endswith("]"):
@@ -188,14 +196,15 @@ def local_cores(master: str) -> int | None:
     return None
 
 
-def aggregation_session(spark: Any, shuffle_partitions: int) -> Any:
+def aggregation_session(spark: SparkSession, shuffle_partitions: int) -> SparkSession:
     """A session sharing `spark`'s context whose shuffles (a DataFrame projection's groupBy) use
     at most one partition per local task slot. After the map side's partial aggregation the
     reduce side holds at most one row per group, so more partitions than slots add only per-task
     work. The fold keeps `shuffle_partitions` (its sorts hold every record)."""
     cores = local_cores(spark.sparkContext.master)
     wanted = shuffle_partitions if cores is None else max(1, min(shuffle_partitions, cores))
-    if int(spark.conf.get("spark.sql.shuffle.partitions")) == wanted:
+    current = spark.conf.get("spark.sql.shuffle.partitions")  # never None: Spark has a default
+    if current is not None and int(current) == wanted:
         return spark
     session = spark.newSession()
     session.conf.set("spark.sql.shuffle.partitions", str(wanted))

@@ -30,6 +30,7 @@ __all__ = ["META", "BuildRow", "Staged", "Store"]
 
 META = "tributary_projections"
 TP = tuple[str, int]
+Cursor = psycopg.Cursor[Any]
 # everything migration 0002 makes: when present, the runner issues no DDL of its own
 _PRESENT = sql.SQL(
     "SELECT to_regclass('tributary_projections.builds') IS NOT NULL "
@@ -75,6 +76,42 @@ class Staged:
     columns: tuple[str, ...]
     primary_key: tuple[str, ...]
     names: tuple[str, str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Into:
+    """The SQL a commit needs of a build's output table: its name, columns, key, and how a
+    staged row `s` matches a stored row `t` and replaces it."""
+
+    target: sql.Identifier
+    cols: sql.Composable
+    pkcols: sql.Composable
+    match: sql.Composable
+    on_conflict: sql.Composable
+
+    @classmethod
+    def of(cls, schema: str, p: Projection, b: BuildRow) -> _Into:
+        pk = p.table.primary_key
+        nonpk = [n for n in p.table.names if n not in pk]
+        sets = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in nonpk)
+        return cls(
+            target=sql.Identifier(schema, b.table_name),
+            cols=sql.SQL(", ").join(map(sql.Identifier, p.table.names)),
+            pkcols=sql.SQL(", ").join(map(sql.Identifier, pk)),
+            match=sql.SQL(" AND ").join(sql.SQL("t.{0} = s.{0}").format(sql.Identifier(k)) for k in pk),
+            on_conflict=sql.SQL("DO UPDATE SET {}").format(sets) if nonpk else sql.SQL("DO NOTHING"),
+        )
+
+
+def _dead_letters(b: BuildRow, summaries: Iterable[Mapping[str, Any]]) -> list[tuple[str, int, str, int, int, str]]:
+    """The dead letters a pass's tasks report (`--skip-errors`): (projection, build, topic,
+    partition, offset, error) rows."""
+    return [
+        (b.projection, b.build, t, part, off, err)
+        for o in summaries
+        if o.get("errors")
+        for t, part, off, err in orjson.loads(o["errors"])
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,137 +292,166 @@ class Store:
         args = [orjson.dumps(list(tp)).decode() for tp in wanted]
         return [(u, t, int(p)) for u, t, p in self.conn.execute(q.format(state, match), args)]
 
-    # -- the commit: rows, deletes, states and checkpoints in one transaction -----------------
+    # -- the commits: a pass's output and its checkpoints in one transaction -------------------
 
-    def commit_run(
+    def commit_folds(
         self,
         p: Projection,
         b: BuildRow,
-        outputs: Iterable[Mapping[str, Any]],
-        checkpoints: Mapping[tuple[str, int], tuple[int, int | None]],
+        staged: Staged,
+        summaries: Sequence[Mapping[str, Any]],
+        checkpoints: Mapping[TP, tuple[int, int | None]],
         records: int,
         *,
-        truncates: Mapping[TP, tuple[int, int]] | None = None,
-        rows: Iterable[str | bytes] = (),
-        replace_all: bool = False,
-        staged: Staged | None = None,
-        unique: bool = False,
+        truncates: Mapping[TP, tuple[int, int]],
     ) -> int:
-        """Apply one run's output and move its checkpoints, atomically. Returns rows upserted.
-        `truncates`: each topic-partition's latest truncate point, stored with its checkpoint.
-        `unique`: the `rows` have distinct primary keys (so an empty table can take them as they are).
+        """Commit a fold projection's pass, atomically: its Spark tasks COPYed rows, deleted keys
+        and unit states into `staged` (each task's `summaries` row counts its rows and lists its
+        dead letters). Returns rows upserted. `truncates`: each topic-partition's latest truncate
+        point, stored with its checkpoint.
 
-        1. COPY rows, deleted keys and unit states into staging tables (or tasks did: `staged`);
-        2. delete the rows units gave up (or, `replace_all`, every row not staged);
-        3. merge staged rows: INSERT … ORDER BY pk ON CONFLICT DO UPDATE;
-        4. upsert unit states; 5. upsert checkpoints; 6. commit — all or nothing."""
-        target = sql.Identifier(self.schema, b.table_name)
-        state = sql.Identifier(META, b.table_name + "__state")
-        names = p.table.names
-        pk = p.table.primary_key
-        cols = sql.SQL(", ").join(map(sql.Identifier, names))
-        pkcols = sql.SQL(", ").join(map(sql.Identifier, pk))
-        match = sql.SQL(" AND ").join(sql.SQL("t.{0} = s.{0}").format(sql.Identifier(k)) for k in pk)
-        nonpk = [n for n in names if n not in pk]
-        sets = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in nonpk)
-        on_conflict = sql.SQL("DO UPDATE SET {}").format(sets) if nonpk else sql.SQL("DO NOTHING")
-        outputs = list(outputs)
+        1. check that each staged row belongs to one unit; 2. delete the rows units gave up;
+        3. merge the staged rows; 4. upsert unit states; 5. move checkpoints, add dead letters and
+        the records read; 6. drop the staging tables; 7. commit — all or nothing."""
+        into = _Into.of(self.schema, p, b)
+        rows_t, del_t, state_t = (sql.Identifier(META, n) for n in staged.names)
         with self.conn.transaction():
             cur = self.conn.cursor()
-            # 1-3 at once when a replacing run's rows have distinct keys and the table is empty (a
-            # rebuild's first pass of a DataFrame projection): COPY straight into it, no merge
-            direct = unique and replace_all and staged is None and not outputs and self._empty(cur, target)
-            if direct:
-                n_rows = self._copy_rows(cur, target, cols, rows)
+            self._check_one_row_per_key(cur, p, into, rows_t)
+            cur.execute(sql.SQL("DELETE FROM {} t USING {} s WHERE {}").format(into.target, del_t, into.match))
+            self._merge_rows(cur, into, rows_t)
+            self._upsert_states(cur, b, state_t)
+            self._advance(cur, b, checkpoints, records, truncates, _dead_letters(b, summaries))
+            for t in (rows_t, del_t, state_t):  # the staging tables go with the commit
+                cur.execute(sql.SQL("DROP TABLE {}").format(t))
+            self._show_schema_change(p, b)
+        return sum(int(o.get("rows") or 0) for o in summaries)
+
+    def replace_rows(
+        self,
+        p: Projection,
+        b: BuildRow,
+        rows: Iterable[str | bytes],
+        checkpoints: Mapping[TP, tuple[int, int | None]],
+        records: int,
+        *,
+        distinct_keys: bool,
+    ) -> int:
+        """Commit a DataFrame projection's pass, atomically: the build's table becomes exactly
+        `rows` (blocks of whole COPY lines, made on the driver). Returns rows written.
+        `distinct_keys`: no two rows share a primary key, so that an empty table (a rebuild's
+        first pass) can take them by COPY alone.
+
+        1. COPY the rows: straight into an empty table, else into a staging table, then check
+        that each key is one row's, delete every row not staged and merge the staged rows;
+        2. move checkpoints and add the records read; 3. commit — all or nothing."""
+        into = _Into.of(self.schema, p, b)
+        with self.conn.transaction():
+            cur = self.conn.cursor()
+            if distinct_keys and self._empty(cur, into.target):
+                n_rows = self._copy_rows(cur, into.target, into.cols, rows)
             else:
-                # 1. staging (tasks already COPYed into `staged`; otherwise the driver does it here)
-                if staged is not None:
-                    rows_t, del_t, state_t = (sql.Identifier(META, n) for n in staged.names)
-                    n_rows = sum(int(o.get("rows") or 0) for o in outputs)
-                else:
-                    rows_t, del_t, state_t = (
-                        sql.Identifier("_stage"),
-                        sql.Identifier("_del"),
-                        sql.Identifier("_state"),
-                    )
-                    n_rows = self._stage_here(cur, target, cols, pkcols, outputs, rows)
-                # each row must belong to one unit (identical duplicates are retried tasks' output)
-                clash = cur.execute(
-                    sql.SQL("SELECT {} FROM {} s GROUP BY {} HAVING count(DISTINCT s::text) > 1 LIMIT 1").format(
-                        pkcols, rows_t, pkcols
-                    )
-                ).fetchone()
-                if clash is not None:
-                    raise RunError(
-                        f"projection {p.name!r}: two units produced different rows with primary key "
-                        f"{tuple(clash)}; make the key unique per unit (e.g. include the window start)"
-                    )
-                # 2. deletes
-                if replace_all:
-                    cur.execute(
-                        sql.SQL("DELETE FROM {} t WHERE NOT EXISTS (SELECT 1 FROM {} s WHERE {})").format(
-                            target, rows_t, match
-                        )
-                    )
-                cur.execute(sql.SQL("DELETE FROM {} t USING {} s WHERE {}").format(target, del_t, match))
-                # 3. merge
+                stage = sql.Identifier("_stage")
                 cur.execute(
-                    sql.SQL(
-                        "INSERT INTO {} ({}) SELECT DISTINCT ON ({}) {} FROM {} ORDER BY {} ON CONFLICT ({}) {}"
-                    ).format(target, cols, pkcols, cols, rows_t, pkcols, pkcols, on_conflict)
+                    sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
+                        stage, into.cols, into.target
+                    )
                 )
-                # 4. states
+                n_rows = self._copy_rows(cur, stage, into.cols, rows)
+                self._check_one_row_per_key(cur, p, into, stage)
                 cur.execute(
-                    sql.SQL(
-                        "INSERT INTO {} (unit, state, last, pks, dropped, tps) "
-                        "SELECT DISTINCT ON (unit) unit, state, last, pks, dropped, tps FROM {} ORDER BY unit "
-                        "ON CONFLICT (unit) DO UPDATE SET state = EXCLUDED.state, "
-                        "last = EXCLUDED.last, "
-                        "pks = EXCLUDED.pks, dropped = EXCLUDED.dropped, tps = EXCLUDED.tps"
-                    ).format(state, state_t)
+                    sql.SQL("DELETE FROM {} t WHERE NOT EXISTS (SELECT 1 FROM {} s WHERE {})").format(
+                        into.target, stage, into.match
+                    )
                 )
-            # 5. checkpoints (with each topic-partition's latest truncate point)
-            tr = truncates or {}
+                self._merge_rows(cur, into, stage)
+            self._advance(cur, b, checkpoints, records, {}, [])
+            self._show_schema_change(p, b)
+        return n_rows
+
+    @staticmethod
+    def _check_one_row_per_key(cur: Cursor, p: Projection, into: _Into, rows_t: sql.Identifier) -> None:
+        """Two units must never write one primary key (the merge would keep either at random);
+        identical duplicates are retried tasks' output, which the merge removes."""
+        clash = cur.execute(
+            sql.SQL("SELECT {} FROM {} s GROUP BY {} HAVING count(DISTINCT s::text) > 1 LIMIT 1").format(
+                into.pkcols, rows_t, into.pkcols
+            )
+        ).fetchone()
+        if clash is not None:
+            raise RunError(
+                f"projection {p.name!r}: two units produced different rows with primary key "
+                f"{tuple(clash)}; make the key unique per unit (e.g. include the window start)"
+            )
+
+    @staticmethod
+    def _merge_rows(cur: Cursor, into: _Into, rows_t: sql.Identifier) -> None:
+        """Upsert the staged rows in key order (so that concurrent readers' locks are taken in
+        one order), one of each key (retried tasks stage theirs twice)."""
+        cur.execute(
+            sql.SQL("INSERT INTO {} ({}) SELECT DISTINCT ON ({}) {} FROM {} ORDER BY {} ON CONFLICT ({}) {}").format(
+                into.target, into.cols, into.pkcols, into.cols, rows_t, into.pkcols, into.pkcols, into.on_conflict
+            )
+        )
+
+    @staticmethod
+    def _upsert_states(cur: Cursor, b: BuildRow, state_t: sql.Identifier) -> None:
+        """Store each folded unit's state, which the next pass resumes from."""
+        cur.execute(
+            sql.SQL(
+                "INSERT INTO {} (unit, state, last, pks, dropped, tps) "
+                "SELECT DISTINCT ON (unit) unit, state, last, pks, dropped, tps FROM {} ORDER BY unit "
+                "ON CONFLICT (unit) DO UPDATE SET state = EXCLUDED.state, "
+                "last = EXCLUDED.last, "
+                "pks = EXCLUDED.pks, dropped = EXCLUDED.dropped, tps = EXCLUDED.tps"
+            ).format(sql.Identifier(META, b.table_name + "__state"), state_t)
+        )
+
+    @staticmethod
+    def _advance(
+        cur: Cursor,
+        b: BuildRow,
+        checkpoints: Mapping[TP, tuple[int, int | None]],
+        records: int,
+        truncates: Mapping[TP, tuple[int, int]],
+        dead: Sequence[tuple[str, int, str, int, int, str]],
+    ) -> None:
+        """The bookkeeping of a pass, in its output's transaction (so that a rerun after a crash
+        redoes exactly the uncommitted pass): checkpoints with each topic-partition's latest
+        truncate point, dead letters, and the build's count of records read."""
+        cur.executemany(
+            sql.SQL(
+                "INSERT INTO {}.checkpoints (projection, build, topic, partition, next_offset, "
+                "max_event_time, truncate_event_time, truncate_offset) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (projection, build, topic, partition) DO UPDATE SET "
+                "next_offset = EXCLUDED.next_offset, max_event_time = EXCLUDED.max_event_time, "
+                "truncate_event_time = EXCLUDED.truncate_event_time, truncate_offset = EXCLUDED.truncate_offset"
+            ).format(sql.Identifier(META)),
+            [
+                (b.projection, b.build, t, part, o, m, *truncates.get((t, part), (None, None)))
+                for (t, part), (o, m) in checkpoints.items()
+            ],
+        )
+        if dead:
             cur.executemany(
                 sql.SQL(
-                    "INSERT INTO {}.checkpoints (projection, build, topic, partition, next_offset, "
-                    "max_event_time, truncate_event_time, truncate_offset) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
-                    "ON CONFLICT (projection, build, topic, partition) DO UPDATE SET "
-                    "next_offset = EXCLUDED.next_offset, max_event_time = EXCLUDED.max_event_time, "
-                    "truncate_event_time = EXCLUDED.truncate_event_time, truncate_offset = EXCLUDED.truncate_offset"
+                    "INSERT INTO {}.dead_letters (projection, build, topic, partition, "
+                    '"offset", error) VALUES (%s, %s, %s, %s, %s, %s) '
+                    "ON CONFLICT DO NOTHING"
                 ).format(sql.Identifier(META)),
-                [
-                    (b.projection, b.build, t, part, o, m, *tr.get((t, part), (None, None)))
-                    for (t, part), (o, m) in checkpoints.items()
-                ],
+                dead,
             )
-            dead = [
-                (b.projection, b.build, t, part, off, err)
-                for o in outputs
-                if o.get("errors")
-                for t, part, off, err in orjson.loads(o["errors"])
-            ]
-            if dead:
-                cur.executemany(
-                    sql.SQL(
-                        "INSERT INTO {}.dead_letters (projection, build, topic, partition, "
-                        '"offset", error) VALUES (%s, %s, %s, %s, %s, %s) '
-                        "ON CONFLICT DO NOTHING"
-                    ).format(sql.Identifier(META)),
-                    dead,
-                )
-            cur.execute(
-                sql.SQL("UPDATE {}.builds SET records = records + %s WHERE projection = %s AND build = %s").format(
-                    sql.Identifier(META)
-                ),
-                (records, b.projection, b.build),
-            )
-            if staged is not None:  # 6. the staging tables go with the commit
-                for t in (rows_t, del_t, state_t):
-                    cur.execute(sql.SQL("DROP TABLE {}").format(t))
-            if p.options.get(TYPED_VIEW) and self._is_current(b):  # a schema change shows at once
-                self._point_view(b, only_if_changed=True)
-        return n_rows
+        cur.execute(
+            sql.SQL("UPDATE {}.builds SET records = records + %s WHERE projection = %s AND build = %s").format(
+                sql.Identifier(META)
+            ),
+            (records, b.projection, b.build),
+        )
+
+    def _show_schema_change(self, p: Projection, b: BuildRow) -> None:
+        """A typed mirror's view follows its table's schema at once (not only at the next swap)."""
+        if p.options.get(TYPED_VIEW) and self._is_current(b):
+            self._point_view(b, only_if_changed=True)
 
     def _is_current(self, b: BuildRow) -> bool:
         row = self.conn.execute(
@@ -450,50 +516,18 @@ class Store:
             self.conn.execute(sql.SQL("COMMENT ON VIEW {} IS {}").format(view, sql.Literal(typed[1])))
 
     @staticmethod
-    def _empty(cur: Any, table: sql.Composable) -> bool:
-        return cur.execute(sql.SQL("SELECT NOT EXISTS (SELECT FROM {})").format(table)).fetchone()[0] is True
+    def _empty(cur: Cursor, table: sql.Composable) -> bool:
+        row = cur.execute(sql.SQL("SELECT NOT EXISTS (SELECT FROM {})").format(table)).fetchone()
+        return row is not None and row[0] is True
 
     @staticmethod
-    def _copy_rows(cur: Any, table: sql.Composable, cols: sql.Composable, rows: Iterable[str | bytes]) -> int:
+    def _copy_rows(cur: Cursor, table: sql.Composable, cols: sql.Composable, rows: Iterable[str | bytes]) -> int:
+        """COPY blocks of whole COPY lines into `table`; returns the rows written."""
         n_rows = 0
         with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(table, cols)) as cp:
-            for lines in rows:  # blocks of whole COPY lines
+            for lines in rows:
                 cp.write(lines)
                 n_rows += _line_count(lines)
-        return n_rows
-
-    @staticmethod
-    def _stage_here(
-        cur: Any,
-        target: sql.Composable,
-        cols: sql.Composable,
-        pkcols: sql.Composable,
-        outputs: list[Mapping[str, Any]],
-        rows: Iterable[str | bytes],
-    ) -> int:
-        n_rows = 0
-        cur.execute(
-            sql.SQL("CREATE TEMP TABLE _stage ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(cols, target)
-        )
-        cur.execute(
-            sql.SQL("CREATE TEMP TABLE _del ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(pkcols, target)
-        )
-        cur.execute(f"CREATE TEMP TABLE _state ({_STATE_COLUMNS}) ON COMMIT DROP")
-        with cur.copy(sql.SQL("COPY _stage ({}) FROM STDIN").format(cols)) as cp:
-            for o in outputs:
-                if o["rows"]:
-                    cp.write(o["rows"])
-                    n_rows += o["rows"].count("\n")
-            for lines in rows:  # blocks of whole COPY lines
-                cp.write(lines)
-                n_rows += _line_count(lines)
-        with cur.copy(sql.SQL("COPY _del ({}) FROM STDIN").format(pkcols)) as cp:
-            for o in outputs:
-                for key in orjson.loads(o["deletes"]):
-                    cp.write_row(key)
-        with cur.copy("COPY _state FROM STDIN") as cp:
-            for o in outputs:
-                cp.write_row((o["unit"], o["state"], o["last"], o["pks"], o["dropped"], o.get("tps")))
         return n_rows
 
     def staging(self, p: Projection, b: BuildRow) -> Staged:

@@ -8,14 +8,17 @@ not matter to a sum); use a fold when it does.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tributary.projections.definition import Projection, Table
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 __all__ = ["PROJECTION", "build", "build_from_json", "make"]
 
 
-def build(records: Any) -> Any:
+def build(records: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     # Fields of the VARIANT value, not a JSON parse: from the Parquet copies of sealed segments
@@ -29,7 +32,7 @@ def build(records: Any) -> Any:
     return _totals(events)
 
 
-def _totals(events: Any) -> Any:
+def _totals(events: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     zero = F.lit(0).cast("decimal(20,2)")
@@ -44,7 +47,7 @@ def _totals(events: Any) -> Any:
     )
 
 
-def build_from_json(records: Any) -> Any:
+def build_from_json(records: DataFrame) -> DataFrame:
     """The same rows, written the way a projection reads the JSON text (`value`): one typed
     `from_json` parse per record. Works unchanged; `build` is faster on Parquet copies."""
     from pyspark.sql import functions as F
