@@ -78,5 +78,7 @@ def test_no_migration_imports_tributary() -> None:
                 modules = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 modules = ["." if node.level else node.module or ""]
-            offenders += [f"{path.name}:{node.lineno} {m}" for m in modules if m == "." or m.split(".")[0] == "tributary"]
+            offenders += [
+                f"{path.name}:{node.lineno} {m}" for m in modules if m == "." or m.split(".")[0] == "tributary"
+            ]
     assert not offenders, f"migrations import live code (copy the constants in instead): {offenders}"
