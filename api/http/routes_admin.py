@@ -156,7 +156,7 @@ class Status:
             checks["database"] = "ok"
             if self.head is not None:
                 checks["migrations"] = "ok" if revision == self.head else "pending"
-        except Exception as exc:  # noqa: BLE001 - readiness reports, it does not raise
+        except Exception as exc:  # noqa: BLE001 - any failure is "not ready"; raising would leave the last answer standing
             checks["database"] = f"unreachable: {type(exc).__name__}"
         return checks
 

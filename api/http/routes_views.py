@@ -62,15 +62,20 @@ async def list_views(request: Request) -> Response:
     """Each view: name, columns with types, primary key, projection version, serving build."""
     projections = await asyncio.to_thread(_projections, request.app.state)
     builds: dict[str, Any] = {}
-    async with request.app.state.pool.connection() as conn:
-        try:
-            cur = await conn.execute(
-                "SELECT projection, build, version, table_name, finished_at "
-                "FROM tributary_projections.builds WHERE current"
-            )
-            builds = {r[0]: r for r in await cur.fetchall()}
-        except Exception:  # noqa: BLE001 - no projection has run yet: the builds table is missing
-            builds = {}
+    try:
+        async with request.app.state.pool.connection() as conn:
+            try:
+                cur = await conn.execute(
+                    "SELECT projection, build, version, table_name, finished_at "
+                    "FROM tributary_projections.builds WHERE current"
+                )
+                builds = {r[0]: r for r in await cur.fetchall()}
+            except errors.UndefinedTable:  # no projection has run yet: the builds table is missing
+                builds = {}
+    except errors.OperationalError:  # timed out, lost or refused: not "nothing built"
+        raise Problem(
+            503, "unavailable", "the service database did not answer (timed out, lost or refused); retry"
+        ) from None
     out = []
     for name, p in sorted(projections.items()):
         b = builds.get(name)
