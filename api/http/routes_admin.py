@@ -9,7 +9,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Depends, Request
@@ -29,6 +29,7 @@ from tributary.api.http.definitions import (
     refresh_definitions,
 )
 from tributary.api.http.problems import Problem
+from tributary.api.http.state import AppState, MetricsOf, SettingsOf
 from tributary.api.settings.config import Settings
 from tributary.api.settings.log import kafka_options
 from tributary.api.settings.sources import source_statuses
@@ -37,7 +38,7 @@ from tributary.capture.log import LogError
 from tributary.capture.log.admin import topics as topics_of
 from tributary.capture.status import read_status
 
-__all__ = ["Status", "router", "start_status"]
+__all__ = ["Status", "router"]
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -67,17 +68,12 @@ class Rebuild(BaseModel):
     finished_at: float | None = None
 
 
-def _settings(request: Request) -> Settings:
-    return request.app.state.settings  # type: ignore[no-any-return]
-
-
 @router.get("/healthz", tags=["ops"])
-async def healthz(request: Request) -> dict[str, Any]:
+async def healthz(state: AppState) -> dict[str, Any]:
     """The process is up; `problems` (only when there are any): parts running in this process that
     failed, by name (`tributary demo` runs capture, projections and workloads beside the API), and
     user files that do not load now (`config`, `[projections] modules`, `[eventstore] modules`:
     the API serves their last good definitions)."""
-    state = request.app.state
     if due(state, "definitions"):  # monitors call this often: the files are looked at once a second at most
         await asyncio.to_thread(refresh_definitions, state)
     problems = dict(getattr(state, "problems", None) or {}) | definition_problems(state)
@@ -97,6 +93,10 @@ class Status:
         self.ready = False
         self.refreshed = asyncio.Event()
         self.head: str | None = None  # the migrations' head revision, read once
+
+    def start(self, app: Any) -> asyncio.Task[None]:
+        """Start refreshing in the background; the caller cancels the task on shutdown."""
+        return asyncio.create_task(self.run(app), name="status-refresh")
 
     async def run(self, app: Any) -> None:
         """Refresh until cancelled (the app's lifespan starts and stops it)."""
@@ -161,14 +161,9 @@ class Status:
         return checks
 
 
-def start_status(app: Any) -> asyncio.Task[None]:
-    """Create the app's `Status` and start refreshing it; the caller cancels the task on shutdown."""
-    status = app.state.status = Status(app.state.settings.api.status_refresh_s)
-    return asyncio.create_task(status.run(app), name="status-refresh")
-
-
 async def _status(request: Request) -> Status | None:
-    """The app's `Status` once it has been refreshed once (a call right after start-up waits for it)."""
+    """The app's `Status` once it has been refreshed once (a call right after start-up waits for it);
+    None before start-up. A dependency of the routes that answer from it."""
     status: Status | None = getattr(request.app.state, "status", None)
     if status is not None and not status.refreshed.is_set():
         with contextlib.suppress(TimeoutError):
@@ -176,37 +171,37 @@ async def _status(request: Request) -> Status | None:
     return status
 
 
+RefreshedStatus = Annotated[Status | None, Depends(_status)]
+
+
 @router.get(
     "/readyz",
     tags=["ops"],
     responses={200: {"model": Readiness}, 503: {"model": Readiness, "description": "not ready: see `checks`"}},
 )
-async def readyz(request: Request) -> Response:
+async def readyz(status: RefreshedStatus) -> Response:
     """Service database reachable, migrations current, capture not failed (as of the last background
     refresh, at most `[api] status_refresh_s` old)."""
-    status = await _status(request)
     if status is None:
         return Response(orjson.dumps({"ready": False, "checks": {"status": "starting"}}), 503, media_type=_JSON)
     return Response(status.body, status_code=200 if status.ready else 503, media_type=_JSON)
 
 
-@router.get("/metrics", tags=["ops"], response_class=PlainTextResponse)
-async def metrics(request: Request) -> Response:
+@router.get("/metrics", tags=["ops"], response_class=PlainTextResponse, dependencies=[Depends(_status)])
+async def metrics(m: MetricsOf) -> Response:
     """Prometheus text format: request and command counts as of now, gauges as of the last background
     refresh (at most `[api] status_refresh_s` old)."""
-    await _status(request)
-    m = request.app.state.metrics
     return Response(m.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 @router.get("/sources", tags=["admin"], dependencies=[Depends(require("admin"))], responses=AUTH_RESPONSES)
-async def sources(request: Request) -> list[dict[str, Any]]:
+async def sources(settings: SettingsOf) -> list[dict[str, Any]]:
     """Each source: state, last LSN, slot lag bytes, changes/s, snapshot progress, warnings."""
-    _, rows = await asyncio.to_thread(source_statuses, _settings(request))
+    _, rows = await asyncio.to_thread(source_statuses, settings)
     return rows
 
 
-def _topics(settings: Any) -> list[dict[str, Any]]:
+def _topics(settings: Settings) -> list[dict[str, Any]]:
     kafka = kafka_options(settings)
     try:
         if kafka is not None:
@@ -229,12 +224,12 @@ def _topics(settings: Any) -> list[dict[str, Any]]:
         503: error("the log cannot be read as it is (the message says how to repair it), or Kafka cannot be reached"),
     },
 )
-async def topics(request: Request) -> list[dict[str, Any]]:
+async def topics(settings: SettingsOf) -> list[dict[str, Any]]:
     """Every topic: partitions, policy, `records` (`data_records` + `schema_records`), committed
     offsets; for `compact` topics, `compaction`: when the capture daemon's background cleaner last
     compacted it and records/bytes before → after (`cleaner.json`). On the Kafka backend: the
     cluster's topics, `policy` "broker", `records` = offsets from start to end (markers included)."""
-    return await asyncio.to_thread(_topics, _settings(request))
+    return await asyncio.to_thread(_topics, settings)
 
 
 # -- projections -------------------------------------------------------------------------------
@@ -243,25 +238,19 @@ _rebuilds: dict[str, dict[str, Any]] = {}
 _rebuild_lock = threading.Lock()
 
 
-def _run_settings(request: Request) -> Any:
-    """The runner's settings with `[projections]` as the config file says now."""
-    return current_run_settings(request.app.state)
-
-
 @router.get("/projections", tags=["admin"], dependencies=[Depends(require("admin"))], responses=AUTH_RESPONSES)
-async def projections(request: Request) -> list[dict[str, Any]]:
+async def projections(state: AppState) -> list[dict[str, Any]]:
     """Version, serving build, state (`done` only when caught up: `behind` while `lag` > 0, see
     `label`), lag, and any rebuild started from the API with its progress; `problem`: the one-line
     error of its file when that file does not load now (its last good definition is served). A file
     that never loaded is a row of its own: `name` null, `module`, `state` "not loadable", `problem`."""
     from tributary.projections.runner import ProjectionStatus, status
 
-    state = request.app.state
     running = {b["projection"]: b for b in list(_rebuilds.values()) if b["state"] == "running"}
 
     def read() -> list[Any]:
         served = current_projections(state, fresh=True)
-        return status(_run_settings(request), projections=served, rebuilding=set(running))
+        return status(current_run_settings(state), projections=served, rebuilding=set(running))
 
     rows = await asyncio.to_thread(read)
     out = []
@@ -291,11 +280,10 @@ async def projections(request: Request) -> list[dict[str, Any]]:
         409: error("`projection_not_loadable`: the projection's file does not load now"),
     },
 )
-async def start_rebuild(name: str, request: Request) -> dict[str, Any]:
+async def start_rebuild(name: str, state: AppState) -> dict[str, Any]:
     """Start a rebuild in the background (in its own process, reading the projection files as they
     are now); 202 with an id to poll at GET /rebuilds/{id}."""
-    settings = await asyncio.to_thread(_run_settings, request)
-    state = request.app.state
+    settings = await asyncio.to_thread(current_run_settings, state)
     if name not in await asyncio.to_thread(lambda: current_projections(state, fresh=True)):
         raise Problem(404, "unknown_projection", f"no projection named {name!r}")
     problem = projection_problem(state, name)
