@@ -31,7 +31,7 @@ from tributary.api.http.head import HeadAsGet
 from tributary.api.http.limits import BodyLimit, RequestTracker, connections
 from tributary.api.http.metrics import Metrics
 from tributary.api.http.problems import Problem, carriable, code_for_status, handle_problem, problem_response
-from tributary.api.http.routes_admin import Status
+from tributary.api.http.status import Serving, Status
 from tributary.api.http.subscriptions import Subscriptions
 from tributary.api.http.views_db import Views
 from tributary.api.settings.config import Settings
@@ -154,7 +154,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         )
         subscriptions.end_on_exit_signals()
         consumers = routes_groups.start_consumers(settings, dsn=dsn)
-        status = Status(settings.api.status_refresh_s)
+        status = Status(settings.api.status_refresh_s, rebuilds=routes_admin.rebuilds)
         # What the routes use (`state`'s typed dependencies read these names), all put here.
         app.state.pool, app.state.views, app.state.handler, app.state.subscriptions = (
             pool,
@@ -164,7 +164,16 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         )
         app.state.coordinator, app.state.log_changes = consumers.coordinator, consumers.changes
         app.state.status = status
-        refreshing = status.start(app)
+        refreshing = status.start(
+            Serving(
+                state=app.state,
+                pool=pool,
+                settings=settings,
+                metrics=metrics,
+                dsn=dsn,
+                coordinator=consumers.coordinator,
+            )
+        )
         try:
             yield
         finally:

@@ -1,4 +1,4 @@
-"""Prometheus metrics: one registry per app; gauges refreshed in the background (`routes_admin.Status`)
+"""Prometheus metrics: one registry per app; gauges refreshed in the background (`status.Status`)
 from the capture daemon's status file, the sources' slots, the log and the projections' state tables.
 Every label comes from a bounded set: route templates, HTTP's methods, configured sources and
 projections, the log's topics, the command handler's stream types, the consumer groups in the service database.

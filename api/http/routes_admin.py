@@ -3,44 +3,37 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import orjson
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from fastapi.responses import PlainTextResponse, Response
-from psycopg import errors
 from pydantic import BaseModel
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.definitions import (
-    current_aggregates,
     current_projections,
     current_run_settings,
-    current_settings,
     definition_problems,
     due,
     projection_problem,
     refresh_definitions,
 )
 from tributary.api.http.problems import Problem
-from tributary.api.http.state import AppState, MetricsOf, SettingsOf
+from tributary.api.http.state import AppState, MetricsOf, RefreshedStatus, SettingsOf, status_of
 from tributary.api.settings.config import Settings
 from tributary.api.settings.log import kafka_options
 from tributary.api.settings.sources import source_statuses
 from tributary.capture.kafka_options import VIEW_TIMEOUT_S
 from tributary.capture.log import LogError
 from tributary.capture.log.admin import topics as topics_of
-from tributary.capture.status import read_status
 
-__all__ = ["Status", "router"]
+__all__ = ["rebuilds", "router"]
 
-log = logging.getLogger(__name__)
 router = APIRouter()
 _JSON = "application/json"
 
@@ -80,100 +73,6 @@ async def healthz(state: AppState) -> dict[str, Any]:
     return {"status": "ok", "problems": problems} if problems else {"status": "ok"}
 
 
-class Status:
-    """What /readyz and /metrics report, refreshed in the background every `[api] status_refresh_s`.
-
-    Both routes need no key, so a call answers from the last refresh: however often anonymous clients
-    call, the database sees the pool's one query per refresh, the sources and the log one walk per
-    refresh, and the log no line per call (a change of readiness is logged once)."""
-
-    def __init__(self, interval_s: float) -> None:
-        self.interval_s = interval_s
-        self.body = orjson.dumps({"ready": False, "checks": {"status": "starting"}})
-        self.ready = False
-        self.refreshed = asyncio.Event()
-        self.head: str | None = None  # the migrations' head revision, read once
-
-    def start(self, app: Any) -> asyncio.Task[None]:
-        """Start refreshing in the background; the caller cancels the task on shutdown."""
-        return asyncio.create_task(self.run(app), name="status-refresh")
-
-    async def run(self, app: Any) -> None:
-        """Refresh until cancelled (the app's lifespan starts and stops it)."""
-        failure = None
-        while True:
-            try:
-                await self.refresh(app)
-                failure = None
-            except Exception as exc:  # noqa: BLE001 - the loop outlives a failed refresh; each new failure is logged
-                if repr(exc) != failure:
-                    log.exception("refreshing /readyz and /metrics failed; retrying every %s s", self.interval_s)
-                failure = repr(exc)
-            self.refreshed.set()
-            await asyncio.sleep(self.interval_s)
-
-    async def refresh(self, app: Any) -> None:
-        state = app.state
-        checks = await self._database(state.pool)
-        current = await asyncio.to_thread(read_status, state.settings.log.root) or {"sources": []}
-        failed = [s["name"] for s in current.get("sources", []) if s.get("state") == "failed"]
-        checks["capture"] = f"failed: {', '.join(failed)}" if failed else "ok"
-        ready = all(v == "ok" for v in checks.values())
-        if ready != self.ready:
-            log.log(logging.INFO if ready else logging.WARNING, "readiness: %s", "ready" if ready else checks)
-        self.ready, self.body = ready, orjson.dumps({"ready": ready, "checks": checks})
-        settings = await asyncio.to_thread(current_settings, state)  # `[projections]` as the file says now
-        projections = await asyncio.to_thread(current_projections, state)
-        await asyncio.to_thread(current_aggregates, state)  # the metrics' and OpenAPI's stream types follow
-        await asyncio.to_thread(
-            state.metrics.refresh,
-            settings,
-            dsn=state.dsn,
-            rebuilds=list(_rebuilds.values()),
-            groups=getattr(state, "coordinator", None),
-            projections=projections,
-        )
-
-    async def _database(self, pool: Any) -> dict[str, str]:
-        """Service database reachable (one pooled connection) and migrations at head (its revision
-        read from the table Alembic keeps, compared with the head read once from the scripts)."""
-        checks: dict[str, str] = {}
-        if self.head is None:
-            try:
-                from tributary.eventstore.migrate import head_revision
-
-                self.head = await asyncio.to_thread(head_revision)
-            except ImportError:
-                pass
-        try:
-            async with pool.connection(timeout=3) as conn:
-                try:
-                    cur = await conn.execute("SELECT version_num FROM eventstore.alembic_version")
-                    row = await cur.fetchone()
-                    revision = row[0] if row else None
-                except errors.UndefinedTable:
-                    revision = None
-            checks["database"] = "ok"
-            if self.head is not None:
-                checks["migrations"] = "ok" if revision == self.head else "pending"
-        except Exception as exc:  # noqa: BLE001 - any failure is "not ready"; raising would leave the last answer standing
-            checks["database"] = f"unreachable: {type(exc).__name__}"
-        return checks
-
-
-async def _status(request: Request) -> Status | None:
-    """The app's `Status` once it has been refreshed once (a call right after start-up waits for it);
-    None before start-up. A dependency of the routes that answer from it."""
-    status: Status | None = getattr(request.app.state, "status", None)
-    if status is not None and not status.refreshed.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(status.refreshed.wait(), timeout=10)
-    return status
-
-
-RefreshedStatus = Annotated[Status | None, Depends(_status)]
-
-
 @router.get(
     "/readyz",
     tags=["ops"],
@@ -187,7 +86,7 @@ async def readyz(status: RefreshedStatus) -> Response:
     return Response(status.body, status_code=200 if status.ready else 503, media_type=_JSON)
 
 
-@router.get("/metrics", tags=["ops"], response_class=PlainTextResponse, dependencies=[Depends(_status)])
+@router.get("/metrics", tags=["ops"], response_class=PlainTextResponse, dependencies=[Depends(status_of)])
 async def metrics(m: MetricsOf) -> Response:
     """Prometheus text format: request and command counts as of now, gauges as of the last background
     refresh (at most `[api] status_refresh_s` old)."""
@@ -236,6 +135,11 @@ async def topics(settings: SettingsOf) -> list[dict[str, Any]]:
 
 _rebuilds: dict[str, dict[str, Any]] = {}
 _rebuild_lock = threading.Lock()
+
+
+def rebuilds() -> list[dict[str, Any]]:
+    """The rebuilds started from the API in this process, running or over (for /metrics)."""
+    return list(_rebuilds.values())
 
 
 @router.get("/projections", tags=["admin"], dependencies=[Depends(require("admin"))], responses=AUTH_RESPONSES)

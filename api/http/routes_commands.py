@@ -10,14 +10,15 @@ import asyncio
 import time
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.datastructures import State
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.definitions import current_aggregates, due
 from tributary.api.http.problems import ConflictBody, Problem
-from tributary.api.http.state import AppState, Handler, MetricsOf
+from tributary.api.http.state import AppState, Handler, app_state, handler_of, metrics_of
 from tributary.eventstore.errors import (
     CommandRejected,
     ConcurrencyConflict,
@@ -123,21 +124,11 @@ class StreamState(BaseModel):
 # schemathesis' response_schema_conformance checks them.
 
 
-async def _current_handler(state: AppState, handler: Handler) -> CommandHandler | None:
+async def _current(state: State, handler: CommandHandler) -> CommandHandler:
     """The handler, with the aggregates of `[eventstore] modules` as the config and domain files say
-    now (looked at once a second at most: `definitions.current_aggregates`); None before start-up."""
-    if handler is not None and due(state, "aggregates"):
+    now (looked at once a second at most: `definitions.current_aggregates`)."""
+    if due(state, "aggregates"):
         await asyncio.to_thread(current_aggregates, state, checked=True)
-    return handler
-
-
-CurrentHandler = Annotated[CommandHandler | None, Depends(_current_handler)]
-
-
-def _started(handler: CommandHandler | None) -> CommandHandler:
-    """The handler, or a 503 before start-up has opened the event store."""
-    if handler is None:
-        raise Problem(503, "unavailable", "starting up: the event store is not open yet")
     return handler
 
 
@@ -208,11 +199,11 @@ def _http_error(exc: EventStoreError) -> Problem:
         503: error("the service database did not answer; retry (a `command_id` makes the retry safe)"),
     },
 )
-async def send_command(
-    stream_type: str, stream_id: str, body: CommandRequest, handler: CurrentHandler, metrics: MetricsOf, state: AppState
-) -> Response:
+async def send_command(stream_type: str, stream_id: str, body: CommandRequest, request: Request) -> Response:
     """Validate the command against the aggregate's state and append its events."""
-    handler = _started(handler)
+    # The app's state through its typed accessors, not `Depends`: a hot route (see `state`).
+    state, metrics = await app_state(request), await metrics_of(request)
+    handler = await _current(state, await handler_of(request))
     started = time.perf_counter()
     outcome = "ok"
     try:
@@ -262,7 +253,7 @@ async def read_stream(
     direction: Literal["forwards", "backwards"] = Query("forwards"),
 ) -> Response:
     """The stream's events from `from_version`, oldest first (or newest first, `direction=backwards`)."""
-    store = _started(handler).store
+    store = handler.store
     backwards = direction == "backwards"
     start = from_version or (0 if backwards else 1)
     try:
@@ -281,9 +272,9 @@ async def read_stream(
     dependencies=[Depends(require("read"))],
     responses={200: {"model": StreamState, "description": "folded state and version"}, **_STREAM_RESPONSES},
 )
-async def stream_state(stream_id: str, handler: CurrentHandler) -> Response:
+async def stream_state(stream_id: str, state: AppState, handler: Handler) -> Response:
     """The aggregate's folded state and version."""
-    handler = _started(handler)
+    handler = await _current(state, handler)
     try:
         first = await asyncio.to_thread(handler.store.read_stream, stream_id, limit=1)
     except EventStoreError as exc:

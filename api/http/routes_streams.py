@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.head import HEAD_MARK
 from tributary.api.http.problems import Problem
-from tributary.api.http.routes_commands import EventOut, _http_error, _json, _started
+from tributary.api.http.routes_commands import EventOut, _http_error, _json
 from tributary.api.http.state import Handler, SubscriptionsOf
 from tributary.eventstore.errors import EventStoreError, UnknownPosition
 from tributary.eventstore.model import event_json
@@ -75,7 +75,7 @@ async def list_streams(
     limit: int = Query(100, ge=1, le=1000),
 ) -> Response:
     """The streams of a type, in stream id order, with their current version."""
-    store = _started(handler).store
+    store = handler.store
     try:
         found = await asyncio.to_thread(store.streams, type, after=after, limit=limit)
     except EventStoreError as exc:

@@ -22,7 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.definitions import current_projections
 from tributary.api.http.problems import Problem
-from tributary.api.http.state import AppState, Pool, ViewsOf
+from tributary.api.http.state import AppState, Pool, app_state, views_of
 from tributary.api.http.views_db import CONNECTION_WAIT_S, PREPARE_THRESHOLD, StatementTimeout, ViewColumns, Views
 
 __all__ = ["CONNECTION_WAIT_S", "PREPARE_THRESHOLD", "StatementTimeout", "Views", "router"]
@@ -222,9 +222,11 @@ def _limit(params: Mapping[str, str]) -> int:
     },
     openapi_extra={"parameters": _PAGE_PARAMETERS},
 )
-async def query_view(name: str, request: Request, state: AppState, views: ViewsOf) -> Response:
+async def query_view(name: str, request: Request) -> Response:
     """Rows of `views.<name>`: `?col=v`, `?col__gte=v` (eq ne gt gte lt lte), `order_by=col|-col`,
     `limit` (≤ 1000), `cursor` from the previous page's `next_cursor`."""
+    # The app's state through its typed accessors, not `Depends`: the hot route (see `state`).
+    state, views = await app_state(request), await views_of(request)
     params = request.query_params
     limit = _limit(params)
     if views is None:

@@ -3,16 +3,19 @@
 `create_app` and its lifespan are the one place that puts these on `app.state`; a route declares
 what it uses (`handler: Handler`) and FastAPI hands it over, typed for mypy. Each dependency only
 reads an attribute: no I/O, and a coroutine, so FastAPI calls it on the event loop (it runs a plain
-function in its thread pool: a thread hop per request). The functions also serve code that has a
-request but is not a route's signature (`auth.require`).
+function in its thread pool: a thread hop per request).
+
+FastAPI's solving of a dependency costs about 13 µs of CPU per request, so the hot routes (a command,
+a view page) and `auth.require` await these functions themselves instead; the types are the same.
 
 `AppState` is the rest of `app.state`: the caches `definitions` keeps of the user's files, read and
-written by name there. The background refresh behind /readyz and /metrics has its dependency beside
-its class (`routes_admin.RefreshedStatus`).
+written by name there.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -20,6 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.datastructures import State
 
 from tributary.api.http.metrics import Metrics
+from tributary.api.http.status import Status
 from tributary.api.http.subscriptions import Subscriptions
 from tributary.api.http.views_db import Views
 from tributary.api.settings.config import Settings
@@ -33,6 +37,7 @@ __all__ = [
     "Changes",
     "MetricsOf",
     "Pool",
+    "RefreshedStatus",
     "SettingsOf",
     "SubscriptionsOf",
     "ViewsOf",
@@ -43,6 +48,7 @@ __all__ = [
     "metrics_of",
     "pool_of",
     "settings_of",
+    "status_of",
     "subscriptions_of",
     "views_of",
 ]
@@ -71,11 +77,9 @@ async def views_of(request: Request) -> Views | None:
     return views
 
 
-async def handler_of(request: Request) -> CommandHandler | None:
-    """The command handler (its aggregates follow the domain files: `definitions.current_aggregates`);
-    None until start-up has opened the event store. The route says so itself: FastAPI solves
-    dependencies before it validates the body, so one that raised would hide a refused body's 422."""
-    handler: CommandHandler | None = getattr(request.app.state, "handler", None)
+async def handler_of(request: Request) -> CommandHandler:
+    """The command handler (its aggregates follow the domain files: `definitions.current_aggregates`)."""
+    handler: CommandHandler = request.app.state.handler
     return handler
 
 
@@ -95,6 +99,16 @@ async def log_changes_of(request: Request) -> LogChanges:
     return changes
 
 
+async def status_of(request: Request) -> Status | None:
+    """The app's `Status` once it has been refreshed once (a call right after start-up waits for it);
+    None before start-up."""
+    status: Status | None = getattr(request.app.state, "status", None)
+    if status is not None and not status.refreshed.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(status.refreshed.wait(), timeout=10)
+    return status
+
+
 async def app_state(request: Request) -> State:
     state: State = request.app.state
     return state
@@ -104,8 +118,9 @@ SettingsOf = Annotated[Settings, Depends(settings_of)]
 MetricsOf = Annotated[Metrics, Depends(metrics_of)]
 Pool = Annotated[AsyncConnectionPool[Any], Depends(pool_of)]
 ViewsOf = Annotated[Views | None, Depends(views_of)]
-Handler = Annotated[CommandHandler | None, Depends(handler_of)]
+Handler = Annotated[CommandHandler, Depends(handler_of)]
 SubscriptionsOf = Annotated[Subscriptions, Depends(subscriptions_of)]
 Coordinator = Annotated[GroupCoordinator, Depends(coordinator_of)]
 Changes = Annotated[LogChanges, Depends(log_changes_of)]
+RefreshedStatus = Annotated[Status | None, Depends(status_of)]
 AppState = Annotated[State, Depends(app_state)]
