@@ -6,53 +6,38 @@ same references (cached per process) instead of unpickling user functions.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
-import threading
 from collections.abc import Sequence
 from functools import lru_cache
-from pathlib import Path
 from types import ModuleType
 
 from tributary.projections.definition import Projection
 from tributary.projections.errors import DefinitionError
-from tributary.user_files import describe, file_stamp, forget, import_file, is_path, module_name
+from tributary.user_files import Messages, UserModules, file_stamp
 
 __all__ = ["file_stamps", "load", "load_current", "load_module", "resolve"]
+
+_EXPORTS = "{ref!r} must export PROJECTION (a Projection) or PROJECTIONS (a list)"
+_PROJECTIONS: UserModules[Projection] = UserModules(
+    prefix="tributary_projection",
+    kind=Projection,
+    one="PROJECTION",
+    many="PROJECTIONS",
+    error=DefinitionError,
+    messages=Messages(
+        no_file="[projections] modules: no file {ref!r}",
+        no_module="[projections] modules: cannot import {ref!r}: {exc}",
+        exports_none=_EXPORTS,
+        exports_other=_EXPORTS,
+        broken_rule=None,  # a Projection(...) in the module broke a rule: its error names the field
+    ),
+)
 
 
 def load_module(ref: str) -> ModuleType:
     """A file path (`x/y.py`; `load_settings` makes it absolute, beside the config file) or a
     dotted module name. The file's directory is importable while it runs (`from helpers import x`),
     here and on Spark's workers. Whatever the module raises (`sys.exit()` too) is one line naming it."""
-    if is_path(ref) and not Path(ref).is_file():
-        raise DefinitionError(f"[projections] modules: no file {ref!r}")
-    try:
-        if is_path(ref):
-            return import_file(Path(ref), module_name("tributary_projection", Path(ref)))
-        return importlib.import_module(ref)
-    except DefinitionError:  # a Projection(...) in the module broke a rule: it names the field
-        raise
-    except ModuleNotFoundError as exc:
-        if not is_path(ref) and exc.name is not None and ref.startswith(exc.name):
-            raise DefinitionError(f"[projections] modules: cannot import {ref!r}: {exc}") from None
-        raise DefinitionError(describe(exc, ref)) from None
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # noqa: BLE001 - a user's module may raise anything, sys.exit() too; said in one line
-        raise DefinitionError(describe(exc, ref)) from None
-
-
-def _exports(module: ModuleType, ref: str) -> list[Projection]:
-    found = getattr(module, "PROJECTIONS", None)
-    if found is None:
-        one = getattr(module, "PROJECTION", None)
-        found = [] if one is None else [one]
-    out = list(found)
-    if not out or not all(isinstance(p, Projection) for p in out):
-        raise DefinitionError(f"{ref!r} must export PROJECTION (a Projection) or PROJECTIONS (a list)")
-    return out
+    return _PROJECTIONS.load_module(ref)
 
 
 @lru_cache(maxsize=32)
@@ -61,7 +46,7 @@ def load(modules: tuple[str, ...], mirror: tuple[str, ...] = ()) -> dict[str, Pr
     from tributary.projections.mirror import mirror_projection
 
     found: dict[str, Projection] = {}
-    candidates = [(ref, p) for ref in modules for p in _exports(load_module(ref), ref)]
+    candidates = [(ref, p) for ref in modules for p in _PROJECTIONS.exports(load_module(ref), ref)]
     candidates += [(f"mirror {t}", mirror_projection(t)) for t in mirror]
     for ref, p in candidates:
         if p.name in found:
@@ -78,17 +63,9 @@ def resolve(modules: Sequence[str], mirror: Sequence[str], name: str) -> Project
     return projections[name]
 
 
-def _stamp(ref: str) -> tuple[str, int, int] | None:
-    return file_stamp(ref)
-
-
-_stamps: dict[str, tuple[str, int, int] | None] = {}
-_stamps_lock = threading.RLock()
-
-
 def file_stamps(modules: Sequence[str]) -> tuple[tuple[str, int, int] | None, ...]:
     """What the projection files look like on disk now: equal stamps, same code."""
-    return tuple(_stamp(ref) for ref in modules)
+    return tuple(file_stamp(ref) for ref in modules)
 
 
 def load_current(modules: tuple[str, ...], mirror: tuple[str, ...] = ()) -> dict[str, Projection]:
@@ -96,23 +73,7 @@ def load_current(modules: tuple[str, ...], mirror: tuple[str, ...] = ()) -> dict
 
     A long-running process (`tributary serve`) calls this per request: a projection file added to
     the config or edited on disk is seen without a restart. Unchanged files cost one `stat` each."""
-    with _stamps_lock:  # the API's threads (views, status, metrics) may ask at the same time
-        changed = False
-        for ref in modules:
-            stamp = _stamp(ref)
-            if ref in _stamps and _stamps[ref] != stamp:
-                changed = True
-                _forget(ref)
-            _stamps[ref] = stamp
-        if changed:
+    with _PROJECTIONS.lock:  # the API's threads (views, status, metrics) may ask at the same time
+        if _PROJECTIONS.forget_changed(modules):
             load.cache_clear()
         return load(modules, mirror)
-
-
-def _forget(ref: str) -> None:
-    """Drop a module from `sys.modules` so that the next `load_module` executes its file again
-    (and the files beside it that it imported)."""
-    if is_path(ref):
-        forget(module_name("tributary_projection", Path(ref)))
-    else:
-        sys.modules.pop(ref, None)

@@ -5,21 +5,40 @@ of `sys.path` while it runs (as `python file.py` has it), so `from helpers impor
 beside it — in this process and in every Spark worker that loads the same file again. Whatever
 the file raises while it runs, `sys.exit()` included (KeyboardInterrupt aside), leaves no
 half-imported module behind; `describe` says it in one line with the file's line number.
+
+`UserModules` is the loader both kinds of file share: domain modules (`eventstore/loader.py`) and
+projection modules (`projections/loader.py`) differ only in what they export and what they say.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import importlib.util
 import os
 import sys
 import threading
 import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any, Generic, TypeVar
 
-__all__ = ["describe", "file_stamp", "forget", "import_file", "is_path", "module_name", "where"]
+__all__ = [
+    "Messages",
+    "UserModules",
+    "describe",
+    "file_stamp",
+    "forget",
+    "import_file",
+    "is_path",
+    "module_name",
+    "where",
+]
+
+T = TypeVar("T")
 
 # `sys.path` is the process's: two threads importing files must not remove each other's entries.
 _path_lock = threading.RLock()
@@ -120,3 +139,88 @@ def describe(exc: BaseException, ref: str) -> str:
         return f"{ref}: {where(exc, ref)}the module called sys.exit({arg})"
     first = str(exc).splitlines()[0] if str(exc) else ""
     return f"{ref}: {where(exc, ref)}{type(exc).__name__}{(': ' + first) if first else ''}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Messages:
+    """What a loader says, as `str.format` templates; each names the module (`ref`)."""
+
+    no_file: str  # {ref}: a path to no file
+    no_module: str  # {ref}, {exc}: a dotted name that does not import
+    exports_none: str  # {ref}: the module exports neither name
+    exports_other: str  # {ref}, {type}: an export is not of the loader's kind
+    # {ref}, {where}, {exc}: a definition in the module broke a rule (raised the loader's own error)
+    # while it ran; None: that error is raised as it is (its message names the definition)
+    broken_rule: str | None = None
+
+
+class UserModules(Generic[T]):
+    """Loads one kind of user module: imports a file or a dotted module, collects what it exports (`one`
+    object or a list of `many`, each a `kind`), and forgets modules whose files changed. Every problem
+    raises `error` with one line of `messages`, naming the module."""
+
+    def __init__(
+        self, *, prefix: str, kind: type[T], one: str, many: str, error: type[Exception], messages: Messages
+    ) -> None:
+        self.prefix, self.kind, self.one, self.many = prefix, kind, one, many
+        self.error, self.messages = error, messages
+        self.lock = threading.RLock()  # held by a caller across `forget_changed` and its load
+        self._stamps: dict[str, tuple[str, int, int] | None] = {}
+
+    def load_module(self, ref: str) -> ModuleType:
+        """Import a file (`x/y.py`; `load_settings` makes it absolute, beside the config file) or a
+        dotted module. The file's directory is importable while it runs (`from helpers import x`).
+        Whatever the module raises (`sys.exit()` too) is one line naming it."""
+        if is_path(ref) and not Path(ref).is_file():
+            raise self.error(self.messages.no_file.format(ref=ref))
+        try:
+            if is_path(ref):
+                return import_file(Path(ref), module_name(self.prefix, Path(ref)))
+            return importlib.import_module(ref)
+        except self.error as exc:
+            if self.messages.broken_rule is None:
+                raise
+            raise self.error(self.messages.broken_rule.format(ref=ref, where=where(exc, ref), exc=exc)) from None
+        except ModuleNotFoundError as exc:
+            if not is_path(ref) and exc.name is not None and ref.startswith(exc.name):
+                raise self.error(self.messages.no_module.format(ref=ref, exc=exc)) from None
+            raise self.error(describe(exc, ref)) from None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a user's module may raise anything, sys.exit() too; said in one line
+            raise self.error(describe(exc, ref)) from None
+
+    def exports(self, module: ModuleType, ref: str) -> list[T]:
+        """What the module exports: its list under `many`, else its one object under `one`."""
+        found: Any = getattr(module, self.many, None)
+        if found is None:
+            single = getattr(module, self.one, None)
+            found = [] if single is None else [single]
+        if isinstance(found, self.kind):
+            found = [found]
+        try:
+            out = list(found)
+        except TypeError:  # not a list of them: said below as the wrong type
+            out = [found]
+        if not out:
+            raise self.error(self.messages.exports_none.format(ref=ref))
+        for item in out:
+            if not isinstance(item, self.kind):
+                raise self.error(self.messages.exports_other.format(ref=ref, type=type(item).__name__))
+        return out
+
+    def forget_changed(self, refs: Sequence[str]) -> bool:
+        """Forget every module whose file changed since this process last looked (the next load runs
+        it again), so that a long-running process follows edits; unchanged files cost a `stat` each.
+        Whether any changed. Call it holding `lock`."""
+        changed = False
+        for ref in refs:
+            stamp = file_stamp(ref)
+            if ref in self._stamps and self._stamps[ref] != stamp:
+                changed = True
+                if is_path(ref):
+                    forget(module_name(self.prefix, Path(ref)))
+                else:
+                    sys.modules.pop(ref, None)
+            self._stamps[ref] = stamp
+        return changed

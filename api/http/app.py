@@ -31,8 +31,9 @@ from tributary.api.http.head import HeadAsGet
 from tributary.api.http.limits import BodyLimit, RequestTracker, connections
 from tributary.api.http.metrics import Metrics
 from tributary.api.http.problems import Problem, carriable, code_for_status, handle_problem, problem_response
-from tributary.api.http.routes_views import Views
+from tributary.api.http.status import Serving, Status
 from tributary.api.http.subscriptions import Subscriptions
+from tributary.api.http.views_db import Views
 from tributary.api.settings.config import Settings
 from tributary.api.settings.logs import REQUEST_ID
 from tributary.consumers import ConsumerError
@@ -130,7 +131,6 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
             kwargs={"autocommit": True},
         )
         await pool.open(wait=False)
-        app.state.pool = pool
         views = Views(
             dsn,
             settings.projections.schema_,
@@ -138,30 +138,48 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
             prepared_max=settings.api.prepared_max,
         )
         await views.open()
-        app.state.views = views
         store = await asyncio.to_thread(EventStore.connect, dsn)
-        app.state.handler = CommandHandler(
+        handler = CommandHandler(
             store,
             aggregates,
             max_retries=settings.eventstore.max_retries,
             snapshot_every=settings.eventstore.snapshot_every or None,
         )
-        app.state.metrics.known_stream_types(app.state.handler.aggregates)
-        app.state.subscriptions = Subscriptions(
+        metrics.known_stream_types(handler.aggregates)
+        subscriptions = Subscriptions(
             pool,
             poll_s=settings.api.subscription_poll_s,
             page=settings.api.subscription_page,
             keepalive_s=settings.api.subscription_keepalive_s,
         )
-        app.state.subscriptions.end_on_exit_signals()
-        stop_consumers = routes_groups.start_consumers(app, dsn=dsn)
-        status = routes_admin.start_status(app)
+        subscriptions.end_on_exit_signals()
+        consumers = routes_groups.start_consumers(settings, dsn=dsn)
+        status = Status(settings.api.status_refresh_s, rebuilds=routes_admin.rebuilds)
+        # What the routes use (`state`'s typed dependencies read these names), all put here.
+        app.state.pool, app.state.views, app.state.handler, app.state.subscriptions = (
+            pool,
+            views,
+            handler,
+            subscriptions,
+        )
+        app.state.coordinator, app.state.log_changes = consumers.coordinator, consumers.changes
+        app.state.status = status
+        refreshing = status.start(
+            Serving(
+                state=app.state,
+                pool=pool,
+                settings=settings,
+                metrics=metrics,
+                dsn=dsn,
+                coordinator=consumers.coordinator,
+            )
+        )
         try:
             yield
         finally:
-            status.cancel()
-            await stop_consumers()
-            await app.state.subscriptions.close()
+            refreshing.cancel()
+            await consumers.stop()
+            await subscriptions.close()
             await asyncio.to_thread(store.close)
             await views.close()
             await pool.close()
@@ -174,11 +192,12 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         # No redirect of `/views/` to `/views`: Starlette builds its absolute URL from the Host header.
         redirect_slashes=False,
     )
-    app.state.settings = settings
-    app.state.dsn = dsn
+    metrics = Metrics()
+    # What is there before start-up (the rest: `lifespan`); `definitions` keeps its caches beside these.
+    app.state.settings, app.state.dsn, app.state.metrics = settings, dsn, metrics
     app.state.aggregates = aggregates
     app.state.aggregates_by_module = {ref: load_current((ref,)) for ref in settings.eventstore.modules}
-    app.state.metrics = app.metrics = Metrics()
+    app.metrics = metrics
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
     app.add_middleware(HeadAsGet)
     app.add_middleware(RequestTracker, max_header_bytes=settings.api.max_header_bytes)
@@ -252,10 +271,6 @@ def _first_error(errors: Any) -> str:
 
 def _without_input(error: Any) -> Any:
     return {k: v for k, v in error.items() if k != "input"} if isinstance(error, dict) else error
-
-
-def pool_of(request: Request) -> Any:
-    return request.app.state.pool
 
 
 WORKER_CONFIG = "_TRIBUTARY_SERVE_CONFIG"  # not TRIBUTARY_*: that prefix is for settings overrides

@@ -10,6 +10,7 @@ from fastapi import Request
 from pydantic import BaseModel
 
 from tributary.api.http.problems import Problem, ProblemBody
+from tributary.api.http.state import settings_of
 from tributary.api.settings.config import ApiSettings
 
 __all__ = ["AUTH_RESPONSES", "Scope", "error", "require"]
@@ -43,7 +44,7 @@ def require(scope: Scope) -> Callable[[Request], Awaitable[None]]:
     thread hop per request."""
 
     async def check(request: Request) -> None:
-        settings: ApiSettings = request.app.state.settings.api
+        settings = (await settings_of(request)).api
         if not settings.keys:
             return
         header = request.headers.get("authorization", "")

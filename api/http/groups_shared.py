@@ -1,5 +1,4 @@
-"""What the consumer-group routes share: the path and body fields, the app's coordinator, running a
-coordinator call in a worker thread, and the error body of the consumers' errors."""
+"""What the consumer-group routes share: the path and body fields, running a coordinator call in a worker thread, and the error body of the consumers' errors."""
 
 from __future__ import annotations
 
@@ -7,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Path
 from pydantic import BaseModel, Field
 
 from tributary.api.http.auth import error, require
@@ -17,7 +16,6 @@ from tributary.consumers import (
     ConsumerError,
     Fenced,
     GroupBusy,
-    GroupCoordinator,
     NotAssigned,
     NotFound,
     OffsetOutOfRange,
@@ -34,7 +32,6 @@ __all__ = [
     "MemberId",
     "Topic",
     "assignments_json",
-    "coordinator_of",
     "consumer_problem",
     "consumer_status",
     "error_members",
@@ -65,10 +62,6 @@ BODY_ERRORS: dict[int | str, dict[str, Any]] = {
 CONFLICT_ERRORS: dict[int | str, dict[str, Any]] = {
     409: error("fenced (a rebalance happened), unknown_member (join again) or not_assigned: see `code`")
 }
-
-
-def coordinator_of(request: Request) -> GroupCoordinator:
-    return request.app.state.coordinator  # type: ignore[no-any-return]
 
 
 async def run_in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -1,4 +1,4 @@
-"""Prometheus metrics: one registry per app; gauges refreshed in the background (`routes_admin.Status`)
+"""Prometheus metrics: one registry per app; gauges refreshed in the background (`status.Status`)
 from the capture daemon's status file, the sources' slots, the log and the projections' state tables.
 Every label comes from a bounded set: route templates, HTTP's methods, configured sources and
 projections, the log's topics, the command handler's stream types, the consumer groups in the service database.
@@ -273,12 +273,16 @@ class Metrics:
         rebuilds: Iterable[Mapping[str, Any]],
         projections: Mapping[str, Any] | None = None,
     ) -> None:
+        from tributary.projections.errors import RunError
         from tributary.projections.runner import RunSettings, status
 
         try:
             for st in status(RunSettings.from_settings(settings, dsn=dsn), projections=projections):
                 self.projection_lag.labels(st.name).set(st.lag)
-        except Exception:  # noqa: BLE001 - no projection configured or run yet: nothing to report
+        except (RunError, LogError):
+            # The service database or Kafka cannot be reached, or the log cannot be read (/readyz and
+            # /topics say which): no lag to report, the other figures still count. A query that fails
+            # or times out once connected is the refresh's error, which its loop logs.
             pass
         for b in rebuilds:
             if b.get("state") == "running":

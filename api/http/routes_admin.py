@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import threading
 import time
 import uuid
@@ -12,34 +10,30 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from fastapi.responses import PlainTextResponse, Response
-from psycopg import errors
 from pydantic import BaseModel
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.definitions import (
-    current_aggregates,
     current_projections,
     current_run_settings,
-    current_settings,
     definition_problems,
     due,
     projection_problem,
     refresh_definitions,
 )
 from tributary.api.http.problems import Problem
+from tributary.api.http.state import AppState, MetricsOf, RefreshedStatus, SettingsOf, status_of
 from tributary.api.settings.config import Settings
 from tributary.api.settings.log import kafka_options
 from tributary.api.settings.sources import source_statuses
 from tributary.capture.kafka_options import VIEW_TIMEOUT_S
 from tributary.capture.log import LogError
 from tributary.capture.log.admin import topics as topics_of
-from tributary.capture.status import read_status
 
-__all__ = ["Status", "router", "start_status"]
+__all__ = ["rebuilds", "router"]
 
-log = logging.getLogger(__name__)
 router = APIRouter()
 _JSON = "application/json"
 
@@ -67,113 +61,16 @@ class Rebuild(BaseModel):
     finished_at: float | None = None
 
 
-def _settings(request: Request) -> Settings:
-    return request.app.state.settings  # type: ignore[no-any-return]
-
-
 @router.get("/healthz", tags=["ops"])
-async def healthz(request: Request) -> dict[str, Any]:
+async def healthz(state: AppState) -> dict[str, Any]:
     """The process is up; `problems` (only when there are any): parts running in this process that
     failed, by name (`tributary demo` runs capture, projections and workloads beside the API), and
     user files that do not load now (`config`, `[projections] modules`, `[eventstore] modules`:
     the API serves their last good definitions)."""
-    state = request.app.state
     if due(state, "definitions"):  # monitors call this often: the files are looked at once a second at most
         await asyncio.to_thread(refresh_definitions, state)
     problems = dict(getattr(state, "problems", None) or {}) | definition_problems(state)
     return {"status": "ok", "problems": problems} if problems else {"status": "ok"}
-
-
-class Status:
-    """What /readyz and /metrics report, refreshed in the background every `[api] status_refresh_s`.
-
-    Both routes need no key, so a call answers from the last refresh: however often anonymous clients
-    call, the database sees the pool's one query per refresh, the sources and the log one walk per
-    refresh, and the log no line per call (a change of readiness is logged once)."""
-
-    def __init__(self, interval_s: float) -> None:
-        self.interval_s = interval_s
-        self.body = orjson.dumps({"ready": False, "checks": {"status": "starting"}})
-        self.ready = False
-        self.refreshed = asyncio.Event()
-        self.head: str | None = None  # the migrations' head revision, read once
-
-    async def run(self, app: Any) -> None:
-        """Refresh until cancelled (the app's lifespan starts and stops it)."""
-        failure = None
-        while True:
-            try:
-                await self.refresh(app)
-                failure = None
-            except Exception as exc:  # noqa: BLE001 - the loop outlives a failed refresh; each new failure is logged
-                if repr(exc) != failure:
-                    log.exception("refreshing /readyz and /metrics failed; retrying every %s s", self.interval_s)
-                failure = repr(exc)
-            self.refreshed.set()
-            await asyncio.sleep(self.interval_s)
-
-    async def refresh(self, app: Any) -> None:
-        state = app.state
-        checks = await self._database(state.pool)
-        current = await asyncio.to_thread(read_status, state.settings.log.root) or {"sources": []}
-        failed = [s["name"] for s in current.get("sources", []) if s.get("state") == "failed"]
-        checks["capture"] = f"failed: {', '.join(failed)}" if failed else "ok"
-        ready = all(v == "ok" for v in checks.values())
-        if ready != self.ready:
-            log.log(logging.INFO if ready else logging.WARNING, "readiness: %s", "ready" if ready else checks)
-        self.ready, self.body = ready, orjson.dumps({"ready": ready, "checks": checks})
-        settings = await asyncio.to_thread(current_settings, state)  # `[projections]` as the file says now
-        projections = await asyncio.to_thread(current_projections, state)
-        await asyncio.to_thread(current_aggregates, state)  # the metrics' and OpenAPI's stream types follow
-        await asyncio.to_thread(
-            state.metrics.refresh,
-            settings,
-            dsn=state.dsn,
-            rebuilds=list(_rebuilds.values()),
-            groups=getattr(state, "coordinator", None),
-            projections=projections,
-        )
-
-    async def _database(self, pool: Any) -> dict[str, str]:
-        """Service database reachable (one pooled connection) and migrations at head (its revision
-        read from the table Alembic keeps, compared with the head read once from the scripts)."""
-        checks: dict[str, str] = {}
-        if self.head is None:
-            try:
-                from tributary.eventstore.migrate import head_revision
-
-                self.head = await asyncio.to_thread(head_revision)
-            except ImportError:
-                pass
-        try:
-            async with pool.connection(timeout=3) as conn:
-                try:
-                    cur = await conn.execute("SELECT version_num FROM eventstore.alembic_version")
-                    row = await cur.fetchone()
-                    revision = row[0] if row else None
-                except errors.UndefinedTable:
-                    revision = None
-            checks["database"] = "ok"
-            if self.head is not None:
-                checks["migrations"] = "ok" if revision == self.head else "pending"
-        except Exception as exc:  # noqa: BLE001 - readiness reports, it does not raise
-            checks["database"] = f"unreachable: {type(exc).__name__}"
-        return checks
-
-
-def start_status(app: Any) -> asyncio.Task[None]:
-    """Create the app's `Status` and start refreshing it; the caller cancels the task on shutdown."""
-    status = app.state.status = Status(app.state.settings.api.status_refresh_s)
-    return asyncio.create_task(status.run(app), name="status-refresh")
-
-
-async def _status(request: Request) -> Status | None:
-    """The app's `Status` once it has been refreshed once (a call right after start-up waits for it)."""
-    status: Status | None = getattr(request.app.state, "status", None)
-    if status is not None and not status.refreshed.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(status.refreshed.wait(), timeout=10)
-    return status
 
 
 @router.get(
@@ -181,32 +78,29 @@ async def _status(request: Request) -> Status | None:
     tags=["ops"],
     responses={200: {"model": Readiness}, 503: {"model": Readiness, "description": "not ready: see `checks`"}},
 )
-async def readyz(request: Request) -> Response:
+async def readyz(status: RefreshedStatus) -> Response:
     """Service database reachable, migrations current, capture not failed (as of the last background
     refresh, at most `[api] status_refresh_s` old)."""
-    status = await _status(request)
     if status is None:
         return Response(orjson.dumps({"ready": False, "checks": {"status": "starting"}}), 503, media_type=_JSON)
     return Response(status.body, status_code=200 if status.ready else 503, media_type=_JSON)
 
 
-@router.get("/metrics", tags=["ops"], response_class=PlainTextResponse)
-async def metrics(request: Request) -> Response:
+@router.get("/metrics", tags=["ops"], response_class=PlainTextResponse, dependencies=[Depends(status_of)])
+async def metrics(m: MetricsOf) -> Response:
     """Prometheus text format: request and command counts as of now, gauges as of the last background
     refresh (at most `[api] status_refresh_s` old)."""
-    await _status(request)
-    m = request.app.state.metrics
     return Response(m.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 @router.get("/sources", tags=["admin"], dependencies=[Depends(require("admin"))], responses=AUTH_RESPONSES)
-async def sources(request: Request) -> list[dict[str, Any]]:
+async def sources(settings: SettingsOf) -> list[dict[str, Any]]:
     """Each source: state, last LSN, slot lag bytes, changes/s, snapshot progress, warnings."""
-    _, rows = await asyncio.to_thread(source_statuses, _settings(request))
+    _, rows = await asyncio.to_thread(source_statuses, settings)
     return rows
 
 
-def _topics(settings: Any) -> list[dict[str, Any]]:
+def _topics(settings: Settings) -> list[dict[str, Any]]:
     kafka = kafka_options(settings)
     try:
         if kafka is not None:
@@ -229,12 +123,12 @@ def _topics(settings: Any) -> list[dict[str, Any]]:
         503: error("the log cannot be read as it is (the message says how to repair it), or Kafka cannot be reached"),
     },
 )
-async def topics(request: Request) -> list[dict[str, Any]]:
+async def topics(settings: SettingsOf) -> list[dict[str, Any]]:
     """Every topic: partitions, policy, `records` (`data_records` + `schema_records`), committed
     offsets; for `compact` topics, `compaction`: when the capture daemon's background cleaner last
     compacted it and records/bytes before → after (`cleaner.json`). On the Kafka backend: the
     cluster's topics, `policy` "broker", `records` = offsets from start to end (markers included)."""
-    return await asyncio.to_thread(_topics, _settings(request))
+    return await asyncio.to_thread(_topics, settings)
 
 
 # -- projections -------------------------------------------------------------------------------
@@ -243,25 +137,24 @@ _rebuilds: dict[str, dict[str, Any]] = {}
 _rebuild_lock = threading.Lock()
 
 
-def _run_settings(request: Request) -> Any:
-    """The runner's settings with `[projections]` as the config file says now."""
-    return current_run_settings(request.app.state)
+def rebuilds() -> list[dict[str, Any]]:
+    """The rebuilds started from the API in this process, running or over (for /metrics)."""
+    return list(_rebuilds.values())
 
 
 @router.get("/projections", tags=["admin"], dependencies=[Depends(require("admin"))], responses=AUTH_RESPONSES)
-async def projections(request: Request) -> list[dict[str, Any]]:
+async def projections(state: AppState) -> list[dict[str, Any]]:
     """Version, serving build, state (`done` only when caught up: `behind` while `lag` > 0, see
     `label`), lag, and any rebuild started from the API with its progress; `problem`: the one-line
     error of its file when that file does not load now (its last good definition is served). A file
     that never loaded is a row of its own: `name` null, `module`, `state` "not loadable", `problem`."""
     from tributary.projections.runner import ProjectionStatus, status
 
-    state = request.app.state
     running = {b["projection"]: b for b in list(_rebuilds.values()) if b["state"] == "running"}
 
     def read() -> list[Any]:
         served = current_projections(state, fresh=True)
-        return status(_run_settings(request), projections=served, rebuilding=set(running))
+        return status(current_run_settings(state), projections=served, rebuilding=set(running))
 
     rows = await asyncio.to_thread(read)
     out = []
@@ -291,11 +184,10 @@ async def projections(request: Request) -> list[dict[str, Any]]:
         409: error("`projection_not_loadable`: the projection's file does not load now"),
     },
 )
-async def start_rebuild(name: str, request: Request) -> dict[str, Any]:
+async def start_rebuild(name: str, state: AppState) -> dict[str, Any]:
     """Start a rebuild in the background (in its own process, reading the projection files as they
     are now); 202 with an id to poll at GET /rebuilds/{id}."""
-    settings = await asyncio.to_thread(_run_settings, request)
-    state = request.app.state
+    settings = await asyncio.to_thread(current_run_settings, state)
     if name not in await asyncio.to_thread(lambda: current_projections(state, fresh=True)):
         raise Problem(404, "unknown_projection", f"no projection named {name!r}")
     problem = projection_problem(state, name)

@@ -13,10 +13,12 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.datastructures import State
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.definitions import current_aggregates, due
 from tributary.api.http.problems import ConflictBody, Problem
+from tributary.api.http.state import AppState, Handler, app_state, handler_of, metrics_of
 from tributary.eventstore.errors import (
     CommandRejected,
     ConcurrencyConflict,
@@ -122,17 +124,12 @@ class StreamState(BaseModel):
 # schemathesis' response_schema_conformance checks them.
 
 
-def _handler(request: Request) -> CommandHandler:
-    return request.app.state.handler  # type: ignore[no-any-return]
-
-
-async def _current_handler(request: Request) -> CommandHandler:
+async def _current(state: State, handler: CommandHandler) -> CommandHandler:
     """The handler, with the aggregates of `[eventstore] modules` as the config and domain files say
     now (looked at once a second at most: `definitions.current_aggregates`)."""
-    state = request.app.state
     if due(state, "aggregates"):
         await asyncio.to_thread(current_aggregates, state, checked=True)
-    return _handler(request)
+    return handler
 
 
 def _no_modules(state: Any, stream_type: str) -> Problem:
@@ -204,8 +201,9 @@ def _http_error(exc: EventStoreError) -> Problem:
 )
 async def send_command(stream_type: str, stream_id: str, body: CommandRequest, request: Request) -> Response:
     """Validate the command against the aggregate's state and append its events."""
-    handler = await _current_handler(request)
-    metrics = request.app.state.metrics
+    # The app's state through its typed accessors, not `Depends`: a hot route (see `state`).
+    state, metrics = await app_state(request), await metrics_of(request)
+    handler = await _current(state, await handler_of(request))
     started = time.perf_counter()
     outcome = "ok"
     try:
@@ -224,7 +222,7 @@ async def send_command(stream_type: str, stream_id: str, body: CommandRequest, r
     except EventStoreError as exc:
         outcome = type(exc).__name__
         if isinstance(exc, UnknownStreamType) and not handler.aggregates:
-            raise _no_modules(request.app.state, stream_type) from None
+            raise _no_modules(state, stream_type) from None
         raise _http_error(exc) from None
     finally:
         metrics.command_seconds.labels(stream_type).observe(time.perf_counter() - started)
@@ -247,7 +245,7 @@ _STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
 )
 async def read_stream(
     stream_id: str,
-    request: Request,
+    handler: Handler,
     from_version: int | None = Query(
         None, ge=1, le=_MAX_VERSION, description="First version to return (default: the first, or backwards the last)."
     ),
@@ -255,7 +253,7 @@ async def read_stream(
     direction: Literal["forwards", "backwards"] = Query("forwards"),
 ) -> Response:
     """The stream's events from `from_version`, oldest first (or newest first, `direction=backwards`)."""
-    store = _handler(request).store
+    store = handler.store
     backwards = direction == "backwards"
     start = from_version or (0 if backwards else 1)
     try:
@@ -274,9 +272,9 @@ async def read_stream(
     dependencies=[Depends(require("read"))],
     responses={200: {"model": StreamState, "description": "folded state and version"}, **_STREAM_RESPONSES},
 )
-async def stream_state(stream_id: str, request: Request) -> Response:
+async def stream_state(stream_id: str, state: AppState, handler: Handler) -> Response:
     """The aggregate's folded state and version."""
-    handler = await _current_handler(request)
+    handler = await _current(state, handler)
     try:
         first = await asyncio.to_thread(handler.store.read_stream, stream_id, limit=1)
     except EventStoreError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Depends, Request
+from fastapi import APIRouter, Body, Depends
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
@@ -15,10 +15,10 @@ from tributary.api.http.groups_shared import (
     READ,
     GroupName,
     Topic,
-    coordinator_of,
     run_in_thread,
 )
 from tributary.api.http.problems import Problem
+from tributary.api.http.state import Coordinator
 
 __all__ = ["router"]
 
@@ -69,17 +69,17 @@ class ResetReply(BaseModel):
 
 
 @router.get("/groups", dependencies=READ, response_model=list[GroupSummary], responses=AUTH_RESPONSES)
-async def groups(request: Request) -> list[dict[str, Any]]:
+async def groups(coordinator: Coordinator) -> list[dict[str, Any]]:
     """Every consumer group: live members, generation, lag."""
-    return await run_in_thread(coordinator_of(request).groups)
+    return await run_in_thread(coordinator.groups)
 
 
 @router.get("/groups/{group}", dependencies=READ, responses={**AUTH_RESPONSES, 404: error("no such group")})
-async def describe(group: GroupName, request: Request) -> Any:
+async def describe(group: GroupName, coordinator: Coordinator) -> Any:
     """Members (id, topics, assignments, last heartbeat), generation, and per topic-partition the
     member holding it, committed offset, log start and end, lag, last commit and the last reset past
     retention (`out_of_range`)."""
-    described = await run_in_thread(coordinator_of(request).describe, group)
+    described = await run_in_thread(coordinator.describe, group)
     if described is None:
         raise Problem(404, "not_found", f"no consumer group {group!r}")
     return described
@@ -99,7 +99,7 @@ async def describe(group: GroupName, request: Request) -> Any:
 async def reset(
     group: GroupName,
     body: Annotated[ResetToEnd | ResetToDatetime | ResetToOffset, Body(discriminator="to")],
-    request: Request,
+    coordinator: Coordinator,
 ) -> dict[str, Any]:
     """Move the group's committed offsets (every topic it consumed, or `topic`): `earliest`, `latest`,
     `datetime` (the first record at or after it, by the log's time index) or `offset` (clamped to the
@@ -114,7 +114,7 @@ async def reset(
         except OverflowError:  # a zone offset pushed it past year 1 or 9999: before or after every record
             timestamp_ms = -(2**62) if when.year < 1970 else 2**62
     out = await run_in_thread(
-        coordinator_of(request).reset,
+        coordinator.reset,
         group,
         body.to,
         timestamp_ms=timestamp_ms,

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Query
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,9 +31,9 @@ from tributary.api.http.groups_shared import (
     Topic,
     assignments_json,
     consumer_problem,
-    coordinator_of,
     run_in_thread,
 )
+from tributary.api.http.state import Changes, Coordinator, SettingsOf
 from tributary.capture.log import Record
 from tributary.consumers import (
     ConsumerError,
@@ -99,7 +99,8 @@ class CommitReply(BaseModel):
 async def records(
     group: GroupName,
     member_id: MemberId,
-    request: Request,
+    coordinator: Coordinator,
+    changes: Changes,
     generation: Annotated[int, Query(ge=0, le=MAX_INT)],
     max_records: Annotated[int, Query(ge=1, le=100_000)] = 500,
     max_bytes: Annotated[int, Query(ge=1, le=64 << 20)] = 1 << 20,
@@ -108,8 +109,6 @@ async def records(
     """The next records of the member's partitions: as soon as there is at least one, or none after
     `wait_ms`. Each call continues where the previous one ended (at-least-once: after a rebalance or
     a restart, delivery restarts at the committed offset)."""
-    coordinator = coordinator_of(request)
-    changes: LogChanges = request.app.state.log_changes
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_ms / 1000
     while True:
@@ -130,11 +129,13 @@ async def records(
     response_model=CommitReply,
     responses={**AUTH_RESPONSES, **BODY_ERRORS, **CONFLICT_ERRORS},
 )
-async def commit(group: GroupName, member_id: MemberId, body: CommitRequest, request: Request) -> dict[str, Any]:
+async def commit(
+    group: GroupName, member_id: MemberId, body: CommitRequest, coordinator: Coordinator
+) -> dict[str, Any]:
     """Commit the next offset to read per partition; refused (409) from a generation that is over or
     for a partition the member does not hold."""
     offsets = [(o.topic, o.partition, o.offset) for o in body.offsets]
-    await run_in_thread(coordinator_of(request).commit, group, member_id, body.generation, offsets)
+    await run_in_thread(coordinator.commit, group, member_id, body.generation, offsets)
     return {"generation": body.generation, "offsets": [o.model_dump() for o in body.offsets]}
 
 
@@ -155,7 +156,9 @@ async def commit(group: GroupName, member_id: MemberId, body: CommitRequest, req
 async def stream(
     group: GroupName,
     member_id: MemberId,
-    request: Request,
+    coordinator: Coordinator,
+    changes: Changes,
+    settings: SettingsOf,
     generation: Annotated[int, Query(ge=0, le=MAX_INT)],
     last_event_id: Annotated[str | None, Query(max_length=600, description="Resume after this event id.")] = None,
     last_event_header: Annotated[str | None, Header(alias="Last-Event-ID", max_length=600)] = None,
@@ -163,7 +166,6 @@ async def stream(
     """The member's records as server-sent events, from its committed offsets (or just after
     `Last-Event-ID`, the header or the query parameter); the stream follows rebalances by itself
     (a `rebalance` event, then the new partitions' records) and keeps the member alive."""
-    coordinator = coordinator_of(request)
     hb = await run_in_thread(coordinator.heartbeat, group, member_id, generation)
     if hb.rebalance:
         raise Fenced(
@@ -176,8 +178,7 @@ async def stream(
         parsed = _event_id(resume)
         if parsed is not None and (parsed[0], parsed[1]) in hb.assignments:
             positions[(parsed[0], parsed[1])] = parsed[2] + 1
-    batch_records = request.app.state.settings.consumers.stream_batch_records
-    changes: LogChanges = request.app.state.log_changes
+    batch_records = settings.consumers.stream_batch_records
     return StreamingResponse(
         _events(coordinator, changes, group, member_id, hb.generation, positions, batch_records),
         media_type="text/event-stream",

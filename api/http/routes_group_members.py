@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
@@ -20,9 +20,9 @@ from tributary.api.http.groups_shared import (
     MemberId,
     Topic,
     assignments_json,
-    coordinator_of,
     run_in_thread,
 )
+from tributary.api.http.state import Coordinator
 
 __all__ = ["router"]
 
@@ -76,11 +76,11 @@ class HeartbeatReply(BaseModel):
     response_model=JoinReply,
     responses={**AUTH_RESPONSES, **BODY_ERRORS},
 )
-async def join(group: GroupName, body: JoinRequest, request: Request) -> dict[str, Any]:
+async def join(group: GroupName, body: JoinRequest, coordinator: Coordinator) -> dict[str, Any]:
     """Join the group (or re-join with `member_id`): the answer names the member's partitions. Send a
     heartbeat every `heartbeat_interval_ms` (pulls and an open stream count as heartbeats too)."""
     m = await run_in_thread(
-        coordinator_of(request).join,
+        coordinator.join,
         group,
         body.topics,
         member_id=body.member_id,
@@ -103,15 +103,17 @@ async def join(group: GroupName, body: JoinRequest, request: Request) -> dict[st
     response_model=HeartbeatReply,
     responses={**AUTH_RESPONSES, **BODY_ERRORS, **CONFLICT_ERRORS},
 )
-async def heartbeat(group: GroupName, member_id: MemberId, body: HeartbeatRequest, request: Request) -> dict[str, Any]:
+async def heartbeat(
+    group: GroupName, member_id: MemberId, body: HeartbeatRequest, coordinator: Coordinator
+) -> dict[str, Any]:
     """Stay in the group; `rebalance` = true when the generation moved on (take the new assignments;
     records of partitions no longer held will be redelivered to their new member from the committed offset)."""
-    hb = await run_in_thread(coordinator_of(request).heartbeat, group, member_id, body.generation)
+    hb = await run_in_thread(coordinator.heartbeat, group, member_id, body.generation)
     return {"generation": hb.generation, "assignments": assignments_json(hb.assignments), "rebalance": hb.rebalance}
 
 
 @router.delete("/groups/{group}/members/{member_id}", dependencies=READ, status_code=204, responses=AUTH_RESPONSES)
-async def leave(group: GroupName, member_id: MemberId, request: Request) -> Response:
+async def leave(group: GroupName, member_id: MemberId, coordinator: Coordinator) -> Response:
     """Leave the group: its partitions move to the other members at once."""
-    await run_in_thread(coordinator_of(request).leave, group, member_id)
+    await run_in_thread(coordinator.leave, group, member_id)
     return Response(status_code=204)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -23,6 +24,7 @@ from tributary.api.http import routes_group_admin, routes_group_delivery, routes
 from tributary.api.http.groups_shared import consumer_problem
 from tributary.api.http.problems import MEDIA_TYPE, encode
 from tributary.api.http.routes_group_delivery import record_json
+from tributary.api.settings.config import Settings
 from tributary.api.settings.log import kafka_options
 from tributary.consumers import (
     ConsumerError,
@@ -30,7 +32,7 @@ from tributary.consumers import (
     LogChanges,
 )
 
-__all__ = ["consumer_error", "record_json", "router", "start_consumers"]
+__all__ = ["Consumers", "consumer_error", "record_json", "router", "start_consumers"]
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -82,10 +84,18 @@ def _end_streams_on_exit_signals(changes: LogChanges) -> None:
             return
 
 
-def start_consumers(app: Any, *, dsn: str) -> Callable[[], Any]:
-    """Create the app's coordinator, log watcher and sweeper; returns the coroutine function that
-    stops them (the lifespan awaits it on shutdown)."""
-    settings = app.state.settings
+@dataclass(frozen=True)
+class Consumers:
+    """What the consumer-group routes run on: the coordinator, the log watcher, and the coroutine
+    function that stops them and the sweeper (the lifespan awaits it on shutdown)."""
+
+    coordinator: GroupCoordinator
+    changes: LogChanges
+    stop: Callable[[], Awaitable[None]]
+
+
+def start_consumers(settings: Settings, *, dsn: str) -> Consumers:
+    """Create the app's coordinator, log watcher and sweeper."""
     c = settings.consumers
     coordinator = GroupCoordinator(
         dsn,
@@ -95,8 +105,7 @@ def start_consumers(app: Any, *, dsn: str) -> Callable[[], Any]:
         poll_interval_ms=c.poll_interval_ms,
         kafka=kafka_options(settings),
     )
-    app.state.coordinator = coordinator
-    app.state.log_changes = changes = LogChanges(coordinator.view, interval_s=coordinator.poll_interval_s)
+    changes = LogChanges(coordinator.view, interval_s=coordinator.poll_interval_s)
     _end_streams_on_exit_signals(changes)
     sweeper = asyncio.create_task(_sweep(coordinator, c.sweep_interval_ms / 1000), name="consumer-sweeper")
 
@@ -105,4 +114,4 @@ def start_consumers(app: Any, *, dsn: str) -> Callable[[], Any]:
         await changes.close()
         await asyncio.to_thread(coordinator.close)
 
-    return stop
+    return Consumers(coordinator, changes, stop)

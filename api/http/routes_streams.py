@@ -15,7 +15,7 @@ from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.head import HEAD_MARK
 from tributary.api.http.problems import Problem
 from tributary.api.http.routes_commands import EventOut, _http_error, _json
-from tributary.api.http.subscriptions import Subscriptions
+from tributary.api.http.state import Handler, SubscriptionsOf
 from tributary.eventstore.errors import EventStoreError, UnknownPosition
 from tributary.eventstore.model import event_json
 from tributary.eventstore.values import MAX_ID_LENGTH
@@ -44,10 +44,6 @@ class AllEvents(BaseModel):
     next: int = Field(description="The position to continue from: pass it as `after` (the same when nothing is new).")
 
 
-def _subscriptions(request: Request) -> Subscriptions:
-    return request.app.state.subscriptions  # type: ignore[no-any-return]
-
-
 def _position_error(exc: EventStoreError) -> Problem:
     if isinstance(exc, UnknownPosition):
         return Problem(404, "unknown_position", str(exc), position=exc.position)
@@ -71,7 +67,7 @@ _TYPE = Query(
     responses={200: {"model": StreamList, "description": "streams in stream id order"}, **AUTH_RESPONSES},
 )
 async def list_streams(
-    request: Request,
+    handler: Handler,
     type: str = Query(min_length=1, max_length=MAX_ID_LENGTH, pattern=_NO_NUL, description="The stream type."),
     after: str = Query(
         "", max_length=MAX_ID_LENGTH, pattern=_NO_NUL, description="The last stream id of the previous page."
@@ -79,7 +75,7 @@ async def list_streams(
     limit: int = Query(100, ge=1, le=1000),
 ) -> Response:
     """The streams of a type, in stream id order, with their current version."""
-    store = request.app.state.handler.store
+    store = handler.store
     try:
         found = await asyncio.to_thread(store.streams, type, after=after, limit=limit)
     except EventStoreError as exc:
@@ -103,7 +99,7 @@ async def list_streams(
     responses={200: {"model": AllEvents, "description": "events in `$all` order"}, **_READ_RESPONSES},
 )
 async def read_all(
-    request: Request,
+    subscriptions: SubscriptionsOf,
     after: int = Query(0, ge=0, le=_MAX_POSITION, description="Continue after this position (0: the start)."),
     limit: int = Query(100, ge=1, le=1000),
     type: str | None = _TYPE,
@@ -112,7 +108,7 @@ async def read_all(
     listed once every transaction that began before its own has finished, so continuing from
     `next` never skips one that commits late."""
     try:
-        events = await _subscriptions(request).read(after, limit, type)
+        events = await subscriptions.read(after, limit, type)
     except EventStoreError as exc:
         raise _position_error(exc) from None
     return _json({"events": [event_json(e) for e in events], "next": events[-1].position if events else after})
@@ -133,6 +129,7 @@ async def read_all(
 )
 async def subscribe_all(
     request: Request,
+    subscriptions: SubscriptionsOf,
     after: int = Query(0, ge=0, le=_MAX_POSITION, description="Start after this position (0: the start)."),
     type: str | None = _TYPE,
     last_event_id: str = Header(
@@ -143,7 +140,6 @@ async def subscribe_all(
     one as it is committed, as server-sent events (`text/event-stream`)."""
     if last_event_id:
         after = int(last_event_id)  # beyond any position: no such event, a 404 below
-    subscriptions = _subscriptions(request)
     try:  # an unknown position fails now, as a 404, not inside the stream
         await subscriptions.read(after, 1, type)
     except EventStoreError as exc:

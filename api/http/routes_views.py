@@ -9,23 +9,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import decimal
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import Any
 
 import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from psycopg import AsyncConnection, errors, sql
-from psycopg.abc import Buffer
-from psycopg.adapt import Loader
-from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg import errors, sql
 from pydantic import TypeAdapter, ValidationError
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.definitions import current_projections
 from tributary.api.http.problems import Problem
+from tributary.api.http.state import AppState, Pool, app_state, views_of
+from tributary.api.http.views_db import CONNECTION_WAIT_S, PREPARE_THRESHOLD, StatementTimeout, ViewColumns, Views
 
 __all__ = ["CONNECTION_WAIT_S", "PREPARE_THRESHOLD", "StatementTimeout", "Views", "router"]
 
@@ -34,11 +32,6 @@ router = APIRouter(tags=["views"], dependencies=[Depends(require("read"))], resp
 MAX_LIMIT = 1000
 _OPS = {"eq": "=", "ne": "<>", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}  # `col__op=v`; plain `col=v` is eq
 _RESERVED = {"limit", "cursor", "order_by"}
-_MAX_SHAPES = 4096
-PREPARE_THRESHOLD = 2  # runs of a query text on a connection before psycopg prepares it there
-# How long a request waits for a pooled connection before its 503: the pool's default (30 s) would
-# hold every request that long while the service database is down.
-CONNECTION_WAIT_S = 5.0
 
 
 def _projections(state: Any) -> dict[str, Any]:
@@ -58,19 +51,24 @@ def _json(body: Any) -> Response:
 
 
 @router.get("/views")
-async def list_views(request: Request) -> Response:
+async def list_views(state: AppState, pool: Pool) -> Response:
     """Each view: name, columns with types, primary key, projection version, serving build."""
-    projections = await asyncio.to_thread(_projections, request.app.state)
+    projections = await asyncio.to_thread(_projections, state)
     builds: dict[str, Any] = {}
-    async with request.app.state.pool.connection() as conn:
-        try:
-            cur = await conn.execute(
-                "SELECT projection, build, version, table_name, finished_at "
-                "FROM tributary_projections.builds WHERE current"
-            )
-            builds = {r[0]: r for r in await cur.fetchall()}
-        except Exception:  # noqa: BLE001 - no projection has run yet: the builds table is missing
-            builds = {}
+    try:
+        async with pool.connection() as conn:
+            try:
+                cur = await conn.execute(
+                    "SELECT projection, build, version, table_name, finished_at "
+                    "FROM tributary_projections.builds WHERE current"
+                )
+                builds = {r[0]: r for r in await cur.fetchall()}
+            except errors.UndefinedTable:  # no projection has run yet: the builds table is missing
+                builds = {}
+    except errors.OperationalError:  # timed out, lost or refused: not "nothing built"
+        raise Problem(
+            503, "unavailable", "the service database did not answer (timed out, lost or refused); retry"
+        ) from None
     out = []
     for name, p in sorted(projections.items()):
         b = builds.get(name)
@@ -227,144 +225,28 @@ def _limit(params: Mapping[str, str]) -> int:
 async def query_view(name: str, request: Request) -> Response:
     """Rows of `views.<name>`: `?col=v`, `?col__gte=v` (eq ne gt gte lt lte), `order_by=col|-col`,
     `limit` (≤ 1000), `cursor` from the previous page's `next_cursor`."""
+    # The app's state through its typed accessors, not `Depends`: the hot route (see `state`).
+    state, views = await app_state(request), await views_of(request)
     params = request.query_params
     limit = _limit(params)
-    state = request.app.state
-    views: Views | None = getattr(state, "views", None)
     if views is None:
         raise Problem(503, "unavailable", "starting up: the database pool is not open yet")
     body = await _page(state, views, name, params, limit, params.get("cursor"), params.get("order_by"))
     return Response(body, media_type="application/json")
 
 
-class _View(NamedTuple):
-    """What a page of one view needs, derived once per app from its projection."""
-
-    types: dict[str, str]  # column -> declared SQL type, in table order
-    primary_key: tuple[str, ...]
-
-
-class _NumericText(Loader):
-    """`numeric` as PostgreSQL's own text (`numeric_out`), which the JSON body carries as a string
-    anyway: exact, spelled as the database spells it (no exponent), no `Decimal` per value."""
-
-    def load(self, data: Buffer) -> str:
-        return str(data, "ascii")
-
-
-class StatementTimeout(Exception):
-    """A view query ran past `[api] statement_timeout_ms` and PostgreSQL cancelled it."""
-
-
-class Views:
-    """The views' read side of one app: a pool of autocommit connections that return rows as dicts,
-    numerics as text, prepare a query shape after `PREPARE_THRESHOLD` runs and keep at most
-    `prepared_max` shapes prepared (each prepared plan holds backend memory), and whose statements
-    PostgreSQL cancels after `statement_timeout_ms` (so slow filtered sorts cannot hold every pooled
-    connection while point lookups wait); and what is derived once from the projections (each view's
-    columns, each request shape's SQL text)."""
-
-    def __init__(
-        self,
-        dsn: str,
-        schema: str,
-        *,
-        max_size: int = 8,
-        timeout: float = CONNECTION_WAIT_S,
-        statement_timeout_ms: int = 0,
-        prepared_max: int = 32,
-    ) -> None:
-        self.schema = schema
-        self.statement_timeout_ms = statement_timeout_ms
-        self.prepared_max = prepared_max
-        self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            dsn,
-            min_size=1,
-            max_size=max_size,
-            timeout=timeout,
-            open=False,
-            kwargs={
-                "autocommit": True,
-                "row_factory": dict_row,
-                "prepare_threshold": PREPARE_THRESHOLD if prepared_max else None,
-            },
-            configure=self._configure,
-        )
-        self.meta: dict[str, _View] = {}
-        # SQL text by request shape (view, filter columns and operators, order, cursor, limit):
-        # composing and quoting it costs more than a point lookup's query; projections are fixed per app.
-        self.queries: dict[tuple[Any, ...], str] = {}
-
-    async def _configure(self, conn: AsyncConnection[Any]) -> None:
-        conn.adapters.register_loader("numeric", _NumericText)
-        conn.prepared_max = self.prepared_max or None
-        if self.statement_timeout_ms:
-            await conn.execute(
-                sql.SQL("SET statement_timeout = {}").format(sql.Literal(self.statement_timeout_ms)), prepare=False
-            )
-
-    async def open(self) -> None:
-        await self.pool.open(wait=False)
-
-    async def close(self) -> None:
-        await self.pool.close()
-
-    async def fetch(self, shape: tuple[Any, ...], query: str | sql.Composable, args: Sequence[str | None]) -> list[Any]:
-        """The rows of `query`, a request shape's SQL text (or its composition, rendered here once and
-        kept under `shape`).
-
-        A view swapped by a rebuild for a table of other column types makes PostgreSQL refuse a plan
-        prepared before the swap (feature_not_supported, "cached plan must not change result
-        type"), on every connection that prepared it: that connection is closed (the pool opens
-        another) and the query runs once more, unprepared, on the next one. A lost connection
-        raises `OperationalError` (the route's 503) after the pool has checked its idle ones."""
-        try:
-            async with self.pool.connection() as conn:
-                if isinstance(query, str):
-                    text = query
-                else:  # rendered with the connection's quoting rules
-                    if len(self.queries) >= _MAX_SHAPES:
-                        self.queries.clear()
-                    text = self.queries[shape] = query.as_string(conn)
-                try:
-                    cur = await conn.execute(text, args)
-                    rows: list[Any] = await cur.fetchall()
-                    return rows
-                except errors.FeatureNotSupported:
-                    await conn.close()
-            async with self.pool.connection() as conn:
-                cur = await conn.execute(text, args, prepare=False)
-                rows = await cur.fetchall()
-                return rows
-        except errors.QueryCanceled:  # statement_timeout (the connection is fine)
-            raise StatementTimeout(
-                f"the view query ran past [api] statement_timeout_ms = {self.statement_timeout_ms}"
-            ) from None
-        except errors.OperationalError:
-            # Lost or refused (a restart, a failover, pg_terminate_backend): the other idle
-            # connections are likely gone too. The pool checks them all now and replaces the dead
-            # ones, so the next request gets a live connection rather than the next dead one.
-            await self.pool.check()
-            raise
-
-
-def _view(state: Any, cached: dict[str, _View], name: str) -> _View | None:
+def _view(state: Any, views: Views, name: str) -> ViewColumns | None:
     """A view's columns, derived again when its projection's definition changed (an edited file)."""
     p = _projections(state).get(name)
     if p is None:
-        cached.pop(name, None)
+        views.meta.pop(name, None)
         return None
-    sources: dict[str, Any] | None = getattr(state, "view_sources", None)
-    if sources is None:
-        sources = state.view_sources = {}
-    view = cached.get(name)
-    if view is None or sources.get(name) is not p:
-        view = cached[name] = _View({c.name: c.type for c in p.table.columns}, tuple(p.table.primary_key))
-        if name in sources:  # the columns may differ: the SQL texts composed for the old ones must go
-            views = getattr(state, "views", None)
-            if views is not None:
-                views.queries.clear()
-        sources[name] = p
+    view = views.meta.get(name)
+    if view is None or views.sources.get(name) is not p:
+        view = views.meta[name] = ViewColumns({c.name: c.type for c in p.table.columns}, tuple(p.table.primary_key))
+        if name in views.sources:  # the columns may differ: the SQL texts composed for the old ones must go
+            views.queries.clear()
+        views.sources[name] = p
     return view
 
 
@@ -378,7 +260,7 @@ async def _page(
     order_by: str | None,
 ) -> bytes:
     """The JSON body of one page of a view."""
-    view = _view(state, views.meta, name)
+    view = _view(state, views, name)
     if view is None:
         raise Problem(404, "unknown_view", f"no view named {name!r}; GET /views lists them")
     types, primary_key = view.types, view.primary_key

@@ -11,15 +11,26 @@ Revision ID: 0003_es_xact
 Revises: 0002
 """
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import op
-
-from tributary.eventstore.schema import XID8
+from sqlalchemy.types import UserDefinedType
 
 revision = "0003_es_xact"
 down_revision = "0002"
 branch_labels = None
 depends_on = None
+
+
+class XID8(UserDefinedType[int]):
+    """PostgreSQL's 64-bit transaction id, as `eventstore/schema.py` declared it when this revision was
+    written (copied, not imported: a migration must not change when the live schema does)."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: Any) -> str:
+        return "XID8"
 
 
 def upgrade() -> None:

@@ -5,6 +5,9 @@ go to the service database instead, beside the consumer groups' committed offset
 before the offsets that pass them are committed (a crash in between writes them again: the key
 (sink, topic, partition, offset) makes that a no-op).
 
+The fifth migration: its file was renamed from `0004_sinks_dead_letters.py` so that files sort in the
+order they run; its revision id (stored in `eventstore.alembic_version`) stays `0004_sinks`.
+
 Revision ID: 0004_sinks
 Revises: 0003_consumer_groups
 """

@@ -5,6 +5,9 @@ place to back up, a transaction per commit (the generation check and the offset 
 transaction under the group's row lock: fencing without a second mechanism), and a group survives
 the restart of every process. `tributary.consumers.coordinator` is the only code that writes them.
 
+The fourth migration: its file was renamed from `0003_consumer_groups.py` so that files sort in the
+order they run; its revision id (stored in `eventstore.alembic_version`) stays `0003_consumer_groups`.
+
 Revision ID: 0003_consumer_groups
 Revises: 0003_es_xact
 """
