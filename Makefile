@@ -23,7 +23,7 @@ apt:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-$(VENV)/.installed: pyproject.toml capture/_hotpath.pyx capture/log/_typed.pyx
+$(VENV)/.installed: pyproject.toml capture/_hotpath.pyx log/local/_typed.pyx
 	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[test]'
@@ -39,7 +39,7 @@ test: setup
 
 # mypy sees the top-level folders as the package they install as (`capture/` is `tributary.capture`, …)
 # through a tree of links under build/typecheck; what lives in the root folder `tributary/` is linked as it is.
-TYPECHECK_PACKAGES := api capture eventstore projections migrations
+TYPECHECK_PACKAGES := api capture log eventstore projections migrations
 
 lint: venv
 	$(VENV)/bin/ruff check .

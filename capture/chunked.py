@@ -45,7 +45,6 @@ from psycopg import sql
 from tributary.capture import envelope as env
 from tributary.capture.catalog import TableInfo, table_info
 from tributary.capture.errors import CaptureError, TransientSourceError
-from tributary.capture.log import Log
 from tributary.capture.lsn import Lsn
 from tributary.capture.routing import topic_name
 from tributary.capture.snapshot import SnapshotReader
@@ -55,6 +54,7 @@ from tributary.capture.staging import Staging, Watch
 from tributary.capture.status import SourceStatus
 from tributary.capture.tables import SourceTables
 from tributary.capture.values import type_family
+from tributary.log.local import Log
 
 __all__ = [
     "RECENT_XIDS",
@@ -686,7 +686,7 @@ class ChunkedSnapshot:
         assert job.encoder is not None
         name = info.qualified
         if not isinstance(self.staging.log, Log) and (self._live is None or self._live[0] != name):
-            from tributary.capture.kafka_read import kafka_live_keys  # a consumer of its own
+            from tributary.log.kafka.read import kafka_live_keys  # a consumer of its own
 
             self._live = (name, sorted(kafka_live_keys(self.staging.log.kafka.opts, job.encoder.topic)))
         if self._live is None or self._live[0] != name:

@@ -33,16 +33,16 @@ from tributary.capture.errors import (
     SourceUnreachable,
     TransientSourceError,
 )
-from tributary.capture.kafka_options import KafkaOptions
-from tributary.capture.log import Cleaner, CleanerPolicy, GroupCommitter, Log, LogError, Mark
 from tributary.capture.replication import Keepalive
 from tributary.capture.resume import confirmed_in_status
 from tributary.capture.slot import sql_connection
 from tributary.capture.source import SourceSession, SourceSpec
 from tributary.capture.status import LatencyHistogram, SourceState, write_status
+from tributary.log.kafka.options import KafkaOptions
+from tributary.log.local import Cleaner, CleanerPolicy, GroupCommitter, Log, LogError, Mark
 
 if TYPE_CHECKING:
-    from tributary.capture.kafka_log import KafkaLog, KafkaSourceLog
+    from tributary.log.kafka.writer import KafkaLog, KafkaSourceLog
 
 __all__ = ["CaptureDaemon", "DaemonOptions", "SourcesFailed"]
 
@@ -139,7 +139,7 @@ class CaptureDaemon:
 
     def _open_log(self) -> Log | KafkaLog:
         if self.opts.kafka is not None:
-            from tributary.capture.kafka_log import KafkaLog  # confluent-kafka only when used
+            from tributary.log.kafka.writer import KafkaLog  # confluent-kafka only when used
 
             return KafkaLog(self.opts.kafka, [spec.name for spec in self.specs])  # a producer per source
         return Log.open(

@@ -30,9 +30,9 @@ from pathlib import Path
 import orjson
 
 from tributary.capture.chunked import SnapshotContext, context_key
-from tributary.capture.log import Log
 from tributary.capture.lsn import Lsn
 from tributary.capture.status import read_status
+from tributary.log.local import Log
 
 __all__ = ["confirmed_in_status", "positions_in"]
 

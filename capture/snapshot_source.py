@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 
 from tributary.capture import envelope as env
 from tributary.capture.catalog import TableInfo
-from tributary.capture.log import Log, Mark
 from tributary.capture.lsn import Lsn
 from tributary.capture.schema_tracker import SCHEMA_KEY
 from tributary.capture.slot import Slot, SlotState, sql_connection
@@ -46,9 +45,10 @@ from tributary.capture.spec import SourceSpec
 from tributary.capture.staging import Staging
 from tributary.capture.status import SourceState, SourceStatus
 from tributary.capture.tables import SourceTables
+from tributary.log.local import Log, Mark
 
 if TYPE_CHECKING:
-    from tributary.capture.kafka_log import KafkaSourceLog
+    from tributary.log.kafka.writer import KafkaSourceLog
 
 __all__ = ["PROGRESS_ROWS", "SnapshotSource", "live_keys"]
 
@@ -68,16 +68,16 @@ def live_keys(log: Log | KafkaSourceLog, topic: str) -> set[bytes]:
     (`read_split_columns`, as the projections' reader does), record by record only where that
     path refuses.
 
-    On Kafka: read back from the topic by a read_committed consumer (capture/kafka_read.py)."""
+    On Kafka: read back from the topic by a read_committed consumer (log/kafka/read.py)."""
     if not isinstance(log, Log):
-        from tributary.capture.kafka_read import kafka_live_keys  # confluent-kafka only when used
+        from tributary.log.kafka.read import kafka_live_keys  # confluent-kafka only when used
 
         return kafka_live_keys(log.kafka.opts, topic)
     if topic not in log.topics():
         return set()
     import pyarrow as pa
 
-    from tributary.capture.log import read_split, read_split_columns
+    from tributary.log.local import read_split, read_split_columns
 
     ends = log.end_offsets(topic)
     live: set[bytes] = set()
@@ -258,7 +258,7 @@ class SnapshotSource:
         chunk already encoded (a re-snapshot needs its keys before it is staged), rows of partition
         -1 left out (capture/chunked.py); `last_row`: the index of the row that takes `marker`."""
         from tributary.capture import snapshot_columns
-        from tributary.capture.log import encode_columns
+        from tributary.log.local import encode_columns
 
         topic = encoder.topic
         count = self.staging.partitions(topic)

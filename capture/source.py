@@ -24,7 +24,6 @@ from tributary.capture import encodings, wal2json
 from tributary.capture.chunked import ChunkedSnapshot, SnapshotContext, context_key
 from tributary.capture.ddl_watch import CatalogWatcher, SchemaChanges
 from tributary.capture.errors import SlotLost, SlotMissing, SourceMisconfigured
-from tributary.capture.log import Log, Mark
 from tributary.capture.lsn import Lsn
 from tributary.capture.offsets import OffsetContext
 from tributary.capture.replication import ReplicationConnection
@@ -38,9 +37,10 @@ from tributary.capture.staging import Staging
 from tributary.capture.status import SourceState, SourceStatus
 from tributary.capture.streaming_source import StreamingSource
 from tributary.capture.tables import SourceTables
+from tributary.log.local import Log, Mark
 
 if TYPE_CHECKING:
-    from tributary.capture.kafka_log import KafkaSourceLog
+    from tributary.log.kafka.writer import KafkaSourceLog
 
 __all__ = ["SourceSession", "SourceSpec"]
 

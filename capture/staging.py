@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Literal
 
 from tributary.capture import envelope as env
-from tributary.capture.log import Log, TopicConfig, encode_plain, partition_for, split_partitions
+from tributary.log.local import Log, TopicConfig, encode_plain, partition_for, split_partitions
 
 if TYPE_CHECKING:
-    from tributary.capture.kafka_log import KafkaSourceLog
+    from tributary.log.kafka.writer import KafkaSourceLog
 
 __all__ = ["FLUSH_RECORDS", "Staged", "Staging", "Watch"]
 

@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from tributary.capture.kafka_codec import log_headers, one_line
-from tributary.capture.kafka_logs import with_logger
+from tributary.log.kafka.clients import with_logger
+from tributary.log.kafka.codec import log_headers, one_line
 from tributary.projections.errors import RunError
 from tributary.projections.loader import resolve
 from tributary.projections.source import TP, RawRecord, _raw_batches, _reader, rows_frame
 
 if TYPE_CHECKING:
-    from tributary.capture.kafka_options import KafkaOptions
+    from tributary.log.kafka.options import KafkaOptions
 
 __all__ = ["KafkaSource", "offset_ranges"]
 

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from tributary.capture.kafka_options import VIEW_TIMEOUT_S
-from tributary.capture.log import LogError, MissingMetadataError
+from tributary.log.kafka.options import VIEW_TIMEOUT_S
+from tributary.log.local import LogError, MissingMetadataError
 from tributary.projections.arrow_copy import distinct_keys, output_lines
 from tributary.projections.definition import Projection
 from tributary.projections.engine import applies_truncates, decide, merges_partitions, truncate_points
@@ -49,7 +49,7 @@ from tributary.projections.state import projection_state, state_label
 from tributary.projections.store import BuildRow, Store
 
 if TYPE_CHECKING:
-    from tributary.capture.kafka_options import KafkaOptions
+    from tributary.log.kafka.options import KafkaOptions
 
 __all__ = [
     "RunResult",
@@ -465,7 +465,7 @@ def _settings_from_json(raw: Mapping[str, Any]) -> RunSettings:
     """`_settings_json`'s inverse."""
     kafka = None
     if raw.get("kafka") is not None:
-        from tributary.capture.kafka_options import KafkaOptions
+        from tributary.log.kafka.options import KafkaOptions
 
         kafka = KafkaOptions(**raw["kafka"])
     return RunSettings(

@@ -1,7 +1,7 @@
 """tributary: change-data capture and event sourcing on PostgreSQL.
 
 The repository's top-level folders install as sub-packages of this one: `tributary.capture`
-(replication, snapshot, the log in `tributary.capture.log`), `tributary.eventstore`,
+(replication, snapshot, the log in `tributary.log.local`), `tributary.eventstore`,
 `tributary.projections`, `tributary.api` and `tributary.migrations`.
 """
 

@@ -1,7 +1,7 @@
 """`tributary log …`: inspect the log (topics, cat, compact, verify).
 
 Each command is a thin typer wrapper around the log's admin operations
-(`tributary.capture.log.admin`). Errors print one line on stderr and exit 1.
+(`tributary.log.local.admin`). Errors print one line on stderr and exit 1.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import typer
 
 from tributary.api.cli.common import ConfigOption
 from tributary.api.cli.help import SentenceGroup
-from tributary.capture.log import LogError
-from tributary.capture.log.admin import CompactedInBackground, cat, compact, repair, topics, verify
+from tributary.log.local import LogError
+from tributary.log.local.admin import CompactedInBackground, cat, compact, repair, topics, verify
 
 if TYPE_CHECKING:
-    from tributary.capture.kafka_options import KafkaOptions
+    from tributary.log.kafka.options import KafkaOptions
 
 __all__ = ["log_app", "register"]
 
@@ -77,7 +77,7 @@ def topics_cmd(root: RootOption = None, config: ConfigOption = None) -> None:
     committed offsets (on Kafka: partitions and end offsets)."""
     kafka = _kafka(root, config)
     if kafka is not None:
-        from tributary.capture.kafka_read import kafka_topics
+        from tributary.log.kafka.read import kafka_topics
 
         try:
             found = kafka_topics(kafka)
@@ -124,7 +124,7 @@ def cat_cmd(
     """Print records as JSON lines: topic, partition, offset, timestamp, key, value, headers."""
     kafka = _kafka(root, config)
     if kafka is not None:
-        from tributary.capture.kafka_read import kafka_cat
+        from tributary.log.kafka.read import kafka_cat
 
         try:
             with _until_signalled(follow) as stopped:
@@ -253,7 +253,7 @@ def verify_cmd(
 
 
 def _verify_kafka(kafka: KafkaOptions, sources: list[str]) -> None:
-    from tributary.capture.kafka_read import kafka_verify
+    from tributary.log.kafka.read import kafka_verify
 
     try:
         check = kafka_verify(kafka, sources)

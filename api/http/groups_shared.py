@@ -12,7 +12,6 @@ from pydantic import BaseModel, Field
 
 from tributary.api.http.auth import error, require
 from tributary.api.http.problems import Problem, problem_body
-from tributary.capture.log import LogError
 from tributary.consumers import (
     ConsumerError,
     Fenced,
@@ -23,6 +22,7 @@ from tributary.consumers import (
     OffsetOutOfRange,
     UnknownMember,
 )
+from tributary.log.local import LogError
 
 __all__ = [
     "BODY_ERRORS",

@@ -19,10 +19,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tributary.capture.kafka_options import VIEW_TIMEOUT_S
-from tributary.capture.log import Log, LogError
 from tributary.capture.status import ERROR_KINDS, SourceState, read_status, snapshot_under_way
 from tributary.consumers import GroupCoordinator
+from tributary.log.kafka.options import VIEW_TIMEOUT_S
+from tributary.log.local import Log, LogError
 
 __all__ = ["Metrics"]
 
@@ -201,7 +201,7 @@ class Metrics:
 
         kafka = kafka_options(settings)
         if kafka is not None:  # the cluster's topics; their bytes are the broker's to report
-            from tributary.capture.kafka_read import kafka_topics
+            from tributary.log.kafka.read import kafka_topics
 
             for row in kafka_topics(kafka, timeout_s=VIEW_TIMEOUT_S):
                 self.log_records.labels(row["topic"]).set(cast(int, row["records"]))

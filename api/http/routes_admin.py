@@ -32,10 +32,10 @@ from tributary.api.http.problems import Problem
 from tributary.api.settings.config import Settings
 from tributary.api.settings.log import kafka_options
 from tributary.api.settings.sources import source_statuses
-from tributary.capture.kafka_options import VIEW_TIMEOUT_S
-from tributary.capture.log import LogError
-from tributary.capture.log.admin import topics as topics_of
 from tributary.capture.status import read_status
+from tributary.log.kafka.options import VIEW_TIMEOUT_S
+from tributary.log.local import LogError
+from tributary.log.local.admin import topics as topics_of
 
 __all__ = ["Status", "router", "start_status"]
 
@@ -210,7 +210,7 @@ def _topics(settings: Any) -> list[dict[str, Any]]:
     kafka = kafka_options(settings)
     try:
         if kafka is not None:
-            from tributary.capture.kafka_read import kafka_topics
+            from tributary.log.kafka.read import kafka_topics
 
             return kafka_topics(kafka, timeout_s=VIEW_TIMEOUT_S)
         if not Path(settings.log.root).is_dir():

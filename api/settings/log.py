@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tributary.api.settings.config import Settings
-from tributary.capture.kafka_options import KafkaOptions
-from tributary.capture.log import CleanerPolicy
+from tributary.log.kafka.options import KafkaOptions
+from tributary.log.local import CleanerPolicy
 
 __all__ = ["cleaner_policy", "kafka_options"]
 

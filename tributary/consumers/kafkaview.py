@@ -27,12 +27,12 @@ from typing import Any
 import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from tributary.capture.kafka_codec import as_record, one_line
-from tributary.capture.kafka_logs import with_logger
-from tributary.capture.kafka_options import KafkaOptions
-from tributary.capture.log import LogError, Record
 from tributary.consumers.assign import TopicPartition as GroupPartition
 from tributary.consumers.offsets import WRITE_OFFSETS, listed_offsets
+from tributary.log.kafka.clients import with_logger
+from tributary.log.kafka.codec import as_record, one_line
+from tributary.log.kafka.options import KafkaOptions
+from tributary.log.local import LogError, Record
 
 __all__ = ["KafkaOffsets", "KafkaView", "kafka_client_config"]
 

@@ -17,8 +17,6 @@ import orjson
 import psycopg
 from psycopg_pool import PoolTimeout
 
-from tributary.capture.log import LogError
-from tributary.capture.log import Record as LogRecord
 from tributary.client import (
     CommitFailedError,
     ConsumerError,
@@ -29,6 +27,8 @@ from tributary.client import (
 )
 from tributary.consumers import ConsumerError as GroupError
 from tributary.consumers import Fenced, GroupCoordinator, NotAssigned, OffsetOutOfRange, UnknownMember
+from tributary.log.local import LogError
+from tributary.log.local import Record as LogRecord
 
 __all__ = ["GroupMember", "to_record"]
 

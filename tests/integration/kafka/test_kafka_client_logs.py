@@ -9,10 +9,10 @@ import logging
 import pytest
 
 from tests.waiting import wait_progress
-from tributary.capture.kafka_logs import LIBRDKAFKA_LOGGER
-from tributary.capture.kafka_options import KafkaOptions
-from tributary.capture.kafka_read import committed_reader
 from tributary.consumers.kafkaview import kafka_client_config
+from tributary.log.kafka.clients import LIBRDKAFKA_LOGGER
+from tributary.log.kafka.options import KafkaOptions
+from tributary.log.kafka.read import committed_reader
 from tributary.projections.kafka_source import _consumer_config
 
 pytestmark = pytest.mark.integration

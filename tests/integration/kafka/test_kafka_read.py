@@ -1,4 +1,4 @@
-"""Capture's readers of its own topics on Kafka (capture/kafka_read.py): the live keys a
+"""Capture's readers of its own topics on Kafka (log/kafka/read.py): the live keys a
 re-snapshot reads back equal the local log's for the same records; a re-snapshot after a lost slot
 and a chunked re-snapshot delete, exactly once, the rows removed meanwhile; `log cat --follow` and
 `log verify` on the Kafka backend."""
@@ -20,11 +20,11 @@ from tests.integration.capture.test_resnapshot import FILL, TABLES, _change_whil
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.pg import REPO_ROOT
-from tributary.capture.kafka_log import KafkaLog
-from tributary.capture.kafka_read import kafka_live_keys, kafka_positions
-from tributary.capture.log import Log, RecordIn, TopicConfig, partition_for
 from tributary.capture.schema_tracker import SCHEMA_KEY
 from tributary.capture.snapshot_source import live_keys
+from tributary.log.kafka.read import kafka_live_keys, kafka_positions
+from tributary.log.kafka.writer import KafkaLog
+from tributary.log.local import Log, RecordIn, TopicConfig, partition_for
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from tributary.capture import envelope as env
 from tributary.capture.chunked import RecentXids, SnapshotContext, _invisible, context_key
-from tributary.capture.log import Log
 from tributary.capture.staging import Staging
+from tributary.log.local import Log
 
 pytestmark = pytest.mark.unit
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tributary.capture.log import Record as LogRecord
 from tributary.client import Record, TopicPartition
+from tributary.log.local import Record as LogRecord
 from tributary.sinks import to_record
 from tributary.sinks.store import encode
 

@@ -16,14 +16,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from tributary.capture.log.cleaner import read_checkpoint
-from tributary.capture.log.errors import LogError, LogLockedError
-from tributary.capture.log.log import Log
-from tributary.capture.log.manifest import PartitionState
-from tributary.capture.log.placeholders import Carry, fill, holes, observe
-from tributary.capture.log.reader import committed_segments, open_segment, partition_dir
-from tributary.capture.log.segment import log_path
-from tributary.capture.log.types import CompactionStats, Problem, Record
+from tributary.log.local.cleaner import read_checkpoint
+from tributary.log.local.errors import LogError, LogLockedError
+from tributary.log.local.log import Log
+from tributary.log.local.manifest import PartitionState
+from tributary.log.local.placeholders import Carry, fill, holes, observe
+from tributary.log.local.reader import committed_segments, open_segment, partition_dir
+from tributary.log.local.segment import log_path
+from tributary.log.local.types import CompactionStats, Problem, Record
 
 __all__ = [
     "SCHEMA_KEY",

@@ -36,10 +36,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tributary.capture.log import _fileio
-from tributary.capture.log.reader import open_segment
-from tributary.capture.log.segment import SegmentRef, claims_below, iter_records, log_path, parquet_path, starts_at
-from tributary.capture.log.types import Split, segment_base
+from tributary.log.local import _fileio
+from tributary.log.local.reader import open_segment
+from tributary.log.local.segment import SegmentRef, claims_below, iter_records, log_path, parquet_path, starts_at
+from tributary.log.local.types import Split, segment_base
 
 __all__ = [
     "COPY_SCHEMA",

@@ -26,11 +26,11 @@ from typing import Any, Literal
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # its documented home (re-exported)
 
-from tributary.capture.kafka_codec import kafka_headers, one_line
-from tributary.capture.kafka_logs import with_logger
-from tributary.capture.kafka_options import OFFSETS_TOPIC, KafkaOptions
-from tributary.capture.kafka_read import committed_reader
-from tributary.capture.log import LogError, Mark, RecordIn, TopicConfig, TopicNotFoundError, decode_line
+from tributary.log.kafka.clients import with_logger
+from tributary.log.kafka.codec import kafka_headers, one_line
+from tributary.log.kafka.options import OFFSETS_TOPIC, KafkaOptions
+from tributary.log.kafka.read import committed_reader
+from tributary.log.local import LogError, Mark, RecordIn, TopicConfig, TopicNotFoundError, decode_line
 
 __all__ = [
     "OFFSETS_TOPIC",

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from tributary.capture.log import Record
+from tributary.log.local import Record
 
 __all__ = ["WHOLE_HEADERS", "as_record", "kafka_headers", "log_headers", "one_line"]
 

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from murmurhash2 import murmurhash2
 
-from tributary.capture.log._twins import typed_twin
+from tributary.log.local._twins import typed_twin
 
 _typed_split: Callable[[list[bytes], list[bytes], int], list[tuple[list[bytes], list[bytes]]]] | None
 _typed_split = typed_twin("split_partitions")  # hashes with the same murmurhash2
@@ -64,7 +64,7 @@ def partitions_for(keys: Iterable[bytes], partitions: int) -> list[int]:
 
 def split_partitions(keys: list[bytes], values: list[bytes], partitions: int) -> list[tuple[list[bytes], list[bytes]]]:
     """Each partition's keys and values, in their order (`partition_for` of each key): typed
-    (capture/log/_typed.pyx) for lists of bytes, else `split_partitions_python`, the reference."""
+    (log/local/_typed.pyx) for lists of bytes, else `split_partitions_python`, the reference."""
     if _typed_split is not None and type(keys) is list and type(values) is list and 0 < partitions <= _POSITIVE:
         return _typed_split(keys, values, partitions)
     return split_partitions_python(keys, values, partitions)

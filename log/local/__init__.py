@@ -26,7 +26,7 @@ Columnar copies: `RECORD_SCHEMA` is a record's Arrow schema. Sealed segments —
     (`SegmentCopy`), reads (`copy_records`, `COPY_SCHEMA`) and installs (`Log.make_copies`, whose
     caller brings the Parquet writer); `SegmentCopy.path` is the file to read once `current()`.
 
-Admin operations (what `tributary log …` and `GET /topics` run): `tributary.capture.log.admin`.
+Admin operations (what `tributary log …` and `GET /topics` run): `tributary.log.local.admin`.
 Errors: every failure is a `LogError`; the subclasses say what a caller may handle.
 """
 
@@ -34,10 +34,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tributary.capture.log import admin
-from tributary.capture.log.cleaner import Cleaner, CleanerPolicy
-from tributary.capture.log.codec import RecordIn, decode_line, encode_plain
-from tributary.capture.log.errors import (
+from tributary.log.local import admin
+from tributary.log.local.cleaner import Cleaner, CleanerPolicy
+from tributary.log.local.codec import RecordIn, decode_line, encode_plain
+from tributary.log.local.errors import (
     CorruptRecordError,
     DiskFullError,
     LogError,
@@ -45,11 +45,11 @@ from tributary.capture.log.errors import (
     MissingMetadataError,
     TopicNotFoundError,
 )
-from tributary.capture.log.group_commit import GroupCommitter
-from tributary.capture.log.log import Log
-from tributary.capture.log.partitioner import canonical_json, hashes, murmur2, partition_for, split_partitions
-from tributary.capture.log.splits import read_split
-from tributary.capture.log.types import (
+from tributary.log.local.group_commit import GroupCommitter
+from tributary.log.local.log import Log
+from tributary.log.local.partitioner import canonical_json, hashes, murmur2, partition_for, split_partitions
+from tributary.log.local.splits import read_split
+from tributary.log.local.types import (
     CompactionStats,
     Mark,
     PartitionEnd,
@@ -61,8 +61,8 @@ from tributary.capture.log.types import (
 )
 
 if TYPE_CHECKING:
-    from tributary.capture.log.codec_arrow import encode_columns
-    from tributary.capture.log.columnar import (
+    from tributary.log.local.codec_arrow import encode_columns
+    from tributary.log.local.columnar import (
         COPY_SCHEMA,
         RECORD_SCHEMA,
         SegmentCopy,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tributary.capture.log import _fileio
-from tributary.capture.log.codec import BadLine, decode_line
-from tributary.capture.log.index import pack_offsets, pack_times
-from tributary.capture.log.segment import (
+from tributary.log.local import _fileio
+from tributary.log.local.codec import BadLine, decode_line
+from tributary.log.local.index import pack_offsets, pack_times
+from tributary.log.local.segment import (
     SegmentRef,
     index_path,
     iter_lines,

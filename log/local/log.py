@@ -18,17 +18,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from tributary.capture.log import _fileio
-from tributary.capture.log.cleaner import Cleaner, CleanerPolicy
-from tributary.capture.log.codec import RecordIn
-from tributary.capture.log.compaction import expired_segments, remove_segments
-from tributary.capture.log.errors import (
+from tributary.log.local import _fileio
+from tributary.log.local.cleaner import Cleaner, CleanerPolicy
+from tributary.log.local.codec import RecordIn
+from tributary.log.local.compaction import expired_segments, remove_segments
+from tributary.log.local.errors import (
     CorruptRecordError,
     LogError,
     LogLockedError,
     TopicNotFoundError,
 )
-from tributary.capture.log.manifest import (
+from tributary.log.local.manifest import (
     MANIFEST,
     Manifest,
     PartitionState,
@@ -36,13 +36,13 @@ from tributary.capture.log.manifest import (
     encode_manifest,
     read_manifest,
 )
-from tributary.capture.log.partition import PartitionWriter
-from tributary.capture.log.partitioner import partition_for
-from tributary.capture.log.reader import committed_segments, partition_dir, read_partition, read_partition_from_time
-from tributary.capture.log.rebuild import read_checked, rebuild, require_metadata, topics_with_data, write_topic_meta
-from tributary.capture.log.segment import SegmentRef, parquet_path
-from tributary.capture.log.splits import plan_splits
-from tributary.capture.log.types import (
+from tributary.log.local.partition import PartitionWriter
+from tributary.log.local.partitioner import partition_for
+from tributary.log.local.reader import committed_segments, partition_dir, read_partition, read_partition_from_time
+from tributary.log.local.rebuild import read_checked, rebuild, require_metadata, topics_with_data, write_topic_meta
+from tributary.log.local.segment import SegmentRef, parquet_path
+from tributary.log.local.splits import plan_splits
+from tributary.log.local.types import (
     CompactionStats,
     Mark,
     PartitionEnd,
@@ -51,10 +51,10 @@ from tributary.capture.log.types import (
     Split,
     TopicConfig,
 )
-from tributary.capture.log.verify import verify_log
+from tributary.log.local.verify import verify_log
 
 if TYPE_CHECKING:  # the module loads pyarrow: imported where used
-    from tributary.capture.log.columnar import SegmentCopy, TailCopy
+    from tributary.log.local.columnar import SegmentCopy, TailCopy
 
 __all__ = ["Log"]
 
@@ -569,7 +569,7 @@ class Log:
     def write_parquet(self, topic: str | None = None) -> int:
         """Write the immutable Parquet (zstd) copy of every sealed, committed segment that lacks
         a current one (a maintenance step like `compact`); returns how many were written."""
-        from tributary.capture.log.columnar import is_current, write_parquet  # loads pyarrow: only when used
+        from tributary.log.local.columnar import is_current, write_parquet  # loads pyarrow: only when used
 
         self._check_writer("write Parquet copies")
         snapshot = self._committed
@@ -606,7 +606,7 @@ class Log:
     def tail_copy(self, topic: str, partition: int, end: PartitionEnd) -> TailCopy | None:
         """The newest tail copy (format 2, see `columnar`) that stands for a prefix of the
         partition's active segment whose committed end is `end` (from `ends()`), or None."""
-        from tributary.capture.log.columnar import tail_copies, tail_copy_valid  # loads pyarrow: only when used
+        from tributary.log.local.columnar import tail_copies, tail_copy_valid  # loads pyarrow: only when used
 
         pdir = partition_dir(self.root, topic, partition)
         return next(
@@ -618,7 +618,7 @@ class Log:
         """Delete the partition's tail copies nothing plans with any more, `grace_s` after they
         were superseded (by a newer tail copy, or by the full copy of the sealed segment);
         returns the paths deleted."""
-        from tributary.capture.log.columnar import sweep_tail_copies  # loads pyarrow: only when used
+        from tributary.log.local.columnar import sweep_tail_copies  # loads pyarrow: only when used
 
         active = self._state(topic, partition).segment
         return sweep_tail_copies(partition_dir(self.root, topic, partition), active, now, grace_s)
@@ -629,7 +629,7 @@ class Log:
         """Make the format-2 Parquet copies `copies`, written by `write` into a staging
         directory of the log's (`columnar.make_copies` says how) and installed atomically by
         the log; returns those that are current now."""
-        from tributary.capture.log.columnar import make_copies  # loads pyarrow: only when used
+        from tributary.log.local.columnar import make_copies  # loads pyarrow: only when used
 
         return make_copies(self.root, copies, write, time.time())
 

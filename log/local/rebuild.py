@@ -15,11 +15,11 @@ from pathlib import Path
 
 import orjson
 
-from tributary.capture.log.codec import BadLine, decode_line
-from tributary.capture.log.errors import LogError, MissingMetadataError
-from tributary.capture.log.manifest import MANIFEST, Manifest, PartitionState, TopicState, read_manifest
-from tributary.capture.log.segment import iter_lines, list_segments, log_path
-from tributary.capture.log.types import TopicConfig
+from tributary.log.local.codec import BadLine, decode_line
+from tributary.log.local.errors import LogError, MissingMetadataError
+from tributary.log.local.manifest import MANIFEST, Manifest, PartitionState, TopicState, read_manifest
+from tributary.log.local.segment import iter_lines, list_segments, log_path
+from tributary.log.local.types import TopicConfig
 
 __all__ = [
     "TOPIC_META",

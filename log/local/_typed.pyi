@@ -1,4 +1,4 @@
-"""capture/log/_typed.pyx: typed twins of the log's per-record steps; None = take the reference."""
+"""log/local/_typed.pyx: typed twins of the log's per-record steps; None = take the reference."""
 
 from collections.abc import Sequence
 from typing import Any

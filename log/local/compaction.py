@@ -11,13 +11,13 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from tributary.capture.log import _fileio
-from tributary.capture.log.codec import BadLine, Decoded, decode_line, encode_batch
-from tributary.capture.log.index import pack_offsets, pack_times
-from tributary.capture.log.manifest import PartitionState
-from tributary.capture.log.placeholders import Carry, CarryForward, fill
-from tributary.capture.log.reader import committed_segments, open_segment, partition_dir, read_partition
-from tributary.capture.log.segment import (
+from tributary.log.local import _fileio
+from tributary.log.local.codec import BadLine, Decoded, decode_line, encode_batch
+from tributary.log.local.index import pack_offsets, pack_times
+from tributary.log.local.manifest import PartitionState
+from tributary.log.local.placeholders import Carry, CarryForward, fill
+from tributary.log.local.reader import committed_segments, open_segment, partition_dir, read_partition
+from tributary.log.local.segment import (
     SegmentRef,
     index_path,
     iter_lines,
@@ -26,7 +26,7 @@ from tributary.capture.log.segment import (
     parquet_path,
     timeindex_path,
 )
-from tributary.capture.log.types import CompactionStats, TopicConfig
+from tributary.log.local.types import CompactionStats, TopicConfig
 
 __all__ = ["compact_partition", "expired_segments", "keep_record", "remove_segments"]
 

@@ -13,7 +13,7 @@ __all__ = [
 
 
 class LogError(Exception):
-    """Root of every error raised by `capture.log`."""
+    """Root of every error raised by `tributary.log.local`."""
 
 
 class LogLockedError(LogError):

@@ -12,13 +12,13 @@ from collections.abc import Callable, Sequence
 from itertools import accumulate
 from pathlib import Path
 
-from tributary.capture.log import _fileio
-from tributary.capture.log.codec import BadLine, RecordIn, decode_line, encode_batch
-from tributary.capture.log.errors import LogError
-from tributary.capture.log.index import pack_offsets, pack_times
-from tributary.capture.log.manifest import PartitionState
-from tributary.capture.log.scan import NO_TS, first_timestamp, increasing, rebuild_indexes, scan_segment
-from tributary.capture.log.segment import (
+from tributary.log.local import _fileio
+from tributary.log.local.codec import BadLine, RecordIn, decode_line, encode_batch
+from tributary.log.local.errors import LogError
+from tributary.log.local.index import pack_offsets, pack_times
+from tributary.log.local.manifest import PartitionState
+from tributary.log.local.scan import NO_TS, first_timestamp, increasing, rebuild_indexes, scan_segment
+from tributary.log.local.segment import (
     SegmentRef,
     index_path,
     iter_lines,
@@ -30,7 +30,7 @@ from tributary.capture.log.segment import (
     seek_position,
     timeindex_path,
 )
-from tributary.capture.log.types import PartitionEnd
+from tributary.log.local.types import PartitionEnd
 
 __all__ = ["PartitionWriter"]
 

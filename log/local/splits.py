@@ -13,11 +13,11 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from tributary.capture.log.codec import peek_offset
-from tributary.capture.log.errors import LogError
-from tributary.capture.log.manifest import PartitionState
-from tributary.capture.log.reader import committed_segments, open_segment, partition_dir
-from tributary.capture.log.segment import (
+from tributary.log.local.codec import peek_offset
+from tributary.log.local.errors import LogError
+from tributary.log.local.manifest import PartitionState
+from tributary.log.local.reader import committed_segments, open_segment, partition_dir
+from tributary.log.local.segment import (
     SegmentRef,
     iter_records,
     load_offset_index,
@@ -25,7 +25,7 @@ from tributary.capture.log.segment import (
     seek_position,
     starts_at,
 )
-from tributary.capture.log.types import Record, Split
+from tributary.log.local.types import Record, Split
 
 __all__ = ["plan_splits", "read_split"]
 

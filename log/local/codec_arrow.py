@@ -4,7 +4,7 @@
 objects a record. The reference, `encode_columns_python`, joins the offsets, lengths, key and value
 pieces with one vectorised kernel, runs zlib's CRC over slices of that one buffer, and adds the
 trailer with a second join; `encode_columns` hands the columns' Arrow buffers to the typed twin
-(capture/log/_typed.pyx) and runs the reference when it is missing or answers None. The bytes equal `encode_batch`'s for the same records (tests hold them equal).
+(log/local/_typed.pyx) and runs the reference when it is missing or answers None. The bytes equal `encode_batch`'s for the same records (tests hold them equal).
 Imported only by the columnar snapshot: pyarrow stays out of the CLI.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tributary.capture.log._twins import typed_twin
+from tributary.log.local._twins import typed_twin
 
 _typed_columns: Callable[[int, int, int, list[Any]], tuple[bytes, list[int]] | None] | None
 _typed_columns = typed_twin("encode_columns")
@@ -56,7 +56,7 @@ def _piece(arg: pa.Array | pa.Scalar, n: int) -> bytes | tuple[Any, Any, int] | 
 def encode_columns(
     first_offset: int, timestamp_ms: int, keys: pa.Array, value_args: Sequence[pa.Array | pa.Scalar]
 ) -> tuple[bytes, list[int]]:
-    """`encode_columns_python`'s lines and sizes, by the typed twin (capture/log/_typed.pyx) when
+    """`encode_columns_python`'s lines and sizes, by the typed twin (log/local/_typed.pyx) when
     it is sure: the finished lines in one pass over the columns' buffers, CRC included."""
     if _typed_columns is not None:
         n = len(keys)

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tributary.capture.log import _fileio
-from tributary.capture.log.compaction import compact_partition
-from tributary.capture.log.manifest import PartitionState
-from tributary.capture.log.reader import committed_segments, partition_dir
-from tributary.capture.log.segment import list_segments, log_path, parquet_path
-from tributary.capture.log.types import CompactionStats, TopicConfig
+from tributary.log.local import _fileio
+from tributary.log.local.compaction import compact_partition
+from tributary.log.local.manifest import PartitionState
+from tributary.log.local.reader import committed_segments, partition_dir
+from tributary.log.local.segment import list_segments, log_path, parquet_path
+from tributary.log.local.types import CompactionStats, TopicConfig
 
 __all__ = ["CHECKPOINT", "Cleaner", "CleanerPolicy", "CleanedLog", "PartitionCheckpoint", "read_checkpoint"]
 
@@ -345,7 +345,7 @@ class Cleaner:
         """`columnar.is_current`, its footer read again only when the copy or the segment changed
         since the last scan (a copy is replaced by rename, so a new version is a new inode): the
         scans run on the writer's thread and would otherwise read every copy's footer each time."""
-        from tributary.capture.log.columnar import is_current  # loads pyarrow: only when there are copies
+        from tributary.log.local.columnar import is_current  # loads pyarrow: only when there are copies
 
         path = parquet_path(pdir, base)
         try:

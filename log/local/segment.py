@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from tributary.capture.log.codec import BadLine, Decoded, decode_line, peek_offset
-from tributary.capture.log.errors import CorruptRecordError
-from tributary.capture.log.index import lookup_offset, unpack_offsets, unpack_times
+from tributary.log.local.codec import BadLine, Decoded, decode_line, peek_offset
+from tributary.log.local.errors import CorruptRecordError
+from tributary.log.local.index import lookup_offset, unpack_offsets, unpack_times
 
 __all__ = [
     "SegmentRef",

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from tributary.capture.log.errors import LogError
-from tributary.capture.log.index import lookup_time
-from tributary.capture.log.manifest import PartitionState
-from tributary.capture.log.segment import (
+from tributary.log.local.errors import LogError
+from tributary.log.local.index import lookup_time
+from tributary.log.local.manifest import PartitionState
+from tributary.log.local.segment import (
     SegmentRef,
     claims_below,
     iter_records,
@@ -19,7 +19,7 @@ from tributary.capture.log.segment import (
     log_path,
     seek_position,
 )
-from tributary.capture.log.types import Record
+from tributary.log.local.types import Record
 
 __all__ = [
     "committed_segments",

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from tributary.capture.log.codec import BadLine, decode_line
-from tributary.capture.log.manifest import Manifest, PartitionState, read_manifest
-from tributary.capture.log.reader import committed_segments, open_segment, partition_dir
-from tributary.capture.log.segment import iter_lines, log_path, segment_name
-from tributary.capture.log.types import Problem
+from tributary.log.local.codec import BadLine, decode_line
+from tributary.log.local.manifest import Manifest, PartitionState, read_manifest
+from tributary.log.local.reader import committed_segments, open_segment, partition_dir
+from tributary.log.local.segment import iter_lines, log_path, segment_name
+from tributary.log.local.types import Problem
 
 __all__ = ["verify_log", "verify_partition"]
 

@@ -28,12 +28,11 @@ from typing import Any, BinaryIO
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from tributary.capture.kafka_codec import as_record, one_line
-from tributary.capture.kafka_logs import with_logger
-from tributary.capture.kafka_options import KafkaOptions
-from tributary.capture.log import LogError, Record, TopicNotFoundError
-from tributary.capture.log.admin import latest_per_key
-from tributary.capture.schema_tracker import SCHEMA_KEY
+from tributary.log.kafka.clients import with_logger
+from tributary.log.kafka.codec import as_record, one_line
+from tributary.log.kafka.options import KafkaOptions
+from tributary.log.local import LogError, Record, TopicNotFoundError
+from tributary.log.local.admin import SCHEMA_KEY, latest_per_key
 
 __all__ = [
     "committed_reader",

@@ -1,5 +1,5 @@
 """`[log.kafka]` as capture uses it: configuration only, no Kafka client imported (the CLI and
-the settings import this; `capture/kafka_log.py` loads confluent-kafka when a Kafka log is built)."""
+the settings import this; `log/kafka/writer.py` loads confluent-kafka when a Kafka log is built)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from tributary.capture.log.errors import LogError
-from tributary.capture.log.types import TopicConfig
+from tributary.log.local.errors import LogError
+from tributary.log.local.types import TopicConfig
 
 __all__ = [
     "MANIFEST",

@@ -1,4 +1,4 @@
-"""The log's typed twins (capture/log/_typed.pyx, Cython), looked up in one place.
+"""The log's typed twins (log/local/_typed.pyx, Cython), looked up in one place.
 
 Each twin stands beside a pure-Python reference that stays the fallback: a twin is None when the
 module was not built or `TRIBUTARY_PURE_PYTHON=1` turns the typed code off."""
@@ -16,7 +16,7 @@ def typed_twin(name: str) -> Any:
     if os.environ.get("TRIBUTARY_PURE_PYTHON") == "1":
         return None
     try:
-        import tributary.capture.log._typed as _typed
+        import tributary.log.local._typed as _typed
     except ImportError:
         return None
     return getattr(_typed, name)

@@ -10,7 +10,7 @@ import errno
 import os
 from pathlib import Path
 
-from tributary.capture.log.errors import DiskFullError, LogError
+from tributary.log.local.errors import DiskFullError, LogError
 
 __all__ = ["fsync", "fsync_dir", "os_write", "write_all"]
 

@@ -17,7 +17,7 @@ from operator import add as _add
 
 import orjson
 
-from tributary.capture.log._twins import typed_twin
+from tributary.log.local._twins import typed_twin
 
 _typed_plain: Callable[[int, int, Sequence[bytes], Sequence[bytes]], tuple[bytes, list[int]] | None] | None
 _typed_plain = typed_twin("encode_plain")  # capture/compiled.py warns when the build is missing
@@ -119,7 +119,7 @@ def encode_plain(
     first_offset: int, timestamp_ms: int, keys: Sequence[bytes], values: Sequence[bytes]
 ) -> tuple[bytes, list[int]]:
     """`encode_batch`'s lines and sizes for records with one timestamp, no headers and no null key
-    or value (a run of streamed INSERTs): typed (capture/log/_typed.pyx) unless it is not sure (a
+    or value (a run of streamed INSERTs): typed (log/local/_typed.pyx) unless it is not sure (a
     NUL or a newline in a field), then `encode_plain_python`, the reference."""
     if _typed_plain is not None:
         got = _typed_plain(first_offset, timestamp_ms, keys, values)
