@@ -48,13 +48,12 @@ from tributary.capture.errors import CaptureError, TransientSourceError
 from tributary.capture.lsn import Lsn
 from tributary.capture.routing import topic_name
 from tributary.capture.snapshot import SnapshotReader
-from tributary.capture.snapshot_source import SnapshotSource, live_keys
+from tributary.capture.snapshot_source import SnapshotSource
 from tributary.capture.spec import SourceSpec
 from tributary.capture.staging import Staging, Watch
 from tributary.capture.status import SourceStatus
 from tributary.capture.tables import SourceTables
 from tributary.capture.values import type_family
-from tributary.log.local import Log
 
 __all__ = [
     "RECENT_XIDS",
@@ -685,18 +684,8 @@ class ChunkedSnapshot:
         info = job.table
         assert job.encoder is not None
         name = info.qualified
-        if not isinstance(self.staging.log, Log) and (self._live is None or self._live[0] != name):
-            from tributary.log.kafka.read import kafka_live_keys  # a consumer of its own
-
-            self._live = (name, sorted(kafka_live_keys(self.staging.log.kafka.opts, job.encoder.topic)))
-        if self._live is None or self._live[0] != name:
-            # A reader of its own: the loop's writer `Log` is not shared across threads.
-            assert isinstance(self.staging.log, Log)  # Kafka's case is above
-            reader = Log.open(self.staging.log.root)
-            try:
-                self._live = (name, sorted(live_keys(reader, job.encoder.topic)))
-            finally:
-                reader.close()
+        if self._live is None or self._live[0] != name:  # off the loop: `live_keys` reads on its own
+            self._live = (name, sorted(self.staging.log.live_keys(job.encoder.topic)))
         live = self._live[1]
         start = 0 if checked is None else bisect.bisect_right(live, checked.encode())  # sorted
         n = self.spec.snapshot_chunk_rows

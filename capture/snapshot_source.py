@@ -17,7 +17,7 @@ test_snapshot_columnar.py and test_snapshot_json.py). None exists for history on
 already hold rows; rows deleted while the slot was gone would stay in them forever. So each table
 whose topic holds live keys (latest record not a tombstone) ends with a delete + tombstone for
 every one of them that the snapshot did not read: the compacted topic equals the table again.
-Those keys are held in a set while the table is read (one table at a time; see `live_keys`).
+Those keys are held in a set while the table is read (one table at a time; the log's `live_keys`).
 
 The records are appended, not committed: the daemon commits them in one go with the slot's
 consistent point (capture/offsets.py, step 2), so a crash mid-snapshot leaves nothing visible
@@ -32,73 +32,28 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from tributary.capture import envelope as env
 from tributary.capture.catalog import TableInfo
 from tributary.capture.lsn import Lsn
-from tributary.capture.schema_tracker import SCHEMA_KEY
 from tributary.capture.slot import Slot, SlotState, sql_connection
 from tributary.capture.snapshot import SnapshotReader
 from tributary.capture.spec import SourceSpec
 from tributary.capture.staging import Staging
 from tributary.capture.status import SourceState, SourceStatus
 from tributary.capture.tables import SourceTables
-from tributary.log.local import Log, Mark
+from tributary.log import Mark
 
-if TYPE_CHECKING:
-    from tributary.log.kafka.writer import KafkaSourceLog
-
-__all__ = ["PROGRESS_ROWS", "SnapshotSource", "live_keys"]
+__all__ = ["PROGRESS_ROWS", "SnapshotSource"]
 
 PROGRESS_ROWS = 10_000  # `on_progress` is called each time this many more rows are copied
-SCAN_BYTES = 8 << 20  # a re-snapshot reads a topic's keys this much segment data at a time (bounds its memory)
 DELETE_BATCH = 2_000  # a re-snapshot's deletes are staged this many keys at a time
 
 Progress = Callable[[SourceStatus], None]
 
 RESNAPSHOT_POSITION = str(Lsn.ZERO)  # a re-snapshot under way: a start takes the snapshot again
-
-
-def live_keys(log: Log | KafkaSourceLog, topic: str) -> set[bytes]:
-    """The keys of `topic` whose latest committed record is not a tombstone (schema records and
-    keyless records aside): what a compacted read of the topic shows. Holds a bytes object and a
-    set slot per key (docs/capture.md says how much). Each split is decoded whole into Arrow columns
-    (`read_split_columns`, as the projections' reader does), record by record only where that
-    path refuses.
-
-    On Kafka: read back from the topic by a read_committed consumer (log/kafka/read.py)."""
-    if not isinstance(log, Log):
-        from tributary.log.kafka.read import kafka_live_keys  # confluent-kafka only when used
-
-        return kafka_live_keys(log.kafka.opts, topic)
-    if topic not in log.topics():
-        return set()
-    import pyarrow as pa
-
-    from tributary.log.local import read_split, read_split_columns
-
-    ends = log.end_offsets(topic)
-    live: set[bytes] = set()
-    add, discard = live.add, live.discard
-    for split in log.splits(topic, max_bytes=SCAN_BYTES):  # each partition's splits in offset order
-        end = ends[split.partition]
-        table = read_split_columns(split, 0, end)
-        pairs: Iterable[tuple[bytes | None, bool]]
-        if table is None:
-            pairs = ((r.key, r.value is None) for r in read_split(split) if r.offset < end)
-        else:
-            keys = table.column("key").cast(pa.binary()).to_pylist()
-            pairs = zip(keys, table.column("value").is_null().to_pylist(), strict=True)
-        for key, tombstone in pairs:
-            if key is None or key == SCHEMA_KEY:
-                continue
-            if tombstone:
-                discard(key)
-            else:
-                add(key)
-    return live
 
 
 class SnapshotSource:
@@ -176,7 +131,7 @@ class SnapshotSource:
                 now_ms=now_ms,
             )
             # A topic that holds keys already (a re-snapshot): those the table no longer has go.
-            gone = live_keys(self.staging.log, encoder.topic) if self.spec.router is None else set()
+            gone = self.staging.log.live_keys(encoder.topic) if self.spec.router is None else set()
             for unit, rows in self._units(reader, table, encoder, now_ms, gone or None):
                 if previous is not None:
                     previous("true")

@@ -29,8 +29,8 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from tributary.log.kafka.clients import with_logger
 from tributary.log.kafka.codec import kafka_headers, one_line
 from tributary.log.kafka.options import OFFSETS_TOPIC, KafkaOptions
-from tributary.log.kafka.read import committed_reader
-from tributary.log.local import LogError, Mark, RecordIn, TopicConfig, TopicNotFoundError, decode_line
+from tributary.log.kafka.read import committed_reader, kafka_live_keys
+from tributary.log.local import CleanerPolicy, LogError, Mark, RecordIn, TopicConfig, TopicNotFoundError, decode_line
 
 __all__ = [
     "OFFSETS_TOPIC",
@@ -341,6 +341,10 @@ class KafkaLog:
             except BufferError:
                 producer.poll(0.05)  # the local queue is full: let deliveries drain
 
+    def background_cleaner(self, policy: CleanerPolicy, *, pid: int) -> None:
+        """None: the broker compacts and expires its topics itself (their `cleanup.policy`)."""
+        return None
+
     def close(self) -> None:
         """Drop what no commit covered (the sources send it again) and let the producers go."""
         if self._closed:
@@ -387,6 +391,10 @@ class KafkaSourceLog:
             _, ts, key, value, headers = decode_line(line)
             records.append((key, value, ts, headers))
         return self.append(topic, partition, records)
+
+    def live_keys(self, topic: str) -> set[bytes]:
+        """Read back from the topic by a read_committed consumer of its own (read.py)."""
+        return kafka_live_keys(self.kafka.opts, topic)
 
     def mark(self) -> KafkaMark:
         return self.kafka.mark()

@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 
 from tributary.log.local.cleaner import read_checkpoint
 from tributary.log.local.errors import LogError, LogLockedError
+from tributary.log.local.keys import SCHEMA_KEY
 from tributary.log.local.log import Log
 from tributary.log.local.manifest import PartitionState
 from tributary.log.local.placeholders import Carry, fill, holes, observe
@@ -38,10 +39,6 @@ __all__ = [
     "verify",
 ]
 
-
-SCHEMA_KEY = b'{"__schema__":true}'
-"""The key of capture's schema records (capture/schema_tracker.py; the log cannot import capture):
-`topics` counts them apart from the data records."""
 
 _CHUNK = 4 << 20
 _SEALED: dict[tuple[bytes, int, int, int, int], tuple[int, int]] = {}

@@ -28,6 +28,7 @@ from tributary.log.local.errors import (
     LogLockedError,
     TopicNotFoundError,
 )
+from tributary.log.local.keys import SCAN_BYTES, live_keys_in
 from tributary.log.local.manifest import (
     MANIFEST,
     Manifest,
@@ -651,6 +652,28 @@ class Log:
     def splits(self, topic: str, *, max_bytes: int = 64 << 20) -> list[Split]:
         t = self._topic(topic)
         return [s for p, state in enumerate(t.partitions) for s in plan_splits(self.root, topic, p, state, max_bytes)]
+
+    # -- as the capture writer (tributary.log.contracts) ------------------------------------
+
+    def source(self, name: str) -> Log:
+        """What a source appends through: the log itself (one writer, one manifest for all)."""
+        return self
+
+    def background_cleaner(self, policy: CleanerPolicy, *, pid: int) -> Cleaner:
+        """The cleaner capture runs between batches: compaction and retention of this log."""
+        return Cleaner(self, policy, pid=pid)
+
+    def live_keys(self, topic: str) -> set[bytes]:
+        """The keys of `topic` whose latest committed record is not a tombstone (keys.py), read
+        through a reader of its own: the writer's state stays the capture loop's, any thread may
+        call this. An unknown topic has none."""
+        reader = Log.open(self.root)
+        try:
+            if topic not in reader.topics():
+                return set()
+            return live_keys_in(reader.splits(topic, max_bytes=SCAN_BYTES), reader.end_offsets(topic))
+        finally:
+            reader.close()
 
     def ends(self) -> dict[tuple[str, int], PartitionEnd]:
         """Committed ends of every partition (for tools)."""
