@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -28,7 +27,7 @@ from typing import Any, BinaryIO
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from tributary.log.kafka.clients import with_logger
+from tributary.log.kafka.clients import consumer_config
 from tributary.log.kafka.codec import as_record, one_line
 from tributary.log.kafka.options import KafkaOptions
 from tributary.log.local import LogError, Record, TopicNotFoundError
@@ -55,20 +54,8 @@ _POLL_S = 0.5  # how long a poll waits: a `--follow` sees a stop request this of
 def committed_reader(options: KafkaOptions, **extra: Any) -> Consumer:
     """A read_committed consumer that joins no group (partitions are assigned) and commits nothing:
     every reader of capture's topics and offsets topic (capture's own start included)."""
-    return Consumer(
-        with_logger(
-            {
-                **options.client,
-                "bootstrap.servers": options.bootstrap_servers,
-                "group.id": f"tributary-cli-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-                "auto.offset.reset": "earliest",
-                **extra,
-            }
-        )
-    )
+    settings = {"enable.partition.eof": True, "auto.offset.reset": "earliest", **extra}
+    return Consumer(consumer_config(options, purpose="cli", extra=settings))
 
 
 def _partition_count(consumer: Consumer, options: KafkaOptions, topic: str) -> int | None:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # its documented home (re-exported)
 
-from tributary.log.kafka.clients import with_logger
+from tributary.log.kafka.clients import admin_config, producer_config, transactional_config
 from tributary.log.kafka.codec import kafka_headers, one_line
 from tributary.log.kafka.options import OFFSETS_TOPIC, KafkaOptions
 from tributary.log.kafka.read import committed_reader, kafka_live_keys
@@ -88,9 +88,6 @@ class KafkaLog:
         sources and aborting their open transactions), then read the positions back."""
         self.opts = options
         self.default_partitions = options.partitions
-        base: dict[str, Any] = dict(options.client)
-        base["bootstrap.servers"] = options.bootstrap_servers
-        self._base = with_logger(base)
         self._buffer: list[_Buffered] = []
         self._first = 0  # appended records before `_buffer[0]` (committed or dropped)
         self._positions: dict[str, str] = {}
@@ -99,7 +96,7 @@ class KafkaLog:
         self._producers: dict[str, Producer] = {}
         self._views: dict[str, KafkaSourceLog] = {}
         try:
-            self._client = Producer({**self._base, "allow.auto.create.topics": False})  # metadata only
+            self._client = Producer(producer_config(options))  # metadata only
             for name in sources:
                 self._producers[name] = self._new_producer(name)
             self._ensure_offsets_topic()
@@ -108,15 +105,7 @@ class KafkaLog:
             raise LogError(f"Kafka at {options.bootstrap_servers}: {one_line(exc)}") from None
 
     def _new_producer(self, source: str) -> Producer:
-        producer = Producer(
-            {
-                **self._base,
-                "transactional.id": transactional_id(self.opts, source),
-                "enable.idempotence": True,
-                "linger.ms": 5,
-                "allow.auto.create.topics": False,
-            }
-        )
+        producer = Producer(transactional_config(self.opts, transactional_id(self.opts, source)))
         producer.init_transactions(_TIMEOUT_S)  # fences an older capture of this source, aborts its open transaction
         return producer
 
@@ -176,7 +165,7 @@ class KafkaLog:
         return cfg
 
     def _create(self, name: str, partitions: int, config: dict[str, str]) -> None:
-        admin = AdminClient(self._base)
+        admin = AdminClient(admin_config(self.opts))
         topic = NewTopic(name, partitions, self.opts.replication_factor, config=config)
         try:
             admin.create_topics([topic], request_timeout=_TIMEOUT_S)[name].result(_TIMEOUT_S)
