@@ -667,6 +667,8 @@ class Log:
         """The keys of `topic` whose latest committed record is not a tombstone (keys.py), read
         through a reader of its own: the writer's state stays the capture loop's, any thread may
         call this. An unknown topic has none."""
+        if self.writer and topic not in self._committed.topics:  # the common case of a first snapshot
+            return set()
         reader = Log.open(self.root)
         try:
             if topic not in reader.topics():
