@@ -223,3 +223,27 @@ def test_capture_writes_through_the_contracts() -> None:
     """Capture names no backend's writer class and so cannot branch on one: it writes through
     `tributary.log`'s contracts (`CaptureWriter`, `SourceWriter`), opened by `open_writer`."""
     assert _backend_writers("capture") == []
+
+
+def _client_settings(path: Path) -> list[int]:
+    """Lines where `path` spells a Kafka client's settings: "bootstrap.servers" as a dict's key,
+    written (`config["bootstrap.servers"] = …`) or read."""
+
+    def named(node: ast.expr | None) -> bool:
+        return isinstance(node, ast.Constant) and node.value == "bootstrap.servers"
+
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if (isinstance(node, ast.Dict) and any(named(k) for k in node.keys))
+        or (isinstance(node, ast.Subscript) and named(node.slice))
+    ]
+
+
+def test_one_place_builds_kafka_client_settings() -> None:
+    """Producers', consumers' and admin clients' settings come from log/kafka/clients.py: the
+    user's `[log.kafka] client` settings, the logger and read_committed are never forgotten."""
+    home = REPO_ROOT / "log" / "kafka" / "clients.py"
+    assert _client_settings(home), "the check finds the settings where they are built"
+    bad = [f"{p.relative_to(REPO_ROOT)}:{line}" for p in _files(*FOLDERS) if p != home for line in _client_settings(p)]
+    assert bad == []
