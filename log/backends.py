@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from tributary.log.contracts import CaptureWriter
+from tributary.log.contracts import CaptureWriter, LogAdmin
 from tributary.log.kafka.options import KafkaOptions
 from tributary.log.local import Log
+from tributary.log.local.admin import LocalAdmin
 
-__all__ = ["open_writer"]
+__all__ = ["open_admin", "open_writer"]
 
 
 def open_writer(
@@ -29,3 +30,13 @@ def open_writer(
 
         return KafkaLog(kafka, sources)
     return Log.open(root, writer=True, default_partitions=default_partitions, segment_bytes=segment_bytes)
+
+
+def open_admin(*, root: Path, kafka: KafkaOptions | None, timeout_s: float = 30.0) -> LogAdmin:
+    """An operator's view of the configured log: Kafka's cluster (`kafka` given; a topic listing
+    waits at most `timeout_s`), else the local log under `root`. Nothing is opened yet."""
+    if kafka is not None:
+        from tributary.log.kafka.admin import KafkaAdmin
+
+        return KafkaAdmin(kafka, timeout_s=timeout_s)
+    return LocalAdmin(root)

@@ -13,6 +13,9 @@ returns these): written from capture's, the CLI's and the HTTP API's use of the 
   the positions committed so far, and reads of what is committed (end offsets, live keys).
 * `BackgroundCleaner`: compaction and retention run by capture between batches, where the
   backend needs it done (the local log); Kafka's broker compacts its own topics, so there is none.
+* `LogAdmin`: what an operator's view asks of the configured log from any process (the CLI, the
+  HTTP API's `/topics` and `/metrics`): topics, their sizes, the positions capture committed,
+  `log verify` (and `--repair`, the local log's).
 * `RebuiltLog`: what `log verify --repair` hands to capture when it rebuilt a lost manifest, so
   that capture finds the source positions again (the local log only: Kafka repairs itself).
 """
@@ -23,9 +26,27 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from tributary.log.local import CleanerPolicy, CompactionStats, Mark, PartitionEnd, Record, RecordIn, TopicConfig
+from tributary.log.local import (
+    CleanerPolicy,
+    CompactionStats,
+    Mark,
+    PartitionEnd,
+    Record,
+    RecordIn,
+    TopicConfig,
+    Verified,
+)
 
-__all__ = ["BackgroundCleaner", "CaptureWriter", "Encode", "RebuiltLog", "SourceWriter"]
+__all__ = [
+    "BackgroundCleaner",
+    "CaptureWriter",
+    "Encode",
+    "LogAdmin",
+    "PositionsFrom",
+    "RebuiltLog",
+    "SourceWriter",
+    "Verified",
+]
 
 Encode = Callable[[int], tuple[bytes, list[int]]]
 """Lines pre-encoded for the local log (`encode_plain`, `encode_columns`), given the first offset:
@@ -115,6 +136,39 @@ class CaptureWriter(Protocol):
         ...
 
 
+class LogAdmin(Protocol):
+    """Committed facts about the configured log, for operators (read-only, any process)."""
+
+    def exists(self) -> bool:
+        """Whether there is a log to read yet (the local log's root: capture made it)."""
+        ...
+
+    def topics(self) -> list[dict[str, object]]:
+        """Each topic (internal ones aside) as `GET /topics` and `tributary log topics` show it:
+        `topic`, `partitions`, `policy`, `records`, `start_offsets`, `end_offsets`, `compaction`;
+        the local log adds `data_records` and `schema_records`, Kafka's policy is "broker"."""
+        ...
+
+    def topic_sizes(self) -> dict[str, tuple[int, int | None]]:
+        """Per topic: (offsets from start to end, bytes on disk or None where the broker keeps them)."""
+        ...
+
+    def positions(self) -> dict[str, str]:
+        """The positions capture committed, by name."""
+        ...
+
+    def verify(self, sources: Sequence[str]) -> Verified:
+        """Check what capture relies on: the local log reads every committed record (CRC, order);
+        on Kafka, whose broker checks its own records, the offsets topic, each of `sources`'
+        position and every topic's partitions."""
+        ...
+
+    def repair(self, positions_from: PositionsFrom) -> list[str]:
+        """Repair what `verify` finds, saying what was done; a lost manifest is rebuilt with the
+        positions `positions_from` finds (the local log; Kafka refuses: its broker repairs itself)."""
+        ...
+
+
 class RebuiltLog(Protocol):
     """The local log as `log verify --repair` rebuilt it from its segments, read by the hook that
     finds the source positions again (`admin.repair(positions_from=…)`)."""
@@ -131,3 +185,7 @@ class RebuiltLog(Protocol):
     def read(self, topic: str, partition: int, from_offset: int = 0) -> Iterator[Record]:
         """One partition's committed records from `from_offset`, in offset order."""
         ...
+
+
+PositionsFrom = Callable[[RebuiltLog], Mapping[str, str]]
+"""Capture's hook that finds the source positions in a log a repair rebuilt (capture/resume.py)."""

@@ -106,21 +106,16 @@ def _log_positions(settings: Settings) -> dict[str, str]:
     """Each source's position in the log ({} when there is no log yet), or the later position the
     last capture confirmed to its slot (its status file): `init` must not make a slot that would
     start after it without saying so."""
+    from tributary.api.settings.log import log_admin
     from tributary.capture.lsn import Lsn
     from tributary.capture.resume import confirmed_in_status
-    from tributary.log.local import Log, LogError
+    from tributary.log import LogError
 
+    admin = log_admin(settings)
     try:
-        options = kafka_options(settings)
-        if options is not None:
-            from tributary.log.kafka.read import kafka_positions  # confluent-kafka only when used
-
-            positions = kafka_positions(options)
-        elif not settings.log.root.is_dir():
+        if not admin.exists():
             return {}
-        else:
-            with Log.open(settings.log.root) as log:
-                positions = log.positions()
+        positions = admin.positions()
     except LogError:
         return {}
     confirmed = confirmed_in_status(settings.log.root)

@@ -8,7 +8,6 @@ import logging
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -30,12 +29,11 @@ from tributary.api.http.definitions import (
 )
 from tributary.api.http.problems import Problem
 from tributary.api.settings.config import Settings
-from tributary.api.settings.log import kafka_options
+from tributary.api.settings.log import log_admin
 from tributary.api.settings.sources import source_statuses
 from tributary.capture.status import read_status
 from tributary.log.kafka.options import VIEW_TIMEOUT_S
 from tributary.log.local import LogError
-from tributary.log.local.admin import topics as topics_of
 
 __all__ = ["Status", "router", "start_status"]
 
@@ -207,15 +205,11 @@ async def sources(request: Request) -> list[dict[str, Any]]:
 
 
 def _topics(settings: Any) -> list[dict[str, Any]]:
-    kafka = kafka_options(settings)
+    admin = log_admin(settings, timeout_s=VIEW_TIMEOUT_S)
     try:
-        if kafka is not None:
-            from tributary.log.kafka.read import kafka_topics
-
-            return kafka_topics(kafka, timeout_s=VIEW_TIMEOUT_S)
-        if not Path(settings.log.root).is_dir():
+        if not admin.exists():
             return []  # nothing captured yet
-        return topics_of(settings.log.root)
+        return admin.topics()
     except LogError as exc:  # e.g. segments without a manifest (not an empty log), Kafka unreachable
         raise Problem(503, "log_unreadable", str(exc)) from None
 

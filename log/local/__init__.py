@@ -58,6 +58,7 @@ from tributary.log.local.types import (
     Record,
     Split,
     TopicConfig,
+    Verified,
 )
 
 if TYPE_CHECKING:
@@ -95,6 +96,7 @@ __all__ = [
     "TailCopy",
     "TopicConfig",
     "TopicNotFoundError",
+    "Verified",
     "admin",
     "canonical_json",
     "copy_records",

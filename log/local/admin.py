@@ -11,7 +11,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -24,11 +24,12 @@ from tributary.log.local.manifest import PartitionState
 from tributary.log.local.placeholders import Carry, fill, holes, observe
 from tributary.log.local.reader import committed_segments, open_segment, partition_dir
 from tributary.log.local.segment import log_path
-from tributary.log.local.types import CompactionStats, Problem, Record
+from tributary.log.local.types import CompactionStats, Problem, Record, Verified
 
 __all__ = [
     "SCHEMA_KEY",
     "CompactedInBackground",
+    "LocalAdmin",
     "background_state",
     "cat",
     "compact",
@@ -331,3 +332,42 @@ def repair(root: Path, *, positions_from: Callable[[Log], Mapping[str, str]] | N
         raise LogError(f"cannot repair while capture is running: {exc}") from None
     with log:
         return list(log.repaired)
+
+
+class LocalAdmin:
+    """The operations above as `tributary.log.contracts.LogAdmin`: the local log under `root`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def exists(self) -> bool:
+        """Whether capture ever wrote here (the root is a directory)."""
+        return self.root.is_dir()
+
+    def topics(self) -> list[dict[str, object]]:
+        return topics(self.root)
+
+    def topic_sizes(self) -> dict[str, tuple[int, int | None]]:
+        """Per topic: the offsets between each partition's start and end, summed, and the bytes
+        its files take on disk."""
+        with Log.open(self.root) as log:
+            return {
+                topic: (
+                    sum(e - b for b, e in zip(log.start_offsets(topic), log.end_offsets(topic), strict=True)),
+                    log.disk_bytes(topic),
+                )
+                for topic in log.topics()
+            }
+
+    def positions(self) -> dict[str, str]:
+        with Log.open(self.root) as log:
+            return log.positions()
+
+    def verify(self, sources: Sequence[str]) -> Verified:
+        """Every committed record read back (CRC, order); `sources` are capture's business here."""
+        found = Verified(where=f"in {self.root}", ok=f"ok: every committed record in {self.root} is intact")
+        found.problems.extend(f"corrupt: {p}" for p in verify(self.root))
+        return found
+
+    def repair(self, positions_from: Callable[[Log], Mapping[str, str]]) -> list[str]:
+        return repair(self.root, positions_from=positions_from)

@@ -17,6 +17,7 @@ __all__ = [
     "Record",
     "Split",
     "TopicConfig",
+    "Verified",
 ]
 
 Policy = Literal["delete", "compact", "none"]
@@ -146,3 +147,15 @@ class CompactionStats:
     records_after: int = 0
     bytes_before: int = 0
     bytes_after: int = 0
+
+
+@dataclass
+class Verified:
+    """What a check of the log found, as `tributary log verify` says it (`LogAdmin.verify`,
+    tributary.log.contracts)."""
+
+    where: str  # the log checked, for the failure line: "in <root>", "on Kafka at <servers>"
+    ok: str  # the line that says all is well
+    notes: list[str] = field(default_factory=list)  # what was seen (stdout)
+    warnings: list[str] = field(default_factory=list)  # worth a look, not a failure
+    problems: list[str] = field(default_factory=list)  # each a whole line ("corrupt: …"): any fails the check
