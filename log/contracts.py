@@ -139,6 +139,12 @@ class CaptureWriter(Protocol):
 class LogAdmin(Protocol):
     """Committed facts about the configured log, for operators (read-only, any process)."""
 
+    @property
+    def compaction_keeps_unchanged_values(self) -> bool:
+        """Whether compacting a topic keeps an unchanged TOASTed value that a later update omitted
+        (the local log fills it in from the record it removes; Kafka's broker compacts blind)."""
+        ...
+
     def exists(self) -> bool:
         """Whether there is a log to read yet (the local log's root: capture made it)."""
         ...

@@ -17,6 +17,8 @@ __all__ = ["KafkaAdmin"]
 class KafkaAdmin:
     """The cluster of `options`; `timeout_s` bounds a topic listing (a view waits less than a run)."""
 
+    compaction_keeps_unchanged_values = False  # the broker drops the record that held the value
+
     def __init__(self, options: KafkaOptions, *, timeout_s: float) -> None:
         self.options = options
         self.timeout_s = timeout_s

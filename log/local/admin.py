@@ -337,6 +337,8 @@ def repair(root: Path, *, positions_from: Callable[[Log], Mapping[str, str]] | N
 class LocalAdmin:
     """The operations above as `tributary.log.contracts.LogAdmin`: the local log under `root`."""
 
+    compaction_keeps_unchanged_values = True  # compaction fills placeholders (placeholders.py)
+
     def __init__(self, root: Path) -> None:
         self.root = root
 
