@@ -1,8 +1,9 @@
 """The log is a lower layer with a public API: read from the source tree's imports (AST).
 
 Outside `log/local`, the package code imports only `tributary.log.local` (its `__all__`) and
-its admin operations (`tributary.log.local.admin`). That the log imports nothing else of
-`tributary.capture`, and that nothing imports in a cycle, tests/unit/test_layout.py holds.
+its admin operations (`tributary.log.local.admin`). That the log imports no layer above it, that
+the local backend imports nothing else, and that nothing imports in a cycle, tests/unit/test_layout.py
+holds.
 """
 
 from __future__ import annotations
