@@ -25,7 +25,7 @@ apt:
 
 # client/ (the tributary-client distribution) in the same pip command as the project, which depends on it:
 # it comes from this checkout, not from the package index.
-$(VENV)/.installed: pyproject.toml client/pyproject.toml capture/_hotpath.pyx capture/log/_typed.pyx
+$(VENV)/.installed: pyproject.toml client/pyproject.toml capture/_hotpath.pyx log/local/_typed.pyx
 	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e ./client -e '.[test]'
@@ -42,7 +42,7 @@ test: setup
 # mypy sees the top-level folders as the package they install as (`capture/` is `tributary.capture`, …)
 # through a tree of links under build/typecheck; what lives in the root folder `tributary/` is linked as it is,
 # and `client/tributary_client` (the tributary-client distribution) beside it.
-TYPECHECK_PACKAGES := api capture eventstore projections migrations
+TYPECHECK_PACKAGES := api capture log eventstore projections migrations
 
 lint: venv
 	$(VENV)/bin/ruff check .

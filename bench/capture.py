@@ -41,10 +41,10 @@ from bench._paced import paced_writes  # noqa: E402
 from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
 from tributary.capture.catalog import list_tables  # noqa: E402
 from tributary.capture.chunked import check_query, context_key, key_lines  # noqa: E402
-from tributary.capture.log import Log  # noqa: E402
 from tributary.capture.lsn import Lsn  # noqa: E402
 from tributary.capture.status import read_status  # noqa: E402
 from tributary.capture.wal2json import WAL2JSON_OPTIONS  # noqa: E402
+from tributary.log.local import Log  # noqa: E402
 
 
 def _config(path: Path, dsn: str, log_root: Path, slot: str, snapshot: str, include: str, extra: str = "") -> Path:

@@ -45,8 +45,8 @@ from tributary_client import Consumer  # noqa: E402
 
 from bench._paced import paced_writes  # noqa: E402
 from tributary.api.devdb.embedded import EmbeddedPostgres, free_port  # noqa: E402
-from tributary.capture.log import Log, TopicConfig, canonical_json  # noqa: E402
 from tributary.eventstore.migrate import run_migrations  # noqa: E402
+from tributary.log.local import Log, TopicConfig, canonical_json  # noqa: E402
 
 CLI = [sys.executable, "-c", "from tributary.api.cli.main import main; main()"]
 TOPIC = "bench.public.items"
@@ -198,8 +198,8 @@ def _kafka_throughput(dsn: str, work: Path, records: int, repeat: int, parts: se
 def _kafka_pulls(bootstraps: str, n: int, pull: int, *, fresh: bool) -> float:
     """Records/s reading `n` records of TOPIC (4 partitions) in pulls of `pull` records, partitions
     in turn: one KafkaView throughout, or (`fresh`) a new one (new clients) per pull."""
-    from tributary.capture.kafka_options import KafkaOptions
     from tributary.consumers.kafkaview import KafkaView
+    from tributary.log.kafka.options import KafkaOptions
 
     options = KafkaOptions(bootstrap_servers=bootstraps, client={"log_level": "3"})
     kept = None if fresh else KafkaView(options)

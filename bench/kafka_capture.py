@@ -38,9 +38,9 @@ sys.path.insert(0, str(ROOT))
 from bench._compiled import add_allow_python, require_compiled  # noqa: E402
 from bench._paced import paced_writes  # noqa: E402
 from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
-from tributary.capture.kafka_options import OFFSETS_TOPIC  # noqa: E402
-from tributary.capture.log import Log  # noqa: E402
 from tributary.capture.status import read_status  # noqa: E402
+from tributary.log.kafka.options import OFFSETS_TOPIC  # noqa: E402
+from tributary.log.local import Log  # noqa: E402
 
 _CLI = "from tributary.api.cli.main import main; main()"
 IDLE_S = 1.0  # `--until-idle`: subtracted from each run's wall time

@@ -26,8 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._compiled import add_allow_python, require_compiled  # noqa: E402
-from tributary.capture.log import GroupCommitter, Log, TopicConfig, canonical_json, partition_for  # noqa: E402
-from tributary.capture.log.codec import encode_batch  # noqa: E402
+from tributary.log.local import GroupCommitter, Log, TopicConfig, canonical_json, partition_for  # noqa: E402
+from tributary.log.local.codec import encode_batch  # noqa: E402
 
 PARTITIONS = 4
 BATCH = 1000

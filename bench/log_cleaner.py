@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from bench._compiled import add_allow_python, require_compiled  # noqa: E402
 from bench._paced import paced_writes  # noqa: E402
 from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
-from tributary.capture.log import Log  # noqa: E402
+from tributary.log.local import Log  # noqa: E402
 
 TOPIC = "b.public.hot"
 _STEP = re.compile(r"compacted \S+: (\d+) → (\d+) records, \d+ → \d+ bytes in ([0-9.]+)s")

@@ -40,7 +40,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ
 import orjson  # noqa: E402
 import psycopg  # noqa: E402
 
-from tributary.capture.log import Log, TopicConfig, canonical_json, partition_for  # noqa: E402
+from tributary.log.local import Log, TopicConfig, canonical_json, partition_for  # noqa: E402
 from tributary.projections.engine import Item, fold_units  # noqa: E402
 from tributary.projections.examples import account_balances  # noqa: E402
 from tributary.projections.records import ProjectionRecord, default_event_time, ms_to_iso  # noqa: E402

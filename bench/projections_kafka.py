@@ -37,9 +37,9 @@ import orjson  # noqa: E402
 import psycopg  # noqa: E402
 from confluent_kafka import Producer  # noqa: E402
 
-from tributary.capture.kafka_options import KafkaOptions  # noqa: E402
-from tributary.capture.log import Log, TopicConfig, canonical_json, partition_for  # noqa: E402
 from tributary.eventstore.migrate import run_migrations  # noqa: E402
+from tributary.log.kafka.options import KafkaOptions  # noqa: E402
+from tributary.log.local import Log, TopicConfig, canonical_json, partition_for  # noqa: E402
 from tributary.projections.records import ms_to_iso  # noqa: E402
 from tributary.projections.runner import RunSettings, rebuild  # noqa: E402
 from tributary.projections.spark import get_session  # noqa: E402

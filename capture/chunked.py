@@ -45,7 +45,6 @@ from psycopg import sql
 from tributary.capture import envelope as env
 from tributary.capture.catalog import TableInfo, table_info
 from tributary.capture.errors import CaptureError, TransientSourceError
-from tributary.capture.log import Log, Mark
 from tributary.capture.lsn import Lsn
 from tributary.capture.routing import topic_name
 from tributary.capture.snapshot import SnapshotReader
@@ -55,6 +54,7 @@ from tributary.capture.staging import Staging, Watch
 from tributary.capture.status import SourceStatus
 from tributary.capture.tables import SourceTables
 from tributary.capture.values import type_family
+from tributary.log import Mark
 
 if TYPE_CHECKING:
     import pyarrow as pa  # loaded on first use: the CLI imports this module without it
@@ -185,7 +185,7 @@ class _Kept:
     read: list[pa.Array] = field(default_factory=list)
     frozen: pa.Array | None = None  # `streamed` as it was when the check began (copied on the loop)
 
-    def absent(self, live: pa.Array) -> list[bytes]:
+    def absent(self, live: set[bytes]) -> list[bytes]:
         """The live keys no record staged since names, sorted (off the loop: a key the loop
         stages after `frozen` was taken is left out when the deletes are staged)."""
         import pyarrow as pa
@@ -193,7 +193,8 @@ class _Kept:
 
         staged = self.frozen if self.frozen is not None else pa.array([], pa.binary())
         seen = pa.concat_arrays([*self.read, staged])
-        return sorted(live.filter(pc.invert(pc.is_in(live, value_set=seen))).to_pylist())
+        keys = pa.array(list(live), pa.binary())
+        return sorted(keys.filter(pc.invert(pc.is_in(keys, value_set=seen))).to_pylist())
 
 
 class RecentXids:
@@ -756,9 +757,9 @@ class ChunkedSnapshot:
         assert job.encoder is not None
         name = info.qualified
         kept = self._kept if self._kept is not None and self._kept.table == name else None
-        if self._live is None or self._live[0] != name:
-            live = self._topic_live(job.encoder.topic)
-            self._live = (name, kept.absent(live) if kept is not None else sorted(live.to_pylist()))
+        if self._live is None or self._live[0] != name:  # off the loop: `live_keys` reads on its own
+            live = self.staging.log.live_keys(job.encoder.topic)
+            self._live = (name, kept.absent(live) if kept is not None else sorted(live))
         keys_to_check = self._live[1]
         start = 0 if checked is None else bisect.bisect_right(keys_to_check, checked.encode())  # sorted
         n = self.spec.snapshot_chunk_rows
@@ -778,24 +779,6 @@ class ChunkedSnapshot:
         query = check_query(conn, info)
         absent = {str(r[0]).encode() for r in conn.execute(query, (key_lines(batch),))}
         job.units = sorted(foreign | {k for k in batch if k in absent})
-
-    def _topic_live(self, topic: str) -> pa.Array:
-        """The topic's live keys, read off the loop by a reader of its own (the loop's writer is
-        not shared across threads; on Kafka a consumer of its own)."""
-        log_ = self.staging.log
-        if not isinstance(log_, Log):
-            import pyarrow as pa
-
-            from tributary.capture.kafka_read import kafka_live_keys
-
-            return pa.array(list(kafka_live_keys(log_.kafka.opts, topic)), pa.binary())
-        from tributary.capture.log import live_key_array  # pyarrow: loaded on first use
-
-        reader = Log.open(log_.root)
-        try:
-            return live_key_array(reader, topic)
-        finally:
-            reader.close()
 
 
 def _shaped(key: bytes, columns: tuple[str, ...]) -> bool:

@@ -19,7 +19,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -33,16 +32,22 @@ from tributary.capture.errors import (
     SourceUnreachable,
     TransientSourceError,
 )
-from tributary.capture.kafka_options import KafkaOptions
-from tributary.capture.log import Cleaner, CleanerPolicy, GroupCommitter, Log, LogError, Mark
 from tributary.capture.replication import Keepalive
 from tributary.capture.resume import confirmed_in_status
 from tributary.capture.slot import sql_connection
 from tributary.capture.source import SourceSession, SourceSpec
 from tributary.capture.status import LatencyHistogram, SourceState, write_status
-
-if TYPE_CHECKING:
-    from tributary.capture.kafka_log import KafkaLog, KafkaSourceLog
+from tributary.log import (
+    BackgroundCleaner,
+    CaptureWriter,
+    CleanerPolicy,
+    GroupCommitter,
+    KafkaOptions,
+    LogError,
+    Mark,
+    SourceWriter,
+    open_writer,
+)
 
 __all__ = ["CaptureDaemon", "DaemonOptions", "SourcesFailed"]
 
@@ -137,26 +142,23 @@ class CaptureDaemon:
         self._last_status_file = 0.0
         self._rate_window: tuple[float, int] = (clock(), 0)
 
-    def _open_log(self) -> Log | KafkaLog:
-        if self.opts.kafka is not None:
-            from tributary.capture.kafka_log import KafkaLog  # confluent-kafka only when used
-
-            return KafkaLog(self.opts.kafka, [spec.name for spec in self.specs])  # a producer per source
-        return Log.open(
-            self.opts.log_root,
-            writer=True,
+    def _open_log(self) -> CaptureWriter:
+        return open_writer(
+            root=self.opts.log_root,
+            kafka=self.opts.kafka,
+            sources=[spec.name for spec in self.specs],  # on Kafka: a producer per source
             default_partitions=self.opts.default_partitions,
             segment_bytes=self.opts.segment_bytes,
         )
 
-    def _log_of(self, source: str) -> Log | KafkaSourceLog:
-        """What `source` appends to: the log, or on Kafka its view (its own producer)."""
-        return self.log if isinstance(self.log, Log) else self.log.source(source)
+    def _log_of(self, source: str) -> SourceWriter:
+        """What `source` appends to (on Kafka: its own producer)."""
+        return self.log.source(source)
 
-    def _new_cleaner(self) -> Cleaner | None:
-        if self.opts.cleaner is None or not isinstance(self.log, Log):  # on Kafka: the broker's
+    def _new_cleaner(self) -> BackgroundCleaner | None:
+        if self.opts.cleaner is None:
             return None
-        return Cleaner(self.log, self.opts.cleaner, pid=os.getpid())
+        return self.log.background_cleaner(self.opts.cleaner, pid=os.getpid())  # none on Kafka: the broker's
 
     # -- the commit protocol ------------------------------------------------------------
     def commit(self) -> None:

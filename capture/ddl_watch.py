@@ -434,12 +434,12 @@ class SchemaChanges:
         if not due:
             return False
         from tributary.capture import envelope as env
-        from tributary.capture.snapshot_source import SnapshotSource, live_keys
+        from tributary.capture.snapshot_source import SnapshotSource
 
         writer = SnapshotSource(self.spec, self.staging, self.tables, self.status, db=self.db, clock=self.clock)
         for ending in due:
             topic = topic_name(self.spec.name, ending.schema, ending.table)
-            keys = sorted(live_keys(self.staging.log, topic)) if topic in self.staging.log.topics() else []
+            keys = sorted(self.staging.log.live_keys(topic)) if topic in self.staging.log.topics() else []
             if keys:
                 now_ms = int(self.clock() * 1000)
                 encoder = env.SnapshotEncoder(

@@ -30,9 +30,9 @@ from pathlib import Path
 import orjson
 
 from tributary.capture.chunked import SnapshotContext, context_key
-from tributary.capture.log import Log
 from tributary.capture.lsn import Lsn
 from tributary.capture.status import read_status
+from tributary.log import RebuiltLog
 
 __all__ = ["confirmed_in_status", "positions_in"]
 
@@ -69,7 +69,7 @@ def _source_lsn(value: bytes | None) -> tuple[str, int] | None:
         return None
 
 
-def _from_records(log: Log) -> dict[str, Lsn]:
+def _from_records(log: RebuiltLog) -> dict[str, Lsn]:
     """The largest `source.lsn` per source. A partition holds its source's records in the
     source's order, so its newest segment is read first; older data only if that has none."""
     found: dict[str, int] = {}
@@ -105,7 +105,7 @@ def repaired_key(source: str) -> str:
     return f"{source}#repaired"
 
 
-def positions_in(log: Log) -> dict[str, str]:
+def positions_in(log: RebuiltLog) -> dict[str, str]:
     """Every source position the log's status file and records show (see the module's doc), each
     marked as rebuilt: capture confirms idle positions to the slot only after committing them, and
     those commits went with the manifest, so the slot may start past a rebuilt position with nothing

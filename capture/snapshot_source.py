@@ -17,7 +17,7 @@ test_snapshot_columnar.py and test_snapshot_json.py). None exists for history on
 already hold rows; rows deleted while the slot was gone would stay in them forever. So each table
 whose topic holds live keys (latest record not a tombstone) ends with a delete + tombstone for
 every one of them that the snapshot did not read: the compacted topic equals the table again.
-Those keys are held in a set while the table is read (one table at a time; see `live_keys`).
+Those keys are held in a set while the table is read (one table at a time; the log's `live_keys`).
 
 The records are appended, not committed: the daemon commits them in one go with the slot's
 consistent point (capture/offsets.py, step 2), so a crash mid-snapshot leaves nothing visible
@@ -33,11 +33,10 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tributary.capture import envelope as env
 from tributary.capture.catalog import TableInfo
-from tributary.capture.log import Log, Mark
 from tributary.capture.lsn import Lsn
 from tributary.capture.slot import Slot, SlotState, sql_connection
 from tributary.capture.snapshot import SnapshotReader
@@ -45,11 +44,9 @@ from tributary.capture.spec import SourceSpec
 from tributary.capture.staging import Staging
 from tributary.capture.status import SourceState, SourceStatus
 from tributary.capture.tables import SourceTables
+from tributary.log import Mark
 
-if TYPE_CHECKING:
-    from tributary.capture.kafka_log import KafkaSourceLog
-
-__all__ = ["PROGRESS_ROWS", "SnapshotSource", "live_keys"]
+__all__ = ["PROGRESS_ROWS", "SnapshotSource"]
 
 PROGRESS_ROWS = 10_000  # `on_progress` is called each time this many more rows are copied
 DELETE_BATCH = 2_000  # a re-snapshot's deletes are staged this many keys at a time
@@ -57,21 +54,6 @@ DELETE_BATCH = 2_000  # a re-snapshot's deletes are staged this many keys at a t
 Progress = Callable[[SourceStatus], None]
 
 RESNAPSHOT_POSITION = str(Lsn.ZERO)  # a re-snapshot under way: a start takes the snapshot again
-
-
-def live_keys(log: Log | KafkaSourceLog, topic: str) -> set[bytes]:
-    """The keys of `topic` whose latest committed record is not a tombstone (schema records and
-    keyless records aside): what a compacted read of the topic shows. Holds a bytes object and a
-    set slot per key (docs/capture.md says how much); read by capture/log/keyscan.py.
-
-    On Kafka: read back from the topic by a read_committed consumer (capture/kafka_read.py)."""
-    if not isinstance(log, Log):
-        from tributary.capture.kafka_read import kafka_live_keys  # confluent-kafka only when used
-
-        return kafka_live_keys(log.kafka.opts, topic)
-    from tributary.capture.log import live_keys as local_live_keys
-
-    return local_live_keys(log, topic)
 
 
 class SnapshotSource:
@@ -149,7 +131,7 @@ class SnapshotSource:
                 now_ms=now_ms,
             )
             # A topic that holds keys already (a re-snapshot): those the table no longer has go.
-            gone = live_keys(self.staging.log, encoder.topic) if self.spec.router is None else set()
+            gone = self.staging.log.live_keys(encoder.topic) if self.spec.router is None else set()
             for unit, rows in self._units(reader, table, encoder, now_ms, gone or None):
                 if previous is not None:
                     previous("true")
@@ -231,7 +213,7 @@ class SnapshotSource:
         chunk already encoded (a re-snapshot needs its keys before it is staged), rows of partition
         -1 left out (capture/chunked.py); `last_row`: the index of the row that takes `marker`."""
         from tributary.capture import snapshot_columns
-        from tributary.capture.log import encode_columns
+        from tributary.log.local import encode_columns
 
         topic = encoder.topic
         count = self.staging.partitions(topic)

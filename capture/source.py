@@ -18,13 +18,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tributary.capture import encodings, wal2json
 from tributary.capture.chunked import ChunkedSnapshot, SnapshotContext, context_key
 from tributary.capture.ddl_watch import CatalogWatcher, SchemaChanges
 from tributary.capture.errors import SlotLost, SlotMissing, SourceMisconfigured
-from tributary.capture.log import Log, Mark
 from tributary.capture.lsn import Lsn
 from tributary.capture.offsets import OffsetContext
 from tributary.capture.replication import ReplicationConnection
@@ -38,9 +37,7 @@ from tributary.capture.staging import Staging
 from tributary.capture.status import SourceState, SourceStatus
 from tributary.capture.streaming_source import StreamingSource
 from tributary.capture.tables import SourceTables
-
-if TYPE_CHECKING:
-    from tributary.capture.kafka_log import KafkaSourceLog
+from tributary.log import Mark, SourceWriter
 
 __all__ = ["SourceSession", "SourceSpec"]
 
@@ -50,7 +47,7 @@ log = logging.getLogger(__name__)
 class SourceSession:
     """One source from start-up to close: snapshot if needed, then the stream."""
 
-    def __init__(self, spec: SourceSpec, log_: Log | KafkaSourceLog, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, spec: SourceSpec, log_: SourceWriter, *, clock: Callable[[], float] = time.time) -> None:
         self.spec = spec
         self.clock = clock
         self.status = SourceStatus(name=spec.name, slot=spec.slot)
@@ -64,7 +61,7 @@ class SourceSession:
         self.watcher: CatalogWatcher | None = None  # once streaming (not for an outbox)
         self.reset(log_)
 
-    def reset(self, log_: Log | KafkaSourceLog) -> None:
+    def reset(self, log_: SourceWriter) -> None:
         """Forget the connection and everything not yet durable, keep the status: after a failure
         the source starts again from the log's position (its uncommitted appends are the daemon's
         to drop), like a new process would."""
@@ -93,7 +90,7 @@ class SourceSession:
         self._chunked_start = False  # the new slot's snapshot is a chunked one
         self._opened_changes = False  # `open` changed the snapshot context: `snapshot_tick` says so once
 
-    def rebind(self, log_: Log | KafkaSourceLog) -> None:
+    def rebind(self, log_: SourceWriter) -> None:
         """Append to `log_` from now on: the daemon reopened the log (to drop another source's
         uncommitted appends); this source has nothing uncommitted."""
         self.staging.log = log_

@@ -11,13 +11,11 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from tributary.capture import envelope as env
-from tributary.capture.log import Log, TopicConfig, encode_plain, partition_for, split_partitions
-
-if TYPE_CHECKING:
-    from tributary.capture.kafka_log import KafkaSourceLog
+from tributary.log import SourceWriter
+from tributary.log.local import TopicConfig, encode_plain, partition_for, split_partitions
 
 __all__ = ["FLUSH_RECORDS", "Staged", "Staging", "Watch"]
 
@@ -43,7 +41,7 @@ class Watch:
 class Staging:
     """One source's staged records, by (topic, partition)."""
 
-    def __init__(self, log_: Log | KafkaSourceLog, *, partitions: int) -> None:
+    def __init__(self, log_: SourceWriter, *, partitions: int) -> None:
         self.log = log_
         self.new_topic_partitions = partitions
         self.pending: defaultdict[tuple[str, int], list[Staged]] = defaultdict(list)

@@ -20,14 +20,14 @@ confluent_kafka is imported where a client is made (the executors import this mo
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from tributary.capture.kafka_codec import log_headers, one_line
-from tributary.capture.kafka_logs import with_logger
+from tributary.log.kafka.clients import consumer_config
+from tributary.log.kafka.codec import log_headers, one_line
+from tributary.log.kafka.options import KafkaOptions
 from tributary.projections.errors import RunError
 from tributary.projections.loader import resolve
 from tributary.projections.source import TP, ArrowMap, RawRecord, RecordsOf, _raw_batches, _reader, rows_frame
@@ -35,8 +35,6 @@ from tributary.projections.source import TP, ArrowMap, RawRecord, RecordsOf, _ra
 if TYPE_CHECKING:
     from confluent_kafka import Consumer
     from pyspark.sql import DataFrame, SparkSession
-
-    from tributary.capture.kafka_options import KafkaOptions
 
 __all__ = ["KafkaSource", "offset_ranges"]
 
@@ -64,18 +62,16 @@ def offset_ranges(
     return out
 
 
-def _consumer_config(bootstrap: str, client: Mapping[str, str], purpose: str) -> dict[str, Any]:
-    return with_logger(
-        {
-            **client,
-            "bootstrap.servers": bootstrap,
-            "group.id": f"tributary-{purpose}-{uuid.uuid4().hex}",  # never joined: partitions are assigned
-            "enable.auto.commit": False,
+def _consumer_config(options: KafkaOptions, purpose: str) -> dict[str, Any]:
+    """The planner's and the tasks' consumers: assigned partitions, nothing stored."""
+    return consumer_config(
+        options,
+        purpose=purpose,
+        extra={
             "enable.auto.offset.store": False,
-            "isolation.level": "read_committed",
             "enable.partition.eof": True,
             "auto.offset.reset": "earliest",  # a range below the log's start (retention) reads from its start
-        }
+        },
     )
 
 
@@ -126,7 +122,7 @@ def _read_range(consumer: Consumer, topic: str, partition: int, lo: int, hi: int
             )
 
 
-def _range_records(bootstrap: str, client: Mapping[str, str]) -> RecordsOf:
+def _range_records(options: KafkaOptions) -> RecordsOf:
     """A function of planned offset ranges (Arrow batches of _RANGE_SCHEMA) → their records, read
     by one consumer per task."""
 
@@ -134,24 +130,24 @@ def _range_records(bootstrap: str, client: Mapping[str, str]) -> RecordsOf:
         from confluent_kafka import Consumer, KafkaException
 
         try:
-            consumer = Consumer(_consumer_config(bootstrap, client, "projection"))
+            consumer = Consumer(_consumer_config(options, "projection"))
         except KafkaException as exc:
-            raise RunError(f"Kafka at {bootstrap}: {one_line(exc)}") from None
+            raise RunError(f"Kafka at {options.bootstrap_servers}: {one_line(exc)}") from None
         try:
             for batch in batches:
                 for r in batch.to_pylist():
                     yield from _read_range(consumer, r["topic"], r["partition"], r["lo"], r["hi"])
         except KafkaException as exc:
-            raise RunError(f"Kafka at {bootstrap}: {one_line(exc)}") from None
+            raise RunError(f"Kafka at {options.bootstrap_servers}: {one_line(exc)}") from None
         finally:
             consumer.close()
 
     return records
 
 
-def _raw_rows(bootstrap: str, client: Mapping[str, str]) -> ArrowMap:
+def _raw_rows(options: KafkaOptions) -> ArrowMap:
     """A mapInArrow function: offset ranges → their records' first seven RECORD_SCHEMA columns."""
-    records = _range_records(bootstrap, client)
+    records = _range_records(options)
 
     def rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield from _raw_batches(records(batches))
@@ -177,7 +173,7 @@ class KafkaSource:
 
         if self._consumer is None:
             try:
-                self._consumer = Consumer(_consumer_config(self.opts.bootstrap_servers, self.opts.client, "planner"))
+                self._consumer = Consumer(_consumer_config(self.opts, "planner"))
             except KafkaException as exc:
                 raise self._fail(exc) from None
         return self._consumer
@@ -222,9 +218,9 @@ class KafkaSource:
         planned = spark.createDataFrame(rows, _RANGE_SCHEMA)
         if rows:
             planned = planned.repartition(len(rows))
-        bootstrap, client = self.opts.bootstrap_servers, dict(self.opts.client)
-        reader = _reader(tuple(modules), tuple(mirror), name, records=_range_records(bootstrap, client))
-        return rows_frame(p, planned, _raw_rows(bootstrap, client), reader)
+        tasks = KafkaOptions(bootstrap_servers=self.opts.bootstrap_servers, client=dict(self.opts.client))  # shipped
+        reader = _reader(tuple(modules), tuple(mirror), name, records=_range_records(tasks))
+        return rows_frame(p, planned, _raw_rows(tasks), reader)
 
     def close(self) -> None:
         if self._consumer is not None:

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from tributary.capture.kafka_options import VIEW_TIMEOUT_S
-from tributary.capture.log import LogError, MissingMetadataError
+from tributary.log.kafka.options import VIEW_TIMEOUT_S
+from tributary.log.local import LogError, MissingMetadataError
 from tributary.projections.arrow_copy import distinct_keys, output_lines
 from tributary.projections.definition import Projection
 from tributary.projections.engine import Prior, applies_truncates, decide, merges_partitions, truncate_points
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from tributary.api.settings.config import Settings
-    from tributary.capture.kafka_options import KafkaOptions
+    from tributary.log.kafka.options import KafkaOptions
     from tributary.projections.records import SortKey
 
 __all__ = [
@@ -553,7 +553,7 @@ def _settings_from_json(raw: Mapping[str, Any]) -> RunSettings:
     """`_settings_json`'s inverse."""
     kafka = None
     if raw.get("kafka") is not None:
-        from tributary.capture.kafka_options import KafkaOptions
+        from tributary.log.kafka.options import KafkaOptions
 
         kafka = KafkaOptions(**raw["kafka"])
     return RunSettings(

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 from orjson import loads
 
-from tributary.capture.log import (
+from tributary.log.local import (
     COPY_SCHEMA,
     Log,
     LogError,
@@ -39,7 +39,7 @@ from tributary.capture.log import (
     read_split,
     read_split_columns,
 )
-from tributary.capture.log import (
+from tributary.log.local import (
     RECORD_SCHEMA as LOG_RECORD,
 )
 from tributary.projections.engine import prepare, unit_key

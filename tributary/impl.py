@@ -33,7 +33,7 @@ _MODES: tuple[Mode, ...] = ("python", "compiled")
 # moves changes its import name here, and nothing else.
 COMPILED: dict[str, str] = {
     "capture._hotpath": "tributary.capture._hotpath",
-    "log._typed": "tributary.capture.log._typed",
+    "log._typed": "tributary.log.local._typed",
 }
 
 _BUILD = "`make setup` (or `pip install -e .` with a C compiler)"

@@ -20,7 +20,7 @@ from tributary.api.cli.help import SentenceGroup
 from tributary.api.cli.output import console as make_console
 from tributary.api.cli.output import count, is_terminal, literal
 from tributary.api.settings.config import Settings
-from tributary.api.settings.log import cleaner_policy, kafka_options
+from tributary.api.settings.log import cleaner_policy, kafka_options, log_admin
 from tributary.api.settings.sources import OUTBOX_SOURCE, source_specs, source_statuses
 from tributary.capture.daemon import CaptureDaemon, DaemonOptions
 from tributary.capture.prerequisites import Outcome, SourceReport, allow_line, check_source
@@ -75,13 +75,14 @@ def init(
             )
         )
     positions = _log_positions(settings)
+    keeps_values = log_admin(settings).compaction_keeps_unchanged_values
     for spec in specs:
         report = check_source(
             spec,
             replica_identity_full=replica_identity_full,
             allow_without_key=allow_without_key or (),
             position=positions.get(spec.name),
-            kafka=settings.log.backend == "kafka" and spec.router is None,  # an outbox carries events
+            kafka=not keeps_values and spec.router is None,  # an outbox carries events
         )
         tables = count(len(report.tables), "table")
         console.print(f"[bold]source {literal(spec.name)}[/] ({tables if report.connected else 'could not connect'})")
@@ -106,21 +107,15 @@ def _log_positions(settings: Settings) -> dict[str, str]:
     """Each source's position in the log ({} when there is no log yet), or the later position the
     last capture confirmed to its slot (its status file): `init` must not make a slot that would
     start after it without saying so."""
-    from tributary.capture.log import Log, LogError
     from tributary.capture.lsn import Lsn
     from tributary.capture.resume import confirmed_in_status
+    from tributary.log import LogError
 
+    admin = log_admin(settings)
     try:
-        options = kafka_options(settings)
-        if options is not None:
-            from tributary.capture.kafka_read import kafka_positions  # confluent-kafka only when used
-
-            positions = kafka_positions(options)
-        elif not settings.log.root.is_dir():
+        if not admin.exists():
             return {}
-        else:
-            with Log.open(settings.log.root) as log:
-                positions = log.positions()
+        positions = admin.positions()
     except LogError:
         return {}
     confirmed = confirmed_in_status(settings.log.root)

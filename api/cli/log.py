@@ -1,7 +1,7 @@
 """`tributary log …`: inspect the log (topics, cat, compact, verify).
 
 Each command is a thin typer wrapper around the log's admin operations
-(`tributary.capture.log.admin`). Errors print one line on stderr and exit 1.
+(`tributary.log.local.admin`). Errors print one line on stderr and exit 1.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import typer
 
 from tributary.api.cli.common import ConfigOption
 from tributary.api.cli.help import SentenceGroup
-from tributary.capture.log import LogError
-from tributary.capture.log.admin import CompactedInBackground, cat, compact, repair, topics, verify
+from tributary.log import LogAdmin, LogError, open_admin
+from tributary.log.local.admin import CompactedInBackground, cat, compact
 
 if TYPE_CHECKING:
-    from tributary.capture.kafka_options import KafkaOptions
+    from tributary.log.kafka.options import KafkaOptions
 
 __all__ = ["log_app", "register"]
 
@@ -53,6 +53,16 @@ def _root(root: Path | None, config: Path | None) -> Path:
     return settings_from(config).log.root
 
 
+def _admin(root: Path | None, config: Path | None) -> LogAdmin:
+    """The config's log (`[log] backend`), or the local log at `--root` when one is given."""
+    if root is not None:
+        return open_admin(root=root, kafka=None)
+    from tributary.api.cli.common import settings_from
+    from tributary.api.settings.log import log_admin
+
+    return log_admin(settings_from(config))
+
+
 def _kafka(root: Path | None, config: Path | None) -> KafkaOptions | None:
     """The config's Kafka cluster when `[log] backend = "kafka"` and no `--root` was given."""
     if root is not None:
@@ -75,38 +85,30 @@ def _fail(exc: Exception) -> typer.Exit:
 def topics_cmd(root: RootOption = None, config: ConfigOption = None) -> None:
     """List topics with their partitions, policy, records (data and schema records apart) and
     committed offsets (on Kafka: partitions and end offsets)."""
-    kafka = _kafka(root, config)
-    if kafka is not None:
-        from tributary.capture.kafka_read import kafka_topics
-
-        try:
-            found = kafka_topics(kafka)
-        except LogError as exc:
-            raise _fail(exc) from None
-        if not found:
-            typer.echo("no topics yet", err=True)
-        for t in found:
-            typer.echo(f"{t['topic']}\tpartitions={t['partitions']}\tpolicy=broker\tend_offsets={t['end_offsets']}")
-        return
-    root = _root(root, config)
     try:
-        rows = topics(root)
+        rows = _admin(root, config).topics()
     except LogError as exc:
         raise _fail(exc) from None
     if not rows:
         typer.echo("no topics yet", err=True)
     for r in rows:
-        c: Any = r["compaction"]
-        compacted = ""
-        if c and c["last_compaction"]:
-            compacted = (
-                f"\tlast_compaction={c['last_compaction']} ({c['records_before']} → {c['records_after']} records)"
-            )
-        typer.echo(
-            f"{r['topic']}\tpartitions={r['partitions']}\tpolicy={r['policy']}\t"
-            f"records={r['records']}\tdata_records={r['data_records']}\tschema_records={r['schema_records']}\t"
-            f"end_offsets={r['end_offsets']}{compacted}"
-        )
+        typer.echo(_topic_line(r))
+
+
+def _topic_line(r: dict[str, Any]) -> str:
+    """One topic as `log topics` prints it: its record counts where the log keeps them apart (data
+    and schema records; on Kafka the broker counts none), and what compaction last did."""
+    if "data_records" not in r:
+        return f"{r['topic']}\tpartitions={r['partitions']}\tpolicy={r['policy']}\tend_offsets={r['end_offsets']}"
+    c: Any = r["compaction"]
+    compacted = ""
+    if c and c["last_compaction"]:
+        compacted = f"\tlast_compaction={c['last_compaction']} ({c['records_before']} → {c['records_after']} records)"
+    return (
+        f"{r['topic']}\tpartitions={r['partitions']}\tpolicy={r['policy']}\t"
+        f"records={r['records']}\tdata_records={r['data_records']}\tschema_records={r['schema_records']}\t"
+        f"end_offsets={r['end_offsets']}{compacted}"
+    )
 
 
 @log_app.command("cat")
@@ -124,7 +126,7 @@ def cat_cmd(
     """Print records as JSON lines: topic, partition, offset, timestamp, key, value, headers."""
     kafka = _kafka(root, config)
     if kafka is not None:
-        from tributary.capture.kafka_read import kafka_cat
+        from tributary.log.kafka.read import kafka_cat
 
         try:
             with _until_signalled(follow) as stopped:
@@ -223,40 +225,22 @@ def verify_cmd(
     """Read every committed record and check its CRC and order; exit 1 if anything is wrong.
     On Kafka: the broker checks its own logs; this checks the offsets topic, each source's
     position and every topic's partitions (a leader each)."""
+    sources: list[str] = []
     if root is None:
         from tributary.api.cli.common import settings_from
-        from tributary.api.settings.log import kafka_options
+        from tributary.api.settings.log import log_admin
 
         settings = settings_from(config)
-        kafka = kafka_options(settings)
-        if kafka is not None:
-            if fix:
-                raise _fail(LogError("--repair applies to the local log: on Kafka the broker repairs its own logs"))
-            _verify_kafka(kafka, [s.name for s in settings.sources])
-            return
-    root = _root(root, config)
+        admin, sources = log_admin(settings), [s.name for s in settings.sources]
+    else:
+        admin = open_admin(root=root, kafka=None)
     try:
         if fix:
             from tributary.capture.resume import positions_in
 
-            for note in repair(root, positions_from=positions_in):
+            for note in admin.repair(positions_in):
                 typer.echo(f"repaired: {note}", err=True)
-        problems = verify(root)
-    except LogError as exc:
-        raise _fail(exc) from None
-    for p in problems:
-        typer.echo(f"corrupt: {p}", err=True)
-    if problems:
-        typer.echo(f"tributary: {len(problems)} problem(s) found in {root}", err=True)
-        raise typer.Exit(1)
-    typer.echo(f"ok: every committed record in {root} is intact")
-
-
-def _verify_kafka(kafka: KafkaOptions, sources: list[str]) -> None:
-    from tributary.capture.kafka_read import kafka_verify
-
-    try:
-        check = kafka_verify(kafka, sources)
+        check = admin.verify(sources)
     except LogError as exc:
         raise _fail(exc) from None
     for note in check.notes:
@@ -264,11 +248,8 @@ def _verify_kafka(kafka: KafkaOptions, sources: list[str]) -> None:
     for warning in check.warnings:
         typer.echo(f"warning: {warning}", err=True)
     for problem in check.problems:
-        typer.echo(f"problem: {problem}", err=True)
+        typer.echo(problem, err=True)
     if check.problems:
-        typer.echo(f"tributary: {len(check.problems)} problem(s) found on Kafka at {kafka.bootstrap_servers}", err=True)
+        typer.echo(f"tributary: {len(check.problems)} problem(s) found {check.where}", err=True)
         raise typer.Exit(1)
-    typer.echo(
-        f"ok: Kafka at {kafka.bootstrap_servers}: the offsets topic and every topic's partitions are in place "
-        "(record checksums are the broker's to check)"
-    )
+    typer.echo(check.ok)

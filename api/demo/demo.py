@@ -30,7 +30,7 @@ from tributary.api.settings.config import Settings, SourceSettings
 from tributary.api.settings.log import cleaner_policy
 from tributary.api.settings.sources import source_specs
 from tributary.capture.daemon import CaptureDaemon, DaemonOptions
-from tributary.capture.log.admin import topics as topics_of
+from tributary.log.local.admin import topics as topics_of
 
 __all__ = ["register"]
 

@@ -11,7 +11,6 @@ from pydantic import BaseModel, Field
 
 from tributary.api.http.auth import error, require
 from tributary.api.http.problems import Problem, problem_body
-from tributary.capture.log import LogError
 from tributary.consumers import (
     ConsumerError,
     Fenced,
@@ -21,6 +20,7 @@ from tributary.consumers import (
     OffsetOutOfRange,
     UnknownMember,
 )
+from tributary.log.local import LogError
 
 __all__ = [
     "BODY_ERRORS",

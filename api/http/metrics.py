@@ -12,17 +12,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import psycopg
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tributary.capture.kafka_options import VIEW_TIMEOUT_S
-from tributary.capture.log import Log, LogError
 from tributary.capture.status import ERROR_KINDS, SourceState, build_info, read_status, snapshot_under_way
 from tributary.consumers import GroupCoordinator
+from tributary.log.kafka.options import VIEW_TIMEOUT_S
+from tributary.log.local import LogError
 
 __all__ = ["Metrics"]
 
@@ -191,30 +191,22 @@ class Metrics:
             if isinstance(s.get("slot_lag_bytes"), int):
                 self.slot_lag.labels(s["name"]).set(s["slot_lag_bytes"])
         with contextlib.suppress(LogError):  # no log yet, or Kafka unreachable: the other figures still count
-            self._refresh_topics(settings, root)
+            self._refresh_topics(settings)
         self._refresh_projections(settings, dsn, rebuilds, projections)
         if groups is not None:
             self._refresh_groups(groups)
         if dsn is not None and settings.sinks:
             self._refresh_sinks(settings, dsn)
 
-    def _refresh_topics(self, settings: Any, root: Path) -> None:
-        """Records per topic (offsets from start to end); on the local log also its bytes on disk."""
-        from tributary.api.settings.log import kafka_options
+    def _refresh_topics(self, settings: Any) -> None:
+        """Records per topic (offsets from start to end); on the local log also its bytes on disk
+        (on Kafka they are the broker's to report)."""
+        from tributary.api.settings.log import log_admin
 
-        kafka = kafka_options(settings)
-        if kafka is not None:  # the cluster's topics; their bytes are the broker's to report
-            from tributary.capture.kafka_read import kafka_topics
-
-            for row in kafka_topics(kafka, timeout_s=VIEW_TIMEOUT_S):
-                self.log_records.labels(row["topic"]).set(cast(int, row["records"]))
-            return
-        with Log.open(root) as log:
-            for topic in log.topics():
-                self.log_records.labels(topic).set(
-                    sum(e - b for b, e in zip(log.start_offsets(topic), log.end_offsets(topic), strict=True))
-                )
-                self.log_bytes.labels(topic).set(log.disk_bytes(topic))
+        for topic, (records, nbytes) in log_admin(settings, timeout_s=VIEW_TIMEOUT_S).topic_sizes().items():
+            self.log_records.labels(topic).set(records)
+            if nbytes is not None:
+                self.log_bytes.labels(topic).set(nbytes)
 
     def _refresh_sinks(self, settings: Any, dsn: str) -> None:
         """The configured sinks' status rows (`tributary sinks run` writes them after every batch)."""

@@ -6,7 +6,6 @@ import asyncio
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -26,11 +25,10 @@ from tributary.api.http.definitions import (
 from tributary.api.http.problems import Problem
 from tributary.api.http.state import AppState, MetricsOf, RefreshedStatus, SettingsOf, status_of
 from tributary.api.settings.config import Settings
-from tributary.api.settings.log import kafka_options
+from tributary.api.settings.log import log_admin
 from tributary.api.settings.sources import source_statuses
-from tributary.capture.kafka_options import VIEW_TIMEOUT_S
-from tributary.capture.log import LogError
-from tributary.capture.log.admin import topics as topics_of
+from tributary.log.kafka.options import VIEW_TIMEOUT_S
+from tributary.log.local import LogError
 
 __all__ = ["rebuilds", "router"]
 
@@ -101,15 +99,11 @@ async def sources(settings: SettingsOf) -> list[dict[str, Any]]:
 
 
 def _topics(settings: Settings) -> list[dict[str, Any]]:
-    kafka = kafka_options(settings)
+    admin = log_admin(settings, timeout_s=VIEW_TIMEOUT_S)
     try:
-        if kafka is not None:
-            from tributary.capture.kafka_read import kafka_topics
-
-            return kafka_topics(kafka, timeout_s=VIEW_TIMEOUT_S)
-        if not Path(settings.log.root).is_dir():
+        if not admin.exists():
             return []  # nothing captured yet
-        return topics_of(settings.log.root)
+        return admin.topics()
     except LogError as exc:  # e.g. segments without a manifest (not an empty log), Kafka unreachable
         raise Problem(503, "log_unreadable", str(exc)) from None
 

@@ -34,7 +34,6 @@ from tributary.api.http.groups_shared import (
     run_in_thread,
 )
 from tributary.api.http.state import Changes, Coordinator, SettingsOf
-from tributary.capture.log import Record
 from tributary.consumers import (
     ConsumerError,
     Fenced,
@@ -44,6 +43,7 @@ from tributary.consumers import (
     StreamCursor,
     UnknownMember,
 )
+from tributary.log.local import Record
 
 __all__ = ["record_json", "router"]
 

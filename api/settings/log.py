@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from tributary.api.settings.config import Settings
-from tributary.capture.kafka_options import KafkaOptions
-from tributary.capture.log import CleanerPolicy
+from tributary.log import CleanerPolicy, KafkaOptions, LogAdmin, open_admin
 
-__all__ = ["cleaner_policy", "kafka_options"]
+__all__ = ["cleaner_policy", "kafka_options", "log_admin"]
 
 
 def cleaner_policy(settings: Settings) -> CleanerPolicy | None:
@@ -38,3 +37,9 @@ def kafka_options(settings: Settings) -> KafkaOptions | None:
         create_topics=k.create_topics,
         transactional_id=k.transactional_id,
     )
+
+
+def log_admin(settings: Settings, *, timeout_s: float = 30.0) -> LogAdmin:
+    """An operator's view of the configured log (`[log] backend`); `timeout_s` bounds a Kafka
+    topic listing."""
+    return open_admin(root=settings.log.root, kafka=kafka_options(settings), timeout_s=timeout_s)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tributary.api.devdb.embedded import free_port
-from tributary.capture.log import Log, TopicConfig
 from tributary.capture.status import SourceState, SourceStatus, write_status
+from tributary.log.local import Log, TopicConfig
 
 pytestmark = pytest.mark.integration
 

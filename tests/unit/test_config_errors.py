@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from tributary.api.cli.main import app
 from tributary.api.settings.config import LogSettings, Settings, load_settings
 from tributary.api.settings.environment import NOT_SETTINGS, model_of, setting_names, union_members
-from tributary.capture.log import Log
+from tributary.log.local import Log
 
 pytestmark = pytest.mark.unit
 

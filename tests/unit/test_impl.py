@@ -46,7 +46,7 @@ def _run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 _VERSION = "import sys\nsys.argv = ['tributary', '--version']\nfrom tributary.api.cli.main import main\nmain()\n"
 _TWINS = (
     "from tributary.capture import compiled\n"
-    "from tributary.capture.log import codec, codec_arrow, partitioner\n"
+    "from tributary.log.local import codec, codec_arrow, partitioner\n"
     "twins = [compiled.encode_inserts, compiled.take_copy, compiled.take_inserts,\n"
     "         codec._typed_plain, codec_arrow._typed_columns, partitioner._typed_split]\n"
     "print(''.join('c' if t is not None else 'p' for t in twins))\n"
@@ -147,7 +147,7 @@ def test_unset_a_missing_module_costs_one_warning(hidden: str, twins: str) -> No
 
 
 @pytest.mark.parametrize("hidden", list(impl.COMPILED))
-@pytest.mark.parametrize("first", ["tributary.capture.compiled", "tributary.capture.log"])
+@pytest.mark.parametrize("first", ["tributary.capture.compiled", "tributary.log.local"])
 def test_compiled_fails_loudly_when_a_module_is_missing(hidden: str, first: str) -> None:
     """Whichever twin is looked up first, every compiled module is required."""
     out = _run(_hide(hidden) + f"import {first}\n", {"TRIBUTARY_IMPL": "compiled"})

@@ -15,7 +15,7 @@ from tests.pg import REPO_ROOT
 pytestmark = pytest.mark.unit
 
 # folder → package, as pyproject.toml's [tool.setuptools.package-dir] maps them
-FOLDERS = {"tributary": "tributary", "api": "tributary.api", "capture": "tributary.capture"}
+FOLDERS = {"tributary": "tributary", "api": "tributary.api", "capture": "tributary.capture", "log": "tributary.log"}
 FOLDERS |= {"eventstore": "tributary.eventstore", "migrations": "tributary.migrations"}
 FOLDERS |= {"projections": "tributary.projections"}
 OTHER_CODE = ("tests", "bench")
@@ -166,14 +166,29 @@ def test_no_import_cycles() -> None:
     assert _cycles(_graph()) == []
 
 
-def test_the_log_imports_nothing_else_from_capture() -> None:
-    """The log is a lower layer: capture, projections, the API and consumers build on it. Below it
-    only the switch between compiled and pure-Python code (`tributary.impl`)."""
+# What builds on the log; `tributary.log` imports none of it.
+ABOVE_THE_LOG = (
+    "tributary.capture",
+    "tributary.eventstore",
+    "tributary.projections",
+    "tributary.api",
+    "tributary.consumers",
+    "tributary.sinks",
+)
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")
+
+
+def test_the_log_imports_no_layer_above_it() -> None:
+    """The log is the lowest layer: capture, the event store, projections, consumers, sinks and
+    the API build on it, never the other way round."""
     bad = [
         f"{_module(p)} imports {m}"
-        for p in _files("capture/log")
+        for p in _files("log")
         for _, m, _names in _imports(p)
-        if m.startswith("tributary.") and not m.startswith("tributary.capture.log") and m != "tributary.impl"
+        if any(_within(m, above) for above in ABOVE_THE_LOG)
     ]
     assert bad == []
 
@@ -182,3 +197,59 @@ def test_the_implementation_switch_imports_nothing_of_the_project() -> None:
     """`tributary.impl` is the bottom layer: capture and the log both look their twins up there."""
     path = REPO_ROOT / "tributary" / "impl.py"
     assert [m for _, m, _names in _imports(path) if m.split(".")[0] == "tributary"] == []
+
+
+def test_the_local_log_imports_nothing_else() -> None:
+    """The local backend stands alone: the contracts, the factory and Kafka's backend build on it."""
+    bad = [
+        f"{_module(p)} imports {m}"
+        for p in _files("log/local")
+        for _, m, _names in _imports(p)
+        if m.startswith("tributary.") and not _within(m, "tributary.log.local")
+    ]
+    assert bad == []
+
+
+def _backend_writers(folder: str) -> list[str]:
+    """Imports under `folder` of a backend's writer: the local `Log` or Kafka's writer module."""
+    return [
+        f"{_module(p)}:{line} imports {m} {names}"
+        for p in _files(folder)
+        for line, m, names in _imports(p)
+        if _within(m, "tributary.log.kafka.writer") or (_within(m, "tributary.log.local") and "Log" in names)
+    ]
+
+
+def test_the_layout_check_sees_a_backend_writer() -> None:
+    """The check below finds what it looks for (the local log's own admin opens a `Log`)."""
+    assert any("tributary.log.local.admin" in hit for hit in _backend_writers("log/local"))
+
+
+def test_capture_writes_through_the_contracts() -> None:
+    """Capture names no backend's writer class and so cannot branch on one: it writes through
+    `tributary.log`'s contracts (`CaptureWriter`, `SourceWriter`), opened by `open_writer`."""
+    assert _backend_writers("capture") == []
+
+
+def _client_settings(path: Path) -> list[int]:
+    """Lines where `path` spells a Kafka client's settings: "bootstrap.servers" as a dict's key,
+    written (`config["bootstrap.servers"] = …`) or read."""
+
+    def named(node: ast.expr | None) -> bool:
+        return isinstance(node, ast.Constant) and node.value == "bootstrap.servers"
+
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if (isinstance(node, ast.Dict) and any(named(k) for k in node.keys))
+        or (isinstance(node, ast.Subscript) and named(node.slice))
+    ]
+
+
+def test_one_place_builds_kafka_client_settings() -> None:
+    """Producers', consumers' and admin clients' settings come from log/kafka/clients.py: the
+    user's `[log.kafka] client` settings, the logger and read_committed are never forgotten."""
+    home = REPO_ROOT / "log" / "kafka" / "clients.py"
+    assert _client_settings(home), "the check finds the settings where they are built"
+    bad = [f"{p.relative_to(REPO_ROOT)}:{line}" for p in _files(*FOLDERS) if p != home for line in _client_settings(p)]
+    assert bad == []

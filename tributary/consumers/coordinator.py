@@ -39,7 +39,7 @@ from tributary.consumers.offsets import DbOffsets, GroupView, OffsetStore
 from tributary.consumers.state import GroupState
 
 if TYPE_CHECKING:
-    from tributary.capture.kafka_options import KafkaOptions
+    from tributary.log.kafka.options import KafkaOptions
 
 __all__ = [
     "OFFSET_RESETS",

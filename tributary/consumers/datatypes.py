@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tributary.capture.log import Record
 from tributary.consumers.assign import TopicPartition
+from tributary.log.local import Record
 
 __all__ = ["OFFSET_RESETS", "Batch", "Heartbeat", "Membership", "OffsetReset", "ResetTarget", "StreamCursor"]
 

@@ -27,14 +27,14 @@ from typing import Any
 import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from tributary.capture.kafka_codec import as_record, one_line
-from tributary.capture.kafka_logs import with_logger
-from tributary.capture.kafka_options import KafkaOptions
-from tributary.capture.log import LogError, Record
 from tributary.consumers.assign import TopicPartition as GroupPartition
 from tributary.consumers.offsets import WRITE_OFFSETS, listed_offsets
+from tributary.log.kafka.clients import consumer_config
+from tributary.log.kafka.codec import as_record, one_line
+from tributary.log.kafka.options import KafkaOptions
+from tributary.log.local import LogError, Record
 
-__all__ = ["KafkaOffsets", "KafkaView", "kafka_client_config"]
+__all__ = ["KafkaOffsets", "KafkaView"]
 
 _TIMEOUT_S = 10.0  # one request to the cluster
 _READ_IDLE_S = 10.0  # a read that gets nothing for this long (the cluster is gone) fails
@@ -43,19 +43,6 @@ _MEMBERSHIP_ERRORS = frozenset(
     {KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS}
 )
 _WANTED_S = 600.0  # a topic no one asked about for this long is no longer polled
-
-
-def kafka_client_config(options: KafkaOptions, **extra: Any) -> dict[str, Any]:
-    """The client settings of `[log.kafka]` plus `extra` (read_committed, no auto-commit)."""
-    return with_logger(
-        {
-            **options.client,
-            "bootstrap.servers": options.bootstrap_servers,
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            **extra,
-        }
-    )
 
 
 @dataclass(slots=True)
@@ -78,7 +65,7 @@ class KafkaView:
         self.max_readers = max_readers
         self.metadata_interval_s = metadata_interval_s
         self._lock = threading.Lock()  # the metadata client and the caches
-        self._meta = Consumer(kafka_client_config(options, **{"group.id": f"tributary-groups-{uuid.uuid4().hex}"}))
+        self._meta = Consumer(consumer_config(options, purpose="groups"))
         self._topics: dict[str, int] = {}
         self._topics_at = -1e9
         self.ends: dict[tuple[str, int], tuple[int, int]] = {}
@@ -285,10 +272,10 @@ class KafkaView:
 
     def _new_consumer(self) -> Consumer:
         return Consumer(
-            kafka_client_config(
+            consumer_config(
                 self.options,
-                **{
-                    "group.id": f"tributary-groups-{uuid.uuid4().hex}",
+                purpose="groups",
+                extra={
                     "enable.partition.eof": True,
                     "fetch.wait.max.ms": 10,
                     "auto.offset.reset": "error",  # never a silent jump: the coordinator checks bounds first
@@ -317,9 +304,7 @@ class KafkaOffsets:
                 self._clients.move_to_end(group)
                 return found
             consumer = Consumer(
-                kafka_client_config(
-                    self.options, **{"group.id": group, "client.id": f"tributary-{uuid.uuid4().hex[:8]}"}
-                )
+                consumer_config(self.options, group=group, extra={"client.id": f"tributary-{uuid.uuid4().hex[:8]}"})
             )
             self._clients[group] = found = (consumer, threading.Lock())
             while len(self._clients) > self.max_groups:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tributary.capture.log import Log, LogError, PartitionEnd, Record, TopicNotFoundError
+from tributary.log.local import Log, LogError, PartitionEnd, Record, TopicNotFoundError
 
 __all__ = ["LogView"]
 

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from tributary.capture.log import Record
 from tributary.consumers.assign import TopicPartition
+from tributary.log.local import Record
 
 __all__ = ["WRITE_OFFSETS", "DbOffsets", "GroupView", "OffsetStore", "listed_offsets"]
 

@@ -25,10 +25,10 @@ from tributary_client import (
     TopicPartition,
 )
 
-from tributary.capture.log import LogError
-from tributary.capture.log import Record as LogRecord
 from tributary.consumers import ConsumerError as GroupError
 from tributary.consumers import Fenced, GroupCoordinator, NotAssigned, OffsetOutOfRange, UnknownMember
+from tributary.log.local import LogError
+from tributary.log.local import Record as LogRecord
 
 __all__ = ["GroupMember", "to_record"]
 

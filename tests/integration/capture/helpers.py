@@ -17,9 +17,9 @@ import orjson
 import psycopg
 
 from tests.waiting import STALL_S, size_of, wait_exit, wait_progress
-from tributary.capture.log import Log
 from tributary.capture.lsn import Lsn
 from tributary.capture.status import STATUS_FILE, read_status
+from tributary.log.local import Log
 
 ROOT = Path(__file__).resolve().parents[3]
 

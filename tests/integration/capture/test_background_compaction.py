@@ -23,9 +23,9 @@ from tests.integration.capture.helpers import capture_progress, cli, records, sp
 from tests.servers import serving
 from tests.waiting import Stalled, wait_progress
 from tributary.api.devdb.embedded import free_port
-from tributary.capture.log import Log, admin, read_split
-from tributary.capture.log.cleaner import read_checkpoint
 from tributary.eventstore.migrate import run_migrations
+from tributary.log.local import Log, admin, read_split
+from tributary.log.local.cleaner import read_checkpoint
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,7 @@ from tests.integration.capture.test_resnapshot import FILL, TABLES, _change_whil
 from tests.pg import REPO_ROOT
 from tributary.capture.chunked import ChunkedSnapshot
 from tributary.capture.daemon import CaptureDaemon, DaemonOptions
-from tributary.capture.log import Log
+from tributary.log.local import Log
 
 pytestmark = pytest.mark.integration
 

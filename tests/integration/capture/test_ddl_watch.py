@@ -28,8 +28,8 @@ from tests.integration.capture.helpers import (
     wait_for,
     write_config,
 )
-from tributary.capture.log import LogError
 from tributary.capture.status import read_status, snapshot_under_way
+from tributary.log.local import LogError
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 from tests.integration.capture.test_snapshot_columnar import _COLUMNS, _INSERT, _KEY, _row
 from tributary.capture import compiled
-from tributary.capture.log import Log
 from tributary.capture.offsets import OffsetContext
 from tributary.capture.replication import XLogData, connect_options
 from tributary.capture.routing import TableFilter
@@ -29,6 +28,7 @@ from tributary.capture.status import SourceStatus
 from tributary.capture.streaming_source import StreamingSource
 from tributary.capture.tables import SourceTables
 from tributary.capture.wal2json import WAL2JSON_OPTIONS
+from tributary.log.local import Log
 
 pytestmark = pytest.mark.integration
 

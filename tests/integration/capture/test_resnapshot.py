@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import capture_progress, cli, records, spawn_capture, wait_for, write_config
-from tributary.capture.log import Log
 from tributary.capture.status import read_status
+from tributary.log.local import Log
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ import pytest
 
 from tests.integration.capture.helpers import capture_progress, cli, records, spawn_capture, wait_for, write_config
 from tributary.capture.catalog import CatalogConnection, ColumnHistory
-from tributary.capture.log import LogError
 from tributary.capture.schema_tracker import SCHEMA_KEY
 from tributary.capture.values import UNAVAILABLE
+from tributary.log.local import LogError
 
 pytestmark = pytest.mark.integration
 

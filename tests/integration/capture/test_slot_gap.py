@@ -12,8 +12,8 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import cli, records, table_state, write_config
-from tributary.capture.log import Log
 from tributary.capture.lsn import Lsn
+from tributary.log.local import Log
 
 pytestmark = pytest.mark.integration
 

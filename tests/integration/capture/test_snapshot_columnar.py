@@ -16,15 +16,15 @@ from hypothesis import strategies as st
 from tributary.capture import compiled, snapshot_columns
 from tributary.capture import envelope as env
 from tributary.capture.catalog import list_tables
-from tributary.capture.log import Log
-from tributary.capture.log.codec import RecordIn, encode_batch
-from tributary.capture.log.codec_arrow import encode_columns
-from tributary.capture.log.partitioner import partition_for
 from tributary.capture.lsn import Lsn
 from tributary.capture.replication import connect_options
 from tributary.capture.snapshot import SnapshotReader
 from tributary.capture.snapshot_source import SnapshotSource
 from tributary.capture.source import SourceSession, SourceSpec
+from tributary.log.local import Log
+from tributary.log.local.codec import RecordIn, encode_batch
+from tributary.log.local.codec_arrow import encode_columns
+from tributary.log.local.partitioner import partition_for
 
 pytestmark = pytest.mark.integration
 

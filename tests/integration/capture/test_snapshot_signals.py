@@ -19,7 +19,7 @@ from tests.integration.capture.helpers import (
     wait_for,
     write_config,
 )
-from tributary.capture.log import Log, LogError
+from tributary.log.local import Log, LogError
 
 pytestmark = pytest.mark.integration
 

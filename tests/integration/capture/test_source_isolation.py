@@ -23,11 +23,11 @@ from tests.integration.capture.helpers import capture_progress, cli, records, sp
 from tests.servers import serving
 from tests.waiting import Stalled, wait_exit, wait_progress
 from tributary.api.devdb.embedded import EmbeddedPostgres, free_port
-from tributary.capture.log import Log
 from tributary.capture.status import read_status
 from tributary.eventstore.migrate import run_migrations
 from tributary.eventstore.model import NewEvent
 from tributary.eventstore.store import EventStore
+from tributary.log.local import Log
 
 pytestmark = pytest.mark.integration
 

@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.integration.capture.helpers import cli, records, spawn_capture, wait_for
-from tributary.capture.log import Log
-from tributary.capture.log.cleaner import read_checkpoint
 from tributary.capture.values import UNAVAILABLE
 from tributary.eventstore.migrate import run_migrations
+from tributary.log.local import Log
+from tributary.log.local.cleaner import read_checkpoint
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import cli, records, table_state, write_config
-from tributary.capture.log import Log
 from tributary.capture.routing import topic_name
+from tributary.log.local import Log
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from tributary.api.devdb.embedded import free_port
-from tributary.capture.log import Log, TopicConfig, canonical_json
+from tributary.log.local import Log, TopicConfig, canonical_json
 
 __all__ = ["Filler", "Receiver", "receiving", "write_config"]
 

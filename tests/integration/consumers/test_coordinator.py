@@ -12,7 +12,6 @@ import psycopg
 import pytest
 
 from tests.integration.projections.helpers import LogWriter
-from tributary.capture.log import Log, TopicConfig, canonical_json
 from tributary.consumers import (
     ConsumerError,
     Fenced,
@@ -23,6 +22,7 @@ from tributary.consumers import (
     UnknownMember,
 )
 from tributary.eventstore.migrate import run_migrations
+from tributary.log.local import Log, TopicConfig, canonical_json
 
 pytestmark = pytest.mark.integration
 

@@ -20,9 +20,9 @@ import pytest
 from tests.integration.capture.helpers import cli
 from tests.integration.consumers.helpers import Filler, Receiver, receiving, write_config
 from tests.servers import ROOT, free_port, serving
-from tributary.capture.log import Log
 from tributary.consumers import GroupCoordinator
 from tributary.eventstore.migrate import run_migrations
+from tributary.log.local import Log
 
 pytestmark = pytest.mark.integration
 

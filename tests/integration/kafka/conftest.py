@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tributary.capture.kafka_logs import with_logger
-from tributary.capture.kafka_options import OFFSETS_TOPIC, KafkaOptions
+from tributary.log.kafka.clients import with_logger
+from tributary.log.kafka.options import OFFSETS_TOPIC, KafkaOptions
 
 MOCK = Path(__file__).resolve().parents[2] / "kafka_mock.py"
 

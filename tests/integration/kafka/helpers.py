@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from tributary.capture.kafka_logs import with_logger
+from tributary.log.kafka.clients import with_logger
 
 Seen = tuple[str, int, int, bytes | None, bytes | None, list[tuple[str, bytes]] | None, int]
 

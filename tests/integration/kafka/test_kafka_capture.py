@@ -26,8 +26,8 @@ from tests.integration.capture.helpers import (
 )
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed, without_replays, write_kafka_config
-from tributary.capture.log import partition_for
 from tributary.capture.status import read_status
+from tributary.log.local import partition_for
 
 pytestmark = pytest.mark.integration
 

@@ -9,10 +9,9 @@ import logging
 import pytest
 
 from tests.waiting import wait_progress
-from tributary.capture.kafka_logs import LIBRDKAFKA_LOGGER
-from tributary.capture.kafka_options import KafkaOptions
-from tributary.capture.kafka_read import committed_reader
-from tributary.consumers.kafkaview import kafka_client_config
+from tributary.log.kafka.clients import LIBRDKAFKA_LOGGER, consumer_config
+from tributary.log.kafka.options import KafkaOptions
+from tributary.log.kafka.read import committed_reader
 from tributary.projections.kafka_source import _consumer_config
 
 pytestmark = pytest.mark.integration
@@ -24,7 +23,7 @@ def _fail_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == LIBRDKAFKA_LOGGER and "FAIL" in r.getMessage()]
 
 
-@pytest.mark.parametrize("make", ["committed_reader", "kafka_client_config", "projection"])
+@pytest.mark.parametrize("make", ["committed_reader", "group", "projection"])
 def test_a_refused_connection_is_a_log_record_not_a_stderr_line(
     make: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -33,10 +32,10 @@ def test_a_refused_connection_is_a_log_record_not_a_stderr_line(
     caplog.set_level(logging.DEBUG, logger=LIBRDKAFKA_LOGGER)
     if make == "committed_reader":
         consumer = committed_reader(UNREACHABLE)
-    elif make == "kafka_client_config":
-        consumer = Consumer(kafka_client_config(UNREACHABLE, **{"group.id": "g"}))
+    elif make == "group":  # the consumer groups' offsets
+        consumer = Consumer(consumer_config(UNREACHABLE, group="g"))
     else:
-        consumer = Consumer(_consumer_config(UNREACHABLE.bootstrap_servers, {}, "projection"))
+        consumer = Consumer(_consumer_config(UNREACHABLE, "projection"))
     try:
 
         def failed() -> bool:

@@ -15,8 +15,8 @@ from tests.integration.capture.helpers import cli
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import write_kafka_config
 from tests.servers import free_port, serving
-from tributary.capture.kafka_log import OFFSETS_TOPIC
 from tributary.eventstore.migrate import run_migrations
+from tributary.log.kafka.writer import OFFSETS_TOPIC
 
 pytestmark = pytest.mark.integration
 

@@ -23,11 +23,11 @@ from tests.integration.consumers.helpers import Receiver, receiving
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.servers import ROOT, free_port, serving
-from tributary.capture.kafka_logs import with_logger
-from tributary.capture.kafka_options import KafkaOptions
-from tributary.capture.log import LogError
 from tributary.consumers import GroupCoordinator
 from tributary.eventstore.migrate import run_migrations
+from tributary.log.kafka.clients import with_logger
+from tributary.log.kafka.options import KafkaOptions
+from tributary.log.local import LogError
 
 pytestmark = pytest.mark.integration
 

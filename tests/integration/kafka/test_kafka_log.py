@@ -8,8 +8,8 @@ import pytest
 
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed
-from tributary.capture.kafka_log import OFFSETS_TOPIC, KafkaLog, ProducerFenced, transactional_id
-from tributary.capture.log import LogError, TopicConfig
+from tributary.log.kafka.writer import OFFSETS_TOPIC, KafkaLog, ProducerFenced, transactional_id
+from tributary.log.local import LogError, TopicConfig
 
 pytestmark = pytest.mark.integration
 

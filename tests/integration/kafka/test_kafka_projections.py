@@ -22,9 +22,9 @@ from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.integration.projections.conftest import spark  # noqa: F401  # the suite's one SparkSession
 from tests.integration.projections.helpers import dump
 from tributary.api.settings.config import load_settings
-from tributary.capture.kafka_logs import with_logger
-from tributary.capture.log import canonical_json, partition_for
 from tributary.eventstore.migrate import run_migrations
+from tributary.log.kafka.clients import with_logger
+from tributary.log.local import canonical_json, partition_for
 from tributary.projections.kafka_source import KafkaSource
 from tributary.projections.records import default_event_time
 from tributary.projections.runner import RunSettings, rebuild, run, status

@@ -1,4 +1,4 @@
-"""Capture's readers of its own topics on Kafka (capture/kafka_read.py): the live keys a
+"""Capture's readers of its own topics on Kafka (log/kafka/read.py): the live keys a
 re-snapshot reads back equal the local log's for the same records; a re-snapshot after a lost slot
 and a chunked re-snapshot delete, exactly once, the rows removed meanwhile; `log cat --follow` and
 `log verify` on the Kafka backend."""
@@ -20,11 +20,10 @@ from tests.integration.capture.test_resnapshot import FILL, TABLES, _change_whil
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.pg import REPO_ROOT
-from tributary.capture.kafka_log import KafkaLog
-from tributary.capture.kafka_read import kafka_live_keys, kafka_positions
-from tributary.capture.log import Log, RecordIn, TopicConfig, partition_for
 from tributary.capture.schema_tracker import SCHEMA_KEY
-from tributary.capture.snapshot_source import live_keys
+from tributary.log.kafka.read import kafka_positions
+from tributary.log.kafka.writer import KafkaLog
+from tributary.log.local import Log, RecordIn, TopicConfig, partition_for
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +49,8 @@ def _slot(config: Path) -> str:
 
 def test_live_keys_on_kafka_equal_the_local_logs(kafka: KafkaCluster, tmp_path: Path) -> None:
     """The same records (tombstones, a key written again after its tombstone, schema and keyless
-    records, several commits) in a local log and on Kafka: the same live keys."""
+    records, several commits) in a local log and on Kafka: the same live keys, through the
+    writers' one contract (`SourceWriter.live_keys`)."""
     topic = "shop.public.mixed"
     kafka.prepare(topic)
     rng = random.Random(21)
@@ -76,9 +76,11 @@ def test_live_keys_on_kafka_equal_the_local_logs(kafka: KafkaCluster, tmp_path: 
                     log.append(topic, partition, [record])
                 log.commit()
         # after the commits, records only appended (never committed) are not read back
-        remote.append(topic, 0, [(keys[0], b"uncommitted", 1_000, None), (b'{"id":-1}', b"uncommitted", 1, None)])
-        want = live_keys(local, topic)
-        got = kafka_live_keys(kafka.options("live-keys"), topic)
+        for log in (local, remote):
+            log.append(topic, 0, [(keys[0], b"uncommitted", 1_000, None), (b'{"id":-1}', b"uncommitted", 1, None)])
+        want = local.source("shop").live_keys(topic)
+        got = remote.live_keys(topic)
+        unknown = [local.live_keys("shop.public.nothing"), remote.live_keys("shop.public.nothing")]
     finally:
         local.close()
         kafka_log.close()
@@ -89,7 +91,7 @@ def test_live_keys_on_kafka_equal_the_local_logs(kafka: KafkaCluster, tmp_path: 
                 model[key] = value is not None
     assert got == want == {k for k, alive in model.items() if alive}
     assert 0 < len(got) < len(keys)
-    assert kafka_live_keys(kafka.options("live-keys"), "shop.public.nothing") == set()
+    assert unknown == [set(), set()]
 
 
 def test_positions_read_back_as_the_writer_reads_them(kafka: KafkaCluster) -> None:

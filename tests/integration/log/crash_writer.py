@@ -14,7 +14,7 @@ import sys
 from concurrent.futures import Future
 from pathlib import Path
 
-from tributary.capture.log import Log, TopicConfig, canonical_json
+from tributary.log.local import Log, TopicConfig, canonical_json
 
 PARTS = 3
 

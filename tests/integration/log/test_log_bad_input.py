@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tributary.capture.log import (
+from tributary.log.local import (
     CorruptRecordError,
     DiskFullError,
     Log,
@@ -201,7 +201,7 @@ def test_full_disk_keeps_the_committed_state(small_disk: tuple[Path, str]) -> No
 def test_second_writer_process_is_refused_until_the_first_is_killed(tmp_path: Path) -> None:
     root = tmp_path / "log"
     code = (
-        "import sys, time; from pathlib import Path; from tributary.capture.log import Log;"
+        "import sys, time; from pathlib import Path; from tributary.log.local import Log;"
         "Log.open(Path(sys.argv[1]), writer=True); print('locked', flush=True); time.sleep(60)"
     )
     proc = subprocess.Popen(

@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tributary.api.cli.log import log_app
-from tributary.capture.log import Log, TopicConfig, admin, canonical_json
-from tributary.capture.log.cleaner import Cleaner, CleanerPolicy
+from tributary.log.local import Log, TopicConfig, admin, canonical_json
+from tributary.log.local.cleaner import Cleaner, CleanerPolicy
 
 pytestmark = pytest.mark.e2e
 

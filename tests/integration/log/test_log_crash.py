@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tributary.capture.log import Log
+from tributary.log.local import Log
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,9 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import cli, records, table_state, write_config
-from tributary.capture.log import Log
 from tributary.capture.lsn import Lsn
 from tributary.capture.status import read_status
+from tributary.log.local import Log
 
 pytestmark = pytest.mark.integration
 

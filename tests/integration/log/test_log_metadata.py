@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tributary.capture.log import Log, LogError, Record, TopicConfig, admin, canonical_json
+from tributary.log.local import Log, LogError, Record, TopicConfig, admin, canonical_json
 
 pytestmark = pytest.mark.integration
 

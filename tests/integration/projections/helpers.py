@@ -9,7 +9,7 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from tributary.capture.log import Log, TopicConfig, canonical_json
+from tributary.log.local import Log, TopicConfig, canonical_json
 from tributary.projections.records import ms_to_iso
 
 DAY = 86_400_000

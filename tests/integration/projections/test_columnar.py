@@ -15,10 +15,10 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from tributary.capture.log import CorruptRecordError, Log, Split, TopicConfig, canonical_json, read_split
-from tributary.capture.log.codec import decode_line, encode_batch
-from tributary.capture.log.columnar import copy_format, decode_lines, is_current, read_split_columns
-from tributary.capture.log.segment import iter_lines
+from tributary.log.local import CorruptRecordError, Log, Split, TopicConfig, canonical_json, read_split
+from tributary.log.local.codec import decode_line, encode_batch
+from tributary.log.local.columnar import copy_format, decode_lines, is_current, read_split_columns
+from tributary.log.local.segment import iter_lines
 from tributary.projections.records import default_event_time
 from tributary.projections.source import RECORD_SCHEMA, _raw_rows, plan, records_frame
 

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from tests.integration.projections.schema_projections import TOPIC
-from tributary.capture.log import Log, TopicConfig, canonical_json
+from tributary.log.local import Log, TopicConfig, canonical_json
 from tributary.projections.runner import RunSettings, rebuild, run
 
 pytestmark = pytest.mark.integration

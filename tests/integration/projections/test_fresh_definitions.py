@@ -75,7 +75,7 @@ def test_a_rebuild_refuses_to_swap_when_its_file_changed_under_it(spark: Any, fr
 
 def test_status_refuses_a_log_whose_manifest_is_gone(fresh_db: str, tmp_path: Path) -> None:
     """Segments without a manifest are not "nothing captured yet": status says so instead of a lag of 0."""
-    from tributary.capture.log import MissingMetadataError
+    from tributary.log.local import MissingMetadataError
 
     w = LogWriter(tmp_path / "log")
     w.topic("events.account")

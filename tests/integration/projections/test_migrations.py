@@ -17,8 +17,8 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from tests.integration.projections.helpers import dump
-from tributary.capture.log import Log, TopicConfig, canonical_json
 from tributary.eventstore.migrate import migrations_current
+from tributary.log.local import Log, TopicConfig, canonical_json
 from tributary.projections.runner import RunSettings, rebuild, run
 
 pytestmark = pytest.mark.integration

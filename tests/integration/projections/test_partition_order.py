@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from tests.integration.projections.helpers import LogWriter, dump
-from tributary.capture.log import canonical_json
+from tributary.log.local import canonical_json
 from tributary.projections.runner import RunSettings, rebuild, run
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ from typing import Any
 import orjson
 import pytest
 
-from tributary.capture.log import Log, TopicConfig, canonical_json
-from tributary.capture.log.columnar import (
+from tributary.log.local import Log, TopicConfig, canonical_json
+from tributary.log.local.columnar import (
     STALE_COPY_DIR_S,
     TailCopy,
     sweep_stale_copy_dirs,

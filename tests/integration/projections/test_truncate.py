@@ -11,8 +11,8 @@ import pytest
 
 from tests.integration.capture.helpers import cli, write_config
 from tests.integration.projections.helpers import dump
-from tributary.capture.log import canonical_json
 from tributary.eventstore.migrate import head_revision
+from tributary.log.local import canonical_json
 from tributary.projections.runner import RunSettings, rebuild, run
 
 pytestmark = pytest.mark.integration

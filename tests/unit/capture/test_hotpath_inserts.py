@@ -252,7 +252,7 @@ class Block:
             raise ImportError("not built")
 sys.meta_path.insert(0, Block())
 from tributary.capture import compiled
-from tributary.capture.log.codec import encode_plain
+from tributary.log.local.codec import encode_plain
 assert compiled.encode_inserts is None and compiled.take_inserts is None
 print(encode_plain(0, 1, [b"1"], [b"2"])[1])
 """

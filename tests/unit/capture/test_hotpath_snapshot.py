@@ -16,9 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tributary.capture import compiled
-from tributary.capture.log.partitioner import partition_for
 from tributary.capture.snapshot import take_copy_python
 from tributary.capture.snapshot_columns import _has_risky_bytes, murmur2_partitions
+from tributary.log.local.partitioner import partition_for
 
 pytestmark = pytest.mark.unit
 
@@ -99,7 +99,7 @@ _key_bytes = st.binary(max_size=40)
 def test_column_partitions_are_kafkas(
     keys: list[bytes], before: list[bytes], after: list[bytes], partitions: int
 ) -> None:
-    """Kafka's partition of every key (capture.log.partitioner), on sliced arrays too."""
+    """Kafka's partition of every key (tributary.log.local.partitioner), on sliced arrays too."""
     arr = pa.array(before + keys + after, pa.binary()).slice(len(before), len(keys))
     got = murmur2_partitions(arr, partitions)
     assert got.dtype == np.int64

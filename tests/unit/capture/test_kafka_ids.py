@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tributary.capture.chunked import context_key
-from tributary.capture.kafka_log import position_owner, transactional_id
-from tributary.capture.kafka_options import KafkaOptions
+from tributary.log.kafka.options import KafkaOptions
+from tributary.log.kafka.writer import position_owner, transactional_id
 
 pytestmark = pytest.mark.unit
 

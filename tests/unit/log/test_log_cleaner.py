@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tributary.capture.log import Log, TopicConfig, canonical_json, read_split
-from tributary.capture.log.cleaner import Cleaner, CleanerPolicy, read_checkpoint
-from tributary.capture.log.compaction import keep_record
-from tributary.capture.log.segment import list_segments
+from tributary.log.local import Log, TopicConfig, canonical_json, read_split
+from tributary.log.local.cleaner import Cleaner, CleanerPolicy, read_checkpoint
+from tributary.log.local.compaction import keep_record
+from tributary.log.local.segment import list_segments
 
 pytestmark = pytest.mark.unit
 
@@ -190,7 +190,7 @@ def test_a_byte_range_only_split_refuses_a_rewritten_file(tmp_path: Path) -> Non
     compaction rewrote its file it asks to re-plan instead of reading the wrong bytes."""
     from dataclasses import replace
 
-    from tributary.capture.log import LogError
+    from tributary.log.local import LogError
 
     with open_writer(tmp_path / "log") as log:
         log.create_topic("c", TopicConfig(partitions=1, policy="compact"))

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tributary.capture.log import GroupCommitter, Record, TopicConfig, codec
-from tributary.capture.log.codec import BadLine, decode_line, encode_batch, encode_plain, encode_plain_python
-from tributary.capture.log.errors import LogError
-from tributary.capture.log.index import (
+from tributary.log.local import GroupCommitter, Record, TopicConfig, codec
+from tributary.log.local.codec import BadLine, decode_line, encode_batch, encode_plain, encode_plain_python
+from tributary.log.local.errors import LogError
+from tributary.log.local.index import (
     lookup_offset,
     lookup_time,
     pack_offsets,
@@ -20,7 +20,7 @@ from tributary.capture.log.index import (
     unpack_offsets,
     unpack_times,
 )
-from tributary.capture.log.manifest import (
+from tributary.log.local.manifest import (
     Manifest,
     PartitionState,
     TopicState,
@@ -219,7 +219,7 @@ def test_encode_plain_odd_arguments() -> None:
 
 
 def test_the_typed_twin_is_built() -> None:
-    """`pip install -e .` builds capture/log/_typed.pyx in place: the tests run the typed path."""
+    """`pip install -e .` builds log/local/_typed.pyx in place: the tests run the typed path."""
     assert codec._typed_plain is not None
 
 
@@ -229,7 +229,7 @@ def test_the_typed_twin_is_built() -> None:
     pairs=st.lists(st.tuples(_any_field, _any_field), max_size=30),
 )
 def test_typed_encode_plain_is_the_reference_or_declines(first: int, ts: int, pairs: list[tuple[bytes, bytes]]) -> None:
-    """capture/log/_typed.pyx `encode_plain` against `encode_plain_python`: the same bytes and
+    """log/local/_typed.pyx `encode_plain` against `encode_plain_python`: the same bytes and
     sizes, or None (a NUL or a newline in a field, a number wider than 64 bits), never anything else."""
     typed = codec._typed_plain
     assert typed is not None

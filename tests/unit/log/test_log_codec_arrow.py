@@ -1,5 +1,5 @@
 """codec_arrow.encode_columns writes the same lines as codec.encode_batch; its typed twin the
-reference's (or declines); the snapshot's column partitions are Kafka's (capture/log/partitioner.py)."""
+reference's (or declines); the snapshot's column partitions are Kafka's (log/local/partitioner.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tributary.capture.log import codec_arrow
-from tributary.capture.log.codec import decode_line, encode_batch
-from tributary.capture.log.codec_arrow import _piece, encode_columns, encode_columns_python
-from tributary.capture.log.partitioner import partition_for
 from tributary.capture.snapshot_columns import murmur2_partitions
+from tributary.log.local import codec_arrow
+from tributary.log.local.codec import decode_line, encode_batch
+from tributary.log.local.codec_arrow import _piece, encode_columns, encode_columns_python
+from tributary.log.local.partitioner import partition_for
 
 pytestmark = pytest.mark.unit
 
@@ -74,7 +74,7 @@ def test_column_partitions_on_a_sliced_array() -> None:
     assert murmur2_partitions(arr, 5).tolist() == [partition_for(k, 5) for k in keys[37:77]]
 
 
-# --- the typed twin (capture/log/_typed.pyx `encode_columns`) against `encode_columns_python` ---
+# --- the typed twin (log/local/_typed.pyx `encode_columns`) against `encode_columns_python` ---
 
 _any_bits = st.binary(max_size=24)  # NUL, newline, anything: both sides splice bytes verbatim
 
@@ -103,7 +103,7 @@ def _records(draw: st.DrawFn) -> tuple[pa.Array, list[pa.Array | pa.Scalar]]:
 
 
 def test_the_typed_twin_is_built() -> None:
-    """`pip install -e .` builds capture/log/_typed.pyx in place: the tests run the typed path."""
+    """`pip install -e .` builds log/local/_typed.pyx in place: the tests run the typed path."""
     assert codec_arrow._typed_columns is not None
 
 

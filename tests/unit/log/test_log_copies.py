@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tributary.capture.log import (
+from tributary.log.local import (
     COPY_SCHEMA,
     RECORD_SCHEMA,
     Log,
@@ -155,7 +155,7 @@ def test_disk_bytes_counts_the_topics_files(log: Log) -> None:
 
 def test_opening_a_log_does_not_load_pyarrow(tmp_path: Path) -> None:
     code = (
-        "import sys; from pathlib import Path; from tributary.capture.log import Log;"
+        "import sys; from pathlib import Path; from tributary.log.local import Log;"
         "Log.open(Path(sys.argv[1]), writer=True).close(); print('pyarrow' in sys.modules)"
     )
     out = subprocess.run(

@@ -1,4 +1,4 @@
-"""A topic's live keys (capture/log/keyscan.py): the typed scan and the decoding reference agree
+"""A topic's live keys (log/local/keys.py): the typed scan and the decoding reference agree
 with a model fold over any records, commits and partitions; a damaged line is refused by the
 typed scan and named by the reference."""
 
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tributary.capture.log import CorruptRecordError, Log, TopicConfig, canonical_json, keyscan
-from tributary.capture.log.admin import SCHEMA_KEY
+from tributary.log.local import CorruptRecordError, Log, TopicConfig, canonical_json, keyscan
+from tributary.log.local.keys import SCHEMA_KEY, live_keys_in
 
 pytestmark = pytest.mark.unit
 
@@ -47,6 +47,10 @@ def _write(root: Path, spec: list[list[tuple[int | None, bool]]], partitions: in
     return {k for k, alive in live.items() if alive}
 
 
+def _live(log: Log) -> set[bytes]:
+    return live_keys_in(log.splits(TOPIC, max_bytes=1 << 20), log.end_offsets(TOPIC))
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(spec=batches, partitions=st.integers(1, 3))
 def test_live_keys_equal_a_model_fold_typed_and_reference(
@@ -55,10 +59,10 @@ def test_live_keys_equal_a_model_fold_typed_and_reference(
     with tempfile.TemporaryDirectory() as tmp:
         want = _write(Path(tmp) / "log", spec, partitions)
         with Log.open(Path(tmp) / "log") as log:
-            typed = keyscan.live_keys(log, TOPIC)
+            typed = _live(log)
             with monkeypatch.context() as m:
                 m.setattr(keyscan, "_key_spans", None)  # not built, or TRIBUTARY_PURE_PYTHON=1
-                reference = keyscan.live_keys(log, TOPIC)
+                reference = _live(log)
     assert typed == want
     assert reference == want
 
@@ -71,7 +75,7 @@ def test_latest_live_keeps_a_key_whose_last_record_is_not_a_tombstone() -> None:
 
 
 def test_a_damaged_line_is_refused_by_the_typed_scan_and_named_by_the_reference(tmp_path: Path) -> None:
-    pytest.importorskip("tributary.capture.log._typed")
+    pytest.importorskip("tributary.log.local._typed")
     with Log.open(tmp_path / "log", writer=True, fsync=False) as log:
         log.create_topic(TOPIC, TopicConfig(partitions=1, policy="compact"))
         log.append(TOPIC, 0, [(_key(k), canonical_json({"v": k}), 0, None) for k in range(5)])
@@ -80,7 +84,7 @@ def test_a_damaged_line_is_refused_by_the_typed_scan_and_named_by_the_reference(
     data = bytearray(segment.read_bytes())
     spans = [np.empty(10, np.int64) for _ in range(3)]
     tomb = np.empty(10, np.uint8)
-    from tributary.capture.log import _typed
+    from tributary.log.local import _typed
 
     assert _typed.key_spans(bytes(data), *spans, tomb) == 5
     at = data.index(b'"v":3')
@@ -88,4 +92,4 @@ def test_a_damaged_line_is_refused_by_the_typed_scan_and_named_by_the_reference(
     segment.write_bytes(bytes(data))
     assert _typed.key_spans(bytes(data), *spans, tomb) == -1
     with Log.open(tmp_path / "log") as log, pytest.raises(CorruptRecordError):
-        keyscan.live_keys(log, TOPIC)
+        _live(log)

@@ -1,8 +1,9 @@
 """The log is a lower layer with a public API: read from the source tree's imports (AST).
 
-Outside `capture/log`, the package code imports only `tributary.capture.log` (its `__all__`) and
-its admin operations (`tributary.capture.log.admin`). That the log imports nothing else of
-`tributary.capture`, and that nothing imports in a cycle, tests/unit/test_layout.py holds.
+Outside `log/local`, the package code imports only `tributary.log.local` (its `__all__`) and
+its admin operations (`tributary.log.local.admin`). That the log imports no layer above it, that
+the local backend imports nothing else, and that nothing imports in a cycle, tests/unit/test_layout.py
+holds.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-import tributary.capture.log as log_api
+import tributary.log.local as log_api
 
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[3]
-LOG = "tributary.capture.log"
+LOG = "tributary.log.local"
 PUBLIC = {LOG, f"{LOG}.admin", *(f"{LOG}:{name}" for name in log_api.__all__)}
 
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tributary.capture.log import partitioner
-from tributary.capture.log.partitioner import (
+from tributary.log.local import partitioner
+from tributary.log.local.partitioner import (
     canonical_json,
     murmur2,
     partition_for,
@@ -109,7 +109,7 @@ def test_fixed_table_is_stable() -> None:
 
 def test_same_answer_in_another_process_with_another_hash_seed() -> None:
     code = (
-        "from tributary.capture.log.partitioner import partition_for, canonical_json;"
+        "from tributary.log.local.partitioner import partition_for, canonical_json;"
         "print([partition_for(canonical_json({'id': i}), 8) for i in range(200)])"
     )
     root = Path(__file__).resolve().parents[3]
@@ -154,7 +154,7 @@ def test_split_partitions_refuses_unequal_lists() -> None:
 
 
 def test_the_typed_split_is_built() -> None:
-    """`pip install -e .` builds capture/log/_typed.pyx in place: the tests run the typed path."""
+    """`pip install -e .` builds log/local/_typed.pyx in place: the tests run the typed path."""
     assert partitioner._typed_split is not None
 
 
@@ -163,7 +163,7 @@ def test_the_typed_split_is_built() -> None:
     partitions=st.one_of(st.integers(1, 12), st.just(1000)),
 )
 def test_typed_split_is_the_reference(keys: list[bytes], partitions: int) -> None:
-    """capture/log/_typed.pyx `split_partitions` against `split_partitions_python`: the same
+    """log/local/_typed.pyx `split_partitions` against `split_partitions_python`: the same
     per-partition keys and values in the same order."""
     typed = partitioner._typed_split
     assert typed is not None

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tributary.capture.log import Log, TopicConfig, canonical_json
+from tributary.log.local import Log, TopicConfig, canonical_json
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tributary.capture.log import (
+from tributary.log.local import (
     Log,
     LogError,
     LogLockedError,
@@ -17,7 +17,7 @@ from tributary.capture.log import (
     canonical_json,
     read_split,
 )
-from tributary.capture.log.segment import list_segments, load_offset_index
+from tributary.log.local.segment import list_segments, load_offset_index
 
 pytestmark = pytest.mark.unit
 
@@ -251,7 +251,7 @@ def test_stale_reader_continues_after_compaction_of_its_active_segment(tmp_path:
 def test_parquet_copies_of_sealed_segments(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
-    from tributary.capture.log.columnar import is_current
+    from tributary.log.local.columnar import is_current
 
     with Log.open(tmp_path / "log", writer=True, segment_bytes=400) as log:
         log.create_topic("c", TopicConfig(partitions=1, policy="compact"))

@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tributary.capture.log import Log, Record, TopicConfig, admin, canonical_json
-from tributary.capture.log.cleaner import read_checkpoint
-from tributary.capture.log.codec import encode_batch
-from tributary.capture.log.columnar import is_current
-from tributary.capture.log.placeholders import PLACEHOLDER, fill, holes, observe
 from tributary.capture.values import UNAVAILABLE
+from tributary.log.local import Log, Record, TopicConfig, admin, canonical_json
+from tributary.log.local.cleaner import read_checkpoint
+from tributary.log.local.codec import encode_batch
+from tributary.log.local.columnar import is_current
+from tributary.log.local.placeholders import PLACEHOLDER, fill, holes, observe
 
 pytestmark = pytest.mark.unit
 
@@ -292,7 +292,7 @@ def _grown_layout() -> list[tuple[bytes, bytes, int]]:
 
 
 def test_a_split_planned_before_a_record_grew_still_reads_every_offset_of_its_range(tmp_path: Path) -> None:
-    from tributary.capture.log import read_split, read_split_columns
+    from tributary.log.local import read_split, read_split_columns
 
     with Log.open(tmp_path / "log", writer=True, segment_ms=10) as log:
         log.create_topic("c", TopicConfig(partitions=1, policy="compact"))

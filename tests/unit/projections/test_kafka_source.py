@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tributary.capture.kafka_codec import kafka_headers, log_headers
-from tributary.capture.kafka_options import KafkaOptions
+from tributary.log.kafka.codec import kafka_headers, log_headers
+from tributary.log.kafka.options import KafkaOptions
 from tributary.projections.kafka_source import offset_ranges
 from tributary.projections.runner import RunSettings, _settings_from_json, _settings_json
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tributary.capture.log import TailCopy
+from tributary.log.local import TailCopy
 from tributary.projections.source import Segment
 
 pytestmark = pytest.mark.unit

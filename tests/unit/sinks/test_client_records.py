@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tributary_client import Record, TopicPartition
 
-from tributary.capture.log import Record as LogRecord
+from tributary.log.local import Record as LogRecord
 from tributary.sinks import to_record
 from tributary.sinks.store import encode
 

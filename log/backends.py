@@ -1,0 +1,42 @@
+"""Opening the configured backend: the one place outside a backend that names both. Kafka's
+modules (and confluent-kafka) load only when Kafka is configured."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from tributary.log.contracts import CaptureWriter, LogAdmin
+from tributary.log.kafka.options import KafkaOptions
+from tributary.log.local import Log
+from tributary.log.local.admin import LocalAdmin
+
+__all__ = ["open_admin", "open_writer"]
+
+
+def open_writer(
+    *,
+    root: Path,
+    kafka: KafkaOptions | None,
+    sources: Sequence[str],
+    default_partitions: int = 4,
+    segment_bytes: int = 128 << 20,
+) -> CaptureWriter:
+    """Capture's writer: on Kafka (`kafka` given, `[log] backend = "kafka"`) a transactional
+    producer per source in `sources` (fencing older processes of those sources); else the local log
+    under `root`, its writer lock taken (recovery cuts what no commit covered)."""
+    if kafka is not None:
+        from tributary.log.kafka.writer import KafkaLog
+
+        return KafkaLog(kafka, sources)
+    return Log.open(root, writer=True, default_partitions=default_partitions, segment_bytes=segment_bytes)
+
+
+def open_admin(*, root: Path, kafka: KafkaOptions | None, timeout_s: float = 30.0) -> LogAdmin:
+    """An operator's view of the configured log: Kafka's cluster (`kafka` given; a topic listing
+    waits at most `timeout_s`), else the local log under `root`. Nothing is opened yet."""
+    if kafka is not None:
+        from tributary.log.kafka.admin import KafkaAdmin
+
+        return KafkaAdmin(kafka, timeout_s=timeout_s)
+    return LocalAdmin(root)
