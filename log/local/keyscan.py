@@ -1,5 +1,5 @@
-"""The scan behind `keys.live_keys_in` (keys.py says how it works): a topic's live keys read
-from its segments' bytes, with numpy and Arrow over whole splits and partitions, not key by key.
+"""A topic's live keys read from its segments' bytes (keys.py says how), with numpy and Arrow
+over whole splits and partitions, not key by key.
 """
 
 from __future__ import annotations
@@ -16,10 +16,17 @@ from tributary.log.local.keys import SCHEMA_KEY
 from tributary.log.local.splits import read_split
 from tributary.log.local.types import Split
 
-__all__ = ["gather", "latest_live", "live_key_array_in", "split_keys"]
+__all__ = ["gather", "latest_live", "live_key_array_in", "live_keys_in", "split_keys"]
 
 _SHORTEST_LINE = len(b'{"offset":0,"timestamp":0,"lens":[0,0,0],"key":,"value":,"headers":,"crc":0}\n')
 _key_spans: Callable[..., int] | None = typed_twin("key_spans")
+
+
+def live_keys_in(splits: Sequence[Split], ends: Sequence[int]) -> set[bytes]:
+    """The live keys of one topic's `splits` (each partition's in offset order) up to `ends`
+    (committed end per partition), as a set: a bytes object and a set slot per key (docs/capture.md
+    says how much)."""
+    return set(live_key_array_in(splits, ends).to_pylist())
 
 
 def live_key_array_in(splits: Sequence[Split], ends: Sequence[int]) -> pa.Array:

@@ -28,7 +28,7 @@ from tributary.log.local.errors import (
     LogLockedError,
     TopicNotFoundError,
 )
-from tributary.log.local.keys import SCAN_BYTES, live_keys_in
+from tributary.log.local.keys import SCAN_BYTES
 from tributary.log.local.manifest import (
     MANIFEST,
     Manifest,
@@ -678,6 +678,8 @@ class Log:
         call this. An unknown topic has none."""
         if self.writer and topic not in self._committed.topics:  # the common case of a first snapshot
             return set()
+        from tributary.log.local.keyscan import live_keys_in  # pyarrow: loaded when a scan runs
+
         reader = Log.open(self.root)
         try:
             if topic not in reader.topics():

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tributary.log.local import CorruptRecordError, Log, TopicConfig, canonical_json, keyscan
-from tributary.log.local.keys import SCHEMA_KEY, live_keys_in
+from tributary.log.local.keys import SCHEMA_KEY
+from tributary.log.local.keyscan import live_keys_in
 
 pytestmark = pytest.mark.unit
 
