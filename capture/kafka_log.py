@@ -184,6 +184,20 @@ class KafkaLog:
             error = exc.args[0] if exc.args else None
             if not (isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS):
                 raise LogError(f"cannot create Kafka topic {name!r}: {one_line(exc)}") from None
+        self._await_leaders(name)
+
+    def _await_leaders(self, name: str) -> None:
+        """A topic just created has no leader yet on every broker (the controller's record is on its
+        way), and a watermark query then fails with NOT_LEADER_FOR_PARTITION: wait for the leaders."""
+        deadline = time.monotonic() + _TIMEOUT_S
+        while True:
+            meta = self._metadata(name).topics.get(name)
+            if meta is not None and meta.error is None and meta.partitions:
+                if all(p.leader >= 0 and p.error is None for p in meta.partitions.values()):
+                    return
+            if time.monotonic() > deadline:
+                raise LogError(f"Kafka topic {name!r} has no leader for each partition after {_TIMEOUT_S:g}s")
+            time.sleep(0.05)
 
     def _ensure_offsets_topic(self) -> None:
         name = self.opts.offsets_topic
