@@ -29,7 +29,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from tributary.capture.kafka_codec import kafka_headers, one_line
 from tributary.capture.kafka_logs import with_logger
 from tributary.capture.kafka_options import OFFSETS_TOPIC, KafkaOptions
-from tributary.capture.kafka_read import committed_reader
+from tributary.capture.kafka_read import committed_reader, watermarks
 from tributary.capture.log import LogError, Mark, RecordIn, TopicConfig, TopicNotFoundError, decode_line
 
 __all__ = [
@@ -184,20 +184,6 @@ class KafkaLog:
             error = exc.args[0] if exc.args else None
             if not (isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS):
                 raise LogError(f"cannot create Kafka topic {name!r}: {one_line(exc)}") from None
-        self._await_leaders(name)
-
-    def _await_leaders(self, name: str) -> None:
-        """A topic just created has no leader yet on every broker (the controller's record is on its
-        way), and a watermark query then fails with NOT_LEADER_FOR_PARTITION: wait for the leaders."""
-        deadline = time.monotonic() + _TIMEOUT_S
-        while True:
-            meta = self._metadata(name).topics.get(name)
-            if meta is not None and meta.error is None and meta.partitions:
-                if all(p.leader >= 0 and p.error is None for p in meta.partitions.values()):
-                    return
-            if time.monotonic() > deadline:
-                raise LogError(f"Kafka topic {name!r} has no leader for each partition after {_TIMEOUT_S:g}s")
-            time.sleep(0.05)
 
     def _ensure_offsets_topic(self) -> None:
         name = self.opts.offsets_topic
@@ -218,7 +204,7 @@ class KafkaLog:
             raise TopicNotFoundError(f"no topic {topic!r} on Kafka")
         consumer = committed_reader(self.opts)
         try:
-            return [consumer.get_watermark_offsets(TopicPartition(topic, p), _TIMEOUT_S)[1] for p in meta.partitions]
+            return [watermarks(consumer, TopicPartition(topic, p))[1] for p in meta.partitions]
         finally:
             consumer.close()
 
@@ -233,7 +219,7 @@ class KafkaLog:
         found: dict[str, str] = {}
         try:
             parts = [TopicPartition(name, p, 0) for p in meta.partitions]
-            ends = {p.partition: consumer.get_watermark_offsets(p, _TIMEOUT_S)[1] for p in parts}
+            ends = {p.partition: watermarks(consumer, p)[1] for p in parts}
             pending = {p for p, end in ends.items() if end > 0}
             consumer.assign(parts)
             deadline = time.monotonic() + 3 * _TIMEOUT_S  # past librdkafka's default transaction timeout
