@@ -1,4 +1,4 @@
-"""Kafka's promises, proven on Kafka: three real brokers (3 replicas, min.insync.replicas=2) while
+"""Kafka's promises, proven on Kafka. Three real brokers (3 replicas, min.insync.replicas=2) while
 pgbench writes and capture is killed -9, fenced by a zombie's successor, and the cluster loses the
 leader of a partition (kill -9), restarts a broker and restarts as a whole. The oracle is the
 database: a read_committed consumer sees every committed change once, and the latest record per
@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 from tests.integration.capture.helpers import Capture, capture_progress, cli, spawn_capture, wait_for
 from tests.integration.capture.test_chunked_pgbench import _pgbench
 from tests.integration.kafka.conftest import KafkaCluster
+from tests.integration.kafka.helpers import read_committed
 from tests.integration.kafka.test_kafka_pgbench import (
     RATE,
     _changes,
@@ -27,7 +29,11 @@ from tests.integration.kafka.test_kafka_pgbench import (
 )
 from tests.waiting import size_of, wait_exit
 from tributary.api.devkafka import EmbeddedKafka
+from tributary.capture.kafka_log import KafkaLog, transactional_id
 from tributary.capture.status import read_status
+from tributary.consumers import GroupCoordinator
+from tributary.consumers.datatypes import Membership
+from tributary.eventstore.migrate import run_migrations
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -150,3 +156,79 @@ def test_capture_on_three_brokers_survives_kills_fencing_and_restarts(
     final = cli("capture", "--config", str(config), "--until-idle", "2", progress=lambda: capture_progress(status_root))
     assert final.returncode == 0, final.stderr
     assert_exactly_once(kafka, fresh_db)
+
+
+_VICTIM = """
+import sys
+from confluent_kafka import Producer
+producer = Producer({"bootstrap.servers": sys.argv[1], "transactional.id": sys.argv[2], "log_level": 3})
+producer.init_transactions(60)
+producer.begin_transaction()
+for i in range(3):
+    producer.produce(sys.argv[3], key=b'{"id":%d}' % (100 + i), value=b'{"op":"c","open":true}', partition=0)
+producer.flush(60)
+print("flushed", flush=True)
+sys.stdin.read()
+"""
+
+
+def _group_records(
+    coordinator: GroupCoordinator, member: Membership, want: int
+) -> list[tuple[bytes | None, bytes | None]]:
+    """What the group member is handed: fetch until `want` records came, then until a fetch of a
+    newer view of the log brings nothing more."""
+    got: list[tuple[bytes | None, bytes | None]] = []
+    empty = 0
+    deadline = time.monotonic() + 120
+    while len(got) < want or empty < 5:
+        assert time.monotonic() < deadline, f"{len(got)} of {want} records handed to the group"
+        batch = coordinator.fetch("g", member.member_id, member.generation)
+        got += [(r.key, r.value) for r in batch.records]
+        empty = empty + 1 if not batch.records else 0
+        time.sleep(0.1)
+    return got
+
+
+def test_a_killed_writers_open_transaction_never_reaches_a_consumer_or_a_group(
+    fresh_db: str, tmp_path: Path, kafka_broker: KafkaCluster
+) -> None:
+    """A writer killed -9 with its transaction open on the broker (records flushed, never committed):
+    read_committed consumers and tributary's groups see none of it, and the records committed after
+    it only once the next writer of the source (init_transactions) aborted it."""
+    kafka = kafka_broker
+    topic = "shop.public.t"
+    kafka.make_topics(topic)
+    options = kafka.options("victim")
+    first = KafkaLog(options, ["shop"])
+    try:
+        first.source("shop").append(topic, 0, [(b'{"id":%d}' % i, b'{"op":"c"}', 1, None) for i in range(3)])
+        first.commit(positions={"shop": "0/10"})
+    finally:
+        first.close()
+    with subprocess.Popen(
+        [sys.executable, "-c", _VICTIM, kafka.bootstraps, transactional_id(options, "shop"), topic],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as victim:  # closes its pipes
+        try:
+            assert victim.stdout is not None and victim.stdout.readline().strip() == "flushed"
+        finally:
+            victim.kill()  # kill -9, its transaction open on the broker
+            victim.wait()
+    committed = [(b'{"id":%d}' % i, b'{"op":"c"}') for i in range(3)]
+    assert [(k, v) for _, _, _, k, v, _, _ in read_committed(kafka.bootstraps, [topic])] == committed
+    run_migrations(fresh_db)
+    with GroupCoordinator(fresh_db, tmp_path / "unused", kafka=options, auto_offset_reset="earliest") as coordinator:
+        member = coordinator.join("g", [topic], member_id="m")
+        assert _group_records(coordinator, member, 3) == committed  # the open transaction holds the rest back
+        successor = KafkaLog(options, ["shop"])  # fences the killed writer and aborts its transaction
+        try:
+            assert successor.positions() == {"shop": "0/10"}
+            successor.source("shop").append(topic, 0, [(b'{"id":9}', b'{"op":"u"}', 2, None)])
+            successor.commit(positions={"shop": "0/20"})
+        finally:
+            successor.close()
+        assert _group_records(coordinator, member, 1) == [(b'{"id":9}', b'{"op":"u"}')]
+    everything = [(k, v) for _, _, _, k, v, _, _ in read_committed(kafka.bootstraps, [topic])]
+    assert everything == [*committed, (b'{"id":9}', b'{"op":"u"}')]
