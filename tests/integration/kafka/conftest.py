@@ -23,6 +23,8 @@ from tributary.capture.kafka_logs import with_logger
 from tributary.capture.kafka_options import OFFSETS_TOPIC, KafkaOptions
 
 MOCK = Path(__file__).resolve().parents[2] / "kafka_mock.py"
+# For tests where the mock only stood in for a broker: `kafka` is the real broker alone.
+ON_BROKER = pytest.mark.parametrize("kafka", ["broker"], indirect=True)
 KAFKA_INTERNAL = ("__consumer_offsets", "__transaction_state", "__cluster_metadata")
 
 
@@ -202,6 +204,6 @@ def kafka_cluster3(kafka_cluster3_session: KafkaCluster) -> KafkaCluster:
 
 @pytest.fixture(params=["mock", "broker"])
 def kafka(request: pytest.FixtureRequest) -> KafkaCluster:
-    """Each Kafka test on the mock and on a real broker."""
+    """Each Kafka test on the mock and on a real broker (ON_BROKER: on the broker only)."""
     cluster: KafkaCluster = request.getfixturevalue(f"kafka_{request.param}")
     return cluster

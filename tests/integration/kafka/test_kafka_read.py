@@ -17,7 +17,7 @@ import pytest
 
 from tests.integration.capture.helpers import cli
 from tests.integration.capture.test_resnapshot import FILL, TABLES, _change_while_slot_gone, _compacted, _table
-from tests.integration.kafka.conftest import KafkaCluster
+from tests.integration.kafka.conftest import ON_BROKER, KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.pg import REPO_ROOT
 from tributary.capture.kafka_log import KafkaLog
@@ -127,6 +127,7 @@ def _everything(kafka: KafkaCluster, topics: list[str]) -> list[tuple[str, int, 
     return [(t, p, o, k, v) for t, p, o, k, v, _, _ in read_committed(kafka.bootstraps, topics)]
 
 
+@ON_BROKER  # capture making its topics, as in production
 @pytest.mark.parametrize("chunked", [False, True], ids=["consistent", "chunked"])
 def test_a_resnapshot_on_kafka_deletes_the_rows_removed_meanwhile_exactly_once(
     fresh_db: str, tmp_path: Path, kafka: KafkaCluster, chunked: bool
