@@ -1,19 +1,19 @@
 # tributary — one-command set-up on a fresh Debian 12 machine (as root, or with sudo).
 #   make demo   set everything up, then run the demo end to end on the embedded Postgres
 #   make test   set everything up, then run the whole test suite
-#   make setup  set-up alone: apt packages, .venv, the project installed into it
+#   make setup  set-up alone: apt packages, .venv, the project installed into it, Apache Kafka's jars
 #   make lint   ruff check, ruff format --check and mypy over every package
 
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
-APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jre-headless libpostgresql-jdbc-java procps chromium chromium-driver gcc libc6-dev zlib1g-dev python3-dev
+APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jre-headless maven libpostgresql-jdbc-java procps chromium chromium-driver gcc libc6-dev zlib1g-dev python3-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: setup apt venv demo test lint bench clean
+.PHONY: setup apt venv kafka demo test lint bench clean
 
-setup: apt venv
+setup: apt venv kafka
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -32,6 +32,16 @@ $(VENV)/.installed: pyproject.toml client/pyproject.toml capture/_hotpath.pyx lo
 	@touch $@
 
 venv: $(VENV)/.installed
+
+# Apache Kafka's broker (KRaft) for `tributary kafka up` and the tests: its jars and their dependencies from
+# Maven Central, as deploy/kafka/pom.xml pins them; fetched again only when the pom changes.
+KAFKA_LIB := build/kafka/lib
+$(KAFKA_LIB)/.fetched: deploy/kafka/pom.xml
+	rm -rf $(KAFKA_LIB) && mkdir -p $(KAFKA_LIB)
+	mvn -q -B -f deploy/kafka/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(abspath $(KAFKA_LIB))
+	@touch $@
+
+kafka: apt $(KAFKA_LIB)/.fetched
 
 demo: setup
 	$(VENV)/bin/tributary demo

@@ -123,6 +123,7 @@ def _register_subcommands() -> None:
         "tributary.api.cli.service",
         "tributary.api.cli.groups",
         "tributary.api.cli.sinks",
+        "tributary.api.cli.kafka",
         "tributary.api.demo.demo",
     ):
         try:

@@ -35,6 +35,7 @@ from tributary.log.local.admin import SCHEMA_KEY, latest_per_key
 
 __all__ = [
     "committed_reader",
+    "watermarks",
     "SCAN_KBYTES",
     "KafkaCheck",
     "kafka_cat",
@@ -49,6 +50,27 @@ _TIMEOUT_S = 30.0  # metadata, watermarks; reading to the end without any progre
 SCAN_KBYTES = 8192  # a key scan's prefetch queue (librdkafka `queued.max.messages.kbytes`)
 _BATCH = 1000  # messages taken from the consumer at a time
 _POLL_S = 0.5  # how long a poll waits: a `--follow` sees a stop request this often
+
+
+# A topic just created whose leader has not learnt it yet, a leader moving after its broker died:
+# the broker says so with these, and asked again a moment later it answers.
+_MOVING = frozenset(
+    {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
+)
+
+
+def watermarks(consumer: Consumer, partition: TopicPartition, timeout_s: float = _TIMEOUT_S) -> tuple[int, int]:
+    """A partition's (low, high) watermarks, asked again while its leader is moving (up to `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(partition, timeout_s)
+            return low, high
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not isinstance(error, KafkaError) or error.code() not in _MOVING or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def committed_reader(options: KafkaOptions, **extra: Any) -> Consumer:
@@ -141,7 +163,7 @@ def kafka_live_keys(options: KafkaOptions, topic: str) -> set[bytes]:
             return live
         ends: dict[int, int] = {}
         for p in range(n):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), _TIMEOUT_S)
+            low, high = watermarks(consumer, TopicPartition(topic, p))
             if high > low:
                 ends[p] = high
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
@@ -206,9 +228,7 @@ def kafka_topics(options: KafkaOptions, *, timeout_s: float = _TIMEOUT_S) -> lis
             topic = meta.topics[name]
             if name.startswith("__") or topic.error is not None:
                 continue
-            marks = [
-                consumer.get_watermark_offsets(TopicPartition(name, p), timeout_s) for p in sorted(topic.partitions)
-            ]
+            marks = [watermarks(consumer, TopicPartition(name, p), timeout_s) for p in sorted(topic.partitions)]
             starts, ends = [lo for lo, _ in marks], [hi for _, hi in marks]
             rows.append(
                 {

@@ -29,7 +29,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from tributary.log.kafka.clients import admin_config, producer_config, transactional_config
 from tributary.log.kafka.codec import kafka_headers, one_line
 from tributary.log.kafka.options import OFFSETS_TOPIC, KafkaOptions
-from tributary.log.kafka.read import committed_reader, kafka_live_keys
+from tributary.log.kafka.read import committed_reader, kafka_live_keys, watermarks
 from tributary.log.local import CleanerPolicy, LogError, Mark, RecordIn, TopicConfig, TopicNotFoundError, decode_line
 
 __all__ = [
@@ -193,7 +193,7 @@ class KafkaLog:
             raise TopicNotFoundError(f"no topic {topic!r} on Kafka")
         consumer = committed_reader(self.opts)
         try:
-            return [consumer.get_watermark_offsets(TopicPartition(topic, p), _TIMEOUT_S)[1] for p in meta.partitions]
+            return [watermarks(consumer, TopicPartition(topic, p))[1] for p in meta.partitions]
         finally:
             consumer.close()
 
@@ -208,7 +208,7 @@ class KafkaLog:
         found: dict[str, str] = {}
         try:
             parts = [TopicPartition(name, p, 0) for p in meta.partitions]
-            ends = {p.partition: consumer.get_watermark_offsets(p, _TIMEOUT_S)[1] for p in parts}
+            ends = {p.partition: watermarks(consumer, p)[1] for p in parts}
             pending = {p for p, end in ends.items() if end > 0}
             consumer.assign(parts)
             deadline = time.monotonic() + 3 * _TIMEOUT_S  # past librdkafka's default transaction timeout

@@ -87,9 +87,16 @@ def without_replays(changes: list[Change]) -> tuple[list[Change], int]:
 
 
 def write_kafka_config(
-    path: Path, *, dsn: str, log_root: Path, bootstraps: str, create_topics: bool, name: str = "shop"
+    path: Path,
+    *,
+    dsn: str,
+    log_root: Path,
+    bootstraps: str,
+    create_topics: bool,
+    name: str = "shop",
+    replication_factor: int = 1,
 ) -> Path:
-    """A capture config on the Kafka backend (3 partitions per topic), one source."""
+    """A capture config on the Kafka backend (3 partitions per topic, `replication_factor` replicas), one source."""
     path.write_text(
         f"""
 [log]
@@ -101,7 +108,7 @@ linger_ms = 2
 [log.kafka]
 bootstrap_servers = "{bootstraps}"
 partitions = 3
-replication_factor = 1
+replication_factor = {replication_factor}
 create_topics = {"true" if create_topics else "false"}
 transactional_id = "capture-{abs(hash(str(log_root))) % 100000}"
 client = {{ "log_level" = "3" }}

@@ -16,7 +16,6 @@ import httpx
 import psycopg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from tests.integration.capture.helpers import cli
 from tests.integration.consumers.helpers import Receiver, receiving
@@ -297,12 +296,7 @@ def test_a_kafka_member_of_the_same_group_id_blocks_commits_until_it_leaves(
     fresh_db: str, tmp_path: Path, kafka: KafkaCluster
 ) -> None:
     topic = "plain.topic"
-    if kafka.creates_topics:
-        AdminClient(with_logger({"bootstrap.servers": kafka.bootstraps})).create_topics([NewTopic(topic, 2, 1)])[
-            topic
-        ].result(30)
-    else:
-        kafka.create(topic, 2)
+    kafka.create(topic, 2)  # AdminClient where clients may create topics, kept alive until the topic is made
     run_migrations(fresh_db)
     options = KafkaOptions(bootstrap_servers=kafka.bootstraps, client={"log_level": "3"})
     with GroupCoordinator(fresh_db, tmp_path / "unused", kafka=options) as coordinator:

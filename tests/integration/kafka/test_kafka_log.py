@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.kafka.conftest import KafkaCluster
+from tests.integration.kafka.conftest import ON_BROKER, KafkaCluster
 from tests.integration.kafka.helpers import read_committed
 from tributary.log.kafka.writer import OFFSETS_TOPIC, KafkaLog, ProducerFenced, transactional_id
 from tributary.log.local import LogError, TopicConfig
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_commit_upto_a_mark_is_one_transaction_with_the_positions(kafka: KafkaCluster) -> None:
-    kafka.prepare("shop.public.t")
+    kafka.make_topics("shop.public.t")
     log = KafkaLog(kafka.options("t1"), ["shop"])
     assert log.positions() == {}
     shop = log.source("shop")
@@ -43,7 +43,7 @@ def test_commit_upto_a_mark_is_one_transaction_with_the_positions(kafka: KafkaCl
 def test_each_source_commits_through_its_own_producer(kafka: KafkaCluster) -> None:
     """One commit of two sources: each source's records and positions in its own transaction,
     produced by the producer whose transactional id is `<prefix>-<source>`."""
-    kafka.prepare("a.public.t", "b.public.t")
+    kafka.make_topics("a.public.t", "b.public.t")
     log = KafkaLog(kafka.options("t5"), ["a", "b"])
     try:
         log.source("a").append("a.public.t", 0, [(b"ka", b"from a", 1, None)])
@@ -67,10 +67,9 @@ def test_each_source_commits_through_its_own_producer(kafka: KafkaCluster) -> No
         again.close()
 
 
+@ON_BROKER  # the mock neither fences producers nor aborts their transactions (docs/kafka.md)
 def test_a_writer_that_dies_mid_transaction_is_aborted_by_the_next(kafka: KafkaCluster) -> None:
-    if kafka.kind == "mock":
-        pytest.skip("the mock cluster neither aborts a fenced transaction nor hides an open one (docs/kafka.md)")
-    kafka.prepare("shop.public.t")
+    kafka.make_topics("shop.public.t")
     log = KafkaLog(kafka.options("t2"), ["shop"])
     log.source("shop").append("shop.public.t", 0, [(b"a", b"1", 1, None)])
     log.commit(positions={"shop": "0/10"})
@@ -90,10 +89,9 @@ def test_a_writer_that_dies_mid_transaction_is_aborted_by_the_next(kafka: KafkaC
         successor.close()
 
 
+@ON_BROKER  # the mock neither fences producers nor aborts their transactions (docs/kafka.md)
 def test_the_same_source_fences_another_process_and_other_sources_do_not(kafka: KafkaCluster) -> None:
-    if kafka.kind == "mock":
-        pytest.skip("the mock cluster does not fence producers (docs/kafka.md)")
-    kafka.prepare("a.public.t", "b.public.t")
+    kafka.make_topics("a.public.t", "b.public.t")
     first = KafkaLog(kafka.options("t6"), ["a"])
     other = KafkaLog(kafka.options("t6"), ["b"])  # another source: no fencing
     first.source("a").append("a.public.t", 0, [(b"k", b"1", 1, None)])

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import cli
-from tests.integration.kafka.conftest import KafkaCluster
+from tests.integration.kafka.conftest import ON_BROKER, KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.integration.projections.conftest import spark  # noqa: F401  # the suite's one SparkSession
 from tests.integration.projections.helpers import dump
@@ -30,7 +30,7 @@ from tributary.projections.records import default_event_time
 from tributary.projections.runner import RunSettings, rebuild, run, status
 from tributary.projections.source import RECORD_SCHEMA
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, ON_BROKER]  # the mock hands aborted and open records to readers
 
 TOPIC = "shop.public.orders"
 MIRROR = "shop_public_orders"
@@ -242,11 +242,6 @@ def _fake_insert(row_id: int) -> tuple[bytes, bytes]:
 def test_open_and_aborted_transactions_never_reach_a_view(
     fresh_db: str, tmp_path: Path, kafka: KafkaCluster, spark: Any
 ) -> None:
-    if kafka.kind == "mock":
-        pytest.skip(
-            "librdkafka's mock cluster lists no aborted transactions in its Fetch responses and has no last "
-            "stable offset: it hands aborted and open records to read_committed consumers (a real broker does not)"
-        )
     from confluent_kafka import Producer
 
     config = _setup(tmp_path, fresh_db, kafka)
