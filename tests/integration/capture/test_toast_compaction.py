@@ -5,7 +5,6 @@ records that held the value — the kept record must hold it instead (the databa
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.integration.capture.helpers import cli, records, spawn_capture, wait_for
+from tests.waiting import wait_progress
 from tributary.capture.log import Log
 from tributary.capture.log.cleaner import read_checkpoint
 from tributary.capture.values import UNAVAILABLE
@@ -102,14 +102,22 @@ def test_unchanged_toast_value_survives_background_compaction(fresh_db: str, tmp
         # other keys roll the segments on until the cleaner has compacted past 1's and 2's latest
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute("INSERT INTO doc SELECT g, 0, 'small' FROM generate_series(3, 20) g")
-            i = 0
-            deadline = time.monotonic() + 180
-            while not _compacted_past(root, ours):
-                assert time.monotonic() < deadline, "timed out waiting for the cleaner to compact past the records"
+            i = [0]
+
+            def compacted() -> bool:
+                if _compacted_past(root, ours):
+                    return True
                 for _ in range(20):
-                    i += 1
-                    conn.execute("UPDATE doc SET n = %s WHERE id = %s", (i, 3 + i % 18))
-                time.sleep(0.1)
+                    i[0] += 1
+                    conn.execute("UPDATE doc SET n = %s WHERE id = %s", (i[0], 3 + i[0] % 18))
+                return False
+
+            wait_progress(  # the cleaner's clean ends move on pass by pass
+                compacted,
+                lambda: str(read_checkpoint(root).get("partitions", {})),
+                what="the cleaner to compact past the records",
+                poll=0.1,
+            )
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)

@@ -22,7 +22,7 @@ from tests.integration.capture.helpers import Capture, capture_progress, cli, sp
 from tests.integration.capture.test_chunked_pgbench import _pgbench, _table
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import Change, read_committed, without_replays, write_kafka_config
-from tests.waiting import size_of, wait_exit
+from tests.waiting import run_process, size_of, wait_exit
 from tributary.capture.status import read_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]  # pgbench and kill -9s on a slow machine
@@ -70,7 +70,7 @@ def _kill(proc: Capture) -> None:
 
 def test_pgbench_with_kill_9s_is_exactly_once_on_kafka(fresh_db: str, tmp_path: Path, kafka: KafkaCluster) -> None:
     pgbench = _pgbench()
-    init = subprocess.run([pgbench, "-i", "-s", "1", "-q", fresh_db], capture_output=True, text=True, timeout=120)
+    init = run_process([pgbench, "-i", "-s", "1", "-q", fresh_db], what="pgbench -i")
     assert init.returncode == 0, init.stderr
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute("ALTER TABLE pgbench_history ADD COLUMN id bigserial PRIMARY KEY")  # a key to capture by

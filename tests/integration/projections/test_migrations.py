@@ -4,7 +4,6 @@ tables itself is adopted — rows kept, new columns added — and keeps running 
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -17,6 +16,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from tests.integration.projections.helpers import dump
+from tests.waiting import run_process
 from tributary.capture.log import Log, TopicConfig, canonical_json
 from tributary.eventstore.migrate import migrations_current
 from tributary.projections.runner import RunSettings, rebuild, run
@@ -99,12 +99,10 @@ def _columns(dsn: str, table: str) -> list[str]:
 
 
 def _alembic_upgrade(dsn: str) -> None:
-    res = subprocess.run(
+    res = run_process(
         [sys.executable, "-m", "alembic", "-c", "migrations/alembic.ini", "-x", f"dsn={dsn}", "upgrade", "head"],
-        capture_output=True,
-        text=True,
+        what="alembic upgrade",
         cwd=ROOT,
-        timeout=120,
     )
     assert res.returncode == 0, res.stdout + res.stderr
 
