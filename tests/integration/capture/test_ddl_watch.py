@@ -18,6 +18,7 @@ import orjson
 import psycopg
 import pytest
 
+from tests import waiting
 from tests.integration.capture.helpers import (
     ROOT,
     Capture,
@@ -29,7 +30,6 @@ from tests.integration.capture.helpers import (
     wait_for,
     write_config,
 )
-from tests.waiting import size_of, wait_exit
 from tributary.capture.log import LogError
 from tributary.capture.status import read_status, snapshot_under_way
 
@@ -319,7 +319,7 @@ def test_a_rewrite_while_the_table_is_being_snapshotted_reads_it_again(fresh_db:
     finally:
         (tmp_path / "release").touch()
         proc.send_signal(signal.SIGTERM)
-        wait_exit(proc, what="capture to stop", progress=lambda: size_of(err_path))
+        waiting.wait_exit(proc, what="capture to stop", progress=lambda: waiting.size_of(err_path))
     err = err_path.read_text()
     assert proc.returncode == 0, err
     # The request joined the snapshot under way (read again from its first key), rather than following it.
@@ -365,7 +365,9 @@ def test_an_old_topic_is_ended_after_a_crash_once_its_notice_is_committed(fresh_
             progress=lambda: capture_progress(log),
         )
         _sql(fresh_db, "ALTER TABLE t RENAME TO t2")
-        code = wait_exit(proc, what="capture to crash", progress=lambda: (capture_progress(log), size_of(err_path)))
+        code = waiting.wait_exit(
+            proc, what="capture to crash", progress=lambda: (capture_progress(log), waiting.size_of(err_path))
+        )
         assert code == 9, err_path.read_text()
     finally:
         if proc.poll() is None:

@@ -13,8 +13,8 @@ import psycopg
 import pyarrow.parquet as pq
 import pytest
 
+from tests import waiting
 from tests.integration.capture.helpers import cli, records, spawn_capture, wait_for
-from tests.waiting import wait_progress
 from tributary.capture.log import Log
 from tributary.capture.log.cleaner import read_checkpoint
 from tributary.capture.values import UNAVAILABLE
@@ -112,7 +112,7 @@ def test_unchanged_toast_value_survives_background_compaction(fresh_db: str, tmp
                     conn.execute("UPDATE doc SET n = %s WHERE id = %s", (i[0], 3 + i[0] % 18))
                 return False
 
-            wait_progress(  # the cleaner's clean ends move on pass by pass
+            waiting.wait_progress(  # the cleaner's clean ends move on pass by pass
                 compacted,
                 lambda: str(read_checkpoint(root).get("partitions", {})),
                 what="the cleaner to compact past the records",

@@ -17,9 +17,9 @@ import httpx
 import orjson
 import pytest
 
+from tests import waiting
 from tests.integration.consumers.helpers import Filler, write_config
 from tests.servers import ROOT, free_port, served
-from tests.waiting import run_process, size_of, wait_exit, wait_progress, wait_threads
 from tributary.client import Consumer
 from tributary.eventstore.migrate import run_migrations
 
@@ -43,7 +43,7 @@ def test_readme_client_example_runs_as_written(fresh_db: str, tmp_path: Path) ->
     port = free_port()
     config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", port=port)
     with served(config, port, err_path=tmp_path / "serve.err"):
-        example = run_process(
+        example = waiting.run_process(
             [sys.executable, "-c", _readme_example(), f"http://127.0.0.1:{port}"], what="the example", cwd=tmp_path
         )
         assert example.returncode == 0, example.stderr
@@ -72,7 +72,7 @@ def test_group_divides_partitions_and_resumes_after_its_commits(fresh_db: str, t
             b.poll(0)
             return a.assignment().isdisjoint(b.assignment()) and len(a.assignment() | b.assignment()) == 4
 
-        wait_progress(
+        waiting.wait_progress(
             split,
             lambda: (a.generation, b.generation, a.assignment(), b.assignment()),
             what="the partitions divided between the two members",
@@ -91,7 +91,7 @@ def test_group_divides_partitions_and_resumes_after_its_commits(fresh_db: str, t
         assert all(o == list(range(o[0], o[0] + len(o))) and o[0] == 0 for o in seen.values())
         with Consumer(url, group="h", topics=[TOPIC], auto_offset_reset="earliest", wait_ms=300) as d:
             rest: list[tuple[int, int]] = []
-            wait_progress(lambda: _read(d, rest, 100), lambda: len(rest), what="the rest")
+            waiting.wait_progress(lambda: _read(d, rest, 100), lambda: len(rest), what="the rest")
         firsts = {p: min(o for q, o in rest if q == p) for p in {q for q, _ in rest}}
         by_partition = {tp.partition: o for tp, o in committed.items()}
         assert firsts == {p: by_partition.get(p, 0) for p in firsts}  # a partition never committed starts at 0
@@ -147,9 +147,9 @@ def test_kill_9_a_member_then_the_server(fresh_db: str, tmp_path: Path) -> None:
         try:
             writing.set()
             writer.start()
-            wait_progress(
+            waiting.wait_progress(
                 lambda: all(any("p" in x for x in _lines(o)) for o in outs),
-                lambda: size_of(*outs),
+                lambda: waiting.size_of(*outs),
                 what="every member busy",
             )
             victim_id = str(next(x["member"] for x in _lines(outs[0]) if "member" in x))
@@ -165,11 +165,11 @@ def test_kill_9_a_member_then_the_server(fresh_db: str, tmp_path: Path) -> None:
                 now = held()
                 return now.get(victim_id, set()) if len(now) == 3 and all(now.values()) else set()
 
-            wait_progress(lambda: bool(victim_partitions()), holdings, what="a stable group of three")
+            waiting.wait_progress(lambda: bool(victim_partitions()), holdings, what="a stable group of three")
             victim_parts = victim_partitions()
             victim = members[0]
             victim.send_signal(signal.SIGKILL)
-            wait_exit(victim, what="the killed member")
+            waiting.wait_exit(victim, what="the killed member")
             killed_wall = time.time()
             victim_lines = _lines(outs[0])
             commits: dict[int, int] = {}
@@ -185,20 +185,20 @@ def test_kill_9_a_member_then_the_server(fresh_db: str, tmp_path: Path) -> None:
                     if x.get("p") in victim_parts and float(x["t"]) > killed_wall  # type: ignore[arg-type]
                 }
 
-            wait_progress(
+            waiting.wait_progress(
                 lambda: moved() == victim_parts,
                 lambda: (holdings(), len(moved())),
                 what="the victim's partitions read by the survivors",
             )
             after_takeover = total + 60
-            wait_progress(lambda: total >= after_takeover, lambda: total, what="more records, still writing")
+            waiting.wait_progress(lambda: total >= after_takeover, lambda: total, what="more records, still writing")
             writing.clear()
             writer.join()
 
             def seen() -> int:
                 return len({(x["p"], x["o"]) for o in outs for x in _lines(o) if "p" in x})
 
-            wait_progress(lambda: seen() == total, seen, what="every record")
+            waiting.wait_progress(lambda: seen() == total, seen, what="every record")
             # What the survivors read of the victim's partitions starts at its last commit: the one it
             # logged, or one whose answer it got but had no time to log before the kill.
             for p in victim_parts:
@@ -223,7 +223,7 @@ def test_kill_9_a_member_then_the_server(fresh_db: str, tmp_path: Path) -> None:
                 )
             for m in members[1:]:
                 m.send_signal(signal.SIGTERM)
-                wait_exit(m, what="a member to leave", progress=lambda: size_of(*outs))
+                waiting.wait_exit(m, what="a member to leave", progress=lambda: waiting.size_of(*outs))
             # The group's commits, as it holds them now: offsets only grow, so the largest of each partition.
             committed: dict[int, int] = {}
             for o in outs:
@@ -231,7 +231,7 @@ def test_kill_9_a_member_then_the_server(fresh_db: str, tmp_path: Path) -> None:
                     for p, v in x.get("commit", {}).items():  # type: ignore[union-attr]
                         committed[int(p)] = max(committed.get(int(p), 0), int(v))
             server.send_signal(signal.SIGKILL)
-            wait_exit(server, what="the killed server")
+            waiting.wait_exit(server, what="the killed server")
         finally:
             writing.clear()
             if writer.is_alive():
@@ -247,7 +247,9 @@ def test_kill_9_a_member_then_the_server(fresh_db: str, tmp_path: Path) -> None:
         # "latest" would skip everything: what arrives is what the group committed before the kill.
         with Consumer(url, group="g", topics=[TOPIC], auto_offset_reset="latest", wait_ms=300) as c:
             got: list[tuple[int, int]] = []
-            wait_progress(lambda: _read(c, got, len(expected)), lambda: len(got), what="the records after the commits")
+            waiting.wait_progress(
+                lambda: _read(c, got, len(expected)), lambda: len(got), what="the records after the commits"
+            )
             time.sleep(0.5)  # a quiet while: nothing beyond them may come
             got.extend((r.partition, r.offset) for r in c.poll(200))
         assert committed and set(got) == expected and len(got) == len(expected)
@@ -281,14 +283,14 @@ def test_stream_follows_the_log_and_resumes_across_a_server_restart(fresh_db: st
     reader = threading.Thread(target=read)
     with served(config, port, err_path=tmp_path / "serve1.err"):
         reader.start()
-        wait_progress(lambda: len(got) >= 30 or bool(failed), lambda: len(got), what="the first 30 records")
+        waiting.wait_progress(lambda: len(got) >= 30 or bool(failed), lambda: len(got), what="the first 30 records")
         filler.write(TOPIC, [(f"k{i}", {"id": i}) for i in range(30, 60)])
-        wait_progress(
+        waiting.wait_progress(
             lambda: len(got) >= 60 or bool(failed), lambda: len(got), what="records committed while streaming"
         )
     filler.write(TOPIC, [(f"k{i}", {"id": i}) for i in range(60, 90)])  # while no server runs
     with served(config, port, err_path=tmp_path / "serve2.err"):
-        wait_threads([reader], what="the stream's last records", progress=lambda: len(got))
+        waiting.wait_threads([reader], what="the stream's last records", progress=lambda: len(got))
         assert not failed, failed
         assert sorted(i for _, _, i in got) == list(range(90))  # none lost, none handed out twice
         for p in range(3):

@@ -11,8 +11,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests import waiting
 from tests.integration.projections.helpers import LogWriter
-from tests.waiting import wait_progress, wait_threads
 from tributary.capture.log import Log, TopicConfig, canonical_json
 from tributary.consumers import (
     ConsumerError,
@@ -112,7 +112,7 @@ def test_the_sweeper_moves_a_silent_members_partitions(coordinator: GroupCoordin
         swept.append(coordinator.sweep())
         return time.monotonic() - started < 0.3
 
-    wait_progress(alive_sweep, lambda: None, what="a join and a sweep within a 0.3 s session")
+    waiting.wait_progress(alive_sweep, lambda: None, what="a join and a sweep within a 0.3 s session")
     assert swept[-1] == []
     time.sleep(0.5)  # nobody calls: only the sweeper notices that a is gone
     assert coordinator.sweep() == ["g"]
@@ -187,7 +187,7 @@ def test_concurrent_pulls_of_one_member_hand_out_every_record_once(
     try:
         for t in threads:
             t.start()
-        wait_threads(threads, what="both pulls", progress=lambda: (len(got[0]), len(got[1])))
+        waiting.wait_threads(threads, what="both pulls", progress=lambda: (len(got[0]), len(got[1])))
     finally:
         other.close()
     assert not failures, failures
@@ -417,14 +417,14 @@ def test_three_members_one_goes_silent_nothing_lost_order_kept(
         return silent_at.is_set() and len(parts) == 4 and all(c == end for _, c, end in parts)
 
     try:
-        wait_progress(
+        waiting.wait_progress(
             everything_committed,
             lambda: (len(processed), tuple(committed())),
             what="every record committed after m2 went silent",
         )
     finally:
         stop.set()
-        wait_threads(threads, what="the members to stop", progress=lambda: len(processed))
+        waiting.wait_threads(threads, what="the members to stop", progress=lambda: len(processed))
     assert {(p, o) for _, _, p, o in processed} == {(r[0], r[1]) for r in _all_offsets(coordinator)}
     assert {m["member_id"] for m in (coordinator.describe("g") or {})["members"]} <= {"m0", "m1"}
     by_run: dict[tuple[str, int, int], list[int]] = {}

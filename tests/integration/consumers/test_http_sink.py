@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import waiting
 from tests.integration.capture.helpers import cli
 from tests.integration.consumers.helpers import Filler, Receiver, receiving, write_config
 from tests.servers import ROOT, free_port, serving
-from tests.waiting import size_of, tree_cpu_s, wait_exit, wait_progress
 from tributary.capture.log import Log
 from tributary.consumers import GroupCoordinator
 from tributary.eventstore.migrate import run_migrations
@@ -31,7 +31,7 @@ TOPIC = "shop.public.orders"
 
 def _stopped(proc: subprocess.Popen[bytes], err: Path) -> int:
     """The sink's exit status once it has stopped (after a signal), waiting while its log moves."""
-    return wait_exit(proc, what="the sink to stop", progress=lambda: size_of(err))
+    return waiting.wait_exit(proc, what="the sink to stop", progress=lambda: waiting.size_of(err))
 
 
 def _sinks_run(config: Path, err: Path) -> subprocess.Popen[bytes]:
@@ -84,9 +84,9 @@ max_backoff_ms = 50
         err = tmp_path / "sink.err"
         proc = _sinks_run(config, err)
         try:
-            wait_progress(
+            waiting.wait_progress(
                 lambda: len(receiver.records()) == len(first) - 1,
-                lambda: (receiver.requests, size_of(err)),
+                lambda: (receiver.requests, waiting.size_of(err)),
                 what="the first records",
             )
             dead = cli("sinks", "dead-letters", "hook", "--config", str(config))
@@ -94,7 +94,7 @@ max_backoff_ms = 50
             letters = [json.loads(line) for line in dead.stdout.splitlines()]
             assert [(d["key"], d["value"]) for d in letters] == [('"k7"', {"key": "k7", "n": 3, "poison": True})]
             assert letters[0]["attempts"] == 1 and "HTTP 400" in letters[0]["error"]
-            wait_progress(
+            waiting.wait_progress(
                 lambda: _lag(fresh_db, root) == 0,
                 lambda: (_lag(fresh_db, root), receiver.requests),
                 what="the sink's last commit",
@@ -126,7 +126,7 @@ max_backoff_ms = 50
                 text = metrics()
                 return sum(m in text for m in (lag_line, "tributary_sink_"))
 
-            wait_progress(lambda: shown() == 2, shown, what="the sink and its group in /metrics")
+            waiting.wait_progress(lambda: shown() == 2, shown, what="the sink and its group in /metrics")
             text = metrics()
             assert 'tributary_sink_dead_letters_total{sink="hook"} 1.0' in text
             assert f'tributary_sink_delivered_records_total{{sink="hook"}} {len(first) - 1}.0' in text
@@ -138,9 +138,9 @@ max_backoff_ms = 50
         before = len(got)
         proc = _sinks_run(config, err)
         try:
-            wait_progress(
+            waiting.wait_progress(
                 lambda: len(receiver.records()) >= before + len(second),
-                lambda: (receiver.requests, size_of(err)),
+                lambda: (receiver.requests, waiting.size_of(err)),
                 what="the new records",
             )
             time.sleep(0.5)  # a quiet while: nothing beyond them may come
@@ -196,7 +196,9 @@ def test_kill_9_the_sink_redelivers_only_after_its_last_commit(fresh_db: str, tm
         err = tmp_path / "sink.err"
         proc = _sinks_run(config, err)
         try:
-            wait_progress(lambda: len(receiver.records()) >= 600, lambda: receiver.requests, what="some records")
+            waiting.wait_progress(
+                lambda: len(receiver.records()) >= 600, lambda: receiver.requests, what="some records"
+            )
         finally:
             proc.send_signal(signal.SIGKILL)
             _stopped(proc, err)
@@ -209,12 +211,12 @@ def test_kill_9_the_sink_redelivers_only_after_its_last_commit(fresh_db: str, tm
         # The restart joins once the killed member's session is over: it takes every partition at its
         # commit at once, with no rebalance later in its run (which would fence its commit in hand and
         # deliver that batch again, as at-least-once allows).
-        wait_progress(
+        waiting.wait_progress(
             lambda: not _members(fresh_db, root, alive=True), lambda: None, what="the killed member's session to end"
         )
         proc = _sinks_run(config, err)
         try:
-            wait_progress(
+            waiting.wait_progress(
                 lambda: {(r["partition"], r["offset"]) for r in receiver.records()} >= _all(root),
                 lambda: receiver.requests,
                 what="every record",
@@ -255,14 +257,14 @@ def test_a_sink_started_before_its_topic_exists_delivers_once_it_appears(fresh_d
         err = tmp_path / "sink.err"
         proc = _sinks_run(config, err)
         try:
-            wait_progress(  # joined, with nothing to read
+            waiting.wait_progress(  # joined, with nothing to read
                 lambda: _members(fresh_db, root) == [[]],
-                lambda: (tree_cpu_s(proc.pid), size_of(err)),
+                lambda: (waiting.tree_cpu_s(proc.pid), waiting.size_of(err)),
                 what="the sink to join its group",
             )
             filler.topic(TOPIC, partitions=2)
             filler.write(TOPIC, [(f"k{i}", {"key": f"k{i}", "n": i}) for i in range(10)])
-            wait_progress(
+            waiting.wait_progress(
                 lambda: len(receiver.records()) == 10,
                 lambda: (receiver.requests, str(_members(fresh_db, root))),
                 what="the records of the new topic",

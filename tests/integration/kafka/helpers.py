@@ -9,7 +9,6 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from tests.waiting import wait_progress
 from tributary.capture.kafka_logs import with_logger
 
 Seen = tuple[str, int, int, bytes | None, bytes | None, list[tuple[str, bytes]] | None, int]
@@ -36,6 +35,8 @@ def read_committed(bootstraps: str, topics: list[str]) -> list[Seen]:
             return []
         consumer.assign(parts)
         pending = {(p.topic, p.partition) for p in parts}
+        from tests.waiting import wait_progress
+
         out = []
 
         def at_the_ends() -> bool:

@@ -10,11 +10,11 @@ import httpx
 import psycopg
 import pytest
 
+from tests import waiting
 from tests.integration.capture.helpers import cli
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import write_kafka_config
 from tests.servers import free_port, serving
-from tests.waiting import wait_progress
 from tributary.capture.kafka_log import OFFSETS_TOPIC
 from tributary.eventstore.migrate import run_migrations
 
@@ -59,5 +59,5 @@ def test_topics_and_metrics_show_the_kafka_topics(fresh_db: str, tmp_path: Path,
             found.append(pattern.search(httpx.get(f"{base}/metrics", timeout=30).text))
             return found[-1] is not None
 
-        wait_progress(shown, lambda: None, what="tributary_log_records for the Kafka topic", poll=0.5)
+        waiting.wait_progress(shown, lambda: None, what="tributary_log_records for the Kafka topic", poll=0.5)
         assert (last := found[-1]) is not None and float(last.group(1)) == items["records"]

@@ -18,12 +18,12 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from tests import waiting
 from tests.integration.capture.helpers import cli
 from tests.integration.consumers.helpers import Receiver, receiving
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.servers import ROOT, free_port, serving
-from tests.waiting import size_of, wait_exit, wait_progress
 from tributary.capture.kafka_logs import with_logger
 from tributary.capture.kafka_options import KafkaOptions
 from tributary.capture.log import LogError
@@ -73,7 +73,7 @@ def _pull_all(base: str, member: str, generation: int, want: int) -> list[dict[s
         got.extend(batch)
         return len(got) >= want and not batch
 
-    wait_progress(pulled, lambda: len(got), what=f"{want} records for {member}")
+    waiting.wait_progress(pulled, lambda: len(got), what=f"{want} records for {member}")
     return got
 
 
@@ -287,15 +287,17 @@ def test_http_sink_delivers_from_kafka_and_commits_there(fresh_db: str, tmp_path
                     len(receiver.records()) >= len(expected) and _kafka_committed(kafka.bootstraps, "sink-hook") == last
                 )
 
-            wait_progress(
+            waiting.wait_progress(
                 delivered,
-                lambda: (receiver.requests, str(_kafka_committed(kafka.bootstraps, "sink-hook")), size_of(err)),
+                lambda: (receiver.requests, str(_kafka_committed(kafka.bootstraps, "sink-hook")), waiting.size_of(err)),
                 what="every record delivered and committed to Kafka",
                 poll=0.2,
             )
         finally:
             proc.send_signal(signal.SIGTERM)
-            assert wait_exit(proc, what="the sink to stop", progress=lambda: size_of(err)) == 0, err.read_text()
+            assert waiting.wait_exit(proc, what="the sink to stop", progress=lambda: waiting.size_of(err)) == 0, (
+                err.read_text()
+            )
     got = receiver.records()
     assert sorted((r["partition"], r["offset"]) for r in got) == sorted((p, o) for _, p, o, *_ in expected)
     for p in range(3):
@@ -334,7 +336,7 @@ def test_a_kafka_member_of_the_same_group_id_blocks_commits_until_it_leaves(
             member.poll(0.2)
             return bool(member.assignment())
 
-        wait_progress(assigned, lambda: None, what="Kafka to assign the plain consumer its partitions")
+        waiting.wait_progress(assigned, lambda: None, what="Kafka to assign the plain consumer its partitions")
         with pytest.raises(LogError, match="group.id 'shared'"):
             coordinator.commit("shared", "m", me.generation, [(topic, 0, 0)])
         member.close()  # leaves Kafka's group: once it is empty, tributary's commits go through
@@ -348,5 +350,5 @@ def test_a_kafka_member_of_the_same_group_id_blocks_commits_until_it_leaves(
                 return False
             return True
 
-        wait_progress(committed, lambda: None, what="Kafka to take the commit after its member left", poll=0.5)
+        waiting.wait_progress(committed, lambda: None, what="Kafka to take the commit after its member left", poll=0.5)
         assert coordinator.offsets.committed("shared", [(topic, 0), (topic, 1)]) == {(topic, 0): 0, (topic, 1): 0}

@@ -14,12 +14,12 @@ import orjson
 import psycopg
 import pytest
 
+from tests import waiting
 from tests.integration.capture.helpers import cli
 from tests.integration.capture.test_resnapshot import FILL, TABLES, _change_while_slot_gone, _compacted, _table
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.pg import REPO_ROOT
-from tests.waiting import wait_exit
 from tributary.capture.kafka_log import KafkaLog
 from tributary.capture.kafka_read import kafka_live_keys, kafka_positions
 from tributary.capture.log import Log, RecordIn, TopicConfig, partition_for
@@ -224,7 +224,7 @@ def test_log_cat_follow_on_kafka_prints_new_commits_and_ends_cleanly(
         later = _lines(proc, 2)
         assert sorted((r["key"], r["value"]) for r in later) == [("a", {"n": 1}), ("c", {"n": 0})]
         proc.send_signal(sig)
-        wait_exit(proc, what="log cat --follow to end")
+        waiting.wait_exit(proc, what="log cat --follow to end")
         rest, err = proc.communicate()
     finally:
         if proc.poll() is None:

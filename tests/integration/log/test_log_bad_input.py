@@ -15,7 +15,6 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.waiting import wait_progress
 from tributary.capture.log import (
     CorruptRecordError,
     DiskFullError,
@@ -202,7 +201,7 @@ def test_second_writer_process_is_refused_until_the_first_is_killed(tmp_path: Pa
     root = tmp_path / "log"
     code = (
         "import sys, time; from pathlib import Path; from tributary.capture.log import Log;"
-        "Log.open(Path(sys.argv[1]), writer=True); print('locked', flush=True); time.sleep(3600)"
+        "Log.open(Path(sys.argv[1]), writer=True); print('locked', flush=True); time.sleep(60)"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", code, str(root)],
@@ -221,6 +220,7 @@ def test_second_writer_process_is_refused_until_the_first_is_killed(tmp_path: Pa
         proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+    from tests.waiting import wait_progress
 
     def opened() -> bool:
         try:

@@ -15,8 +15,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from tests import waiting
 from tests.integration.projections.helpers import dump
-from tests.waiting import run_process
 from tributary.capture.log import Log, TopicConfig, canonical_json
 from tributary.eventstore.migrate import migrations_current
 from tributary.projections.runner import RunSettings, rebuild, run
@@ -99,7 +99,7 @@ def _columns(dsn: str, table: str) -> list[str]:
 
 
 def _alembic_upgrade(dsn: str) -> None:
-    res = run_process(
+    res = waiting.run_process(
         [sys.executable, "-m", "alembic", "-c", "migrations/alembic.ini", "-x", f"dsn={dsn}", "upgrade", "head"],
         what="alembic upgrade",
         cwd=ROOT,
