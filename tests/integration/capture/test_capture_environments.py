@@ -12,6 +12,7 @@ import pytest
 
 from tests.integration.capture.helpers import capture_progress, changes, cli, spawn_capture, wait_for, write_config
 from tests.pg import PgServer
+from tests.waiting import wait_exit
 from tributary.api.devdb.embedded import EmbeddedPostgres
 from tributary.capture.status import read_status
 
@@ -102,7 +103,7 @@ def test_slot_held_by_another_process(fresh_db: str, tmp_path: Path) -> None:
         assert last.startswith("tributary: source 'shop'") and "active" in last
     finally:
         holder.terminate()
-        holder.wait(timeout=10)
+        wait_exit(holder, what="pg_recvlogical to stop")
 
 
 def test_missing_slot_fails_clearly_unless_when_needed_resnapshots(fresh_db: str, tmp_path: Path) -> None:
