@@ -178,7 +178,12 @@ def test_wrong_password_is_one_line_without_the_secret(pg_server: PgServer, fres
         # up without a restart): the source shows `failed` with the reason, and no secret anywhere.
         daemon = spawn_capture(config)
         try:
-            wait_for(lambda: _source_error(tmp_path / "log"), 60, "the source to show failed")
+            wait_for(
+                lambda: _source_error(tmp_path / "log"),
+                60,
+                "the source to show failed",
+                progress=lambda: capture_progress(tmp_path / "log"),
+            )
             error = _source_error(tmp_path / "log")
             assert "password authentication failed" in error and "wrong-secret" not in error, error
         finally:
