@@ -11,7 +11,7 @@ import orjson
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import capture_progress, cli, records, table_state, wait_for, write_config
+from tests.integration.capture.helpers import cli, records, table_state, write_config
 from tributary.capture.log import Log
 from tributary.capture.lsn import Lsn
 
@@ -112,7 +112,7 @@ def test_a_slot_confirmed_while_idle_is_still_capture_s_own(fresh_db: str, tmp_p
         conn.execute("INSERT INTO items SELECT g, 'seed' FROM generate_series(1, 10) g")
     config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", name="shop")
     config.write_text(config.read_text().replace('include = ["public.*"]', 'include = ["public.items"]'))
-    from tests.integration.capture.helpers import spawn_capture
+    from tests.integration.capture.helpers import capture_progress, spawn_capture, wait_for
 
     proc = spawn_capture(config, "--until-idle", "6")
     slot = _slot(config)

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests import waiting
-from tests.integration.capture.helpers import capture_progress, cli, records, spawn_capture, wait_for
+from tests.integration.capture.helpers import cli, records, spawn_capture, wait_for
 from tributary.capture.log import Log
 from tributary.capture.log.cleaner import read_checkpoint
 from tributary.capture.values import UNAVAILABLE
@@ -84,8 +84,8 @@ def test_unchanged_toast_value_survives_background_compaction(fresh_db: str, tmp
     config = _config(tmp_path / "t.toml", dsn=fresh_db, root=root)
     proc = spawn_capture(config)
     try:
-        wait_for(lambda: (root / "manifest.json").exists(), 60, "the log", progress=lambda: capture_progress(root))
-        wait_for(lambda: len(_latest(root)) == 1, 60, "the snapshot", progress=lambda: capture_progress(root))
+        wait_for(lambda: (root / "manifest.json").exists(), 60, "the log", progress=lambda: waiting.size_of(root))
+        wait_for(lambda: len(_latest(root)) == 1, 60, "the snapshot", progress=lambda: waiting.size_of(root))
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute(f"INSERT INTO doc VALUES (2, 0, ({big}))", ("b",))
             for i in range(300):
@@ -97,7 +97,7 @@ def test_unchanged_toast_value_survives_background_compaction(fresh_db: str, tmp
             latest = _latest(root)
             return all(k in latest and orjson.loads(latest[k].value)["after"]["n"] == want[k]["n"] for k in want)
 
-        wait_for(caught_up, 120, "capture to catch up", progress=lambda: capture_progress(root))
+        wait_for(caught_up, 120, "capture to catch up", progress=lambda: waiting.size_of(root))
         ours = _latest(root)
         # other keys roll the segments on until the cleaner has compacted past 1's and 2's latest
         with psycopg.connect(fresh_db, autocommit=True) as conn:

@@ -43,11 +43,15 @@ def test_readme_client_example_runs_as_written(fresh_db: str, tmp_path: Path) ->
     port = free_port()
     config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", port=port)
     with served(config, port, err_path=tmp_path / "serve.err"):
-        example = waiting.run_process(
-            [sys.executable, "-c", _readme_example(), f"http://127.0.0.1:{port}"], what="the example", cwd=tmp_path
+        run = subprocess.run(
+            [sys.executable, "-c", _readme_example(), f"http://127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
         )
-        assert example.returncode == 0, example.stderr
-        lines = example.stdout.splitlines()
+        assert run.returncode == 0, run.stderr
+        lines = run.stdout.splitlines()
         assert sorted(lines) == sorted(f"{TOPIC} \"k{i}\" {{'id': {i}}}" for i in range(6))
         # It committed: the same group has nothing left to read.
         with Consumer(f"http://127.0.0.1:{port}", group="billing", topics=[TOPIC]) as again:
