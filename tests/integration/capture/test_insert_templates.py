@@ -198,7 +198,7 @@ def _stream(dsn: str, slot: str, root: Path, *, held: bool, transactions: int) -
                     if stream.handle(message):
                         log.commit(positions={"shop": str(session.boundary)}, upto=log.mark())
                         session.committed()
-                return session.status.transactions >= transactions
+                return bool(session.status.transactions >= transactions)
 
             waiting.wait_progress(  # (a stream that stops delivering stalls the count)
                 lambda: session.status.transactions >= transactions or delivered(),

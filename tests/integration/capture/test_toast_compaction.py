@@ -102,14 +102,14 @@ def test_unchanged_toast_value_survives_background_compaction(fresh_db: str, tmp
         # other keys roll the segments on until the cleaner has compacted past 1's and 2's latest
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute("INSERT INTO doc SELECT g, 0, 'small' FROM generate_series(3, 20) g")
-            i = [0]
+            updates = [0]
 
             def compacted() -> bool:
                 if _compacted_past(root, ours):
                     return True
                 for _ in range(20):
-                    i[0] += 1
-                    conn.execute("UPDATE doc SET n = %s WHERE id = %s", (i[0], 3 + i[0] % 18))
+                    updates[0] += 1
+                    conn.execute("UPDATE doc SET n = %s WHERE id = %s", (updates[0], 3 + updates[0] % 18))
                 return False
 
             waiting.wait_progress(  # the cleaner's clean ends move on pass by pass
