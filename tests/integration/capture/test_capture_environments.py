@@ -133,14 +133,17 @@ def test_second_capture_on_the_same_log_is_refused(fresh_db: str, tmp_path: Path
     config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log")
     from tests.integration.capture.helpers import spawn_capture
 
-    first = spawn_capture(config, "--until-idle", "4")
-    wait_for(  # its status written: it holds the log
-        lambda: (read_status(tmp_path / "log") or {}).get("pid") == first.pid,
-        what="the first capture's status",
-        progress=lambda: capture_progress(tmp_path / "log"),
-    )
-    second = cli("capture", "--config", str(config), "--until-idle", "1")
-    first.wait(timeout=60)
+    first = spawn_capture(config)  # up until told to stop: however long the second takes to start
+    try:
+        wait_for(  # its status written: it holds the log
+            lambda: (read_status(tmp_path / "log") or {}).get("pid") == first.pid,
+            what="the first capture's status",
+            progress=lambda: capture_progress(tmp_path / "log"),
+        )
+        second = cli("capture", "--config", str(config), "--until-idle", "1")
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=60)
     assert second.returncode == 1
     assert "locked" in second.stderr.strip().splitlines()[-1]
 
