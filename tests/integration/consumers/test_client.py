@@ -28,6 +28,12 @@ pytestmark = pytest.mark.integration
 TOPIC = "shop.public.orders"
 
 
+def _read(consumer: Consumer, into: list[tuple[int, int]], want: int) -> bool:
+    """One poll, its (partition, offset)s added to `into`: whether `want` of them arrived by now."""
+    into.extend((r.partition, r.offset) for r in consumer.poll(300))
+    return len(into) >= want
+
+
 def _readme_example() -> str:
     text = (ROOT / "README.md").read_text()
     match = re.search(r"<!-- client-example -->\n```python\n(.*?)```", text, re.S)
@@ -101,12 +107,6 @@ def test_group_divides_partitions_and_resumes_after_its_commits(fresh_db: str, t
         assert firsts == {p: by_partition.get(p, 0) for p in firsts}  # a partition never committed starts at 0
         assert len(rest) == 100 and len(set(rest)) == 100
     filler.close()
-
-
-def _read(consumer: Consumer, into: list[tuple[int, int]], want: int) -> bool:
-    """One poll, its (partition, offset)s added to `into`: whether `want` of them arrived by now."""
-    into.extend((r.partition, r.offset) for r in consumer.poll(300))
-    return len(into) >= want
 
 
 def _lines(path: Path) -> list[dict[str, object]]:
