@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
 import sys
 import threading
 import time
