@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Hashable
 from pathlib import Path
@@ -125,3 +127,35 @@ def _exited_within(proc: subprocess.Popen[bytes] | subprocess.Popen[str], second
     """Sleep `seconds`, or less when the process exits meanwhile (so no poll period is lost)."""
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=seconds)
+
+
+def run_process(
+    cmd: list[str],
+    *,
+    what: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    progress: Callable[[], Hashable] | None = None,
+    stall: float = STALL_S,
+) -> subprocess.CompletedProcess[str]:
+    """`subprocess.run(cmd, capture_output=True, text=True)` without a guess at its speed: its output
+    goes to files (no pipe to fill) and the wait goes on while that output grows, the process and
+    its children use CPU, or `progress()` (work done elsewhere: a Spark worker's logs) moves; a
+    stalled one is killed and the wait fails."""
+    moving = progress or (lambda: None)
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path, err_path = Path(tmp) / "out", Path(tmp) / "err"
+        with out_path.open("wb") as out, err_path.open("wb") as err:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=cwd, env=env)
+        try:
+            code = wait_exit(proc, what=what, progress=lambda: (size_of(out_path, err_path), moving()), stall=stall)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return subprocess.CompletedProcess(cmd, code, out_path.read_text(), err_path.read_text())
+
+
+def wait_threads(threads: list[threading.Thread], *, what: str, progress: Callable[[], Hashable]) -> None:
+    """Join `threads` while `progress()` (what they produce) keeps moving."""
+    wait_progress(lambda: not any(t.is_alive() for t in threads), progress, what=what)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Hashable
 from pathlib import Path
 
 import httpx
@@ -18,6 +18,7 @@ import orjson
 import pytest
 from tributary_client import Consumer
 
+from tests import waiting
 from tests.integration.consumers.helpers import Filler, write_config
 from tests.servers import ROOT, free_port, served
 from tributary.eventstore.migrate import run_migrations
@@ -27,11 +28,10 @@ pytestmark = pytest.mark.integration
 TOPIC = "shop.public.orders"
 
 
-def _wait(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+def _read(consumer: Consumer, into: list[tuple[int, int]], want: int) -> bool:
+    """One poll, its (partition, offset)s added to `into`: whether `want` of them arrived by now."""
+    into.extend((r.partition, r.offset) for r in consumer.poll(300))
+    return len(into) >= want
 
 
 def test_group_divides_partitions_and_resumes_after_its_commits(fresh_db: str, tmp_path: Path) -> None:
@@ -51,7 +51,11 @@ def test_group_divides_partitions_and_resumes_after_its_commits(fresh_db: str, t
             b.poll(0)
             return a.assignment().isdisjoint(b.assignment()) and len(a.assignment() | b.assignment()) == 4
 
-        _wait("the partitions divided between the two members", split)
+        waiting.wait_progress(
+            split,
+            lambda: (a.generation, b.generation, a.assignment(), b.assignment()),
+            what="the partitions divided between the two members",
+        )
         a.close()
         b.close()
         # One member reads everything in offset order per partition, commits half-way, leaves;
@@ -66,9 +70,7 @@ def test_group_divides_partitions_and_resumes_after_its_commits(fresh_db: str, t
         assert all(o == list(range(o[0], o[0] + len(o))) and o[0] == 0 for o in seen.values())
         with Consumer(url, group="h", topics=[TOPIC], auto_offset_reset="earliest", wait_ms=300) as d:
             rest: list[tuple[int, int]] = []
-            _wait(
-                "the rest", lambda: bool(rest.extend((r.partition, r.offset) for r in d.poll(300))) or len(rest) >= 100
-            )
+            waiting.wait_progress(lambda: _read(d, rest, 100), lambda: len(rest), what="the rest")
         firsts = {p: min(o for q, o in rest if q == p) for p in {q for q, _ in rest}}
         by_partition = {tp.partition: o for tp, o in committed.items()}
         assert firsts == {p: by_partition.get(p, 0) for p in firsts}  # a partition never committed starts at 0
@@ -118,35 +120,58 @@ def test_kill_9_a_member_then_the_server(fresh_db: str, tmp_path: Path) -> None:
         try:
             writing.set()
             writer.start()
-            _wait("every member busy", lambda: all(any("p" in x for x in _lines(o)) for o in outs))
-            victim_id = next(x["member"] for x in _lines(outs[0]) if "member" in x)
+            waiting.wait_progress(
+                lambda: all(any("p" in x for x in _lines(o)) for o in outs),
+                lambda: waiting.size_of(*outs),
+                what="every member busy",
+            )
+            victim_id = str(next(x["member"] for x in _lines(outs[0]) if "member" in x))
+
+            def held() -> dict[str, set[int]]:
+                group = httpx.get(f"{url}/groups/g", timeout=10).json()
+                return {m["member_id"]: {a["partition"] for a in m["assignments"]} for m in group["members"]}
+
+            def holdings() -> Hashable:  # the group's members and partitions: they move while it rebalances
+                return tuple(sorted((m, tuple(sorted(ps))) for m, ps in held().items()))
 
             def victim_partitions() -> set[int]:
-                group = httpx.get(f"{url}/groups/g", timeout=10).json()
-                held = {m["member_id"]: {a["partition"] for a in m["assignments"]} for m in group["members"]}
-                return held.get(victim_id, set()) if len(held) == 3 and all(held.values()) else set()
+                now = held()
+                return now.get(victim_id, set()) if len(now) == 3 and all(now.values()) else set()
 
-            _wait("a stable group of three", lambda: bool(victim_partitions()))
+            waiting.wait_progress(lambda: bool(victim_partitions()), holdings, what="a stable group of three")
             victim_parts = victim_partitions()
             victim = members[0]
             victim.send_signal(signal.SIGKILL)
-            victim.wait(timeout=10)
-            killed_at, killed_wall = time.monotonic(), time.time()
+            waiting.wait_exit(victim, what="the killed member")
+            killed_wall = time.time()
             victim_lines = _lines(outs[0])
             commits: dict[int, int] = {}
             for x in victim_lines:
                 for p, o in x.get("commit", {}).items():  # type: ignore[union-attr]
                     commits[int(p)] = int(o)
-            time.sleep(6)  # past the session timeout, still writing
+
+            def moved() -> set[int]:  # the victim's partitions that a survivor read from since the kill
+                return {
+                    int(x["p"])  # type: ignore[call-overload]
+                    for o in outs[1:]
+                    for x in _lines(o)
+                    if x.get("p") in victim_parts and float(x["t"]) > killed_wall  # type: ignore[arg-type]
+                }
+
+            waiting.wait_progress(
+                lambda: moved() == victim_parts,
+                lambda: (holdings(), len(moved())),
+                what="the victim's partitions read by the survivors",
+            )
+            after_takeover = total + 60
+            waiting.wait_progress(lambda: total >= after_takeover, lambda: total, what="more records, still writing")
             writing.clear()
             writer.join()
 
-            def everything_read() -> bool:
-                seen = {(x["p"], x["o"]) for o in outs for x in _lines(o) if "p" in x}
-                return len(seen) == total
+            def seen() -> int:
+                return len({(x["p"], x["o"]) for o in outs for x in _lines(o) if "p" in x})
 
-            _wait("every record", everything_read, timeout=60)
-            assert time.monotonic() - killed_at < 60
+            waiting.wait_progress(lambda: seen() == total, seen, what="every record")
             # What the survivors read of the victim's partitions starts at its last commit: the one it
             # logged, or one whose answer it got but had no time to log before the kill.
             for p in victim_parts:
@@ -171,7 +196,7 @@ def test_kill_9_a_member_then_the_server(fresh_db: str, tmp_path: Path) -> None:
                 )
             for m in members[1:]:
                 m.send_signal(signal.SIGTERM)
-                m.wait(timeout=30)
+                waiting.wait_exit(m, what="a member to leave", progress=lambda: waiting.size_of(*outs))
             # The group's commits, as it holds them now: offsets only grow, so the largest of each partition.
             committed: dict[int, int] = {}
             for o in outs:
@@ -179,7 +204,7 @@ def test_kill_9_a_member_then_the_server(fresh_db: str, tmp_path: Path) -> None:
                     for p, v in x.get("commit", {}).items():  # type: ignore[union-attr]
                         committed[int(p)] = max(committed.get(int(p), 0), int(v))
             server.send_signal(signal.SIGKILL)
-            server.wait(timeout=10)
+            waiting.wait_exit(server, what="the killed server")
         finally:
             writing.clear()
             if writer.is_alive():
@@ -195,11 +220,10 @@ def test_kill_9_a_member_then_the_server(fresh_db: str, tmp_path: Path) -> None:
         # "latest" would skip everything: what arrives is what the group committed before the kill.
         with Consumer(url, group="g", topics=[TOPIC], auto_offset_reset="latest", wait_ms=300) as c:
             got: list[tuple[int, int]] = []
-            _wait(
-                "the records after the commits",
-                lambda: bool(got.extend((r.partition, r.offset) for r in c.poll(300))) or len(got) >= len(expected),
+            waiting.wait_progress(
+                lambda: _read(c, got, len(expected)), lambda: len(got), what="the records after the commits"
             )
-            time.sleep(0.5)
+            time.sleep(0.5)  # a quiet while: nothing beyond them may come
             got.extend((r.partition, r.offset) for r in c.poll(200))
         assert committed and set(got) == expected and len(got) == len(expected)
     filler.close()
@@ -232,14 +256,15 @@ def test_stream_follows_the_log_and_resumes_across_a_server_restart(fresh_db: st
     reader = threading.Thread(target=read)
     with served(config, port, err_path=tmp_path / "serve1.err"):
         reader.start()
-        _wait("the first 30 records", lambda: len(got) >= 30 or bool(failed), 30)
+        waiting.wait_progress(lambda: len(got) >= 30 or bool(failed), lambda: len(got), what="the first 30 records")
         filler.write(TOPIC, [(f"k{i}", {"id": i}) for i in range(30, 60)])
-        _wait("records committed while streaming", lambda: len(got) >= 60 or bool(failed), 30)
+        waiting.wait_progress(
+            lambda: len(got) >= 60 or bool(failed), lambda: len(got), what="records committed while streaming"
+        )
     filler.write(TOPIC, [(f"k{i}", {"id": i}) for i in range(60, 90)])  # while no server runs
     with served(config, port, err_path=tmp_path / "serve2.err"):
-        reader.join(60)
+        waiting.wait_threads([reader], what="the stream's last records", progress=lambda: len(got))
         assert not failed, failed
-        assert not reader.is_alive()
         assert sorted(i for _, _, i in got) == list(range(90))  # none lost, none handed out twice
         for p in range(3):
             offsets = [o for q, o, _ in got if q == p]

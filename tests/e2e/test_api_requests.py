@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.pg import PgServer, fresh_database
 from tests.servers import free_port, serving
+from tests.waiting import wait_progress
 
 pytestmark = pytest.mark.e2e
 
@@ -261,7 +262,12 @@ def test_a_500_is_logged_once_and_keeps_the_connection(served: Served) -> None:
         sock.sendall(b"GET /views/nums?id=2 HTTP/1.1\r\nHost: t\r\n\r\n")
         ((status, _, body),) = _responses(sock, 1)
     assert status.startswith(b"HTTP/1.1 200") and orjson.loads(body)["rows"][0]["id"] == 2
-    time.sleep(0.2)  # the log line is written before the response; let the file catch up
+
+    def logged() -> int:  # the log line is written before the response; the file catches up
+        return sum(r.get("request_id") == "once-500" for r in served.log_records() if r["level"] == "error")
+
+    wait_progress(lambda: logged() > 0, logged, what="the 500's log line")
+    time.sleep(0.2)  # a quiet while: a second line for it would show by now
     errors = [r for r in served.log_records() if r["level"] == "error"]
     assert [r.get("request_id") for r in errors if "missing" in r.get("exc", "")].count("once-500") == 1
     assert not [r for r in errors if r["logger"] == "uvicorn.error"], errors

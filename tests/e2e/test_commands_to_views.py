@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from tests.servers import free_port, serving
+from tests.waiting import run_process
 from tributary.eventstore.examples.bank import bank_account
 from tributary.eventstore.handler import CommandHandler
 from tributary.eventstore.migrate import run_migrations
@@ -23,13 +24,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_process(
         [sys.executable, "-c", "from tributary.api.cli.main import main; main()", *args],
+        what=f"tributary {args[0]}",
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
     )
 
 

@@ -4,14 +4,14 @@ see a source and a projection, press rebuild, watch it finish; the screenshot is
 from __future__ import annotations
 
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.servers import free_port, serving
+from tests.integration.capture.helpers import cli
+from tests.servers import free_port, served, serving
+from tests.waiting import Stalled, tree_cpu_s, wait_progress
 from tributary.eventstore.examples.bank import bank_account
 from tributary.eventstore.handler import CommandHandler
 from tributary.eventstore.migrate import run_migrations
@@ -21,16 +21,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from tributary.api.cli.main import main; main()", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def _browser(profile: Path):  # type: ignore[no-untyped-def]
@@ -55,15 +45,19 @@ def _browser(profile: Path):  # type: ignore[no-untyped-def]
     return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
 
 
-def _wait(driver, predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate(driver):
-            return
-        time.sleep(0.5)
-    ARTIFACTS.mkdir(exist_ok=True)
-    driver.save_screenshot(str(ARTIFACTS / "console-timeout.png"))
-    raise AssertionError(f"console: timed out after {timeout}s waiting for {what}")
+def _wait(driver, predicate, what: str, server: subprocess.Popen[bytes] | None = None) -> None:  # type: ignore[no-untyped-def]
+    """Wait for `predicate(driver)` while the page's text (or `server`'s CPU time: a Spark job) moves."""
+    try:
+        wait_progress(
+            lambda: predicate(driver),
+            lambda: (driver.find_element("tag name", "body").text, None if server is None else tree_cpu_s(server.pid)),
+            what=f"console: {what}",
+            poll=0.5,
+        )
+    except Stalled:
+        ARTIFACTS.mkdir(exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "console-timeout.png"))
+        raise
 
 
 def test_console_shows_sources_and_rebuilds_a_projection(fresh_db: str, tmp_path: Path) -> None:
@@ -84,23 +78,22 @@ def test_console_shows_sources_and_rebuilds_a_projection(fresh_db: str, tmp_path
         f'[projections]\nmodules = ["tributary.projections.examples.account_balances"]\nspark_master = "local[2]"\n'
         f"[api]\nport = {port}\n"
     )
-    assert (r := _cli("init", "--config", str(config))).returncode == 0, r.stdout + r.stderr
-    assert (r := _cli("capture", "--config", str(config), "--until-idle", "2")).returncode == 0, r.stderr
-    with serving(config, port, err_path=tmp_path / "serve.err") as base:
+    assert (r := cli("init", "--config", str(config))).returncode == 0, r.stdout + r.stderr
+    assert (r := cli("capture", "--config", str(config), "--until-idle", "2")).returncode == 0, r.stderr
+    with served(config, port, err_path=tmp_path / "serve.err") as server:
+        base = f"http://127.0.0.1:{port}"
         driver = _browser(tmp_path / "chromium-profile")
         try:
             driver.get(base + "/")
-            _wait(driver, lambda d: "shop" in d.find_element("id", "sources").text, 30, "the source row")
-            _wait(driver, lambda d: "events.account" in d.find_element("id", "topics").text, 30, "the topics")
-            _wait(
-                driver, lambda d: "account_balances" in d.find_element("id", "projections").text, 30, "the projection"
-            )
+            _wait(driver, lambda d: "shop" in d.find_element("id", "sources").text, "the source row")
+            _wait(driver, lambda d: "events.account" in d.find_element("id", "topics").text, "the topics")
+            _wait(driver, lambda d: "account_balances" in d.find_element("id", "projections").text, "the projection")
             assert "stopped" in driver.find_element("id", "sources").text  # the capture run above ended cleanly
             driver.find_element("css selector", "button[data-rebuild='account_balances']").click()
-            _wait(driver, lambda d: "done" in d.find_element("id", "projections").text, 300, "the rebuild to finish")
+            _wait(driver, lambda d: "done" in d.find_element("id", "projections").text, "the rebuild to finish", server)
             driver.find_element("id", "viewname").send_keys("account_balances")
             driver.find_element("css selector", "#viewform button[type=submit]").click()
-            _wait(driver, lambda d: "ada" in d.find_element("id", "viewrows").text, 30, "the view's rows")
+            _wait(driver, lambda d: "ada" in d.find_element("id", "viewrows").text, "the view's rows")
             assert "42.00" in driver.find_element("id", "viewrows").text
             ARTIFACTS.mkdir(exist_ok=True)
             driver.save_screenshot(str(ARTIFACTS / "console.png"))
@@ -150,18 +143,18 @@ def test_console_sends_its_key_in_a_header_and_shows_jsonb_as_json(fresh_db: str
         driver = _browser(tmp_path / "chromium-profile")
         try:
             driver.get(base + "/")
-            _wait(driver, lambda d: d.find_element("id", "keyform").is_displayed(), 30, "the key prompt (401)")
+            _wait(driver, lambda d: d.find_element("id", "keyform").is_displayed(), "the key prompt (401)")
             driver.find_element("id", "key").send_keys(secret)
             driver.find_element("css selector", "#keyform button[type=submit]").click()
-            _wait(driver, lambda d: "docs" in d.find_element("id", "projections").text, 30, "the projection")
+            _wait(driver, lambda d: "docs" in d.find_element("id", "projections").text, "the projection")
             driver.find_element("css selector", "#viewform button[type=submit]").click()
-            _wait(driver, lambda d: "tags" in d.find_element("id", "viewrows").text, 30, "the view's rows")
+            _wait(driver, lambda d: "tags" in d.find_element("id", "viewrows").text, "the view's rows")
             cells = driver.find_element("id", "viewrows").text
             assert '{"color":"red"}' in cells and '["a",2]' in cells, cells
             assert "[object Object]" not in cells, cells
             assert secret not in driver.current_url
             driver.refresh()  # the key lives for the tab, not in the URL: still signed in
-            _wait(driver, lambda d: "docs" in d.find_element("id", "projections").text, 30, "the projection again")
+            _wait(driver, lambda d: "docs" in d.find_element("id", "projections").text, "the projection again")
             assert secret not in driver.current_url
         finally:
             driver.quit()
@@ -198,7 +191,7 @@ def test_console_shows_consumer_groups_with_members_generation_lag_and_last_comm
         driver = _browser(tmp_path / "chromium-profile")
         try:
             driver.get(base + "/")
-            _wait(driver, lambda d: "worker-7" in d.find_element("id", "groups").text, 30, "the group's row")
+            _wait(driver, lambda d: "worker-7" in d.find_element("id", "groups").text, "the group's row")
             row = driver.find_element("id", "groups").text
             assert "billing" in row and "events.account/0, events.account/1" in row
             assert f"billing {joined['generation']} " in row and " 7 " in row  # lag: 9 records - 2 committed
@@ -243,10 +236,10 @@ def test_console_shows_capture_warnings_and_errors_and_a_projection_behind(fresh
     )
     tail = f'[projections]\nmodules = ["{tmp_path / "visits.py"}"]\n[api]\nport = {port}\n'
     config.write_text(head + tail)
-    assert (r := _cli("init", "--config", str(config))).returncode == 0, r.stdout + r.stderr
+    assert (r := cli("init", "--config", str(config))).returncode == 0, r.stdout + r.stderr
     broken = make_conninfo(fresh_db, dbname="no_such_database", connect_timeout="5")
     config.write_text(head + f'[[sources]]\nname = "broken"\ndsn = "{broken}"\nslot = "console_broken"\n' + tail)
-    r = _cli("capture", "--config", str(config), "--until-idle", "2")
+    r = cli("capture", "--config", str(config), "--until-idle", "2")
     assert r.returncode != 0 and "no_such_database" in r.stderr, r.stderr  # a batch run that missed a source
     with psycopg.connect(fresh_db, autocommit=True) as conn:  # a build that serves, its status `done`, unfed
         store = Store(conn)
@@ -258,8 +251,8 @@ def test_console_shows_capture_warnings_and_errors_and_a_projection_behind(fresh
         driver = _browser(tmp_path / "chromium-profile")
         try:
             driver.get(base + "/")
-            _wait(driver, lambda d: "keyed by the whole row" in d.find_element("id", "sources").text, 60, "the warning")
-            _wait(driver, lambda d: "visits" in d.find_element("id", "projections").text, 60, "the projection")
+            _wait(driver, lambda d: "keyed by the whole row" in d.find_element("id", "sources").text, "the warning")
+            _wait(driver, lambda d: "visits" in d.find_element("id", "projections").text, "the projection")
             shop = driver.find_element("css selector", "#sources tr.detail[data-source='shop']").text
             assert "public.visits has no primary key: its records are keyed by the whole row" in shop, shop
             badge = driver.find_element("css selector", "#sources .badge").text
@@ -303,10 +296,10 @@ def test_console_shows_a_projection_file_that_does_not_load(fresh_db: str, tmp_p
         driver = _browser(tmp_path / "chromium-profile")
         try:
             driver.get(base + "/")
-            _wait(driver, lambda d: str(broken) in d.find_element("id", "projections").text, 60, "the broken file")
+            _wait(driver, lambda d: str(broken) in d.find_element("id", "projections").text, "the broken file")
             table = driver.find_element("id", "projections").text
             assert "account_balances" in table and "not loadable" in table and "SyntaxError" in table, table
-            _wait(driver, lambda d: "[projections] modules" in d.find_element("id", "problems").text, 30, "header")
+            _wait(driver, lambda d: "[projections] modules" in d.find_element("id", "problems").text, "header")
             assert str(broken) in driver.find_element("id", "problems").text
         finally:
             driver.quit()

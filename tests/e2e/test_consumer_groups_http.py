@@ -18,6 +18,7 @@ import pytest
 
 from tests.integration.projections.helpers import LogWriter
 from tests.servers import free_port, served
+from tests.waiting import size_of, wait_exit, wait_progress, wait_threads
 from tributary.eventstore.migrate import run_migrations
 
 pytestmark = pytest.mark.e2e
@@ -97,8 +98,12 @@ def test_pull_commit_fencing_and_reset(setup: Setup) -> None:
 
         threading.Thread(target=later).start()
         started = time.monotonic()
-        waited = pull(c, "g", a, wait_ms=10_000).json()["records"]
-        assert amounts(waited) == [30] and time.monotonic() - started < 5
+        waited = c.get(
+            f"/groups/g/members/{a['member_id']}/records",
+            params={"generation": a["generation"], "wait_ms": 60_000},
+            timeout=90,
+        ).json()["records"]
+        assert amounts(waited) == [30] and time.monotonic() - started < 30  # woken, long before its 60 s
         # and comes back empty after wait_ms
         started = time.monotonic()
         assert pull(c, "g", a, wait_ms=300).json()["records"] == []
@@ -133,9 +138,8 @@ def test_pull_commit_fencing_and_reset(setup: Setup) -> None:
         again = join(c, "g", member_id="a")
         assert sorted(amounts(pull(c, "g", again, max_records=1000).json()["records"])) == list(range(25, 31))
 
-        time.sleep(0.5)  # a refresh of the gauges
-        metrics = c.get("/metrics").text
-        assert 'tributary_consumer_lag_records{group="g",partition="0",topic="events.account"}' in metrics
+        lag = 'tributary_consumer_lag_records{group="g",partition="0",topic="events.account"}'
+        wait_progress(lambda: lag in c.get("/metrics").text, lambda: None, what="a refresh of the gauges")
         assert "/groups/{group}/members/{member_id}/records" in c.get("/openapi.json").json()["paths"]
 
 
@@ -229,12 +233,14 @@ def test_a_reader_that_stops_reading_holds_only_its_own_stream(setup: Setup) -> 
         setup.write(8_000)  # megabytes of events for a reader that takes none
         time.sleep(1)
         other = join(c, "other", member_id="o")
-        got = 0
-        started = time.monotonic()
-        while got < setup.n:
-            got += len(pull(c, "other", other, max_records=5000, wait_ms=1000).json()["records"])
-            assert time.monotonic() - started < 60
-        assert got == setup.n
+        got = [0]
+
+        def pulled() -> bool:
+            got[0] += len(pull(c, "other", other, max_records=5000, wait_ms=1000).json()["records"])
+            return got[0] >= setup.n
+
+        wait_progress(pulled, lambda: got[0], what="every record for the other group")
+        assert got[0] == setup.n
         assert c.get("/healthz").status_code == 200
         sock.close()
 
@@ -247,10 +253,11 @@ def test_a_closed_stream_stops_keeping_its_member_alive(setup: Setup) -> None:
             next(lines)
             time.sleep(4)  # longer than the session timeout: the open stream keeps the member alive
             assert c.get("/groups/gone").json()["members"][0]["alive"]
-        deadline = time.monotonic() + 15
-        while c.get("/groups/gone").json()["members"]:
-            assert time.monotonic() < deadline, "the member outlived its closed stream"
-            time.sleep(0.2)
+
+        def members() -> tuple[tuple[str, bool], ...]:
+            return tuple((m["member_id"], m["alive"]) for m in c.get("/groups/gone").json()["members"])
+
+        wait_progress(lambda: not members(), members, what="the member to go with its closed stream")
 
 
 def test_two_server_processes_share_the_groups(setup: Setup) -> None:
@@ -283,11 +290,18 @@ def test_sigterm_ends_open_streams_and_long_polls_so_the_server_stops(setup: Set
         with c.stream("GET", f"/groups/t/members/a/stream?generation={a['generation']}") as r:
             lines = r.iter_lines()
             next(lines)
+
+            def beat() -> str:
+                return str(c.get("/groups/t").json()["members"][0]["last_heartbeat"])
+
+            before = beat()
             waiting = threading.Thread(target=lambda: pull(c, "t", a, wait_ms=60_000))
             waiting.start()
-            time.sleep(0.5)
+            wait_progress(lambda: beat() != before, lambda: None, what="the long poll to reach the server")
             started = time.monotonic()
             proc.terminate()
-            proc.wait(timeout=20)  # (uvicorn re-raises the signal once it has shut down)
-            assert [line for line in lines if line] == [] and time.monotonic() - started < 10  # the stream ended
-            waiting.join(timeout=10)
+            # (uvicorn re-raises the signal once it has shut down)
+            wait_exit(proc, what="serve to stop", progress=lambda: size_of(setup.tmp / "serve.err"))
+            # the stream ended, long before the long poll's 60 s
+            assert [line for line in lines if line] == [] and time.monotonic() - started < 30
+            wait_threads([waiting], what="the long poll to end", progress=lambda: None)

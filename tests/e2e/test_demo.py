@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from tests.e2e.test_console import _browser, _wait
-from tests.waiting import Stalled, size_of, wait_exit, wait_progress
+from tests.waiting import Stalled, run_process, size_of, wait_exit, wait_progress
 from tributary.api.devdb.embedded import EmbeddedPostgres, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]  # Spark on a slow machine
@@ -54,11 +54,9 @@ def _demo(tmp_path: Path, duration: int | None) -> Iterator[tuple[subprocess.Pop
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait(timeout=120)
+            wait_exit(proc, what="the killed demo")
         _kill_session(proc.pid)
-        subprocess.run(
-            [*CLI, "pg", "down", "--data-dir", str(_pg_dir(tmp_path))], cwd=ROOT, capture_output=True, timeout=120
-        )
+        run_process([*CLI, "pg", "down", "--data-dir", str(_pg_dir(tmp_path))], what="pg down", cwd=ROOT)
 
 
 def _session_processes(sid: int) -> list[str]:
@@ -191,7 +189,7 @@ def test_a_failing_stage_shows_at_once_and_the_demo_exits_1(tmp_path: Path) -> N
         driver = _browser(tmp_path / "chromium-profile")  # and the console says it
         try:
             driver.get(base + "/")
-            _wait(driver, lambda d: "shop failed" in d.find_element("id", "problems").text, 20, "the problem")
+            _wait(driver, lambda d: "shop failed" in d.find_element("id", "problems").text, "the problem")
         finally:
             driver.quit()
         _exit(proc, out, "the demo to exit after its failed stage")

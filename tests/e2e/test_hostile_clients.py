@@ -9,6 +9,7 @@ Every attack sends a bounded amount over loopback and stops by itself (socket ti
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import resource
 import socket
@@ -25,6 +26,7 @@ import pytest
 from psycopg import sql
 
 from tests.servers import free_port, served
+from tests.waiting import wait_progress
 from tributary.eventstore.migrate import run_migrations
 
 pytestmark = pytest.mark.e2e
@@ -63,6 +65,10 @@ class Server:
 
     def log_lines(self) -> int:
         return len(self.err.read_text().splitlines())
+
+    def open_files(self) -> int:
+        """File descriptors the server holds (each accepted connection is one)."""
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
 
 @contextlib.contextmanager
@@ -159,8 +165,18 @@ def test_silent_connections_cannot_lock_out_a_client(db: str, tmp_path: Path) ->
             assert time.monotonic() - started < timeout_s
             # the silent ones still open are closed once the timeout passes
             last = silent[-1]
-            last.settimeout(timeout_s + 3)
-            assert last.recv(1) == b""
+            last.settimeout(0.2)
+            got: list[bytes] = []
+
+            def ended() -> bool:
+                try:
+                    got.append(last.recv(1))
+                except TimeoutError:
+                    return False
+                return True
+
+            wait_progress(ended, server.open_files, what="the last silent connection to be closed")
+            assert got == [b""]
         finally:
             for sock in silent:
                 sock.close()
@@ -238,6 +254,20 @@ def _backends(conn: psycopg.Connection[Any], dbname: str) -> set[int]:
     return {r[0] for r in rows}
 
 
+def _settled(conn: psycopg.Connection[Any], dbname: str) -> set[int]:
+    """The server's backends once its start has opened them all: the same set for a second."""
+    last: list[tuple[set[int], float]] = [(_backends(conn, dbname), time.monotonic())]
+
+    def still() -> bool:
+        now = _backends(conn, dbname)
+        if now != last[-1][0]:
+            last.append((now, time.monotonic()))
+        return time.monotonic() - last[-1][1] >= 1.0
+
+    wait_progress(still, lambda: len(last), what="the server's connections to settle")
+    return last[-1][0]
+
+
 def test_readyz_and_metrics_open_no_connection_and_log_nothing_per_call(db: str, tmp_path: Path) -> None:
     dbname = psycopg.conninfo.conninfo_to_dict(db)["dbname"]
     with serve(db, tmp_path, "status_refresh_s = 3600") as server, psycopg.connect(db, autocommit=True) as conn:
@@ -250,8 +280,7 @@ def test_readyz_and_metrics_open_no_connection_and_log_nothing_per_call(db: str,
                     seen.update(_backends(watcher, dbname))
                     time.sleep(0.002)
 
-        time.sleep(1)
-        before = _backends(conn, dbname)
+        before = _settled(conn, dbname)
         lines = server.log_lines()
         watcher = threading.Thread(target=watch)
         watcher.start()
@@ -273,20 +302,25 @@ def test_readyz_follows_the_database_down_and_back(db: str, tmp_path: Path) -> N
     admin = db.rsplit("/", 1)[0] + "/postgres"
     with serve(db, tmp_path, "status_refresh_s = 0.5") as server, psycopg.connect(admin, autocommit=True) as conn:
 
-        def wait_for(status: int, within: float) -> None:
-            deadline = time.monotonic() + within
-            while (code := httpx.get(server.base + "/readyz", timeout=10).status_code) != status:
-                assert time.monotonic() < deadline, f"/readyz stayed {code}, expected {status}"
-                time.sleep(0.1)
+        def wait_for(status: int) -> None:
+            answers: list[httpx.Response] = []
+
+            def answered() -> bool:
+                answers.append(httpx.get(server.base + "/readyz", timeout=10))
+                return answers[-1].status_code == status
+
+            wait_progress(  # the answer's checks move while the server notices
+                answered, lambda: answers[-1].text if answers else None, what=f"/readyz to answer {status}"
+            )
 
         conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(sql.Identifier(dbname)))
         try:
             conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (dbname,))
-            wait_for(503, within=5)
+            wait_for(503)
             assert "unreachable" in httpx.get(server.base + "/readyz").json()["checks"]["database"]
         finally:
             conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(sql.Identifier(dbname)))
-        wait_for(200, within=10)
+        wait_for(200)
 
 
 @pytest.fixture
@@ -315,10 +349,15 @@ def test_a_slow_view_query_gets_503_and_point_lookups_stay_fast(views: Server) -
             results.append(c.get("/views/slow", params={"order_by": "v"}))
 
     threads = [threading.Thread(target=slow) for _ in range(8)]
-    for t in threads:
-        t.start()
     lookups = []
     with httpx.Client(base_url=views.base, timeout=30) as client:
+        quiet = []  # what a lookup takes on this machine now, without the slow queries
+        for i in range(20):
+            started = time.monotonic()
+            assert client.get("/views/fast", params={"id": i + 1}).status_code == 200
+            quiet.append(time.monotonic() - started)
+        for t in threads:
+            t.start()
         for i in range(20):
             started = time.monotonic()
             assert client.get("/views/fast", params={"id": i + 1}).status_code == 200
@@ -328,7 +367,8 @@ def test_a_slow_view_query_gets_503_and_point_lookups_stay_fast(views: Server) -
     assert [r.status_code for r in results] == [503] * 8, [r.text for r in results]
     detail = results[0].json()["detail"]
     assert "statement_timeout_ms" in detail and "\n" not in detail
-    assert sorted(lookups)[len(lookups) // 2] < 0.3, lookups
+    # a lookup queued behind the slow queries waits for their statement_timeout_ms (0.3 s)
+    assert sorted(lookups)[len(lookups) // 2] < 0.3 + sorted(quiet)[len(quiet) // 2], (lookups, quiet)
 
 
 def test_prepared_statements_per_view_connection_are_bounded(db: str) -> None:

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.servers import free_port, serving
+from tests.waiting import run_process
 from tributary.eventstore.migrate import run_migrations
 
 pytestmark = pytest.mark.e2e
@@ -130,7 +131,7 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "404",
 
 def _schemathesis(api: httpx.Client, tmp_path: Path, *select: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "schemathesis.toml").write_text(_CONFIG)  # read from the working directory
-    return subprocess.run(
+    return run_process(
         [
             str(Path(sys.executable).parent / "schemathesis"),
             "run",
@@ -145,9 +146,7 @@ def _schemathesis(api: httpx.Client, tmp_path: Path, *select: str) -> subprocess
             f"Authorization: Bearer {ADMIN}",
             *select,
         ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+        what="schemathesis",
         cwd=tmp_path,
     )
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import run_process, size_of, wait_exit
 from tributary.api.devdb.embedded import EmbeddedPostgres, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -76,14 +77,11 @@ def test_quickstart_runs_after_make_demo_in_the_same_checkout(tmp_path: Path) ->
     """The README's first command is `make demo`: the Quick start, next, in the same checkout, must
     start clean (the demo keeps its cluster, its `shop` and its log to itself)."""
     work = _checkout(tmp_path)
-    demo = subprocess.run(
+    demo = run_process(
         [str(work / ".venv" / "bin" / "tributary"), "demo", "--duration", "10"],
+        what="tributary demo",
         cwd=work,
         env={**_clean_env(), "TRIBUTARY_API__PORT": str(free_port())},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=600,
     )
     assert demo.returncode == 0 and "summary shop transactions=" in demo.stdout, demo.stdout + demo.stderr
     _run_quickstart(tmp_path, work)
@@ -96,24 +94,26 @@ def _run_quickstart(tmp_path: Path, work: Path) -> None:
     (tmp_path / "quickstart.sh").write_text(script(blocks, port))
     env = _clean_env()
     env["TRIBUTARY_API__PORT"] = str(port)
-    proc = subprocess.Popen(
-        ["bash", "--noprofile", "--norc", str(tmp_path / "quickstart.sh")],
-        cwd=work,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    printed = tmp_path / "quickstart.out"
+    with printed.open("wb") as sink:
+        proc = subprocess.Popen(
+            ["bash", "--noprofile", "--norc", str(tmp_path / "quickstart.sh")],
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     cluster = EmbeddedPostgres(work / ".tributary" / "pg")
     try:
-        out, _ = proc.communicate(timeout=240)
+        wait_exit(proc, what="the Quick start", progress=lambda: size_of(printed, *work.glob("*.log")))
+        out = printed.read_text()
         left_running = cluster.is_running()
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        wait_exit(proc, what="the Quick start to stop")
         cluster.destroy()
     logs = "".join(f"\n--- {p.name}\n{p.read_text()}" for p in work.glob("*.log"))
     assert proc.returncode == 0 and MARK.format("end") in out, out + logs

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import httpx
 import pytest
 
 from tests.servers import free_port, serving
+from tests.waiting import run_process
 from tributary.eventstore.errors import CommandRejected
 from tributary.eventstore.loader import load_aggregates
 from tributary.eventstore.migrate import run_migrations
@@ -61,7 +61,7 @@ def test_the_example_type_checks_strictly(tmp_path: Path) -> None:
     for name in ("api", "capture", "eventstore", "projections", "migrations"):
         (package / name).symlink_to(ROOT / name)
     (package / "__init__.py").symlink_to(ROOT / "tributary" / "__init__.py")
-    run = subprocess.run(
+    run = run_process(
         [
             sys.executable,
             "-m",
@@ -72,9 +72,7 @@ def test_the_example_type_checks_strictly(tmp_path: Path) -> None:
             str(tmp_path / "cache"),
             str(domain),
         ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        what="mypy --strict",
         env={"MYPYPATH": str(tmp_path / "typecheck"), "PATH": "/usr/bin:/bin"},
     )
     assert run.returncode == 0, run.stdout + run.stderr
@@ -91,7 +89,7 @@ def test_the_example_runs_as_written(fresh_db: str, tmp_path: Path) -> None:
     )
     with serving(config, port, err_path=tmp_path / "serve.err") as base:  # cwd: the checkout, not tmp_path
         script = "set -euo pipefail\n" + blocks["sh"].replace("localhost:8000", f"localhost:{port}")
-        run = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+        run = run_process(["bash", "-c", script], what="the README's commands")
         assert run.returncode == 0, run.stderr
         placed, shipped, state = (json.loads(line) for line in run.stdout.splitlines())
         assert placed["version"] == 1 and placed["events"][0]["type"] == "OrderPlaced"

@@ -9,6 +9,7 @@ labels the build with that file's version; a finished rebuild's progress says `d
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,8 @@ import httpx
 import pytest
 
 from tests.integration.projections.helpers import LogWriter
-from tests.servers import free_port, serving
+from tests.servers import free_port, served
+from tests.waiting import tree_cpu_s, wait_progress
 from tributary.eventstore.migrate import run_migrations
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -66,17 +68,24 @@ def _projection(base: str, name: str) -> dict[str, Any]:
     return next(p for p in rows if p["name"] == name)
 
 
-def _rebuild(base: str, name: str) -> dict[str, Any]:
+def _rebuild(base: str, server: subprocess.Popen[bytes], name: str) -> dict[str, Any]:
+    """Rebuild `name` through the API; its entry once it ended, waiting while it (or serve's Spark) moves."""
     r = httpx.post(f"{base}/projections/{name}/rebuild", timeout=30)
     assert r.status_code == 202, r.text
     rebuild_id = r.json()["id"]
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        entry: dict[str, Any] = httpx.get(f"{base}/rebuilds/{rebuild_id}", timeout=30).json()
-        if entry["state"] != "running":
-            return entry
-        time.sleep(0.5)
-    raise AssertionError(f"rebuild of {name} did not finish")
+    entry: list[dict[str, Any]] = [r.json()]
+
+    def ended() -> bool:
+        entry.append(httpx.get(f"{base}/rebuilds/{rebuild_id}", timeout=30).json())
+        return bool(entry[-1]["state"] != "running")
+
+    wait_progress(
+        ended,
+        lambda: (str(entry[-1]), tree_cpu_s(server.pid)),
+        what=f"the rebuild of {name}",
+        poll=0.5,
+    )
+    return entry[-1]
 
 
 def test_serve_follows_added_and_edited_projections(fresh_db: str, tmp_path: Path) -> None:
@@ -99,7 +108,8 @@ def test_serve_follows_added_and_edited_projections(fresh_db: str, tmp_path: Pat
     config = tmp_path / "t.toml"
     _config(config, fresh_db, root, port, [waiting])
 
-    with serving(config, port, err_path=tmp_path / "serve.err") as base:
+    with served(config, port, err_path=tmp_path / "serve.err") as server:
+        base = f"http://127.0.0.1:{port}"
         # a projection that never ran: everything in its topics is waiting
         never = _projection(base, "waiting")
         assert never["state"] == "never run" and never["lag"] == EVENTS, never
@@ -111,18 +121,23 @@ def test_serve_follows_added_and_edited_projections(fresh_db: str, tmp_path: Pat
         time.sleep(0.01)  # a later mtime on file systems with coarse timestamps
         _config(config, fresh_db, root, port, [waiting, tally])
         assert _projection(base, "tally")["lag"] == EVENTS
-        deadline = time.monotonic() + 5  # /views looks at the files at most once a second
-        while "not been built yet" not in (r := httpx.get(base + "/views/tally", timeout=30)).text:
-            assert time.monotonic() < deadline, r.text
-            time.sleep(0.2)
-        assert r.status_code == 404, r.text
-        deadline = time.monotonic() + 30  # /metrics' gauges follow at the next background refresh
-        pattern = r'tributary_projection_lag_records\{projection="tally"\} 7\.0'
-        while not re.search(pattern, metrics := httpx.get(base + "/metrics", timeout=60).text):
-            assert time.monotonic() < deadline, metrics
-            time.sleep(0.5)
+        views: list[httpx.Response] = []
 
-        done = _rebuild(base, "tally")
+        def known() -> bool:  # /views looks at the files at most once a second
+            views.append(httpx.get(base + "/views/tally", timeout=30))
+            return "not been built yet" in views[-1].text
+
+        wait_progress(known, lambda: views[-1].text if views else None, what="/views to know tally", poll=0.2)
+        assert views[-1].status_code == 404, views[-1].text
+        pattern = r'tributary_projection_lag_records\{projection="tally"\} (\S+)'
+
+        def gauge() -> str | None:  # /metrics' gauges follow at the next background refresh
+            found = re.search(pattern, httpx.get(base + "/metrics", timeout=60).text)
+            return None if found is None else found.group(1)
+
+        wait_progress(lambda: gauge() == "7.0", gauge, what="tally's lag in /metrics", poll=0.5)
+
+        done = _rebuild(base, server, "tally")
         assert done["state"] == "done" and done["stage"] == "done", done
         assert done["table"] == "tally__v1_1", done
         rows = httpx.get(base + "/views/tally", timeout=30).json()["rows"]
@@ -132,7 +147,7 @@ def test_serve_follows_added_and_edited_projections(fresh_db: str, tmp_path: Pat
         tally.write_text(TALLY.format(name="tally", version=2))
         status = _projection(base, "tally")
         assert status["version"] == 2 and status["needs_rebuild"], status
-        done = _rebuild(base, "tally")
+        done = _rebuild(base, server, "tally")
         assert done["state"] == "done" and done["stage"] == "done", done
         assert done["table"] == "tally__v2_2", done
         rows = httpx.get(base + "/views/tally", timeout=30).json()["rows"]

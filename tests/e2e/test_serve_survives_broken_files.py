@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.servers import free_port, serving
+from tests.waiting import wait_progress
 from tributary.eventstore.migrate import run_migrations
 
 pytestmark = pytest.mark.e2e
@@ -49,13 +50,21 @@ def _config(path: Path, dsn: str, root: Path, port: int, projections: list[Path]
     time.sleep(0.01)  # a later mtime on file systems with coarse timestamps
 
 
-def _until(fetch: Callable[[], Any], ok: Callable[[Any], bool], what: str, timeout: float = 30) -> Any:
-    """Poll `fetch()` until `ok` says yes (the API looks at the files at most once a second)."""
-    deadline = time.monotonic() + timeout
-    while not ok(got := fetch()):
-        assert time.monotonic() < deadline, f"{what}: {got}"
-        time.sleep(0.2)
-    return got
+def _until(fetch: Callable[[], Any], ok: Callable[[Any], bool], what: str) -> Any:
+    """Poll `fetch()` until `ok` says yes (the API looks at the files at most once a second), while
+    what it answers changes."""
+    got: list[Any] = []
+
+    def done() -> bool:
+        got[:] = [fetch()]
+        return ok(got[0])
+
+    def seen() -> str:
+        answer = got[0] if got else None
+        return f"{answer.status_code} {answer.text}" if isinstance(answer, httpx.Response) else repr(answer)
+
+    wait_progress(done, seen, what=what, poll=0.2)
+    return got[0]
 
 
 def _get(base: str, path: str) -> httpx.Response:

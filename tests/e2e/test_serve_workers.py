@@ -3,7 +3,6 @@ and SIGTERM stops the supervisor and every worker."""
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import httpx
 import pytest
 
 from tests.servers import free_port, served
+from tests.waiting import Stalled, wait_progress
 from tributary.eventstore.migrate import run_migrations
 
 pytestmark = pytest.mark.e2e
@@ -60,10 +60,14 @@ def test_two_workers_serve_commands_and_stop_on_sigterm(fresh_db: str, tmp_path:
         state = httpx.get(base + "/streams/w-1/state").json()
         assert state["version"] == 41 and state["balance"] == "40.00"
     assert proc.returncode == 0, (tmp_path / "serve.err").read_text()  # `served` sent SIGTERM
-    deadline = time.monotonic() + 10
-    while (left := {p: _cmdline(p) for p in everyone if _alive(p)}) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not left, f"processes outlived SIGTERM: {left}"
+
+    def left() -> dict[int, str]:
+        return {p: _cmdline(p) for p in everyone if _alive(p)}
+
+    try:  # while they go one by one, the set left shrinks
+        wait_progress(lambda: not left(), lambda: tuple(left()), what="every process to end after SIGTERM", poll=0.2)
+    except Stalled:
+        raise AssertionError(f"processes outlived SIGTERM: {left()}") from None
 
 
 def _alive(pid: int) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 
 import httpx
@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from tests.servers import free_port, served
+from tests.waiting import wait_progress, wait_threads
 from tributary.eventstore.migrate import run_migrations
 from tributary.eventstore.model import NewEvent
 from tributary.eventstore.store import EventStore
@@ -69,11 +70,8 @@ def setup(fresh_db: str, tmp_path: Path) -> Iterator[tuple[Path, int, EventStore
         store.close()
 
 
-def _wait(predicate: object, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+def _wait(predicate: Callable[[], bool], what: str, progress: Callable[[], Hashable]) -> None:
+    wait_progress(predicate, progress, what=what, poll=0.05)
 
 
 def test_a_subscription_resumes_across_a_server_restart(setup: tuple[Path, int, EventStore], tmp_path: Path) -> None:
@@ -94,22 +92,28 @@ def test_a_subscription_resumes_across_a_server_restart(setup: tuple[Path, int, 
     follower = Follower(f"http://127.0.0.1:{port}/all/subscribe")
     typed = Follower(f"http://127.0.0.1:{port}/all/subscribe", {"type": "thing"})
     writing.set()
-    threading.Thread(target=writer, daemon=True).start()
+    appender = threading.Thread(target=writer, daemon=True)
+    appender.start()
     with served(config, port, err_path=tmp_path / "serve-1.err"):
         follower.start()
         typed.start()
-        _wait(lambda: len(follower.events) >= 20, "live events before the restart")
+        _wait(lambda: len(follower.events) >= 20, "live events before the restart", lambda: len(follower.events))
     during, down_at = len(follower.events), len(written)
-    _wait(lambda: len(written) > down_at + 10, "appends while the server is down")
+    _wait(lambda: len(written) > down_at + 10, "appends while the server is down", lambda: len(written))
     with served(config, port, err_path=tmp_path / "serve-2.err"):
-        _wait(lambda: follower.connections >= 2 and typed.connections >= 2, "the reconnections")
-        time.sleep(0.5)
+        _wait(
+            lambda: follower.connections >= 2 and typed.connections >= 2,
+            "the reconnections",
+            lambda: (follower.connections, typed.connections, len(follower.events)),
+        )
+        up_at = len(written)
+        _wait(lambda: len(written) > up_at + 10, "appends while followed again", lambda: len(written))
         writing.clear()
-        time.sleep(0.2)
+        wait_threads([appender], what="the last append", progress=lambda: len(written))
         expected = [e.position for e in store.read_all(limit=100_000)]
-        _wait(lambda: [p for p, _ in follower.events] == expected, "every event once", timeout=30)
+        _wait(lambda: [p for p, _ in follower.events] == expected, "every event once", lambda: len(follower.events))
         thing = [e.position for e in store.read_all(limit=100_000, stream_type="thing")]
-        _wait(lambda: [p for p, _ in typed.events] == thing, "every `thing` event once", timeout=30)
+        _wait(lambda: [p for p, _ in typed.events] == thing, "every `thing` event once", lambda: len(typed.events))
         follower.stop.set()
         typed.stop.set()
     assert during < len(expected)  # the restart happened in the middle of the stream

@@ -32,6 +32,7 @@ from psycopg import sql
 
 from tests.pg import PgServer, fresh_database
 from tests.servers import free_port, serving
+from tests.waiting import wait_progress, wait_threads
 from tributary.projections.definition import Projection, Table
 from tributary.projections.store import Store
 
@@ -344,20 +345,19 @@ def test_pages_while_a_writer_inserts(views: Views, order_by: str) -> None:
     writer = threading.Thread(target=write, name="views-writer")
     writer.start()
     try:
-        while len(inserted) < 20:  # the writer is committing before the first page
-            threading.Event().wait(0.01)
+        # the writer is committing before the first page
+        wait_progress(lambda: len(inserted) >= 20, lambda: len(inserted), what="the writer's first commits", poll=0.01)
         at_start = len(inserted)
 
         def a_batch_commits() -> None:  # the writer runs freely; this only makes sure it commits between pages
-            target, deadline = len(inserted) + 1, time.monotonic() + 10
-            while len(inserted) < target and time.monotonic() < deadline:
-                time.sleep(0.001)
+            target = len(inserted) + 1
+            wait_progress(lambda: len(inserted) >= target, lambda: len(inserted), what="a commit", poll=0.001)
 
         seen, pages = _scan(views, "feed", 50, between=a_batch_commits, order_by=order_by)
         during = len(inserted) - at_start
     finally:
         stop.set()
-        writer.join(timeout=30)
+        wait_threads([writer], what="the writer to stop", progress=lambda: len(inserted))
     ids = [r["id"] for r in seen]
     assert len(ids) == len(set(ids)), "a row was returned twice"
     existing = before | set(inserted[:at_start])  # committed before the first page was asked for

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import run_process
 from tributary.api.devdb.embedded import free_port
 from tributary.capture.status import SourceState, SourceStatus, write_status
 from tributary.log.local import Log, TopicConfig
@@ -25,13 +26,11 @@ LONG = "a_source_with_a_name_long_enough_that_one_line_about_it_passes_eighty_co
 def tributary(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`tributary ARGS` with stdout and stderr pipes, no COLUMNS, no TRIBUTARY_* from outside."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TRIBUTARY_") and k not in ("COLUMNS", "LINES")}
-    return subprocess.run(
+    return run_process(
         [sys.executable, "-c", "from tributary.api.cli.main import main; main()", *args],
+        what=f"tributary {' '.join(args[:1])}",
         cwd=cwd,
         env={**clean, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
 
 

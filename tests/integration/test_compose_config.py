@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.waiting import run_process
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +22,7 @@ def _no_compose() -> str | None:
     plugin, not a running engine)."""
     if shutil.which("docker") is None:
         return "no docker command on this machine"
-    version = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True, timeout=60)
+    version = run_process(["docker", "compose", "version"], what="docker compose version")
     if version.returncode != 0:
         return "the docker command here has no Compose plugin (`docker compose version` fails)"
     return None
@@ -31,11 +32,9 @@ def test_docker_compose_config_accepts_the_file() -> None:
     why = _no_compose()
     if why is not None:
         pytest.skip(why)
-    out = subprocess.run(
+    out = run_process(
         ["docker", "compose", "-f", str(DEPLOY / "compose.yaml"), "config", "--quiet"],
-        capture_output=True,
-        text=True,
-        timeout=120,
+        what="docker compose config",
         env={**os.environ, "TRIBUTARY_API_KEY": "k" * 32},
     )
     assert out.returncode == 0, out.stderr

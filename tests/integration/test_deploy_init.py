@@ -8,7 +8,6 @@ settings are compose's, their DSNs pointed at those databases, the log local (no
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import yaml
 
 from tests.integration.capture.helpers import cli
 from tests.pg import PgServer
+from tests.waiting import run_process
 
 pytestmark = pytest.mark.integration
 
@@ -57,11 +57,8 @@ def test_init_script_then_tributary_init_succeeds(
     assert all(name in sql for name in compose_databases.values())  # every database was renamed
     script = tmp_path / "init.sql"
     script.write_text(sql)
-    ran = subprocess.run(
-        ["psql", "-X", "-v", "ON_ERROR_STOP=1", "-f", str(script), pg_server.dsn("postgres")],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    ran = run_process(
+        ["psql", "-X", "-v", "ON_ERROR_STOP=1", "-f", str(script), pg_server.dsn("postgres")], what="psql init.sql"
     )
     assert ran.returncode == 0, ran.stderr
 

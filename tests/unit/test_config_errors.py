@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import get_args
@@ -17,6 +16,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from typer.testing import CliRunner
 
+from tests.waiting import run_process
 from tributary.api.cli.main import app
 from tributary.api.settings.config import LogSettings, Settings, load_settings
 from tributary.api.settings.environment import NOT_SETTINGS, model_of, setting_names, union_members
@@ -345,13 +345,11 @@ def test_a_bad_sink_names_its_key(tmp_path: Path, sink: str, problem: str) -> No
 def test_the_real_command_prints_one_line_and_exits_1(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("TRIBUTARY_")}
     env["TRIBUTARY_SOURCES"] = "[{"
-    proc = subprocess.run(
+    proc = run_process(
         [sys.executable, "-c", "from tributary.api.cli.main import main; main()", "config", "show"],
+        what="tributary config show",
         cwd=tmp_path,
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
     )
     assert proc.returncode == 1
     assert proc.stdout == ""

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.pg import REPO_ROOT
+from tests.waiting import run_process
 
 pytestmark = pytest.mark.unit
 
@@ -40,9 +41,7 @@ def _collect(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
         "--rootdir",
         str(root),
     ]
-    return subprocess.run(
-        [*cmd, "--collect-only", "-q", *args, str(root)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
-    )
+    return run_process([*cmd, "--collect-only", "-q", *args, str(root)], what="pytest --collect-only", cwd=REPO_ROOT)
 
 
 def test_marked_modules_pass(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.waiting import Stalled, size_of, tree_cpu_s, wait_exit, wait_progress
+from tests.waiting import Stalled, run_process, size_of, tree_cpu_s, wait_exit, wait_progress
 
 pytestmark = pytest.mark.unit
 
@@ -93,3 +93,16 @@ def test_tree_cpu_counts_a_busy_child_of_the_process() -> None:
         os.killpg(parent.pid, signal.SIGKILL)  # the parent and its busy child
         parent.wait()
     assert tree_cpu_s(parent.pid) == 0  # gone: nothing counted
+
+
+def test_run_process_outlasts_its_stall_period_while_its_output_grows() -> None:
+    """Three seconds of work, printing as it goes: a 1 s stall period never ends it."""
+    script = "import time\nfor i in range(12):\n    print(i, flush=True)\n    time.sleep(0.25)\nraise SystemExit(2)"
+    done = run_process([sys.executable, "-c", script], what="a printer", stall=1)
+    assert done.returncode == 2 and done.stdout.split() == [str(i) for i in range(12)]
+
+
+def test_run_process_fails_on_a_silent_idle_process() -> None:
+    script = "import time\ntime.sleep(600)"
+    with pytest.raises(Stalled, match=r"no progress for 1s waiting for a sleeper"):
+        run_process([sys.executable, "-c", script], what="a sleeper", stall=1)

@@ -132,7 +132,9 @@ class Follower(_Reader):
         self.next: dict[int, int] = {}
 
     def read_along(self) -> None:
-        wait_for(lambda: (self.root / "manifest.json").exists(), what="the log")
+        wait_for(
+            lambda: (self.root / "manifest.json").exists(), what="the log", progress=lambda: capture_progress(self.root)
+        )
         log = Log.open(self.root)
         while True:
             done = self.stop.is_set()  # decide before reading: then one last full pass
@@ -183,7 +185,7 @@ class CatFollower(_Reader):
         return self._polls_after_stop < 2  # one whole pass after the stop
 
     def read_along(self) -> None:
-        wait_for(lambda: TOPIC in _topics(self.root), 60, "the topic")
+        wait_for(lambda: TOPIC in _topics(self.root), 60, "the topic", progress=lambda: capture_progress(self.root))
         admin.cat(self.root, TOPIC, follow=True, out=self, poll_s=0.02, on_poll=self._go_on)  # type: ignore[arg-type]
 
 
@@ -205,7 +207,9 @@ class Splitter(_Reader):
         self.rng = random.Random(7)
 
     def read_along(self) -> None:
-        wait_for(lambda: (self.root / "manifest.json").exists(), what="the log")
+        wait_for(
+            lambda: (self.root / "manifest.json").exists(), what="the log", progress=lambda: capture_progress(self.root)
+        )
         while not self.stop.is_set():
             log = Log.open(self.root)
             if TOPIC not in log.topics():

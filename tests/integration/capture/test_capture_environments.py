@@ -12,6 +12,7 @@ import pytest
 
 from tests.integration.capture.helpers import capture_progress, changes, cli, spawn_capture, wait_for, write_config
 from tests.pg import PgServer
+from tests.waiting import wait_exit
 from tributary.api.devdb.embedded import EmbeddedPostgres
 from tributary.capture.status import read_status
 
@@ -102,7 +103,7 @@ def test_slot_held_by_another_process(fresh_db: str, tmp_path: Path) -> None:
         assert last.startswith("tributary: source 'shop'") and "active" in last
     finally:
         holder.terminate()
-        holder.wait(timeout=10)
+        wait_exit(holder, what="pg_recvlogical to stop")
 
 
 def test_missing_slot_fails_clearly_unless_when_needed_resnapshots(fresh_db: str, tmp_path: Path) -> None:
@@ -132,14 +133,17 @@ def test_second_capture_on_the_same_log_is_refused(fresh_db: str, tmp_path: Path
     config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log")
     from tests.integration.capture.helpers import spawn_capture
 
-    first = spawn_capture(config, "--until-idle", "4")
-    wait_for(  # its status written: it holds the log
-        lambda: (read_status(tmp_path / "log") or {}).get("pid") == first.pid,
-        what="the first capture's status",
-        progress=lambda: capture_progress(tmp_path / "log"),
-    )
-    second = cli("capture", "--config", str(config), "--until-idle", "1")
-    first.wait(timeout=60)
+    first = spawn_capture(config)  # up until told to stop: however long the second takes to start
+    try:
+        wait_for(  # its status written: it holds the log
+            lambda: (read_status(tmp_path / "log") or {}).get("pid") == first.pid,
+            what="the first capture's status",
+            progress=lambda: capture_progress(tmp_path / "log"),
+        )
+        second = cli("capture", "--config", str(config), "--until-idle", "1")
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=60)
     assert second.returncode == 1
     assert "locked" in second.stderr.strip().splitlines()[-1]
 
@@ -177,7 +181,12 @@ def test_wrong_password_is_one_line_without_the_secret(pg_server: PgServer, fres
         # up without a restart): the source shows `failed` with the reason, and no secret anywhere.
         daemon = spawn_capture(config)
         try:
-            wait_for(lambda: _source_error(tmp_path / "log"), 60, "the source to show failed")
+            wait_for(
+                lambda: _source_error(tmp_path / "log"),
+                60,
+                "the source to show failed",
+                progress=lambda: capture_progress(tmp_path / "log"),
+            )
             error = _source_error(tmp_path / "log")
             assert "password authentication failed" in error and "wrong-secret" not in error, error
         finally:

@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import ROOT, capture_progress, wait_for, write_config
+from tests.waiting import wait_exit
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +92,9 @@ def test_capture_on_a_terminal_shows_sources_state_and_rate(tmp_path: Path, fres
             progress=lambda: capture_progress(config.parent / "log"),
         )
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, screen()
+        assert wait_exit(proc, what="capture to stop", progress=lambda: capture_progress(config.parent / "log")) == 0, (
+            screen()
+        )
         assert re.search(r"shop\s+stopped", screen()), screen()
     finally:
         if proc.poll() is None:
@@ -124,7 +127,8 @@ def test_capture_off_a_terminal_prints_only_its_logs(tmp_path: Path, fresh_db: s
         )
         time.sleep(1.5)  # a live display would have redrawn by now
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, err_path.read_text()
+        code = wait_exit(proc, what="capture to stop", progress=lambda: capture_progress(config.parent / "log"))
+        assert code == 0, err_path.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()

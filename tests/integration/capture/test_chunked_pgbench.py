@@ -28,7 +28,7 @@ from tests.integration.capture.helpers import (
     wait_for,
     write_config,
 )
-from tests.waiting import size_of, wait_exit
+from tests.waiting import run_process, size_of, wait_exit
 from tributary.api.devdb.embedded import find_bin_dir
 from tributary.capture.status import read_status
 
@@ -76,9 +76,7 @@ def _kill(proc: Capture) -> None:
 
 def test_pgbench_during_a_chunked_snapshot_with_kill_9s(fresh_db: str, tmp_path: Path) -> None:
     pgbench = _pgbench()
-    init = subprocess.run(
-        [pgbench, "-i", "-s", str(SCALE), "-q", fresh_db], capture_output=True, text=True, timeout=120, check=False
-    )
+    init = run_process([pgbench, "-i", "-s", str(SCALE), "-q", fresh_db], what="pgbench -i")
     assert init.returncode == 0, init.stderr
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute("ALTER TABLE pgbench_history ADD COLUMN id bigserial PRIMARY KEY")  # a key to capture by

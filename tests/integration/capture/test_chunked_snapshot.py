@@ -34,6 +34,7 @@ from tests.integration.capture.helpers import (
 )
 from tests.integration.capture.test_resnapshot import FILL, TABLES, _change_while_slot_gone, _compacted, _table
 from tests.pg import REPO_ROOT
+from tests.waiting import size_of, wait_threads
 from tributary.capture.chunked import ChunkedSnapshot
 from tributary.capture.daemon import CaptureDaemon, DaemonOptions
 from tributary.capture.spec import SourceSpec
@@ -206,7 +207,7 @@ def test_other_sources_stream_while_a_slow_chunked_snapshot_runs(
         wait_for(lambda: not daemon.sessions[0].snapshotting, timeout=60, what="the snapshot's end", progress=moving)
     finally:
         daemon.request_stop()
-        runner.join(timeout=60)
+        wait_threads([runner], what="the daemon to stop", progress=lambda: size_of(tmp_path / "log"))
         _drop_slots(fresh_db, slow)
         _drop_slots(other_db, other)
     config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", name="slow")
@@ -245,7 +246,7 @@ def test_a_table_growing_at_its_end_is_not_chased_forever(
         wait_for(lambda: confirmed_past(session.status, last), what=f"capture confirming {last}", progress=moving)
     finally:
         daemon.request_stop()
-        runner.join(timeout=60)
+        wait_threads([runner], what="the daemon to stop", progress=lambda: size_of(tmp_path / "log"))
         _drop_slots(fresh_db, spec)
     config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log")
     assert _compacted(config, "shop.public.items") == _table(fresh_db, "items")
@@ -377,7 +378,7 @@ def test_request_snapshot_rereads_a_table_and_refuses_unknown_ones(fresh_db: str
         assert "public.keyless (requested by a test) refused" in warnings
     finally:
         daemon.request_stop()
-        runner.join(timeout=60)
+        wait_threads([runner], what="the daemon to stop", progress=lambda: size_of(tmp_path / "log"))
         _drop_slots(fresh_db, spec)
     with Log.open(tmp_path / "log") as log:
         saved = orjson.loads(log.positions()["shop#snapshot"])
@@ -450,11 +451,11 @@ def test_concurrent_writes_during_a_chunked_snapshot_end_equal(
         wait_for(lambda: session.status.snapshot_rows_done > 0, timeout=60, what="the first chunk", progress=moving)
         wait_for(lambda: not session.snapshotting, timeout=120, what="the snapshot's end", progress=moving)
         stop.set()
-        writer.join(timeout=30)
+        wait_threads([writer], what="the writer to stop", progress=lambda: None)
         last = wal_position(fresh_db)  # the writer's last transactions streamed and committed
         wait_for(lambda: confirmed_past(session.status, last), what=f"capture confirming {last}", progress=moving)
         daemon.request_stop()
-        runner.join(timeout=60)
+        wait_threads([runner], what="the daemon to stop", progress=lambda: size_of(tmp_path / "log"))
     finally:
         stop.set()
         _drop_slots(fresh_db, spec)

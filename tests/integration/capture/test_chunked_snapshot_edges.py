@@ -4,7 +4,6 @@ it has a key), a refused signal logged as a refusal."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -13,6 +12,7 @@ import orjson
 import psycopg
 import pytest
 
+from tests import waiting
 from tests.integration.capture.helpers import (
     changes,
     cli,
@@ -48,8 +48,11 @@ main()
 
 
 def _crash_in_rows(config: Path) -> None:
-    crashed = subprocess.run(
-        [sys.executable, "-c", _CRASH_IN_ROWS, str(config)], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT
+    crashed = waiting.run_process(
+        [sys.executable, "-c", _CRASH_IN_ROWS, str(config)],
+        what="capture crashing in its rows",
+        cwd=REPO_ROOT,
+        progress=lambda: waiting.size_of(config.parent),  # its log and files
     )
     assert crashed.returncode == 9, crashed.stderr
 
@@ -90,7 +93,7 @@ def test_a_resumed_chunked_snapshot_shows_the_tables_estimate(
     finally:
         release.set()
         daemon.request_stop()
-        runner.join(timeout=60)
+        waiting.wait_threads([runner], what="the daemon to stop", progress=lambda: waiting.size_of(tmp_path / "log"))
         _drop_slots(fresh_db, spec)
     assert _compacted(config, "shop.public.items") == _table(fresh_db, "items")
 
@@ -208,7 +211,7 @@ def test_a_schema_change_inside_a_chunks_window_makes_it_be_read_again(
         wait_for(lambda: confirmed_past(session.status, last), what=f"capture confirming {last}", progress=moving)
     finally:
         daemon.request_stop()
-        runner.join(timeout=60)
+        waiting.wait_threads([runner], what="the daemon to stop", progress=lambda: waiting.size_of(tmp_path / "log"))
         _drop_slots(fresh_db, spec)
     assert session.status.snapshot_chunks_reread >= 1
     assert len(reads) == 1200 // 200 + 1, "the first chunk read twice, every other once"

@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import cli, spawn_capture, wait_for, write_config
+from tests.integration.capture.helpers import capture_progress, cli, spawn_capture, wait_for, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -85,9 +85,19 @@ def test_capture_off_a_terminal_logs_each_phase_and_its_progress(
     capture = spawn_capture(config)  # stderr to a file: not a terminal
     try:
         log = capture.err_path.read_text
-        wait_for(lambda: "source shop: streaming, 0 changes" in log(), 120, "a progress line")
+        wait_for(
+            lambda: "source shop: streaming, 0 changes" in log(),
+            120,
+            "a progress line",
+            progress=lambda: capture_progress(tmp_path / "log"),
+        )
         _sql(fresh_db, "INSERT INTO t VALUES (4)")
-        wait_for(lambda: "source shop: streaming, 1 change (" in log(), 120, "a progress line after a change")
+        wait_for(
+            lambda: "source shop: streaming, 1 change (" in log(),
+            120,
+            "a progress line after a change",
+            progress=lambda: capture_progress(tmp_path / "log"),
+        )
     finally:
         capture.send_signal(signal.SIGTERM)
         capture.wait(timeout=60)

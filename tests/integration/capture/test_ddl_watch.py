@@ -18,9 +18,11 @@ import orjson
 import psycopg
 import pytest
 
+from tests import waiting
 from tests.integration.capture.helpers import (
     ROOT,
     Capture,
+    capture_progress,
     cli,
     records,
     spawn_capture,
@@ -80,7 +82,12 @@ def running(fresh_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> It
     assert init.returncode == 0, init.stdout + init.stderr
     proc = spawn_capture(config)
     try:
-        wait_for(lambda: _fold(log, "shop.public.t") == _table(fresh_db, "t"), DEADLINE_S, "the snapshot")
+        wait_for(
+            lambda: _fold(log, "shop.public.t") == _table(fresh_db, "t"),
+            DEADLINE_S,
+            "the snapshot",
+            progress=lambda: capture_progress(log),
+        )
         yield fresh_db, log
         _settle(log)
     finally:
@@ -96,7 +103,7 @@ def _settle(log: Path) -> None:
         entries = status.get("sources", [])
         return status.get("updated_ms", 0) > since_ms and not any(snapshot_under_way(e) for e in entries)
 
-    wait_for(idle, DEADLINE_S, "the snapshots to end")
+    wait_for(idle, DEADLINE_S, "the snapshots to end", progress=lambda: capture_progress(log))
 
 
 def _stop(proc: Capture) -> None:
@@ -119,11 +126,21 @@ def _schemas(log: Path, topic: str) -> list[tuple[int, int, list[str]]]:
 def test_alter_column_type_using_resnapshots_the_table(running: tuple[str, Path]) -> None:
     dsn, log = running
     _sql(dsn, "ALTER TABLE t ALTER COLUMN v TYPE text USING (v * 10)::text")
-    wait_for(lambda: _fold(log, "shop.public.t") == _table(dsn, "t"), DEADLINE_S, "the retyped rows")
+    wait_for(
+        lambda: _fold(log, "shop.public.t") == _table(dsn, "t"),
+        DEADLINE_S,
+        "the retyped rows",
+        progress=lambda: capture_progress(log),
+    )
     assert _fold(log, "shop.public.t")[7]["v"] == "70"
     # Same type, new values: no new shape, but the table was rewritten.
     _sql(dsn, "ALTER TABLE t ALTER COLUMN v TYPE text USING v || '!'")
-    wait_for(lambda: _fold(log, "shop.public.t") == _table(dsn, "t"), DEADLINE_S, "the rewritten rows")
+    wait_for(
+        lambda: _fold(log, "shop.public.t") == _table(dsn, "t"),
+        DEADLINE_S,
+        "the rewritten rows",
+        progress=lambda: capture_progress(log),
+    )
     assert _fold(log, "shop.public.t")[7]["v"] == "70!"
 
 
@@ -131,7 +148,12 @@ def test_alter_column_type_using_resnapshots_the_table(running: tuple[str, Path]
 def test_add_column_default_resnapshots_so_every_row_shows_it(running: tuple[str, Path]) -> None:
     dsn, log = running
     _sql(dsn, "ALTER TABLE t ADD COLUMN c int NOT NULL DEFAULT 7")
-    wait_for(lambda: _fold(log, "shop.public.t") == _table(dsn, "t"), DEADLINE_S, "every row with the new column")
+    wait_for(
+        lambda: _fold(log, "shop.public.t") == _table(dsn, "t"),
+        DEADLINE_S,
+        "every row with the new column",
+        progress=lambda: capture_progress(log),
+    )
     assert all(row["c"] == 7 for row in _fold(log, "shop.public.t").values())
 
 
@@ -144,6 +166,7 @@ def test_add_column_without_resnapshot_gives_a_schema_record_at_the_change(runni
         lambda: any(cols == ["id", "v", "c"] for _, _, cols in _schemas(log, "shop.public.t")),
         DEADLINE_S,
         "the schema record of the new shape",
+        progress=lambda: capture_progress(log),
     )
     new = [(p, o) for p, o, cols in _schemas(log, "shop.public.t") if cols == ["id", "v", "c"]]
     assert sorted(p for p, _ in new) == sorted(before)  # on every partition, after what it held
@@ -156,8 +179,18 @@ def test_add_column_without_resnapshot_gives_a_schema_record_at_the_change(runni
 def test_rename_moves_the_rows_to_the_new_topic_and_empties_the_old(running: tuple[str, Path]) -> None:
     dsn, log = running
     _sql(dsn, "ALTER TABLE t RENAME TO t2", "INSERT INTO t2 VALUES (1000, 1000)", "UPDATE t2 SET v = -1 WHERE id = 3")
-    wait_for(lambda: _fold(log, "shop.public.t") == {}, DEADLINE_S, "the old topic to fold to empty")
-    wait_for(lambda: _fold(log, "shop.public.t2") == _table(dsn, "t2"), DEADLINE_S, "the new topic to equal the table")
+    wait_for(
+        lambda: _fold(log, "shop.public.t") == {},
+        DEADLINE_S,
+        "the old topic to fold to empty",
+        progress=lambda: capture_progress(log),
+    )
+    wait_for(
+        lambda: _fold(log, "shop.public.t2") == _table(dsn, "t2"),
+        DEADLINE_S,
+        "the new topic to equal the table",
+        progress=lambda: capture_progress(log),
+    )
     assert len(_fold(log, "shop.public.t2")) == ROWS + 1
     # Tombstones, so compaction drops the old keys.
     old = records(log, "shop.public.t")
@@ -171,8 +204,18 @@ def test_rename_with_a_new_table_under_the_old_name(running: tuple[str, Path]) -
         conn.execute("ALTER TABLE t RENAME TO t_old")
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL)")
         conn.execute("INSERT INTO t VALUES (1, 100), (500, 500)")
-    wait_for(lambda: _fold(log, "shop.public.t_old") == _table(dsn, "t_old"), DEADLINE_S, "the renamed table")
-    wait_for(lambda: _fold(log, "shop.public.t") == _table(dsn, "t"), DEADLINE_S, "the old topic to equal the new t")
+    wait_for(
+        lambda: _fold(log, "shop.public.t_old") == _table(dsn, "t_old"),
+        DEADLINE_S,
+        "the renamed table",
+        progress=lambda: capture_progress(log),
+    )
+    wait_for(
+        lambda: _fold(log, "shop.public.t") == _table(dsn, "t"),
+        DEADLINE_S,
+        "the old topic to equal the new t",
+        progress=lambda: capture_progress(log),
+    )
     assert set(_fold(log, "shop.public.t")) == {1, 500}
 
 
@@ -184,10 +227,25 @@ def test_a_rename_while_capture_is_stopped_is_said_at_start(fresh_db: str, tmp_p
     assert init.returncode == 0, init.stdout + init.stderr
     proc = spawn_capture(config)
     try:
-        wait_for(lambda: _fold(log, "shop.public.t") == _table(fresh_db, "t"), DEADLINE_S, "the snapshot")
+        wait_for(
+            lambda: _fold(log, "shop.public.t") == _table(fresh_db, "t"),
+            DEADLINE_S,
+            "the snapshot",
+            progress=lambda: capture_progress(log),
+        )
         _sql(fresh_db, "ALTER TABLE t RENAME TO t2")
-        wait_for(lambda: _fold(log, "shop.public.t2") == _table(fresh_db, "t2"), DEADLINE_S, "the new topic")
-        wait_for(lambda: _fold(log, "shop.public.t") == {}, DEADLINE_S, "the old topic ended")
+        wait_for(
+            lambda: _fold(log, "shop.public.t2") == _table(fresh_db, "t2"),
+            DEADLINE_S,
+            "the new topic",
+            progress=lambda: capture_progress(log),
+        )
+        wait_for(
+            lambda: _fold(log, "shop.public.t") == {},
+            DEADLINE_S,
+            "the old topic ended",
+            progress=lambda: capture_progress(log),
+        )
         _settle(log)
     finally:
         _stop(proc)
@@ -213,8 +271,7 @@ def pause(table, phase):
     seen.append(phase)
     if seen.count("rows") == 3:
         (gate / "paused").touch()
-        deadline = time.monotonic() + 120
-        while not (gate / "release").exists() and time.monotonic() < deadline:
+        while not (gate / "release").exists():  # the test releases it, whatever happens
             time.sleep(0.05)
 ChunkedSnapshot.after_read = pause
 from tributary.api.cli.main import main
@@ -240,17 +297,29 @@ def test_a_rewrite_while_the_table_is_being_snapshotted_reads_it_again(fresh_db:
             [sys.executable, "-c", _PAUSE_IN_ROWS, str(config)], stderr=err_file, stdout=subprocess.DEVNULL, cwd=ROOT
         )
     try:
-        wait_for((tmp_path / "paused").exists, DEADLINE_S, "the third chunk read")
+        wait_for(
+            (tmp_path / "paused").exists, DEADLINE_S, "the third chunk read", progress=lambda: capture_progress(log)
+        )
         assert 0 < len(_fold(log, "shop.public.t")) < 1000  # two chunks staged, with the old values
         _sql(fresh_db, "ALTER TABLE t ALTER COLUMN v TYPE int USING v * 10")
-        wait_for(lambda: "schema change of public.t seen" in err_path.read_text(), DEADLINE_S, "the notice")
+        wait_for(
+            lambda: "schema change of public.t seen" in err_path.read_text(),
+            DEADLINE_S,
+            "the notice",
+            progress=lambda: capture_progress(log),
+        )
         (tmp_path / "release").touch()
-        wait_for(lambda: _fold(log, "shop.public.t") == _table(fresh_db, "t"), DEADLINE_S, "the rewritten rows")
+        wait_for(
+            lambda: _fold(log, "shop.public.t") == _table(fresh_db, "t"),
+            DEADLINE_S,
+            "the rewritten rows",
+            progress=lambda: capture_progress(log),
+        )
         _settle(log)
     finally:
         (tmp_path / "release").touch()
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        waiting.wait_exit(proc, what="capture to stop", progress=lambda: waiting.size_of(err_path))
     err = err_path.read_text()
     assert proc.returncode == 0, err
     # The request joined the snapshot under way (read again from its first key), rather than following it.
@@ -289,9 +358,17 @@ def test_an_old_topic_is_ended_after_a_crash_once_its_notice_is_committed(fresh_
             cwd=ROOT,
         )
     try:
-        wait_for(lambda: _fold(log, "shop.public.t") == _table(fresh_db, "t"), DEADLINE_S, "the snapshot")
+        wait_for(
+            lambda: _fold(log, "shop.public.t") == _table(fresh_db, "t"),
+            DEADLINE_S,
+            "the snapshot",
+            progress=lambda: capture_progress(log),
+        )
         _sql(fresh_db, "ALTER TABLE t RENAME TO t2")
-        assert proc.wait(timeout=DEADLINE_S) == 9, err_path.read_text()
+        code = waiting.wait_exit(
+            proc, what="capture to crash", progress=lambda: (capture_progress(log), waiting.size_of(err_path))
+        )
+        assert code == 9, err_path.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -61,5 +61,6 @@ def test_a_statement_of_a_killed_capture_is_cancelled(fresh_db: str, tmp_path: P
             lambda: not _active(fresh_db, app),
             timeout=60 + CHECK_INTERVAL_MS / 1000,
             what="the killed capture's statements to end",
+            progress=lambda: str(_active(fresh_db, app)),
         )
         locker.rollback()

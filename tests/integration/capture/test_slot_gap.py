@@ -112,7 +112,7 @@ def test_a_slot_confirmed_while_idle_is_still_capture_s_own(fresh_db: str, tmp_p
         conn.execute("INSERT INTO items SELECT g, 'seed' FROM generate_series(1, 10) g")
     config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", name="shop")
     config.write_text(config.read_text().replace('include = ["public.*"]', 'include = ["public.items"]'))
-    from tests.integration.capture.helpers import spawn_capture, wait_for
+    from tests.integration.capture.helpers import capture_progress, spawn_capture, wait_for
 
     proc = spawn_capture(config, "--until-idle", "6")
     slot = _slot(config)
@@ -132,7 +132,12 @@ def test_a_slot_confirmed_while_idle_is_still_capture_s_own(fresh_db: str, tmp_p
             ]
             return bool(row and row[0] and lsns and Lsn.parse(row[0]) > max(lsns))
 
-        wait_for(confirmed_past_the_records, timeout=60, what="an idle confirm past the last record")
+        wait_for(
+            confirmed_past_the_records,
+            timeout=60,
+            what="an idle confirm past the last record",
+            progress=lambda: capture_progress(tmp_path / "log"),
+        )
     proc.communicate(timeout=60)
     assert proc.returncode == 0
     with psycopg.connect(fresh_db, autocommit=True) as conn:

@@ -115,7 +115,12 @@ def test_capture_snapshot_and_the_signal_table_reread_a_table_while_capture_runs
             what="t read again (signal table)",
             progress=lambda: capture_progress(log_root),
         )
-        wait_for(lambda: table_state(log_root, "shop.public.t") == _table(fresh_db), timeout=60, what="t in the log")
+        wait_for(
+            lambda: table_state(log_root, "shop.public.t") == _table(fresh_db),
+            timeout=60,
+            what="t in the log",
+            progress=lambda: capture_progress(log_root),
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)

@@ -5,7 +5,6 @@ records that held the value — the kept record must hold it instead (the databa
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import psycopg
 import pyarrow.parquet as pq
 import pytest
 
+from tests import waiting
 from tests.integration.capture.helpers import cli, records, spawn_capture, wait_for
 from tributary.capture.values import UNAVAILABLE
 from tributary.eventstore.migrate import run_migrations
@@ -84,8 +84,8 @@ def test_unchanged_toast_value_survives_background_compaction(fresh_db: str, tmp
     config = _config(tmp_path / "t.toml", dsn=fresh_db, root=root)
     proc = spawn_capture(config)
     try:
-        wait_for(lambda: (root / "manifest.json").exists(), 60, "the log")
-        wait_for(lambda: len(_latest(root)) == 1, 60, "the snapshot")
+        wait_for(lambda: (root / "manifest.json").exists(), 60, "the log", progress=lambda: waiting.size_of(root))
+        wait_for(lambda: len(_latest(root)) == 1, 60, "the snapshot", progress=lambda: waiting.size_of(root))
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute(f"INSERT INTO doc VALUES (2, 0, ({big}))", ("b",))
             for i in range(300):
@@ -97,19 +97,27 @@ def test_unchanged_toast_value_survives_background_compaction(fresh_db: str, tmp
             latest = _latest(root)
             return all(k in latest and orjson.loads(latest[k].value)["after"]["n"] == want[k]["n"] for k in want)
 
-        wait_for(caught_up, 120, "capture to catch up")
+        wait_for(caught_up, 120, "capture to catch up", progress=lambda: waiting.size_of(root))
         ours = _latest(root)
         # other keys roll the segments on until the cleaner has compacted past 1's and 2's latest
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute("INSERT INTO doc SELECT g, 0, 'small' FROM generate_series(3, 20) g")
-            i = 0
-            deadline = time.monotonic() + 180
-            while not _compacted_past(root, ours):
-                assert time.monotonic() < deadline, "timed out waiting for the cleaner to compact past the records"
+            updates = [0]
+
+            def compacted() -> bool:
+                if _compacted_past(root, ours):
+                    return True
                 for _ in range(20):
-                    i += 1
-                    conn.execute("UPDATE doc SET n = %s WHERE id = %s", (i, 3 + i % 18))
-                time.sleep(0.1)
+                    updates[0] += 1
+                    conn.execute("UPDATE doc SET n = %s WHERE id = %s", (updates[0], 3 + updates[0] % 18))
+                return False
+
+            waiting.wait_progress(  # the cleaner's clean ends move on pass by pass
+                compacted,
+                lambda: str(read_checkpoint(root).get("partitions", {})),
+                what="the cleaner to compact past the records",
+                poll=0.1,
+            )
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)

@@ -27,7 +27,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.integration.capture.helpers import cli, records, spawn_capture, table_state, wait_for
+from tests.integration.capture.helpers import capture_progress, cli, records, spawn_capture, table_state, wait_for
 from tests.pg import PgServer
 from tributary.capture.routing import topic_name
 from tributary.capture.status import read_status
@@ -236,12 +236,12 @@ def test_every_untidy_case_at_once_equals_the_database(pg_server: PgServer, tmp_
 
         capture = spawn_capture(config)
         try:
-            wait_for(lambda: _streaming(log), 300, "both sources to stream")
+            wait_for(lambda: _streaming(log), 300, "both sources to stream", progress=lambda: capture_progress(log))
             for round_ in range(3):
                 _sql(shop, *_workload(round_))
                 _sql(legacy, f"UPDATE people SET name = name || 'é' WHERE id = {1 + round_}")
                 _ledger(shop, 30)
-            wait_for(lambda: _ledger_seen(log) >= 30, 300, "capture to stream")
+            wait_for(lambda: _ledger_seen(log) >= 30, 300, "capture to stream", progress=lambda: capture_progress(log))
             capture.send_signal(signal.SIGKILL)  # mid-stream: its uncommitted appends go
             capture.wait(60)
 
@@ -250,7 +250,7 @@ def test_every_untidy_case_at_once_equals_the_database(pg_server: PgServer, tmp_
             _sql(shop, "ALTER TABLE c REPLICA IDENTITY FULL")
             _ledger(shop, 30)
             capture = spawn_capture(config)
-            wait_for(lambda: _ledger_seen(log) >= 120, 300, "capture to resume")
+            wait_for(lambda: _ledger_seen(log) >= 120, 300, "capture to resume", progress=lambda: capture_progress(log))
             # While it streams: a key added, rewriting DDL, a rename, a truncated partition.
             _sql(
                 shop,
@@ -265,7 +265,12 @@ def test_every_untidy_case_at_once_equals_the_database(pg_server: PgServer, tmp_
             for round_ in range(3, 6):
                 _sql(shop, *_workload(round_))
                 _ledger(shop, 30)
-            wait_for(lambda: len(table_state(log, "shop.public.rn2")) == 20, 300, "the renamed table's snapshot")
+            wait_for(
+                lambda: len(table_state(log, "shop.public.rn2")) == 20,
+                300,
+                "the renamed table's snapshot",
+                progress=lambda: capture_progress(log),
+            )
             capture.send_signal(signal.SIGKILL)
             capture.wait(60)
 
@@ -275,11 +280,18 @@ def test_every_untidy_case_at_once_equals_the_database(pg_server: PgServer, tmp_
             for round_ in range(6, 8):
                 _sql(shop, *_workload(round_))
                 _ledger(shop, 30)
-            wait_for(lambda: _ledger_seen(log) >= 270, 300, "every ledger insert")
+            wait_for(
+                lambda: _ledger_seen(log) >= 270, 300, "every ledger insert", progress=lambda: capture_progress(log)
+            )
             # Caught up (re-snapshots of the key change, the rewrite, the truncate and the request
             # included): every topic equals its table, before anything else re-states them.
             try:
-                wait_for(lambda: _differences(log, shop, legacy, odd) == [], 120, "every topic to equal its table")
+                wait_for(
+                    lambda: _differences(log, shop, legacy, odd) == [],
+                    120,
+                    "every topic to equal its table",
+                    progress=lambda: capture_progress(log),
+                )
             except AssertionError:
                 diff = _differences(log, shop, legacy, odd)
                 detail = {q: (_fold(log, f"shop.public.{q}"), _table(shop, q)) for q in diff if q.isidentifier()}

@@ -11,6 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests import waiting
 from tests.integration.projections.helpers import LogWriter
 from tributary.consumers import (
     ConsumerError,
@@ -101,9 +102,18 @@ def test_a_member_past_its_session_timeout_loses_its_partitions(coordinator: Gro
 
 
 def test_the_sweeper_moves_a_silent_members_partitions(coordinator: GroupCoordinator) -> None:
-    coordinator.join("g", [TOPIC], member_id="a", session_timeout_ms=300)
     coordinator.join("g", [TOPIC], member_id="b", session_timeout_ms=10_000)
-    assert coordinator.sweep() == []
+    swept: list[list[str]] = []
+
+    def alive_sweep() -> bool:
+        """A sweep within a's session: when the machine stalls past it, a joins again and the sweep repeats."""
+        started = time.monotonic()
+        coordinator.join("g", [TOPIC], member_id="a", session_timeout_ms=300)
+        swept.append(coordinator.sweep())
+        return time.monotonic() - started < 0.3
+
+    waiting.wait_progress(alive_sweep, lambda: None, what="a join and a sweep within a 0.3 s session")
+    assert swept[-1] == []
     time.sleep(0.5)  # nobody calls: only the sweeper notices that a is gone
     assert coordinator.sweep() == ["g"]
     described = coordinator.describe("g")
@@ -177,8 +187,7 @@ def test_concurrent_pulls_of_one_member_hand_out_every_record_once(
     try:
         for t in threads:
             t.start()
-        for t in threads:
-            t.join(timeout=120)
+        waiting.wait_threads(threads, what="both pulls", progress=lambda: (len(got[0]), len(got[1])))
     finally:
         other.close()
     assert not failures, failures
@@ -398,19 +407,24 @@ def test_three_members_one_goes_silent_nothing_lost_order_kept(
     threads = [threading.Thread(target=member, args=(n, 60 if n == "m2" else None)) for n in ("m0", "m1", "m2")]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 60
+
+    def committed() -> list[tuple[int, int | None, int]]:
+        parts = (coordinator.describe("g") or {"partitions": []})["partitions"]  # None until the first join
+        return [(x["partition"], x["committed"], x["end"]) for x in parts]
+
+    def everything_committed() -> bool:
+        parts = committed()
+        return silent_at.is_set() and len(parts) == 4 and all(c == end for _, c, end in parts)
+
     try:
-        while True:
-            described = coordinator.describe("g") or {"partitions": []}  # None until the first join
-            parts = described["partitions"]
-            if silent_at.is_set() and len(parts) == 4 and all(x["committed"] == x["end"] for x in parts):
-                break
-            assert time.monotonic() < deadline, described
-            time.sleep(0.1)
+        waiting.wait_progress(
+            everything_committed,
+            lambda: (len(processed), tuple(committed())),
+            what="every record committed after m2 went silent",
+        )
     finally:
         stop.set()
-        for t in threads:
-            t.join(timeout=30)
+        waiting.wait_threads(threads, what="the members to stop", progress=lambda: len(processed))
     assert {(p, o) for _, _, p, o in processed} == {(r[0], r[1]) for r in _all_offsets(coordinator)}
     assert {m["member_id"] for m in (coordinator.describe("g") or {})["members"]} <= {"m0", "m1"}
     by_run: dict[tuple[str, int, int], list[int]] = {}

@@ -10,13 +10,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests import waiting
 from tests.integration.capture.helpers import cli
 from tests.integration.consumers.helpers import Filler, Receiver, receiving, write_config
 from tests.servers import ROOT, free_port, serving
@@ -29,11 +29,9 @@ pytestmark = pytest.mark.integration
 TOPIC = "shop.public.orders"
 
 
-def _wait(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+def _stopped(proc: subprocess.Popen[bytes], err: Path) -> int:
+    """The sink's exit status once it has stopped (after a signal), waiting while its log moves."""
+    return waiting.wait_exit(proc, what="the sink to stop", progress=lambda: waiting.size_of(err))
 
 
 def _sinks_run(config: Path, err: Path) -> subprocess.Popen[bytes]:
@@ -86,16 +84,24 @@ max_backoff_ms = 50
         err = tmp_path / "sink.err"
         proc = _sinks_run(config, err)
         try:
-            _wait("the first records", lambda: len(receiver.records()) == len(first) - 1)
+            waiting.wait_progress(
+                lambda: len(receiver.records()) == len(first) - 1,
+                lambda: (receiver.requests, waiting.size_of(err)),
+                what="the first records",
+            )
             dead = cli("sinks", "dead-letters", "hook", "--config", str(config))
             assert dead.returncode == 0, dead.stderr
             letters = [json.loads(line) for line in dead.stdout.splitlines()]
             assert [(d["key"], d["value"]) for d in letters] == [('"k7"', {"key": "k7", "n": 3, "poison": True})]
             assert letters[0]["attempts"] == 1 and "HTTP 400" in letters[0]["error"]
-            _wait("the sink's last commit", lambda: _lag(fresh_db, root) == 0)
+            waiting.wait_progress(
+                lambda: _lag(fresh_db, root) == 0,
+                lambda: (_lag(fresh_db, root), receiver.requests),
+                what="the sink's last commit",
+            )
         finally:
             proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=30) == 0, err.read_text()
+            assert _stopped(proc, err) == 0, err.read_text()
         got = receiver.records()
         offsets: dict[int, list[int]] = {}
         for r in got:
@@ -114,8 +120,13 @@ max_backoff_ms = 50
             def metrics() -> str:
                 return httpx.get(f"{url}/metrics", timeout=10).text
 
-            lag = f'tributary_consumer_lag_records{{group="sink-hook",partition="0",topic="{TOPIC}"}} 0.0'
-            _wait("the sink and its group in /metrics", lambda: all(m in metrics() for m in (lag, "tributary_sink_")))
+            lag_line = f'tributary_consumer_lag_records{{group="sink-hook",partition="0",topic="{TOPIC}"}} 0.0'
+
+            def shown() -> int:
+                text = metrics()
+                return sum(m in text for m in (lag_line, "tributary_sink_"))
+
+            waiting.wait_progress(lambda: shown() == 2, shown, what="the sink and its group in /metrics")
             text = metrics()
             assert 'tributary_sink_dead_letters_total{sink="hook"} 1.0' in text
             assert f'tributary_sink_delivered_records_total{{sink="hook"}} {len(first) - 1}.0' in text
@@ -127,11 +138,15 @@ max_backoff_ms = 50
         before = len(got)
         proc = _sinks_run(config, err)
         try:
-            _wait("the new records", lambda: len(receiver.records()) >= before + len(second))
-            time.sleep(0.5)
+            waiting.wait_progress(
+                lambda: len(receiver.records()) >= before + len(second),
+                lambda: (receiver.requests, waiting.size_of(err)),
+                what="the new records",
+            )
+            time.sleep(0.5)  # a quiet while: nothing beyond them may come
         finally:
             proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=30) == 0, err.read_text()
+            assert _stopped(proc, err) == 0, err.read_text()
         new = receiver.records()[before:]
         assert sorted((r["value"]["key"], r["value"]["n"]) for r in new) == sorted((k, v["n"]) for k, v in second)
     filler.close()
@@ -145,6 +160,15 @@ def _lag(dsn: str, root: Path) -> int | None:
         if described is None
         else sum(p["lag"] if p["lag"] is not None else 1 << 30 for p in described["partitions"])
     )
+
+
+def _members(dsn: str, root: Path, *, alive: bool = False) -> list[list[Any]]:
+    """The assignments of each member (with `alive`: each one still in its session) of the sink's
+    group (none before its first join)."""
+    with GroupCoordinator(dsn, root, max_connections=1) as coordinator:
+        described = coordinator.describe("sink-hook")
+    members = [] if described is None else described["members"]
+    return [m["assignments"] for m in members if m["alive"] or not alive]
 
 
 def _status(config: Path) -> dict[str, Any]:
@@ -167,26 +191,39 @@ def test_kill_9_the_sink_redelivers_only_after_its_last_commit(fresh_db: str, tm
 
     with receiving(Receiver(plan=slow)) as receiver:
         sink = f'[[sinks]]\ntype = "http"\nname = "hook"\nurl = "{receiver.url}"\ntopics = ["{TOPIC}"]\nmax_batch_records = 40\nlinger_ms = 5\n'
-        config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=root, port=free_port(), extra=sink)
+        session = "[consumers]\nsession_timeout_ms = 3000\n"
+        config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=root, port=free_port(), extra=session + sink)
         err = tmp_path / "sink.err"
         proc = _sinks_run(config, err)
         try:
-            _wait("some records", lambda: len(receiver.records()) >= 600)
+            waiting.wait_progress(
+                lambda: len(receiver.records()) >= 600, lambda: receiver.requests, what="some records"
+            )
         finally:
             proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=30)
+            _stopped(proc, err)
         with GroupCoordinator(fresh_db, root, max_connections=1) as coordinator:
             described = coordinator.describe("sink-hook")
         assert described is not None
         committed = {p["partition"]: p["committed"] or 0 for p in described["partitions"]}
         before = len(receiver.records())
         assert before < len(items), "the kill came too late to prove anything"
+        # The restart joins once the killed member's session is over: it takes every partition at its
+        # commit at once, with no rebalance later in its run (which would fence its commit in hand and
+        # deliver that batch again, as at-least-once allows).
+        waiting.wait_progress(
+            lambda: not _members(fresh_db, root, alive=True), lambda: None, what="the killed member's session to end"
+        )
         proc = _sinks_run(config, err)
         try:
-            _wait("every record", lambda: {(r["partition"], r["offset"]) for r in receiver.records()} >= _all(root))
+            waiting.wait_progress(
+                lambda: {(r["partition"], r["offset"]) for r in receiver.records()} >= _all(root),
+                lambda: receiver.requests,
+                what="every record",
+            )
         finally:
             proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=30) == 0, err.read_text()
+            assert _stopped(proc, err) == 0, err.read_text()
         got = receiver.records()
         first_run, second_run = got[:before], got[before:]
         for p in committed:
@@ -220,11 +257,19 @@ def test_a_sink_started_before_its_topic_exists_delivers_once_it_appears(fresh_d
         err = tmp_path / "sink.err"
         proc = _sinks_run(config, err)
         try:
-            time.sleep(2)  # joined, with nothing to read
+            waiting.wait_progress(  # joined, with nothing to read
+                lambda: _members(fresh_db, root) == [[]],
+                lambda: (waiting.tree_cpu_s(proc.pid), waiting.size_of(err)),
+                what="the sink to join its group",
+            )
             filler.topic(TOPIC, partitions=2)
             filler.write(TOPIC, [(f"k{i}", {"key": f"k{i}", "n": i}) for i in range(10)])
-            _wait("the records of the new topic", lambda: len(receiver.records()) == 10, timeout=30)
+            waiting.wait_progress(
+                lambda: len(receiver.records()) == 10,
+                lambda: (receiver.requests, str(_members(fresh_db, root))),
+                what="the records of the new topic",
+            )
         finally:
             proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=30) == 0, err.read_text()
+            assert _stopped(proc, err) == 0, err.read_text()
     filler.close()

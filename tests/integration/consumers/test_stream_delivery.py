@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.integration.capture.helpers import wait_for
 from tests.integration.projections.helpers import LogWriter
+from tests.waiting import wait_progress
 from tributary.consumers import Fenced, GroupCoordinator, LogChanges, StreamCursor
 from tributary.eventstore.migrate import run_migrations
 
@@ -48,9 +49,14 @@ def write(writer: LogWriter, n: int, *, start: int = 0) -> None:
     writer.commit()
 
 
+async def _until(check: Callable[[], bool], progress: Callable[[], Hashable], what: str) -> None:
+    """Wait for `check()` while `progress()` moves (tests/waiting.py), the event loop running on."""
+    await asyncio.to_thread(wait_progress, check, progress, what=what, poll=0.01)
+
+
 def listening(c: GroupCoordinator) -> None:
     c.notices.start()
-    wait_for(lambda: c.notices.listening, timeout=10, what="the rebalance listener")
+    wait_for(lambda: c.notices.listening, what="the rebalance listener", progress=lambda: None)
 
 
 def test_a_stream_asks_the_database_only_when_it_must(coordinator: GroupCoordinator, writer: LogWriter) -> None:
@@ -119,8 +125,8 @@ def test_a_waiting_stream_wakes_when_the_log_commits_not_on_the_next_poll(
             seen = coordinator.view.version
             loop = asyncio.get_running_loop()
             waiting = asyncio.create_task(changes.wait(seen, 20))
-            await asyncio.sleep(0.3)  # the watcher task has read the manifest and sleeps
-            assert changes.watch.active and not waiting.done()
+            await _until(lambda: changes.watching(), lambda: changes.reads, "the watch")  # the waiter sleeps on it
+            assert changes.watch is not None and changes.watch.active and not waiting.done()
             started = loop.time()
             await asyncio.to_thread(write, writer, 1)
             assert await asyncio.wait_for(waiting, 20)
@@ -171,7 +177,7 @@ def test_without_the_watch_the_manifest_is_polled_every_interval(service: str, t
                 try:
                     await asyncio.to_thread(w.topic, TOPIC, 1)
                     await asyncio.to_thread(write, w, 1)
-                    woke = await asyncio.wait_for(waiting, 5)
+                    woke = await waiting  # (False after its 20 s)
                 finally:
                     w.close()
                 return reads, woke
@@ -190,12 +196,12 @@ def test_a_watch_that_misses_a_change_is_no_longer_relied_on(coordinator: GroupC
         try:
             coordinator.view.refresh()
             waiting = asyncio.create_task(changes.wait(coordinator.view.version, 20))
-            await asyncio.sleep(0.3)
+            await _until(lambda: changes.watching(), lambda: changes.reads, "the watch")
             assert changes.watch is not None and changes.watching()
             # the file system stops reporting (as a network file system's remote writes never do)
             asyncio.get_running_loop().remove_reader(changes.watch._fd)
             await asyncio.to_thread(write, writer, 1)
-            assert await asyncio.wait_for(waiting, 5)  # the safety re-read found it
+            assert await waiting  # the safety re-read found it (False: not within its 20 s)
             await asyncio.sleep(0.2)
             waiting = asyncio.create_task(changes.wait(coordinator.view.version, 20))
             await asyncio.sleep(0.1)

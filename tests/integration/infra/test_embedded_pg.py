@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from tests.pg import PgServer
+from tests.waiting import run_process
 from tributary.api.devdb.embedded import EmbeddedPostgres, PgError
 
 pytestmark = pytest.mark.integration
@@ -28,11 +29,8 @@ def test_server_has_logical_decoding_and_wal2json(pg_server: PgServer, fresh_db:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from tributary.api.cli.main import main; main()", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
+    return run_process(
+        [sys.executable, "-c", "from tributary.api.cli.main import main; main()", *args], what=f"tributary {args[:2]}"
     )
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.pg import REPO_ROOT
+from tests.waiting import run_process
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +25,7 @@ FOLDERS = ("api", "capture", "eventstore", "migrations", "projections")
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the checkout stays out of sight
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+    return run_process(cmd, what=" ".join(cmd[:3]), cwd=cwd, env=env)
 
 
 @pytest.fixture(scope="module")

@@ -35,21 +35,26 @@ def read_committed(bootstraps: str, topics: list[str]) -> list[Seen]:
             return []
         consumer.assign(parts)
         pending = {(p.topic, p.partition) for p in parts}
+        from tests.waiting import wait_progress
+
         out = []
-        deadline = time.monotonic() + 60
-        while pending and time.monotonic() < deadline:
+
+        def at_the_ends() -> bool:
             msg = consumer.poll(0.5)
             if msg is None:
-                continue
+                return not pending
             if msg.error() is not None:
                 if msg.error().code() == KafkaError._PARTITION_EOF:
                     pending.discard((msg.topic(), msg.partition()))
-                    continue
+                    return not pending
                 raise AssertionError(msg.error().str())
             out.append(
                 (msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), msg.headers(), msg.timestamp()[1])
             )
-        assert not pending, f"never reached the end of {pending}"
+            return False
+
+        if pending:
+            wait_progress(at_the_ends, lambda: (len(out), len(pending)), what=f"the end of {sorted(pending)}", poll=0)
         return out
     finally:
         consumer.close()

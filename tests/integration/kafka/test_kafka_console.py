@@ -4,13 +4,13 @@ log's gauges in `/metrics` show the cluster's topics, not an empty local log."""
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
 
+from tests import waiting
 from tests.integration.capture.helpers import cli
 from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import write_kafka_config
@@ -53,11 +53,11 @@ def test_topics_and_metrics_show_the_kafka_topics(fresh_db: str, tmp_path: Path,
         assert 13 <= items["records"] == sum(items["end_offsets"]) - sum(items["start_offsets"])
 
         pattern = re.compile(rf'^tributary_log_records\{{topic="{re.escape(TOPIC)}"\}} (\S+)$', re.M)
-        deadline = time.monotonic() + 30
-        while True:  # the gauges are refreshed in the background
-            found = pattern.search(httpx.get(f"{base}/metrics", timeout=30).text)
-            if found is not None:
-                break
-            assert time.monotonic() < deadline, "no tributary_log_records for the Kafka topic"
-            time.sleep(0.5)
-        assert float(found.group(1)) == items["records"]
+        found: list[re.Match[str] | None] = []
+
+        def shown() -> bool:  # the gauges are refreshed in the background
+            found.append(pattern.search(httpx.get(f"{base}/metrics", timeout=30).text))
+            return found[-1] is not None
+
+        waiting.wait_progress(shown, lambda: None, what="tributary_log_records for the Kafka topic", poll=0.5)
+        assert (last := found[-1]) is not None and float(last.group(1)) == items["records"]

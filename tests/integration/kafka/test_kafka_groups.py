@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from tests import waiting
 from tests.integration.capture.helpers import cli
 from tests.integration.consumers.helpers import Receiver, receiving
 from tests.integration.kafka.conftest import KafkaCluster
@@ -59,8 +60,8 @@ def _join(base: str, member: str) -> dict[str, Any]:
 def _pull_all(base: str, member: str, generation: int, want: int) -> list[dict[str, Any]]:
     """Pull (small batches) until `want` records arrived, then once more: nothing else may come."""
     got: list[dict[str, Any]] = []
-    empty = 0
-    while len(got) < want or empty < 1:
+
+    def pulled() -> bool:
         r = httpx.get(
             f"{base}/groups/{GROUP}/members/{member}/records",
             params={"generation": generation, "max_records": 7, "wait_ms": 300},
@@ -68,10 +69,10 @@ def _pull_all(base: str, member: str, generation: int, want: int) -> list[dict[s
         )
         assert r.status_code == 200, r.text
         batch = r.json()["records"]
-        got += batch
-        if not batch:
-            empty += 1
-            assert empty < 40 or len(got) >= want, f"only {len(got)} of {want} records arrived"
+        got.extend(batch)
+        return len(got) >= want and not batch
+
+    waiting.wait_progress(pulled, lambda: len(got), what=f"{want} records for {member}")
     return got
 
 
@@ -217,8 +218,8 @@ def test_groups_share_partitions_and_commit_to_kafka(fresh_db: str, tmp_path: Pa
             started = time.monotonic()
             r = httpx.get(
                 f"{base}/groups/{GROUP}/members/a/records",
-                params={"generation": a["generation"], "wait_ms": 30_000},
-                timeout=60,
+                params={"generation": a["generation"], "wait_ms": 60_000},
+                timeout=90,
             )
             woke.append((r.json()["records"], time.monotonic() - started))
 
@@ -228,11 +229,11 @@ def test_groups_share_partitions_and_commit_to_kafka(fresh_db: str, tmp_path: Pa
             conn.execute("UPDATE items SET note = 'late' WHERE id = 1")
         done = cli("capture", "--config", str(config), "--until-idle", "1")
         assert done.returncode == 0, done.stderr
-        waiter.join(60)
+        waiter.join()  # (the long poll ends by itself, at the latest after its wait_ms)
         [(late, waited)] = woke
         now = {(p, o) for _, p, o, *_ in read_committed(kafka.bootstraps, [TOPIC])}
         assert late and {(r["partition"], r["offset"]) for r in late} <= now - expected
-        assert waited < 25, waited  # woken by the commit, not by the 30 s timeout
+        assert waited < 55, waited  # woken by the commit, not by the 60 s timeout
 
         # server-sent events: another group streams every record from the start
         audit = httpx.post(
@@ -278,13 +279,24 @@ def test_http_sink_delivers_from_kafka_and_commits_there(fresh_db: str, tmp_path
             )
         last = {p: o + 1 for _, p, o, *_ in sorted(expected)}  # each partition's offset after its last record
         try:
-            deadline = time.monotonic() + 60
-            while len(receiver.records()) < len(expected) or _kafka_committed(kafka.bootstraps, "sink-hook") != last:
-                assert time.monotonic() < deadline and proc.poll() is None, err.read_text()
-                time.sleep(0.2)
+
+            def delivered() -> bool:
+                assert proc.poll() is None, err.read_text()
+                return (
+                    len(receiver.records()) >= len(expected) and _kafka_committed(kafka.bootstraps, "sink-hook") == last
+                )
+
+            waiting.wait_progress(
+                delivered,
+                lambda: (receiver.requests, str(_kafka_committed(kafka.bootstraps, "sink-hook")), waiting.size_of(err)),
+                what="every record delivered and committed to Kafka",
+                poll=0.2,
+            )
         finally:
             proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=30) == 0, err.read_text()
+            assert waiting.wait_exit(proc, what="the sink to stop", progress=lambda: waiting.size_of(err)) == 0, (
+                err.read_text()
+            )
     got = receiver.records()
     assert sorted((r["partition"], r["offset"]) for r in got) == sorted((p, o) for _, p, o, *_ in expected)
     for p in range(3):
@@ -313,21 +325,24 @@ def test_a_kafka_member_of_the_same_group_id_blocks_commits_until_it_leaves(
             )
         )
         member.subscribe([topic])
-        deadline = time.monotonic() + 30
-        while not member.assignment():  # a live member of Kafka's own group "shared"
-            assert time.monotonic() < deadline
+
+        def assigned() -> bool:  # a live member of Kafka's own group "shared"
             member.poll(0.2)
+            return bool(member.assignment())
+
+        waiting.wait_progress(assigned, lambda: None, what="Kafka to assign the plain consumer its partitions")
         with pytest.raises(LogError, match="group.id 'shared'"):
             coordinator.commit("shared", "m", me.generation, [(topic, 0, 0)])
         member.close()  # leaves Kafka's group: once it is empty, tributary's commits go through
         if kafka.kind == "mock":
             return  # the mock cluster keeps refusing commits without a member once its group had one
-        deadline = time.monotonic() + 30
-        while True:
+
+        def committed() -> bool:  # Kafka refuses while it still counts the member that left
             try:
                 coordinator.commit("shared", "m", me.generation, [(topic, 0, 0), (topic, 1, 0)])
-                break
             except LogError:
-                assert time.monotonic() < deadline, "Kafka kept refusing the commit after its member left"
-                time.sleep(0.5)
+                return False
+            return True
+
+        waiting.wait_progress(committed, lambda: None, what="Kafka to take the commit after its member left", poll=0.5)
         assert coordinator.offsets.committed("shared", [(topic, 0), (topic, 1)]) == {(topic, 0): 0, (topic, 1): 0}

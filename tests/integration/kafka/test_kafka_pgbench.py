@@ -22,7 +22,7 @@ from tests.integration.capture.helpers import Capture, capture_progress, cli, sp
 from tests.integration.capture.test_chunked_pgbench import _pgbench, _table
 from tests.integration.kafka.conftest import ON_BROKER, KafkaCluster
 from tests.integration.kafka.helpers import Change, read_committed, without_replays, write_kafka_config
-from tests.waiting import size_of, wait_exit
+from tests.waiting import run_process, size_of, wait_exit
 from tributary.capture.status import read_status
 
 # pgbench and kill -9s on a slow machine; on the real broker, where a killed writer's open transaction is aborted
@@ -72,7 +72,7 @@ def _kill(proc: Capture) -> None:
 def _prepare(dsn: str, tmp_path: Path, kafka: KafkaCluster) -> tuple[Path, Path]:
     """pgbench's tables (ACCOUNTS accounts, a key on history), its script and a capture config of
     them on `kafka` (topics with the cluster's replication factor): (script, config)."""
-    init = subprocess.run([_pgbench(), "-i", "-s", "1", "-q", dsn], capture_output=True, text=True, timeout=120)
+    init = run_process([_pgbench(), "-i", "-s", "1", "-q", dsn], what="pgbench -i")
     assert init.returncode == 0, init.stderr
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("ALTER TABLE pgbench_history ADD COLUMN id bigserial PRIMARY KEY")  # a key to capture by

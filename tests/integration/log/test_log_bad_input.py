@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -221,14 +220,16 @@ def test_second_writer_process_is_refused_until_the_first_is_killed(tmp_path: Pa
         proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
-    deadline = time.monotonic() + 5
-    while True:
+    from tests.waiting import wait_progress
+
+    def opened() -> bool:
         try:
             Log.open(root, writer=True).close()
-            break
         except LogLockedError:
-            assert time.monotonic() < deadline, "kill -9 did not release the lock"
-            time.sleep(0.05)
+            return False
+        return True
+
+    wait_progress(opened, lambda: None, what="kill -9 to release the lock", poll=0.05)
 
 
 def test_repair_cuts_a_damaged_tail_and_never_reuses_offsets(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import pytest
 from tests.integration.projections.helpers import LogWriter, dump
 from tests.integration.projections.test_runs import DEP, WD, _workload, settings
 from tests.pg import REPO_ROOT
+from tests.waiting import run_process, size_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -80,18 +80,13 @@ def standalone(tmp_path: Path) -> Iterator[str]:
     started = []
     try:
         for cls, args in roles:
-            subprocess.run(
-                ["bash", daemon, "start", cls, "1", *args],
-                env=env,
-                check=True,
-                capture_output=True,
-                timeout=60,
-            )
+            up = run_process(["bash", daemon, "start", cls, "1", *args], what=f"{cls} to start", env=env)
+            assert up.returncode == 0, up.stdout + up.stderr
             started.append(cls)
         yield master
     finally:
         for cls in reversed(started):
-            subprocess.run(["bash", daemon, "stop", cls, "1"], env=env, capture_output=True, timeout=60)
+            run_process(["bash", daemon, "stop", cls, "1"], what=f"{cls} to stop", env=env)
 
 
 def test_rebuild_on_a_standalone_cluster(spark: Any, standalone: str, fresh_db: str, tmp_path: Path) -> None:
@@ -106,12 +101,11 @@ def test_rebuild_on_a_standalone_cluster(spark: Any, standalone: str, fresh_db: 
     w.close()
     s = settings(fresh_db, root)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    out = subprocess.run(
+    out = run_process(  # its executors run in the worker: their logs and scratch files move too
         [sys.executable, "-c", CHILD, standalone, fresh_db, str(root), s.modules[0]],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        what="the rebuild on the cluster",
         env=env,
+        progress=lambda: size_of(tmp_path / "logs", tmp_path / "work"),
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["60", "6"]

@@ -17,6 +17,7 @@ import pytest
 from tests.integration.projections.helpers import LogWriter, dump
 from tests.integration.projections.test_runs import DEP, WD, _workload, settings
 from tests.pg import REPO_ROOT
+from tests.waiting import wait_exit
 from tributary.projections.runner import rebuild, run, status
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -65,7 +66,7 @@ def test_kill_9_during_run_then_rerun(spark: Any, fresh_db: str, tmp_path: Path)
         time.sleep(rng.uniform(0.5, 8.0))  # somewhere in the fold jobs or the commit
     finally:
         os.killpg(child.pid, signal.SIGKILL)  # the child and its JVM and Python workers
-        child.wait(timeout=30)
+        wait_exit(child, what="the killed runner")
         if child.stdout is not None:
             child.stdout.close()
     run(name, s, spark=spark)

@@ -4,7 +4,6 @@ tables itself is adopted — rows kept, new columns added — and keeps running 
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from tests import waiting
 from tests.integration.projections.helpers import dump
 from tributary.eventstore.migrate import migrations_current
 from tributary.log.local import Log, TopicConfig, canonical_json
@@ -99,12 +99,10 @@ def _columns(dsn: str, table: str) -> list[str]:
 
 
 def _alembic_upgrade(dsn: str) -> None:
-    res = subprocess.run(
+    res = waiting.run_process(
         [sys.executable, "-m", "alembic", "-c", "migrations/alembic.ini", "-x", f"dsn={dsn}", "upgrade", "head"],
-        capture_output=True,
-        text=True,
+        what="alembic upgrade",
         cwd=ROOT,
-        timeout=120,
     )
     assert res.returncode == 0, res.stdout + res.stderr
 

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from tests.integration.projections.helpers import DAY, LogWriter, dump
+from tests.waiting import wait_threads
 from tributary.projections.errors import RunError
 from tributary.projections.runner import RunSettings, rebuild, run, run_continuous, status
 
@@ -137,7 +138,7 @@ def test_reader_during_rebuild_never_sees_error_or_empty(spark: Any, fresh_db: s
             rebuild("bank", s, spark=spark)
     finally:
         done.set()
-        t.join(timeout=30)
+        wait_threads([t], what="the reader to stop", progress=lambda: len(seen))
     assert not errors, errors[:3]
     assert seen and min(seen) == len(expected) == max(seen)
     assert dump(fresh_db, "views.bank") == expected

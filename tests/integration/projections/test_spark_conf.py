@@ -7,7 +7,6 @@ import json
 import os
 import random
 import socket
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from tests.integration.projections.helpers import LogWriter
 from tests.integration.projections.test_runs import DEP, HERE, WD, _workload
 from tests.pg import REPO_ROOT
+from tests.waiting import run_process
 from tributary.projections.executors import LogRootUnreachable, check_log_root
 
 pytestmark = pytest.mark.integration
@@ -51,12 +51,8 @@ def test_spark_conf_reaches_the_session_a_run_builds(fresh_db: str, tmp_path: Pa
     }
     projections = {"spark_master": "local[1]", "modules": [str(HERE / "bank_projections.py")], "spark_conf": conf}
     args = json.dumps({"root": str(root), "dsn": fresh_db, "projections": projections})
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    out = run_process(
+        [sys.executable, "-c", CHILD, args], what="the Spark child", env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     )
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
