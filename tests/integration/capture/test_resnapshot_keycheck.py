@@ -1,4 +1,4 @@
-"""The re-snapshot's check of a topic's keys against its table (capture/chunked.py): composite
+"""The re-snapshot's check of a topic's keys against its table (capture/snapshot/chunked.py): composite
 keys of mixed types match their rows, each key is found through the table's key index (not a
 scan of the table per key), and a whole-row key with NULLs still matches its row."""
 
@@ -14,8 +14,8 @@ from psycopg import sql
 from tests.integration.capture.helpers import cli, write_config
 from tests.integration.capture.test_chunked_snapshot import _chunked
 from tests.integration.capture.test_resnapshot import _compacted, _slot
-from tributary.capture.catalog import TableInfo, list_tables
-from tributary.capture.chunked import check_query, key_lines
+from tributary.capture.database.catalog import TableInfo, list_tables
+from tributary.capture.snapshot.chunked import check_query, key_lines
 
 pytestmark = pytest.mark.integration
 

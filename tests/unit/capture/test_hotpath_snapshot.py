@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tributary.capture import compiled
-from tributary.capture.snapshot import take_copy_python
-from tributary.capture.snapshot_columns import _has_risky_bytes, murmur2_partitions
+from tributary.capture.snapshot.columnar import _has_risky_bytes, murmur2_partitions
+from tributary.capture.snapshot.reader import take_copy_python
 from tributary.log.local.partitioner import partition_for
 
 pytestmark = pytest.mark.unit
