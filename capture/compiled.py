@@ -1,7 +1,7 @@
 """The typed hot path (capture/_hotpath.pyx, Cython) if it was built, else None for each function.
 
 Each function is a twin of a pure-Python reference (`InsertTemplate.encode_many_python`,
-`snapshot.take_copy_python`, and for `take_inserts` the receive loop with `SourceSession.handle`);
+`reader.take_copy_python` (capture/snapshot/reader.py), and for `take_inserts` the receive loop with `SourceSession.handle`);
 `encode_inserts` answers None whenever it is not sure of the reference's result, and the caller
 then runs the reference. Missing (not built): one warning, then the references alone, slower.
 `TRIBUTARY_PURE_PYTHON=1` turns it off on purpose.

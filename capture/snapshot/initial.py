@@ -1,4 +1,4 @@
-"""The initial snapshot: every included table, read inside the slot's exported snapshot, as `op: "r"` records.
+"""`SnapshotSource`: the initial snapshot as records, every included table written as `op: "r"` in one pass.
 
 Each table takes the first of three paths that can spell all its columns exactly; all three write
 the same bytes (key, value, headers, partition, offsets: tests/integration/capture/

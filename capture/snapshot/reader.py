@@ -1,4 +1,4 @@
-"""The consistent initial snapshot: read every included table inside the slot's exported snapshot.
+"""`SnapshotReader`: one table's rows, read inside an exported snapshot, as COPY text, server-made JSON or rows.
 
 `CREATE_REPLICATION_SLOT … EXPORT_SNAPSHOT` names a snapshot that sees exactly the rows committed
 before the slot's consistent point; a REPEATABLE READ transaction that imports it (before the
