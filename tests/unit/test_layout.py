@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,9 +16,8 @@ from tests.pg import REPO_ROOT
 pytestmark = pytest.mark.unit
 
 # folder → package, as pyproject.toml's [tool.setuptools.package-dir] maps them
-FOLDERS = {"tributary": "tributary", "api": "tributary.api", "capture": "tributary.capture", "log": "tributary.log"}
-FOLDERS |= {"eventstore": "tributary.eventstore", "migrations": "tributary.migrations"}
-FOLDERS |= {"projections": "tributary.projections"}
+_PACKAGE_DIR = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+FOLDERS: dict[str, str] = {folder: package for package, folder in _PACKAGE_DIR.items()}
 OTHER_CODE = ("tests", "bench")
 
 
