@@ -1,5 +1,5 @@
 """The columnar snapshot's per-row and per-chunk steps: the typed COPY loop (capture/_hotpath.pyx
-`take_copy`) against its reference (`snapshot.take_copy_python`), the column partitions against
+`take_copy`) against its reference (`snapshot.reader.take_copy_python`), the column partitions against
 Kafka's, the control-byte scan against its definition. Pure: a scripted `get_copy_data` stands in
 for libpq. On a real COPY: tests/integration/capture/test_snapshot_columnar.py::test_text_chunks_typed_and_pure_are_equal.
 """
