@@ -52,7 +52,7 @@ test: setup
 # mypy sees the top-level folders as the package they install as (`capture/` is `tributary.capture`, …)
 # through a tree of links under build/typecheck; what lives in the root folder `tributary/` is linked as it is,
 # and `client/tributary_client` (the tributary-client distribution) beside it.
-TYPECHECK_PACKAGES := api capture log eventstore projections migrations
+TYPECHECK_PACKAGES := api capture log eventstore projections migrations consumers sinks
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -39,11 +39,11 @@ sys.path.insert(0, str(ROOT))
 from bench._compiled import add_allow_python, require_compiled  # noqa: E402
 from bench._paced import paced_writes  # noqa: E402
 from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
-from tributary.capture.catalog import list_tables  # noqa: E402
-from tributary.capture.chunked import check_query, context_key, key_lines  # noqa: E402
-from tributary.capture.lsn import Lsn  # noqa: E402
+from tributary.capture.database.catalog import list_tables  # noqa: E402
+from tributary.capture.decoding.lsn import Lsn  # noqa: E402
+from tributary.capture.decoding.wal2json import WAL2JSON_OPTIONS  # noqa: E402
+from tributary.capture.snapshot.chunked import check_query, context_key, key_lines  # noqa: E402
 from tributary.capture.status import read_status  # noqa: E402
-from tributary.capture.wal2json import WAL2JSON_OPTIONS  # noqa: E402
 from tributary.log.local import Log  # noqa: E402
 
 
@@ -348,7 +348,7 @@ def bench_snapshot(
 
 def _snapshot_state(log_root: Path, topic: str) -> tuple[bool, int]:
     """(the snapshot is committed, records committed in `topic`): the source's snapshot context
-    in the manifest (capture/chunked.py) has no table pending, with the table done; either method
+    in the manifest (capture/snapshot/chunked.py) has no table pending, with the table done; either method
     commits it with the snapshot's last rows."""
     try:
         with Log.open(log_root) as log:
@@ -474,7 +474,7 @@ def bench_chunked(
 
 
 def _context(log_root: Path) -> dict[str, Any] | None:
-    """The source's chunked-snapshot context as last committed (capture/chunked.py), if any."""
+    """The source's chunked-snapshot context as last committed (capture/snapshot/chunked.py), if any."""
     try:
         with Log.open(log_root) as log:
             text = log.positions().get(context_key("b"))
@@ -561,7 +561,7 @@ def bench_resnapshot(cluster: EmbeddedPostgres, dsn: str, rows: int, work: Path)
 
 
 def bench_key_check(dsn: str, rows: int, batch: int) -> dict[str, float]:
-    """One batch of the re-snapshot's key check (capture/chunked.py `check_query`) against the same
+    """One batch of the re-snapshot's key check (capture/snapshot/chunked.py `check_query`) against the same
     batch matched as the check once did (IS NOT DISTINCT FROM, which no index serves)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(

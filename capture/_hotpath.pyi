@@ -15,5 +15,5 @@ def encode_inserts(
     """`InsertTemplate.encode_many_python`'s (keys, values) from the template's `spec`, or None."""
 
 def take_copy(get_copy_data: Callable[[int], tuple[int, Any]], buf: bytearray, limit: int) -> int:
-    """`snapshot.take_copy_python`: COPY rows onto `buf` until it holds `limit` bytes (1), or the
+    """`snapshot.reader.take_copy_python`: COPY rows onto `buf` until it holds `limit` bytes (1), or the
     first n <= 0 get_copy_data answers."""

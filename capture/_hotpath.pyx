@@ -5,8 +5,8 @@ Each function is the twin of a pure-Python reference, kept as the tested referen
 fallback when this module is not built (capture/compiled.py loads it):
 
     take_inserts(get_copy_data, run, room)    ~ the receive loop + SourceSession.handle for held INSERTs
-    encode_inserts(spec, payloads, value_tail) ~ insert_template.InsertTemplate.encode_many_python
-    take_copy(get_copy_data, buf, limit)      ~ snapshot.take_copy_python
+    encode_inserts(spec, payloads, value_tail) ~ streaming.insert_template.InsertTemplate.encode_many_python
+    take_copy(get_copy_data, buf, limit)      ~ snapshot.reader.take_copy_python
 
 `encode_inserts` answers None whenever it is not sure to give the reference's very bytes (an odd
 shape, a value rule that declines, an LSN wider than 8 hex digits); the caller then runs the

@@ -2,7 +2,7 @@
 reference runs instead (`tributary.impl` decides: `TRIBUTARY_IMPL`, or the module not built).
 
 Each function is a twin of a pure-Python reference (`InsertTemplate.encode_many_python`,
-`snapshot.take_copy_python`, and for `take_inserts` the receive loop with `SourceSession.handle`);
+`reader.take_copy_python` (capture/snapshot/reader.py), and for `take_inserts` the receive loop with `SourceSession.handle`);
 `encode_inserts` answers None whenever it is not sure of the reference's result, and the caller
 then runs the reference.
 """

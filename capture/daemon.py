@@ -23,6 +23,8 @@ from types import FrameType
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from tributary.capture.database.replication import Keepalive
+from tributary.capture.database.slot import sql_connection
 from tributary.capture.errors import (
     CaptureError,
     SlotInUse,
@@ -32,9 +34,7 @@ from tributary.capture.errors import (
     SourceUnreachable,
     TransientSourceError,
 )
-from tributary.capture.replication import Keepalive
 from tributary.capture.resume import confirmed_in_status
-from tributary.capture.slot import sql_connection
 from tributary.capture.source import SourceSession, SourceSpec
 from tributary.capture.status import LatencyHistogram, SourceState, write_status
 from tributary.log import (
@@ -163,7 +163,7 @@ class CaptureDaemon:
     # -- the commit protocol ------------------------------------------------------------
     def commit(self) -> None:
         """Make every whole transaction appended so far durable, then confirm it to its source:
-        steps 3 and 4 of the exactly-once story (capture/offsets.py). Never confirm first: a crash
+        steps 3 and 4 of the exactly-once story (capture/streaming/positions.py). Never confirm first: a crash
         between the two merely re-sends what the manifest already holds, and the sources skip it.
         """
         if self._mark is None:
@@ -182,7 +182,7 @@ class CaptureDaemon:
             self._confirm(session, now)  # step 4: only now
 
     def _commit_idle(self) -> None:
-        """Idle sources' later positions (capture/offsets.py, step 4) into the manifest, so the
+        """Idle sources' later positions (capture/streaming/positions.py, step 4) into the manifest, so the
         slot is confirmed past nothing the manifest lacks; no records, so no mark (the log's end
         may hold a transaction still open). A commit already due covers them."""
         idle = [s for s in self.sessions if s.name not in self._retries and s.idle_boundary()]
@@ -452,7 +452,7 @@ class CaptureDaemon:
         return appended
 
     def _snapshots(self) -> bool:
-        """Chunked snapshots (capture/chunked.py): between source transactions, apply requests and
+        """Chunked snapshots (capture/snapshot/chunked.py): between source transactions, apply requests and
         start each source's next chunk read (off the loop); True while one is under way."""
         if any(s.in_transaction for s in self.sessions):
             return any(s.snapshotting for s in self.sessions)

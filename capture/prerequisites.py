@@ -14,12 +14,12 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from tributary.capture.catalog import list_tables, probe_wal2json, server_facts, table_warnings
-from tributary.capture.encodings import refusal
-from tributary.capture.envelope import toastable
-from tributary.capture.lsn import Lsn
-from tributary.capture.replication import ReplicationConnection, connect_options, translate_connect_error
-from tributary.capture.routing import TableFilter, topic_name
+from tributary.capture.database.catalog import list_tables, probe_wal2json, server_facts, table_warnings
+from tributary.capture.database.replication import ReplicationConnection, connect_options, translate_connect_error
+from tributary.capture.decoding.encodings import refusal
+from tributary.capture.decoding.lsn import Lsn
+from tributary.capture.records.envelope import toastable
+from tributary.capture.records.routing import TableFilter, topic_name
 from tributary.capture.source import SourceSpec
 
 __all__ = ["Finding", "Outcome", "SourceReport", "allow_line", "check_source"]

@@ -15,7 +15,7 @@ An earlier position than the lost one costs nothing: the server streams from the
 position anyway. A source found in neither (the outbox's records carry no LSN) has no position:
 capture then decides as for a new source.
 
-A chunked snapshot under way (capture/chunked.py) kept its progress in the lost manifest too: the
+A chunked snapshot under way (capture/snapshot/chunked.py) kept its progress in the lost manifest too: the
 tables the status file shows pending are read again from their first key (a chunk row read twice
 is a harmless duplicate of the same row version; none is skipped), and each of them ends with the
 check of its topic's keys (a delete + tombstone per key the table no longer has). Which of them a
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import orjson
 
-from tributary.capture.chunked import SnapshotContext, context_key
-from tributary.capture.lsn import Lsn
+from tributary.capture.decoding.lsn import Lsn
+from tributary.capture.snapshot.chunked import SnapshotContext, context_key
 from tributary.capture.status import read_status
 from tributary.log import RebuiltLog
 

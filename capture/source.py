@@ -3,11 +3,11 @@
 `SourceSession` only wires the parts together and decides where a start begins; each part
 has one job:
 
-* `Slot` (capture/slot.py): inspect, (re)create, stream from and confirm to the replication slot;
-* `SnapshotSource` (capture/snapshot_source.py): the initial snapshot;
-* `StreamingSource` (capture/streaming_source.py): wal2json messages → staged records;
-* `OffsetContext` (capture/offsets.py): what is appended, what is durable, what may be confirmed —
-  the exactly-once story, step by step; `Staging` (capture/staging.py): records into the log.
+* `Slot` (capture/database/slot.py): inspect, (re)create, stream from and confirm to the replication slot;
+* `SnapshotSource` (capture/snapshot/initial.py): the initial snapshot;
+* `StreamingSource` (capture/streaming/stream.py): wal2json messages → staged records;
+* `OffsetContext` (capture/streaming/positions.py): what is appended, what is durable, what may be confirmed —
+  the exactly-once story, step by step; `Staging` (capture/records/staging.py): records into the log.
 
 The session never commits: the daemon's commit (capture/daemon.py) makes records durable and only
 then lets the session confirm the LSN to the server.
@@ -20,23 +20,23 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tributary.capture import encodings, wal2json
-from tributary.capture.chunked import ChunkedSnapshot, SnapshotContext, context_key
-from tributary.capture.ddl_watch import CatalogWatcher, SchemaChanges
+from tributary.capture.database.replication import ReplicationConnection
+from tributary.capture.database.slot import Slot, SlotState, sql_connection
+from tributary.capture.database.source_tables import SourceTables
+from tributary.capture.decoding import encodings, wal2json
+from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.errors import SlotLost, SlotMissing, SourceMisconfigured
-from tributary.capture.lsn import Lsn
-from tributary.capture.offsets import OffsetContext
-from tributary.capture.replication import ReplicationConnection
+from tributary.capture.records.routing import TableFilter, topic_name
+from tributary.capture.records.staging import Staging
 from tributary.capture.resume import repaired_key
-from tributary.capture.routing import TableFilter, topic_name
-from tributary.capture.signals import SnapshotSignal
-from tributary.capture.slot import Slot, SlotState, sql_connection
-from tributary.capture.snapshot_source import RESNAPSHOT_POSITION, SnapshotSource
+from tributary.capture.snapshot.chunked import ChunkedSnapshot, SnapshotContext, context_key
+from tributary.capture.snapshot.initial import RESNAPSHOT_POSITION, SnapshotSource
+from tributary.capture.snapshot.signals import SnapshotSignal
 from tributary.capture.spec import SourceSpec
-from tributary.capture.staging import Staging
 from tributary.capture.status import SourceState, SourceStatus
-from tributary.capture.streaming_source import StreamingSource
-from tributary.capture.tables import SourceTables
+from tributary.capture.streaming.ddl_watch import CatalogWatcher, SchemaChanges
+from tributary.capture.streaming.positions import OffsetContext
+from tributary.capture.streaming.stream import StreamingSource
 from tributary.log import Mark, SourceWriter
 
 __all__ = ["SourceSession", "SourceSpec"]
@@ -103,7 +103,7 @@ class SourceSession:
         saved = positions.get(context_key(self.spec.name))
         context = SnapshotContext.from_json(saved) if saved else None
         fresh = False  # a new slot: the context starts again
-        if position == str(Lsn.ZERO):  # a re-snapshot that never committed (capture/snapshot_source.py)
+        if position == str(Lsn.ZERO):  # a re-snapshot that never committed (capture/snapshot/initial.py)
             position = None  # snapshot again, whatever the slot now is
         slot = self.slot.inspect()
         if (refused := encodings.refusal(slot.encoding, database=slot.database)) is not None:
@@ -176,7 +176,7 @@ class SourceSession:
 
     def _schema_changes(self, conn: Any, positions: dict[str, str], *, db: str) -> None:
         """The catalog watcher (its baseline read now) and the stream's side of its notices,
-        with the old topics a previous run had still to end (capture/ddl_watch.py)."""
+        with the old topics a previous run had still to end (capture/streaming/ddl_watch.py)."""
         ddl = self.ddl = SchemaChanges(
             self.spec,
             self.tables,
@@ -202,7 +202,7 @@ class SourceSession:
                 self.status.warnings.append(text)
 
     def _on_signal(self, signal: SnapshotSignal) -> None:
-        """A signal read from the stream (capture/signals.py): re-snapshot those tables. The
+        """A signal read from the stream (capture/snapshot/signals.py): re-snapshot those tables. The
         engine logs each table's request, or its refusal with the reason, when it applies them."""
         if self.spec.router is not None:
             raise ValueError("an outbox source's events are never snapshotted")
@@ -307,7 +307,7 @@ class SourceSession:
         self.status.last_lsn = str(start)
         return start
 
-    # -- chunked snapshots (capture/chunked.py) ------------------------------------------------
+    # -- chunked snapshots (capture/snapshot/chunked.py) ------------------------------------------------
     def request_snapshot(self, tables: list[str], *, origin: str) -> None:
         """Snapshot `tables` ("schema.table") chunked, beside the stream. Applied between source
         transactions and made durable with the log commit after it (a crash neither loses nor
@@ -370,7 +370,7 @@ class SourceSession:
 
     # -- after a durable commit --------------------------------------------------------------
     def committed(self) -> None:
-        """The daemon made everything up to `boundary` durable (capture/offsets.py, step 3)."""
+        """The daemon made everything up to `boundary` durable (capture/streaming/positions.py, step 3)."""
         self.offsets.committed()
         self._unmark_repaired = False
         if self.chunked is not None:
@@ -379,11 +379,11 @@ class SourceSession:
             self.ddl.dirty = False
 
     def idle_boundary(self) -> bool:
-        """Make an idle position the boundary for the daemon to commit (capture/offsets.py, step 4)."""
+        """Make an idle position the boundary for the daemon to commit (capture/streaming/positions.py, step 4)."""
         return self.offsets.idle_boundary()
 
     def confirm(self, *, now_us: int, reply: bool = False) -> None:
-        """Advance the slot to what may be confirmed (capture/offsets.py, step 4)."""
+        """Advance the slot to what may be confirmed (capture/streaming/positions.py, step 4)."""
         lsn = self.offsets.confirmable()
         if self.slot.confirm(lsn, now_us=now_us, reply=reply):
             self.status.confirmed_lsn = str(lsn)

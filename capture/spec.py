@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tributary.capture import envelope as env
+from tributary.capture.records import envelope as env
 
 __all__ = ["CHUNK_ROWS", "SourceSpec"]
 
@@ -24,15 +24,15 @@ class SourceSpec:
     exclude: tuple[str, ...]
     snapshot: str  # initial | never | when_needed
     partitions: int
-    snapshot_method: str = "consistent"  # consistent | chunked (capture/chunked.py)
+    snapshot_method: str = "consistent"  # consistent | chunked (capture/snapshot/chunked.py)
     snapshot_chunk_rows: int = CHUNK_ROWS
-    # Outbox sources: each inserted row → records (capture.outbox), instead of CDC envelopes.
+    # Outbox sources: each inserted row → records (capture.records.outbox), instead of CDC envelopes.
     router: Callable[[dict[str, Any]], list[env.Output]] | None = None
-    # "schema.table" whose INSERTs are signals (capture/signals.py), never captured as records.
+    # "schema.table" whose INSERTs are signals (capture/snapshot/signals.py), never captured as records.
     signal_table: str | None = None
     # root: a leaf partition's changes are the root table's (its topic, key and schema); leaves: own tables
     partitioned_tables: str = "root"
-    # Re-snapshot a table (chunked) when a schema change rewrote its rows (capture/ddl_watch.py).
+    # Re-snapshot a table (chunked) when a schema change rewrote its rows (capture/streaming/ddl_watch.py).
     resnapshot_on_rewrite: bool = False
     # "schema.table" without a key whose lost UPDATEs/DELETEs the user accepted (`init` refuses others)
     allow_without_key: tuple[str, ...] = ()

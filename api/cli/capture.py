@@ -107,7 +107,7 @@ def _log_positions(settings: Settings) -> dict[str, str]:
     """Each source's position in the log ({} when there is no log yet), or the later position the
     last capture confirmed to its slot (its status file): `init` must not make a slot that would
     start after it without saying so."""
-    from tributary.capture.lsn import Lsn
+    from tributary.capture.decoding.lsn import Lsn
     from tributary.capture.resume import confirmed_in_status
     from tributary.log import LogError
 
@@ -364,9 +364,9 @@ def snapshot(
     that point, a stopped one when it next starts."""
     import psycopg
 
-    from tributary.capture.routing import TableFilter
-    from tributary.capture.signals import SIGNAL_PREFIX, BadSignal, qualified_table, snapshot_message
-    from tributary.capture.slot import sql_connection
+    from tributary.capture.database.slot import sql_connection
+    from tributary.capture.records.routing import TableFilter
+    from tributary.capture.snapshot.signals import SIGNAL_PREFIX, BadSignal, qualified_table, snapshot_message
 
     settings = settings_from(config)
     specs = source_specs(settings)

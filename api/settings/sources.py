@@ -8,8 +8,8 @@ from typing import Any
 import psycopg
 
 from tributary.api.settings.config import Settings
-from tributary.capture.outbox import OUTBOX_TABLE, route_event
-from tributary.capture.replication import connect_options
+from tributary.capture.database.replication import connect_options
+from tributary.capture.records.outbox import OUTBOX_TABLE, route_event
 from tributary.capture.source import SourceSpec
 from tributary.capture.status import read_status, snapshot_view
 

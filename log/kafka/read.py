@@ -2,7 +2,7 @@
 local log's readers do on its files, done here with `read_committed` consumers.
 
 * `kafka_live_keys`: the keys of a topic whose latest committed record is not a tombstone, as a
-  re-snapshot and a chunked snapshot's key check need them (capture/snapshot_source.py
+  re-snapshot and a chunked snapshot's key check need them (capture/snapshot/initial.py
   `live_keys`). Records are fetched in batches into a prefetch queue of `SCAN_KBYTES` and dropped
   once their key is counted: what stays is the set of live keys, as on the local log.
 * `kafka_positions`: the sources' positions in the offsets topic (latest value per key).

@@ -16,7 +16,7 @@ from __future__ import annotations
 __all__ = ["SCAN_BYTES", "SCHEMA_KEY"]
 
 SCHEMA_KEY = b'{"__schema__":true}'
-"""The key of capture's schema records (capture/schema_tracker.py; the log cannot import capture):
+"""The key of capture's schema records (capture/records/schema_tracker.py; the log cannot import capture):
 never a live key, and `admin.topics` counts them apart from the data records."""
 
 SCAN_BYTES = 8 << 20  # a topic's keys are read this much segment data at a time (bounds memory)

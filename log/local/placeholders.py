@@ -2,7 +2,7 @@
 record with them filled from the key's earlier values.
 
 Capture writes `"__tributary_unavailable__"` for a column an UPDATE did not send (an unchanged
-out-of-line value, `capture/envelope.py`). The value it stands for lives in an older record of
+out-of-line value, `capture/records/envelope.py`). The value it stands for lives in an older record of
 the key; compaction drops that record, so it carries the value forward into the record it keeps
 (`compaction.py`), and `log cat --compacted` resolves it the same way. A value is rewritten by
 splicing byte ranges: every other byte of it (numerics' exact text, jsonb as captured) is kept.

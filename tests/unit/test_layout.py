@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,9 +16,8 @@ from tests.pg import REPO_ROOT
 pytestmark = pytest.mark.unit
 
 # folder → package, as pyproject.toml's [tool.setuptools.package-dir] maps them
-FOLDERS = {"tributary": "tributary", "api": "tributary.api", "capture": "tributary.capture", "log": "tributary.log"}
-FOLDERS |= {"eventstore": "tributary.eventstore", "migrations": "tributary.migrations"}
-FOLDERS |= {"projections": "tributary.projections"}
+_PACKAGE_DIR = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+FOLDERS: dict[str, str] = {folder: package for package, folder in _PACKAGE_DIR.items()}
 OTHER_CODE = ("tests", "bench")
 
 
@@ -254,3 +254,77 @@ def test_one_place_builds_kafka_client_settings() -> None:
     assert _client_settings(home), "the check finds the settings where they are built"
     bad = [f"{p.relative_to(REPO_ROOT)}:{line}" for p in _files(*FOLDERS) if p != home for line in _client_settings(p)]
     assert bad == []
+
+
+# capture's sub-packages by phase: each imports only those before it, none the modules at the top
+# (one source's session, the daemon and what runs them), which wire the phases together.
+CAPTURE_PHASES = ("decoding", "records", "database", "snapshot", "streaming")
+CAPTURE_TOP = ("source", "daemon", "resume", "prerequisites")
+
+
+def _capture_part(module: str) -> str | None:
+    """The phase (sub-package) or top-level module of capture that `module` is in, else None."""
+    parts = module.split(".")
+    return parts[2] if module.startswith("tributary.capture.") else None
+
+
+def _phase_violations(imports: list[tuple[str, str]]) -> list[str]:
+    """(importer, imported) pairs that break the phase order; `decoding` imports nothing else of capture."""
+    bad = []
+    for importer, target in imports:
+        mine, theirs = _capture_part(importer), _capture_part(target)
+        if mine not in CAPTURE_PHASES or theirs is None or theirs == mine:
+            continue
+        rank = CAPTURE_PHASES.index(mine)
+        later = theirs in CAPTURE_PHASES and CAPTURE_PHASES.index(theirs) > rank
+        if later or theirs in CAPTURE_TOP or (mine == "decoding" and theirs != "_hotpath"):
+            bad.append(f"{importer} imports {target}")
+    return bad
+
+
+def test_the_phase_check_sees_a_wrong_import() -> None:
+    pairs = [
+        ("tributary.capture.decoding.wal2json", "tributary.capture.records.envelope"),
+        ("tributary.capture.decoding.values", "tributary.capture.errors"),
+        ("tributary.capture.snapshot.chunked", "tributary.capture.streaming.stream"),
+        ("tributary.capture.database.slot", "tributary.capture.source"),
+        ("tributary.capture.streaming.stream", "tributary.capture.snapshot.chunked"),  # allowed
+        ("tributary.capture.source", "tributary.capture.streaming.stream"),  # allowed
+    ]
+    assert len(_phase_violations(pairs)) == 4
+
+
+def test_capture_phases_import_downwards_only() -> None:
+    """decoding → records → database → snapshot → streaming, then the session and daemon on top."""
+    pairs = [
+        (_module(p), t)
+        for p in _files("capture")
+        for _, m, names in _imports(p)
+        for t in ({f"{m}.{n}" for n in names if f"{m}.{n}" in MODULES} or {m})
+    ]
+    assert {_capture_part(m) for m in MODULES} >= {*CAPTURE_PHASES, *CAPTURE_TOP}
+    assert _phase_violations(pairs) == []
+
+
+def _first_line(path: Path) -> str | None:
+    doc = ast.get_docstring(ast.parse(path.read_text(), str(path)))
+    return doc.splitlines()[0] if doc else None
+
+
+def test_no_two_modules_open_with_the_same_line() -> None:
+    """A module's first docstring line says what it holds; two alike mean two names for one thing."""
+    seen: dict[str, list[str]] = {}
+    for path in _files(*FOLDERS):
+        line = _first_line(path)
+        if line is not None and path.name != "__init__.py":
+            seen.setdefault(line, []).append(str(path.relative_to(REPO_ROOT)))
+    assert {line: paths for line, paths in seen.items() if len(paths) > 1} == {}
+
+
+def test_the_capture_package_docstring_maps_every_module() -> None:
+    """capture/__init__.py names each module, so the map stays the way in."""
+    doc = ast.get_docstring(ast.parse((REPO_ROOT / "capture" / "__init__.py").read_text())) or ""
+    missing = [
+        str(p.relative_to(REPO_ROOT)) for p in _files("capture") if p.stem != "__init__" and f"`{p.stem}`" not in doc
+    ]
+    assert missing == []

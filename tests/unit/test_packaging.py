@@ -45,3 +45,34 @@ def test_every_data_file_is_in_a_listed_package() -> None:
                 if sub and all(part.isidentifier() for part in sub):
                     inner = ".".join((package, *sub))
                     assert inner in packages, f"{f.relative_to(ROOT)} is data of {inner}, absent from packages"
+
+
+def _package_folders() -> dict[str, Path]:
+    """Every folder of Python files under the mapped folders, by the package name it installs as."""
+    package_dir: dict[str, str] = _config()["package-dir"]  # type: ignore[assignment]
+    found: dict[str, Path] = {}
+    for package, folder in package_dir.items():
+        for py in (ROOT / folder).rglob("*.py"):
+            sub = py.parent.relative_to(ROOT / folder).parts
+            if all(part.isidentifier() for part in sub):
+                found[".".join((package, *sub))] = py.parent
+    return found
+
+
+def test_every_folder_of_code_is_a_listed_package() -> None:
+    """setuptools' discovery names a package by its folder, so the list is written out: a folder
+    missing from it would be left out of the wheel (and the editable install would still find it)."""
+    listed = set(_config()["packages"])  # type: ignore[call-overload]
+    found = _package_folders()
+    assert {"tributary.capture.decoding", "tributary.consumers", "tributary.migrations.versions"} <= found.keys()
+    assert sorted(found.keys() - listed) == []
+    assert sorted(p for p in listed - found.keys() if not _folder(p, _config()["package-dir"]).is_dir()) == []  # type: ignore[arg-type]
+
+
+def test_the_type_check_links_every_mapped_folder() -> None:
+    """`make lint` checks the folders it links; one left out would be skipped without a word
+    (imports of it are then missing, which the mypy configuration ignores)."""
+    line = next(ln for ln in (ROOT / "Makefile").read_text().splitlines() if ln.startswith("TYPECHECK_PACKAGES :="))
+    linked = set(line.split(":=", 1)[1].split())
+    package_dir: dict[str, str] = _config()["package-dir"]  # type: ignore[assignment]
+    assert linked == {folder for package, folder in package_dir.items() if package != "tributary"}

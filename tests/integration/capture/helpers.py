@@ -17,7 +17,7 @@ import orjson
 import psycopg
 
 from tests.waiting import STALL_S, size_of, wait_exit, wait_progress
-from tributary.capture.lsn import Lsn
+from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.status import STATUS_FILE, read_status
 from tributary.log.local import Log
 

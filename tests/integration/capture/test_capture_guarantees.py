@@ -26,7 +26,7 @@ from tests.integration.capture.helpers import (
     write_config,
 )
 from tests.pg import PgServer
-from tributary.capture.lsn import Lsn
+from tributary.capture.decoding.lsn import Lsn
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Chunked snapshots beside streaming (capture/chunked.py): chunk rows equal a consistent
+"""Chunked snapshots beside streaming (capture/snapshot/chunked.py): chunk rows equal a consistent
 snapshot's, a streamed change inside a chunk's window wins over the chunk row, a kill -9 resumes
 from the last committed chunk, the other sources keep streaming, a widened `include` is
 snapshotted."""
@@ -35,8 +35,8 @@ from tests.integration.capture.helpers import (
 from tests.integration.capture.test_resnapshot import FILL, TABLES, _change_while_slot_gone, _compacted, _table
 from tests.pg import REPO_ROOT
 from tests.waiting import size_of, wait_threads
-from tributary.capture.chunked import ChunkedSnapshot
 from tributary.capture.daemon import CaptureDaemon, DaemonOptions
+from tributary.capture.snapshot.chunked import ChunkedSnapshot
 from tributary.capture.spec import SourceSpec
 from tributary.capture.status import read_status
 from tributary.log.local import Log
@@ -468,7 +468,7 @@ def test_concurrent_writes_during_a_chunked_snapshot_end_equal(
 
 _CRASH_IN_CHECK = """
 import os, sys
-from tributary.capture.chunked import ChunkedSnapshot
+from tributary.capture.snapshot.chunked import ChunkedSnapshot
 seen = []
 def crash(table, phase):
     seen.append(phase)

@@ -1,4 +1,4 @@
-"""Chunked snapshots' edges (capture/chunked.py): the row estimate after a resume, a pending
+"""Chunked snapshots' edges (capture/snapshot/chunked.py): the row estimate after a resume, a pending
 delete check kept across `log verify --repair`, a keyless table refused once (and snapshotted once
 it has a key), a refused signal logged as a refusal."""
 
@@ -25,8 +25,8 @@ from tests.integration.capture.helpers import (
 from tests.integration.capture.test_chunked_snapshot import _chunked, _drop_slots, _spec
 from tests.integration.capture.test_resnapshot import FILL, TABLES, _change_while_slot_gone, _compacted, _slot, _table
 from tests.pg import REPO_ROOT
-from tributary.capture.chunked import ChunkedSnapshot
 from tributary.capture.daemon import CaptureDaemon, DaemonOptions
+from tributary.capture.snapshot.chunked import ChunkedSnapshot
 from tributary.log.local import Log
 
 pytestmark = pytest.mark.integration
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.integration
 # A capture that dies (as kill -9) when it has read its third chunk of rows.
 _CRASH_IN_ROWS = """
 import os, sys
-from tributary.capture.chunked import ChunkedSnapshot
+from tributary.capture.snapshot.chunked import ChunkedSnapshot
 seen = []
 def crash(table, phase):
     seen.append(phase)

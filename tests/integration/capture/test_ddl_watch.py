@@ -1,5 +1,5 @@
 """Schema changes that touch rows no later change shows, against a real server and a running
-capture: the catalog watcher's notice (capture/ddl_watch.py) puts a schema record at the change,
+capture: the catalog watcher's notice (capture/streaming/ddl_watch.py) puts a schema record at the change,
 `resnapshot_on_rewrite` makes the topic equal the table again after a rewrite (also of a table
 being snapshotted), and a renamed table's rows move to its new topic while its old topic folds to
 empty (also across a crash); a rename while capture is stopped is said at start."""
@@ -264,7 +264,7 @@ def test_a_rename_while_capture_is_stopped_is_said_at_start(fresh_db: str, tmp_p
 _PAUSE_IN_ROWS = """
 import sys, time
 from pathlib import Path
-from tributary.capture.chunked import ChunkedSnapshot
+from tributary.capture.snapshot.chunked import ChunkedSnapshot
 gate = Path(sys.argv[1]).parent
 seen = []
 def pause(table, phase):
@@ -329,8 +329,8 @@ def test_a_rewrite_while_the_table_is_being_snapshotted_reads_it_again(fresh_db:
 # A capture that dies (as kill -9) when it is about to end an old topic: the notice is committed.
 _CRASH_BEFORE_ENDING = """
 import os, sys
-from tributary.capture.ddl_watch import SchemaChanges
-from tributary.capture.lsn import Lsn
+from tributary.capture.streaming.ddl_watch import SchemaChanges
+from tributary.capture.decoding.lsn import Lsn
 real = SchemaChanges.tick
 def tick(self, durable):
     if any(Lsn.parse(e.lsn) <= durable for e in self.endings):

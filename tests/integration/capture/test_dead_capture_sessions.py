@@ -1,5 +1,5 @@
 """A capture killed -9 while one of its statements runs on the source leaves nothing running
-there: the server notices its client is gone and cancels the statement (capture/session_guard.py)."""
+there: the server notices its client is gone and cancels the statement (capture/database/session_guard.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from tests.integration.capture.helpers import cli, spawn_capture, wait_for, write_config
 from tests.integration.capture.test_chunked_snapshot import _chunked
 from tests.integration.capture.test_resnapshot import FILL, TABLES
-from tributary.capture.session_guard import CHECK_INTERVAL_MS
+from tributary.capture.database.session_guard import CHECK_INTERVAL_MS
 
 pytestmark = pytest.mark.integration
 

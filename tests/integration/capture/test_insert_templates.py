@@ -1,4 +1,4 @@
-"""Streamed INSERTs through their templates (capture/insert_template.py) against the generic path,
+"""Streamed INSERTs through their templates (capture/streaming/insert_template.py) against the generic path,
 on real wal2json output: the same topic, partition, offset, timestamp, key, value and headers for
 every record, whatever the values and whatever else the transactions hold."""
 
@@ -18,16 +18,16 @@ from hypothesis import strategies as st
 from tests import waiting
 from tests.integration.capture.test_snapshot_columnar import _COLUMNS, _INSERT, _KEY, _row
 from tributary.capture import compiled
-from tributary.capture.offsets import OffsetContext
-from tributary.capture.replication import XLogData, connect_options
-from tributary.capture.routing import TableFilter
-from tributary.capture.slot import sql_connection
+from tributary.capture.database.replication import XLogData, connect_options
+from tributary.capture.database.slot import sql_connection
+from tributary.capture.database.source_tables import SourceTables
+from tributary.capture.decoding.wal2json import WAL2JSON_OPTIONS
+from tributary.capture.records.routing import TableFilter
+from tributary.capture.records.staging import Staging
 from tributary.capture.source import SourceSession, SourceSpec
-from tributary.capture.staging import Staging
 from tributary.capture.status import SourceStatus
-from tributary.capture.streaming_source import StreamingSource
-from tributary.capture.tables import SourceTables
-from tributary.capture.wal2json import WAL2JSON_OPTIONS
+from tributary.capture.streaming.positions import OffsetContext
+from tributary.capture.streaming.stream import StreamingSource
 from tributary.log.local import Log
 
 pytestmark = pytest.mark.integration

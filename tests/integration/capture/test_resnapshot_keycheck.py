@@ -1,4 +1,4 @@
-"""The re-snapshot's check of a topic's keys against its table (capture/chunked.py): composite
+"""The re-snapshot's check of a topic's keys against its table (capture/snapshot/chunked.py): composite
 keys of mixed types match their rows, each key is found through the table's key index (not a
 scan of the table per key), a whole-row key with NULLs still matches its row, and a re-snapshot
 begun in this process deletes without querying the table."""
@@ -16,10 +16,10 @@ from psycopg import sql
 from tests.integration.capture.helpers import cli, confirmed_past, status_progress, wait_for, wal_position, write_config
 from tests.integration.capture.test_chunked_snapshot import _chunked, _drop_slots, _spec
 from tests.integration.capture.test_resnapshot import FILL, TABLES, _compacted, _slot, _table, _when_needed
-from tributary.capture import chunked
-from tributary.capture.catalog import TableInfo, list_tables
-from tributary.capture.chunked import ChunkedSnapshot, check_query, key_lines
 from tributary.capture.daemon import CaptureDaemon, DaemonOptions
+from tributary.capture.database.catalog import TableInfo, list_tables
+from tributary.capture.snapshot import chunked
+from tributary.capture.snapshot.chunked import ChunkedSnapshot, check_query, key_lines
 
 pytestmark = pytest.mark.integration
 

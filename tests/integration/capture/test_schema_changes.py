@@ -15,9 +15,9 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import capture_progress, cli, records, spawn_capture, wait_for, write_config
-from tributary.capture.catalog import CatalogConnection, ColumnHistory
-from tributary.capture.schema_tracker import SCHEMA_KEY
-from tributary.capture.values import UNAVAILABLE
+from tributary.capture.database.catalog import CatalogConnection, ColumnHistory
+from tributary.capture.decoding.values import UNAVAILABLE
+from tributary.capture.records.schema_tracker import SCHEMA_KEY
 from tributary.log.local import LogError
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import cli, records, table_state, write_config
-from tributary.capture.lsn import Lsn
+from tributary.capture.decoding.lsn import Lsn
 from tributary.log.local import Log
 
 pytestmark = pytest.mark.integration

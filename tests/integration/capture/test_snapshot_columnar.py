@@ -1,4 +1,4 @@
-"""The columnar snapshot (capture/snapshot_columns.py + codec_arrow) against the row path, on the
+"""The columnar snapshot (capture/snapshot/columnar.py + codec_arrow) against the row path, on the
 real server: the same key, value, headers, partition, offset and timestamp for every record."""
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tributary.capture import compiled, snapshot_columns
-from tributary.capture import envelope as env
-from tributary.capture.catalog import list_tables
-from tributary.capture.lsn import Lsn
-from tributary.capture.replication import connect_options
-from tributary.capture.snapshot import SnapshotReader
-from tributary.capture.snapshot_source import SnapshotSource
+from tributary.capture import compiled
+from tributary.capture.database.catalog import list_tables
+from tributary.capture.database.replication import connect_options
+from tributary.capture.decoding.lsn import Lsn
+from tributary.capture.records import envelope as env
+from tributary.capture.snapshot import columnar
+from tributary.capture.snapshot.initial import SnapshotSource
+from tributary.capture.snapshot.reader import SnapshotReader
 from tributary.capture.source import SourceSession, SourceSpec
 from tributary.log.local import Log
 from tributary.log.local.codec import RecordIn, encode_batch
@@ -104,17 +105,17 @@ def test_columnar_records_equal_the_row_path(fresh_db: str, rows: list[tuple[obj
                 lsn=Lsn(7),
                 now_ms=5,
             )
-            plan = snapshot_columns.plan([(c[0], c[1]) for c in columns], table.identity_columns)
+            plan = columnar.plan([(c[0], c[1]) for c in columns], table.identity_columns)
             assert plan is not None
             by_columns: dict[int, list[bytes]] = {p: [] for p in range(3)}
             for chunk in reader.text_chunks(table, chunk_bytes=chunk_bytes):
-                recs = snapshot_columns.encode_chunk(plan, chunk, 3)
+                recs = columnar.encode_chunk(plan, chunk, 3)
                 for p in range(3):
-                    sel = snapshot_columns.rows_of(recs.partitions, p)
+                    sel = columnar.rows_of(recs.partitions, p)
                     if not len(sel):
                         continue
-                    args = snapshot_columns.value_args(plan, recs, sel)
-                    args.append(snapshot_columns.scalar(b"}" + encoder.tail("true")))
+                    args = columnar.value_args(plan, recs, sel)
+                    args.append(columnar.scalar(b"}" + encoder.tail("true")))
                     data, sizes = encode_columns(len(by_columns[p]), 5, recs.keys.take(sel), args)
                     assert sizes == [len(line) + 1 for line in data.splitlines()]
                     by_columns[p] += data.splitlines()

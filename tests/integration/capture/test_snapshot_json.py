@@ -11,11 +11,11 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import cli, records, write_config
-from tributary.capture import envelope as env
-from tributary.capture.catalog import list_tables
-from tributary.capture.lsn import Lsn
-from tributary.capture.replication import connect_options
-from tributary.capture.snapshot import SnapshotReader
+from tributary.capture.database.catalog import list_tables
+from tributary.capture.database.replication import connect_options
+from tributary.capture.decoding.lsn import Lsn
+from tributary.capture.records import envelope as env
+from tributary.capture.snapshot.reader import SnapshotReader
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Signals into a running capture, through the source's WAL (capture/signals.py): the signal
+"""Signals into a running capture, through the source's WAL (capture/snapshot/signals.py): the signal
 table's rows are never captured as records, a malformed signal is a warning and capture goes on;
 `tributary capture snapshot` refuses what it cannot do in one line."""
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests import waiting
 from tests.integration.capture.helpers import cli, records, spawn_capture, wait_for
-from tributary.capture.values import UNAVAILABLE
+from tributary.capture.decoding.values import UNAVAILABLE
 from tributary.eventstore.migrate import run_migrations
 from tributary.log.local import Log
 from tributary.log.local.cleaner import read_checkpoint

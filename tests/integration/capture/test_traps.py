@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import changes, cli, records, write_config
-from tributary.capture.values import UNAVAILABLE
+from tributary.capture.decoding.values import UNAVAILABLE
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import cli, records, table_state, write_config
-from tributary.capture.routing import topic_name
+from tributary.capture.records.routing import topic_name
 from tributary.log.local import Log
 
 pytestmark = pytest.mark.integration

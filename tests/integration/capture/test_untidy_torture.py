@@ -29,9 +29,9 @@ from psycopg import sql
 
 from tests.integration.capture.helpers import capture_progress, cli, records, spawn_capture, table_state, wait_for
 from tests.pg import PgServer
-from tributary.capture.routing import topic_name
+from tributary.capture.decoding.values import UNAVAILABLE
+from tributary.capture.records.routing import topic_name
 from tributary.capture.status import read_status
-from tributary.capture.values import UNAVAILABLE
 
 pytestmark = pytest.mark.integration
 

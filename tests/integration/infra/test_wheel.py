@@ -20,7 +20,7 @@ from tests.waiting import run_process
 
 pytestmark = pytest.mark.integration
 
-FOLDERS = ("api", "capture", "eventstore", "migrations", "projections")
+FOLDERS = ("api", "capture", "consumers", "eventstore", "log", "migrations", "projections", "sinks")
 
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -89,6 +89,22 @@ def test_the_wheel_holds_one_top_level_package(installed: tuple[Path, Path]) -> 
     ):
         assert data in names
     assert any(n.startswith("tributary/migrations/versions/") and n.endswith(".py") for n in names)
+
+
+def test_the_wheel_holds_every_module_of_every_folder(installed: tuple[Path, Path]) -> None:
+    """Each mapped folder's Python files, sub-packages included (capture/decoding/, consumers/, …),
+    are in the wheel under the name they install as."""
+    wheel, _ = installed
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {
+        f"tributary/{py.relative_to(REPO_ROOT)}"
+        for folder in FOLDERS
+        for py in (REPO_ROOT / folder).rglob("*.py")
+        if all(part.isidentifier() for part in py.parent.relative_to(REPO_ROOT).parts)
+    }
+    expected |= {f"tributary/{py.name}" for py in (REPO_ROOT / "tributary").glob("*.py")}
+    assert "tributary/capture/decoding/wal2json.py" in expected and "tributary/sinks/runner.py" in expected
+    assert sorted(expected - names) == []
 
 
 def test_the_installed_cli_runs_from_the_wheel(installed: tuple[Path, Path], tmp_path: Path) -> None:

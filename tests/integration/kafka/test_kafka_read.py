@@ -20,7 +20,7 @@ from tests.integration.capture.test_resnapshot import FILL, TABLES, _change_whil
 from tests.integration.kafka.conftest import ON_BROKER, KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.pg import REPO_ROOT
-from tributary.capture.schema_tracker import SCHEMA_KEY
+from tributary.capture.records.schema_tracker import SCHEMA_KEY
 from tributary.log.kafka.options import OFFSETS_TOPIC
 from tributary.log.kafka.read import kafka_positions
 from tributary.log.kafka.writer import KafkaLog

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import cli, records, table_state, write_config
-from tributary.capture.lsn import Lsn
+from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.status import read_status
 from tributary.log.local import Log
 

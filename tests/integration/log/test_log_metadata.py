@@ -230,7 +230,7 @@ def test_topics_counts_schema_records_apart(tmp_path: Path) -> None:
 
 
 def test_the_schema_key_is_captures() -> None:
-    from tributary.capture.schema_tracker import SCHEMA_KEY
+    from tributary.capture.records.schema_tracker import SCHEMA_KEY
 
     assert admin.SCHEMA_KEY == SCHEMA_KEY
 

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tributary.capture import envelope as env
-from tributary.capture.lsn import Lsn
-from tributary.capture.schema_tracker import SCHEMA_KEY, SchemaTracker
-from tributary.capture.values import UNAVAILABLE
-from tributary.capture.wal2json import Begin, Change, Commit, LogicalMessage, Truncate, parse_message
+from tributary.capture.decoding.lsn import Lsn
+from tributary.capture.decoding.values import UNAVAILABLE
+from tributary.capture.decoding.wal2json import Begin, Change, Commit, LogicalMessage, Truncate, parse_message
+from tributary.capture.records import envelope as env
+from tributary.capture.records.schema_tracker import SCHEMA_KEY, SchemaTracker
 
 pytestmark = pytest.mark.unit
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tributary.capture.lsn import Lsn
-from tributary.capture.routing import TableFilter, topic_name
+from tributary.capture.decoding.lsn import Lsn
+from tributary.capture.records.routing import TableFilter, topic_name
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from tributary.capture.values import from_stream, from_text, parse_array, stream_converter, text_converter, type_family
+from tributary.capture.decoding.values import (
+    from_stream,
+    from_text,
+    parse_array,
+    stream_converter,
+    text_converter,
+    type_family,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Pure parts of chunked snapshots (capture/chunked.py): the context's JSON, the visibility rule
+"""Pure parts of chunked snapshots (capture/snapshot/chunked.py): the context's JSON, the visibility rule
 against a snapshot's xmax/xip across xid wraparound, the bounded set of recent commits, and the
 keys a watch (and a re-snapshot's keeping) collects from every staging path, and the check a
 re-snapshot begun in this process makes without querying the table."""
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tributary.capture import envelope as env
-from tributary.capture.chunked import RecentXids, SnapshotContext, _invisible, _Kept, context_key
-from tributary.capture.staging import Staging
+from tributary.capture.records import envelope as env
+from tributary.capture.records.staging import Staging
+from tributary.capture.snapshot.chunked import RecentXids, SnapshotContext, _invisible, _Kept, context_key
 from tributary.log import Mark
 from tributary.log.local import Log
 

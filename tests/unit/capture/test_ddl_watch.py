@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tributary.capture.ddl_watch import TableShape, changed
+from tributary.capture.streaming.ddl_watch import TableShape, changed
 
 pytestmark = pytest.mark.unit
 

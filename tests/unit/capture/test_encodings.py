@@ -1,4 +1,4 @@
-"""capture/encodings.py: which databases' streams capture can decode, and which it refuses. Pure."""
+"""capture/decoding/encodings.py: which databases' streams capture can decode, and which it refuses. Pure."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import codecs
 
 import pytest
 
-from tributary.capture.encodings import CODECS, python_codec, refusal
+from tributary.capture.decoding.encodings import CODECS, python_codec, refusal
 
 pytestmark = pytest.mark.unit
 

@@ -18,8 +18,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tributary.capture import compiled
-from tributary.capture import insert_template as it
-from tributary.capture.wal2json import Change, parse_message
+from tributary.capture.decoding.wal2json import Change, parse_message
+from tributary.capture.streaming import insert_template as it
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,5 @@
 """The columnar snapshot's per-row and per-chunk steps: the typed COPY loop (capture/_hotpath.pyx
-`take_copy`) against its reference (`snapshot.take_copy_python`), the column partitions against
+`take_copy`) against its reference (`snapshot.reader.take_copy_python`), the column partitions against
 Kafka's, the control-byte scan against its definition. Pure: a scripted `get_copy_data` stands in
 for libpq. On a real COPY: tests/integration/capture/test_snapshot_columnar.py::test_text_chunks_typed_and_pure_are_equal.
 """
@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tributary.capture import compiled
-from tributary.capture.snapshot import take_copy_python
-from tributary.capture.snapshot_columns import _has_risky_bytes, murmur2_partitions
+from tributary.capture.snapshot.columnar import _has_risky_bytes, murmur2_partitions
+from tributary.capture.snapshot.reader import take_copy_python
 from tributary.log.local.partitioner import partition_for
 
 pytestmark = pytest.mark.unit

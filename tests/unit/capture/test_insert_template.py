@@ -1,4 +1,4 @@
-"""INSERT templates (capture/insert_template.py) against the generic envelope path. Pure.
+"""INSERT templates (capture/streaming/insert_template.py) against the generic envelope path. Pure.
 
 The law: for any value token a rule either declines (None) or gives exactly the bytes the generic
 path gives; a template's (key, value) equals `envelope.envelopes_for`'s for the same document.
@@ -18,10 +18,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tributary.capture import envelope as env
-from tributary.capture import insert_template as it
-from tributary.capture.values import stream_converter
-from tributary.capture.wal2json import Change, parse_message
+from tributary.capture.decoding.values import stream_converter
+from tributary.capture.decoding.wal2json import Change, parse_message
+from tributary.capture.records import envelope as env
+from tributary.capture.streaming import insert_template as it
 
 pytestmark = pytest.mark.unit
 

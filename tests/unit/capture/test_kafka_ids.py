@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tributary.capture.chunked import context_key
+from tributary.capture.snapshot.chunked import context_key
 from tributary.log.kafka.options import KafkaOptions
 from tributary.log.kafka.writer import position_owner, transactional_id
 

@@ -1,12 +1,12 @@
-"""The re-snapshot's key check query (capture/chunked.py `absent_query`): which key columns it
+"""The re-snapshot's key check query (capture/snapshot/chunked.py `absent_query`): which key columns it
 matches with `=` (served by the key's index) and which NULL-to-NULL."""
 
 from __future__ import annotations
 
 import pytest
 
-from tributary.capture.catalog import Column, TableInfo
-from tributary.capture.chunked import absent_query
+from tributary.capture.database.catalog import Column, TableInfo
+from tributary.capture.snapshot.chunked import absent_query
 
 pytestmark = pytest.mark.unit
 

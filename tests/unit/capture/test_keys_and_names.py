@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tributary.capture import envelope as env
-from tributary.capture.catalog import Column, TableInfo, table_warnings
-from tributary.capture.routing import topic_name, topic_part
-from tributary.capture.wal2json import Change
+from tributary.capture.database.catalog import Column, TableInfo, table_warnings
+from tributary.capture.decoding.wal2json import Change
+from tributary.capture.records import envelope as env
+from tributary.capture.records.routing import topic_name, topic_part
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""OffsetContext: which LSN a source may confirm, step by step (capture/offsets.py). Pure."""
+"""OffsetContext: which LSN a source may confirm, step by step (capture/streaming/positions.py). Pure."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tributary.capture.lsn import Lsn
-from tributary.capture.offsets import OffsetContext
+from tributary.capture.decoding.lsn import Lsn
+from tributary.capture.streaming.positions import OffsetContext
 
 pytestmark = pytest.mark.unit
 

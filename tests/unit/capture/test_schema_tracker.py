@@ -7,8 +7,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from tributary.capture.envelope import toastable
-from tributary.capture.schema_tracker import SchemaRecord, SchemaTracker
+from tributary.capture.records.envelope import toastable
+from tributary.capture.records.schema_tracker import SchemaRecord, SchemaTracker
 
 pytestmark = pytest.mark.unit
 

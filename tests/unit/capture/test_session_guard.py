@@ -1,10 +1,10 @@
-"""capture/session_guard.py: the session settings asked of a source server, by its version."""
+"""capture/database/session_guard.py: the session settings asked of a source server, by its version."""
 
 from __future__ import annotations
 
 import pytest
 
-from tributary.capture.session_guard import server_settings
+from tributary.capture.database.session_guard import server_settings
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Signals (capture/signals.py): what `capture snapshot` writes reads back as the same request; a
+"""Signals (capture/snapshot/signals.py): what `capture snapshot` writes reads back as the same request; a
 signal table's row as Debezium's; anything malformed is a one-line BadSignal. Pure."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tributary.capture.signals import (
+from tributary.capture.snapshot.signals import (
     EXECUTE_SNAPSHOT,
     BadSignal,
     from_message,

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tributary.capture import snapshot_columns as sc
-from tributary.capture.values import text_converter
+from tributary.capture.decoding.values import text_converter
+from tributary.capture.snapshot import columnar as sc
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tributary.capture.outbox import event_headers
+from tributary.capture.records.outbox import event_headers
 from tributary.eventstore.errors import InvalidValue
 from tributary.eventstore.values import MAX_HEADER_NAME, MAX_HEADER_VALUE, MAX_HEADERS, check_headers
 

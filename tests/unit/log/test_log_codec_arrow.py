@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tributary.capture.snapshot_columns import murmur2_partitions
+from tributary.capture.snapshot.columnar import murmur2_partitions
 from tributary.log.local import codec_arrow
 from tributary.log.local.codec import decode_line, encode_batch
 from tributary.log.local.codec_arrow import _piece, encode_columns, encode_columns_python

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tributary.capture.values import UNAVAILABLE
+from tributary.capture.decoding.values import UNAVAILABLE
 from tributary.log.local import Log, Record, TopicConfig, admin, canonical_json
 from tributary.log.local.cleaner import read_checkpoint
 from tributary.log.local.codec import encode_batch

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from tributary.capture.envelope import Output
+from tributary.capture.records.envelope import Output
 
 __all__ = ["HEADER_IDS", "OUTBOX_TABLE", "event_headers", "route_event"]
 

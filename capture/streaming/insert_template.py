@@ -26,10 +26,10 @@ from typing import Any
 import orjson
 
 from tributary.capture import compiled
-from tributary.capture import envelope as env
-from tributary.capture.routing import topic_name
-from tributary.capture.values import stream_converter, type_family
-from tributary.capture.wal2json import Change
+from tributary.capture.decoding.values import stream_converter, type_family
+from tributary.capture.decoding.wal2json import Change
+from tributary.capture.records import envelope as env
+from tributary.capture.records.routing import topic_name
 
 __all__ = ["SPLIT", "InsertTemplate", "table_tag", "table_tags"]
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from tributary.capture.catalog import (
+from tributary.capture.database.catalog import (
     CatalogConnection,
     TableInfo,
     list_tables,
@@ -32,9 +32,9 @@ from tributary.capture.catalog import (
     table_info,
     table_warnings,
 )
-from tributary.capture.routing import TableFilter
-from tributary.capture.schema_tracker import SchemaTracker
-from tributary.capture.staging import Staging
+from tributary.capture.records.routing import TableFilter
+from tributary.capture.records.schema_tracker import SchemaTracker
+from tributary.capture.records.staging import Staging
 
 __all__ = ["SourceTables"]
 

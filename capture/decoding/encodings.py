@@ -1,6 +1,6 @@
 """A source database's encoding → how its streamed bytes become UTF-8. Pure.
 
-Capture's SQL connections pin `client_encoding = UTF8` (capture/replication.py), so the server
+Capture's SQL connections pin `client_encoding = UTF8` (capture/database/replication.py), so the server
 converts what they read. The replication stream is not converted: wal2json writes its documents
 in the database's own encoding whatever the walsender's `client_encoding`, so a stream of a
 non-UTF8 database is decoded from that encoding (`python_codec`) before it is parsed. A

@@ -8,7 +8,7 @@ any reader of any partition sees the types before the rows that use them.
 An UPDATE omits an unchanged TOAST value, and also every column that did not exist at that
 change (wal2json decodes each change under the catalog of its own moment). So a column the last
 shape had and an UPDATE omits is kept (as an unchanged value) only if it is TOAST-able and
-`existed` says it was there at the change's transaction (capture/catalog.py, `ColumnHistory`);
+`existed` says it was there at the change's transaction (capture/database/catalog.py, `ColumnHistory`);
 otherwise the shape lost it — dropped, renamed, or added only after this change — and a record
 says so before the change.
 """
@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 
 import orjson
 
-from tributary.capture.envelope import CONNECTOR, toastable
-from tributary.capture.routing import topic_name
+from tributary.capture.records.envelope import CONNECTOR, toastable
+from tributary.capture.records.routing import topic_name
 
 __all__ = ["SCHEMA_KEY", "SchemaRecord", "SchemaTracker"]
 

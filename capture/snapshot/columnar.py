@@ -50,7 +50,7 @@ finally:
     if _finder is not None:
         sys.meta_path.remove(_finder)
 
-from tributary.capture.values import copy_unescape, text_converter, type_family  # noqa: E402
+from tributary.capture.decoding.values import copy_unescape, text_converter, type_family  # noqa: E402
 from tributary.log.local import hashes  # noqa: E402
 
 __all__ = ["ChunkRecords", "ColumnPlan", "encode_chunk", "murmur2_partitions", "plan"]

@@ -3,20 +3,20 @@
 An INSERT takes one of two paths, which write the same bytes (topic, partition, offset, timestamp,
 key, value, headers: tests/integration/capture/test_insert_templates.py):
 
-* **template** (capture/insert_template.py, learnt by capture/template_cache.py): inside a
+* **template** (capture/streaming/insert_template.py, learnt by capture/streaming/template_cache.py): inside a
   transaction being appended, INSERTs are held back (at most `RUN_CHANGES`, and only until any
   other message) and encoded a run of one table at a time, straight into the log's partitions;
 * **generic** (`wal2json.parse_message` → `envelope.envelopes_for`): everything else — updates,
   deletes, truncates, messages, an outbox's rows, a table's first INSERT (which teaches its
   template), a value a template is not sure of.
 
-Signals (capture/signals.py) are recognised here, where they were committed: a logical message
+Signals (capture/snapshot/signals.py) are recognised here, where they were committed: a logical message
 with prefix `tributary.signal` and an INSERT into the source's signal table become a call of
 `on_signal` (the session's `request_snapshot`); neither is written to the log. A malformed signal
 is a warning, never a stop.
 
 The source never commits or confirms: it reports each commit point (`handle` returns True) and
-keeps the positions in an `OffsetContext` (capture/offsets.py), which the daemon's commit reads.
+keeps the positions in an `OffsetContext` (capture/streaming/positions.py), which the daemon's commit reads.
 """
 
 from __future__ import annotations
@@ -28,21 +28,22 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any, TypedDict
 
-from tributary.capture import envelope as env
-from tributary.capture import signals, wal2json
-from tributary.capture.catalog import CatalogConnection, ColumnHistory
-from tributary.capture.chunked import WATERMARK_PREFIX
-from tributary.capture.ddl_watch import DDL_PREFIX
+from tributary.capture.database.catalog import CatalogConnection, ColumnHistory
+from tributary.capture.database.replication import Keepalive, XLogData
+from tributary.capture.database.source_tables import SourceTables
+from tributary.capture.decoding import wal2json
+from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.errors import SourceMisconfigured
-from tributary.capture.insert_template import SPLIT, table_tag, table_tags
-from tributary.capture.lsn import Lsn
-from tributary.capture.offsets import OffsetContext
-from tributary.capture.replication import Keepalive, XLogData
+from tributary.capture.records import envelope as env
+from tributary.capture.records.staging import Staging
+from tributary.capture.snapshot import signals
+from tributary.capture.snapshot.chunked import WATERMARK_PREFIX
 from tributary.capture.spec import SourceSpec
-from tributary.capture.staging import Staging
 from tributary.capture.status import SourceStatus
-from tributary.capture.tables import SourceTables
-from tributary.capture.template_cache import TemplateCache
+from tributary.capture.streaming.ddl_watch import DDL_PREFIX
+from tributary.capture.streaming.insert_template import SPLIT, table_tag, table_tags
+from tributary.capture.streaming.positions import OffsetContext
+from tributary.capture.streaming.template_cache import TemplateCache
 
 __all__ = ["RUN_CHANGES", "StreamingSource"]
 
@@ -96,7 +97,7 @@ class StreamingSource:
         """`templates=False` sends every change down the generic path (tests hold the two equal).
         `on_signal`: called with each valid signal where the stream reads it (it may raise
         ValueError to refuse one: logged as a warning). `encoding`: the Python codec wal2json
-        writes in (the database's, capture/encodings.py); not UTF-8, each document is decoded
+        writes in (the database's, capture/decoding/encodings.py); not UTF-8, each document is decoded
         from it first and every change takes the generic path."""
         self.spec = spec
         self.on_signal = on_signal
@@ -108,7 +109,7 @@ class StreamingSource:
         self.db = db
         self.clock = clock
         if tables.catalog is None:  # catalog reads while streaming, opened on first use
-            from tributary.capture.slot import sql_connection
+            from tributary.capture.database.slot import sql_connection
 
             tables.catalog = CatalogConnection(lambda: sql_connection(spec.dsn, label=spec.name))
         self.history: ColumnHistory | None = None
@@ -128,11 +129,11 @@ class StreamingSource:
         self._tx = _Transaction()
         self._run: list[bytes] = []  # INSERT documents not yet encoded (only ever inside a transaction)
         self._last_tag = b""  # the table tag of the last run: most runs are all that table's
-        # A chunked snapshot (capture/chunked.py): its watermarks, and each committed transaction.
+        # A chunked snapshot (capture/snapshot/chunked.py): its watermarks, and each committed transaction.
         self.on_watermark: Callable[[str], bool] | None = None
         self.on_commit: Callable[[int], bool] | None = None  # True: a snapshot request was applied
         self.on_resnapshot: Callable[[list[str], str], None] | None = None  # tables, why
-        # A schema change notice (capture/ddl_watch.py): (content, its transaction's end, now) → acted.
+        # A schema change notice (capture/streaming/ddl_watch.py): (content, its transaction's end, now) → acted.
         self.on_ddl: Callable[[str, Any, int], bool] | None = None
 
     @property
@@ -323,7 +324,7 @@ class StreamingSource:
         return False
 
     def _ddl_notice(self, message: wal2json.LogicalMessage, now_ms: int) -> None:
-        """A catalog watcher's notice (capture/ddl_watch.py), acted on where its transaction ends;
+        """A catalog watcher's notice (capture/streaming/ddl_watch.py), acted on where its transaction ends;
         a commit point when acting on it staged records."""
         on_ddl = self.on_ddl
         if on_ddl is not None and self.offsets.in_transaction and on_ddl(message.content, self._tx.nextlsn, now_ms):
@@ -332,7 +333,7 @@ class StreamingSource:
     def _signal(self, parse: Callable[[], signals.SnapshotSignal]) -> None:
         """Parse a signal and hand it on; a malformed or refused one is a warning, never a stop.
         What it asks for is logged where it is applied: each table's snapshot requested, or
-        refused with the reason (an excluded or keyless table; capture/chunked.py)."""
+        refused with the reason (an excluded or keyless table; capture/snapshot/chunked.py)."""
         try:
             signal = parse()
             if self.on_signal is None:
@@ -342,7 +343,7 @@ class StreamingSource:
             log.warning("source %s: signal ignored: %s", self.spec.name, exc)
 
     def _watermark(self, message: wal2json.LogicalMessage) -> bool:
-        """A chunked snapshot's high watermark (capture/chunked.py): never a record of its own;
+        """A chunked snapshot's high watermark (capture/snapshot/chunked.py): never a record of its own;
         a commit point when the chunk's rows were staged at it."""
         if message.transactional or self.offsets.in_transaction or message.lsn is None:
             return False

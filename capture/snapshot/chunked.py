@@ -23,7 +23,7 @@ them, so a chunk row never overwrites a newer streamed change:
 
 A table re-snapshotted (its topic already holds keys: a re-snapshot after a lost slot, a
 requested one) ends with a check of the keys its topic holds, in batches read the same way: each
-key the table no longer has gets a delete + tombstone (capture/snapshot_source.py).
+key the table no longer has gets a delete + tombstone (capture/snapshot/initial.py).
 """
 
 from __future__ import annotations
@@ -42,18 +42,18 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from tributary.capture import envelope as env
-from tributary.capture.catalog import TableInfo, table_info
+from tributary.capture.database.catalog import TableInfo, table_info
+from tributary.capture.database.source_tables import SourceTables
+from tributary.capture.decoding.lsn import Lsn
+from tributary.capture.decoding.values import type_family
 from tributary.capture.errors import CaptureError, TransientSourceError
-from tributary.capture.lsn import Lsn
-from tributary.capture.routing import topic_name
-from tributary.capture.snapshot import SnapshotReader
-from tributary.capture.snapshot_source import SnapshotSource
+from tributary.capture.records import envelope as env
+from tributary.capture.records.routing import topic_name
+from tributary.capture.records.staging import Staging, Watch
+from tributary.capture.snapshot.initial import SnapshotSource
+from tributary.capture.snapshot.reader import SnapshotReader
 from tributary.capture.spec import SourceSpec
-from tributary.capture.staging import Staging, Watch
 from tributary.capture.status import SourceStatus
-from tributary.capture.tables import SourceTables
-from tributary.capture.values import type_family
 from tributary.log import Mark
 
 if TYPE_CHECKING:
@@ -340,7 +340,7 @@ class ChunkedSnapshot:
 
     def restart(self, name: str) -> None:
         """Read `name` again from its first key if it is being read: its rows staged so far may
-        predate a rewrite of the table (capture/ddl_watch.py); the chunk in flight is read again."""
+        predate a rewrite of the table (capture/streaming/ddl_watch.py); the chunk in flight is read again."""
         ctx = self.context
         if not ctx.pending or ctx.pending[0] != name:
             return
@@ -354,7 +354,7 @@ class ChunkedSnapshot:
         self.dirty = True
 
     def _catalog(self, conn: psycopg.Connection[Any] | None = None) -> dict[str, TableInfo]:
-        from tributary.capture.slot import sql_connection
+        from tributary.capture.database.slot import sql_connection
 
         if conn is None:
             with sql_connection(self.spec.dsn, label=self.spec.name) as own:
@@ -721,7 +721,7 @@ class ChunkedSnapshot:
 
     def _units(self, job: _Job, reader: SnapshotReader) -> tuple[list[Any], int, Any]:
         """The chunk's rows as (kind, unit), encoded here (off the loop), by the consistent
-        snapshot's paths (capture/snapshot_source.py): the same bytes."""
+        snapshot's paths (capture/snapshot/initial.py): the same bytes."""
         info = job.table
         encoder = job.encoder
         assert encoder is not None
@@ -729,11 +729,11 @@ class ChunkedSnapshot:
         rows = 0
         plan = self.writer.columnar_plan(info)
         if plan is not None:
-            from tributary.capture import snapshot_columns
+            from tributary.capture.snapshot import columnar
 
             count = job.partitions
             for chunk in reader.text_chunks(info):
-                recs = snapshot_columns.encode_chunk(plan, chunk, count)
+                recs = columnar.encode_chunk(plan, chunk, count)
                 units.append(("columnar", recs))
                 rows += recs.rows
             return units, rows, plan
@@ -817,7 +817,7 @@ def absent_query(info: TableInfo, not_null: Collection[str]) -> sql.Composed:
     batch and read the table once when the batch is big beside it; IS NOT DISTINCT FROM allows
     neither (each key would scan the table) and is kept for a column that may hold NULL (a
     whole-row key), NULL matching NULL. A key's JSON spells bytea as hex without `\\x`
-    (capture/values.py), which json_populate_record reads as escaped text, giving the hex digits'
+    (capture/decoding/values.py), which json_populate_record reads as escaped text, giving the hex digits'
     own bytes: re-decoded as hex (from `r`, so that the lookup depends on `r` alone)."""
     table = sql.SQL("{}.{}").format(sql.Identifier(info.schema), sql.Identifier(info.table))
     types = {c.name: c.type for c in info.columns}

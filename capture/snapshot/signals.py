@@ -1,6 +1,6 @@
 """Signals: requests that reach capture through the source database's WAL, in order with the stream. Pure.
 
-Two ways in, both read by the stream (capture/streaming_source.py) where they were committed:
+Two ways in, both read by the stream (capture/streaming/stream.py) where they were committed:
 
 * a **logical message** with prefix `tributary.signal` (what `tributary capture snapshot` emits:
   `pg_logical_emit_message(true, 'tributary.signal', '{"type": "execute-snapshot", "tables": […]}')`);

@@ -1,4 +1,4 @@
-"""The consistent initial snapshot: read every included table inside the slot's exported snapshot.
+"""`SnapshotReader`: one table's rows, read inside an exported snapshot, as COPY text, server-made JSON or rows.
 
 `CREATE_REPLICATION_SLOT … EXPORT_SNAPSHOT` names a snapshot that sees exactly the rows committed
 before the slot's consistent point; a REPEATABLE READ transaction that imports it (before the
@@ -15,11 +15,11 @@ import psycopg
 from psycopg import pq, sql
 
 from tributary.capture import compiled
-from tributary.capture.catalog import TableInfo
+from tributary.capture.database.catalog import TableInfo
+from tributary.capture.database.replication import connect_options, translate_connect_error
+from tributary.capture.database.session_guard import client_params, guard
+from tributary.capture.decoding.values import copy_unescape, type_family
 from tributary.capture.errors import TransientSourceError
-from tributary.capture.replication import connect_options, translate_connect_error
-from tributary.capture.session_guard import client_params, guard
-from tributary.capture.values import copy_unescape, type_family
 
 __all__ = ["CHUNK_BYTES", "JSON_BATCH", "SnapshotReader", "take_copy_python"]
 
@@ -29,7 +29,7 @@ CHUNK_BYTES = 2 << 20  # COPY text per chunk of the columnar snapshot (bigger ch
 
 
 _ROW, _KEY = "__tributary_row", "__tributary_key"  # subquery aliases in json_rows
-_CHUNK_HEAD = b"-\n"  # each text chunk's first line (snapshot_columns._DUMMY)
+_CHUNK_HEAD = b"-\n"  # each text chunk's first line (columnar._DUMMY)
 
 
 def take_copy_python(get_copy_data: Callable[[int], tuple[int, Any]], buf: bytearray, limit: int) -> int:
@@ -92,7 +92,7 @@ class SnapshotReader:
             self._conn: psycopg.Connection[Any] = psycopg.connect(
                 dsn, connect_timeout=10, **connect_options(), **client_params()
             )
-            guard(self._conn, statement_timeout_ms=None)  # a COPY may run long (capture/session_guard.py)
+            guard(self._conn, statement_timeout_ms=None)  # a COPY may run long (capture/database/session_guard.py)
         except psycopg.OperationalError as exc:
             raise translate_connect_error(exc, f"source {label!r} (snapshot)") from None
         self._conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
@@ -118,7 +118,7 @@ class SnapshotReader:
 
     def text_chunks(self, table: TableInfo, *, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
         """Every row of `table` as COPY text lines, in chunks of about `chunk_bytes`, each led by
-        the line `-` (the columnar snapshot's CSV reader skips it; capture/snapshot_columns.py).
+        the line `-` (the columnar snapshot's CSV reader skips it; capture/snapshot/columnar.py).
         libpq hands COPY OUT over one row at a time: `take_copy` (typed, or its reference
         `take_copy_python`) is the one per-row step."""
         take = compiled.take_copy or take_copy_python

@@ -18,7 +18,7 @@ loop), it stages the table's schema record (`SourceTables.observe`: nothing when
 table already announced that shape), and, as configured:
 
 * `resnapshot_on_rewrite = true` and untouched rows now read differently: a chunked re-snapshot
-  of the table is requested, as a signal would (capture/chunked.py);
+  of the table is requested, as a signal would (capture/snapshot/chunked.py);
 * a rename: the table under its new name is snapshotted (when that name is included), and the
   old name's topic is ended with a delete and a tombstone for each of its live keys, once the log
   commit covering the notice is made (`tick`: the keys are read back from the committed log).
@@ -43,14 +43,14 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from tributary.capture.catalog import table_info
+from tributary.capture.database.catalog import table_info
+from tributary.capture.database.source_tables import SourceTables
+from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.errors import CaptureError
-from tributary.capture.lsn import Lsn
-from tributary.capture.routing import topic_name
+from tributary.capture.records.routing import topic_name
+from tributary.capture.records.staging import Staging
 from tributary.capture.spec import SourceSpec
-from tributary.capture.staging import Staging
 from tributary.capture.status import SourceStatus
-from tributary.capture.tables import SourceTables
 
 __all__ = [
     "DDL_PREFIX",
@@ -208,7 +208,7 @@ class CatalogWatcher:
             thread.join(timeout)
 
     def _run(self) -> None:
-        from tributary.capture.slot import sql_connection
+        from tributary.capture.database.slot import sql_connection
 
         while not self._stop.wait(self.interval):
             try:
@@ -433,8 +433,8 @@ class SchemaChanges:
         due = [e for e in self.endings if Lsn.parse(e.lsn) <= durable]
         if not due:
             return False
-        from tributary.capture import envelope as env
-        from tributary.capture.snapshot_source import SnapshotSource
+        from tributary.capture.records import envelope as env
+        from tributary.capture.snapshot.initial import SnapshotSource
 
         writer = SnapshotSource(self.spec, self.staging, self.tables, self.status, db=self.db, clock=self.clock)
         for ending in due:

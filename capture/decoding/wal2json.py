@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from tributary.capture.lsn import Lsn
+from tributary.capture.decoding.lsn import Lsn
 
 __all__ = [
     "WAL2JSON_OPTIONS",

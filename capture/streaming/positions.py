@@ -4,7 +4,7 @@ Exactly once across `kill -9` rests on these steps, in this order (the daemon ru
 `CaptureDaemon.commit`; the sources run 1, 2 and 5):
 
 1. **Stage.** A transaction's records are staged and written to segment files as they arrive
-   (`Staging`, capture/staging.py); nothing is visible until a commit.
+   (`Staging`, capture/records/staging.py); nothing is visible until a commit.
 2. **Boundary.** At the transaction's end (wal2json's `C`) `boundary` becomes its `nextlsn`, and
    the daemon takes a log mark. A snapshot's boundary is its slot's consistent point.
 3. **Commit.** `Log.commit` fsyncs the segments up to the mark and atomically replaces the
@@ -25,7 +25,7 @@ confirmed, the server sends them again).
 
 from __future__ import annotations
 
-from tributary.capture.lsn import Lsn
+from tributary.capture.decoding.lsn import Lsn
 
 __all__ = ["OffsetContext"]
 

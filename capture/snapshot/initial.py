@@ -1,10 +1,10 @@
-"""The initial snapshot: every included table, read inside the slot's exported snapshot, as `op: "r"` records.
+"""`SnapshotSource`: the initial snapshot as records, every included table written as `op: "r"` in one pass.
 
 Each table takes the first of three paths that can spell all its columns exactly; all three write
 the same bytes (key, value, headers, partition, offsets: tests/integration/capture/
 test_snapshot_columnar.py and test_snapshot_json.py). None exists for history only:
 
-* **columnar** (capture/snapshot_columns.py): COPY text in chunks, every column's JSON made by
+* **columnar** (capture/snapshot/columnar.py): COPY text in chunks, every column's JSON made by
   vector kernels, lines encoded per partition. The fast path, for tables of plain columns.
 * **JSON from PostgreSQL** (`SnapshotReader.json_rows`): `row_to_json` over per-type SQL
   conversions. For json/jsonb columns, which must be embedded verbatim (their own whitespace)
@@ -20,7 +20,7 @@ every one of them that the snapshot did not read: the compacted topic equals the
 Those keys are held in a set while the table is read (one table at a time; the log's `live_keys`).
 
 The records are appended, not committed: the daemon commits them in one go with the slot's
-consistent point (capture/offsets.py, step 2), so a crash mid-snapshot leaves nothing visible
+consistent point (capture/streaming/positions.py, step 2), so a crash mid-snapshot leaves nothing visible
 and the next start snapshots again from scratch. A re-snapshot first makes that true of itself
 too: before the old slot is replaced it commits the source's position as `0/0`, which a start
 reads as "no position" (capture/source.py); otherwise a crash after the new slot was created
@@ -35,15 +35,15 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from tributary.capture import envelope as env
-from tributary.capture.catalog import TableInfo
-from tributary.capture.lsn import Lsn
-from tributary.capture.slot import Slot, SlotState, sql_connection
-from tributary.capture.snapshot import SnapshotReader
+from tributary.capture.database.catalog import TableInfo
+from tributary.capture.database.slot import Slot, SlotState, sql_connection
+from tributary.capture.database.source_tables import SourceTables
+from tributary.capture.decoding.lsn import Lsn
+from tributary.capture.records import envelope as env
+from tributary.capture.records.staging import Staging
+from tributary.capture.snapshot.reader import SnapshotReader
 from tributary.capture.spec import SourceSpec
-from tributary.capture.staging import Staging
 from tributary.capture.status import SourceState, SourceStatus
-from tributary.capture.tables import SourceTables
 from tributary.log import Mark
 
 __all__ = ["PROGRESS_ROWS", "SnapshotSource"]
@@ -165,9 +165,9 @@ class SnapshotSource:
             for chunk in reader.text_chunks(table):
                 recs = None
                 if gone:
-                    from tributary.capture import snapshot_columns
+                    from tributary.capture.snapshot import columnar
 
-                    recs = snapshot_columns.encode_chunk(plan, chunk, self.staging.partitions(encoder.topic))
+                    recs = columnar.encode_chunk(plan, chunk, self.staging.partitions(encoder.topic))
                     gone.difference_update(recs.keys.to_pylist())
                 yield (
                     functools.partial(self.stage_chunk, encoder, plan, chunk, now_ms, recs=recs),
@@ -193,9 +193,9 @@ class SnapshotSource:
         pyarrow is imported here, not at start-up: only a snapshot pays for it."""
         if self.spec.router is not None or not self.columnar:
             return None
-        from tributary.capture import snapshot_columns
+        from tributary.capture.snapshot import columnar
 
-        return snapshot_columns.plan([(c.name, c.type) for c in table.columns], table.identity_columns)
+        return columnar.plan([(c.name, c.type) for c in table.columns], table.identity_columns)
 
     def stage_chunk(
         self,
@@ -211,27 +211,27 @@ class SnapshotSource:
         """A chunk of COPY text as records, column-wise, straight into the log's partitions (lines
         encoded by codec_arrow), after everything staged so far, to keep the order. `recs`: the
         chunk already encoded (a re-snapshot needs its keys before it is staged), rows of partition
-        -1 left out (capture/chunked.py); `last_row`: the index of the row that takes `marker`."""
-        from tributary.capture import snapshot_columns
+        -1 left out (capture/snapshot/chunked.py); `last_row`: the index of the row that takes `marker`."""
+        from tributary.capture.snapshot import columnar
         from tributary.log.local import encode_columns
 
         topic = encoder.topic
         count = self.staging.partitions(topic)
         self.staging.flush()
         if recs is None:
-            recs = snapshot_columns.encode_chunk(plan, chunk, count)
+            recs = columnar.encode_chunk(plan, chunk, count)
         tail = b"}" + encoder.tail("true")
         if last_row is None:
             last_row = recs.rows - 1
         for partition in range(count):
-            rows = snapshot_columns.rows_of(recs.partitions, partition)
+            rows = columnar.rows_of(recs.partitions, partition)
             if not len(rows):
                 continue
-            value_args = snapshot_columns.value_args(plan, recs, rows)
+            value_args = columnar.value_args(plan, recs, rows)
             if marker != "true" and rows[-1] == last_row:
-                value_args.append(snapshot_columns.last_tail(len(rows), tail, b"}" + encoder.tail(marker)))
+                value_args.append(columnar.last_tail(len(rows), tail, b"}" + encoder.tail(marker)))
             else:
-                value_args.append(snapshot_columns.scalar(tail))
+                value_args.append(columnar.scalar(tail))
             keys = recs.keys.take(rows)
             self.staging.append_encoded(
                 topic,

@@ -15,10 +15,10 @@ from typing import Any
 
 import orjson
 
-from tributary.capture.lsn import Lsn
-from tributary.capture.routing import topic_name
-from tributary.capture.values import UNAVAILABLE, stream_converter, text_converter, type_family
-from tributary.capture.wal2json import Change, LogicalMessage, Truncate
+from tributary.capture.decoding.lsn import Lsn
+from tributary.capture.decoding.values import UNAVAILABLE, stream_converter, text_converter, type_family
+from tributary.capture.decoding.wal2json import Change, LogicalMessage, Truncate
+from tributary.capture.records.routing import topic_name
 
 __all__ = [
     "CONNECTOR",
@@ -173,7 +173,7 @@ def envelopes_for(
 
     `known_columns`: the table's current columns (name, type, oid), so that an UPDATE's
     missing columns can be told apart as unchanged TOAST values (trap 3). `key_columns`: the
-    table's key (capture/tables.py) when the change names no primary key: the replica identity
+    table's key (capture/database/source_tables.py) when the change names no primary key: the replica identity
     index's columns, or () for the whole row.
     """
     topic = topic_name(source_name, change.schema, change.table)

@@ -18,8 +18,8 @@ import psycopg
 from psycopg import sql
 
 from tributary.capture import compiled
+from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.errors import SlotInUse, SlotMissing, SourceUnreachable, TransientSourceError
-from tributary.capture.lsn import Lsn
 
 __all__ = ["Keepalive", "SESSION_SETTINGS", "ReplicationConnection", "SlotInfo", "XLogData", "connect_options"]
 

@@ -2,7 +2,7 @@
 
 Everything capture says to the server about the slot is here, so what the slot holds (the WAL
 since its confirmed position) is easy to audit: it is only ever advanced by `confirm`, and the
-caller passes only an LSN a durable manifest covers (capture/offsets.py).
+caller passes only an LSN a durable manifest covers (capture/streaming/positions.py).
 """
 
 from __future__ import annotations
@@ -14,10 +14,15 @@ from typing import Any
 
 import psycopg
 
+from tributary.capture.database.replication import (
+    ReplicationConnection,
+    SlotInfo,
+    connect_options,
+    translate_connect_error,
+)
+from tributary.capture.database.session_guard import CATALOG_STATEMENT_TIMEOUT_MS, client_params, guard
+from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.errors import SourceMisconfigured
-from tributary.capture.lsn import Lsn
-from tributary.capture.replication import ReplicationConnection, SlotInfo, connect_options, translate_connect_error
-from tributary.capture.session_guard import CATALOG_STATEMENT_TIMEOUT_MS, client_params, guard
 
 __all__ = ["Slot", "SlotState", "sql_connection"]
 
@@ -26,7 +31,7 @@ def sql_connection(dsn: str, *, label: str) -> psycopg.Connection[Any]:
     """A plain autocommit connection with capture's session settings (catalog reads, slot checks)."""
     try:
         conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10, **connect_options(), **client_params())
-        guard(conn, statement_timeout_ms=CATALOG_STATEMENT_TIMEOUT_MS)  # capture/session_guard.py
+        guard(conn, statement_timeout_ms=CATALOG_STATEMENT_TIMEOUT_MS)  # capture/database/session_guard.py
     except psycopg.OperationalError as exc:
         raise translate_connect_error(exc, f"source {label!r}") from None
     return conn
@@ -48,7 +53,7 @@ class SlotState:
 
     def starts_after(self, position: Lsn) -> bool:
         """Does the slot start later than `position`? Capture confirms only what its manifest
-        holds (capture/offsets.py), so its own slot never does: this one was recreated (or
+        holds (capture/streaming/positions.py), so its own slot never does: this one was recreated (or
         advanced) by someone else, and the changes in between are not in it."""
         return self.usable and self.start > position
 

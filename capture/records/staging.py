@@ -3,7 +3,7 @@
 Snapshot and stream stage alike: each record goes to its key's partition after whatever is
 already staged there (each partition keeps the source's order), staged records are appended in
 batches (a bound on memory inside a huge transaction) and topics are created on first use.
-Appending is not committing: records stay invisible until the daemon commits (capture/offsets.py).
+Appending is not committing: records stay invisible until the daemon commits (capture/streaming/positions.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Literal
 
-from tributary.capture import envelope as env
+from tributary.capture.records import envelope as env
 from tributary.log import SourceWriter
 from tributary.log.local import TopicConfig, encode_plain, partition_for, split_partitions
 
@@ -26,7 +26,7 @@ Staged = tuple[bytes | None, bytes | None, int, bytes | None]
 
 
 class Watch:
-    """The keys staged to one topic while a chunked snapshot's chunk is read (capture/chunked.py),
+    """The keys staged to one topic while a chunked snapshot's chunk is read (capture/snapshot/chunked.py),
     by the transaction that changed them; `invalid` when the topic saw a truncate or a schema
     change meanwhile (the chunk is read again)."""
 

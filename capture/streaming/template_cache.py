@@ -1,4 +1,4 @@
-"""Which tables' streamed INSERTs may take their template (capture/insert_template.py), learnt as they come.
+"""Which tables' streamed INSERTs may take their template (capture/streaming/insert_template.py), learnt as they come.
 
 A table's template is made from the first INSERT the generic path handled and kept only if it
 gives that very change the same topic, key and value; it is used while the table's shape is the
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 
-from tributary.capture import envelope as env
-from tributary.capture import wal2json
-from tributary.capture.insert_template import SPLIT, InsertTemplate, table_tag
-from tributary.capture.schema_tracker import SchemaTracker
+from tributary.capture.decoding import wal2json
+from tributary.capture.records import envelope as env
+from tributary.capture.records.schema_tracker import SchemaTracker
+from tributary.capture.streaming.insert_template import SPLIT, InsertTemplate, table_tag
 
 __all__ = ["MAX_TEMPLATES", "TemplateCache"]
 
