@@ -18,6 +18,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from tributary.api.devdb.embedded import free_port
 from tributary.api.devkafka._config import LOG4J2, NodeAddress, server_properties
@@ -188,22 +189,26 @@ class EmbeddedKafka:
         empty when none answers."""
         from confluent_kafka.admin import AdminClient
 
-        from tributary.log.kafka.clients import with_logger
-
-        admin = AdminClient(with_logger({"bootstrap.servers": bootstraps or self.bootstraps, "log_level": "0"}))
+        admin = AdminClient(self._admin_config(bootstraps or self.bootstraps))
         try:
             meta = admin.list_topics(timeout=timeout)
         except Exception:  # KafkaException: nothing answered within timeout
             return set()
         return set(meta.brokers)
 
+    @staticmethod
+    def _admin_config(bootstraps: str) -> dict[str, Any]:
+        """An admin client's settings for these brokers (log/kafka/clients.py builds them all), quiet."""
+        from tributary.log.kafka.clients import admin_config
+        from tributary.log.kafka.options import KafkaOptions
+
+        return admin_config(KafkaOptions(bootstrap_servers=bootstraps, client={"log_level": "0"}))
+
     def leader(self, topic: str, partition: int) -> int:
         """The node that leads `topic`'s `partition` now."""
         from confluent_kafka.admin import AdminClient
 
-        from tributary.log.kafka.clients import with_logger
-
-        admin = AdminClient(with_logger({"bootstrap.servers": self.bootstraps, "log_level": "0"}))
+        admin = AdminClient(self._admin_config(self.bootstraps))
         meta = admin.list_topics(topic, timeout=30)
         return int(meta.topics[topic].partitions[partition].leader)
 

@@ -28,10 +28,17 @@ __all__ = [
 ENV_PREFIX = "TRIBUTARY_"
 
 # `TRIBUTARY_` names that are not settings: the switch between compiled and pure-Python code
-# (`tributary.impl`, and its older spelling), the test suite's server choice, and the variables
+# (`tributary.impl`, and its older spelling), the test suite's server choices, and the variables
 # deploy/compose.yaml substitutes (a shell that runs compose has them exported).
 NOT_SETTINGS = frozenset(
-    {"TRIBUTARY_IMPL", "TRIBUTARY_PURE_PYTHON", "TRIBUTARY_TEST_PG", "TRIBUTARY_API_KEY", "TRIBUTARY_IMAGE"}
+    {
+        "TRIBUTARY_IMPL",
+        "TRIBUTARY_PURE_PYTHON",
+        "TRIBUTARY_TEST_PG",
+        "TRIBUTARY_TEST_KAFKA",
+        "TRIBUTARY_API_KEY",
+        "TRIBUTARY_IMAGE",
+    }
 )
 
 Path_ = tuple[str, ...]
