@@ -73,6 +73,25 @@ def _after_outage(proc: Capture, config: Path, status_root: Path) -> Capture:
     return _restarted(config, status_root)
 
 
+def _streams_after_outage(proc: Capture, config: Path, status_root: Path, more: int) -> Capture:
+    """`_streams_on` while the cluster settles after an outage: a commit that times out meanwhile
+    stops capture with one clear line (`_after_outage`), and it is started again, as a supervisor
+    would, until one capture streams `more` changes (at most three starts)."""
+    for _ in range(3):
+        start = _changes(status_root, proc.pid)
+        wait_for(
+            lambda proc=proc, start=start: (
+                _changes(status_root, proc.pid) >= start + more or proc.proc.poll() is not None
+            ),
+            what=f"{more} more changes streamed by capture {proc.pid}",
+            progress=lambda proc=proc: (capture_progress(status_root), size_of(proc.err_path)),
+        )
+        if proc.proc.poll() is None:
+            return proc
+        proc = _after_outage(proc, config, status_root)
+    raise AssertionError("capture did not stream again after three starts: " + proc.err_path.read_text()[-2000:])
+
+
 def test_capture_on_three_brokers_survives_kills_fencing_and_restarts(
     fresh_db: str, tmp_path: Path, kafka_cluster3: KafkaCluster
 ) -> None:
@@ -135,7 +154,7 @@ def test_capture_on_three_brokers_survives_kills_fencing_and_restarts(
         cluster.down(timeout=60)
         cluster.up()
         proc = _after_outage(proc, config, status_root)
-        _streams_on(status_root, proc, RATE)
+        proc = _streams_after_outage(proc, config, status_root, RATE)
         _kill(proc)
         proc = _restarted(config, status_root)
         _streams_on(status_root, proc, RATE)
