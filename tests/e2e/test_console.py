@@ -3,6 +3,7 @@ see a source and a projection, press rebuild, watch it finish; the screenshot is
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -46,11 +47,15 @@ def _browser(profile: Path):  # type: ignore[no-untyped-def]
 
 
 def _wait(driver, predicate, what: str, server: subprocess.Popen[bytes] | None = None) -> None:  # type: ignore[no-untyped-def]
-    """Wait for `predicate(driver)` while the page's text (or `server`'s CPU time: a Spark job) moves."""
+    """Wait for `predicate(driver)` while the page's words (its figures and clocks tick on their own)
+    or `server`'s CPU time (a Spark job) move."""
     try:
         wait_progress(
             lambda: predicate(driver),
-            lambda: (driver.find_element("tag name", "body").text, None if server is None else tree_cpu_s(server.pid)),
+            lambda: (
+                re.sub(r"\d", "", driver.find_element("tag name", "body").text),
+                None if server is None else tree_cpu_s(server.pid),
+            ),
             what=f"console: {what}",
             poll=0.5,
         )
