@@ -65,15 +65,10 @@ def listening_socket(preferred: int = 0) -> socket.socket:
 
 
 def free_port(preferred: int = 0) -> int:
-    """`preferred` if it is free on 127.0.0.1, else any free port."""
-    for port in (preferred, 0):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return int(s.getsockname()[1])
-    raise PgError("no free TCP port on 127.0.0.1")
+    """`preferred` if it is free on 127.0.0.1, else any free port (free when this returns; a server
+    that must not lose it to another process takes `listening_socket` instead)."""
+    with listening_socket(preferred) as s:
+        return int(s.getsockname()[1])
 
 
 def _os_user() -> str | None:

@@ -101,6 +101,7 @@ class Staging:
         pending = self.pending
         counts = self._partitions
         watches, kept = self.watches, self.kept
+        collecting = bool(watches or kept)  # fixed for the batch: one test per record, not two
         staged = 0
         for out in outputs:
             topic = out.topic
@@ -108,7 +109,7 @@ class Staging:
             ts = timestamp_ms if out.timestamp_ms is None else out.timestamp_ms
             pending[(topic, partition_for(out.key, count))].append((out.key, out.value, ts, out.headers))
             staged += 1
-            if (watches or kept) and (topic in watches or topic in kept):
+            if collecting and (topic in watches or topic in kept):
                 self._watched(topic, (out.key,))
         self.count += staged
         if self.count >= FLUSH_RECORDS:

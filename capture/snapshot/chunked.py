@@ -870,6 +870,7 @@ def _unit_keys(kept: list[tuple[str, Any]]) -> list[pa.Array]:
     import pyarrow as pa
 
     out: list[pa.Array] = []
+    rows: list[bytes] = []  # the row path's keys, one array for all of them
     for kind, unit in kept:
         if kind == "columnar":
             recs, _ = unit
@@ -878,5 +879,7 @@ def _unit_keys(kept: list[tuple[str, Any]]) -> list[pa.Array]:
         elif kind == "json":
             out.append(pa.array([pair[0] for pair in unit], pa.binary()))
         else:
-            out.append(pa.array([unit[1].key], pa.binary()))
+            rows.append(unit[1].key)
+    if rows:
+        out.append(pa.array(rows, pa.binary()))
     return out

@@ -326,16 +326,16 @@ cdef Py_ssize_t _key_spans(
         if n >= cap:
             return -1
         line = p
-        if not has(d, p, end, b'{"offset":', 10):
+        if not has(d, p, end, L_OFFSET, 10):
             return -1
         p = take_digits(d, p + 10, end, &off)
-        if p < 0 or off <= prev or not has(d, p, end, b',"timestamp":', 13):
+        if p < 0 or off <= prev or not has(d, p, end, L_TS, 13):
             return -1
         p += 13
         if p < end and d[p] == 45:  # '-'
             p += 1
         p = take_digits(d, p, end, &ts)
-        if p < 0 or not has(d, p, end, b',"lens":[', 9):
+        if p < 0 or not has(d, p, end, L_LENS, 9):
             return -1
         p = take_digits(d, p + 9, end, &kl)
         if p < 0 or not has(d, p, end, b',', 1):
@@ -350,9 +350,9 @@ cdef Py_ssize_t _key_spans(
         v0 = k0 + kl + 9
         h0 = v0 + vl + 11
         h1 = h0 + hl
-        if h1 + 7 > end or not has(d, k0 + kl, end, b',"value":', 9) or not has(d, v0 + vl, end, b',"headers":', 11):
+        if h1 + 7 > end or not has(d, k0 + kl, end, L_VALUE, 9) or not has(d, v0 + vl, end, b',"headers":', 11):
             return -1
-        if not has(d, h1, end, b',"crc":', 7):
+        if not has(d, h1, end, L_CRC, 7):
             return -1
         q = take_digits(d, h1 + 7, end, &stored)
         if q < 0 or not has(d, q, end, b'}\n', 2):
