@@ -198,8 +198,8 @@ def _kafka_throughput(dsn: str, work: Path, records: int, repeat: int, parts: se
 def _kafka_pulls(bootstraps: str, n: int, pull: int, *, fresh: bool) -> float:
     """Records/s reading `n` records of TOPIC (4 partitions) in pulls of `pull` records, partitions
     in turn: one KafkaView throughout, or (`fresh`) a new one (new clients) per pull."""
-    from tributary.consumers.kafkaview import KafkaView
     from tributary.log.kafka.options import KafkaOptions
+    from tributary.log.kafka.view import KafkaView
 
     options = KafkaOptions(bootstrap_servers=bootstraps, client={"log_level": "3"})
     kept = None if fresh else KafkaView(options)

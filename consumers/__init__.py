@@ -28,7 +28,6 @@ from tributary.consumers.errors import (
     OffsetOutOfRange,
     UnknownMember,
 )
-from tributary.consumers.logview import LogView
 from tributary.consumers.waiting import LogChanges
 
 __all__ = [
@@ -40,7 +39,6 @@ __all__ = [
     "GroupCoordinator",
     "Heartbeat",
     "LogChanges",
-    "LogView",
     "Membership",
     "NotAssigned",
     "NotFound",

@@ -32,14 +32,14 @@ from tributary.consumers.datatypes import (
     StreamCursor,
 )
 from tributary.consumers.delivery import Delivery
-from tributary.consumers.logview import LogView
 from tributary.consumers.membership import Members
 from tributary.consumers.notices import RebalanceNotices
-from tributary.consumers.offsets import DbOffsets, GroupView, OffsetStore
+from tributary.consumers.offsets import BackendOffsets, DbOffsets, GroupView, OffsetStore
 from tributary.consumers.state import GroupState
+from tributary.log import open_group_offsets, open_reader
 
 if TYPE_CHECKING:
-    from tributary.log.kafka.options import KafkaOptions
+    from tributary.log import KafkaOptions
 
 __all__ = [
     "OFFSET_RESETS",
@@ -77,13 +77,11 @@ class GroupCoordinator:
         )
         self.view: GroupView
         self.offsets: OffsetStore
-        if kafka is None:
-            self.view, self.offsets = LogView(log_root), DbOffsets(self.pool)
-        else:
-            from tributary.consumers.kafkaview import KafkaOffsets, KafkaView
-
-            self.view, self.offsets = KafkaView(kafka), KafkaOffsets(kafka)
-            poll_interval_s = max(poll_interval_s, 0.05)  # each refresh asks the cluster
+        self.view = open_reader(root=log_root, kafka=kafka)
+        kept = open_group_offsets(kafka=kafka)
+        self.offsets = DbOffsets(self.pool) if kept is None else BackendOffsets(kept)
+        if self.view.root is None:
+            poll_interval_s = max(poll_interval_s, 0.05)  # nothing to watch: each refresh asks the backend
         self.poll_interval_s = poll_interval_s
         self.notices = RebalanceNotices(dsn)  # started by the first stream
         self.state = GroupState(self.pool, self.view, self.offsets, poll_interval_s)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tributary.consumers.assign import TopicPartition
-from tributary.log.local import Record
+from tributary.log import Record
 
 __all__ = ["OFFSET_RESETS", "Batch", "Heartbeat", "Membership", "OffsetReset", "ResetTarget", "StreamCursor"]
 

@@ -334,7 +334,7 @@ class Delivery:
                     if budget_records <= 0 or budget_bytes <= 0:
                         break
                 else:
-                    if getattr(self.state.view, "skips_markers", False):
+                    if self.state.view.skips_markers:
                         # the read reached the end: a position at a transaction marker moves past it
                         p.position = max(p.position, end)
             finally:

@@ -1,46 +1,35 @@
 """Where a consumer group's committed offsets live: the backend seam of `GroupCoordinator`.
 
 - `DbOffsets` (the local log): table `consumers.offsets` of the service database.
-- `KafkaOffsets` (`[log] backend = "kafka"`, tributary.consumers.kafkaview): Kafka's own group offsets (`__consumer_offsets`,
-  group id = the group's name), so `kafka-consumer-groups --describe --group G` shows them and a
-  Kafka consumer can go on from them. Each commit is also noted in `consumers.offsets` (when, by
-  whom, in which generation: what `describe` shows); the offsets read back are Kafka's.
+- `BackendOffsets` (a backend that keeps group offsets itself, `tributary.log.open_group_offsets`:
+  on Kafka its own group offsets, so `kafka-consumer-groups --describe --group G` shows them and a
+  Kafka consumer can go on from them). Each commit is also noted in `consumers.offsets` (when, by
+  whom, in which generation: what `describe` shows); the offsets read back are the backend's.
 
 A commit is always made by the caller inside the database transaction that holds the group's row
 lock (`FOR SHARE`; a rebalance takes it `FOR UPDATE`): the Kafka commit happens while that lock is
 held, so a member fenced by a rebalance can never overwrite a newer commit.
 
-`GroupView` is what the coordinator reads the log through (`LogView`, `KafkaView`).
+`GroupView` is what the coordinator reads the log through: the log's `LogReader`
+(`tributary.log.open_reader`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import psycopg
 from psycopg_pool import ConnectionPool
 
 from tributary.consumers.assign import TopicPartition
-from tributary.log.local import Record
+from tributary.log import GroupOffsets, LogReader
 
-__all__ = ["WRITE_OFFSETS", "DbOffsets", "GroupView", "OffsetStore", "listed_offsets"]
+__all__ = ["WRITE_OFFSETS", "BackendOffsets", "DbOffsets", "GroupView", "OffsetStore", "listed_offsets"]
 
 
-class GroupView(Protocol):
-    """The log as the coordinator reads it."""
-
-    version: int
-    refreshed_at: float
-
-    def refresh(self) -> bool: ...
-    def refresh_if_older(self, seconds: float) -> None: ...
-    def close(self) -> None: ...
-    def partitions(self, topic: str) -> int: ...
-    def bounds(self, topic: str, partition: int) -> tuple[int, int]: ...
-    def compacted(self, topic: str) -> bool: ...
-    def read(self, topic: str, partition: int, from_offset: int) -> Iterator[Record]: ...
-    def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int: ...
+GroupView = LogReader
+"""The log as the coordinator reads it."""
 
 
 class OffsetStore(Protocol):
@@ -118,3 +107,41 @@ class DbOffsets:
 
     def close(self) -> None:
         pass
+
+
+class BackendOffsets:
+    """Committed offsets kept by the log's backend (`GroupOffsets`), each commit also noted in
+    `consumers.offsets` (who, when, which generation) for `describe`."""
+
+    def __init__(self, store: GroupOffsets) -> None:
+        self.store = store
+        self.where = store.where
+
+    def committed(self, group: str, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        return self.store.committed(group, tps)
+
+    def commit(
+        self,
+        cur: psycopg.Cursor[Any],
+        group: str,
+        member_id: str | None,
+        generation: int,
+        offsets: Sequence[tuple[TopicPartition, int]],
+    ) -> None:
+        if not offsets:
+            return
+        self.store.commit(group, f"tributary {member_id or 'reset'} generation {generation}", offsets)
+        # who committed when (describe shows it); the offsets themselves are read back from the backend
+        cur.executemany(WRITE_OFFSETS, [(group, t, p, o, member_id, generation) for (t, p), o in offsets])
+
+    def listed(self, conn: psycopg.Connection[Any], group: str | None = None) -> list[tuple[Any, ...]]:
+        rows = listed_offsets(conn, group)
+        by_group: dict[str, list[TopicPartition]] = {}
+        for g, t, p, *_ in rows:
+            by_group.setdefault(g, []).append((t, p))
+        now = {g: self.committed(g, tps) for g, tps in by_group.items()}
+        # the backend's offsets are the truth (a Kafka tool may have moved them; Kafka may have expired them)
+        return [(g, t, p, now[g][(t, p)], *rest) for g, t, p, _, *rest in rows if (t, p) in now[g]]
+
+    def close(self) -> None:
+        self.store.close()

@@ -34,7 +34,7 @@ class LogChanges:
         self._task: asyncio.Task[None] | None = None
         self._poke = asyncio.Event()  # set by the manifest watch: re-read the manifest now
         self._pokes = 0  # how many times the watch reported a change
-        root = getattr(view, "root", None)  # None on Kafka: no files to watch, the poll is all there is
+        root = view.root  # None on Kafka: no files to watch, the poll is all there is
         self.watch = ManifestWatch(root, self._poked) if root is not None else None
         self.trusted = True  # False once the watch missed a change: poll every interval_s from then on
         self.reads = 0  # manifest re-reads (for tests and diagnostics)

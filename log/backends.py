@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from tributary.log.contracts import CaptureWriter, LogAdmin
+from tributary.log.contracts import CaptureWriter, GroupOffsets, LogAdmin, LogReader
 from tributary.log.kafka.options import KafkaOptions
-from tributary.log.local import Log
+from tributary.log.local import Log, LogView
 from tributary.log.local.admin import LocalAdmin
 
-__all__ = ["open_admin", "open_writer"]
+__all__ = ["open_admin", "open_group_offsets", "open_reader", "open_writer"]
 
 
 def open_writer(
@@ -40,3 +40,24 @@ def open_admin(*, root: Path, kafka: KafkaOptions | None, timeout_s: float = 30.
 
         return KafkaAdmin(kafka, timeout_s=timeout_s)
     return LocalAdmin(root)
+
+
+def open_reader(*, root: Path, kafka: KafkaOptions | None) -> LogReader:
+    """A shared reader of committed data (consumer groups, sinks, `/streams`): Kafka's cluster,
+    read_committed (`kafka` given), else the local log under `root` — which may not exist yet
+    (capture never ran): it reads as a log without topics until it does."""
+    if kafka is not None:
+        from tributary.log.kafka.view import KafkaView
+
+        return KafkaView(kafka)
+    return LogView(root)
+
+
+def open_group_offsets(*, kafka: KafkaOptions | None) -> GroupOffsets | None:
+    """Where the backend keeps consumer groups' committed offsets itself (Kafka's group offsets, so
+    Kafka's own tools see them); None for the local log, whose groups commit to the service database."""
+    if kafka is None:
+        return None
+    from tributary.log.kafka.group_offsets import KafkaGroupOffsets
+
+    return KafkaGroupOffsets(kafka)

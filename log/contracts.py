@@ -18,13 +18,17 @@ returns these): written from capture's, the CLI's and the HTTP API's use of the 
   `log verify` (and `--repair`, the local log's).
 * `RebuiltLog`: what `log verify --repair` hands to capture when it rebuilt a lost manifest, so
   that capture finds the source positions again (the local log only: Kafka repairs itself).
+* `LogReader`: committed data as a long-lived reader shared by threads sees it (consumer groups,
+  sinks, `/streams`): partitions, bounds, reads from an offset, time lookups, refreshed on demand.
+* `GroupOffsets`: consumer groups' committed offsets where the backend keeps them itself (Kafka's
+  group offsets, so Kafka's tools see them); the local log has none (the service database keeps them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from tributary.log.local import (
     CleanerPolicy,
@@ -41,7 +45,9 @@ __all__ = [
     "BackgroundCleaner",
     "CaptureWriter",
     "Encode",
+    "GroupOffsets",
     "LogAdmin",
+    "LogReader",
     "PositionsFrom",
     "RebuiltLog",
     "SourceWriter",
@@ -178,6 +184,24 @@ class LogAdmin(Protocol):
         positions `positions_from` finds (the local log; Kafka refuses: its broker repairs itself)."""
         ...
 
+    def cat(
+        self,
+        topic: str,
+        *,
+        partition: int | None = None,
+        from_offset: int = 0,
+        compacted: bool = False,
+        follow: bool = False,
+        stop: Callable[[], bool] | None = None,
+        out: BinaryIO | None = None,
+    ) -> int:
+        """`log cat`: one JSON line per committed record (`Record.to_json`) of `topic` (one
+        `partition`, or all merged by timestamp) from `from_offset`; `compacted`: the latest record
+        per key of what the topic holds now; `follow`: then the records committed later, until
+        `stop()` is true (checked at least every half second). Returns how many lines were written
+        (to `out`, default standard output)."""
+        ...
+
 
 class RebuiltLog(Protocol):
     """The local log as `log verify --repair` rebuilt it from its segments, read by the hook that
@@ -199,3 +223,78 @@ class RebuiltLog(Protocol):
 
 PositionsFrom = Callable[[RebuiltLog], Mapping[str, str]]
 """Capture's hook that finds the source positions in a log a repair rebuilt (capture/resume.py)."""
+
+
+class LogReader(Protocol):
+    """Committed data for long-lived readers that share one view (thread-safe). `version` moves
+    whenever a committed end or the topic set changed at the last `refresh`; a topic that does
+    not exist (yet) reads as one with no partitions."""
+
+    version: int
+    refreshed_at: float  # time.monotonic() of the last refresh
+
+    @property
+    def root(self) -> Path | None:
+        """The directory whose manifest changes when something is committed (to watch instead of
+        polling), or None where there is no file to watch (Kafka)."""
+        ...
+
+    @property
+    def skips_markers(self) -> bool:
+        """Whether offsets have holes that are no record (Kafka's transaction markers): a read that
+        ended by itself then reached the partition's end."""
+        ...
+
+    def refresh(self) -> bool:
+        """Ask the log for its committed ends; True when something changed since the last refresh."""
+        ...
+
+    def refresh_if_older(self, seconds: float) -> None:
+        """`refresh` unless the last one is younger than `seconds`."""
+        ...
+
+    def close(self) -> None: ...
+
+    def partitions(self, topic: str) -> int:
+        """The topic's partition count; 0 while it does not exist."""
+        ...
+
+    def bounds(self, topic: str, partition: int) -> tuple[int, int]:
+        """(first retained offset, committed end) of one partition; (0, 0) while it does not exist."""
+        ...
+
+    def compacted(self, topic: str) -> bool:
+        """Whether a read may find gaps in the topic's offsets (compaction, markers)."""
+        ...
+
+    def read(self, topic: str, partition: int, from_offset: int) -> Iterator[Record]:
+        """Committed records of one partition from `from_offset`, in offset order, up to the end the
+        last refresh saw."""
+        ...
+
+    def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int:
+        """The first offset whose record's timestamp is >= `timestamp_ms`, else the end."""
+        ...
+
+
+GroupPartition = tuple[str, int]
+"""(topic, partition) of a consumer group's committed offset."""
+
+
+class GroupOffsets(Protocol):
+    """Consumer groups' committed offsets (the next offset each reads) kept by the backend."""
+
+    @property
+    def where(self) -> str:
+        """The store, for error messages ("Kafka at host:port")."""
+        ...
+
+    def committed(self, group: str, tps: Sequence[GroupPartition]) -> dict[GroupPartition, int]:
+        """The committed offsets of `tps` that have one."""
+        ...
+
+    def commit(self, group: str, note: str, offsets: Sequence[tuple[GroupPartition, int]]) -> None:
+        """Commit `offsets` for `group`, each with `note` (who, which generation) as metadata."""
+        ...
+
+    def close(self) -> None: ...

@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from tributary.log.kafka.options import VIEW_TIMEOUT_S
-from tributary.log.local import LogError, MissingMetadataError
+from tributary.log import VIEW_TIMEOUT_S, LogError, MissingMetadataError
 from tributary.projections.arrow_copy import distinct_keys, output_lines
 from tributary.projections.definition import Projection
 from tributary.projections.engine import Prior, applies_truncates, decide, merges_partitions, truncate_points
@@ -53,7 +52,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from tributary.api.settings.config import Settings
-    from tributary.log.kafka.options import KafkaOptions
+    from tributary.log import KafkaOptions
     from tributary.projections.records import SortKey
 
 __all__ = [
@@ -553,7 +552,7 @@ def _settings_from_json(raw: Mapping[str, Any]) -> RunSettings:
     """`_settings_json`'s inverse."""
     kafka = None
     if raw.get("kafka") is not None:
-        from tributary.log.kafka.options import KafkaOptions
+        from tributary.log import KafkaOptions
 
         kafka = KafkaOptions(**raw["kafka"])
     return RunSettings(

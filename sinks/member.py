@@ -27,8 +27,8 @@ from tributary_client import (
 
 from tributary.consumers import ConsumerError as GroupError
 from tributary.consumers import Fenced, GroupCoordinator, NotAssigned, OffsetOutOfRange, UnknownMember
-from tributary.log.local import LogError
-from tributary.log.local import Record as LogRecord
+from tributary.log import LogError
+from tributary.log import Record as LogRecord
 
 __all__ = ["GroupMember", "to_record"]
 

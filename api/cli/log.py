@@ -1,7 +1,7 @@
 """`tributary log …`: inspect the log (topics, cat, compact, verify).
 
 Each command is a thin typer wrapper around the log's admin operations
-(`tributary.log.local.admin`). Errors print one line on stderr and exit 1.
+(`tributary.log.open_admin`: the configured backend). Errors print one line on stderr and exit 1.
 """
 
 from __future__ import annotations
@@ -11,17 +11,14 @@ import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
 from tributary.api.cli.common import ConfigOption
 from tributary.api.cli.help import SentenceGroup
 from tributary.log import LogAdmin, LogError, open_admin
-from tributary.log.local.admin import CompactedInBackground, cat, compact
-
-if TYPE_CHECKING:
-    from tributary.log.kafka.options import KafkaOptions
+from tributary.log.local.admin import CompactedInBackground, compact
 
 __all__ = ["log_app", "register"]
 
@@ -44,15 +41,6 @@ RootOption = Annotated[
 ]
 
 
-def _root(root: Path | None, config: Path | None) -> Path:
-    """`--root` if given, else the config's `[log] root`."""
-    if root is not None:
-        return root
-    from tributary.api.cli.common import settings_from
-
-    return settings_from(config).log.root
-
-
 def _admin(root: Path | None, config: Path | None) -> LogAdmin:
     """The config's log (`[log] backend`), or the local log at `--root` when one is given."""
     if root is not None:
@@ -61,16 +49,6 @@ def _admin(root: Path | None, config: Path | None) -> LogAdmin:
     from tributary.api.settings.log import log_admin
 
     return log_admin(settings_from(config))
-
-
-def _kafka(root: Path | None, config: Path | None) -> KafkaOptions | None:
-    """The config's Kafka cluster when `[log] backend = "kafka"` and no `--root` was given."""
-    if root is not None:
-        return None
-    from tributary.api.cli.common import settings_from
-    from tributary.api.settings.log import kafka_options
-
-    return kafka_options(settings_from(config))
 
 
 # -- typer wrappers -------------------------------------------------------------------------
@@ -124,41 +102,14 @@ def cat_cmd(
     config: ConfigOption = None,
 ) -> None:
     """Print records as JSON lines: topic, partition, offset, timestamp, key, value, headers."""
-    kafka = _kafka(root, config)
-    if kafka is not None:
-        from tributary.log.kafka.read import kafka_cat
-
-        try:
-            with _until_signalled(follow) as stopped:
-                kafka_cat(
-                    kafka,
-                    topic,
-                    partition=partition,
-                    from_offset=from_offset,
-                    compacted=compacted,
-                    follow=follow,
-                    stop=stopped,
-                )
-        except (BrokenPipeError, KeyboardInterrupt):
-            return
-        except LogError as exc:
-            raise _fail(exc) from None
-        return
-    root = _root(root, config)
     try:
-        cat(
-            root,
-            topic,
-            partition=partition,
-            from_offset=from_offset,
-            follow=follow,
-            compacted=compacted,
-        )
-    except KeyboardInterrupt:
+        with _until_signalled(follow) as stopped:
+            _admin(root, config).cat(
+                topic, partition=partition, from_offset=from_offset, compacted=compacted, follow=follow, stop=stopped
+            )
+    except (BrokenPipeError, KeyboardInterrupt):
         return
-    except (LogError, BrokenPipeError) as exc:
-        if isinstance(exc, BrokenPipeError):
-            return
+    except LogError as exc:
         raise _fail(exc) from None
 
 

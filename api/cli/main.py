@@ -147,7 +147,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """Every package's error root: these print as one line instead of a traceback."""
     roots: list[type[BaseException]] = list(_USER_ERRORS)
     for mod, name in (
-        ("tributary.log.local", "LogError"),
+        ("tributary.log", "LogError"),
         ("tributary.capture.errors", "CaptureError"),
         ("tributary.eventstore.errors", "EventStoreError"),
         ("tributary.projections.errors", "ProjectionError"),

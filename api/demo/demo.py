@@ -30,7 +30,7 @@ from tributary.api.settings.config import Settings, SourceSettings
 from tributary.api.settings.log import cleaner_policy
 from tributary.api.settings.sources import source_specs
 from tributary.capture.daemon import CaptureDaemon, DaemonOptions
-from tributary.log.local.admin import topics as topics_of
+from tributary.log import open_admin
 
 __all__ = ["register"]
 
@@ -319,7 +319,7 @@ class _Run:
 
 
 def _summary(console: Console, root: Path, shop: dict[str, int], counts: dict[str, int], stages: list[_Stage]) -> None:
-    rows = topics_of(root)
+    rows = open_admin(root=root, kafka=None).topics()  # the demo runs on the embedded default
     total = sum(int(t["records"]) for t in rows)  # type: ignore[call-overload]
     console.print("[bold]log[/]")
     for t in rows:

@@ -20,7 +20,7 @@ from tributary.consumers import (
     OffsetOutOfRange,
     UnknownMember,
 )
-from tributary.log.local import LogError
+from tributary.log import LogError
 
 __all__ = [
     "BODY_ERRORS",

@@ -21,8 +21,7 @@ from prometheus_client.registry import Collector
 
 from tributary.capture.status import ERROR_KINDS, SourceState, build_info, read_status, snapshot_under_way
 from tributary.consumers import GroupCoordinator
-from tributary.log.kafka.options import VIEW_TIMEOUT_S
-from tributary.log.local import LogError
+from tributary.log import VIEW_TIMEOUT_S, LogError
 
 __all__ = ["Metrics"]
 

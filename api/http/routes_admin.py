@@ -27,8 +27,7 @@ from tributary.api.http.state import AppState, MetricsOf, RefreshedStatus, Setti
 from tributary.api.settings.config import Settings
 from tributary.api.settings.log import log_admin
 from tributary.api.settings.sources import source_statuses
-from tributary.log.kafka.options import VIEW_TIMEOUT_S
-from tributary.log.local import LogError
+from tributary.log import VIEW_TIMEOUT_S, LogError
 
 __all__ = ["rebuilds", "router"]
 

@@ -43,7 +43,7 @@ from tributary.consumers import (
     StreamCursor,
     UnknownMember,
 )
-from tributary.log.local import Record
+from tributary.log import Record
 
 __all__ = ["record_json", "router"]
 

@@ -14,8 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Literal
 
 from tributary.capture.records import envelope as env
-from tributary.log import SourceWriter
-from tributary.log.local import TopicConfig, encode_plain, partition_for, split_partitions
+from tributary.log import SourceWriter, TopicConfig, encode_plain, partition_for, split_partitions
 
 __all__ = ["FLUSH_RECORDS", "Staged", "Staging", "Watch"]
 

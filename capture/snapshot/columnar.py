@@ -51,7 +51,7 @@ finally:
         sys.meta_path.remove(_finder)
 
 from tributary.capture.decoding.values import copy_unescape, text_converter, type_family  # noqa: E402
-from tributary.log.local import hashes  # noqa: E402
+from tributary.log import hashes  # noqa: E402
 
 __all__ = ["ChunkRecords", "ColumnPlan", "encode_chunk", "murmur2_partitions", "plan"]
 

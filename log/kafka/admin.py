@@ -3,12 +3,12 @@ through the readers of read.py (each with a consumer of its own)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import cast
+from collections.abc import Callable, Sequence
+from typing import BinaryIO, cast
 
 from tributary.log.contracts import PositionsFrom
 from tributary.log.kafka.options import KafkaOptions
-from tributary.log.kafka.read import kafka_positions, kafka_topics, kafka_verify
+from tributary.log.kafka.read import kafka_cat, kafka_positions, kafka_topics, kafka_verify
 from tributary.log.local import LogError, Verified
 
 __all__ = ["KafkaAdmin"]
@@ -53,3 +53,25 @@ class KafkaAdmin:
     def repair(self, positions_from: PositionsFrom) -> list[str]:
         """Refused: the broker repairs its own logs."""
         raise LogError("--repair applies to the local log: on Kafka the broker repairs its own logs")
+
+    def cat(
+        self,
+        topic: str,
+        *,
+        partition: int | None = None,
+        from_offset: int = 0,
+        compacted: bool = False,
+        follow: bool = False,
+        stop: Callable[[], bool] | None = None,
+        out: BinaryIO | None = None,
+    ) -> int:
+        return kafka_cat(
+            self.options,
+            topic,
+            partition=partition,
+            from_offset=from_offset,
+            compacted=compacted,
+            follow=follow,
+            stop=stop,
+            out=out,
+        )

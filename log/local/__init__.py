@@ -16,7 +16,8 @@ Writing (one process per root holds the writer lock):
 
 Reading (any process, committed data only):
     `Log.open(root)`, `read`/`read_from_time` → `Record`s; `ends()`, `end_offsets`,
-    `start_offsets`, `positions`; `refresh()` to see newer commits.
+    `start_offsets`, `positions`; `refresh()` to see newer commits. `LogView`: one reader that
+    threads share (consumer groups, sinks, `/streams`), refreshed on demand.
 
 Parallel readers (Spark): `Log.splits(topic)` → `Split`s (byte ranges of whole records), read
     anywhere with `read_split` (records) or `read_split_columns` (Arrow columns).
@@ -60,6 +61,7 @@ from tributary.log.local.types import (
     TopicConfig,
     Verified,
 )
+from tributary.log.local.view import LogView
 
 if TYPE_CHECKING:
     from tributary.log.local.codec_arrow import encode_columns
@@ -109,6 +111,7 @@ __all__ = [
     "read_split",
     "read_split_columns",
     "split_partitions",
+    "LogView",
 ]
 
 # Names whose modules load pyarrow: imported on first use, so that opening a log, the CLI and

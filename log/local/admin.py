@@ -373,3 +373,25 @@ class LocalAdmin:
 
     def repair(self, positions_from: Callable[[Log], Mapping[str, str]]) -> list[str]:
         return repair(self.root, positions_from=positions_from)
+
+    def cat(
+        self,
+        topic: str,
+        *,
+        partition: int | None = None,
+        from_offset: int = 0,
+        compacted: bool = False,
+        follow: bool = False,
+        stop: Callable[[], bool] | None = None,
+        out: BinaryIO | None = None,
+    ) -> int:
+        return cat(
+            self.root,
+            topic,
+            partition=partition,
+            from_offset=from_offset,
+            follow=follow,
+            compacted=compacted,
+            out=out,
+            on_poll=None if stop is None else lambda: not stop(),
+        )

@@ -1,7 +1,9 @@
 """The log is a lower layer with a public API: read from the source tree's imports (AST).
 
-Outside `log/local`, the package code imports only `tributary.log.local` (its `__all__`) and
-its admin operations (`tributary.log.local.admin`). That the log imports no layer above it, that
+Outside the layer (`log/`), the package code reaches the log through `tributary.log` (its
+`__all__`: contracts, openers, shared types), naming a backend only where a part of it is that
+backend's by nature (listed below, each with its reason). Outside `log/local`, the package code
+imports only `tributary.log.local` (its `__all__`) and its admin operations (`tributary.log.local.admin`). That the log imports no layer above it, that
 the local backend imports nothing else, and that nothing imports in a cycle, tests/unit/test_layout.py
 holds.
 """
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import tributary.log as layer_api
 import tributary.log.local as log_api
 
 pytestmark = pytest.mark.unit
@@ -85,3 +88,34 @@ def test_outside_the_log_only_its_public_api_is_imported() -> None:
 def test_the_public_api_is_all_there() -> None:
     for name in log_api.__all__:
         assert getattr(log_api, name) is not None, name
+
+
+LAYER = "tributary.log"
+LAYER_PUBLIC = {LAYER, *(f"{LAYER}:{name}" for name in layer_api.__all__)}
+# module outside the layer -> the backend modules it may name, and why
+BACKEND_BY_NATURE: dict[str, tuple[str, ...]] = {
+    # `log compact`: compacting segments now is the local log's own operation (Kafka's broker compacts)
+    "tributary.api.cli.log": ("tributary.log.local.admin",),
+    # the developer's broker (`tributary kafka up`) is Kafka's by nature
+    "tributary.api.devkafka.embedded": ("tributary.log.kafka",),
+    # Spark reads each backend its own way: byte-range splits of local segments, offset ranges of Kafka
+    "tributary.projections.source": ("tributary.log.local",),
+    "tributary.projections.kafka_source": ("tributary.log.kafka",),
+    # a columnar snapshot pre-encodes Arrow columns as the local log's lines (Kafka's writer takes them too)
+    "tributary.capture.snapshot.initial": ("tributary.log.local",),  # its `encode_columns` only
+    # the one selector of compiled twins names each twin's module
+    "tributary.impl": ("tributary.log.local._typed",),
+}
+
+
+def test_outside_the_layer_no_backend_is_named_but_by_nature() -> None:
+    wrong = [
+        f"{path.relative_to(REPO)}:{line} imports {imported}"
+        for name, path in MODULES.items()
+        if name != LAYER and not name.startswith(f"{LAYER}.")
+        for imported, line in _imports(name, path)
+        if imported.startswith((f"{LAYER}.", f"{LAYER}:"))
+        and imported not in LAYER_PUBLIC
+        and not imported.startswith(BACKEND_BY_NATURE.get(name, ("\0",)))
+    ]
+    assert wrong == []

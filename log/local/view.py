@@ -1,4 +1,5 @@
-"""The log as consumer groups see it: one shared reader of committed data, refreshed on demand.
+"""`LogReader` (tributary.log.contracts) over the local log: one shared reader of committed data,
+refreshed on demand, as consumer groups, sinks and `/streams` see it.
 
 Only the log's public API is used (`Log.open(root)`, `refresh`, `read`, `read_from_time`,
 `start_offsets`, `end_offsets`, `topic_config`, `ends`). A root that holds no log yet (capture never
@@ -12,7 +13,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tributary.log.local import Log, LogError, PartitionEnd, Record, TopicNotFoundError
+from tributary.log.local.errors import LogError, TopicNotFoundError
+from tributary.log.local.log import Log
+from tributary.log.local.types import PartitionEnd, Record
 
 __all__ = ["LogView"]
 
@@ -20,6 +23,8 @@ __all__ = ["LogView"]
 class LogView:
     """A reader `Log` that several threads share: `refresh()` re-reads the manifest (the reader swaps
     in a new snapshot at once; each read uses the snapshot current when it started)."""
+
+    skips_markers = False  # offsets are contiguous but for compaction
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)

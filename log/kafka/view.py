@@ -1,5 +1,5 @@
-"""The log as consumer groups see it on `[log] backend = "kafka"`: `LogView`'s interface over a Kafka
-cluster, read_committed.
+"""`LogReader` (tributary.log.contracts) over a Kafka cluster, read_committed: the log as consumer
+groups, sinks and `/streams` see it on `[log] backend = "kafka"`.
 
 - `refresh()` asks the cluster for the bounds of the partitions of the topics in use (asked for in
   the last `wanted_s`) in two batched ListOffsets requests (earliest, and latest under
@@ -18,30 +18,22 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
-from collections import OrderedDict, deque
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
-import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from tributary.consumers.assign import TopicPartition as GroupPartition
-from tributary.consumers.offsets import WRITE_OFFSETS, listed_offsets
 from tributary.log.kafka.clients import consumer_config
 from tributary.log.kafka.codec import as_record, one_line
 from tributary.log.kafka.options import KafkaOptions
 from tributary.log.local import LogError, Record
 
-__all__ = ["KafkaOffsets", "KafkaView"]
+__all__ = ["KafkaView"]
 
 _TIMEOUT_S = 10.0  # one request to the cluster
 _READ_IDLE_S = 10.0  # a read that gets nothing for this long (the cluster is gone) fails
 _BATCH = 500  # messages taken from a reader's queue at once
-_MEMBERSHIP_ERRORS = frozenset(
-    {KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS}
-)
 _WANTED_S = 600.0  # a topic no one asked about for this long is no longer polled
 
 
@@ -283,96 +275,3 @@ class KafkaView:
                 },
             )
         )
-
-
-class KafkaOffsets:
-    """Committed offsets in Kafka's group offsets, through one `Consumer` per group (kept, at most
-    `max_groups` of them: the least recently used is closed). These consumers never subscribe: they
-    commit and fetch offsets as Kafka's "simple" consumers do, outside any Kafka group membership."""
-
-    def __init__(self, options: KafkaOptions, *, max_groups: int = 32) -> None:
-        self.options = options
-        self.where = f"Kafka at {options.bootstrap_servers}"
-        self.max_groups = max_groups
-        self._lock = threading.Lock()
-        self._clients: OrderedDict[str, tuple[Consumer, threading.Lock]] = OrderedDict()
-
-    def _client(self, group: str) -> tuple[Consumer, threading.Lock]:
-        with self._lock:
-            found = self._clients.get(group)
-            if found is not None:
-                self._clients.move_to_end(group)
-                return found
-            consumer = Consumer(
-                consumer_config(self.options, group=group, extra={"client.id": f"tributary-{uuid.uuid4().hex[:8]}"})
-            )
-            self._clients[group] = found = (consumer, threading.Lock())
-            while len(self._clients) > self.max_groups:
-                _, (old, old_lock) = self._clients.popitem(last=False)
-                with old_lock:
-                    old.close()
-            return found
-
-    def committed(self, group: str, tps: Sequence[GroupPartition]) -> dict[GroupPartition, int]:
-        if not tps:
-            return {}
-        consumer, lock = self._client(group)
-        try:
-            with lock:
-                got = consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=_TIMEOUT_S)
-        except (KafkaException, RuntimeError) as exc:  # RuntimeError: closed by another thread
-            raise LogError(f"{self.where}: reading the offsets of group {group!r}: {one_line(exc)}") from None
-        out: dict[GroupPartition, int] = {}
-        for tp in got:
-            if tp.error is not None:
-                raise LogError(f"{self.where}: reading the offsets of group {group!r}: {tp.error.str()}")
-            if tp.offset >= 0:
-                out[(tp.topic, tp.partition)] = int(tp.offset)
-        return out
-
-    def commit(
-        self,
-        cur: psycopg.Cursor[Any],
-        group: str,
-        member_id: str | None,
-        generation: int,
-        offsets: Sequence[tuple[GroupPartition, int]],
-    ) -> None:
-        if not offsets:
-            return
-        note = f"tributary {member_id or 'reset'} generation {generation}"
-        consumer, lock = self._client(group)
-        try:
-            with lock:
-                done = consumer.commit(
-                    offsets=[TopicPartition(t, p, o, metadata=note) for (t, p), o in offsets], asynchronous=False
-                )
-        except (KafkaException, RuntimeError) as exc:
-            error = exc.args[0] if exc.args else None
-            hint = ""
-            if isinstance(error, KafkaError) and error.code() in _MEMBERSHIP_ERRORS:
-                hint = f" (a Kafka consumer subscribed with group.id {group!r} makes Kafka refuse tributary's commits)"
-            raise LogError(f"{self.where}: committing group {group!r}: {one_line(exc)}{hint}") from None
-        for tp in done or []:
-            if tp.error is not None:
-                raise LogError(
-                    f"{self.where}: committing group {group!r} on {tp.topic}/{tp.partition}: {tp.error.str()}"
-                )
-        # who committed when (describe shows it); the offsets themselves are read back from Kafka
-        cur.executemany(WRITE_OFFSETS, [(group, t, p, o, member_id, generation) for (t, p), o in offsets])
-
-    def listed(self, conn: psycopg.Connection[Any], group: str | None = None) -> list[tuple[Any, ...]]:
-        rows = listed_offsets(conn, group)
-        by_group: dict[str, list[GroupPartition]] = {}
-        for g, t, p, *_ in rows:
-            by_group.setdefault(g, []).append((t, p))
-        now = {g: self.committed(g, tps) for g, tps in by_group.items()}
-        # Kafka's offsets are the truth (a Kafka tool may have moved them; Kafka may have expired them)
-        return [(g, t, p, now[g][(t, p)], *rest) for g, t, p, _, *rest in rows if (t, p) in now[g]]
-
-    def close(self) -> None:
-        with self._lock:
-            for consumer, lock in self._clients.values():
-                with lock:
-                    consumer.close()
-            self._clients.clear()
