@@ -30,7 +30,8 @@ def test_list_describe_and_reset_a_group(fresh_db: str, tmp_path: Path) -> None:
     for i in range(10):
         writer.append(TOPIC, f"s{i % 3}", i, "Deposited", 1_000_000 + i * 1000, amount=i)
     writer.commit()
-    with GroupCoordinator(fresh_db, tmp_path / "log", auto_offset_reset="earliest") as c:
+    # a session that outlives the CLI calls however loaded the machine: the member stays live until it leaves
+    with GroupCoordinator(fresh_db, tmp_path / "log", auto_offset_reset="earliest", session_timeout_ms=600_000) as c:
         m = c.join("billing", [TOPIC], member_id="worker-1")
         batch = c.fetch("billing", "worker-1", m.generation)
         ends = {(r.topic, r.partition): r.offset + 1 for r in batch.records}
