@@ -307,7 +307,7 @@ class EventStore:
 
     @staticmethod
     def _current(conn: psycopg.Connection[Any], stream_id: str) -> int:
-        return int(conn.execute(CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
+        return int(conn.execute(CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]  # an aggregate: one row
 
     def _append(
         self,
@@ -516,7 +516,7 @@ class EventStore:
         query, params = read_all_statement(after=after, limit=limit, stream_type=stream_type)
         with _database, self.pool.connection() as conn:
             rows = conn.execute(query, params).fetchall()
-            if not rows and after > 0 and not conn.execute(POSITION_EXISTS, (after,)).fetchone()[0]:  # type: ignore[index]
+            if not rows and after > 0 and not conn.execute(POSITION_EXISTS, (after,)).fetchone()[0]:  # type: ignore[index]  # EXISTS: one row
                 raise UnknownPosition(after)
         return [recorded_event(r) for r in rows]
 
@@ -536,7 +536,7 @@ class EventStore:
     def version(self, stream_id: str) -> int:
         check_id("stream id", stream_id)
         with _database, self.pool.connection() as conn:
-            v = int(conn.execute(CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
+            v = int(conn.execute(CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]  # an aggregate: one row
         self._note(stream_id, v)
         return v
 

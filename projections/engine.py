@@ -399,7 +399,7 @@ def _fold_session(
     errors: list[tuple[str, int, int, str]] | None,
 ) -> UnitOut:
     assert p.fold is not None and p.window is not None
-    gap, key = p.window.gap, orjson.loads(items[0].key)
+    fold, gap, key = p.fold, p.window.gap, orjson.loads(items[0].key)
     old = prior.pks if prior is not None else ()
     cur: list[Any] | None = None
     kept: list[Pk] = []
@@ -411,7 +411,7 @@ def _fold_session(
     ordered = sorted(items, key=lambda i: sort_key(i.record))  # sessions: event-time order
 
     def close(c: list[Any]) -> None:
-        row = _call(p, p.fold.result, c[2], c[0], c[1])  # type: ignore[union-attr]
+        row = _call(p, fold.result, c[2], c[0], c[1])
         if row is not None:
             line, pk = render_row(p, row)
             rows.append(line)

@@ -132,7 +132,7 @@ async def _current(state: State, handler: CommandHandler) -> CommandHandler:
     return handler
 
 
-def _no_modules(state: Any, stream_type: str) -> Problem:
+def _no_modules(state: State, stream_type: str) -> Problem:
     """404 for a command while no domain module is configured: which config file says so."""
     path = getattr(state, "config_path", None)
     if path is None:  # nothing to follow: the server read no file at start

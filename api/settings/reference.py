@@ -64,11 +64,13 @@ def reference() -> str:
     """Every key with its default and meaning, as TOML."""
     settings = Settings()
     out = [_section_top(settings)]
-    for name, field in Settings.model_fields.items():
+    for name in Settings.model_fields:
         if name in ("sources", "sinks", "pg_data_dir"):
             continue
         out.append(f"[{name}]")
-        lines = _section(field.annotation, getattr(settings, name))  # type: ignore[arg-type]
+        section = getattr(settings, name)
+        assert isinstance(section, BaseModel), name  # every other field of Settings is a section
+        lines = _section(type(section), section)
         out.extend(
             line.replace("[{section}.", f"[{name}.", 1) if line.startswith("[{section}.") else line for line in lines
         )
