@@ -21,12 +21,23 @@ from tributary.log.contracts import (
     SourceWriter,
 )
 from tributary.log.kafka.options import KafkaOptions
-from tributary.log.local import CleanerPolicy, GroupCommitter, LogError, Mark, Record, TopicConfig, Verified
+from tributary.log.local import (
+    CleanerPolicy,
+    CompactionState,
+    GroupCommitter,
+    LogError,
+    Mark,
+    Record,
+    TopicConfig,
+    TopicSummary,
+    Verified,
+)
 
 __all__ = [
     "BackgroundCleaner",
     "CaptureWriter",
     "CleanerPolicy",
+    "CompactionState",
     "Encode",
     "GroupCommitter",
     "KafkaOptions",
@@ -38,6 +49,7 @@ __all__ = [
     "Record",
     "SourceWriter",
     "TopicConfig",
+    "TopicSummary",
     "Verified",
     "open_admin",
     "open_writer",

@@ -320,7 +320,7 @@ class _Run:
 
 def _summary(console: Console, root: Path, shop: dict[str, int], counts: dict[str, int], stages: list[_Stage]) -> None:
     rows = topics_of(root)
-    total = sum(int(t["records"]) for t in rows)  # type: ignore[call-overload]
+    total = sum(t["records"] for t in rows)
     console.print("[bold]log[/]")
     for t in rows:
         console.print(f"  {t['topic']:<34} {t['records']:>7,} records ({t['policy']})")

@@ -27,6 +27,7 @@ from tributary.api.http.state import AppState, MetricsOf, RefreshedStatus, Setti
 from tributary.api.settings.config import Settings
 from tributary.api.settings.log import log_admin
 from tributary.api.settings.sources import source_statuses
+from tributary.log import TopicSummary
 from tributary.log.kafka.options import VIEW_TIMEOUT_S
 from tributary.log.local import LogError
 
@@ -98,7 +99,7 @@ async def sources(settings: SettingsOf) -> list[dict[str, Any]]:
     return rows
 
 
-def _topics(settings: Settings) -> list[dict[str, Any]]:
+def _topics(settings: Settings) -> list[TopicSummary]:
     admin = log_admin(settings, timeout_s=VIEW_TIMEOUT_S)
     try:
         if not admin.exists():
@@ -116,8 +117,9 @@ def _topics(settings: Settings) -> list[dict[str, Any]]:
         **AUTH_RESPONSES,
         503: error("the log cannot be read as it is (the message says how to repair it), or Kafka cannot be reached"),
     },
+    response_model=list[dict[str, Any]],  # the document's schema: free-form objects, as before the rows were typed
 )
-async def topics(settings: SettingsOf) -> list[dict[str, Any]]:
+async def topics(settings: SettingsOf) -> list[TopicSummary]:
     """Every topic: partitions, policy, `records` (`data_records` + `schema_records`), committed
     offsets; for `compact` topics, `compaction`: when the capture daemon's background cleaner last
     compacted it and records/bytes before → after (`cleaner.json`). On the Kafka backend: the

@@ -50,6 +50,7 @@ from tributary.log.local.log import Log
 from tributary.log.local.partitioner import canonical_json, hashes, murmur2, partition_for, split_partitions
 from tributary.log.local.splits import read_split
 from tributary.log.local.types import (
+    CompactionState,
     CompactionStats,
     Mark,
     PartitionEnd,
@@ -58,6 +59,7 @@ from tributary.log.local.types import (
     Record,
     Split,
     TopicConfig,
+    TopicSummary,
     Verified,
 )
 
@@ -77,6 +79,7 @@ __all__ = [
     "RECORD_SCHEMA",
     "Cleaner",
     "CleanerPolicy",
+    "CompactionState",
     "CompactionStats",
     "CorruptRecordError",
     "DiskFullError",
@@ -96,6 +99,7 @@ __all__ = [
     "TailCopy",
     "TopicConfig",
     "TopicNotFoundError",
+    "TopicSummary",
     "Verified",
     "admin",
     "canonical_json",
