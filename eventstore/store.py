@@ -50,6 +50,7 @@ from tributary.eventstore.statements import (
     STREAMS_OF_TYPE,
 )
 from tributary.eventstore.values import check_id
+from tributary.jsonvalue import JsonValue
 
 __all__ = [
     "CONNECTION_WAIT_S",
@@ -126,7 +127,9 @@ class StreamLoad:
     events: list[RecordedEvent]  # the events after the snapshot (all of them without one)
 
 
-def request_hash(stream_type: str, stream_id: str, command_type: str, data: Any, expected: Any) -> str:
+def request_hash(
+    stream_type: str, stream_id: str, command_type: str, data: JsonValue, expected: ExpectedVersion | None
+) -> str:
     return hashlib.sha256(dumps([stream_type, stream_id, command_type, data, expected])).hexdigest()
 
 
@@ -189,7 +192,7 @@ def _recorded(
     )
 
 
-def _jsonb(obj: Any) -> Jsonb:
+def _jsonb(obj: JsonValue) -> Jsonb:
     return Jsonb(obj, dumps=lambda o: dumps(o).decode())
 
 

@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import APIRouter, Depends
@@ -30,6 +30,9 @@ from tributary.api.settings.sources import source_statuses
 from tributary.log import TopicSummary
 from tributary.log.kafka.options import VIEW_TIMEOUT_S
 from tributary.log.local import LogError
+
+if TYPE_CHECKING:  # imported where used: the API starts without the projections' Spark glue
+    from tributary.projections.runner import RunSettings
 
 __all__ = ["rebuilds", "router"]
 
@@ -209,7 +212,7 @@ async def start_rebuild(name: str, state: AppState) -> dict[str, Any]:
     return entry
 
 
-def _rebuild_worker(entry: dict[str, Any], settings: Any) -> None:
+def _rebuild_worker(entry: dict[str, Any], settings: RunSettings) -> None:
     from tributary.projections.runner import rebuild_process
 
     def progress(stage: str, done: int, total: int) -> None:

@@ -25,6 +25,7 @@ from tributary.api.http.definitions import current_projections
 from tributary.api.http.problems import Problem
 from tributary.api.http.state import AppState, Pool, app_state, views_of
 from tributary.api.http.views_db import CONNECTION_WAIT_S, PREPARE_THRESHOLD, StatementTimeout, ViewColumns, Views
+from tributary.jsonvalue import JsonValue
 
 if TYPE_CHECKING:  # imported with the definitions they describe (`definitions.current_projections`)
     from tributary.projections.definition import Projection
@@ -44,13 +45,13 @@ def _projections(state: State) -> dict[str, Projection]:
     return current_projections(state)
 
 
-def _default(obj: Any) -> Any:
+def _default(obj: object) -> str:
     if isinstance(obj, decimal.Decimal):
         return str(obj)
     raise TypeError
 
 
-def _json(body: Any) -> Response:
+def _json(body: JsonValue) -> Response:
     return Response(orjson.dumps(body, default=_default), media_type="application/json")
 
 

@@ -4,7 +4,6 @@ against it by a test, so the two cannot drift)."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from pydantic import BaseModel
 
@@ -13,7 +12,7 @@ from tributary.api.settings.config import Settings, SinkSettings, SourceSettings
 __all__ = ["reference"]
 
 
-def _toml(value: Any) -> str:
+def _toml(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, tuple | list):
