@@ -174,7 +174,14 @@ def _statement(
 
 
 def _recorded(
-    stream_id: str, stream_type: str, e: NewEvent, data: str, meta: str, position: int, version: int, recorded_at: Any
+    stream_id: str,
+    stream_type: str,
+    e: NewEvent,
+    data: str,
+    meta: str,
+    position: int,
+    version: int,
+    recorded_at: datetime,
 ) -> RecordedEvent:
     """The appended event as a read returns it: data as the store holds it (JSON, decimals as strings)."""
     return RecordedEvent(

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from tributary.projections.codec import canonical, copy_line, copy_text, dump_state, load_state
+from tributary.projections.codec import FoldState, canonical, copy_line, copy_text, dump_state, load_state
 from tributary.projections.definition import Projection, Table
 from tributary.projections.errors import DefinitionError, RecordError
 from tributary.projections.records import ProjectionRecord, SortKey, sort_key
@@ -264,7 +264,7 @@ def render_row(p: Projection, row: Mapping[str, Any]) -> tuple[str, Pk]:
     return copy_line(values), pk
 
 
-def _apply(p: Projection, state: Any, item: Item, errors: list[tuple[str, int, int, str]] | None) -> Any:
+def _apply(p: Projection, state: FoldState, item: Item, errors: list[tuple[str, int, int, str]] | None) -> FoldState:
     """Apply user code; on error stop with the record's position, or (skip-errors) note it for
     the dead-letter table and keep the state as it was."""
     r = item.record

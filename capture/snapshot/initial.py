@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tributary.capture.database.catalog import TableInfo
 from tributary.capture.database.slot import Slot, SlotState, sql_connection
@@ -254,7 +254,13 @@ class SnapshotSource:
         self.staging.stage_pairs(encoder.topic, pairs, now_ms)
 
     def stage_row(
-        self, encoder: env.SnapshotEncoder, row: Any, now_ms: int, marker: str, *, out: env.Output | None = None
+        self,
+        encoder: env.SnapshotEncoder,
+        row: tuple[str | None, ...],
+        now_ms: int,
+        marker: str,
+        *,
+        out: env.Output | None = None,
     ) -> None:
         """`row`: text values from `SnapshotReader.rows`; a snapshot record's time is its read time.
         `out`: the row's record already encoded with marker "true" (a re-snapshot needs its key)."""
