@@ -138,7 +138,7 @@ def _check_tables(
     unreadable = [
         t.qualified
         for t in tables
-        if not conn.execute("SELECT has_table_privilege(%s, 'SELECT')", (f'"{t.schema}"."{t.table}"',)).fetchone()[0]  # type: ignore[index]
+        if not conn.execute("SELECT has_table_privilege(%s, 'SELECT')", (f'"{t.schema}"."{t.table}"',)).fetchone()[0]  # type: ignore[index]  # a function's SELECT: one row
     ]
     if unreadable:
         report.add(Outcome.PROBLEM, f"no SELECT privilege on: {', '.join(unreadable)} (GRANT SELECT ON … TO <role>)")

@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
+
 from tributary.capture.database.replication import ReplicationConnection
 from tributary.capture.database.slot import Slot, SlotState, sql_connection
 from tributary.capture.database.source_tables import SourceTables
@@ -174,7 +176,7 @@ class SourceSession:
         err = SlotLost if slot.status == "lost" else SlotMissing
         return err(f"source {name!r}: slot {self.spec.slot!r} {what}, so changes since {position} may be gone; {ways}")
 
-    def _schema_changes(self, conn: Any, positions: dict[str, str], *, db: str) -> None:
+    def _schema_changes(self, conn: psycopg.Connection[Any], positions: dict[str, str], *, db: str) -> None:
         """The catalog watcher (its baseline read now) and the stream's side of its notices,
         with the old topics a previous run had still to end (capture/streaming/ddl_watch.py)."""
         ddl = self.ddl = SchemaChanges(
@@ -208,7 +210,7 @@ class SourceSession:
             raise ValueError("an outbox source's events are never snapshotted")
         self.request_snapshot(list(signal.tables), origin=signal.origin)
 
-    def _chunked(self, conn: Any, context: SnapshotContext | None, *, fresh: bool, db: str) -> None:
+    def _chunked(self, conn: psycopg.Connection[Any], context: SnapshotContext | None, *, fresh: bool, db: str) -> None:
         """The chunked-snapshot engine, its context resumed (or started: a new slot), tables
         included but never snapshotted requested (an `include` widened)."""
         spec = self.spec

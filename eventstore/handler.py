@@ -12,10 +12,11 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from pydantic import BaseModel, ValidationError
 
 from tributary.eventstore.aggregate import Aggregate
@@ -97,12 +98,19 @@ class CommandHandler:
             return self._fold(agg, conn, stream_id, self._read(agg, conn, stream_id, None, use_snapshot))
 
     def _read(
-        self, agg: Aggregate[Any], conn: Any, stream_id: str, command_id: str | None, use_snapshot: bool = True
+        self,
+        agg: Aggregate[Any],
+        conn: psycopg.Connection[Any],
+        stream_id: str,
+        command_id: str | None,
+        use_snapshot: bool = True,
     ) -> StreamLoad:
         state_version = agg.state_version if use_snapshot and self.snapshot_every else None
         return self.store.load(conn, stream_id, state_version=state_version, command_id=command_id)
 
-    def _fold(self, agg: Aggregate[Any], conn: Any, stream_id: str, read: StreamLoad) -> LoadedState:
+    def _fold(
+        self, agg: Aggregate[Any], conn: psycopg.Connection[Any], stream_id: str, read: StreamLoad
+    ) -> LoadedState:
         """The state after the snapshot (if it still validates) and the events after it."""
         state, version, base, events = agg.initial(), 0, 0, read.events
         if read.snapshot is not None:
@@ -209,7 +217,9 @@ class CommandHandler:
             type=etype, data=event.model_dump(mode="json"), metadata=metadata, schema_version=agg.schema_version(etype)
         )
 
-    def _snapshot(self, agg: Aggregate[Any], loaded: LoadedState, decided: Any, version: int) -> SnapshotRecord | None:
+    def _snapshot(
+        self, agg: Aggregate[Any], loaded: LoadedState, decided: Sequence[BaseModel], version: int
+    ) -> SnapshotRecord | None:
         """The snapshot to write with the append, every `snapshot_every` events (none for a
         command that appends nothing: a snapshot is a cache)."""
         if not self.snapshot_every or not decided or version - loaded.from_snapshot < self.snapshot_every:

@@ -10,13 +10,15 @@ from typing import Any, Literal
 
 import orjson
 
+from tributary.jsonvalue import JsonValue
+
 __all__ = ["AppendResult", "ExpectedVersion", "NewEvent", "RecordedEvent", "dumps", "event_json", "response_json"]
 
 # Versions are 1-based: a stream's version is the number of events in it; no_stream == 0.
 ExpectedVersion = Literal["any", "no_stream", "stream_exists"] | int
 
 
-def _default(obj: Any) -> Any:
+def _default(obj: object) -> str:
     if isinstance(obj, Decimal):
         return str(obj)  # money stays exact: a JSON string, never a float
     if isinstance(obj, uuid.UUID):
@@ -24,7 +26,7 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot serialise {type(obj).__name__}")
 
 
-def dumps(obj: Any) -> bytes:
+def dumps(obj: JsonValue) -> bytes:
     return orjson.dumps(obj, default=_default)
 
 

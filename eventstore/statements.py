@@ -8,6 +8,8 @@ it, so a change to a statement cannot silently shift the values the store passes
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     ColumnElement,
@@ -31,6 +33,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
+from sqlalchemy.types import TypeEngine
 
 from tributary.eventstore.schema import commands, events, snapshots
 
@@ -53,7 +56,7 @@ __all__ = [
     "STREAMS_OF_TYPE",
 ]
 
-_DIALECT = pg_psycopg.dialect(paramstyle="format")  # type: ignore[no-untyped-call]
+_DIALECT = pg_psycopg.dialect(paramstyle="format")  # type: ignore[no-untyped-call]  # SQLAlchemy's dialects are unannotated
 ev = events.c
 
 
@@ -65,8 +68,8 @@ def _compiled(statement: ClauseElement, order: tuple[str, ...]) -> str:
     return str(compiled)
 
 
-def _p(name: str, type_: object = None) -> ColumnElement[object]:
-    return bindparam(name, type_=type_)  # type: ignore[arg-type]
+def _p(name: str, type_: TypeEngine[Any] | type[TypeEngine[Any]] | None = None) -> ColumnElement[object]:
+    return bindparam(name, type_=type_)
 
 
 # A recorded event as reads return it (RecordedEvent's fields, in order).

@@ -50,6 +50,7 @@ from tributary.eventstore.statements import (
     STREAMS_OF_TYPE,
 )
 from tributary.eventstore.values import check_id
+from tributary.jsonvalue import JsonValue
 
 __all__ = [
     "CONNECTION_WAIT_S",
@@ -126,7 +127,9 @@ class StreamLoad:
     events: list[RecordedEvent]  # the events after the snapshot (all of them without one)
 
 
-def request_hash(stream_type: str, stream_id: str, command_type: str, data: Any, expected: Any) -> str:
+def request_hash(
+    stream_type: str, stream_id: str, command_type: str, data: JsonValue, expected: ExpectedVersion | None
+) -> str:
     return hashlib.sha256(dumps([stream_type, stream_id, command_type, data, expected])).hexdigest()
 
 
@@ -171,7 +174,14 @@ def _statement(
 
 
 def _recorded(
-    stream_id: str, stream_type: str, e: NewEvent, data: str, meta: str, position: int, version: int, recorded_at: Any
+    stream_id: str,
+    stream_type: str,
+    e: NewEvent,
+    data: str,
+    meta: str,
+    position: int,
+    version: int,
+    recorded_at: datetime,
 ) -> RecordedEvent:
     """The appended event as a read returns it: data as the store holds it (JSON, decimals as strings)."""
     return RecordedEvent(
@@ -189,7 +199,7 @@ def _recorded(
     )
 
 
-def _jsonb(obj: Any) -> Jsonb:
+def _jsonb(obj: JsonValue) -> Jsonb:
     return Jsonb(obj, dumps=lambda o: dumps(o).decode())
 
 
@@ -307,7 +317,7 @@ class EventStore:
 
     @staticmethod
     def _current(conn: psycopg.Connection[Any], stream_id: str) -> int:
-        return int(conn.execute(CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
+        return int(conn.execute(CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]  # an aggregate: one row
 
     def _append(
         self,
@@ -516,7 +526,7 @@ class EventStore:
         query, params = read_all_statement(after=after, limit=limit, stream_type=stream_type)
         with _database, self.pool.connection() as conn:
             rows = conn.execute(query, params).fetchall()
-            if not rows and after > 0 and not conn.execute(POSITION_EXISTS, (after,)).fetchone()[0]:  # type: ignore[index]
+            if not rows and after > 0 and not conn.execute(POSITION_EXISTS, (after,)).fetchone()[0]:  # type: ignore[index]  # EXISTS: one row
                 raise UnknownPosition(after)
         return [recorded_event(r) for r in rows]
 
@@ -536,7 +546,7 @@ class EventStore:
     def version(self, stream_id: str) -> int:
         check_id("stream id", stream_id)
         with _database, self.pool.connection() as conn:
-            v = int(conn.execute(CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]
+            v = int(conn.execute(CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]  # an aggregate: one row
         self._note(stream_id, v)
         return v
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tributary.eventstore.errors import InvalidValue
+from tributary.jsonvalue import JsonValue
 
 __all__ = [
     "MAX_HEADERS",
@@ -60,7 +61,7 @@ def check_id(field: str, value: str) -> None:
         raise InvalidValue(field, problem)
 
 
-def check_data(field: str, data: Any) -> None:
+def check_data(field: str, data: JsonValue) -> None:
     """Every key and value of a JSON-like tree storable as `jsonb` (walked without recursion: a
     deeply nested body must not exhaust the stack)."""
     stack: list[tuple[str, Any]] = [(field, data)]

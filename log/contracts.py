@@ -38,6 +38,7 @@ from tributary.log.local import (
     Record,
     RecordIn,
     TopicConfig,
+    TopicSummary,
     Verified,
 )
 
@@ -159,7 +160,7 @@ class LogAdmin(Protocol):
         """Whether there is a log to read yet (the local log's root: capture made it)."""
         ...
 
-    def topics(self) -> list[dict[str, object]]:
+    def topics(self) -> list[TopicSummary]:
         """Each topic (internal ones aside) as `GET /topics` and `tributary log topics` show it:
         `topic`, `partitions`, `policy`, `records`, `start_offsets`, `end_offsets`, `compaction`;
         the local log adds `data_records` and `schema_records`, Kafka's policy is "broker"."""

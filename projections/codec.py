@@ -5,16 +5,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import date, datetime, time
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeAlias
 
 import orjson
 
-__all__ = ["canonical", "copy_line", "copy_text", "dump_state", "load_state"]
+from tributary.jsonvalue import JsonValue
+
+__all__ = ["FoldState", "canonical", "copy_line", "copy_text", "dump_state", "load_state"]
 
 _DEC = "$decimal"
 
+FoldState: TypeAlias = Any
+"""A fold's state as the user's `initial` and `apply` make it: JSON values and Decimals, nested
+(tuples come back as lists). Any: its shape is the projection's own."""
 
-def _enc(obj: Any) -> Any:
+
+def _enc(obj: object) -> JsonValue:
     if isinstance(obj, Decimal):
         return {_DEC: format(obj, "f") if obj.is_finite() else str(obj)}
     if isinstance(obj, Mapping):
@@ -24,7 +30,7 @@ def _enc(obj: Any) -> Any:
     return obj
 
 
-def _dec(obj: Any) -> Any:
+def _dec(obj: JsonValue) -> FoldState:
     if isinstance(obj, dict):
         if len(obj) == 1 and _DEC in obj:
             return Decimal(obj[_DEC])
@@ -34,16 +40,16 @@ def _dec(obj: Any) -> Any:
     return obj
 
 
-def dump_state(state: Any) -> str:
+def dump_state(state: FoldState) -> str:
     """Fold state → JSON text (sorted keys, Decimals tagged); tuples come back as lists."""
     return orjson.dumps(_enc(state), option=orjson.OPT_SORT_KEYS).decode()
 
 
-def load_state(text: str | None) -> Any:
+def load_state(text: str | None) -> FoldState:
     return None if text is None else _dec(orjson.loads(text))
 
 
-def canonical(value: Any) -> str:
+def canonical(value: object) -> str:
     """Canonical JSON text (sorted keys, no whitespace): how keys and units are compared."""
     return orjson.dumps(_enc(value), option=orjson.OPT_SORT_KEYS).decode()
 
@@ -51,7 +57,7 @@ def canonical(value: Any) -> str:
 _ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
-def copy_text(value: Any) -> str | None:
+def copy_text(value: object) -> str | None:
     """One value in the text form Postgres parses for any column type (None stays None = NULL)."""
     if value is None:
         return None

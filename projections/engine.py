@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from tributary.projections.codec import canonical, copy_line, copy_text, dump_state, load_state
+from tributary.projections.codec import FoldState, canonical, copy_line, copy_text, dump_state, load_state
 from tributary.projections.definition import Projection, Table
 from tributary.projections.errors import DefinitionError, RecordError
 from tributary.projections.records import ProjectionRecord, SortKey, sort_key
@@ -264,7 +264,7 @@ def render_row(p: Projection, row: Mapping[str, Any]) -> tuple[str, Pk]:
     return copy_line(values), pk
 
 
-def _apply(p: Projection, state: Any, item: Item, errors: list[tuple[str, int, int, str]] | None) -> Any:
+def _apply(p: Projection, state: FoldState, item: Item, errors: list[tuple[str, int, int, str]] | None) -> FoldState:
     """Apply user code; on error stop with the record's position, or (skip-errors) note it for
     the dead-letter table and keep the state as it was."""
     r = item.record
@@ -399,7 +399,7 @@ def _fold_session(
     errors: list[tuple[str, int, int, str]] | None,
 ) -> UnitOut:
     assert p.fold is not None and p.window is not None
-    gap, key = p.window.gap, orjson.loads(items[0].key)
+    fold, gap, key = p.fold, p.window.gap, orjson.loads(items[0].key)
     old = prior.pks if prior is not None else ()
     cur: list[Any] | None = None
     kept: list[Pk] = []
@@ -411,7 +411,7 @@ def _fold_session(
     ordered = sorted(items, key=lambda i: sort_key(i.record))  # sessions: event-time order
 
     def close(c: list[Any]) -> None:
-        row = _call(p, p.fold.result, c[2], c[0], c[1])  # type: ignore[union-attr]
+        row = _call(p, fold.result, c[2], c[0], c[1])
         if row is not None:
             line, pk = render_row(p, row)
             rows.append(line)

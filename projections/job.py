@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import pyarrow as pa
 
+from tributary.jsonvalue import JsonValue
 from tributary.projections.engine import Item, Prior, UnitOut, fold_units, plan_items
 from tributary.projections.loader import resolve
 from tributary.projections.records import ProjectionRecord, decode
@@ -61,7 +62,7 @@ _ITEM = pa.schema(
 _REC = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
 
 
-def _loads(raw: str | None) -> Any:
+def _loads(raw: str | None) -> JsonValue:
     return None if raw is None else orjson.loads(raw)
 
 

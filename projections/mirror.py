@@ -22,6 +22,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tributary.jsonvalue import JsonObject, JsonValue
 from tributary.projections.cdc import apply_change
 from tributary.projections.codec import canonical
 from tributary.projections.definition import Fold, Projection, Table
@@ -74,7 +75,7 @@ def typed_columns(schema: Mapping[str, Any] | None) -> list[ViewColumn]:
     return out
 
 
-def _is_schema_unit(key: Any) -> bool:
+def _is_schema_unit(key: JsonValue) -> bool:
     return isinstance(key, dict) and key.get("__schema__") is True
 
 
@@ -95,7 +96,7 @@ def mirror_projection(
     names = table.names
     typed_view = columns is None
 
-    def initial(key: Any) -> dict[str, Any]:
+    def initial(key: JsonValue) -> JsonObject:
         return {"key": key, "row": None}
 
     def apply(state: dict[str, Any], record: ProjectionRecord) -> dict[str, Any]:

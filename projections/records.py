@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import orjson
+
+from tributary.jsonvalue import JsonValue
 
 __all__ = [
     "SCHEMA_KEY",
@@ -41,9 +42,9 @@ class ProjectionRecord:
     partition: int
     offset: int
     timestamp: int
-    key: Any
-    value: Any
-    headers: Any
+    key: JsonValue
+    value: JsonValue
+    headers: JsonValue
     event_time: int
 
     @property
@@ -69,7 +70,7 @@ class ProjectionRecord:
         return self.value.get("type") if self.is_event else self.value.get("op")
 
     @property
-    def data(self) -> Any:
+    def data(self) -> JsonValue:
         """The event's `data` (events) — a shortcut folds use constantly."""
         return self.value.get("data") if isinstance(self.value, dict) else None
 
@@ -87,7 +88,7 @@ def ms_to_iso(ms: int) -> str:
     return (_EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds")
 
 
-def default_event_time(topic: str, value: Any, timestamp: int) -> int:
+def default_event_time(topic: str, value: JsonValue, timestamp: int) -> int:
     """The event's `occurred_at`; a CDC envelope's `source.ts_ms` (commit time); else log time."""
     if isinstance(value, dict):
         if topic.startswith("events."):
@@ -103,7 +104,7 @@ def default_event_time(topic: str, value: Any, timestamp: int) -> int:
     return timestamp
 
 
-def _loads(raw: bytes | str | None) -> Any:
+def _loads(raw: bytes | str | None) -> JsonValue:
     return None if raw is None else orjson.loads(raw)
 
 

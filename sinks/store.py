@@ -14,6 +14,8 @@ import psycopg
 from psycopg.types.json import Jsonb
 from tributary_client import Record
 
+from tributary.jsonvalue import JsonValue
+
 __all__ = ["DeadLetterRow", "SinkError", "SinkStatus", "SinkStore"]
 
 
@@ -29,7 +31,7 @@ class DeadLetterRow:
     offset: int
     timestamp_ms: int
     key: str | None
-    value: Any
+    value: JsonValue
     headers: dict[str, str]
     error: str
     attempts: int

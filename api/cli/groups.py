@@ -7,12 +7,16 @@ import datetime as dt
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Annotated, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from tributary.api.cli.common import ConfigOption, UserError, service_dsn, settings_from
 from tributary.api.cli.help import SentenceGroup
+
+if TYPE_CHECKING:  # imported where used: these commands start without loading what they do not run
+    from tributary.consumers import GroupCoordinator, ResetTarget
 
 __all__ = ["register"]
 
@@ -32,7 +36,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (what GET /
 
 
 @contextmanager
-def _coordinator(config: Any) -> Iterator[Any]:
+def _coordinator(config: Path | None) -> Iterator[GroupCoordinator]:
     from tributary.api.settings.log import kafka_options
     from tributary.consumers import GroupCoordinator
     from tributary.eventstore.migrate import require_initialized
@@ -154,16 +158,13 @@ def reset_cmd(
 ) -> None:
     """Move the group's committed offsets (replay or skip). Stop the group's members first: a reset
     is refused while any member is alive. Give exactly one --to-… option."""
-    chosen = [
-        name
-        for name, given in (
-            ("earliest", to_earliest),
-            ("latest", to_latest),
-            ("datetime", to_datetime is not None),
-            ("offset", to_offset is not None),
-        )
-        if given
-    ]
+    targets: tuple[tuple[ResetTarget, bool], ...] = (
+        ("earliest", to_earliest),
+        ("latest", to_latest),
+        ("datetime", to_datetime is not None),
+        ("offset", to_offset is not None),
+    )
+    chosen = [name for name, given in targets if given]
     if len(chosen) != 1:
         raise UserError("give exactly one of --to-earliest, --to-latest, --to-datetime T, --to-offset N")
     timestamp = _timestamp_ms(to_datetime) if to_datetime is not None else None

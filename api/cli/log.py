@@ -11,13 +11,13 @@ import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from tributary.api.cli.common import ConfigOption
 from tributary.api.cli.help import SentenceGroup
-from tributary.log import LogAdmin, LogError, open_admin
+from tributary.log import LogAdmin, LogError, TopicSummary, open_admin
 from tributary.log.local.admin import CompactedInBackground, compact
 
 __all__ = ["log_app", "register"]
@@ -73,12 +73,12 @@ def topics_cmd(root: RootOption = None, config: ConfigOption = None) -> None:
         typer.echo(_topic_line(r))
 
 
-def _topic_line(r: dict[str, Any]) -> str:
+def _topic_line(r: TopicSummary) -> str:
     """One topic as `log topics` prints it: its record counts where the log keeps them apart (data
     and schema records; on Kafka the broker counts none), and what compaction last did."""
     if "data_records" not in r:
         return f"{r['topic']}\tpartitions={r['partitions']}\tpolicy={r['policy']}\tend_offsets={r['end_offsets']}"
-    c: Any = r["compaction"]
+    c = r["compaction"]
     compacted = ""
     if c and c["last_compaction"]:
         compacted = f"\tlast_compaction={c['last_compaction']} ({c['records_before']} → {c['records_after']} records)"

@@ -25,14 +25,6 @@ if TYPE_CHECKING:
     from tributary.projections.runner import RunResult, RunSettings
 
 
-def _runner() -> Any:
-    """projections.runner, imported when a project command runs: it pulls in pyarrow and the
-    Spark glue, which every other `tributary` command (capture above all) would pay for at start."""
-    from tributary.projections import runner
-
-    return runner
-
-
 __all__ = ["register"]
 
 _LOG = logging.getLogger("tributary.projections.cli")
@@ -44,9 +36,13 @@ project_app = typer.Typer(
 )
 
 
-def _run_settings(config: Any, *, skip_errors: bool = False) -> RunSettings:
+def _run_settings(config: Path | None, *, skip_errors: bool = False) -> RunSettings:
+    # projections.runner is imported when a project command runs (here and in each command): it
+    # pulls in pyarrow and the Spark glue, which every other `tributary` command would pay for at start.
+    from tributary.projections.runner import RunSettings
+
     settings = settings_from(config)
-    run_settings: RunSettings = _runner().RunSettings.from_settings(settings, dsn=service_dsn(settings))
+    run_settings = RunSettings.from_settings(settings, dsn=service_dsn(settings))
     return dataclasses.replace(run_settings, skip_errors=True) if skip_errors else run_settings
 
 
@@ -122,7 +118,9 @@ def _require_init(dsn: str) -> None:
 @project_app.command("list")
 def list_cmd(config: ConfigOption = None) -> None:
     """Every configured projection: name, version, source topics, kind, window."""
-    rows = _runner().list_projections(_run_settings(config))
+    from tributary.projections.runner import list_projections
+
+    rows = list_projections(_run_settings(config))
     if not rows:
         typer.echo("no projections configured: add files or modules to [projections] modules (see README)")
     for p in rows:
@@ -137,7 +135,9 @@ def status_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Serving build, state, lag behind the log, late records dropped, whether a rebuild is due."""
-    rows = _runner().status(_run_settings(config), name)
+    from tributary.projections.runner import status
+
+    rows = status(_run_settings(config), name)
     if as_json:
         typer.echo(
             json.dumps([r.__dict__ if hasattr(r, "__dict__") else _asdict(r) for r in rows], indent=1, default=str)
@@ -166,11 +166,13 @@ def run_cmd(
     ] = False,
 ) -> None:
     """Catch the projection up to the log end (rebuilding first if its version changed)."""
+    from tributary.projections.runner import run, run_continuous
+
     settings = _run_settings(config, skip_errors=skip_errors)
     _require_init(settings.dsn)
     if not continuous:
         with _reporting(settings), _progress() as progress:
-            _print_result(_runner().run(name, settings, progress=progress))
+            _print_result(run(name, settings, progress=progress))
         return
     stopping = {"flag": False}
 
@@ -180,17 +182,19 @@ def run_cmd(
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     with _reporting(settings):
-        passes = _runner().run_continuous(name, settings, freshness_s=freshness, stop=lambda: stopping["flag"])
+        passes = run_continuous(name, settings, freshness_s=freshness, stop=lambda: stopping["flag"])
     typer.echo(f"{name}: stopped after {passes} passes")
 
 
 @project_app.command("rebuild")
 def rebuild_cmd(name: Annotated[str, typer.Argument(help="Projection name.")], config: ConfigOption = None) -> None:
     """Build a new table from offset 0 while the old one serves, then swap the view atomically."""
+    from tributary.projections.runner import rebuild
+
     settings = _run_settings(config)
     _require_init(settings.dsn)
     with _reporting(settings), _progress() as progress:
-        _print_result(_runner().rebuild(name, settings, progress=progress))
+        _print_result(rebuild(name, settings, progress=progress))
 
 
 def register(app: typer.Typer) -> None:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import os
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, TypedDict
 
 import typer
 
 from tributary.api.cli.common import ConfigOption, UserError, service_dsn, settings_from
 from tributary.api.cli.help import SentenceGroup
+
+if TYPE_CHECKING:  # imported where used: these commands start without loading what they do not run
+    from tributary.api.settings.config import Settings
 
 __all__ = ["register"]
 
@@ -27,7 +31,23 @@ def _is_loopback(host: str) -> bool:
 SHUTDOWN_GRACE_S = 3
 
 
-def _connection_limits(settings: Any) -> dict[str, Any]:
+class _ConnectionLimits(TypedDict):
+    http: type[asyncio.Protocol]
+    h11_max_incomplete_event_size: int
+    proxy_headers: bool
+
+
+class _ServeOptions(_ConnectionLimits):
+    """uvicorn.run's keyword arguments, the same for one process and for several."""
+
+    host: str
+    port: int
+    log_config: None
+    access_log: bool
+    timeout_graceful_shutdown: int
+
+
+def _connection_limits(settings: Settings) -> _ConnectionLimits:
     """Uvicorn settings that bound what one client holds (`tributary.api.http.limits`): the HTTP parser
     (`[api] http`) under the connection guard (timeouts, connection limit), h11's cap on a head's bytes, and
     the peer address taken from the socket, never from `X-Forwarded-For` (the guard finds a request's
@@ -83,10 +103,16 @@ def serve(
         log.warning("no API keys configured: the API is open to local users only (bound to %s)", host)
     dsn = service_dsn(settings)
     typer.echo(f"tributary API on http://{host}:{port}/ (console), http://{host}:{port}/docs (OpenAPI)", err=True)
-    common = {"host": host, "port": port, "log_config": None, "access_log": False, **_connection_limits(settings)}
-    # Open subscriptions (`GET /all/subscribe`) never end by themselves: a stop waits this long for
-    # requests in flight, then closes what is left (a subscriber resumes from its last event id).
-    common["timeout_graceful_shutdown"] = SHUTDOWN_GRACE_S
+    common: _ServeOptions = {
+        "host": host,
+        "port": port,
+        "log_config": None,
+        "access_log": False,
+        **_connection_limits(settings),
+        # Open subscriptions (`GET /all/subscribe`) never end by themselves: a stop waits this long for
+        # requests in flight, then closes what is left (a subscriber resumes from its last event id).
+        "timeout_graceful_shutdown": SHUTDOWN_GRACE_S,
+    }
     if workers == 1:
         from tributary.api.http.definitions import config_file
 

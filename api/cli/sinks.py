@@ -11,13 +11,16 @@ import json
 import logging
 import signal
 import threading
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tributary.api.cli.common import ConfigOption, UserError, service_dsn, settings_from
 from tributary.api.cli.help import SentenceGroup
 from tributary.api.settings.config import SinkSettings
+
+if TYPE_CHECKING:  # imported where used: these commands start without loading what they do not run
+    from tributary.sinks import HttpSinkConfig
 
 __all__ = ["register", "sinks_app"]
 
@@ -30,7 +33,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(sinks_app, name="sinks")
 
 
-def sink_config(sink: SinkSettings) -> Any:
+def sink_config(sink: SinkSettings) -> HttpSinkConfig:
     from tributary.sinks import HttpSinkConfig
 
     return HttpSinkConfig(

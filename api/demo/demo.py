@@ -14,8 +14,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import psycopg
 import typer
@@ -31,6 +32,9 @@ from tributary.api.settings.log import cleaner_policy
 from tributary.api.settings.sources import source_specs
 from tributary.capture.daemon import CaptureDaemon, DaemonOptions
 from tributary.log import open_admin
+
+if TYPE_CHECKING:  # imported when the demo serves the API
+    import uvicorn
 
 __all__ = ["register"]
 
@@ -74,7 +78,9 @@ class _Stage(threading.Thread):
     `problems`, which the API's /healthz and the console show) and kept for the summary; an error
     raised once the demo is stopping is the stop cutting its work short, never a failure."""
 
-    def __init__(self, name: str, body: Any, stop: threading.Event, problems: dict[str, str]) -> None:
+    def __init__(
+        self, name: str, body: Callable[[threading.Event], object], stop: threading.Event, problems: dict[str, str]
+    ) -> None:
         super().__init__(name=name, daemon=True)
         self.body, self.stop_event, self.problems = body, stop, problems
         self.error: str | None = None
@@ -160,7 +166,7 @@ class _Run:
         self.stages: list[_Stage] = []
         self.workload: Workload | None = None
         self.daemon: CaptureDaemon | None = None
-        self.server: Any = None
+        self.server: uvicorn.Server | None = None
         self.settings = base
 
     def start(self, hint: str) -> None:
@@ -320,7 +326,7 @@ class _Run:
 
 def _summary(console: Console, root: Path, shop: dict[str, int], counts: dict[str, int], stages: list[_Stage]) -> None:
     rows = open_admin(root=root, kafka=None).topics()  # the demo runs on the embedded default
-    total = sum(int(t["records"]) for t in rows)  # type: ignore[call-overload]
+    total = sum(t["records"] for t in rows)
     console.print("[bold]log[/]")
     for t in rows:
         console.print(f"  {t['topic']:<34} {t['records']:>7,} records ({t['policy']})")

@@ -12,9 +12,8 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
 
 import psycopg
 from fastapi import FastAPI, Request
@@ -40,6 +39,7 @@ from tributary.consumers import ConsumerError
 from tributary.eventstore.handler import CommandHandler
 from tributary.eventstore.loader import load_current
 from tributary.eventstore.store import EventStore
+from tributary.jsonvalue import JsonValue
 
 __all__ = ["WORKER_CONFIG", "Service", "create_app", "worker_app"]
 
@@ -258,18 +258,18 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     return app
 
 
-def _first_error(errors: Any) -> str:
+def _first_error(errors: Sequence[JsonValue]) -> str:
     """`detail` of a 422: the first field error in one line (`body.expected_version: Input should be …`)."""
-    if not errors or not isinstance(errors[0], dict):
+    first = errors[0] if errors else None
+    if not isinstance(first, dict):
         return "the request does not fit the route's schema"
-    first = errors[0]
     where = ".".join(str(part) for part in first.get("loc", ()))
     more = f" (and {len(errors) - 1} more in `errors`)" if len(errors) > 1 else ""
     message = carriable(str(first.get("msg", "invalid")).splitlines()[0] if first.get("msg") else "invalid")
     return f"{carriable(where)}: {message}{more}"
 
 
-def _without_input(error: Any) -> Any:
+def _without_input(error: JsonValue) -> JsonValue:
     return {k: v for k, v in error.items() if k != "input"} if isinstance(error, dict) else error
 
 

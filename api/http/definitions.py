@@ -18,9 +18,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from starlette.datastructures import State
 
 from tributary.api.settings.config import DEFAULT_CONFIG, ConfigError, ProjectionSettings, Settings, load_settings
+
+if TYPE_CHECKING:  # imported when first used: the API starts without Spark's modules
+    from tributary.eventstore.aggregate import Aggregate
+    from tributary.projections.definition import Projection
+    from tributary.projections.runner import RunSettings
 
 __all__ = [
     "config_file",
@@ -57,17 +64,19 @@ def config_file(config: Path | None) -> Path | None:
     return path.resolve() if path.exists() else None
 
 
-def _file_settings(state: Any) -> Settings:
+def _file_settings(state: State) -> Settings:
     """The settings of the config file the app was started with (`state.config_path`), read again
     when the file changed; the last that loaded when it no longer loads (said once per change)."""
     path: Path | None = getattr(state, "config_path", None)
+    started: Settings = state.settings
     if path is None:
-        return state.settings  # type: ignore[no-any-return]
+        return started
     stamp = _stamp(path)
     with _lock:
         if getattr(state, "config_stamp", None) == stamp:
-            return state.file_settings  # type: ignore[no-any-return]
-        settings = getattr(state, "file_settings", state.settings)
+            unchanged: Settings = state.file_settings
+            return unchanged
+        settings: Settings = getattr(state, "file_settings", started)
         if stamp is not None:
             try:
                 settings = load_settings(path)
@@ -77,15 +86,15 @@ def _file_settings(state: Any) -> Settings:
                 state.config_problem = f"{path} does not load ({first}); serving its last good settings"
                 log.warning("config file %s changed but does not load (%s); keeping its last settings", path, exc)
         state.config_stamp, state.file_settings = stamp, settings
-        return settings  # type: ignore[no-any-return]
+        return settings
 
 
-def current_projection_settings(state: Any) -> ProjectionSettings:
+def current_projection_settings(state: State) -> ProjectionSettings:
     """`[projections]` as the config file says now."""
     return _file_settings(state).projections
 
 
-def due(state: Any, what: str) -> bool:
+def due(state: State, what: str) -> bool:
     """Whether `what` was last looked at more than `RECHECK_S` ago (and mark it looked at now)."""
     now = time.monotonic()
     if now - getattr(state, f"{what}_checked_at", -RECHECK_S) < RECHECK_S:
@@ -126,7 +135,7 @@ def _load_each(
     return good, problems, origin
 
 
-def current_projections(state: Any, *, fresh: bool = False) -> dict[str, Any]:
+def current_projections(state: State, *, fresh: bool = False) -> dict[str, Projection]:
     """Every configured projection by name, from the files as they were at most `RECHECK_S` ago
     (the views route calls this per request: the `stat`s are paid once per interval, not per page),
     or as they are now (`fresh`: `/projections` and rebuilds). A file that does not load keeps its
@@ -134,13 +143,13 @@ def current_projections(state: Any, *, fresh: bool = False) -> dict[str, Any]:
     from tributary.projections.loader import load_current
 
     with _defs_lock:
-        last: dict[str, Any] | None = getattr(state, "last_projections", None)
+        last: dict[str, Projection] | None = getattr(state, "last_projections", None)
         if last is not None and not due(state, "projections") and not fresh:
             return last
         pr = current_projection_settings(state)
         refs = tuple(pr.modules) + (("[projections] mirror",) if pr.mirror else ())
 
-        def load_one(ref: str) -> Mapping[str, Any]:
+        def load_one(ref: str) -> Mapping[str, Projection]:
             return load_current((), tuple(pr.mirror)) if ref == "[projections] mirror" else load_current((ref,))
 
         before = getattr(state, "projection_problems", {})
@@ -154,13 +163,13 @@ def current_projections(state: Any, *, fresh: bool = False) -> dict[str, Any]:
         return found
 
 
-def projection_problem(state: Any, name: str) -> str | None:
+def projection_problem(state: State, name: str) -> str | None:
     """The one-line problem of the file projection `name` comes from, if that file does not load now."""
     ref = getattr(state, "projection_origin", {}).get(name)
     return getattr(state, "projection_problems", {}).get(ref) if ref else None
 
 
-def current_aggregates(state: Any, *, checked: bool = False) -> dict[str, Any]:
+def current_aggregates(state: State, *, checked: bool = False) -> dict[str, Aggregate[Any]]:
     """Every aggregate of `[eventstore] modules` by stream type, as the config and the domain files
     say at most `RECHECK_S` ago; a file that does not load keeps its last good aggregates
     (`state.aggregate_problems`). The command handler, the metrics and `/openapi.json` follow.
@@ -168,7 +177,7 @@ def current_aggregates(state: Any, *, checked: bool = False) -> dict[str, Any]:
     from tributary.eventstore.loader import load_current
 
     with _defs_lock:
-        last: dict[str, Any] = getattr(state, "aggregates", {})
+        last: dict[str, Aggregate[Any]] = getattr(state, "aggregates", {})
         if not checked and not due(state, "aggregates"):
             return last
         modules = tuple(_file_settings(state).eventstore.modules)
@@ -194,14 +203,14 @@ def current_aggregates(state: Any, *, checked: bool = False) -> dict[str, Any]:
         return found
 
 
-def refresh_definitions(state: Any) -> None:
+def refresh_definitions(state: State) -> None:
     """Look at the config file, the projection files and the domain modules again (each at most once
     a second), so that `definition_problems` is current."""
     current_projections(state)
     current_aggregates(state)
 
 
-def definition_problems(state: Any) -> dict[str, str]:
+def definition_problems(state: State) -> dict[str, str]:
     """What did not load when last looked at, by what it is (`/healthz` `problems`): the config file,
     projection files, domain modules; each says that the last good definitions are served. No I/O."""
     out: dict[str, str] = {}
@@ -216,12 +225,13 @@ def definition_problems(state: Any) -> dict[str, str]:
     return out
 
 
-def current_settings(state: Any) -> Any:
+def current_settings(state: State) -> Settings:
     """The app's settings with `[projections]` as the config file says now (the rest as started)."""
-    return state.settings.model_copy(update={"projections": current_projection_settings(state)})
+    started: Settings = state.settings
+    return started.model_copy(update={"projections": current_projection_settings(state)})
 
 
-def current_run_settings(state: Any) -> Any:
+def current_run_settings(state: State) -> RunSettings:
     """`RunSettings` for the runner, with the current `[projections]`."""
     from tributary.projections.runner import RunSettings
 

@@ -20,6 +20,7 @@ from tributary.consumers import (
     OffsetOutOfRange,
     UnknownMember,
 )
+from tributary.jsonvalue import JsonObject
 from tributary.log import LogError
 
 __all__ = [
@@ -89,14 +90,14 @@ def consumer_status(exc: ConsumerError) -> int:
     return 422
 
 
-def consumer_problem(exc: ConsumerError) -> dict[str, Any]:
+def consumer_problem(exc: ConsumerError) -> JsonObject:
     """A consumers' error as a problem body (also what a stream's `error` event carries)."""
     return problem_body(consumer_status(exc), getattr(exc, "code", "invalid"), str(exc), **error_members(exc))
 
 
-def error_members(exc: ConsumerError) -> dict[str, Any]:
+def error_members(exc: ConsumerError) -> JsonObject:
     """The problem members of a consumers' error beyond its `code` and message."""
-    members: dict[str, Any] = {}
+    members: JsonObject = {}
     if isinstance(exc, UnknownMember | Fenced | NotAssigned):
         members["generation"] = exc.generation
     if isinstance(exc, OffsetOutOfRange):

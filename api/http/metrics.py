@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import psycopg
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -22,6 +22,12 @@ from prometheus_client.registry import Collector
 from tributary.capture.status import ERROR_KINDS, SourceState, build_info, read_status, snapshot_under_way
 from tributary.consumers import GroupCoordinator
 from tributary.log import VIEW_TIMEOUT_S, LogError
+
+if TYPE_CHECKING:  # imported where used: the API's metrics load without the projections' modules
+    from tributary.api.settings.config import Settings
+    from tributary.projections.definition import Projection
+
+M = TypeVar("M", Counter, Gauge, Histogram)
 
 __all__ = ["Metrics"]
 
@@ -161,12 +167,12 @@ class Metrics:
 
     def refresh(
         self,
-        settings: Any,
+        settings: Settings,
         *,
         dsn: str | None = None,
         rebuilds: Iterable[Mapping[str, Any]] = (),
         groups: GroupCoordinator | None = None,
-        projections: Mapping[str, Any] | None = None,
+        projections: Mapping[str, Projection] | None = None,
     ) -> None:
         """Read every source of truth once (called by the background refresh, off the event loop);
         `projections`: the definitions the API serves."""
@@ -197,7 +203,7 @@ class Metrics:
         if dsn is not None and settings.sinks:
             self._refresh_sinks(settings, dsn)
 
-    def _refresh_topics(self, settings: Any) -> None:
+    def _refresh_topics(self, settings: Settings) -> None:
         """Records per topic (offsets from start to end); on the local log also its bytes on disk
         (on Kafka they are the broker's to report)."""
         from tributary.api.settings.log import log_admin
@@ -207,7 +213,7 @@ class Metrics:
             if nbytes is not None:
                 self.log_bytes.labels(topic).set(nbytes)
 
-    def _refresh_sinks(self, settings: Any, dsn: str) -> None:
+    def _refresh_sinks(self, settings: Settings, dsn: str) -> None:
         """The configured sinks' status rows (`tributary sinks run` writes them after every batch)."""
         from tributary.sinks import SinkStore
 
@@ -259,10 +265,10 @@ class Metrics:
 
     def _refresh_projections(
         self,
-        settings: Any,
+        settings: Settings,
         dsn: str | None,
         rebuilds: Iterable[Mapping[str, Any]],
-        projections: Mapping[str, Any] | None = None,
+        projections: Mapping[str, Projection] | None = None,
     ) -> None:
         from tributary.projections.errors import RunError
         from tributary.projections.runner import RunSettings, status
@@ -289,15 +295,15 @@ class Metrics:
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
 
 
-class _KnownStreamTypes:
+class _KnownStreamTypes(Generic[M]):
     """A metric labelled by stream type first: a type the command handler does not know becomes
     "other", so URLs cannot add series (the URL's type reaches the metric even when the answer is 404)."""
 
-    def __init__(self, metric: Any, metrics: Metrics) -> None:
-        self.metric = metric
+    def __init__(self, metric: M, metrics: Metrics) -> None:
+        self.metric: M = metric
         self.metrics = metrics
 
-    def labels(self, stream_type: str, *rest: str) -> Any:
+    def labels(self, stream_type: str, *rest: str) -> M:
         return self.metric.labels(stream_type if stream_type in self.metrics.stream_types else "other", *rest)
 
 

@@ -19,6 +19,8 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from tributary.jsonvalue import JsonObject, JsonValue
+
 __all__ = [
     "MEDIA_TYPE",
     "TITLES",
@@ -124,19 +126,19 @@ def code_for_status(status: int) -> str:
     return phrase.lower().replace(" ", "_").replace("-", "_")
 
 
-def problem_body(status: int, code: str, detail: str, **extensions: Any) -> dict[str, Any]:
+def problem_body(status: int, code: str, detail: str, **extensions: JsonValue) -> JsonObject:
     """The JSON object of one problem; `extensions` are the code's own members."""
     title = TITLES.get(code) or http.HTTPStatus(status).phrase
     return {"type": TYPE_PREFIX + code, "title": title, "status": status, "detail": detail, "code": code, **extensions}
 
 
-def encode(body: dict[str, Any]) -> bytes:
+def encode(body: JsonObject) -> bytes:
     """UTF-8 JSON of a body that may quote a client's input (`carriable`); stdlib `json`, whose depth
     is Python's recursion limit (a `RecursionError` the caller may catch), not orjson's 255."""
     return json.dumps(carriable(body), ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def carriable(value: Any) -> Any:
+def carriable(value: JsonValue) -> JsonValue:
     """`value` as JSON can carry it in UTF-8: an unpaired UTF-16 surrogate (JSON's `\\ud83d`
     escape decodes to one) becomes U+FFFD, NaN and infinities their names as strings."""
     if isinstance(value, str):
@@ -153,7 +155,7 @@ def carriable(value: Any) -> Any:
 
 
 def problem_response(
-    status: int, code: str, detail: str, *, headers: Mapping[str, str] | None = None, **extensions: Any
+    status: int, code: str, detail: str, *, headers: Mapping[str, str] | None = None, **extensions: JsonValue
 ) -> Response:
     """A problem as a response (`application/problem+json`)."""
     return Response(
@@ -169,7 +171,7 @@ class Problem(Exception):
     code's own members as keyword arguments."""
 
     def __init__(
-        self, status: int, code: str, detail: str, *, headers: dict[str, str] | None = None, **extensions: Any
+        self, status: int, code: str, detail: str, *, headers: dict[str, str] | None = None, **extensions: JsonValue
     ) -> None:
         super().__init__(detail)
         self.status, self.code, self.detail, self.headers, self.extensions = status, code, detail, headers, extensions

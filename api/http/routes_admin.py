@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import APIRouter, Depends
@@ -27,7 +27,10 @@ from tributary.api.http.state import AppState, MetricsOf, RefreshedStatus, Setti
 from tributary.api.settings.config import Settings
 from tributary.api.settings.log import log_admin
 from tributary.api.settings.sources import source_statuses
-from tributary.log import VIEW_TIMEOUT_S, LogError
+from tributary.log import VIEW_TIMEOUT_S, LogError, TopicSummary
+
+if TYPE_CHECKING:  # imported where used: the API starts without the projections' Spark glue
+    from tributary.projections.runner import RunSettings
 
 __all__ = ["rebuilds", "router"]
 
@@ -97,7 +100,7 @@ async def sources(settings: SettingsOf) -> list[dict[str, Any]]:
     return rows
 
 
-def _topics(settings: Settings) -> list[dict[str, Any]]:
+def _topics(settings: Settings) -> list[TopicSummary]:
     admin = log_admin(settings, timeout_s=VIEW_TIMEOUT_S)
     try:
         if not admin.exists():
@@ -115,8 +118,9 @@ def _topics(settings: Settings) -> list[dict[str, Any]]:
         **AUTH_RESPONSES,
         503: error("the log cannot be read as it is (the message says how to repair it), or Kafka cannot be reached"),
     },
+    response_model=list[dict[str, Any]],  # the document's schema: free-form objects, as before the rows were typed
 )
-async def topics(settings: SettingsOf) -> list[dict[str, Any]]:
+async def topics(settings: SettingsOf) -> list[TopicSummary]:
     """Every topic: partitions, policy, `records` (`data_records` + `schema_records`), committed
     offsets; for `compact` topics, `compaction`: when the capture daemon's background cleaner last
     compacted it and records/bytes before → after (`cleaner.json`). On the Kafka backend: the
@@ -206,7 +210,7 @@ async def start_rebuild(name: str, state: AppState) -> dict[str, Any]:
     return entry
 
 
-def _rebuild_worker(entry: dict[str, Any], settings: Any) -> None:
+def _rebuild_worker(entry: dict[str, Any], settings: RunSettings) -> None:
     from tributary.projections.runner import rebuild_process
 
     def progress(stage: str, done: int, total: int) -> None:

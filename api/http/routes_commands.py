@@ -34,6 +34,7 @@ from tributary.eventstore.errors import (
 from tributary.eventstore.handler import CommandHandler
 from tributary.eventstore.model import dumps, event_json
 from tributary.eventstore.values import MAX_HEADER_VALUE, MAX_HEADERS, MAX_ID_LENGTH
+from tributary.jsonvalue import JsonValue
 
 __all__ = ["CommandReply", "CommandRequest", "EventOut", "StreamEvents", "StreamState", "router"]
 
@@ -132,7 +133,7 @@ async def _current(state: State, handler: CommandHandler) -> CommandHandler:
     return handler
 
 
-def _no_modules(state: Any, stream_type: str) -> Problem:
+def _no_modules(state: State, stream_type: str) -> Problem:
     """404 for a command while no domain module is configured: which config file says so."""
     path = getattr(state, "config_path", None)
     if path is None:  # nothing to follow: the server read no file at start
@@ -144,7 +145,7 @@ def _no_modules(state: Any, stream_type: str) -> Problem:
     )
 
 
-def _json(body: Any, status: int = 200) -> Response:
+def _json(body: JsonValue, status: int = 200) -> Response:
     """The body in the event store's JSON codec (decimals as exact strings), sent as it is encoded."""
     return Response(dumps(body), status_code=status, media_type="application/json")
 

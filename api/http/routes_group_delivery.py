@@ -43,6 +43,7 @@ from tributary.consumers import (
     StreamCursor,
     UnknownMember,
 )
+from tributary.jsonvalue import JsonValue
 from tributary.log import Record
 
 __all__ = ["record_json", "router"]
@@ -56,7 +57,7 @@ class RecordOut(BaseModel):
     offset: int
     timestamp_ms: int
     key: str | None = Field(description="The record key's JSON text, or null.")
-    value: Any = Field(description="The record's JSON value (null: a tombstone).")
+    value: JsonValue = Field(description="The record's JSON value (null: a tombstone).")
     headers: dict[str, str]
 
 

@@ -10,7 +10,7 @@ import asyncio
 import base64
 import decimal
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import APIRouter, Depends, Request
@@ -18,12 +18,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from psycopg import errors, sql
 from pydantic import TypeAdapter, ValidationError
+from starlette.datastructures import State
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.definitions import current_projections
 from tributary.api.http.problems import Problem
 from tributary.api.http.state import AppState, Pool, app_state, views_of
 from tributary.api.http.views_db import CONNECTION_WAIT_S, PREPARE_THRESHOLD, StatementTimeout, ViewColumns, Views
+from tributary.jsonvalue import JsonValue
+
+if TYPE_CHECKING:  # imported with the definitions they describe (`definitions.current_projections`)
+    from tributary.projections.definition import Projection
 
 __all__ = ["CONNECTION_WAIT_S", "PREPARE_THRESHOLD", "StatementTimeout", "Views", "router"]
 
@@ -34,19 +39,19 @@ _OPS = {"eq": "=", "ne": "<>", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}  
 _RESERVED = {"limit", "cursor", "order_by"}
 
 
-def _projections(state: Any) -> dict[str, Any]:
+def _projections(state: State) -> dict[str, Projection]:
     """The configured projections as the config and projection files say now (`serve` follows
     edits without a restart); unchanged files cost a `stat` each."""
     return current_projections(state)
 
 
-def _default(obj: Any) -> Any:
+def _default(obj: object) -> str:
     if isinstance(obj, decimal.Decimal):
         return str(obj)
     raise TypeError
 
 
-def _json(body: Any) -> Response:
+def _json(body: JsonValue) -> Response:
     return Response(orjson.dumps(body, default=_default), media_type="application/json")
 
 
@@ -235,7 +240,7 @@ async def query_view(name: str, request: Request) -> Response:
     return Response(body, media_type="application/json")
 
 
-def _view(state: Any, views: Views, name: str) -> ViewColumns | None:
+def _view(state: State, views: Views, name: str) -> ViewColumns | None:
     """A view's columns, derived again when its projection's definition changed (an edited file)."""
     p = _projections(state).get(name)
     if p is None:
@@ -251,7 +256,7 @@ def _view(state: Any, views: Views, name: str) -> ViewColumns | None:
 
 
 async def _page(
-    state: Any,
+    state: State,
     views: Views,
     name: str,
     params: Mapping[str, str],

@@ -11,9 +11,11 @@ import json
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union, get_args, get_origin
+from typing import Union, get_args, get_origin
 
 from pydantic import BaseModel
+
+from tributary.jsonvalue import JsonObject, JsonValue
 
 __all__ = [
     "ENV_PREFIX",
@@ -49,19 +51,19 @@ class EnvironmentData:
     """What the environment sets (nested like the TOML), which variable set each path, and the
     problems found (one line each)."""
 
-    data: dict[str, Any] = field(default_factory=dict)
+    data: JsonObject = field(default_factory=dict)
     provenance: dict[Path_, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
 
-def union_members(annotation: Any) -> tuple[Any, ...]:
+def union_members(annotation: object) -> tuple[object, ...]:
     """The types of a union (`X | None`), or the type itself."""
     if get_origin(annotation) in (Union, types.UnionType):
         return tuple(a for a in get_args(annotation) if a is not type(None))
     return (annotation,)
 
 
-def model_of(annotation: Any) -> type[BaseModel] | None:
+def model_of(annotation: object) -> type[BaseModel] | None:
     """The settings model an annotation holds (a section, or `X | None` of one), else None."""
     for member in union_members(annotation):
         if isinstance(member, type) and issubclass(member, BaseModel):
@@ -69,7 +71,7 @@ def model_of(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _is_json(annotation: Any) -> bool:
+def _is_json(annotation: object) -> bool:
     """Tables and lists come as JSON; scalars as the plain string, which pydantic converts."""
     for member in union_members(annotation):
         if model_of(member) is not None or get_origin(member) in (tuple, list, dict, set, frozenset):
@@ -77,9 +79,9 @@ def _is_json(annotation: Any) -> bool:
     return False
 
 
-def setting_names(model: type[BaseModel]) -> dict[str, tuple[Path_, Any]]:
+def setting_names(model: type[BaseModel]) -> dict[str, tuple[Path_, object]]:
     """Every accepted variable name (upper case) → (its path in the settings, its annotation)."""
-    names: dict[str, tuple[Path_, Any]] = {}
+    names: dict[str, tuple[Path_, object]] = {}
     for name, info in model.model_fields.items():
         key = info.alias or name
         names[f"{ENV_PREFIX}{key.upper()}"] = ((key,), info.annotation)
@@ -109,11 +111,11 @@ def _unknown(name: str, known: list[str]) -> str:
     return f"config error: unknown setting {name}{hint}"
 
 
-def _json_kind(annotation: Any) -> str:
+def _json_kind(annotation: object) -> str:
     return "a JSON object" if isinstance(annotation, type) and issubclass(annotation, BaseModel) else "a JSON array"
 
 
-def _put(env: EnvironmentData, path: Path_, value: Any, name: str) -> None:
+def _put(env: EnvironmentData, path: Path_, value: JsonValue, name: str) -> None:
     """Set `path` to `value`; remember `name` for each key a section's JSON object sets, so an
     error in a key the file set is not blamed on the variable."""
     if len(path) >= 2:

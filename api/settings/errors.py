@@ -40,9 +40,9 @@ def _field(model: type[BaseModel], key: int | str) -> FieldInfo | None:
     return None
 
 
-def _walk(model: type[BaseModel], loc: Loc) -> tuple[Any, FieldInfo | None]:
+def _walk(model: type[BaseModel], loc: Loc) -> tuple[object, FieldInfo | None]:
     """The annotation (and the field) at `loc`, following tables, keys and list items."""
-    annotation: Any = model
+    annotation: object = model
     info: FieldInfo | None = None
     for part in loc:
         if isinstance(part, int):
@@ -82,7 +82,7 @@ def _place(model: type[BaseModel], loc: Loc, data: Mapping[str, Any]) -> str:
     return text
 
 
-def _show(value: Any, secret: bool = False) -> str:
+def _show(value: object, secret: bool = False) -> str:
     """The offending value, short; never a secret, never a whole table."""
     if isinstance(value, dict):
         return "a table"

@@ -7,9 +7,10 @@ password contains (quotes, spaces, `@`)."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from pydantic import BaseModel
+
+from tributary.jsonvalue import JsonObject, JsonValue
 
 __all__ = ["MASK", "mask_dsn", "masked"]
 
@@ -39,7 +40,7 @@ def mask_dsn(text: str) -> str:
 _SPARK_SECRET = re.compile(r"(?i)secret|password|token|access[.]?key")
 
 
-def _mask(value: Any, key: str | None) -> Any:
+def _mask(value: JsonValue, key: str | None) -> JsonValue:
     if isinstance(value, dict) and key in ("headers", "client"):  # a sink's headers, Kafka's client settings
         return {k: MASK for k in value}
     if isinstance(value, dict) and key == "spark_conf":
@@ -53,9 +54,9 @@ def _mask(value: Any, key: str | None) -> Any:
     return value
 
 
-def masked(settings: BaseModel) -> dict[str, Any]:
+def masked(settings: BaseModel) -> JsonObject:
     """The settings as JSON-ready data (keys as the TOML spells them), every API key (a `key`
         field) and every password in a DSN or URL and every `spark_conf` value whose key names a secret (Spark's
     redaction pattern) replaced by ***."""
-    data: dict[str, Any] = _mask(settings.model_dump(mode="json", by_alias=True), None)
+    data: JsonObject = _mask(settings.model_dump(mode="json", by_alias=True), None)
     return data

@@ -4,7 +4,6 @@ against it by a test, so the two cannot drift)."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from pydantic import BaseModel
 
@@ -13,7 +12,7 @@ from tributary.api.settings.config import Settings, SinkSettings, SourceSettings
 __all__ = ["reference"]
 
 
-def _toml(value: Any) -> str:
+def _toml(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, tuple | list):
@@ -64,11 +63,13 @@ def reference() -> str:
     """Every key with its default and meaning, as TOML."""
     settings = Settings()
     out = [_section_top(settings)]
-    for name, field in Settings.model_fields.items():
+    for name in Settings.model_fields:
         if name in ("sources", "sinks", "pg_data_dir"):
             continue
         out.append(f"[{name}]")
-        lines = _section(field.annotation, getattr(settings, name))  # type: ignore[arg-type]
+        section = getattr(settings, name)
+        assert isinstance(section, BaseModel), name  # every other field of Settings is a section
+        lines = _section(type(section), section)
         out.extend(
             line.replace("[{section}.", f"[{name}.", 1) if line.startswith("[{section}.") else line for line in lines
         )

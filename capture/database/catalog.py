@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
+from psycopg import sql
+from psycopg.abc import Params
 
 __all__ = [
     "CatalogConnection",
@@ -131,7 +133,9 @@ GROUP BY i.indrelid, i.indexrelid, i.indisprimary, i.indisreplident
 """
 
 
-def list_tables(conn: psycopg.Connection[Any], matches: Any, *, leaves: bool = False) -> list[TableInfo]:
+def list_tables(
+    conn: psycopg.Connection[Any], matches: Callable[[str, str], bool], *, leaves: bool = False
+) -> list[TableInfo]:
     """Tables for which `matches(schema, table)` is true, with columns and keys: plain tables and
     partitioned roots, or (`leaves`) plain tables and leaf partitions."""
     rows = [r for r in conn.execute(_TABLES, (leaves,)).fetchall() if matches(r[0], r[1])]
@@ -180,11 +184,11 @@ class CatalogConnection:
     """A connection for catalog reads made while streaming: opened on first use, opened again
     once when the server dropped it (a restart between two reads)."""
 
-    def __init__(self, connect: Callable[[], Any]) -> None:
+    def __init__(self, connect: Callable[[], psycopg.Connection[Any]]) -> None:
         self._connect = connect
-        self._conn: Any = None
+        self._conn: psycopg.Connection[Any] | None = None
 
-    def query(self, statement: Any, params: Any = None) -> list[tuple[Any, ...]]:
+    def query(self, statement: LiteralString | sql.Composed, params: Params | None = None) -> list[tuple[Any, ...]]:
         for attempt in (0, 1):
             try:
                 if self._conn is None or self._conn.closed:
@@ -197,7 +201,7 @@ class CatalogConnection:
         raise AssertionError("unreachable")
 
     @property
-    def connection(self) -> Any:
+    def connection(self) -> psycopg.Connection[Any]:
         """The open connection (opened now if needed), for helpers that take one."""
         if self._conn is None or self._conn.closed:
             self._conn = self._connect()

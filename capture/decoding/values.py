@@ -16,7 +16,8 @@ from __future__ import annotations
 import functools
 import math
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 import orjson
 
@@ -131,11 +132,14 @@ def from_stream(type_name: str, value: Any, family: str | None = None) -> Any:
     return value
 
 
+TextConverter = Callable[[str], object] | None
+"""A column's text form (COPY, a snapshot) to its envelope value; None: the text is the value."""
+
 _STREAM_CONVERTERS: dict[str, Any] = {}
-_TEXT_CONVERTERS: dict[str, Any] = {}
+_TEXT_CONVERTERS: dict[str, TextConverter] = {}
 
 
-def _direct(fam: str) -> Any:
+def _direct(fam: str) -> Callable[[str], object] | Literal[False]:
     """A one-call converter for the families whose stream and text forms are both strings."""
     if fam == "json":
         return orjson.Fragment
@@ -171,7 +175,7 @@ def stream_converter(type_name: str) -> Any:
     return conv
 
 
-def text_converter(type_name: str) -> Any:
+def text_converter(type_name: str) -> TextConverter:
     """`from_text` specialised to one type, cached (the snapshot's per-value path); None = as is.
     Callers skip NULLs (None) themselves."""
     try:
@@ -179,7 +183,7 @@ def text_converter(type_name: str) -> Any:
     except KeyError:
         pass
     fam = type_family(type_name)
-    conv: Any
+    conv: TextConverter
     if fam in ("text", "numeric"):
         conv = None
     elif fam == "int":

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from tributary.capture.records.envelope import Output
+from tributary.jsonvalue import JsonValue
 
 __all__ = ["HEADER_IDS", "OUTBOX_TABLE", "event_headers", "route_event"]
 
@@ -25,7 +26,7 @@ def _ms(iso: str) -> int:
     return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
 
 
-def event_headers(metadata: Any) -> bytes | None:
+def event_headers(metadata: JsonValue | orjson.Fragment) -> bytes | None:
     """The log record's headers from an event's metadata (a dict, or capture's raw jsonb): a JSON
     object of strings, the ids of `HEADER_IDS` and the user headers (`metadata["headers"]`, whose
     names never shadow the ids); None when there are none."""

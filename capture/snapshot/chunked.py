@@ -59,6 +59,8 @@ from tributary.log import Mark
 if TYPE_CHECKING:
     import pyarrow as pa  # loaded on first use: the CLI imports this module without it
 
+    from tributary.capture.snapshot.columnar import ColumnPlan
+
 __all__ = [
     "RECENT_XIDS",
     "WATERMARK_PREFIX",
@@ -164,7 +166,7 @@ class _Job:
     checked: str | None = None  # absent: the last key of the batch
     final: bool = False  # the last chunk (or batch) of the phase
     encoder: env.SnapshotEncoder | None = None
-    plan: Any = None
+    plan: ColumnPlan | None = None
     now_ms: int = 0
     partitions: int = 1
 
@@ -499,6 +501,7 @@ class ChunkedSnapshot:
             marker = last_marker if i == len(kept) - 1 else "true"
             if kind == "columnar":
                 recs, last_row = unit
+                assert job.plan is not None  # the unit was encoded with the job's plan
                 self.writer.stage_chunk(job.encoder, job.plan, b"", job.now_ms, marker, recs=recs, last_row=last_row)
             elif kind == "json":
                 self.writer.stage_json_rows(job.encoder, unit, job.now_ms, marker)

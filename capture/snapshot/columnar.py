@@ -50,7 +50,7 @@ finally:
     if _finder is not None:
         sys.meta_path.remove(_finder)
 
-from tributary.capture.decoding.values import copy_unescape, text_converter, type_family  # noqa: E402
+from tributary.capture.decoding.values import TextConverter, copy_unescape, text_converter, type_family  # noqa: E402
 from tributary.log import hashes  # noqa: E402
 
 __all__ = ["ChunkRecords", "ColumnPlan", "encode_chunk", "murmur2_partitions", "plan"]
@@ -76,7 +76,7 @@ class ColumnPlan:
 
     names: tuple[str, ...]
     families: tuple[str, ...]
-    converters: tuple[object, ...]  # capture.values.text_converter per column (the reference)
+    converters: tuple[TextConverter, ...]  # capture.values.text_converter per column (the reference)
     key_index: tuple[int, ...]  # key columns, in canonical (sorted) order
     key_heads: tuple[bytes, ...]  # `{"k":` then `,"k2":` …
     after_heads: tuple[bytes, ...]  # `{"before":null,"after":{"c":` then `,"c2":` …
@@ -106,12 +106,12 @@ def plan(columns: Sequence[tuple[str, str]], key: Sequence[str]) -> ColumnPlan |
     )
 
 
-def reference_fragment(converter: object, raw: bytes | None) -> bytes:
+def reference_fragment(converter: TextConverter, raw: bytes | None) -> bytes:
     """One value's JSON the way the row path spells it: COPY unescape, capture.values, orjson."""
     if raw is None or raw == b"\\N":
         return b"null"
     text = copy_unescape(raw).decode()
-    return orjson.dumps(text if converter is None else converter(text))  # type: ignore[operator]
+    return orjson.dumps(text if converter is None else converter(text))
 
 
 def _iso(col: pa.Array, *, zone: bool) -> pa.Array:
@@ -133,7 +133,7 @@ def _iso(col: pa.Array, *, zone: bool) -> pa.Array:
     return pc.if_else(special, col, out)
 
 
-def _fragment(col: pa.Array, family: str, converter: object, has_quote: bool) -> pa.Array:
+def _fragment(col: pa.Array, family: str, converter: TextConverter, has_quote: bool) -> pa.Array:
     """One column's JSON fragments (NULL → null)."""
     if family == "int":
         return pc.fill_null(col, _NULL)

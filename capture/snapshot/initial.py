@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tributary.capture.database.catalog import TableInfo
 from tributary.capture.database.slot import Slot, SlotState, sql_connection
@@ -45,6 +45,9 @@ from tributary.capture.snapshot.reader import SnapshotReader
 from tributary.capture.spec import SourceSpec
 from tributary.capture.status import SourceState, SourceStatus
 from tributary.log import Mark
+
+if TYPE_CHECKING:  # pyarrow is imported when a snapshot runs, not at start-up
+    from tributary.capture.snapshot.columnar import ChunkRecords, ColumnPlan
 
 __all__ = ["PROGRESS_ROWS", "SnapshotSource"]
 
@@ -188,7 +191,7 @@ class SnapshotSource:
                 gone.discard(out.key)
             yield functools.partial(self.stage_row, encoder, row, now_ms, out=out), 1
 
-    def columnar_plan(self, table: TableInfo) -> Any:
+    def columnar_plan(self, table: TableInfo) -> ColumnPlan | None:
         """The table's columnar plan, or None: another path (see the module's docstring).
         pyarrow is imported here, not at start-up: only a snapshot pays for it."""
         if self.spec.router is not None or not self.columnar:
@@ -200,12 +203,12 @@ class SnapshotSource:
     def stage_chunk(
         self,
         encoder: env.SnapshotEncoder,
-        plan: Any,
+        plan: ColumnPlan,
         chunk: bytes,
         now_ms: int,
         marker: str,
         *,
-        recs: Any = None,
+        recs: ChunkRecords | None = None,
         last_row: int | None = None,
     ) -> None:
         """A chunk of COPY text as records, column-wise, straight into the log's partitions (lines
@@ -251,7 +254,13 @@ class SnapshotSource:
         self.staging.stage_pairs(encoder.topic, pairs, now_ms)
 
     def stage_row(
-        self, encoder: env.SnapshotEncoder, row: Any, now_ms: int, marker: str, *, out: env.Output | None = None
+        self,
+        encoder: env.SnapshotEncoder,
+        row: tuple[str | None, ...],
+        now_ms: int,
+        marker: str,
+        *,
+        out: env.Output | None = None,
     ) -> None:
         """`row`: text values from `SnapshotReader.rows`; a snapshot record's time is its read time.
         `out`: the row's record already encoded with marker "true" (a re-snapshot needs its key)."""

@@ -75,7 +75,7 @@ def _tables(data: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _document(text: Any, what: str) -> dict[str, Any]:
+def _document(text: object, what: str) -> dict[str, Any]:
     if isinstance(text, Mapping):
         return dict(text)
     if not isinstance(text, str):

@@ -122,7 +122,7 @@ class StreamingSource:
         self._codec = None if encoding in (None, "utf-8") else encoding
         if self._codec is not None:
             self.templates = None  # they splice the raw bytes: UTF-8 only
-            self.handle = self._handle_transcoded  # type: ignore[method-assign]
+            self.handle = self._handle_transcoded  # type: ignore[method-assign]  # chosen once: no per-change branch
         self.templated = 0  # changes encoded by INSERT templates (the rest took the generic path)
         self.last_tx_changes = 0  # changes in the last transaction closed (the group commit counts them)
         self._hold_inserts = False  # inside a transaction being appended, with templates: INSERTs go to `_run`

@@ -4,12 +4,12 @@ through the readers of read.py (each with a consumer of its own)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import BinaryIO, cast
+from typing import BinaryIO
 
 from tributary.log.contracts import PositionsFrom
 from tributary.log.kafka.options import KafkaOptions
 from tributary.log.kafka.read import kafka_cat, kafka_positions, kafka_topics, kafka_verify
-from tributary.log.local import LogError, Verified
+from tributary.log.local import LogError, TopicSummary, Verified
 
 __all__ = ["KafkaAdmin"]
 
@@ -27,13 +27,13 @@ class KafkaAdmin:
         """Always: the cluster is there, or a read says why not."""
         return True
 
-    def topics(self) -> list[dict[str, object]]:
+    def topics(self) -> list[TopicSummary]:
         return kafka_topics(self.options, timeout_s=self.timeout_s)
 
     def topic_sizes(self) -> dict[str, tuple[int, int | None]]:
         """Per topic: the offsets between the partitions' low and high watermarks (transaction
         markers included); the bytes are the broker's to report (None)."""
-        return {str(row["topic"]): (cast(int, row["records"]), None) for row in self.topics()}
+        return {row["topic"]: (row["records"], None) for row in self.topics()}
 
     def positions(self) -> dict[str, str]:
         return kafka_positions(self.options)

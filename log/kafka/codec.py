@@ -4,9 +4,8 @@ consumer groups' server and the projections' Spark tasks share it."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
+from confluent_kafka import Message
 
 from tributary.log.local import Record
 
@@ -14,6 +13,9 @@ __all__ = ["WHOLE_HEADERS", "as_record", "kafka_headers", "log_headers", "one_li
 
 # The one Kafka header that carries log headers which were not a JSON object, whole.
 WHOLE_HEADERS = "tributary.headers"
+
+KafkaHeaders = dict[str, str | bytes | None] | list[tuple[str, str | bytes | None]]
+"""A Kafka message's headers as the client hands them over (`Message.headers()`)."""
 
 
 def kafka_headers(headers: bytes | None) -> list[tuple[str, bytes]] | None:
@@ -29,17 +31,17 @@ def kafka_headers(headers: bytes | None) -> list[tuple[str, bytes]] | None:
     return [(WHOLE_HEADERS, headers)]
 
 
-def log_headers(headers: Any) -> bytes | None:
+def log_headers(headers: KafkaHeaders | None) -> bytes | None:
     """Kafka headers (a list of pairs, or a dict) back as the log's: the inverse of `kafka_headers`."""
     if not headers:
         return None
     pairs = list(headers.items() if isinstance(headers, dict) else headers)
-    if len(pairs) == 1 and pairs[0][0] == WHOLE_HEADERS and pairs[0][1] is not None:
-        return bytes(pairs[0][1])
+    if len(pairs) == 1 and pairs[0][0] == WHOLE_HEADERS and (whole := pairs[0][1]) is not None:
+        return whole if isinstance(whole, bytes) else whole.encode()  # a consumer's values are bytes
     return orjson.dumps({k: (v.decode(errors="replace") if isinstance(v, bytes) else v) for k, v in pairs})
 
 
-def as_record(topic: str, msg: Any) -> Record:
+def as_record(topic: str, msg: Message) -> Record:
     """A consumed Kafka message (not an error event) as the log's `Record`."""
     partition, offset = msg.partition(), msg.offset()
     assert partition is not None and offset is not None  # a record read has both

@@ -30,7 +30,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from tributary.log.kafka.clients import consumer_config
 from tributary.log.kafka.codec import as_record, one_line
 from tributary.log.kafka.options import KafkaOptions
-from tributary.log.local import LogError, Record, TopicNotFoundError
+from tributary.log.local import LogError, Record, TopicNotFoundError, TopicSummary
 from tributary.log.local.admin import SCHEMA_KEY, latest_per_key
 
 __all__ = [
@@ -215,7 +215,7 @@ def kafka_positions(options: KafkaOptions) -> dict[str, str]:
 # -- `tributary log topics` / `log cat` -------------------------------------------------------------
 
 
-def kafka_topics(options: KafkaOptions, *, timeout_s: float = _TIMEOUT_S) -> list[dict[str, object]]:
+def kafka_topics(options: KafkaOptions, *, timeout_s: float = _TIMEOUT_S) -> list[TopicSummary]:
     """Each topic (internal ones aside) in the shape of the local log's `admin.topics`:
     partitions, start and end offsets (low and high watermarks), and `records` = the offsets
     between them (transaction markers included: Kafka does not count records). `policy` is
@@ -223,7 +223,7 @@ def kafka_topics(options: KafkaOptions, *, timeout_s: float = _TIMEOUT_S) -> lis
     consumer = committed_reader(options)
     try:
         meta = consumer.list_topics(timeout=timeout_s)
-        rows: list[dict[str, object]] = []
+        rows: list[TopicSummary] = []
         for name in sorted(meta.topics):
             topic = meta.topics[name]
             if name.startswith("__") or topic.error is not None:

@@ -51,6 +51,7 @@ from tributary.log.local.log import Log
 from tributary.log.local.partitioner import canonical_json, hashes, murmur2, partition_for, split_partitions
 from tributary.log.local.splits import read_split
 from tributary.log.local.types import (
+    CompactionState,
     CompactionStats,
     Mark,
     PartitionEnd,
@@ -59,6 +60,7 @@ from tributary.log.local.types import (
     Record,
     Split,
     TopicConfig,
+    TopicSummary,
     Verified,
 )
 from tributary.log.local.view import LogView
@@ -79,6 +81,7 @@ __all__ = [
     "RECORD_SCHEMA",
     "Cleaner",
     "CleanerPolicy",
+    "CompactionState",
     "CompactionStats",
     "CorruptRecordError",
     "DiskFullError",
@@ -98,6 +101,7 @@ __all__ = [
     "TailCopy",
     "TopicConfig",
     "TopicNotFoundError",
+    "TopicSummary",
     "Verified",
     "admin",
     "canonical_json",

@@ -24,7 +24,7 @@ from tributary.log.local.manifest import PartitionState
 from tributary.log.local.placeholders import Carry, fill, holes, observe
 from tributary.log.local.reader import committed_segments, open_segment, partition_dir
 from tributary.log.local.segment import log_path
-from tributary.log.local.types import CompactionStats, Problem, Record, Verified
+from tributary.log.local.types import CompactionState, CompactionStats, Problem, Record, TopicSummary, Verified
 
 __all__ = [
     "SCHEMA_KEY",
@@ -139,7 +139,7 @@ def _count_active(
     return n + more, k + keyed
 
 
-def topics(root: Path, *, schema_key: bytes = SCHEMA_KEY) -> list[dict[str, object]]:
+def topics(root: Path, *, schema_key: bytes = SCHEMA_KEY) -> list[TopicSummary]:
     """Each topic's config, committed offsets, records (`data_records` + `schema_records`, the
     latter keyed `schema_key`) and, for `compact` topics, what the cleaner last did.
 
@@ -150,7 +150,7 @@ def topics(root: Path, *, schema_key: bytes = SCHEMA_KEY) -> list[dict[str, obje
     records from data, so it is not used for the counts."""
     doc = read_checkpoint(root)
     with Log.open(root) as log:
-        out: list[dict[str, object]] = []
+        out: list[TopicSummary] = []
         for name, cfg in sorted(log.topics().items()):
             records = schema = 0
             for p in range(cfg.partitions):
@@ -172,17 +172,21 @@ def topics(root: Path, *, schema_key: bytes = SCHEMA_KEY) -> list[dict[str, obje
         return out
 
 
-def compaction_state(doc: dict[str, Any], topic: str, partitions: int) -> dict[str, Any]:
+def compaction_state(doc: dict[str, Any], topic: str, partitions: int) -> CompactionState:
     """A topic's compaction as the cleaner recorded it (`cleaner.json`): when each partition was
     last compacted and the records/bytes before → after of those compactions, summed."""
     parts = doc.get("partitions", {})
     lasts = [parts[k]["last"] for k in (f"{topic}/{p}" for p in range(partitions)) if (parts.get(k) or {}).get("last")]
     at = max((f["at_ms"] for f in lasts), default=None)
+    summed = _summed(lasts)
     return {
         "last_compaction_ms": at,
         "last_compaction": None if at is None else _utc(at),
         "partitions_compacted": len(lasts),
-        **_summed(lasts),
+        "records_before": summed["records_before"],
+        "records_after": summed["records_after"],
+        "bytes_before": summed["bytes_before"],
+        "bytes_after": summed["bytes_after"],
         "cleaner_pid": doc.get("pid"),
         "cleaner_interval_s": None if "interval_ms" not in doc else doc["interval_ms"] / 1000,
         "cleaner_last_pass_ms": doc.get("last_pass_ms"),
@@ -346,7 +350,7 @@ class LocalAdmin:
         """Whether capture ever wrote here (the root is a directory)."""
         return self.root.is_dir()
 
-    def topics(self) -> list[dict[str, object]]:
+    def topics(self) -> list[TopicSummary]:
         return topics(self.root)
 
     def topic_sizes(self) -> dict[str, tuple[int, int | None]]:

@@ -69,7 +69,7 @@ def _one_line(raw: bytes | None) -> bytes | None:
 def _nulls(fields: tuple[bytes | None, ...], n: int) -> tuple[bytes, ...]:
     nones = fields.count(None)
     if nones == 0:
-        return fields  # type: ignore[return-value]
+        return fields  # type: ignore[return-value]  # no None in it (counted): tuple[bytes, ...]
     if nones == n:
         return (_NULL,) * n
     return tuple(_NULL if f is None else f for f in fields)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from itertools import compress, repeat
 from operator import and_, mod
-from typing import Any
 
 import orjson
 from murmurhash2 import murmurhash2
@@ -86,6 +85,6 @@ def split_partitions_python(
     return out
 
 
-def canonical_json(obj: Any) -> bytes:
+def canonical_json(obj: object) -> bytes:
     """The key's canonical bytes: sorted keys, no whitespace (what the partition hash is over)."""
     return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePath
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 import orjson
 
 __all__ = [
+    "CompactionState",
     "CompactionStats",
     "Mark",
     "PartitionEnd",
@@ -17,6 +18,7 @@ __all__ = [
     "Record",
     "Split",
     "TopicConfig",
+    "TopicSummary",
     "Verified",
 ]
 
@@ -147,6 +149,37 @@ class CompactionStats:
     records_after: int = 0
     bytes_before: int = 0
     bytes_after: int = 0
+
+
+class CompactionState(TypedDict):
+    """A compact topic's compaction as its cleaner recorded it (`cleaner.json`): JSON for
+    `GET /topics` and `tributary log topics`."""
+
+    last_compaction_ms: int | None
+    last_compaction: str | None  # the same instant, "YYYY-MM-DD HH:MM:SS UTC"
+    partitions_compacted: int
+    records_before: int
+    records_after: int
+    bytes_before: int
+    bytes_after: int
+    cleaner_pid: int | None
+    cleaner_interval_s: float | None
+    cleaner_last_pass_ms: int | None
+
+
+class TopicSummary(TypedDict):
+    """One topic as `GET /topics` and `tributary log topics` show it (`LogAdmin.topics`): the local
+    log counts data and schema records apart; on Kafka `records` is the offsets from start to end."""
+
+    topic: str
+    partitions: int
+    policy: str
+    records: int
+    data_records: NotRequired[int]
+    schema_records: NotRequired[int]
+    start_offsets: list[int]
+    end_offsets: list[int]
+    compaction: CompactionState | None
 
 
 @dataclass

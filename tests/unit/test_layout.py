@@ -199,6 +199,12 @@ def test_the_implementation_switch_imports_nothing_of_the_project() -> None:
     assert [m for _, m, _names in _imports(path) if m.split(".")[0] == "tributary"] == []
 
 
+def test_the_json_names_import_nothing_of_the_project() -> None:
+    """`tributary.jsonvalue` is named by every layer, so it sits below them all."""
+    path = REPO_ROOT / "tributary" / "jsonvalue.py"
+    assert [m for _, m, _names in _imports(path) if m.split(".")[0] == "tributary"] == []
+
+
 def test_the_local_log_imports_nothing_else() -> None:
     """The local backend stands alone (beside `tributary.impl`, the switch for its compiled twins):
     the contracts, the factory and Kafka's backend build on it."""

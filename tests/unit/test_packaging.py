@@ -71,8 +71,22 @@ def test_every_folder_of_code_is_a_listed_package() -> None:
 
 def test_the_type_check_links_every_mapped_folder() -> None:
     """`make lint` checks the folders it links; one left out would be skipped without a word
-    (imports of it are then missing, which the mypy configuration ignores)."""
+    when nothing checked imports it."""
     line = next(ln for ln in (ROOT / "Makefile").read_text().splitlines() if ln.startswith("TYPECHECK_PACKAGES :="))
     linked = set(line.split(":=", 1)[1].split())
     package_dir: dict[str, str] = _config()["package-dir"]  # type: ignore[assignment]
     assert linked == {folder for package, folder in package_dir.items() if package != "tributary"}
+
+
+def test_mypy_is_strict_for_the_whole_tree() -> None:
+    """Strictness is the tree's default, not a list of modules that opted in: a new module is
+    checked strictly from its first line. An override may only let an untyped third-party library's
+    imports through; none may turn a check off for a module of ours."""
+    mypy = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert mypy.get("strict") is True
+    assert "ignore_missing_imports" not in mypy
+    for override in mypy.get("overrides", []):
+        modules = override["module"] if isinstance(override["module"], list) else [override["module"]]
+        ours = [m for m in modules if m.split(".")[0] in {"tributary", "tributary_client"}]
+        assert ours == [], f"an override names modules of the tree: {ours}"
+        assert set(override) - {"module"} == {"ignore_missing_imports"}, override
