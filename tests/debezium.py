@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -79,6 +80,7 @@ class DebeziumConnect:
     rest_port: int
     log: Path
     dsn: str
+    ready_after_s: float = 0.0  # from the JVM's start to its snapshot done and streaming
 
     def status(self) -> dict[str, Any] | None:
         """The connector's REST status, or None while the REST server does not answer it."""
@@ -184,7 +186,9 @@ def _classpath() -> str:
 
 
 @contextlib.contextmanager
-def run_debezium(dsn: str, bootstraps: str, workdir: Path, *, source: str, tables: list[str]) -> Iterator[DebeziumConnect]:
+def run_debezium(
+    dsn: str, bootstraps: str, workdir: Path, *, source: str, tables: list[str]
+) -> Iterator[DebeziumConnect]:
     """Kafka Connect standalone with Debezium on `dsn` (tables `schema.table`), writing to `bootstraps`;
     yields once its snapshot is done and it streams; stopped (then killed) after."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -208,6 +212,7 @@ def run_debezium(dsn: str, bootstraps: str, workdir: Path, *, source: str, table
     ]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
+    started = time.monotonic()
     connect = DebeziumConnect(proc, rest_port, log, dsn)
     try:
 
@@ -216,6 +221,7 @@ def run_debezium(dsn: str, bootstraps: str, workdir: Path, *, source: str, table
             return connect.running() and connect.streaming()
 
         wait_progress(ready, lambda: size_of(log), what="Debezium to snapshot and stream", poll=0.5)
+        connect.ready_after_s = time.monotonic() - started
         yield connect
     finally:
         _stop(proc)
