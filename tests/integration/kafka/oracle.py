@@ -180,7 +180,7 @@ def _cell(value: str) -> str:
 
 _SNAPSHOT_MARKS = (
     "Debezium also marks the snapshot's first row and each table's first and last; tributary marks only"
-    " the snapshot's last row (`last`) and reads the tables in name order"
+    " the snapshot's last row (`last`); the two read the tables in different orders"
 )
 _ISO = (
     "`time.precision.mode=isostring` (the closest) writes zone-less values with a `Z`; tributary leaves them zone-less"
