@@ -1,7 +1,7 @@
 """Pairing tributary's change records with Debezium's and naming every difference. Pure.
 
-A change is paired with the other side's change of the same table, key and op, in log order (a key's
-records stay in one partition on both sides: same key bytes, same murmur2). For each pair the key,
+A change is paired with the other side's change of the same table, key and op, in log order (on each
+side a key's records stay in one partition). For each pair the key,
 `before`, `after` and the `source` fields both carry are compared; a difference is
 `(field, type, ours, theirs)` with values as compact JSON, so equal findings collapse into one row
 of the table the test asserts.
@@ -237,6 +237,16 @@ EXPECTED: list[Expected] = [
         "[null,null]",
         "Debezium loses multi-dimensional arrays; tributary keeps PostgreSQL's text",
     ),
+    Expected("value", "double precision[]", "[null]", '["NaN"]', _FLOAT),
+    Expected("value", "date[]", '["2024-01-02"]', '["2024-01-02Z"]', _ISO),
+    Expected(
+        "value",
+        "timestamp with time zone[]",
+        '["2024-01-02T03:04:05Z"]',
+        '["2024-01-02T03:04:05.000000Z"]',
+        "the same instant: Debezium always writes six fraction digits, tributary PostgreSQL's (none when zero)",
+    ),
+    Expected("value", "jsonb[]", '[{"a":1}]', '["{\\"a\\": 1}"]', _JSON),
     Expected("value", "json", '[1,"x",null]', '"[1, \\"x\\", null]"', _JSON),
     Expected("value", "json", '{"a":[1,2],"b":1}', '"{\\"b\\": 1, \\"a\\": [1, 2]}"', _JSON),
     Expected("value", "jsonb", '{"a":[1,2],"b":1}', '"{\\"a\\": [1, 2], \\"b\\": 1}"', _JSON),

@@ -33,6 +33,7 @@ TABLES = [
     "t_uuid",
     "t_json",
     "t_array",
+    "t_array2",
     "t_enum",
     "t_other",
     "t_full",
@@ -54,6 +55,7 @@ CREATE TABLE t_time (id int PRIMARY KEY, d date, t time, tz timetz, ts timestamp
 CREATE TABLE t_uuid (id int PRIMARY KEY, u uuid);
 CREATE TABLE t_json (id int PRIMARY KEY, j json, jb jsonb);
 CREATE TABLE t_array (id int PRIMARY KEY, ia int[], ta text[], na numeric[], ba boolean[], m int[][]);
+CREATE TABLE t_array2 (id int PRIMARY KEY, fa float8[], tsa timestamptz[], ja jsonb[], da date[], ua uuid[]);
 CREATE TABLE t_enum (id int PRIMARY KEY, m mood);
 CREATE TABLE t_other (id int PRIMARY KEY, money money, inet inet, mac macaddr, bits bit(4), x xml);
 CREATE TABLE t_full (id int PRIMARY KEY, note text, doc text);
@@ -79,6 +81,8 @@ INSERT INTO t_time VALUES (1, '2024-01-02', '03:04:05.123456', '03:04:05+02', '2
 INSERT INTO t_uuid VALUES (1, 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11');
 INSERT INTO t_json VALUES (1, '{{"b": 1, "a": [1, 2]}}', '{{"b": 1, "a": [1, 2]}}');
 INSERT INTO t_array VALUES (1, '{{1,NULL,3}}', '{{"a b",NULL,"c"}}', '{{1.50,2}}', '{{t,f}}', '{{{{1,2}},{{3,4}}}}');
+INSERT INTO t_array2 VALUES (1, '{{1.5,-0}}', '{{"2024-01-02 03:04:05+00"}}', ARRAY['{{"a": 1}}'::jsonb],
+                            '{{2024-01-02}}', '{{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11}}');
 INSERT INTO t_enum VALUES (1, 'happy');
 INSERT INTO t_other VALUES (1, 12.34, '192.168.0.1/24', '08:00:2b:01:02:03', B'1010', '<a>1</a>');
 INSERT INTO t_full VALUES (1, 'seed', {TOASTED});
@@ -107,6 +111,7 @@ INSERT INTO t_uuid VALUES (2, '00000000-0000-0000-0000-000000000000');
 INSERT INTO t_json VALUES (2, '[1, "x", null]', '{"n": 12345678901234567890}');
 UPDATE t_json SET jb = '{"z": true}' WHERE id = 1;
 INSERT INTO t_array VALUES (2, '{}', '{}', '{NaN}', '{}', NULL);
+INSERT INTO t_array2 VALUES (2, '{NaN}', '{}', '{}', '{}', '{}');
 INSERT INTO t_enum VALUES (2, 'sad');
 INSERT INTO t_other VALUES (2, -0.5, '::1', 'ff:ff:ff:ff:ff:ff', B'0001', '<b/>');
 UPDATE t_full SET note = 'changed' WHERE id = 1;
