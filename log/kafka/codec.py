@@ -26,7 +26,7 @@ def kafka_key(key: bytes | None) -> bytes:
 
 def log_key(key: bytes | None) -> bytes | None:
     """A Kafka message key back as the log's: the inverse of `kafka_key` (`NO_KEY` or none → None)."""
-    return None if not key else key
+    return key or None
 
 
 def kafka_headers(headers: bytes | None) -> list[tuple[str, bytes]] | None:
