@@ -1,7 +1,7 @@
 # tributary — one-command set-up on a fresh Debian 12 machine (as root, or with sudo).
 #   make demo   set everything up, then run the demo end to end on the embedded Postgres
 #   make test   set everything up, then run the whole test suite
-#   make setup  set-up alone: apt packages, .venv, the project installed into it, Apache Kafka's jars
+#   make setup  set-up alone: apt packages, .venv, the project installed into it, Apache Kafka's and Debezium's jars
 #   make lint   ruff check, ruff format --check and mypy over every package
 
 SHELL := /bin/bash
@@ -11,9 +11,9 @@ APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jre-headless mav
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: setup apt venv kafka demo test lint bench clean
+.PHONY: setup apt venv kafka debezium demo test lint bench clean
 
-setup: apt venv kafka
+setup: apt venv kafka debezium
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -42,6 +42,16 @@ $(KAFKA_LIB)/.fetched: deploy/kafka/pom.xml
 	@touch $@
 
 kafka: apt $(KAFKA_LIB)/.fetched
+
+# Kafka Connect (standalone) with Debezium's PostgreSQL connector, the reference the envelope tests compare
+# tributary's records with: its own classpath (deploy/debezium/pom.xml), apart from the broker's.
+DEBEZIUM_LIB := build/debezium/lib
+$(DEBEZIUM_LIB)/.fetched: deploy/debezium/pom.xml
+	rm -rf $(DEBEZIUM_LIB) && mkdir -p $(DEBEZIUM_LIB)
+	mvn -q -B -f deploy/debezium/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(abspath $(DEBEZIUM_LIB))
+	@touch $@
+
+debezium: apt $(DEBEZIUM_LIB)/.fetched
 
 demo: setup
 	$(VENV)/bin/tributary demo

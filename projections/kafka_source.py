@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from tributary.log.kafka.clients import consumer_config
-from tributary.log.kafka.codec import log_headers, one_line
+from tributary.log.kafka.codec import log_headers, log_key, one_line
 from tributary.log.kafka.options import KafkaOptions
 from tributary.projections.errors import RunError
 from tributary.projections.loader import resolve
@@ -116,7 +116,7 @@ def _read_range(consumer: Consumer, topic: str, partition: int, lo: int, hi: int
                 partition,
                 offset,
                 msg.timestamp()[1],
-                _text(msg.key()),
+                _text(log_key(msg.key())),
                 _text(msg.value()),
                 _text(log_headers(msg.headers())),
             )

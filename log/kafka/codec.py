@@ -9,10 +9,23 @@ from confluent_kafka import Message
 
 from tributary.log.local import Record
 
-__all__ = ["WHOLE_HEADERS", "as_record", "kafka_headers", "log_headers", "one_line"]
+__all__ = ["NO_KEY", "WHOLE_HEADERS", "as_record", "kafka_headers", "kafka_key", "log_headers", "log_key", "one_line"]
 
 # The one Kafka header that carries log headers which were not a JSON object, whole.
 WHOLE_HEADERS = "tributary.headers"
+# A record the log writes without a key (a truncate, on every partition) carries this empty key on
+# Kafka: a compacted topic refuses a record with none. No log key is empty (keys are JSON).
+NO_KEY = b""
+
+
+def kafka_key(key: bytes | None) -> bytes:
+    """The log's key as a Kafka message key: no key becomes `NO_KEY`."""
+    return NO_KEY if key is None else key
+
+
+def log_key(key: bytes | None) -> bytes | None:
+    """A Kafka message key back as the log's: the inverse of `kafka_key` (`NO_KEY` or none → None)."""
+    return key or None
 
 KafkaHeaders = dict[str, str | bytes | None] | list[tuple[str, str | bytes | None]]
 """A Kafka message's headers as the client hands them over (`Message.headers()`)."""
@@ -50,7 +63,7 @@ def as_record(topic: str, msg: Message) -> Record:
         partition=partition,
         offset=offset,
         timestamp=msg.timestamp()[1],
-        key=msg.key(),
+        key=log_key(msg.key()),
         value=msg.value(),
         headers=log_headers(msg.headers()),
     )

@@ -28,7 +28,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from tributary.log.kafka.clients import consumer_config
-from tributary.log.kafka.codec import as_record, one_line
+from tributary.log.kafka.codec import as_record, log_key, one_line
 from tributary.log.kafka.options import KafkaOptions
 from tributary.log.local import LogError, Record, TopicNotFoundError, TopicSummary
 from tributary.log.local.admin import SCHEMA_KEY, latest_per_key
@@ -170,7 +170,7 @@ def kafka_live_keys(options: KafkaOptions, topic: str) -> set[bytes]:
         for msg in _messages(consumer, topic, list(ends), ends=ends):
             if msg is None:
                 break
-            key = msg.key()
+            key = log_key(msg.key())
             if key is None or key == SCHEMA_KEY:
                 continue
             if msg.value() is None:

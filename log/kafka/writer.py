@@ -27,7 +27,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # its documented home (re-exported)
 
 from tributary.log.kafka.clients import admin_config, producer_config, transactional_config
-from tributary.log.kafka.codec import kafka_headers, one_line
+from tributary.log.kafka.codec import kafka_headers, kafka_key, one_line
 from tributary.log.kafka.options import OFFSETS_TOPIC, KafkaOptions
 from tributary.log.kafka.read import committed_reader, kafka_live_keys, watermarks
 from tributary.log.local import CleanerPolicy, LogError, Mark, RecordIn, TopicConfig, TopicNotFoundError, decode_line
@@ -322,7 +322,7 @@ class KafkaLog:
         ts: int | None,
         headers: list[tuple[str, bytes]] | None,
     ) -> None:
-        kwargs: dict[str, Any] = {"partition": partition, "key": key, "value": value}
+        kwargs: dict[str, Any] = {"partition": partition, "key": kafka_key(key), "value": value}
         if ts is not None:
             kwargs["timestamp"] = ts
         if headers:

@@ -268,3 +268,30 @@ def test_a_second_capture_of_a_source_fences_the_first(fresh_db: str, tmp_path: 
             if proc is not None and proc.returncode is None:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=30)
+
+
+@ON_BROKER  # the mock does not check that a compacted topic's records have keys
+def test_a_truncate_reaches_compacted_kafka_topics(fresh_db: str, tmp_path: Path, kafka: KafkaCluster) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, note text)")
+        conn.execute("INSERT INTO items SELECT g, 'seed' FROM generate_series(1, 5) g")
+    config = write_kafka_config(
+        tmp_path / "kafka.toml", dsn=fresh_db, log_root=tmp_path / "k", bootstraps=kafka.bootstraps, create_topics=True
+    )
+    done = cli("capture", "--config", str(config), "--until-idle", "1")
+    assert done.returncode == 0, done.stderr
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("TRUNCATE items")
+        conn.execute("INSERT INTO items VALUES (9, 'after')")
+    done = cli("capture", "--config", str(config), "--until-idle", "1")
+    assert done.returncode == 0, done.stderr
+
+    seen = read_committed(kafka.bootstraps, [TOPIC])
+    truncates = sorted((p, k) for _, p, _, k, v, _, _ in seen if v is not None and b'"op":"t"' in v)
+    assert truncates == [(0, b""), (1, b""), (2, b"")]  # every partition; a compacted topic needs a key
+    assert any(v is not None and b'"op":"c"' in v for *_, v, _, _ in seen)  # capture went on after it
+    cat = cli("log", "cat", TOPIC, "--config", str(config))
+    assert cat.returncode == 0, cat.stderr
+    shown = [orjson.loads(line) for line in cat.stdout.splitlines()]
+    assert sorted(r["partition"] for r in shown if r["value"] and r["value"].get("op") == "t") == [0, 1, 2]
+    assert all(r["key"] is None for r in shown if r["value"] and r["value"].get("op") == "t")  # as on the local log
