@@ -27,6 +27,7 @@ def log_key(key: bytes | None) -> bytes | None:
     """A Kafka message key back as the log's: the inverse of `kafka_key` (`NO_KEY` or none → None)."""
     return key or None
 
+
 KafkaHeaders = dict[str, str | bytes | None] | list[tuple[str, str | bytes | None]]
 """A Kafka message's headers as the client hands them over (`Message.headers()`)."""
 
