@@ -56,8 +56,13 @@ debezium: apt $(DEBEZIUM_LIB)/.fetched
 demo: setup
 	$(VENV)/bin/tributary demo
 
+# The whole suite on two workers (pytest-xdist), each with its own Postgres, Spark session and Kafka
+# brokers; a module's tests stay together on one worker (its module fixtures are made once). Most of a
+# test's time is spent waiting on processes it started, so two workers finish well before one on two
+# cores. The 25 slowest tests are listed at the end. TEST_WORKERS=0 runs it in this process alone.
+TEST_WORKERS ?= 2
 test: setup
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 # mypy sees the top-level folders as the package they install as (`capture/` is `tributary.capture`, …)
 # through a tree of links under build/typecheck; what lives in the root folder `tributary/` is linked as it is,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from tests.checkout import clean_copy
 from tests.pg import REPO_ROOT
 
 __all__ = ["CLIENT", "Standalone", "build", "isolated_env", "pins"]
@@ -76,7 +77,8 @@ def _checked(cmd: list[str], cwd: Path, what: str) -> None:
 def build(work: Path) -> Standalone:
     """`pip wheel --no-deps client/` into `work`, then `pip install` of that wheel alone into a new venv there."""
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    _checked([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(work), str(CLIENT)], work, "pip wheel")
+    source = clean_copy(CLIENT, work / "checkout")
+    _checked([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(work), str(source)], work, "pip wheel")
     (wheel,) = work.glob("tributary_client-*.whl")
     venv = work / "venv"
     _checked([sys.executable, "-m", "venv", "--without-pip", str(venv)], work, "python -m venv")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.checkout import clean_copy
 from tests.pg import REPO_ROOT
 from tests.waiting import run_process
 
@@ -33,7 +34,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the wheel, the fresh venv's bin directory). tributary-client, which tributary depends on,
     is built from `client/` and installed beside it, as `pip install ./client .` does."""
     work = tmp_path_factory.mktemp("wheel")
-    for project in (REPO_ROOT, REPO_ROOT / "client"):
+    source = clean_copy(REPO_ROOT, tmp_path_factory.mktemp("checkout"))
+    for project in (source, source / "client"):
         built = _run(
             [
                 sys.executable,
