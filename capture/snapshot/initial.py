@@ -191,7 +191,7 @@ class SnapshotSource:
     def columnar_plan(self, table: TableInfo) -> Any:
         """The table's columnar plan, or None: another path (see the module's docstring).
         pyarrow is imported here, not at start-up: only a snapshot pays for it."""
-        if self.spec.router is not None or not self.columnar:
+        if self.spec.router is not None or not self.columnar or self.spec.envelope == "debezium":
             return None
         from tributary.capture.snapshot import columnar
 
