@@ -234,16 +234,18 @@ class DebeziumRewriter:
     """Rewrites one source's records, partition by partition, as they go into the log."""
 
     def __init__(self) -> None:
-        self._tables: dict[tuple[str, int], _Table] = {}  # per (topic, partition): the last schema record's
+        # per (topic, partition), and per (topic, -1) the topic's latest: the last schema record's shape
+        self._tables: dict[tuple[str, int], _Table] = {}
 
     def rewrite(self, topic: str, partition: int, records: list[Staged]) -> list[Staged]:
         """The records of one partition in log order → Debezium's; schema records taken in and left out."""
         out: list[Staged] = []
         for key, value, ts, headers in records:
             if key == SCHEMA_KEY and value is not None:
-                self._tables[(topic, partition)] = _from_schema_record(value)
+                self._tables[(topic, partition)] = self._tables[(topic, -1)] = _from_schema_record(value)
                 continue
-            table = self._tables.get((topic, partition))
+            # The partition's own shape; a partition that has not seen one yet in this run takes the topic's last.
+            table = self._tables.get((topic, partition)) or self._tables.get((topic, -1))
             if table is None:  # not a table's topic (`.messages`), or nothing announced: as it is
                 out.append((key, value, ts, headers))
                 continue

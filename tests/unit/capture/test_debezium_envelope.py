@@ -1,0 +1,108 @@
+"""`envelope = "debezium"`: tributary's records rewritten as Debezium's PostgreSQL connector writes them
+(docs/envelope.md, "A Debezium consumer"). The expected values are what Debezium 3.6.1 wrote for the
+same data in tests/integration/kafka/test_debezium_oracle.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from tributary.capture.records.debezium import DebeziumRewriter, connect_field, debezium_value
+from tributary.capture.records.schema_tracker import SchemaTracker
+from tributary.capture.records.staging import Staged
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("type_name", "ours", "theirs"),
+    [
+        ("timestamp with time zone", "2024-01-02T01:04:05.5Z", "2024-01-02T01:04:05.500000Z"),
+        ("timestamp with time zone", "2024-06-30T12:00:00Z", "2024-06-30T12:00:00.000000Z"),
+        ("timestamp without time zone", "2024-01-02T03:04:05.123456", "2024-01-02T03:04:05.123456Z"),
+        ("timestamp(0) without time zone", "2024-01-02T03:04:05", "2024-01-02T03:04:05Z"),
+        ("date", "1970-01-01", "1970-01-01Z"),
+        ("time without time zone", "23:59:59.999999", "23:59:59.999999Z"),
+        ("time with time zone", "03:04:05+02", "01:04:05Z"),
+        ("time with time zone", "00:00:00-05:30", "05:30:00Z"),
+        ("interval", "1 year 2 mons 3 days 04:05:06.789", "P1Y2M3DT4H5M6.789S"),
+        ("interval", "-1 days +00:00:01", "P0Y0M-1DT0H0M1S"),
+        ("numeric", "NaN", "NAN"),
+        ("numeric", "1.50", "1.50"),
+        ("jsonb", {"a": [1, 2], "b": 1}, '{"a": [1, 2], "b": 1}'),
+        ("jsonb", {"n": 12345678901234567890}, '{"n": 12345678901234567890}'),
+        ("json", [1, "x", None], '[1, "x", null]'),
+        ("jsonb[]", [{"a": 1}], ['{"a": 1}']),
+        ("date[]", ["2024-01-02"], ["2024-01-02Z"]),
+        ("timestamp with time zone[]", ["2024-01-02T03:04:05Z"], ["2024-01-02T03:04:05.000000Z"]),
+        ("integer", 7, 7),
+        ("text", "x", "x"),
+        ("date", None, None),
+    ],
+)
+def test_values_take_debeziums_form(type_name: str, ours: Any, theirs: Any) -> None:
+    assert debezium_value(type_name, ours) == theirs
+
+
+def test_columns_get_debeziums_connect_types() -> None:
+    assert connect_field("i", "integer", optional=False) == {"type": "int32", "optional": False, "field": "i"}
+    assert connect_field("b", "bigint")["type"] == "int64"
+    assert connect_field("ts", "timestamp(0) without time zone")["name"] == "io.debezium.time.IsoTimestamp"
+    assert connect_field("j", "jsonb")["name"] == "io.debezium.data.Json"
+    assert connect_field("a", "integer[]")["items"] == {"type": "int32", "optional": True}
+    assert connect_field("r", "real")["type"] == "float" and connect_field("d", "double precision")["type"] == "double"
+
+
+def _schema_record(key: tuple[str, ...]) -> Staged:
+    columns = [("b", "integer", 23), ("a", "integer", 23), ("note", "text", 25), ("doc", "jsonb", 3802)]
+    record = SchemaTracker().observe("shop", "public", "t_pair", columns, complete=True, key=key)
+    assert record is not None
+    return (record.key, record.value, 1, None)
+
+
+def _change(op: str, before: Any, after: Any) -> bytes:
+    source = {"connector": "tributary", "version": "0.1.0", "name": "shop", "db": "d", "schema": "public"}
+    source |= {"table": "t_pair", "lsn": 5, "txId": 9, "ts_ms": 2, "snapshot": "false"}
+    return orjson.dumps({"before": before, "after": after, "source": source, "op": op, "ts_ms": 3})
+
+
+def test_a_partitions_records_become_debeziums_with_schemas() -> None:
+    key = b'{"a":1,"b":2}'  # tributary's: sorted by name
+    records = [
+        _schema_record(("b", "a")),
+        (key, _change("c", None, {"b": 2, "a": 1, "note": "n", "doc": {"z": True}}), 1, None),
+        (key, _change("d", {"b": 2, "a": 1}, None), 1, None),  # REPLICA IDENTITY DEFAULT: the old key only
+        (key, None, 1, None),
+    ]
+    out = DebeziumRewriter().rewrite("shop.public.t_pair", 0, records)
+    assert len(out) == 3  # the schema record is taken in, not written
+    create, delete, tombstone = out
+    assert create[0] is not None and create[1] is not None and delete[1] is not None
+    created_key = orjson.loads(create[0])
+    assert create[0].endswith(b',"payload":{"b":2,"a":1}}')  # primary-key order
+    assert created_key["schema"]["name"] == "shop.public.t_pair.Key"
+    value = orjson.loads(create[1])
+    assert value["schema"]["name"] == "shop.public.t_pair.Envelope"
+    payload = value["payload"]
+    assert payload["after"] == {"b": 2, "a": 1, "note": "n", "doc": '{"z": true}'}
+    assert payload["source"]["connector"] == "postgresql" and payload["source"]["version"] == "3.6.1.Final"
+    assert orjson.loads(delete[1])["payload"]["before"] == {"b": 2, "a": 1, "note": None, "doc": None}
+    assert tombstone[0] == create[0] and tombstone[1] is None
+
+
+def test_each_partition_keeps_the_shape_its_own_schema_record_gave() -> None:
+    rewriter = DebeziumRewriter()
+    rewriter.rewrite("shop.public.t_pair", 0, [_schema_record(("b", "a"))])
+    rewriter.rewrite("shop.public.t_pair", 1, [_schema_record(("a", "b"))])
+    change = (b'{"a":1,"b":2}', _change("c", None, {"b": 2, "a": 1, "note": None, "doc": None}), 1, None)
+    [(key0, *_)] = rewriter.rewrite("shop.public.t_pair", 0, [change])
+    [(key2, *_)] = rewriter.rewrite("shop.public.t_pair", 2, [change])  # none seen there yet: the topic's last
+    assert key0 is not None and key0.endswith(b'"payload":{"b":2,"a":1}}')
+    assert key2 is not None and key2.endswith(b'"payload":{"a":1,"b":2}}')
+
+
+def test_records_of_topics_without_a_schema_pass_as_they_are() -> None:
+    message = (b'"prefix"', b'{"prefix":"prefix","op":"m"}', 1, None)
+    assert DebeziumRewriter().rewrite("shop.messages", 0, [message]) == [message]
