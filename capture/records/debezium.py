@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import base64
+
 import orjson
 
 from tributary.capture.decoding.values import type_family
@@ -72,8 +74,10 @@ def connect_field(name: str, type_name: str, *, optional: bool = True) -> dict[s
             out = {"type": _INT_TYPES[base]}
         elif family == "float":
             out = {"type": "float" if base in ("real", "float4") else "double"}
-        elif family == "bool":
+        elif family == "bool" or type_name in ("bit", "bit(1)"):
             out = {"type": "boolean"}
+        elif base == "bit" or base.startswith(("bit varying", "varbit")):
+            out = {"type": "bytes", "name": "io.debezium.data.Bits", "version": 1}
         else:
             out = {"type": "string"}
             if base in _NAMED:
@@ -129,6 +133,19 @@ def _interval(text: str) -> str:
     return f"P{ymd[0]}Y{ymd[1]}M{ymd[2]}DT{hms[0]}H{hms[1]}M{hms[2]}S"
 
 
+def _bits(text: str) -> str:
+    """A bit string → Debezium's `Bits`: its number as little-endian bytes, base64 as JSON carries bytes."""
+    number = int(text, 2) if text else 0
+    return base64.b64encode(number.to_bytes((len(text) + 7) // 8, "little")).decode()
+
+
+def _money(text: str) -> str:
+    """PostgreSQL's money text (`-$1,234.50`, by `lc_monetary`) → its digits, as Debezium's
+    `decimal.handling.mode=string` writes them (`-1234.50`); a locale whose decimal mark is not `.` is not undone."""
+    digits = "".join(c for c in text if c.isdigit() or c == ".")
+    return ("-" if "-" in text or text.startswith("(") else "") + digits
+
+
 def _json_text(value: Any) -> str:
     """JSON as PostgreSQL prints jsonb (`{"a": 1, "b": [1, 2]}`): Debezium's Json is that text."""
     if isinstance(value, dict):
@@ -161,6 +178,10 @@ def debezium_value(type_name: str, value: Any) -> Any:
         return _interval(value)
     if base in ("numeric", "decimal") and value == "NaN":
         return "NAN"
+    if base == "money":
+        return _money(value)
+    if base == "bit" or base.startswith(("bit varying", "varbit")):
+        return value == "1" if type_name in ("bit", "bit(1)") else _bits(value)
     return value
 
 
@@ -246,11 +267,24 @@ class DebeziumRewriter:
                 continue
             # The partition's own shape; a partition that has not seen one yet in this run takes the topic's last.
             table = self._tables.get((topic, partition)) or self._tables.get((topic, -1))
-            if table is None:  # not a table's topic (`.messages`), or nothing announced: as it is
+            if table is None:
+                table = _unannounced(value)  # a truncate of a table no change announced in this run
+            if table is None:  # not a table's change (`.messages`): as it is
                 out.append((key, value, ts, headers))
                 continue
             out.append((_key(table, key), _value(table, value), ts, headers))
         return out
+
+
+def _unannounced(value: bytes | None) -> _Table | None:
+    """A truncate needs no columns (`before` and `after` are null): its table's schemas without them."""
+    if value is None:
+        return None
+    doc = orjson.loads(value)
+    source = doc.get("source")
+    if doc.get("op") != "t" or not isinstance(source, dict):
+        return None
+    return _table(source["name"], source["schema"], source["table"], [], ())
 
 
 def _from_schema_record(value: bytes) -> _Table:

@@ -737,7 +737,7 @@ class ChunkedSnapshot:
                 units.append(("columnar", recs))
                 rows += recs.rows
             return units, rows, plan
-        batches = reader.json_rows(info, info.identity_columns)
+        batches = None if self.writer.reference_only else reader.json_rows(info, info.identity_columns)
         if batches is not None:
             for batch in batches:
                 units.append(("json", batch))

@@ -174,7 +174,7 @@ class SnapshotSource:
                     chunk.count(b"\n") - 1,
                 )
             return
-        batches = None if self.spec.router is not None else reader.json_rows(table, table.identity_columns)
+        batches = None if self.spec.router is not None or self.reference_only else reader.json_rows(table, table.identity_columns)
         if batches is not None:
             for batch in batches:
                 if gone:
@@ -188,10 +188,16 @@ class SnapshotSource:
                 gone.discard(out.key)
             yield functools.partial(self.stage_row, encoder, row, now_ms, out=out), 1
 
+    @property
+    def reference_only(self) -> bool:
+        """Rows only by the per-row reference path: records rewritten on their way into the log
+        (`envelope = "debezium"`) cannot come as encoded lines, and take the reference's values."""
+        return self.spec.envelope == "debezium"
+
     def columnar_plan(self, table: TableInfo) -> Any:
         """The table's columnar plan, or None: another path (see the module's docstring).
         pyarrow is imported here, not at start-up: only a snapshot pays for it."""
-        if self.spec.router is not None or not self.columnar or self.spec.envelope == "debezium":
+        if self.spec.router is not None or not self.columnar or self.reference_only:
             return None
         from tributary.capture.snapshot import columnar
 
