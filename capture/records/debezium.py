@@ -15,11 +15,10 @@ the log, is not used under this envelope.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import base64
 
 import orjson
 

@@ -174,7 +174,11 @@ class SnapshotSource:
                     chunk.count(b"\n") - 1,
                 )
             return
-        batches = None if self.spec.router is not None or self.reference_only else reader.json_rows(table, table.identity_columns)
+        batches = (
+            None
+            if self.spec.router is not None or self.reference_only
+            else reader.json_rows(table, table.identity_columns)
+        )
         if batches is not None:
             for batch in batches:
                 if gone:

@@ -145,7 +145,9 @@ def test_our_records_equal_debeziums_but_for_the_documented_differences(
         create_topics=True,
         name=SOURCE,
     )
-    config.write_text(config.read_text() + f'snapshot_method = "{snapshot_method}"\nenvelope = "{envelope}"\n')  # the last table: the source's
+    config.write_text(
+        config.read_text() + f'snapshot_method = "{snapshot_method}"\nenvelope = "{envelope}"\n'
+    )  # the last table: the source's
     done = cli("capture", "--config", str(config), "--until-idle", "1")  # snapshot, and our slot
     assert done.returncode == 0, done.stderr
     tables = [f"public.{t}" for t in TABLES]
