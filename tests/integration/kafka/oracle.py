@@ -68,18 +68,19 @@ def changes_of(seen: list[Seen], prefix: str) -> list[Change]:
         if isinstance(parsed_key, dict) and "__schema__" in parsed_key:
             continue
         doc = None if value is None else orjson.loads(value)
-        if _with_schema(parsed_key):  # JSON with schemas (envelope = "debezium"): the payload is the record
+        if isinstance(parsed_key, dict) and _with_schema(parsed_key):  # JSON with schemas: the payload is the record
             parsed_key = parsed_key["payload"]
             key = orjson.dumps(parsed_key)
-        if _with_schema(doc):
+        if isinstance(doc, dict) and _with_schema(doc):
             doc = doc["payload"]
         op = TOMBSTONE if doc is None else doc["op"]
         out.append(Change(topic.removeprefix(prefix + ".").split(".", 1)[1], parsed_key, key, op, doc))
     return out
 
 
-def _with_schema(doc: Any) -> bool:
-    return isinstance(doc, dict) and set(doc) == {"schema", "payload"}
+def _with_schema(doc: dict[str, Any]) -> bool:
+    """Kafka's JsonConverter with `schemas.enable=true` (`envelope = "debezium"`): `{"schema", "payload"}`."""
+    return set(doc) == {"schema", "payload"}
 
 
 def _json(value: Any) -> str:

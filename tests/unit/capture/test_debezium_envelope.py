@@ -68,7 +68,8 @@ def _schema_record(key: tuple[str, ...]) -> Staged:
 
 
 def _change(op: str, before: Any, after: Any) -> bytes:
-    source = {"connector": "tributary", "version": "0.1.0", "name": "shop", "db": "d", "schema": "public"}
+    source: dict[str, Any] = {"connector": "tributary", "version": "0.1.0", "name": "shop", "db": "d"}
+    source["schema"] = "public"
     source |= {"table": "t_pair", "lsn": 5, "txId": 9, "ts_ms": 2, "snapshot": "false"}
     return orjson.dumps({"before": before, "after": after, "source": source, "op": op, "ts_ms": 3})
 
