@@ -25,7 +25,7 @@ import orjson
 from tributary.capture.decoding.values import type_family
 from tributary.capture.records.schema_tracker import SCHEMA_KEY
 
-__all__ = ["CONNECTOR", "VERSION", "DebeziumRewriter", "connect_field", "debezium_value"]
+__all__ = ["CONNECTOR", "VERSION", "DebeziumRewriter", "canonical_key", "connect_field", "debezium_value"]
 
 CONNECTOR = "postgresql"
 VERSION = "3.6.1.Final"  # the Debezium release whose records these match (deploy/debezium/pom.xml)
@@ -184,6 +184,17 @@ def debezium_value(type_name: str, value: Any) -> Any:
     return value
 
 
+_INVERTIBLE = frozenset(("int", "float", "bool", "ts", "tstz", "text"))  # numeric: NAN and a text "NAN" alike
+_NOT_INVERTIBLE = ("time with time zone", "timetz", "interval", "money", "bit")
+
+
+def _invertible(type_name: str) -> bool:
+    """Does `canonical_key` take this type's Debezium value back to tributary's?"""
+    if type_family(type_name) not in _INVERTIBLE or type_name.endswith("[]"):
+        return False
+    return not _base(type_name).startswith(_NOT_INVERTIBLE)
+
+
 @dataclass(frozen=True)
 class _Table:
     """One table's shape as its last schema record gave it, and its schemas serialised once."""
@@ -193,8 +204,9 @@ class _Table:
     key_schema: bytes
     value_schema: bytes
 
-    def types(self) -> dict[str, str]:
-        return dict(self.columns)
+    # each column's type; a key column whose Debezium value does not go back to tributary's
+    # (`canonical_key`) as "text": it keeps tributary's spelling, so a re-snapshot's key check knows its keys
+    types: dict[str, str]
 
 
 def _table(source: str, schema: str, table: str, columns: Sequence[tuple[str, str]], key: Sequence[str]) -> _Table:
@@ -227,7 +239,8 @@ def _table(source: str, schema: str, table: str, columns: Sequence[tuple[str, st
         "name": f"{prefix}.Envelope",
         "version": 2,
     }
-    return _Table(tuple(columns), keys, orjson.dumps(key_schema), orjson.dumps(envelope))
+    kept = {name: "text" for name in keys if name in types and not _invertible(types[name])}
+    return _Table(tuple(columns), keys, orjson.dumps(key_schema), orjson.dumps(envelope), types | kept)
 
 
 _SOURCE_SCHEMA = {
@@ -297,7 +310,7 @@ def _key(table: _Table, key: bytes | None) -> bytes | None:
     if not key:
         return key
     parsed = orjson.loads(key)
-    types = table.types()
+    types = table.types
     payload = {k: debezium_value(types.get(k, "text"), parsed.get(k)) for k in table.key}
     return b'{"schema":%b,"payload":%b}' % (table.key_schema, orjson.dumps(payload))
 
@@ -308,7 +321,7 @@ def _row(table: _Table, row: dict[str, Any] | None, *, fill: bool) -> dict[str, 
     if row is None:
         return None
     out = {}
-    for name, type_name in table.columns:
+    for name, type_name in table.types.items():
         if name in row:
             out[name] = debezium_value(type_name, row[name])
         elif fill:
@@ -332,3 +345,32 @@ def _value(table: _Table, value: bytes | None) -> bytes | None:
         "ts_ms": doc.get("ts_ms"),
     }
     return b'{"schema":%b,"payload":%b}' % (table.value_schema, orjson.dumps(payload))
+
+
+def canonical_key(key: bytes) -> bytes:
+    """A key as the log holds it under this envelope → the key capture computes for the row (canonical
+    JSON of tributary's values): what a re-snapshot's key check compares the table's keys with.
+
+    Each key value goes back to tributary's form where Debezium's differs by its spelling only
+    (`Z` after zone-less times, six fraction digits); a key column of a type whose value does not
+    go back (numeric, timetz, interval, money, bit, json) keeps tributary's spelling (`_table`)."""
+    doc = orjson.loads(key)
+    if not isinstance(doc, dict) or set(doc) != {"schema", "payload"}:
+        return key
+    types = {f["field"]: f for f in doc["schema"].get("fields", [])}
+    payload = {name: _key_value_back(types.get(name, {}), value) for name, value in doc["payload"].items()}
+    return orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
+
+
+def _key_value_back(field: dict[str, Any], value: Any) -> Any:
+    """`debezium_value` undone for the spellings it changes in key columns."""
+    name = field.get("name")
+    if not isinstance(value, str):
+        return value
+    if name in ("io.debezium.time.IsoDate", "io.debezium.time.IsoTime", "io.debezium.time.IsoTimestamp"):
+        return value.removesuffix("Z")
+    if name == "io.debezium.time.ZonedTimestamp" and value.endswith("Z"):
+        whole, dot, fraction = value[:-1].partition(".")
+        fraction = fraction.rstrip("0")
+        return f"{whole}.{fraction}Z" if dot and fraction else f"{whole}Z"
+    return value

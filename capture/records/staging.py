@@ -45,11 +45,20 @@ class Watch:
 class Staging:
     """One source's staged records, by (topic, partition)."""
 
-    def __init__(self, log_: SourceWriter, *, partitions: int, rewrite: Rewrite | None = None) -> None:
+    def __init__(
+        self,
+        log_: SourceWriter,
+        *,
+        partitions: int,
+        rewrite: Rewrite | None = None,
+        key_back: Callable[[bytes], bytes] | None = None,
+    ) -> None:
         self.log = log_
         # Every partition's records on their way into the log, in order (`envelope = "debezium"`):
-        # the fast paths that append encoded lines are then not taken.
+        # the fast paths that append encoded lines are then not taken. `key_back`: a rewritten key
+        # → the key capture computed (`live_keys`).
         self.rewrite = rewrite
+        self.key_back = key_back
         self.new_topic_partitions = partitions
         self.pending: defaultdict[tuple[str, int], list[Staged]] = defaultdict(list)
         self.count = 0  # records in `pending`
@@ -191,6 +200,12 @@ class Staging:
             records = self.rewrite(topic, partition, records)
         if records:
             self.log.append(topic, partition, records)
+
+    def live_keys(self, topic: str) -> set[bytes]:
+        """The topic's live keys in the log (`Log.live_keys`), as capture keys records (before any rewriting)."""
+        keys = self.log.live_keys(topic)
+        back = self.key_back
+        return keys if back is None else {back(key) for key in keys}
 
     def flush(self) -> None:
         """Append every staged record to the log's files (not committed: the daemon decides)."""

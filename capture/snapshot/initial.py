@@ -131,7 +131,7 @@ class SnapshotSource:
                 now_ms=now_ms,
             )
             # A topic that holds keys already (a re-snapshot): those the table no longer has go.
-            gone = self.staging.log.live_keys(encoder.topic) if self.spec.router is None else set()
+            gone = self.staging.live_keys(encoder.topic) if self.spec.router is None else set()
             for unit, rows in self._units(reader, table, encoder, now_ms, gone or None):
                 if previous is not None:
                     previous("true")
