@@ -16,7 +16,8 @@ the log, is not used under this envelope.
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,32 +157,65 @@ def _json_text(value: Any) -> str:
 
 def debezium_value(type_name: str, value: Any) -> Any:
     """One column's value in tributary's form → Debezium's (None stays None)."""
-    if value is None:
-        return None
+    convert = converter(type_name)
+    return value if convert is None or value is None else convert(value)
+
+
+Convert = Callable[[Any], Any]
+_UNAVAILABLE = "__tributary_unavailable__"
+_ZONELESS = ("timestamp without time zone", "timestamp", "date", "time without time zone", "time")
+
+
+@functools.lru_cache(maxsize=1024)
+def converter(type_name: str) -> Convert | None:
+    """The function taking a (non-null) value of this type to Debezium's form; None: the same in both.
+    Worked out once per type: the rewriting runs it for every column of every record."""
     if type_name.endswith("[]"):
-        if not isinstance(value, list):
-            return value  # a multi-dimensional array: PostgreSQL's text in both forms' lack of a better one
-        return [debezium_value(type_name[:-2], v) for v in value]
+        element = converter(type_name[:-2])
+        if element is None:
+            return None
+        # a multi-dimensional array stays PostgreSQL's text (no better form on either side)
+        return lambda v: [None if x is None else element(x) for x in v] if isinstance(v, list) else v
     base = _base(type_name)
     if base in ("json", "jsonb"):
-        return _json_text(value)
-    if not isinstance(value, str) or value == "__tributary_unavailable__":
-        return value
+        return _json_text
+    text: Callable[[str], Any] | None = None
     if base in ("timestamp with time zone", "timestamptz"):
-        return _six_digits(value) if value.endswith("Z") else value
-    if base in ("timestamp without time zone", "timestamp", "date", "time without time zone", "time"):
-        return value if value.endswith(("infinity", " BC")) else value + "Z"
-    if base in ("time with time zone", "timetz"):
-        return _utc_time(value)
-    if base == "interval":
-        return _interval(value)
-    if base in ("numeric", "decimal") and value == "NaN":
-        return "NAN"
-    if base == "money":
-        return _money(value)
-    if base == "bit" or base.startswith(("bit varying", "varbit")):
-        return value == "1" if type_name in ("bit", "bit(1)") else _bits(value)
-    return value
+        text = _zoned
+    elif base in _ZONELESS:
+        text = _zoneless
+    elif base in ("time with time zone", "timetz"):
+        text = _utc_time
+    elif base == "interval":
+        text = _interval
+    elif base in ("numeric", "decimal"):
+        text = _numeric
+    elif base == "money":
+        text = _money
+    elif type_name in ("bit", "bit(1)"):
+        text = _bit
+    elif base == "bit" or base.startswith(("bit varying", "varbit")):
+        text = _bits
+    if text is None:
+        return None
+    spelled = text
+    return lambda v: spelled(v) if isinstance(v, str) and v != _UNAVAILABLE else v
+
+
+def _zoned(value: str) -> str:
+    return _six_digits(value) if value.endswith("Z") else value
+
+
+def _zoneless(value: str) -> str:
+    return value if value.endswith(("infinity", " BC")) else value + "Z"
+
+
+def _numeric(value: str) -> str:
+    return "NAN" if value == "NaN" else value
+
+
+def _bit(value: str) -> bool:
+    return value == "1"
 
 
 _INVERTIBLE = frozenset(("int", "float", "bool", "ts", "tstz", "text"))  # numeric: NAN and a text "NAN" alike
@@ -207,6 +241,7 @@ class _Table:
     # each column's type; a key column whose Debezium value does not go back to tributary's
     # (`canonical_key`) as "text": it keeps tributary's spelling, so a re-snapshot's key check knows its keys
     types: dict[str, str]
+    converters: tuple[tuple[str, Convert | None], ...]  # per column in order, after `types`
 
 
 def _table(source: str, schema: str, table: str, columns: Sequence[tuple[str, str]], key: Sequence[str]) -> _Table:
@@ -240,7 +275,9 @@ def _table(source: str, schema: str, table: str, columns: Sequence[tuple[str, st
         "version": 2,
     }
     kept = {name: "text" for name in keys if name in types and not _invertible(types[name])}
-    return _Table(tuple(columns), keys, orjson.dumps(key_schema), orjson.dumps(envelope), types | kept)
+    final = types | kept
+    converters = tuple((name, converter(type_name)) for name, type_name in final.items())
+    return _Table(tuple(columns), keys, orjson.dumps(key_schema), orjson.dumps(envelope), final, converters)
 
 
 _SOURCE_SCHEMA = {
@@ -321,9 +358,10 @@ def _row(table: _Table, row: dict[str, Any] | None, *, fill: bool) -> dict[str, 
     if row is None:
         return None
     out = {}
-    for name, type_name in table.types.items():
+    for name, convert in table.converters:
         if name in row:
-            out[name] = debezium_value(type_name, row[name])
+            value = row[name]
+            out[name] = value if convert is None or value is None else convert(value)
         elif fill:
             out[name] = None
     out.update((name, value) for name, value in row.items() if name not in out)
