@@ -27,7 +27,8 @@ TABLES = {"t_kinds": "id", "t_time": "id", "t_pair": "b, a"}
 SCHEMA = """
 CREATE TABLE t_kinds (id bigint PRIMARY KEY, s smallint, i integer, n numeric(20, 5), big numeric, t text,
                       v varchar(20), ok boolean, d double precision, u uuid, jb jsonb);
-CREATE TABLE t_time (id int PRIMARY KEY, d date, ts timestamp, ts0 timestamp(0), tstz timestamptz);
+CREATE TABLE t_time (id int PRIMARY KEY, d date, ts timestamp, ts0 timestamp(0), tstz timestamptz, tm time,
+                     tz timetz, iv interval, j json);
 CREATE TABLE t_pair (b int, a text, note text, PRIMARY KEY (b, a));
 """
 
@@ -36,7 +37,8 @@ INSERT INTO t_kinds VALUES (1, -32768, 2147483647, 1.5, 12345678901234567890.123
                             true, 0.1, 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{"b": 1, "a": [1, 2]}'),
                            (2, 0, 0, 0, 0, '', '', false, -2.5, NULL, NULL);
 INSERT INTO t_time VALUES (1, '2024-01-02', '2024-01-02 03:04:05.123456', '2024-01-02 03:04:05',
-                           '2024-01-02 03:04:05.5+02');
+                           '2024-01-02 03:04:05.5+02', '03:04:05.123456', '03:04:05+02',
+                           '1 year 2 mons 3 days 04:05:06.789', '{"b": 1, "a": [1, 2]}');
 INSERT INTO t_pair VALUES (2, 'x', 'seed'), (1, 'y', 'seed');
 """
 
@@ -46,7 +48,8 @@ INSERT INTO t_kinds VALUES (3, 7, -1, -0.00001, 1e-20, 'new', 'w', NULL, 1e300, 
 UPDATE t_kinds SET t = 'changed', jb = '[1, "x", null]' WHERE id = 1;
 UPDATE t_kinds SET id = 4 WHERE id = 2;
 DELETE FROM t_kinds WHERE id = 3;
-INSERT INTO t_time VALUES (2, '1970-01-01', '1999-12-31 23:59:59', '2024-06-30 12:00:00', '2024-06-30 12:00:00+00');
+INSERT INTO t_time VALUES (2, '1970-01-01', '1999-12-31 23:59:59', '2024-06-30 12:00:00', '2024-06-30 12:00:00+00',
+                           '23:59:59.999999', '00:00:00-05:30', '-1 days +00:00:01', '[1, "x", null]');
 UPDATE t_time SET tstz = '2000-02-29 23:59:59.999999-08' WHERE id = 1;
 INSERT INTO t_pair VALUES (3, 'z', 'new');
 UPDATE t_pair SET note = 'changed' WHERE b = 2;
@@ -56,7 +59,7 @@ DELETE FROM t_pair WHERE b = 3;
 
 
 def _rows(dsn: str) -> dict[str, list[tuple[Any, ...]]]:
-    """Every table's rows in key order."""
+    """Every table's rows in key order (a timetz compares as the instant: Debezium's ZonedTime is in UTC)."""
     with psycopg.connect(dsn) as conn:
         return {t: conn.execute(f"SELECT * FROM {t} ORDER BY {key}").fetchall() for t, key in TABLES.items()}
 
