@@ -316,6 +316,8 @@ class DebeziumRewriter:
                 continue
             # The partition's own shape; a partition that has not seen one yet in this run takes the topic's last.
             table = self._tables.get((topic, partition)) or self._tables.get((topic, -1))
+            if key is None and partition != 0 and value is not None and b'"op":"t"' in value:
+                continue  # a truncate: one record, as Debezium writes it (capture writes it to every partition)
             if table is None:
                 table = _unannounced(value)  # a truncate of a table no change announced in this run
             if table is None:  # not a table's change (`.messages`): as it is
