@@ -28,6 +28,7 @@ from tributary.capture.database.source_tables import SourceTables
 from tributary.capture.decoding import encodings, wal2json
 from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.errors import SlotLost, SlotMissing, SourceMisconfigured
+from tributary.capture.records.debezium import DebeziumRewriter, canonical_key
 from tributary.capture.records.routing import TableFilter, topic_name
 from tributary.capture.records.staging import Staging
 from tributary.capture.resume import repaired_key
@@ -78,7 +79,13 @@ class SourceSession:
         self.ddl: SchemaChanges | None = None
         self.slot = Slot(spec.dsn, spec.slot, label=spec.name)
         self.offsets = OffsetContext()
-        self.staging = Staging(log_, partitions=spec.partitions)
+        debezium = spec.envelope == "debezium" and spec.router is None
+        self.staging = Staging(
+            log_,
+            partitions=spec.partitions,
+            rewrite=DebeziumRewriter().rewrite if debezium else None,
+            key_back=canonical_key if debezium else None,
+        )
         # The signal table is the source's control channel: never snapshotted nor captured as records.
         exclude = (*spec.exclude, spec.signal_table) if spec.signal_table else spec.exclude
         self.tables = SourceTables(

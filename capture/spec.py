@@ -26,6 +26,8 @@ class SourceSpec:
     partitions: int
     snapshot_method: str = "consistent"  # consistent | chunked (capture/snapshot/chunked.py)
     snapshot_chunk_rows: int = CHUNK_ROWS
+    # tributary | debezium: records rewritten into Debezium's form on their way into the log (capture/records/debezium.py)
+    envelope: str = "tributary"
     # Outbox sources: each inserted row → records (capture.records.outbox), instead of CDC envelopes.
     router: Callable[[dict[str, Any]], list[env.Output]] | None = None
     # "schema.table" whose INSERTs are signals (capture/snapshot/signals.py), never captured as records.

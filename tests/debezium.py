@@ -38,6 +38,7 @@ __all__ = [
     "SLOT",
     "DebeziumConnect",
     "run_debezium",
+    "run_jdbc_sink",
 ]
 
 DEBEZIUM_LIB = REPO_ROOT / "build" / "debezium" / "lib"
@@ -81,10 +82,11 @@ class DebeziumConnect:
     log: Path
     dsn: str
     ready_after_s: float = 0.0  # from the JVM's start to its snapshot done and streaming
+    connector: str = CONNECTOR
 
     def status(self) -> dict[str, Any] | None:
         """The connector's REST status, or None while the REST server does not answer it."""
-        url = f"http://127.0.0.1:{self.rest_port}/connectors/{CONNECTOR}/status"
+        url = f"http://127.0.0.1:{self.rest_port}/connectors/{self.connector}/status"
         try:
             with urllib.request.urlopen(url, timeout=5) as answer:
                 doc: dict[str, Any] = json.loads(answer.read())
@@ -157,14 +159,14 @@ def connector_properties(dsn: str, source: str, tables: list[str]) -> dict[str, 
     }
 
 
-def worker_properties(bootstraps: str, workdir: Path, rest_port: int) -> dict[str, str]:
-    """A standalone worker on loopback: JSON without schemas, offsets in a file under `workdir`."""
+def worker_properties(bootstraps: str, workdir: Path, rest_port: int, *, schemas: bool = False) -> dict[str, str]:
+    """A standalone worker on loopback: JSON (without schemas unless `schemas`), offsets in a file under `workdir`."""
     return {
         "bootstrap.servers": bootstraps,
         "key.converter": "org.apache.kafka.connect.json.JsonConverter",
         "value.converter": "org.apache.kafka.connect.json.JsonConverter",
-        "key.converter.schemas.enable": "false",
-        "value.converter.schemas.enable": "false",
+        "key.converter.schemas.enable": str(schemas).lower(),
+        "value.converter.schemas.enable": str(schemas).lower(),
         "offset.storage.file.filename": str(workdir / "offsets.dat"),
         "offset.flush.interval.ms": "1000",
         "listeners": f"http://127.0.0.1:{rest_port}",
@@ -197,6 +199,79 @@ def run_debezium(
     worker.write_text(_properties(worker_properties(bootstraps, workdir, rest_port)))
     connector = workdir / "connector.properties"
     connector.write_text(_properties(connector_properties(dsn, source, tables)))
+    proc, log = _start(workdir, worker, connector)
+    started = time.monotonic()
+    connect = DebeziumConnect(proc, rest_port, log, dsn)
+    try:
+
+        def ready() -> bool:
+            connect.alive()
+            return connect.running() and connect.streaming()
+
+        wait_progress(ready, lambda: size_of(log), what="Debezium to snapshot and stream", poll=0.5)
+        connect.ready_after_s = time.monotonic() - started
+        yield connect
+    finally:
+        _stop(proc)
+
+
+SINK = "jdbc-sink"
+
+
+def sink_properties(target_dsn: str, topics_regex: str, rename: tuple[str, str]) -> dict[str, str]:
+    """Debezium's JDBC sink into `target_dsn`: upserts by the record key, deletes, tables named after
+    the topics (`rename`: a RegexRouter's regex and replacement). `stringtype=unspecified` lets the
+    server type the string values Debezium's JSON carries (dates, uuids, numerics) by their column."""
+    parts = urlsplit(target_dsn)
+    host, port, db = parts.hostname or "127.0.0.1", parts.port or 5432, parts.path.lstrip("/")
+    return {
+        "name": SINK,
+        "connector.class": "io.debezium.connector.jdbc.JdbcSinkConnector",
+        "tasks.max": "1",
+        "connection.url": f"jdbc:postgresql://{host}:{port}/{db}?stringtype=unspecified",
+        "connection.username": parts.username or "postgres",
+        "connection.password": parts.password or "",
+        "insert.mode": "upsert",
+        "delete.enabled": "true",
+        "primary.key.mode": "record_key",
+        "schema.evolution": "basic",
+        "database.time_zone": "UTC",
+        "topics.regex": topics_regex,
+        "transforms": "rename",
+        "transforms.rename.type": "org.apache.kafka.connect.transforms.RegexRouter",
+        "transforms.rename.regex": rename[0],
+        "transforms.rename.replacement": rename[1],
+    }
+
+
+@contextlib.contextmanager
+def run_jdbc_sink(
+    target_dsn: str, bootstraps: str, workdir: Path, *, topics_regex: str, rename: tuple[str, str]
+) -> Iterator[DebeziumConnect]:
+    """Kafka Connect standalone (JSON with schemas) with Debezium's JDBC sink reading `topics_regex`
+    into `target_dsn`; yields once the connector and its task run; stopped (then killed) after."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    rest_port = free_port()
+    worker = workdir / "worker.properties"
+    worker.write_text(_properties(worker_properties(bootstraps, workdir, rest_port, schemas=True)))
+    connector = workdir / "connector.properties"
+    connector.write_text(_properties(sink_properties(target_dsn, topics_regex, rename)))
+    proc, log = _start(workdir, worker, connector)
+    connect = DebeziumConnect(proc, rest_port, log, target_dsn, connector=SINK)
+    try:
+
+        def ready() -> bool:
+            connect.alive()
+            return connect.running()
+
+        wait_progress(ready, lambda: size_of(log), what="the JDBC sink to run", poll=0.5)
+        yield connect
+    finally:
+        _stop(proc)
+
+
+def _start(workdir: Path, worker: Path, connector: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """The worker's JVM, its output into `workdir`/connect.log."""
     log4j = workdir / "log4j2.properties"
     log4j.write_text(_LOG4J2)
     log = workdir / "connect.log"
@@ -212,19 +287,7 @@ def run_debezium(
     ]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
-    started = time.monotonic()
-    connect = DebeziumConnect(proc, rest_port, log, dsn)
-    try:
-
-        def ready() -> bool:
-            connect.alive()
-            return connect.running() and connect.streaming()
-
-        wait_progress(ready, lambda: size_of(log), what="Debezium to snapshot and stream", poll=0.5)
-        connect.ready_after_s = time.monotonic() - started
-        yield connect
-    finally:
-        _stop(proc)
+    return proc, log
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

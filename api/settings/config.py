@@ -189,6 +189,11 @@ class SourceSettings(_Section):
         default="consistent",
         description="consistent: one transaction at the slot's start; chunked: key chunks beside streaming.",
     )
+    envelope: Literal["tributary", "debezium"] = Field(
+        default="tributary",
+        description="tributary: the records of docs/envelope.md; debezium: records as Debezium's PostgreSQL "
+        'connector writes them under the configuration in docs/envelope.md ("A Debezium consumer"), schema included.',
+    )
     snapshot_chunk_rows: int = Field(
         default=CHUNK_ROWS, ge=100, le=10_000_000, description="Rows per chunk of a chunked snapshot."
     )

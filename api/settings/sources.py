@@ -53,6 +53,7 @@ def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[Sourc
             partitions=s.partitions or _default_partitions(settings),
             signal_table=s.signal_table,
             snapshot_method=s.snapshot_method,
+            envelope=s.envelope,
             snapshot_chunk_rows=s.snapshot_chunk_rows,
             partitioned_tables=s.partitioned_tables,
             resnapshot_on_rewrite=s.resnapshot_on_rewrite,

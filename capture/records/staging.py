@@ -24,6 +24,10 @@ Staged = tuple[bytes | None, bytes | None, int, bytes | None]
 """(key, value, timestamp_ms, headers), as `Log.append` takes them."""
 
 
+Rewrite = Callable[[str, int, list[Staged]], list[Staged]]
+"""(topic, partition, records in log order) → the records the log gets."""
+
+
 class Watch:
     """The keys staged to one topic while a chunked snapshot's chunk is read (capture/snapshot/chunked.py),
     by the transaction that changed them; `invalid` when the topic saw a truncate or a schema
@@ -40,8 +44,20 @@ class Watch:
 class Staging:
     """One source's staged records, by (topic, partition)."""
 
-    def __init__(self, log_: SourceWriter, *, partitions: int) -> None:
+    def __init__(
+        self,
+        log_: SourceWriter,
+        *,
+        partitions: int,
+        rewrite: Rewrite | None = None,
+        key_back: Callable[[bytes], bytes] | None = None,
+    ) -> None:
         self.log = log_
+        # Every partition's records on their way into the log, in order (`envelope = "debezium"`):
+        # the fast paths that append encoded lines are then not taken. `key_back`: a rewritten key
+        # → the key capture computed (`live_keys`).
+        self.rewrite = rewrite
+        self.key_back = key_back
         self.new_topic_partitions = partitions
         self.pending: defaultdict[tuple[str, int], list[Staged]] = defaultdict(list)
         self.count = 0  # records in `pending`
@@ -148,6 +164,10 @@ class Staging:
     def append_run(self, topic: str, keys: list[bytes], values: list[bytes], timestamp_ms: int) -> None:
         """A run of one topic's records (no headers, one timestamp) straight into the log as
         encoded lines (`encode_plain`), each partition's after what is staged for it."""
+        if self.rewrite is not None:
+            for key, value in zip(keys, values, strict=True):
+                self.stage_record(topic, key, value, timestamp_ms)
+            return
         count = self._partitions.get(topic) or self.partitions(topic)
         if self.watches or self.kept:
             self._watched(topic, keys)
@@ -163,19 +183,33 @@ class Staging:
         self, topic: str, partition: int, encode: Callable[[int], tuple[bytes, list[int]]], timestamp_ms: int
     ) -> None:
         """Lines encoded elsewhere (`Log.append_encoded`), after what is staged for the partition."""
+        if self.rewrite is not None:
+            raise AssertionError("encoded lines cannot be rewritten: the caller must stage records")
         self._append_staged(topic, partition)
         self.log.append_encoded(topic, partition, encode, timestamp_ms)
 
     def _append_staged(self, topic: str, partition: int) -> None:
         staged = self.pending.pop((topic, partition), None)
         if staged:
-            self.log.append(topic, partition, staged)
             self.count -= len(staged)
+            self._append(topic, partition, staged)
+
+    def _append(self, topic: str, partition: int, records: list[Staged]) -> None:
+        if self.rewrite is not None:
+            records = self.rewrite(topic, partition, records)
+        if records:
+            self.log.append(topic, partition, records)
+
+    def live_keys(self, topic: str) -> set[bytes]:
+        """The topic's live keys in the log (`Log.live_keys`), as capture keys records (before any rewriting)."""
+        keys = self.log.live_keys(topic)
+        back = self.key_back
+        return keys if back is None else {back(key) for key in keys}
 
     def flush(self) -> None:
         """Append every staged record to the log's files (not committed: the daemon decides)."""
         for (topic, partition), records in self.pending.items():
             if records:
-                self.log.append(topic, partition, records)
+                self._append(topic, partition, records)
         self.pending.clear()
         self.count = 0

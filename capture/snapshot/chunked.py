@@ -740,7 +740,7 @@ class ChunkedSnapshot:
                 units.append(("columnar", recs))
                 rows += recs.rows
             return units, rows, plan
-        batches = reader.json_rows(info, info.identity_columns)
+        batches = None if self.writer.reference_only else reader.json_rows(info, info.identity_columns)
         if batches is not None:
             for batch in batches:
                 units.append(("json", batch))
@@ -761,7 +761,7 @@ class ChunkedSnapshot:
         name = info.qualified
         kept = self._kept if self._kept is not None and self._kept.table == name else None
         if self._live is None or self._live[0] != name:  # off the loop: `live_keys` reads on its own
-            live = self.staging.log.live_keys(job.encoder.topic)
+            live = self.staging.live_keys(job.encoder.topic)
             self._live = (name, kept.absent(live) if kept is not None else sorted(live))
         keys_to_check = self._live[1]
         start = 0 if checked is None else bisect.bisect_right(keys_to_check, checked.encode())  # sorted

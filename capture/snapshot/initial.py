@@ -134,7 +134,7 @@ class SnapshotSource:
                 now_ms=now_ms,
             )
             # A topic that holds keys already (a re-snapshot): those the table no longer has go.
-            gone = self.staging.log.live_keys(encoder.topic) if self.spec.router is None else set()
+            gone = self.staging.live_keys(encoder.topic) if self.spec.router is None else set()
             for unit, rows in self._units(reader, table, encoder, now_ms, gone or None):
                 if previous is not None:
                     previous("true")
@@ -177,7 +177,11 @@ class SnapshotSource:
                     chunk.count(b"\n") - 1,
                 )
             return
-        batches = None if self.spec.router is not None else reader.json_rows(table, table.identity_columns)
+        batches = (
+            None
+            if self.spec.router is not None or self.reference_only
+            else reader.json_rows(table, table.identity_columns)
+        )
         if batches is not None:
             for batch in batches:
                 if gone:
@@ -191,10 +195,16 @@ class SnapshotSource:
                 gone.discard(out.key)
             yield functools.partial(self.stage_row, encoder, row, now_ms, out=out), 1
 
+    @property
+    def reference_only(self) -> bool:
+        """Rows only by the per-row reference path: records rewritten on their way into the log
+        (`envelope = "debezium"`) cannot come as encoded lines, and take the reference's values."""
+        return self.spec.envelope == "debezium"
+
     def columnar_plan(self, table: TableInfo) -> ColumnPlan | None:
         """The table's columnar plan, or None: another path (see the module's docstring).
         pyarrow is imported here, not at start-up: only a snapshot pays for it."""
-        if self.spec.router is not None or not self.columnar:
+        if self.spec.router is not None or not self.columnar or self.reference_only:
             return None
         from tributary.capture.snapshot import columnar
 

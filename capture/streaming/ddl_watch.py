@@ -439,7 +439,7 @@ class SchemaChanges:
         writer = SnapshotSource(self.spec, self.staging, self.tables, self.status, db=self.db, clock=self.clock)
         for ending in due:
             topic = topic_name(self.spec.name, ending.schema, ending.table)
-            keys = sorted(self.staging.log.live_keys(topic)) if topic in self.staging.log.topics() else []
+            keys = sorted(self.staging.live_keys(topic)) if topic in self.staging.log.topics() else []
             if keys:
                 now_ms = int(self.clock() * 1000)
                 encoder = env.SnapshotEncoder(

@@ -131,6 +131,13 @@ def test_resnapshot_on_rewrite_is_a_boolean(tmp_path: Path) -> None:
     ]
 
 
+def test_envelope_is_tributary_or_debezium(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[[sources]]\nname = "a"\ndsn = "host=a"\nenvelope = "kafka-connect"\n')
+    assert _fails(["config", "show", "-c", str(path)]) == [
+        f"tributary: config error in {path}: [[sources]] envelope: expected 'tributary' or 'debezium', got 'kafka-connect'"
+    ]
+
+
 # -- values that would only crash later ----------------------------------------------------------
 
 

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from tests.debezium import CONNECTOR_SETTINGS
-from tests.integration.kafka.oracle import EXPECTED, Difference, changes_of, diff, render_table
+from tests.integration.kafka.oracle import EXPECTED, EXPECTED_DEBEZIUM, Difference, changes_of, diff, render_table
 from tests.pg import REPO_ROOT
 from tributary.log.kafka.codec import NO_KEY, kafka_key, log_key
 
@@ -81,6 +81,15 @@ def test_a_delete_under_default_identity_names_the_columns_only_one_side_has() -
 def test_the_docs_show_the_table_the_test_asserts() -> None:
     assert render_table(EXPECTED) in DOC.read_text()
     assert len({e.difference for e in EXPECTED}) == len(EXPECTED)  # each row once
+
+
+def test_the_docs_show_the_table_the_test_asserts_under_the_debezium_envelope() -> None:
+    section = DOC.read_text().split("## A Debezium consumer", 1)[1]
+    assert render_table(EXPECTED_DEBEZIUM) in section
+    assert len({e.difference for e in EXPECTED_DEBEZIUM}) == len(EXPECTED_DEBEZIUM)
+    assert {e.difference for e in EXPECTED_DEBEZIUM} < {e.difference for e in EXPECTED} | {
+        Difference("value", "numeric[]", '["NAN"]', "null")  # the element in Debezium's spelling now
+    }
 
 
 def test_the_docs_show_the_debezium_settings_the_test_runs_with() -> None:
