@@ -47,6 +47,9 @@ PARTITIONS = 4
 _TICK = os.sysconf("SC_CLK_TCK")
 _PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 DEADLINE_S = 3600.0
+# Connector settings given with `--debezium-set KEY=VALUE` (a tuning to compare with the defaults),
+# set once by `compare` before any run.
+DEBEZIUM_SETTINGS: dict[str, str] = {}
 WRITERS = 4  # connections of the paced writer (as bench/consumers.py's latency)
 
 
@@ -222,6 +225,7 @@ def _debezium_overrides(tag: str, slot: str, mode: str) -> dict[str, str]:
         "snapshot.mode": mode,
         "topic.creation.default.partitions": str(PARTITIONS),
         "transforms.rename.replacement": f"dbz_{tag}.$1",
+        **DEBEZIUM_SETTINGS,
     }
 
 
@@ -517,8 +521,11 @@ def compare(
     tps: int,
     skip: set[str],
     server_cpu: Callable[[], float],
+    debezium_settings: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Every measure `repeat` times, the order alternating; the JSON document's body."""
+    DEBEZIUM_SETTINGS.clear()
+    DEBEZIUM_SETTINGS.update(debezium_settings or {})
     if shutil.which("java") is None:
         raise SystemExit("bench: --peer debezium needs java (Kafka Connect and the broker run on the JVM)")
     loads: list[tuple[float, float, float]] = [os.getloadavg()]
@@ -540,6 +547,7 @@ def compare(
         loads.append(os.getloadavg())
     return {
         "peer": "debezium",
+        "debezium_settings_changed": dict(DEBEZIUM_SETTINGS),
         "streaming": {"rows": rows, **_summary(streams, "changes_per_s")},
         "snapshot": {"rows": snapshot_rows, **_summary(snaps, "rows_per_s")},
         "latency": {"tps": tps, "seconds": latency_seconds, **_summary(lat, "p99_ms")},

@@ -669,6 +669,7 @@ def _run_peer(args: argparse.Namespace, impl: str, cluster: EmbeddedPostgres, wo
             tps=1000,
             skip=set(filter(None, args.skip.split(","))),
             server_cpu=functools.partial(_server_cpu, cluster),
+            debezium_settings=dict(kv.split("=", 1) for kv in args.debezium_set),
         )
     finally:
         cluster.destroy()
@@ -710,8 +711,17 @@ def main() -> None:
         default=None,
         help="instead: tributary on Kafka against this peer, same broker and tables (bench/_peer_debezium.py)",
     )
+    parser.add_argument(
+        "--debezium-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --peer debezium: a connector setting instead of the default (repeatable)",
+    )
     add_allow_python(parser)
     args = parser.parse_args()
+    if any("=" not in kv for kv in args.debezium_set):
+        parser.error("--debezium-set takes KEY=VALUE")
     impl = require_compiled(args.allow_python)
     compare_to = args.compare_to.resolve() if args.compare_to else None
     work = Path(tempfile.mkdtemp(prefix="tributary-bench-"))
