@@ -7,10 +7,15 @@ Prints one JSON document. Ratios, not single timings, are the result: the machin
     .venv/bin/python bench/capture.py --compare-to /work/baseline   # also that checkout's capture, alternating
     .venv/bin/python bench/capture.py --skip streaming,snapshot,latency --chunked   # chunked vs consistent, kill -9 at 90 %
     .venv/bin/python bench/capture.py --skip streaming,snapshot,latency --resnapshot --key-check-rows 300000
+    .venv/bin/python bench/capture.py --peer debezium --rows 200000 --snapshot-rows 500000 --repeat 3
 
 `--compare-to CHECKOUT` runs another checkout's capture (its `.venv/bin/tributary`) on
 the same table right after this one's in each repeat, alternating which goes first, and reports
 both rates and the ratio this/that.
+
+`--peer debezium` measures tributary on the Kafka backend against Debezium's PostgreSQL connector
+(Kafka Connect standalone) on one real broker instead (bench/_peer_debezium.py): streaming,
+snapshot and latency as above, alternating who goes first; `--skip` applies.
 """
 
 from __future__ import annotations
@@ -649,6 +654,33 @@ def bench_latency(dsn: str, work: Path, seconds: float, tps: int) -> dict[str, f
     }  # type: ignore[dict-item]
 
 
+def _run_peer(args: argparse.Namespace, impl: str, cluster: EmbeddedPostgres, work: Path) -> None:
+    """`--peer debezium`: the comparison on Kafka; prints and saves its JSON document."""
+    from bench._peer_debezium import compare
+
+    try:
+        body = compare(
+            cluster.dsn(),
+            work,
+            rows=args.rows,
+            snapshot_rows=args.snapshot_rows,
+            repeat=args.repeat,
+            latency_seconds=args.latency_seconds,
+            tps=1000,
+            skip=set(filter(None, args.skip.split(","))),
+            server_cpu=functools.partial(_server_cpu, cluster),
+            debezium_settings=dict(kv.split("=", 1) for kv in args.debezium_set),
+        )
+    finally:
+        cluster.destroy()
+        shutil.rmtree(work, ignore_errors=True)
+    result = {"impl": impl, "machine": {"cpus": os.cpu_count()}, **body}
+    out = args.out.with_name("capture-debezium.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -673,14 +705,32 @@ def main() -> None:
     parser.add_argument(
         "--compare-to", type=Path, default=None, help="another checkout (with its .venv) to run on the same tables"
     )
+    parser.add_argument(
+        "--peer",
+        choices=["debezium"],
+        default=None,
+        help="instead: tributary on Kafka against this peer, same broker and tables (bench/_peer_debezium.py)",
+    )
+    parser.add_argument(
+        "--debezium-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --peer debezium: a connector setting instead of the default (repeatable)",
+    )
     add_allow_python(parser)
     args = parser.parse_args()
+    if any("=" not in kv for kv in args.debezium_set):
+        parser.error("--debezium-set takes KEY=VALUE")
     impl = require_compiled(args.allow_python)
     compare_to = args.compare_to.resolve() if args.compare_to else None
     work = Path(tempfile.mkdtemp(prefix="tributary-bench-"))
     cluster = EmbeddedPostgres(work / "pg")
     cluster.up()
     dsn = cluster.dsn()
+    if args.peer:
+        _run_peer(args, impl, cluster, work)
+        return
     try:
         skip = set(filter(None, args.skip.split(",")))
         streams = (

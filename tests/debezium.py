@@ -6,7 +6,8 @@ starts one worker on loopback against a real Kafka cluster and a real database, 
 
 `CONNECTOR_SETTINGS` is the one place that says how Debezium is configured so that its records
 come as close to tributary's as its settings allow; docs/envelope.md ("Compared with Debezium")
-lists the same settings and what still differs.
+lists the same settings and what still differs. The module imports no pytest: `bench/capture.py
+--peer debezium` runs Debezium through it with the same settings.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ __all__ = [
     "DEBEZIUM_PREFIX",
     "SLOT",
     "DebeziumConnect",
+    "CONNECT_JVM",
     "run_debezium",
     "run_jdbc_sink",
 ]
@@ -62,6 +64,18 @@ CONNECTOR_SETTINGS: dict[str, str] = {
 }
 
 _JVM = ["-Xms64m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true"]
+# What Kafka's `connect-standalone.sh` runs the worker with (KAFKA_HEAP_OPTS, KAFKA_JVM_PERFORMANCE_OPTS):
+# the JIT and GC as shipped, for measuring speed (the tests' `_JVM` trades speed for a quick start).
+CONNECT_JVM = [
+    "-Xms256m",
+    "-Xmx2g",
+    "-server",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-Djava.awt.headless=true",
+]
 _LOG4J2 = """\
 status = warn
 appender.out.type = Console
@@ -83,6 +97,7 @@ class DebeziumConnect:
     dsn: str
     ready_after_s: float = 0.0  # from the JVM's start to its snapshot done and streaming
     connector: str = CONNECTOR
+    slot: str = SLOT
 
     def status(self) -> dict[str, Any] | None:
         """The connector's REST status, or None while the REST server does not answer it."""
@@ -108,7 +123,7 @@ class DebeziumConnect:
     def streaming(self) -> bool:
         """Debezium's slot is in use: its snapshot is done and it reads the stream."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            row = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (SLOT,)).fetchone()
+            row = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (self.slot,)).fetchone()
         return bool(row and row[0])
 
     def alive(self) -> None:
@@ -189,26 +204,38 @@ def _classpath() -> str:
 
 @contextlib.contextmanager
 def run_debezium(
-    dsn: str, bootstraps: str, workdir: Path, *, source: str, tables: list[str]
+    dsn: str,
+    bootstraps: str,
+    workdir: Path,
+    *,
+    source: str,
+    tables: list[str],
+    overrides: dict[str, str] | None = None,
+    jvm: list[str] | None = None,
+    wait_ready: bool = True,
 ) -> Iterator[DebeziumConnect]:
     """Kafka Connect standalone with Debezium on `dsn` (tables `schema.table`), writing to `bootstraps`;
-    yields once its snapshot is done and it streams; stopped (then killed) after."""
+    yields once its snapshot is done and it streams (at once if not `wait_ready`: a benchmark times
+    that itself); stopped (then killed) after. `overrides` replace connector settings (slot, snapshot
+    mode, partitions), `jvm` the worker's JVM options; offsets stay in `workdir` across runs."""
     workdir.mkdir(parents=True, exist_ok=True)
     rest_port = free_port()
     worker = workdir / "worker.properties"
     worker.write_text(_properties(worker_properties(bootstraps, workdir, rest_port)))
     connector = workdir / "connector.properties"
-    connector.write_text(_properties(connector_properties(dsn, source, tables)))
-    proc, log = _start(workdir, worker, connector)
+    properties = {**connector_properties(dsn, source, tables), **(overrides or {})}
+    connector.write_text(_properties(properties))
+    proc, log = _start(workdir, worker, connector, jvm=jvm)
     started = time.monotonic()
-    connect = DebeziumConnect(proc, rest_port, log, dsn)
+    connect = DebeziumConnect(proc, rest_port, log, dsn, slot=properties["slot.name"])
     try:
 
         def ready() -> bool:
             connect.alive()
             return connect.running() and connect.streaming()
 
-        wait_progress(ready, lambda: size_of(log), what="Debezium to snapshot and stream", poll=0.5)
+        if wait_ready:
+            wait_progress(ready, lambda: size_of(log), what="Debezium to snapshot and stream", poll=0.5)
         connect.ready_after_s = time.monotonic() - started
         yield connect
     finally:
@@ -270,14 +297,16 @@ def run_jdbc_sink(
         _stop(proc)
 
 
-def _start(workdir: Path, worker: Path, connector: Path) -> tuple[subprocess.Popen[bytes], Path]:
-    """The worker's JVM, its output into `workdir`/connect.log."""
+def _start(
+    workdir: Path, worker: Path, connector: Path, *, jvm: list[str] | None = None
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """The worker's JVM (`jvm` options, else the tests' quick-start ones), its output into `workdir`/connect.log."""
     log4j = workdir / "log4j2.properties"
     log4j.write_text(_LOG4J2)
     log = workdir / "connect.log"
     cmd = [
         "java",
-        *_JVM,
+        *(jvm or _JVM),
         f"-Dlog4j2.configurationFile={log4j}",
         "-cp",
         _classpath(),
