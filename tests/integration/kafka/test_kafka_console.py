@@ -12,7 +12,7 @@ import pytest
 
 from tests import waiting
 from tests.integration.capture.helpers import cli
-from tests.integration.kafka.conftest import KafkaCluster
+from tests.kafka_fixtures import KafkaCluster
 from tests.integration.kafka.helpers import write_kafka_config
 from tests.servers import free_port, serving
 from tributary.eventstore.migrate import run_migrations

@@ -17,7 +17,7 @@ import pytest
 
 from tests.integration.capture.helpers import Capture, capture_progress, cli, spawn_capture, wait_for
 from tests.integration.capture.test_chunked_pgbench import _pgbench
-from tests.integration.kafka.conftest import KafkaCluster
+from tests.kafka_fixtures import KafkaCluster
 from tests.integration.kafka.helpers import read_committed
 from tests.integration.kafka.test_kafka_pgbench import (
     RATE,

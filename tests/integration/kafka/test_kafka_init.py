@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import cli, write_config
-from tests.integration.kafka.conftest import KafkaCluster
+from tests.kafka_fixtures import KafkaCluster
 from tests.integration.kafka.helpers import write_kafka_config
 
 pytestmark = pytest.mark.integration

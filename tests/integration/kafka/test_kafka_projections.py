@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import cli
-from tests.integration.kafka.conftest import ON_BROKER, KafkaCluster
+from tests.kafka_fixtures import ON_BROKER, KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.integration.projections.conftest import spark  # noqa: F401  # the suite's one SparkSession
 from tests.integration.projections.helpers import dump

@@ -17,7 +17,7 @@ import pytest
 from tests import waiting
 from tests.integration.capture.helpers import cli
 from tests.integration.capture.test_resnapshot import FILL, TABLES, _change_while_slot_gone, _compacted, _table
-from tests.integration.kafka.conftest import ON_BROKER, KafkaCluster
+from tests.kafka_fixtures import ON_BROKER, KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.pg import REPO_ROOT
 from tributary.capture.records.schema_tracker import SCHEMA_KEY
