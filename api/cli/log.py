@@ -146,14 +146,16 @@ def cat_cmd(
         return
     root = _root(root, config)
     try:
-        cat(
-            root,
-            topic,
-            partition=partition,
-            from_offset=from_offset,
-            follow=follow,
-            compacted=compacted,
-        )
+        with _until_signalled(follow) as stopped:
+            cat(
+                root,
+                topic,
+                partition=partition,
+                from_offset=from_offset,
+                follow=follow,
+                compacted=compacted,
+                on_poll=lambda: not stopped(),
+            )
     except KeyboardInterrupt:
         return
     except (LogError, BrokenPipeError) as exc:
