@@ -20,8 +20,8 @@ from confluent_kafka import Consumer, TopicPartition
 from tests import waiting
 from tests.integration.capture.helpers import cli
 from tests.integration.consumers.helpers import Receiver, receiving
-from tests.kafka_fixtures import KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
+from tests.kafka_fixtures import KafkaCluster
 from tests.servers import ROOT, free_port, serving
 from tributary.consumers import GroupCoordinator
 from tributary.eventstore.migrate import run_migrations

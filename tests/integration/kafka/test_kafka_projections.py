@@ -17,10 +17,10 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import cli
-from tests.kafka_fixtures import ON_BROKER, KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.integration.projections.conftest import spark  # noqa: F401  # the suite's one SparkSession
 from tests.integration.projections.helpers import dump
+from tests.kafka_fixtures import ON_BROKER, KafkaCluster
 from tributary.api.settings.config import load_settings
 from tributary.eventstore.migrate import run_migrations
 from tributary.log.kafka.clients import with_logger

@@ -1,30 +1,23 @@
-"""Capture's readers of its own topics on Kafka (log/kafka/read.py): the live keys a
-re-snapshot reads back equal the local log's for the same records; a re-snapshot after a lost slot
-and a chunked re-snapshot delete, exactly once, the rows removed meanwhile; `log cat --follow` and
-`log verify` on the Kafka backend."""
+"""Capture's readers of its own topics on Kafka (log/kafka/read.py), where Kafka differs from the
+local log: a re-snapshot after a lost slot and a chunked re-snapshot delete, exactly once, the rows
+removed meanwhile (read back with Kafka's own consumer, commit markers and all); `log verify` checks
+the offsets topic and the sources' positions (the broker checks its own records) and refuses
+`--repair`. Live keys, positions and `log cat --follow` are in tests/integration/contract/."""
 
 from __future__ import annotations
 
-import random
-import signal
-import subprocess
 from pathlib import Path
 
 import orjson
 import psycopg
 import pytest
 
-from tests import waiting
 from tests.integration.capture.helpers import cli
 from tests.integration.capture.test_resnapshot import FILL, TABLES, _change_while_slot_gone, _compacted, _table
-from tests.kafka_fixtures import ON_BROKER, KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
-from tests.pg import REPO_ROOT
-from tributary.capture.records.schema_tracker import SCHEMA_KEY
+from tests.kafka_fixtures import ON_BROKER, KafkaCluster
 from tributary.log.kafka.options import OFFSETS_TOPIC
 from tributary.log.kafka.read import kafka_positions
-from tributary.log.kafka.writer import KafkaLog
-from tributary.log.local import Log, RecordIn, TopicConfig, partition_for
 
 pytestmark = pytest.mark.integration
 
@@ -46,65 +39,6 @@ def _resnapshot_config(tmp_path: Path, dsn: str, kafka: KafkaCluster, *, chunked
 
 def _slot(config: Path) -> str:
     return next(line.split('"')[1] for line in config.read_text().splitlines() if line.startswith("slot ="))
-
-
-def test_live_keys_on_kafka_equal_the_local_logs(kafka: KafkaCluster, tmp_path: Path) -> None:
-    """The same records (tombstones, a key written again after its tombstone, schema and keyless
-    records, several commits) in a local log and on Kafka: the same live keys, through the
-    writers' one contract (`SourceWriter.live_keys`)."""
-    topic = "shop.public.mixed"
-    kafka.prepare(topic)
-    rng = random.Random(21)
-    keys = [orjson.dumps({"id": i}) for i in range(300)]
-    batches: list[list[tuple[int, RecordIn]]] = []
-    for _ in range(6):
-        batch: list[tuple[int, RecordIn]] = []
-        for _ in range(400):
-            key = rng.choice(keys)
-            value = None if rng.random() < 0.3 else b'{"op":"u"}'
-            batch.append((partition_for(key, 3), (key, value, 1_000, None)))  # a key's partition, always
-        batch.append((rng.randrange(3), (SCHEMA_KEY, b'{"schema":1}', 1_000, None)))
-        if kafka.kind == "mock":  # a broker refuses a keyless record in a compacted topic (capture writes none there)
-            batch.append((rng.randrange(3), (None, b'{"keyless":true}', 1_000, None)))
-        batches.append(batch)
-    local = Log.open(tmp_path / "log", writer=True, fsync=False)
-    kafka_log = KafkaLog(kafka.options("live-keys"), ["shop"])
-    remote = kafka_log.source("shop")
-    try:
-        for log in (local, remote):
-            log.create_topic(topic, TopicConfig(partitions=3, policy="compact"))
-            for batch in batches:
-                for partition, record in batch:
-                    log.append(topic, partition, [record])
-                log.commit()
-        # after the commits, records only appended (never committed) are not read back
-        for log in (local, remote):
-            log.append(topic, 0, [(keys[0], b"uncommitted", 1_000, None), (b'{"id":-1}', b"uncommitted", 1, None)])
-        want = local.source("shop").live_keys(topic)
-        got = remote.live_keys(topic)
-        unknown = [local.live_keys("shop.public.nothing"), remote.live_keys("shop.public.nothing")]
-    finally:
-        local.close()
-        kafka_log.close()
-    model: dict[bytes, bool] = {}
-    for batch in batches:
-        for _, (key, value, _, _) in batch:
-            if key is not None and key != SCHEMA_KEY:
-                model[key] = value is not None
-    assert got == want == {k for k, alive in model.items() if alive}
-    assert 0 < len(got) < len(keys)
-    assert unknown == [set(), set()]
-
-
-def test_positions_read_back_as_the_writer_reads_them(kafka: KafkaCluster) -> None:
-    kafka.prepare()
-    log = KafkaLog(kafka.options("positions"), ["shop", "crm"])
-    try:
-        log.commit(positions={"shop": "0/10", "crm": "0/20"})
-        log.commit(positions={"shop": "0/30"})
-        assert kafka_positions(kafka.options("x")) == log.positions() == {"shop": "0/30", "crm": "0/20"}
-    finally:
-        log.close()
 
 
 def _deletes_by_key(
@@ -168,75 +102,6 @@ def test_a_resnapshot_on_kafka_deletes_the_rows_removed_meanwhile_exactly_once(
     assert _deletes_by_key(_everything(kafka, topics)) == deleted
     for table in TABLES:
         assert _compacted(config, f"shop.public.{table}") == _table(fresh_db, table), table
-
-
-def _produce(kafka: KafkaCluster, topic: str, tid: str, keys: list[bytes]) -> None:
-    log = KafkaLog(kafka.options(tid), ["shop"])
-    try:
-        for i, key in enumerate(keys):
-            log.source("shop").append(
-                topic, partition_for(key, 3), [(key, b'{"n":' + str(i).encode() + b"}", 1_000 + i, None)]
-            )
-        log.commit()
-    finally:
-        log.close()
-
-
-def _lines(proc: subprocess.Popen[bytes], n: int) -> list[dict[str, object]]:
-    """The next `n` lines, however long each takes (a hang is pytest-timeout's to end)."""
-    assert proc.stdout is not None
-    out = []
-    while len(out) < n:
-        line = proc.stdout.readline()
-        assert line, f"output ended after {len(out)} of {n} lines"
-        out.append(orjson.loads(line))
-    return out
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
-def test_log_cat_follow_on_kafka_prints_new_commits_and_ends_cleanly(
-    tmp_path: Path, kafka: KafkaCluster, sig: signal.Signals
-) -> None:
-    topic = "shop.public.follow"
-    kafka.make_topics(topic)
-    config = write_kafka_config(
-        tmp_path / "kafka.toml",
-        dsn="postgresql://unused",
-        log_root=tmp_path / "kstatus",
-        bootstraps=kafka.bootstraps,
-        create_topics=kafka.creates_topics,
-    )
-    _produce(kafka, topic, "follow-1", [b'"a"', b'"b"', b'"a"'])  # keys: JSON, as capture writes them
-    proc = subprocess.Popen(
-        [
-            str(REPO_ROOT / ".venv/bin/tributary"),
-            "log",
-            "cat",
-            topic,
-            "--follow",
-            "--compacted",
-            "--config",
-            str(config),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=REPO_ROOT,
-    )
-    try:
-        first = _lines(proc, 2)  # the compacted view of what is there: the latest of a, b
-        assert sorted((r["key"], r["value"]) for r in first) == [("a", {"n": 2}), ("b", {"n": 1})]
-        _produce(kafka, topic, "follow-2", [b'"c"', b'"a"'])  # committed later: every record, as it comes
-        later = _lines(proc, 2)
-        assert sorted((r["key"], r["value"]) for r in later) == [("a", {"n": 1}), ("c", {"n": 0})]
-        proc.send_signal(sig)
-        waiting.wait_exit(proc, what="log cat --follow to end")
-        rest, err = proc.communicate()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
-    assert rest == b"" and b"Traceback" not in err
 
 
 def test_log_verify_on_kafka(fresh_db: str, tmp_path: Path, kafka: KafkaCluster) -> None:
