@@ -11,6 +11,7 @@ import random
 import signal
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import psycopg
@@ -114,7 +115,7 @@ def test_kill_9_at_random_moments_loses_and_duplicates_nothing(
         conn.execute("INSERT INTO counters SELECT g, 0 FROM generate_series(0, 4) g")
     log_root = tmp_path / "log"
     config = write_backend_config(backend, tmp_path / "t.toml", dsn=fresh_db, log_root=log_root)
-    stop, committed = threading.Event(), []
+    stop, committed = threading.Event(), list[int]()
     writer = threading.Thread(target=_ledger_writer, args=(fresh_db, stop, committed))
     writer.start()
     rng = random.Random(42)
@@ -141,7 +142,7 @@ def test_kill_9_at_random_moments_loses_and_duplicates_nothing(
     for k, values in per_key.items():
         assert values == sorted(set(values)), f"counter {k} out of order or duplicated"
     with psycopg.connect(fresh_db) as conn:
-        final_counts = dict(conn.execute("SELECT k, v FROM counters").fetchall())
+        final_counts: dict[int, int] = dict(conn.execute("SELECT k, v FROM counters").fetchall())
     assert {k: v[-1] for k, v in per_key.items()} == final_counts
 
 
@@ -178,6 +179,14 @@ def test_sigterm_commits_and_exits_zero(fresh_db: str, tmp_path: Path, backend: 
     assert isinstance(source["slot_lag_bytes"], int) and source["slot_lag_bytes"] >= 0
 
 
+def _reached(log_root: Path, pid: int, name: str, field: str, want: object) -> bool:
+    """Source `name` of capture `pid` shows `want` in `field` (a count: at least `want`)."""
+    got = source_status(log_root, pid, name).get(field)
+    if isinstance(want, int):
+        return isinstance(got, int) and got >= want
+    return bool(got == want)
+
+
 def test_captures_of_different_sources_run_side_by_side(fresh_db: str, tmp_path: Path, backend: LogBackend) -> None:
     """Two capture processes, one source each, one writer name (Kafka's transactional-id prefix):
     each source has its own writer, so neither fences the other; each resumes from its own position."""
@@ -204,9 +213,9 @@ def test_captures_of_different_sources_run_side_by_side(fresh_db: str, tmp_path:
     try:
         for name, proc in procs.items():
             wait_for(
-                lambda name=name, pid=proc.pid: source_status(roots[name], pid, name).get("state") == "streaming",
+                partial(_reached, roots[name], proc.pid, name, "state", "streaming"),
                 what=f"{name} streaming",
-                progress=lambda name=name: capture_progress(roots[name]),
+                progress=partial(capture_progress, roots[name]),
             )
         for round_ in range(3):
             with psycopg.connect(fresh_db, autocommit=True) as conn:
@@ -215,11 +224,9 @@ def test_captures_of_different_sources_run_side_by_side(fresh_db: str, tmp_path:
                     conn.execute("INSERT INTO people VALUES (%s)", (round_ * 20 + i,))
             for name, proc in procs.items():  # each captured the round
                 wait_for(
-                    lambda name=name, pid=proc.pid, n=20 * (round_ + 1): (
-                        source_status(roots[name], pid, name).get("changes", 0) >= n
-                    ),
+                    partial(_reached, roots[name], proc.pid, name, "changes", 20 * (round_ + 1)),
                     what=f"{name} capturing round {round_}",
-                    progress=lambda name=name: capture_progress(roots[name]),
+                    progress=partial(capture_progress, roots[name]),
                 )
             for proc in procs.values():
                 assert proc.proc.poll() is None, proc.communicate(5)[1]

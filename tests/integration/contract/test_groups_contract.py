@@ -142,8 +142,8 @@ def test_groups_share_partitions_commit_and_replay(fresh_db: str, tmp_path: Path
             for r in records:
                 by_partition.setdefault(r["partition"], []).append(r["offset"])
             part = {p: offs[len(offs) // 2] + 1 for p, offs in by_partition.items()}
-            r = _commit(base, member, generation, part)
-            assert r.status_code == 200, r.text
+            res = _commit(base, member, generation, part)
+            assert res.status_code == 200, res.text
             half.update(part)
         assert committed() == half  # where the backend keeps group offsets
 
@@ -161,8 +161,8 @@ def test_groups_share_partitions_commit_and_replay(fresh_db: str, tmp_path: Path
         ends = {p: max(o for q, o in expected if q == p) + 1 for p in range(3)}
         for member in ("a", "b"):
             held = {x["partition"] for x in again[member]["assignments"]}
-            r = _commit(base, member, generation, {p: o for p, o in ends.items() if p in held})
-            assert r.status_code == 200, r.text
+            res = _commit(base, member, generation, {p: o for p, o in ends.items() if p in held})
+            assert res.status_code == 200, res.text
         for member in ("a", "b"):  # leave (a rebalance): a reset needs a group without members
             assert httpx.delete(f"{base}/groups/{GROUP}/members/{member}", timeout=30).status_code == 204
 

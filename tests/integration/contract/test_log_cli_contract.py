@@ -94,7 +94,7 @@ def test_cat_compacted_shows_the_latest_record_per_key(config: Path) -> None:
 def _next_lines(proc: subprocess.Popen[bytes], n: int) -> list[dict[str, Any]]:
     """The next `n` lines, however long each takes (a hang is pytest-timeout's to end)."""
     assert proc.stdout is not None
-    out = []
+    out: list[dict[str, Any]] = []
     while len(out) < n:
         line = proc.stdout.readline()
         assert line, f"output ended after {len(out)} of {n} lines"
