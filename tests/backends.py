@@ -4,12 +4,12 @@ on each backend through the `backend` fixture, `-k local` / `-k kafka` selects o
 A `LogBackend` knows how to point capture (and the CLI, the HTTP API, sinks, projections) at its
 log with a `[log]` TOML table, how to read back what a read_committed consumer sees of a topic, and
 how to open the product's own writer and admin on it (`tributary.log.open_writer` / `open_admin`).
-A third backend joins the suite with a class here and a name in `BACKENDS`.
+A third backend joins the suite with a class here and an entry in `BACKENDS`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,15 +24,13 @@ __all__ = [
     "KafkaBackend",
     "LocalBackend",
     "LogBackend",
+    "admin",
     "backend",
     "changes",
+    "table_state",
     "write_backend_config",
     "writer",
-    "admin",
-    "table_state",
 ]
-
-BACKENDS = ("local", "kafka")
 
 
 class LogBackend(Protocol):
@@ -173,14 +171,24 @@ class KafkaBackend:
             consumer.close()
 
 
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> Iterator[LogBackend]:
-    """Each contract test on each backend: the local log, and the session's real Kafka broker
-    (emptied of earlier tests' topics, as `kafka_broker` does)."""
-    if request.param == "kafka":
-        yield KafkaBackend(request.getfixturevalue("kafka_broker"))
-    else:
-        yield LocalBackend()
+def _local(request: pytest.FixtureRequest) -> LogBackend:
+    """The local log: nothing to start, each test has its own root."""
+    return LocalBackend()
+
+
+def _kafka(request: pytest.FixtureRequest) -> LogBackend:
+    """The session's real broker, emptied of earlier tests' topics (`kafka_broker`)."""
+    return KafkaBackend(request.getfixturevalue("kafka_broker"))
+
+
+BACKENDS: dict[str, Callable[[pytest.FixtureRequest], LogBackend]] = {"local": _local, "kafka": _kafka}
+"""Each backend the suite runs on, by the name its tests carry (`test_x[local]`), with how a test gets it."""
+
+
+@pytest.fixture(params=list(BACKENDS))
+def backend(request: pytest.FixtureRequest) -> LogBackend:
+    """Each contract test once per backend of `BACKENDS`."""
+    return BACKENDS[request.param](request)
 
 
 def table_state(records: list[Record]) -> dict[str, dict[str, Any]]:
