@@ -9,6 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.kafka_fixtures import (  # noqa: F401  (fixtures: the Kafka tests' and the contract suite's)
+    kafka,
+    kafka_broker,
+    kafka_broker_session,
+    kafka_cluster3,
+    kafka_cluster3_session,
+    kafka_mock,
+)
 from tests.markers import pytest_collection_modifyitems  # noqa: F401  (a hook: every test has its level)
 from tests.pg import REPO_ROOT, PgServer, fresh_database, start_server
 

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -291,11 +292,16 @@ class EmbeddedKafka:
         return (errors or lines or [f"no log in {self.log_file(node_id)}"])[-1]
 
 
-def _cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 characters)."""
+def _cluster_id(draw: Callable[[], bytes] = lambda: uuid.uuid4().bytes) -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 characters). Never
+    one starting with "-", which `kafka-storage format -t` would take for an option: drawn again,
+    as Kafka's own `Uuid.randomUuid` does."""
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        found = base64.urlsafe_b64encode(draw()).decode().rstrip("=")
+        if not found.startswith("-"):
+            return found
 
 
 def _size(path: Path) -> int:

@@ -233,7 +233,7 @@ def cat(
     on_poll: Callable[[], bool] | None = None,
 ) -> int:
     """Write one JSON object per record; returns how many. With `follow`, keep polling the
-    manifest every `poll_s` until interrupted (or until `on_poll` returns False, for tests)."""
+    manifest every `poll_s` until `on_poll` returns False (the CLI: Ctrl-C or SIGTERM asked it to end)."""
     stream = out if out is not None else sys.stdout.buffer
     written = 0
     with Log.open(root) as log:

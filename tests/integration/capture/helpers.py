@@ -25,15 +25,21 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def write_config(
-    path: Path, *, dsn: str, log_root: Path, name: str = "shop", extra: str = "", source_extra: str = ""
+    path: Path,
+    *,
+    dsn: str,
+    log_root: Path,
+    name: str = "shop",
+    extra: str = "",
+    source_extra: str = "",
+    log: str | None = None,
 ) -> Path:
+    """A capture config with one source; `log` replaces the default `[log]` table (the local log
+    under `log_root`), e.g. with a backend's (tests/backends.py `LogBackend.log_toml`)."""
+    log = log if log is not None else f'[log]\nroot = "{log_root}"\npartitions = 3\nlinger_ms = 2\n'
     path.write_text(
         f"""
-[log]
-root = "{log_root}"
-partitions = 3
-linger_ms = 2
-
+{log}
 [capture]
 status_interval_s = 1.0
 max_backoff_s = 2.0

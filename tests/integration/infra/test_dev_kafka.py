@@ -61,3 +61,11 @@ def test_kafka_up_without_the_jars_is_one_line(tmp_path: Path) -> None:
     broker = EmbeddedKafka(tmp_path / "kafka", lib_dir=tmp_path / "nowhere")
     with pytest.raises(BrokerError, match=r"Apache Kafka's jars are not in .*nowhere: run `make setup`$"):
         broker.up(port=free_port())
+
+
+def test_a_cluster_id_never_starts_with_a_dash() -> None:
+    """`kafka-storage format -t -…` reads such an id as an option and fails: one in 64 starts."""
+    from tributary.api.devkafka.embedded import _cluster_id
+
+    draws = iter([b"\xfb" + bytes(15), bytes(16)])  # the first encodes to "-w…"
+    assert _cluster_id(lambda: next(draws)) == "A" * 22

@@ -12,8 +12,8 @@ import pytest
 
 from tests import waiting
 from tests.integration.capture.helpers import cli
-from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import write_kafka_config
+from tests.kafka_fixtures import KafkaCluster
 from tests.servers import free_port, serving
 from tributary.eventstore.migrate import run_migrations
 from tributary.log.kafka.writer import OFFSETS_TOPIC

@@ -17,7 +17,6 @@ import pytest
 
 from tests.integration.capture.helpers import Capture, capture_progress, cli, spawn_capture, wait_for
 from tests.integration.capture.test_chunked_pgbench import _pgbench
-from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed
 from tests.integration.kafka.test_kafka_pgbench import (
     RATE,
@@ -27,6 +26,7 @@ from tests.integration.kafka.test_kafka_pgbench import (
     _streaming,
     assert_exactly_once,
 )
+from tests.kafka_fixtures import KafkaCluster
 from tests.waiting import size_of, wait_exit
 from tributary.api.devkafka import EmbeddedKafka
 from tributary.capture.status import read_status

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import cli, write_config
-from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import write_kafka_config
+from tests.kafka_fixtures import KafkaCluster
 
 pytestmark = pytest.mark.integration
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.kafka.conftest import ON_BROKER, KafkaCluster
 from tests.integration.kafka.helpers import read_committed
+from tests.kafka_fixtures import ON_BROKER, KafkaCluster
 from tributary.log.kafka.writer import OFFSETS_TOPIC, KafkaLog, ProducerFenced, transactional_id
 from tributary.log.local import LogError, TopicConfig
 

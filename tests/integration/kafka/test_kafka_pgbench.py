@@ -20,8 +20,8 @@ import pytest
 
 from tests.integration.capture.helpers import Capture, capture_progress, cli, spawn_capture, wait_for
 from tests.integration.capture.test_chunked_pgbench import _pgbench, _table
-from tests.integration.kafka.conftest import ON_BROKER, KafkaCluster
 from tests.integration.kafka.helpers import Change, read_committed, without_replays, write_kafka_config
+from tests.kafka_fixtures import ON_BROKER, KafkaCluster
 from tests.waiting import run_process, size_of, wait_exit
 from tributary.capture.status import read_status
 

@@ -1,5 +1,7 @@
-"""Projections on the Kafka backend: a Postgres table captured into Kafka, folded and aggregated
-on Spark by executors that read Kafka themselves (real Spark, real Postgres, a Kafka cluster)."""
+"""Projections on the Kafka backend where Kafka differs on purpose: a run's frame holds exactly the
+committed records of each offset range (offsets are not contiguous: each transaction's commit marker
+takes one), and records of open or aborted transactions never reach a view. Rebuild and incremental
+runs on every backend are in tests/integration/contract/test_projections_contract.py."""
 
 # ruff: noqa: F811  # `spark`, imported below, is the tests' parameter
 
@@ -17,17 +19,17 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import cli
-from tests.integration.kafka.conftest import ON_BROKER, KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.integration.projections.conftest import spark  # noqa: F401  # the suite's one SparkSession
 from tests.integration.projections.helpers import dump
+from tests.kafka_fixtures import ON_BROKER, KafkaCluster
 from tributary.api.settings.config import load_settings
 from tributary.eventstore.migrate import run_migrations
 from tributary.log.kafka.clients import with_logger
 from tributary.log.local import canonical_json, partition_for
 from tributary.projections.kafka_source import KafkaSource
 from tributary.projections.records import default_event_time
-from tributary.projections.runner import RunSettings, rebuild, run, status
+from tributary.projections.runner import RunSettings, rebuild, run
 from tributary.projections.source import RECORD_SCHEMA
 
 pytestmark = [pytest.mark.integration, ON_BROKER]  # the mock hands aborted and open records to readers
@@ -141,49 +143,6 @@ def _views(dsn: str) -> dict[str, list[str]]:
             r[0] for r in conn.execute(f"SELECT (id, customer, amount)::text FROM views.{MIRROR} ORDER BY 1")
         ]
     return out
-
-
-def test_rebuild_and_incremental_runs_read_kafka(
-    fresh_db: str, tmp_path: Path, kafka: KafkaCluster, spark: Any
-) -> None:
-    config = _setup(tmp_path, fresh_db, kafka)
-    s = _settings(config)
-    inserted = [(g, f"c{g % 4}", g) for g in range(1, 31)]
-    for name in NAMES:
-        done = rebuild(name, s, spark=spark)
-        assert done.rebuilt and done.records > 0
-    assert _views(fresh_db) == _expected(fresh_db, inserted)
-
-    with psycopg.connect(fresh_db, autocommit=True) as conn:
-        conn.execute("INSERT INTO orders SELECT g, 'c' || (g % 5), g * 10 FROM generate_series(31, 45) g")
-        conn.execute("UPDATE orders SET amount = amount + 1 WHERE id % 6 = 0")
-        conn.execute("DELETE FROM orders WHERE id % 7 = 0")
-    inserted += [(g, f"c{g % 5}", g * 10) for g in range(31, 46)]
-    _capture(config)
-    lagging = {st.name: st.lag for st in status(s)}
-    assert all(lagging[name] > 0 for name in NAMES), lagging
-    for name in NAMES:
-        done = run(name, s, spark=spark)
-        assert not done.rebuilt and done.records > 0
-    incremental = _views(fresh_db)
-    assert incremental == _expected(fresh_db, inserted)
-    assert {st.name: st.lag for st in status(s)} == dict.fromkeys(NAMES, 0)
-
-    for name in NAMES:  # a rebuild over the same log gives the same tables
-        rebuild(name, s, spark=spark)
-    assert _views(fresh_db) == incremental
-
-    shown = cli("project", "status", "--json", "--config", str(config))  # as a user asks
-    assert shown.returncode == 0, shown.stderr
-    assert {r["name"]: r["lag"] for r in orjson.loads(shown.stdout)} == dict.fromkeys(NAMES, 0)
-    with psycopg.connect(fresh_db, autocommit=True) as conn:
-        conn.execute("INSERT INTO orders VALUES (46, 'c9', 46), (47, 'c1', 47)")
-    _capture(config)
-    ran = cli("project", "run", "customer_folds", "--config", str(config), timeout=600)
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    assert "customer_folds: caught up" in ran.stdout, ran.stdout
-    want = _expected(fresh_db, [*inserted, (46, "c9", 46), (47, "c1", 47)])
-    assert dump(fresh_db, "views.customer_folds") == want["customer_folds"]
 
 
 def test_the_frame_holds_the_committed_records_of_each_range(

@@ -22,7 +22,7 @@ from tributary.api.devkafka import EmbeddedKafka
 from tributary.log.kafka.clients import with_logger
 from tributary.log.kafka.options import OFFSETS_TOPIC, KafkaOptions
 
-MOCK = Path(__file__).resolve().parents[2] / "kafka_mock.py"
+MOCK = Path(__file__).resolve().parent / "kafka_mock.py"
 # For tests where the mock only stood in for a broker: `kafka` is the real broker alone.
 ON_BROKER = pytest.mark.parametrize("kafka", ["broker"], indirect=True)
 KAFKA_INTERNAL = ("__consumer_offsets", "__transaction_state", "__cluster_metadata")
