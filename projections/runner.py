@@ -89,6 +89,7 @@ class RunSettings:
     skip_errors: bool = False
     kafka: KafkaOptions | None = None  # `[log] backend = "kafka"`: read `[log.kafka]`, not `log_root`
     kafka_split_offsets: int = 100_000  # on Kafka: offsets per executor task, at most
+    kafka_reader: str = "python"  # on Kafka: `python` (kafka_source) or `spark` (spark_kafka_source)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, dsn: str | None = None) -> RunSettings:
@@ -111,6 +112,7 @@ class RunSettings:
             spark_master=pr.spark_master,
             spark_conf=dict(pr.spark_conf),
             kafka=kafka,
+            kafka_reader=pr.kafka_reader,
         )
 
 
@@ -158,8 +160,10 @@ def _open_log(s: RunSettings, *, timeout_s: float | None = None) -> LogSource:
     """The log a run reads, by `[log] backend`: the local log under `log_root`, or Kafka."""
     if s.kafka is not None:
         from tributary.projections.kafka_source import TIMEOUT_S, KafkaSource
+        from tributary.projections.spark_kafka_source import SparkKafkaSource
 
-        return KafkaSource(s.kafka, split_offsets=s.kafka_split_offsets, timeout_s=timeout_s or TIMEOUT_S)
+        kind = SparkKafkaSource if s.kafka_reader == "spark" else KafkaSource
+        return kind(s.kafka, split_offsets=s.kafka_split_offsets, timeout_s=timeout_s or TIMEOUT_S)
     return LocalSource(s.log_root)
 
 
@@ -414,6 +418,12 @@ _SEEN_ROOTS: set[tuple[str, str]] = set()  # (Spark application, log root) pairs
 def _session(s: RunSettings, spark: SparkSession | None) -> SparkSession:
     """The session of a run; on a cluster with the local log, first (once per application and log
     root) a check that every executor sees the log root (on Kafka the executors reach the brokers)."""
+    if spark is None and s.kafka is not None and s.kafka_reader == "spark":
+        from tributary.projections.spark_kafka_source import missing_connector
+
+        missing = missing_connector(s.spark_conf)
+        if missing is not None:
+            raise RunError(missing)
     sess = (
         spark
         if spark is not None

@@ -1,5 +1,6 @@
 """Projections on the Kafka backend: a Postgres table captured into Kafka, folded and aggregated
-on Spark by executors that read Kafka themselves (real Spark, real Postgres, a Kafka cluster)."""
+on Spark by executors that read Kafka themselves (real Spark, real Postgres, a Kafka cluster), with
+each reader: confluent-kafka consumers in Python workers, and Spark's own Kafka source."""
 
 # ruff: noqa: F811  # `spark`, imported below, is the tests' parameter
 
@@ -26,6 +27,7 @@ from tributary.eventstore.migrate import run_migrations
 from tributary.log.kafka.clients import with_logger
 from tributary.log.local import canonical_json, partition_for
 from tributary.projections.kafka_source import KafkaSource
+from tributary.projections.spark_kafka_source import SparkKafkaSource, connector_jars
 from tributary.projections.records import default_event_time
 from tributary.projections.runner import RunSettings, rebuild, run, status
 from tributary.projections.source import RECORD_SCHEMA
@@ -80,9 +82,19 @@ PROJECTIONS = [
 ]
 '''
 NAMES = ("order_totals", "customer_folds", MIRROR)
+SOURCES = {"python": KafkaSource, "spark": SparkKafkaSource}
 
 
-def _setup(tmp_path: Path, dsn: str, kafka: KafkaCluster) -> Path:
+@pytest.fixture(params=["python", "spark"])
+def reader(request: pytest.FixtureRequest, spark: Any) -> str:
+    """`[projections] kafka_reader`: each test with both readers (the session has Spark's Kafka
+    source on its classpath when `make setup` fetched it)."""
+    if request.param == "spark" and not connector_jars():
+        pytest.fail("Spark's Kafka source is not in build/spark-kafka/lib: run `make setup`")
+    return str(request.param)
+
+
+def _setup(tmp_path: Path, dsn: str, kafka: KafkaCluster, reader: str) -> Path:
     kafka.prepare(TOPIC)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE orders (id int PRIMARY KEY, customer text NOT NULL, amount int NOT NULL)")
@@ -98,7 +110,7 @@ def _setup(tmp_path: Path, dsn: str, kafka: KafkaCluster) -> Path:
     text = config.read_text().replace('include = ["public.*"]', 'include = ["public.orders"]')
     config.write_text(
         f'[service]\ndsn = "{dsn}"\n\n[projections]\nmodules = ["{tmp_path / "kafka_projections.py"}"]\n'
-        f'mirror = ["{TOPIC}"]\nspark_master = "local[2]"\n' + text
+        f'mirror = ["{TOPIC}"]\nspark_master = "local[2]"\nkafka_reader = "{reader}"\n' + text
     )
     run_migrations(dsn)  # what `tributary init` does: capture and projections refuse before it
     _capture(config)
@@ -110,9 +122,10 @@ def _capture(config: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def _settings(config: Path) -> RunSettings:
+def _settings(config: Path, reader: str) -> RunSettings:
     s = RunSettings.from_settings(load_settings(config))
     assert s.kafka is not None and s.kafka.bootstrap_servers  # [log] backend = "kafka" reaches the runner
+    assert s.kafka_reader == reader  # so does [projections] kafka_reader
     return dataclasses.replace(s, kafka_split_offsets=7)  # several ranges per partition
 
 
@@ -144,10 +157,10 @@ def _views(dsn: str) -> dict[str, list[str]]:
 
 
 def test_rebuild_and_incremental_runs_read_kafka(
-    fresh_db: str, tmp_path: Path, kafka: KafkaCluster, spark: Any
+    fresh_db: str, tmp_path: Path, kafka: KafkaCluster, spark: Any, reader: str
 ) -> None:
-    config = _setup(tmp_path, fresh_db, kafka)
-    s = _settings(config)
+    config = _setup(tmp_path, fresh_db, kafka, reader)
+    s = _settings(config, reader)
     inserted = [(g, f"c{g % 4}", g) for g in range(1, 31)]
     for name in NAMES:
         done = rebuild(name, s, spark=spark)
@@ -187,13 +200,13 @@ def test_rebuild_and_incremental_runs_read_kafka(
 
 
 def test_the_frame_holds_the_committed_records_of_each_range(
-    fresh_db: str, tmp_path: Path, kafka: KafkaCluster, spark: Any
+    fresh_db: str, tmp_path: Path, kafka: KafkaCluster, spark: Any, reader: str
 ) -> None:
-    config = _setup(tmp_path, fresh_db, kafka)
-    s = _settings(config)
+    config = _setup(tmp_path, fresh_db, kafka, reader)
+    s = _settings(config, reader)
     assert s.kafka is not None
     seen = read_committed(kafka.bootstraps, [TOPIC])  # an independent read_committed consumer
-    source = KafkaSource(s.kafka, split_offsets=3)
+    source = SOURCES[reader](s.kafka, split_offsets=3)
     try:
         hi = source.ends([TOPIC, "shop.public.nothing"])
         assert sorted(hi) == [(TOPIC, p) for p in range(3)]
@@ -240,14 +253,14 @@ def _fake_insert(row_id: int) -> tuple[bytes, bytes]:
 
 
 def test_open_and_aborted_transactions_never_reach_a_view(
-    fresh_db: str, tmp_path: Path, kafka: KafkaCluster, spark: Any
+    fresh_db: str, tmp_path: Path, kafka: KafkaCluster, spark: Any, reader: str
 ) -> None:
     from confluent_kafka import Producer
 
-    config = _setup(tmp_path, fresh_db, kafka)
-    s = _settings(config)
+    config = _setup(tmp_path, fresh_db, kafka, reader)
+    s = _settings(config, reader)
     assert s.kafka is not None
-    source = KafkaSource(s.kafka)
+    source = SOURCES[reader](s.kafka)
     open_on = (partition_for(canonical_json({"id": 31}), 3) + 1) % 3  # not where row 31 goes
     producer = Producer(
         with_logger({"bootstrap.servers": kafka.bootstraps, "transactional.id": f"t-{uuid.uuid4().hex}"})
