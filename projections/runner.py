@@ -419,9 +419,9 @@ def _session(s: RunSettings, spark: SparkSession | None) -> SparkSession:
     """The session of a run; on a cluster with the local log, first (once per application and log
     root) a check that every executor sees the log root (on Kafka the executors reach the brokers)."""
     if spark is None and s.kafka is not None and s.kafka_reader == "spark":
-        from tributary.projections.spark_kafka_source import missing_connector
+        from tributary.projections.spark_kafka_source import CONNECTOR_LIB, missing_connector, spark_jar_dirs
 
-        missing = missing_connector(s.spark_conf)
+        missing = missing_connector(s.spark_conf, CONNECTOR_LIB, spark_jar_dirs())
         if missing is not None:
             raise RunError(missing)
     sess = (

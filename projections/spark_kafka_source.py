@@ -46,13 +46,11 @@ __all__ = [
     "java_client_options",
     "missing_connector",
     "offset_options",
+    "spark_jar_dirs",
 ]
 
 CONNECTOR_LIB = Path(__file__).resolve().parents[1] / "build" / "spark-kafka" / "lib"
-FETCH_HINT = (
-    "run `make setup` (or `mvn -q -B -f deploy/spark-kafka/pom.xml dependency:copy-dependencies "
-    "-DincludeScope=runtime -DoutputDirectory=build/spark-kafka/lib`)"
-)
+FETCH_HINT = "run `make setup` (it fetches it as deploy/spark-kafka/pom.xml pins it)"
 # `[log.kafka] client` settings that Kafka's Java client reads under the same name and meaning.
 _JAVA_PREFIXES = ("security.", "sasl.", "ssl.", "client.")
 # librdkafka's names without a Java twin of the same name (Java takes them in `sasl.jaas.config`).
@@ -66,13 +64,31 @@ def connector_jars(lib: Path = CONNECTOR_LIB) -> list[str]:
     return [str(p) for p in sorted(lib.glob("*.jar"))] if lib.is_dir() else []
 
 
-def missing_connector(spark_conf: Mapping[str, str], lib: Path = CONNECTOR_LIB) -> str | None:
+def spark_jar_dirs() -> list[Path]:
+    """Where Spark itself keeps its jars: PySpark's `jars` directory, and `$SPARK_HOME/jars`."""
+    import os
+
+    import pyspark
+
+    dirs = [Path(pyspark.__file__).parent / "jars"]
+    home = os.environ.get("SPARK_HOME")
+    return [*dirs, Path(home) / "jars"] if home else dirs
+
+
+def missing_connector(
+    spark_conf: Mapping[str, str], lib: Path = CONNECTOR_LIB, spark_jars: Sequence[Path] = ()
+) -> str | None:
     """Why a new session could not read with Spark's Kafka source (one line), or None: it is not in
-    `lib`, nor named by `spark.jars.packages` or `spark.jars` in `spark_conf`."""
+    `lib`, nor among Spark's own jars (`spark_jars`: a Spark installed with the connector), nor
+    named by `spark.jars.packages` or `spark.jars` in `spark_conf`."""
     named = spark_conf.get("spark.jars.packages", "") + "," + spark_conf.get("spark.jars", "")
-    if connector_jars(lib) or "spark-sql-kafka" in named:
+    bundled = any(any(d.glob("spark-sql-kafka-0-10_*.jar")) for d in spark_jars if d.is_dir())
+    if connector_jars(lib) or bundled or "spark-sql-kafka" in named:
         return None
-    return f'[projections] kafka_reader = "spark" needs Spark\'s Kafka source, not found in {lib}: {FETCH_HINT}'
+    return (
+        f'[projections] kafka_reader = "spark" needs Spark\'s Kafka source, not found in {lib}: {FETCH_HINT}, '
+        'or set kafka_reader = "python"'
+    )
 
 
 def offset_options(ranges: Mapping[TP, tuple[int, int]]) -> dict[str, str]:
@@ -152,15 +168,16 @@ def raw_columns(frame: DataFrame) -> DataFrame:
     )
 
 
-def projection_frame(p: Projection, rows: DataFrame, reader_args: tuple[tuple[str, ...], tuple[str, ...]]) -> DataFrame:
+def projection_frame(
+    p: Projection, rows: DataFrame, *, modules: tuple[str, ...], mirror: tuple[str, ...], name: str
+) -> DataFrame:
     """The seven record columns → `source.RECORD_SCHEMA` for `p` (+ `value_v` for a DataFrame
     projection): the log's key and event time in SQL, or the projection's own in Python."""
     from pyspark.sql import functions as F
 
-    modules, mirror = reader_args
     variant = p.build is not None
     if _custom(p):
-        frame = rows.mapInArrow(_reader(modules, mirror, p.name, columns=True), RECORD_SCHEMA)
+        frame = rows.mapInArrow(_reader(modules, mirror, name, columns=True), RECORD_SCHEMA)
         return frame.withColumn("value_v", F.expr("try_parse_json(value)")) if variant else frame
     if not p.schema_records:
         rows = rows.where(_not_schema())
@@ -194,7 +211,7 @@ class SparkKafkaSource(KafkaSource):
         else:
             ranges = {(t, part): (lo.get((t, part), 0), hi[(t, part)]) for t, part, _, _ in pieces}
             rows = raw_columns(self._load(spark, ranges, len(pieces)))
-        return projection_frame(p, rows, (tuple(modules), tuple(mirror)))
+        return projection_frame(p, rows, modules=tuple(modules), mirror=tuple(mirror), name=name)
 
     def _load(self, spark: SparkSession, ranges: Mapping[TP, tuple[int, int]], tasks: int) -> DataFrame:
         """Spark's Kafka source over `ranges`, read_committed, in at least `tasks` tasks; a session
