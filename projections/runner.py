@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 
@@ -89,7 +89,7 @@ class RunSettings:
     skip_errors: bool = False
     kafka: KafkaOptions | None = None  # `[log] backend = "kafka"`: read `[log.kafka]`, not `log_root`
     kafka_split_offsets: int = 100_000  # on Kafka: offsets per executor task, at most
-    kafka_reader: str = "python"  # on Kafka: `python` (kafka_source) or `spark` (spark_kafka_source)
+    kafka_reader: Literal["python", "spark"] = "python"  # on Kafka: kafka_source, or spark_kafka_source
 
     @classmethod
     def from_settings(cls, settings: Settings, *, dsn: str | None = None) -> RunSettings:
