@@ -1,7 +1,8 @@
 # tributary — one-command set-up on a fresh Debian 12 machine (as root, or with sudo).
 #   make demo   set everything up, then run the demo end to end on the embedded Postgres
 #   make test   set everything up, then run the whole test suite
-#   make setup  set-up alone: apt packages, .venv, the project installed into it, Apache Kafka's and Debezium's jars
+#   make setup  set-up alone: apt packages, .venv, the project installed into it, Apache Kafka's and Debezium's jars,
+#               Spark's Kafka source
 #   make lint   ruff check, ruff format --check and mypy over every package
 
 SHELL := /bin/bash
@@ -11,9 +12,9 @@ APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jre-headless mav
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: setup apt venv kafka debezium demo test lint bench clean
+.PHONY: setup apt venv kafka debezium spark-kafka demo test lint bench clean
 
-setup: apt venv kafka debezium
+setup: apt venv kafka debezium spark-kafka
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -52,6 +53,17 @@ $(DEBEZIUM_LIB)/.fetched: deploy/debezium/pom.xml
 	@touch $@
 
 debezium: apt $(DEBEZIUM_LIB)/.fetched
+
+# Spark's own Kafka source (spark-sql-kafka-0-10) for `[projections] kafka_reader = "spark"`: the connector and
+# what it needs that Spark does not ship, as deploy/spark-kafka/pom.xml pins them; projections put these jars on
+# the session's classpath.
+SPARK_KAFKA_LIB := build/spark-kafka/lib
+$(SPARK_KAFKA_LIB)/.fetched: deploy/spark-kafka/pom.xml
+	rm -rf $(SPARK_KAFKA_LIB) && mkdir -p $(SPARK_KAFKA_LIB)
+	mvn -q -B -f deploy/spark-kafka/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(abspath $(SPARK_KAFKA_LIB))
+	@touch $@
+
+spark-kafka: apt $(SPARK_KAFKA_LIB)/.fetched
 
 demo: setup
 	$(VENV)/bin/tributary demo

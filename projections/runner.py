@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 
@@ -88,6 +88,7 @@ class RunSettings:
     skip_errors: bool = False
     kafka: KafkaOptions | None = None  # `[log] backend = "kafka"`: read `[log.kafka]`, not `log_root`
     kafka_split_offsets: int = 100_000  # on Kafka: offsets per executor task, at most
+    kafka_reader: Literal["python", "spark"] = "python"  # on Kafka: kafka_source, or spark_kafka_source
 
     @classmethod
     def from_settings(cls, settings: Settings, *, dsn: str | None = None) -> RunSettings:
@@ -110,6 +111,7 @@ class RunSettings:
             spark_master=pr.spark_master,
             spark_conf=dict(pr.spark_conf),
             kafka=kafka,
+            kafka_reader=pr.kafka_reader,
         )
 
 
@@ -157,8 +159,10 @@ def _open_log(s: RunSettings, *, timeout_s: float | None = None) -> LogSource:
     """The log a run reads, by `[log] backend`: the local log under `log_root`, or Kafka."""
     if s.kafka is not None:
         from tributary.projections.kafka_source import TIMEOUT_S, KafkaSource
+        from tributary.projections.spark_kafka_source import SparkKafkaSource
 
-        return KafkaSource(s.kafka, split_offsets=s.kafka_split_offsets, timeout_s=timeout_s or TIMEOUT_S)
+        kind = SparkKafkaSource if s.kafka_reader == "spark" else KafkaSource
+        return kind(s.kafka, split_offsets=s.kafka_split_offsets, timeout_s=timeout_s or TIMEOUT_S)
     return LocalSource(s.log_root)
 
 
@@ -413,6 +417,12 @@ _SEEN_ROOTS: set[tuple[str, str]] = set()  # (Spark application, log root) pairs
 def _session(s: RunSettings, spark: SparkSession | None) -> SparkSession:
     """The session of a run; on a cluster with the local log, first (once per application and log
     root) a check that every executor sees the log root (on Kafka the executors reach the brokers)."""
+    if spark is None and s.kafka is not None and s.kafka_reader == "spark":
+        from tributary.projections.spark_kafka_source import CONNECTOR_LIB, missing_connector, spark_jar_dirs
+
+        missing = missing_connector(s.spark_conf, CONNECTOR_LIB, spark_jar_dirs())
+        if missing is not None:
+            raise RunError(missing)
     sess = (
         spark
         if spark is not None

@@ -5,6 +5,9 @@ UI off, few shuffle partitions, AQE off, quiet logs and a loopback address keep 
 sets `spark.driver.host` to an address its executors can reach).
 Python workers do not see `sys.path` edits: they import `tributary` from the installed package,
 and the driver's PYTHONPATH (if any) travels to them as `spark.executorEnv.PYTHONPATH`.
+Spark's own Kafka source, when `make setup` has fetched it (build/spark-kafka/lib), is on every
+session's classpath (`spark.jars`, after any the configuration names), as a Spark distribution's
+bundled connectors are: `[projections] kafka_reader = "spark"` reads through it.
 
 The JVM writes to its standard error on its own (`WARNING: Using incubator modules`, Spark's
 "Setting default log level" hint, log4j lines, task failures' Java stack traces), and its Python
@@ -153,11 +156,21 @@ def get_session(
             builder = builder.config("spark.executorEnv.PYTHONPATH", pythonpath)
         for k, v in (conf or {}).items():
             builder = builder.config(k, v)
+        jars = _jars(conf or {})
+        if jars:
+            builder = builder.config("spark.jars", jars)
         rotate(jvm_log(), JVM_LOG_BYTES)
         with _stderr_to(jvm_log()):
             session = builder.getOrCreate()
         _SESSION = session
         return session
+
+
+def _jars(conf: Mapping[str, str]) -> str:
+    """`spark.jars`: the configuration's, then Spark's Kafka source's (when fetched)."""
+    from tributary.projections.spark_kafka_source import connector_jars
+
+    return ",".join([*filter(None, [conf.get("spark.jars")]), *connector_jars()])
 
 
 def has_session() -> bool:

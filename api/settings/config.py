@@ -263,6 +263,11 @@ class ProjectionSettings(_Section):
     )
     schema_: str = Field(default="views", alias="schema", description="Schema of derived tables.")
     mirror: tuple[str, ...] = Field(default=(), description="Captured topics to mirror as tables.")
+    kafka_reader: Literal["python", "spark"] = Field(
+        default="python",
+        description='On `[log] backend = "kafka"`, what reads the records: `python` (confluent-kafka consumers in '
+        "Spark's Python workers) or `spark` (Spark's own Kafka source, fetched by `make setup`).",
+    )
 
 
 class EventStoreSettings(_Section):

@@ -13,8 +13,8 @@ import pytest
 
 from tests.debezium import run_jdbc_sink
 from tests.integration.capture.helpers import cli
-from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import write_kafka_config
+from tests.kafka_fixtures import KafkaCluster
 from tests.pg import PgServer, fresh_database
 from tests.waiting import size_of, wait_progress
 

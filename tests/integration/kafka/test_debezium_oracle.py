@@ -14,9 +14,9 @@ import pytest
 
 from tests.debezium import DEBEZIUM_PREFIX, run_debezium
 from tests.integration.capture.helpers import cli
-from tests.integration.kafka.conftest import KafkaCluster
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.integration.kafka.oracle import EXPECTED, EXPECTED_DEBEZIUM, Difference, Expected, changes_of, diff
+from tests.kafka_fixtures import KafkaCluster
 from tests.waiting import size_of, wait_progress
 
 pytestmark = pytest.mark.integration

@@ -1,7 +1,8 @@
-"""Projections on the Kafka backend where Kafka differs on purpose: a run's frame holds exactly the
-committed records of each offset range (offsets are not contiguous: each transaction's commit marker
-takes one), and records of open or aborted transactions never reach a view. Rebuild and incremental
-runs on every backend are in tests/integration/contract/test_projections_contract.py."""
+"""Projections on the Kafka backend where Kafka differs on purpose, with each reader (confluent-kafka
+consumers in Python workers, and Spark's own Kafka source): a run's frame holds exactly the committed
+records of each offset range (offsets are not contiguous: each transaction's commit marker takes one),
+records of open or aborted transactions never reach a view, and both readers give the same records.
+Rebuild and incremental runs on every backend are in tests/integration/contract/test_projections_contract.py."""
 
 # ruff: noqa: F811  # `spark`, imported below, is the tests' parameter
 
@@ -31,6 +32,7 @@ from tributary.projections.kafka_source import KafkaSource
 from tributary.projections.records import default_event_time
 from tributary.projections.runner import RunSettings, rebuild, run
 from tributary.projections.source import RECORD_SCHEMA
+from tributary.projections.spark_kafka_source import SparkKafkaSource, connector_jars
 
 pytestmark = [pytest.mark.integration, ON_BROKER]  # the mock hands aborted and open records to readers
 
@@ -82,9 +84,19 @@ PROJECTIONS = [
 ]
 '''
 NAMES = ("order_totals", "customer_folds", MIRROR)
+SOURCES = {"python": KafkaSource, "spark": SparkKafkaSource}
 
 
-def _setup(tmp_path: Path, dsn: str, kafka: KafkaCluster) -> Path:
+@pytest.fixture(params=["python", "spark"])
+def reader(request: pytest.FixtureRequest, spark: Any) -> str:
+    """`[projections] kafka_reader`: each test with both readers (the session has Spark's Kafka
+    source on its classpath when `make setup` fetched it)."""
+    if request.param == "spark" and not connector_jars():
+        pytest.fail("Spark's Kafka source is not in build/spark-kafka/lib: run `make setup`")
+    return str(request.param)
+
+
+def _setup(tmp_path: Path, dsn: str, kafka: KafkaCluster, reader: str) -> Path:
     kafka.prepare(TOPIC)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE orders (id int PRIMARY KEY, customer text NOT NULL, amount int NOT NULL)")
@@ -100,7 +112,7 @@ def _setup(tmp_path: Path, dsn: str, kafka: KafkaCluster) -> Path:
     text = config.read_text().replace('include = ["public.*"]', 'include = ["public.orders"]')
     config.write_text(
         f'[service]\ndsn = "{dsn}"\n\n[projections]\nmodules = ["{tmp_path / "kafka_projections.py"}"]\n'
-        f'mirror = ["{TOPIC}"]\nspark_master = "local[2]"\n' + text
+        f'mirror = ["{TOPIC}"]\nspark_master = "local[2]"\nkafka_reader = "{reader}"\n' + text
     )
     run_migrations(dsn)  # what `tributary init` does: capture and projections refuse before it
     _capture(config)
@@ -112,9 +124,10 @@ def _capture(config: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def _settings(config: Path) -> RunSettings:
+def _settings(config: Path, reader: str) -> RunSettings:
     s = RunSettings.from_settings(load_settings(config))
     assert s.kafka is not None and s.kafka.bootstrap_servers  # [log] backend = "kafka" reaches the runner
+    assert s.kafka_reader == reader  # so does [projections] kafka_reader
     return dataclasses.replace(s, kafka_split_offsets=7)  # several ranges per partition
 
 
@@ -146,13 +159,13 @@ def _views(dsn: str) -> dict[str, list[str]]:
 
 
 def test_the_frame_holds_the_committed_records_of_each_range(
-    fresh_db: str, tmp_path: Path, kafka: KafkaCluster, spark: Any
+    fresh_db: str, tmp_path: Path, kafka: KafkaCluster, spark: Any, reader: str
 ) -> None:
-    config = _setup(tmp_path, fresh_db, kafka)
-    s = _settings(config)
+    config = _setup(tmp_path, fresh_db, kafka, reader)
+    s = _settings(config, reader)
     assert s.kafka is not None
     seen = read_committed(kafka.bootstraps, [TOPIC])  # an independent read_committed consumer
-    source = KafkaSource(s.kafka, split_offsets=3)
+    source = SOURCES[reader](s.kafka, split_offsets=3)
     try:
         hi = source.ends([TOPIC, "shop.public.nothing"])
         assert sorted(hi) == [(TOPIC, p) for p in range(3)]
@@ -199,14 +212,14 @@ def _fake_insert(row_id: int) -> tuple[bytes, bytes]:
 
 
 def test_open_and_aborted_transactions_never_reach_a_view(
-    fresh_db: str, tmp_path: Path, kafka: KafkaCluster, spark: Any
+    fresh_db: str, tmp_path: Path, kafka: KafkaCluster, spark: Any, reader: str
 ) -> None:
     from confluent_kafka import Producer
 
-    config = _setup(tmp_path, fresh_db, kafka)
-    s = _settings(config)
+    config = _setup(tmp_path, fresh_db, kafka, reader)
+    s = _settings(config, reader)
     assert s.kafka is not None
-    source = KafkaSource(s.kafka)
+    source = SOURCES[reader](s.kafka)
     open_on = (partition_for(canonical_json({"id": 31}), 3) + 1) % 3  # not where row 31 goes
     producer = Producer(
         with_logger({"bootstrap.servers": kafka.bootstraps, "transactional.id": f"t-{uuid.uuid4().hex}"})
@@ -244,3 +257,110 @@ def test_open_and_aborted_transactions_never_reach_a_view(
     finally:
         source.close()
         producer.flush(5)
+
+
+EVENTS = "events.thing"
+EVENT_PROJECTIONS = f'''
+from tributary.projections.definition import Fold, Projection, Table
+
+TOPIC = "{EVENTS}"
+TABLE = Table.of({{"k": "text", "n": "bigint"}}, ["k"])
+FOLD = Fold(initial=lambda key: {{"k": key, "n": 0}}, apply=lambda s, r: {{**s, "n": s["n"] + 1}}, result=lambda s: s)
+
+
+def by_type(record):
+    return None if record.value is None else record.value.get("type")
+
+
+def build(records):
+    return records.groupBy("pkey").count().selectExpr("pkey AS k", "count AS n")
+
+
+PROJECTIONS = [
+    Projection(name="plain", version=1, topics=(TOPIC,), table=TABLE, fold=FOLD),
+    Projection(name="keyed", version=1, topics=(TOPIC,), table=TABLE, key=by_type, fold=FOLD),
+    Projection(name="frame", version=1, topics=(TOPIC,), table=TABLE, build=build),
+]
+'''
+# Headers as the event store writes them, one given whole (not a JSON object), none, a header
+# without a value, text a JSON writer must escape; values with and without an `occurred_at`.
+HEADERS: list[list[tuple[str, bytes | None]] | None] = [
+    [("correlation_id", b"c-1"), ("causation_id", b"e-0")],
+    None,
+    [("tributary.headers", b"[1,2]")],
+    [("note", 'é "q" \\ \n\t\x01 ☃'.encode())],
+    [("empty", None)],
+]
+
+
+def _events(n: int) -> list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]] | None]]:
+    out: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]] | None]] = []
+    for i in range(n):
+        occurred: dict[str, Any] = (
+            {"occurred_at": f"2026-01-0{1 + i % 5}T10:00:0{i % 10}.{i:03d}+01:00"}
+            if i % 4
+            else {"occurred_at": 1700000000000 + i}  # a number, not an ISO-8601 time: the log time counts
+        )
+        value = orjson.dumps({"id": f"e{i}", "stream": f"s{i % 7}", "type": f"T{i % 3}", "data": {"i": i}, **occurred})
+        out.append((orjson.dumps(f"s{i % 7}"), None if i % 11 == 10 else value, HEADERS[i % len(HEADERS)]))
+    out.append((None, orjson.dumps({"type": "T0", "id": "keyless"}), None))
+    return out
+
+
+def test_both_readers_give_the_same_records(kafka: KafkaCluster, tmp_path: Path, spark: Any) -> None:
+    """Same columns, same values, for each kind of projection: headers, tombstones, keyless
+    records, event times, keys; aborted records read by neither."""
+    from confluent_kafka import Producer
+
+    if not connector_jars():
+        pytest.fail("Spark's Kafka source is not in build/spark-kafka/lib: run `make setup`")
+    kafka.create(EVENTS, 3)
+    producer = Producer(
+        with_logger({"bootstrap.servers": kafka.bootstraps, "transactional.id": f"t-{uuid.uuid4().hex}"})
+    )
+    producer.init_transactions(30)
+    for i, (key, value, headers) in enumerate(_events(60)):
+        if i % 20 == 0:
+            producer.begin_transaction()
+        producer.produce(EVENTS, key=key, value=value, partition=i % 3, headers=headers)
+        if i % 20 == 19:
+            producer.commit_transaction(30)
+    producer.commit_transaction(30)
+    producer.begin_transaction()
+    producer.produce(EVENTS, key=b'"ghost"', value=b'{"type":"T9"}', partition=0)
+    producer.flush(30)
+    producer.abort_transaction(30)
+    (tmp_path / "event_projections.py").write_text(EVENT_PROJECTIONS)
+    modules = (str(tmp_path / "event_projections.py"),)
+    options = kafka.options("unused")
+    seen = {}
+    for reader, kind in SOURCES.items():
+        source = kind(options, split_offsets=4)
+        try:
+            hi = source.ends([EVENTS])
+            lo = {tp: 1 for tp in hi}  # from inside each partition
+            for name in ("plain", "keyed", "frame"):
+                frame = source.records_frame(
+                    spark, modules=modules, mirror=(), name=name, topics=[EVENTS], lo=lo, hi=hi
+                )
+                columns = [c for c in frame.columns if c != "value_v"]
+                if name == "frame":  # the value as a VARIANT too, as the projection reads it
+                    frame = frame.selectExpr(*columns, "to_json(value_v) AS value_v")
+                    columns.append("value_v")
+                seen[(reader, name)] = sorted(tuple(r) for r in frame.select(*columns).collect())
+        finally:
+            source.close()
+    for name in ("plain", "keyed", "frame"):
+        assert seen[("spark", name)] == seen[("python", name)], name
+    rows = seen[("python", "plain")]
+    assert len(rows) == 60 + 1 - 3  # every committed record but each partition's first; no aborted one
+    assert {r[6] for r in rows} == {
+        None,
+        '{"correlation_id":"c-1","causation_id":"e-0"}',
+        "[1,2]",
+        orjson.dumps({"note": 'é "q" \\ \n\t\x01 ☃'}).decode(),
+        '{"empty":null}',
+    }
+    assert {r[5] is None for r in rows} == {True, False} and {r[4] is None for r in rows} == {True, False}
+    assert len({r[7] for r in rows}) > 30  # event times: each `occurred_at` its own
+    assert {r[8] for r in seen[("python", "keyed")]} == {'"T0"', '"T1"', '"T2"'}
