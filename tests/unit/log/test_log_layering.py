@@ -101,6 +101,7 @@ BACKEND_BY_NATURE: dict[str, tuple[str, ...]] = {
     # Spark reads each backend its own way: byte-range splits of local segments, offset ranges of Kafka
     "tributary.projections.source": ("tributary.log.local",),
     "tributary.projections.kafka_source": ("tributary.log.kafka",),
+    "tributary.projections.spark_kafka_source": ("tributary.log.kafka",),
     # a columnar snapshot pre-encodes Arrow columns as the local log's lines (Kafka's writer takes them too)
     "tributary.capture.snapshot.initial": ("tributary.log.local",),  # its `encode_columns` only
     # the one selector of compiled twins names each twin's module
