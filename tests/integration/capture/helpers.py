@@ -13,9 +13,9 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psycopg
 
+from tests import backends
 from tests.waiting import STALL_S, size_of, wait_exit, wait_progress
 from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.status import STATUS_FILE, read_status
@@ -169,23 +169,11 @@ def records(log_root: Path, topic: str) -> list[Any]:
 
 def table_state(log_root: Path, topic: str) -> dict[str, dict[str, Any]]:
     """Fold a CDC topic into {canonical key: row} (what a consumer would rebuild)."""
-    state: dict[str, dict[str, Any]] = {}
-    for rec in records(log_root, topic):
-        if rec.value is None or rec.key is None:
-            continue
-        value = orjson.loads(rec.value)
-        if "op" not in value:
-            continue  # a schema record
-        key = rec.key.decode()
-        if value["op"] in ("c", "r", "u"):
-            state[key] = value["after"]
-        elif value["op"] == "d":
-            state.pop(key, None)
-    return state
+    return backends.table_state(records(log_root, topic))
 
 
 def changes(log_root: Path, topic: str) -> list[dict[str, Any]]:
-    return [v for v in (orjson.loads(r.value) for r in records(log_root, topic) if r.value) if "op" in v]
+    return backends.changes(records(log_root, topic))
 
 
 def wait_for(

@@ -19,60 +19,19 @@ from tests.backends import LogBackend, write_backend_config
 from tests.integration.capture.helpers import cli
 from tests.integration.projections.conftest import spark  # noqa: F401  # the suite's one SparkSession
 from tests.integration.projections.helpers import dump
+from tests.integration.projections.orders_views import (
+    NAMES,
+    PROJECTIONS,
+    TOPIC,
+    capture_until_idle,
+    expected_views,
+    views,
+)
 from tributary.api.settings.config import load_settings
 from tributary.eventstore.migrate import run_migrations
 from tributary.projections.runner import RunSettings, rebuild, run, status
 
 pytestmark = pytest.mark.integration
-
-TOPIC = "shop.public.orders"
-MIRROR = "shop_public_orders"
-PROJECTIONS = f'''
-from pyspark.sql import functions as F
-from tributary.projections.definition import Fold, Projection, Table
-
-TOPIC = "{TOPIC}"
-
-
-def build(records):
-    op = F.expr("variant_get(value_v, '$.op', 'string')")
-    rows = records.where((F.col("topic") == TOPIC) & op.isin("r", "c"))
-    return rows.groupBy(F.expr("variant_get(value_v, '$.after.customer', 'string')").alias("customer")).agg(
-        F.sum(F.expr("variant_get(value_v, '$.after.amount', 'bigint')")).alias("total"),
-        F.count(F.lit(1)).alias("n"),
-    )
-
-
-def customer(record):  # inserts and snapshot reads, by customer
-    value = record.value
-    if value is None or value.get("op") not in ("r", "c"):
-        return None
-    return value["after"]["customer"]
-
-
-def initial(key):
-    return {{"customer": key, "total": 0, "n": 0, "last": None}}
-
-
-def apply(state, record):
-    after = record.value["after"]
-    return {{**state, "total": state["total"] + after["amount"], "n": state["n"] + 1, "last": after["id"]}}
-
-
-def result(state):
-    return {{"customer": state["customer"], "total": state["total"], "n": state["n"]}}
-
-
-TABLE = Table.of({{"customer": "text", "total": "bigint", "n": "bigint"}}, ["customer"])
-PROJECTIONS = [
-    Projection(name="order_totals", version=1, topics=(TOPIC,), table=TABLE, build=build),
-    Projection(
-        name="customer_folds", version=1, topics=(TOPIC,), table=TABLE, key=customer,
-        fold=Fold(initial=initial, apply=apply, result=result),
-    ),
-]
-'''
-NAMES = ("order_totals", "customer_folds", MIRROR)
 
 
 def _setup(tmp_path: Path, dsn: str, backend: LogBackend) -> Path:
@@ -88,46 +47,14 @@ def _setup(tmp_path: Path, dsn: str, backend: LogBackend) -> Path:
         f'mirror = ["{TOPIC}"]\nspark_master = "local[2]"\n' + text
     )
     run_migrations(dsn)  # what `tributary init` does: capture and projections refuse before it
-    _capture(config)
+    capture_until_idle(config)
     return config
-
-
-def _capture(config: Path) -> None:
-    done = cli("capture", "--config", str(config), "--until-idle", "1")
-    assert done.returncode == 0, done.stderr
 
 
 def _settings(config: Path, backend: LogBackend) -> RunSettings:
     s = RunSettings.from_settings(load_settings(config))
     assert (s.kafka is not None) == (backend.kafka_options() is not None)  # `[log] backend` reaches the runner
     return dataclasses.replace(s, kafka_split_offsets=7)  # on Kafka: several ranges per partition
-
-
-def _expected(dsn: str, inserted: list[tuple[int, str, int]]) -> dict[str, list[str]]:
-    """The three views as SQL says they should be: totals of every row inserted (the DataFrame
-    and the fold), and the table's current rows (the mirror)."""
-    with psycopg.connect(dsn) as conn:
-        conn.execute("CREATE TEMP TABLE inserted (id int, customer text, amount int)")
-        with conn.cursor().copy("COPY inserted FROM STDIN") as copy:
-            for row in inserted:
-                copy.write_row(row)
-        totals = [
-            r[0]
-            for r in conn.execute(
-                "SELECT (customer, sum(amount), count(*))::text FROM inserted GROUP BY customer ORDER BY 1"
-            )
-        ]
-        current = [r[0] for r in conn.execute("SELECT (id, customer, amount)::text FROM orders ORDER BY 1")]
-    return {"order_totals": totals, "customer_folds": totals, MIRROR: current}
-
-
-def _views(dsn: str) -> dict[str, list[str]]:
-    out = {name: dump(dsn, f"views.{name}") for name in NAMES[:2]}
-    with psycopg.connect(dsn) as conn:
-        out[MIRROR] = [
-            r[0] for r in conn.execute(f"SELECT (id, customer, amount)::text FROM views.{MIRROR} ORDER BY 1")
-        ]
-    return out
 
 
 def test_rebuild_and_incremental_runs_give_the_same_views(
@@ -139,35 +66,35 @@ def test_rebuild_and_incremental_runs_give_the_same_views(
     for name in NAMES:
         done = rebuild(name, s, spark=spark)
         assert done.rebuilt and done.records > 0
-    assert _views(fresh_db) == _expected(fresh_db, inserted)
+    assert views(fresh_db) == expected_views(fresh_db, inserted)
 
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute("INSERT INTO orders SELECT g, 'c' || (g % 5), g * 10 FROM generate_series(31, 45) g")
         conn.execute("UPDATE orders SET amount = amount + 1 WHERE id % 6 = 0")
         conn.execute("DELETE FROM orders WHERE id % 7 = 0")
     inserted += [(g, f"c{g % 5}", g * 10) for g in range(31, 46)]
-    _capture(config)
+    capture_until_idle(config)
     lagging = {st.name: st.lag for st in status(s)}
     assert all(lagging[name] > 0 for name in NAMES), lagging
     for name in NAMES:
         done = run(name, s, spark=spark)
         assert not done.rebuilt and done.records > 0
-    incremental = _views(fresh_db)
-    assert incremental == _expected(fresh_db, inserted)
+    incremental = views(fresh_db)
+    assert incremental == expected_views(fresh_db, inserted)
     assert {st.name: st.lag for st in status(s)} == dict.fromkeys(NAMES, 0)
 
     for name in NAMES:  # a rebuild over the same log gives the same tables
         rebuild(name, s, spark=spark)
-    assert _views(fresh_db) == incremental
+    assert views(fresh_db) == incremental
 
     shown = cli("project", "status", "--json", "--config", str(config))  # as a user asks
     assert shown.returncode == 0, shown.stderr
     assert {r["name"]: r["lag"] for r in orjson.loads(shown.stdout)} == dict.fromkeys(NAMES, 0)
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute("INSERT INTO orders VALUES (46, 'c9', 46), (47, 'c1', 47)")
-    _capture(config)
+    capture_until_idle(config)
     ran = cli("project", "run", "customer_folds", "--config", str(config), timeout=600)
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert "customer_folds: caught up" in ran.stdout, ran.stdout
-    want = _expected(fresh_db, [*inserted, (46, "c9", 46), (47, "c1", 47)])
+    want = expected_views(fresh_db, [*inserted, (46, "c9", 46), (47, "c1", 47)])
     assert dump(fresh_db, "views.customer_folds") == want["customer_folds"]

@@ -19,10 +19,16 @@ import orjson
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import cli
 from tests.integration.kafka.helpers import read_committed, write_kafka_config
 from tests.integration.projections.conftest import spark  # noqa: F401  # the suite's one SparkSession
-from tests.integration.projections.helpers import dump
+from tests.integration.projections.orders_views import (
+    NAMES,
+    PROJECTIONS,
+    TOPIC,
+    capture_until_idle,
+    expected_views,
+    views,
+)
 from tests.kafka_fixtures import ON_BROKER, KafkaCluster
 from tributary.api.settings.config import load_settings
 from tributary.eventstore.migrate import run_migrations
@@ -36,54 +42,6 @@ from tributary.projections.spark_kafka_source import SparkKafkaSource, connector
 
 pytestmark = [pytest.mark.integration, ON_BROKER]  # the mock hands aborted and open records to readers
 
-TOPIC = "shop.public.orders"
-MIRROR = "shop_public_orders"
-PROJECTIONS = f'''
-from pyspark.sql import functions as F
-from tributary.projections.definition import Fold, Projection, Table
-
-TOPIC = "{TOPIC}"
-
-
-def build(records):
-    op = F.expr("variant_get(value_v, '$.op', 'string')")
-    rows = records.where((F.col("topic") == TOPIC) & op.isin("r", "c"))
-    return rows.groupBy(F.expr("variant_get(value_v, '$.after.customer', 'string')").alias("customer")).agg(
-        F.sum(F.expr("variant_get(value_v, '$.after.amount', 'bigint')")).alias("total"),
-        F.count(F.lit(1)).alias("n"),
-    )
-
-
-def customer(record):  # inserts and snapshot reads, by customer
-    value = record.value
-    if value is None or value.get("op") not in ("r", "c"):
-        return None
-    return value["after"]["customer"]
-
-
-def initial(key):
-    return {{"customer": key, "total": 0, "n": 0, "last": None}}
-
-
-def apply(state, record):
-    after = record.value["after"]
-    return {{**state, "total": state["total"] + after["amount"], "n": state["n"] + 1, "last": after["id"]}}
-
-
-def result(state):
-    return {{"customer": state["customer"], "total": state["total"], "n": state["n"]}}
-
-
-TABLE = Table.of({{"customer": "text", "total": "bigint", "n": "bigint"}}, ["customer"])
-PROJECTIONS = [
-    Projection(name="order_totals", version=1, topics=(TOPIC,), table=TABLE, build=build),
-    Projection(
-        name="customer_folds", version=1, topics=(TOPIC,), table=TABLE, key=customer,
-        fold=Fold(initial=initial, apply=apply, result=result),
-    ),
-]
-'''
-NAMES = ("order_totals", "customer_folds", MIRROR)
 SOURCES = {"python": KafkaSource, "spark": SparkKafkaSource}
 
 
@@ -115,13 +73,8 @@ def _setup(tmp_path: Path, dsn: str, kafka: KafkaCluster, reader: str) -> Path:
         f'mirror = ["{TOPIC}"]\nspark_master = "local[2]"\nkafka_reader = "{reader}"\n' + text
     )
     run_migrations(dsn)  # what `tributary init` does: capture and projections refuse before it
-    _capture(config)
+    capture_until_idle(config)
     return config
-
-
-def _capture(config: Path) -> None:
-    done = cli("capture", "--config", str(config), "--until-idle", "1")
-    assert done.returncode == 0, done.stderr
 
 
 def _settings(config: Path, reader: str) -> RunSettings:
@@ -129,33 +82,6 @@ def _settings(config: Path, reader: str) -> RunSettings:
     assert s.kafka is not None and s.kafka.bootstrap_servers  # [log] backend = "kafka" reaches the runner
     assert s.kafka_reader == reader  # so does [projections] kafka_reader
     return dataclasses.replace(s, kafka_split_offsets=7)  # several ranges per partition
-
-
-def _expected(dsn: str, inserted: list[tuple[int, str, int]]) -> dict[str, list[str]]:
-    """The three views as SQL says they should be: totals of every row inserted (the DataFrame
-    and the fold), and the table's current rows (the mirror)."""
-    with psycopg.connect(dsn) as conn:
-        conn.execute("CREATE TEMP TABLE inserted (id int, customer text, amount int)")
-        with conn.cursor().copy("COPY inserted FROM STDIN") as copy:
-            for row in inserted:
-                copy.write_row(row)
-        totals = [
-            r[0]
-            for r in conn.execute(
-                "SELECT (customer, sum(amount), count(*))::text FROM inserted GROUP BY customer ORDER BY 1"
-            )
-        ]
-        current = [r[0] for r in conn.execute("SELECT (id, customer, amount)::text FROM orders ORDER BY 1")]
-    return {"order_totals": totals, "customer_folds": totals, MIRROR: current}
-
-
-def _views(dsn: str) -> dict[str, list[str]]:
-    out = {name: dump(dsn, f"views.{name}") for name in NAMES[:2]}
-    with psycopg.connect(dsn) as conn:
-        out[MIRROR] = [
-            r[0] for r in conn.execute(f"SELECT (id, customer, amount)::text FROM views.{MIRROR} ORDER BY 1")
-        ]
-    return out
 
 
 def test_the_frame_holds_the_committed_records_of_each_range(
@@ -234,13 +160,13 @@ def test_open_and_aborted_transactions_never_reach_a_view(
         assert source.ends([TOPIC])[(TOPIC, open_on)] == before[(TOPIC, open_on)]  # the last stable offset
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute("INSERT INTO orders VALUES (31, 'c1', 31)")
-        _capture(config)
+        capture_until_idle(config)
         t0 = time.monotonic()
         for name in NAMES:
             rebuild(name, s, spark=spark)
         assert time.monotonic() - t0 < 120  # the open transaction is not waited on
         inserted = [(g, f"c{g % 4}", g) for g in range(1, 31)] + [(31, "c1", 31)]
-        assert _views(fresh_db) == _expected(fresh_db, inserted)
+        assert views(fresh_db) == expected_views(fresh_db, inserted)
         producer.abort_transaction(30)
         producer.begin_transaction()
         key, value = _fake_insert(1002)
@@ -250,10 +176,10 @@ def test_open_and_aborted_transactions_never_reach_a_view(
         producer.abort_transaction(30)
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute("INSERT INTO orders VALUES (32, 'c2', 32)")
-        _capture(config)
+        capture_until_idle(config)
         for name in NAMES:
             run(name, s, spark=spark)
-        assert _views(fresh_db) == _expected(fresh_db, [*inserted, (32, "c2", 32)])
+        assert views(fresh_db) == expected_views(fresh_db, [*inserted, (32, "c2", 32)])
     finally:
         source.close()
         producer.flush(5)
