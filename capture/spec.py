@@ -8,7 +8,11 @@ from typing import Any
 
 from tributary.capture.records import envelope as env
 
-__all__ = ["CHUNK_ROWS", "SourceSpec"]
+__all__ = ["CHUNK_ROWS", "SNAPSHOT_MODES", "SourceSpec"]
+
+# `[[sources]] snapshot`, as Debezium's `snapshot.mode` (docs/capture.md); `never` streams from the
+# slot's own start without a snapshot, `no_data` from a new slot, with the tables' schema records.
+SNAPSHOT_MODES = ("initial", "initial_only", "no_data", "always", "when_needed", "never")
 
 CHUNK_ROWS = 200_000  # rows per chunk of a chunked snapshot, by default (bench/README.md: bench/capture.py --chunked)
 
@@ -22,7 +26,7 @@ class SourceSpec:
     slot: str
     include: tuple[str, ...]
     exclude: tuple[str, ...]
-    snapshot: str  # initial | never | when_needed
+    snapshot: str  # one of SNAPSHOT_MODES
     partitions: int
     snapshot_method: str = "consistent"  # consistent | chunked (capture/snapshot/chunked.py)
     snapshot_chunk_rows: int = CHUNK_ROWS
@@ -38,3 +42,9 @@ class SourceSpec:
     resnapshot_on_rewrite: bool = False
     # "schema.table" without a key whose lost UPDATEs/DELETEs the user accepted (`init` refuses others)
     allow_without_key: tuple[str, ...] = ()
+
+    @property
+    def snapshots_data(self) -> bool:
+        """Does this source's mode read table rows on its own (`never`/`no_data` only stream;
+        a requested snapshot is read whatever the mode)?"""
+        return self.snapshot not in ("never", "no_data")

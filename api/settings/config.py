@@ -170,8 +170,11 @@ class SourceSettings(_Section):
     slot: str | None = Field(default=None, description="Replication slot; default tributary_<name>.")
     include: tuple[str, ...] = Field(default=("public.*",), description="schema.table globs.")
     exclude: tuple[str, ...] = Field(default=(), description="schema.table globs to leave out.")
-    snapshot: Literal["initial", "never", "when_needed"] = Field(
-        default="initial", description="Initial snapshot policy."
+    snapshot: Literal["initial", "initial_only", "no_data", "always", "when_needed", "never"] = Field(
+        default="initial",
+        description="When to snapshot, as Debezium's snapshot.mode: initial (no position yet), initial_only "
+        "(then stop), no_data (schema records only, stream from now), always (every start), when_needed "
+        "(also when the slot lost WAL), never (stream from the slot's start).",
     )
     partitions: int | None = Field(
         default=None,
