@@ -68,6 +68,9 @@ class SourceStatus:
     snapshot_tables_pending: list[str] = field(default_factory=list)  # the first is being read
     snapshot_rows_read: int = 0  # rows this process read for a chunked snapshot (re-reads included)
     snapshot_chunks_reread: int = 0  # chunks read again (a truncate, a schema change or the commit race)
+    # "paused" (`capture snapshot --pause`), "stopped" (`--stop`, until the next snapshot request),
+    # "finished" (`snapshot = "initial_only"`: the snapshot is committed, the source streams no more)
+    snapshot_control: str | None = None
     error: str | None = None  # why the source is failed or reconnecting: one line, no password
     error_kind: str | None = None  # one of ERROR_KINDS (a bounded metrics label)
     failures: int = 0  # failed connection attempts and broken streams this run
@@ -143,10 +146,13 @@ def snapshot_under_way(entry: Mapping[str, Any]) -> bool:
 def snapshot_summary(entry: Mapping[str, Any]) -> str | None:
     """One line on the snapshot under way, None when there is none: table, method, chunks and
     rows done of estimated, tables pending (`capture status`, the live display)."""
+    control = entry.get("snapshot_control")
     if not snapshot_under_way(entry):
-        return None
+        if control == "stopped":
+            return "snapshot stopped"
+        return "snapshot finished (initial_only): not streaming" if control == "finished" else None
     method = entry.get("snapshot_method")
-    parts = [f"snapshot{f' ({method})' if method else ''}"]
+    parts = [f"snapshot{f' ({method})' if method else ''}" + (" paused" if control == "paused" else "")]
     table = entry.get("snapshot_table")
     pending = [t for t in entry.get("snapshot_tables_pending") or () if t != table]
     if table:
@@ -175,4 +181,5 @@ def snapshot_view(entry: Mapping[str, Any]) -> dict[str, Any] | None:
         "rows_done": entry.get("snapshot_rows_done", 0),
         "rows_estimated": entry.get("snapshot_rows_total", 0),
         "tables_pending": list(entry.get("snapshot_tables_pending") or ()),
+        "paused": entry.get("snapshot_control") == "paused",
     }

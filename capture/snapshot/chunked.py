@@ -52,6 +52,7 @@ from tributary.capture.records.routing import topic_name
 from tributary.capture.records.staging import Staging, Watch
 from tributary.capture.snapshot.initial import SnapshotSource
 from tributary.capture.snapshot.reader import SnapshotReader
+from tributary.capture.snapshot.signals import PAUSE_SNAPSHOT, RESUME_SNAPSHOT, STOP_SNAPSHOT
 from tributary.capture.spec import SourceSpec
 from tributary.capture.status import SourceStatus
 from tributary.log import Mark
@@ -69,6 +70,7 @@ __all__ = [
     "absent_query",
     "check_query",
     "context_key",
+    "filter_refusal",
     "key_lines",
 ]
 
@@ -107,6 +109,9 @@ class SnapshotContext:
     # the key columns each table's records are keyed by ([] = the whole row): a table whose key
     # changed while capture was stopped is re-snapshotted at start (records keyed the old way go)
     keys: dict[str, list[str]] = field(default_factory=dict)
+    # pending tables read only where a condition holds (`capture snapshot --where`): no key check
+    filters: dict[str, str] = field(default_factory=dict)
+    paused: bool = False  # `pause-snapshot`: no chunk is started until `resume-snapshot`
 
     def to_json(self) -> str:
         return orjson.dumps(
@@ -123,6 +128,8 @@ class SnapshotContext:
                 "total": self.total,
                 "keyless": self.keyless,
                 "keys": self.keys,
+                "filters": self.filters,
+                "paused": self.paused,
             }
         ).decode()
 
@@ -142,6 +149,8 @@ class SnapshotContext:
             total=int(doc.get("total") or 0),
             keyless=list(doc.get("keyless") or []),
             keys={str(k): list(v) for k, v in (doc.get("keys") or {}).items()},
+            filters={str(k): str(v) for k, v in (doc.get("filters") or {}).items()},
+            paused=bool(doc.get("paused")),
         )
 
 
@@ -169,6 +178,19 @@ class _Job:
     plan: ColumnPlan | None = None
     now_ms: int = 0
     partitions: int = 1
+    where: str | None = None  # the table's filter (`SnapshotContext.filters`)
+    gen: int = 0  # `ChunkedSnapshot._gen` when started: a stop since discards the job
+
+
+@dataclass
+class _Request:
+    """A queued signal: a snapshot of `tables` (each of `filters`' only where its condition
+    holds), or a stop (of `tables`, or all), pause or resume."""
+
+    tables: list[str]
+    origin: str
+    kind: str = "execute-snapshot"
+    filters: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -267,7 +289,8 @@ class ChunkedSnapshot:
         self._seq = 0
         self._reader: SnapshotReader | None = None
         self._infos: dict[str, TableInfo] = {}
-        self._requested: list[tuple[list[str], str]] = []
+        self._requested: list[_Request] = []
+        self._gen = 0  # bumped by a stop: a chunk read started before it is discarded
         self._live: tuple[str, list[bytes]] | None = None  # phase "absent": the keys to check (or delete), sorted
         self._kept: _Kept | None = None  # the table re-snapshotted since its first chunk in this process
         self._unkept: set[str] = set()  # tables restarted mid-re-snapshot: their check queries the table
@@ -276,9 +299,15 @@ class ChunkedSnapshot:
         self._show()
 
     # -- requests ------------------------------------------------------------------------
-    def request(self, tables: list[str], *, origin: str) -> None:
-        """Queue a snapshot of `tables`; applied between source transactions (`apply_requests`)."""
-        self._requested.append((list(tables), origin))
+    def request(self, tables: list[str], *, origin: str, filters: dict[str, str] | None = None) -> None:
+        """Queue a snapshot of `tables` (each of `filters`' only where its SQL condition holds);
+        applied between source transactions (`apply_requests`)."""
+        self._requested.append(_Request(list(tables), origin, filters=dict(filters or {})))
+
+    def control(self, kind: str, tables: list[str], *, origin: str) -> None:
+        """Queue a `stop-snapshot` (of `tables`, or all), `pause-snapshot` or `resume-snapshot`;
+        applied in order with the requests."""
+        self._requested.append(_Request(list(tables), origin, kind=kind))
 
     def apply_requests(self, conn: psycopg.Connection[Any] | None = None) -> bool:
         """Add the queued tables to the pending ones; True if the context changed. Unknown or
@@ -287,13 +316,26 @@ class ChunkedSnapshot:
         if not self._requested:
             return False
         requested, self._requested = self._requested, []
+        if conn is None:
+            from tributary.capture.database.slot import sql_connection
+
+            with sql_connection(self.spec.dsn, label=self.spec.name) as own:
+                return self._apply(requested, own)
+        return self._apply(requested, conn)
+
+    def _apply(self, requested: list[_Request], conn: psycopg.Connection[Any]) -> bool:
         infos = self._catalog(conn)
         ctx = self.context
         changed = self.note_keys(infos.values())
-        for tables, origin in requested:
-            for name in tables:
+        for req in requested:
+            if req.kind != "execute-snapshot":
+                changed = self._control(req) or changed
+                continue
+            origin = req.origin
+            for name in req.tables:
                 info = infos.get(name)
                 reason = None
+                where = req.filters.get(name)
                 if info is None:
                     reason = "is not an included table of this source"
                 elif not info.identity_columns:
@@ -304,6 +346,8 @@ class ChunkedSnapshot:
                     if name not in ctx.keyless:
                         ctx.keyless.append(name)
                         changed = True
+                elif where is not None:
+                    reason = filter_refusal(conn, info.schema, info.table, where)
                 if info is None or reason is not None:
                     self._warn(f"snapshot of {name} (requested by {origin}) refused: {name} {reason}")
                     continue
@@ -314,14 +358,65 @@ class ChunkedSnapshot:
                     continue
                 ctx.pending.append(name)
                 ctx.total += max(info.estimated_rows, 0)
-                if (name in (ctx.done or ()) or self._holds_records(info)) and name not in ctx.check:
+                if where is not None:
+                    # Rows outside the condition are not absent: the topic's keys are not checked.
+                    ctx.filters[name] = where
+                elif (name in (ctx.done or ()) or self._holds_records(info)) and name not in ctx.check:
                     ctx.check.append(name)  # its topic holds rows: deleted ones go
-                log.info("source %s: chunked snapshot of %s requested by %s", self.spec.name, name, origin)
+                cond = f" where {where}" if where is not None else ""
+                log.info("source %s: chunked snapshot of %s%s requested by %s", self.spec.name, name, cond, origin)
+                self.status.snapshot_control = None
                 changed = True
         if changed:
             self.dirty = True
             self._show()
         return changed
+
+    def _control(self, req: _Request) -> bool:
+        """Apply a stop, pause or resume of the chunked snapshot; True if the context changed."""
+        ctx = self.context
+        if req.kind in (PAUSE_SNAPSHOT, RESUME_SNAPSHOT):
+            paused = req.kind == PAUSE_SNAPSHOT
+            if paused and not ctx.pending:
+                self._warn(f"{req.kind} (requested by {req.origin}) ignored: no chunked snapshot is under way")
+                return False
+            if ctx.paused == paused:
+                return False
+            ctx.paused = paused
+            verb = "paused" if paused else "resumed"
+            log.info("source %s: chunked snapshot %s by %s", self.spec.name, verb, req.origin)
+            self._show()
+            return True
+        if req.kind != STOP_SNAPSHOT:
+            return False
+        stopped = [t for t in ctx.pending if not req.tables or t in req.tables]
+        if not stopped:
+            return False
+        self._stop(stopped, origin=req.origin)
+        return True
+
+    def _stop(self, tables: list[str], *, origin: str) -> None:
+        """The snapshot aborted (`stop-snapshot`) for `tables`: they leave the pending ones
+        unread (not marked snapshotted), a chunk being read of one of them is discarded."""
+        ctx = self.context
+        if ctx.pending[0] in tables:
+            self._gen += 1  # the chunk in flight is of a stopped table
+            ctx.last = ctx.high = ctx.checked = None
+            ctx.phase = "rows"
+            if self._kept is not None:
+                self._drop_kept()
+        ctx.pending = [t for t in ctx.pending if t not in tables]
+        ctx.check = [t for t in ctx.check if t not in tables]
+        for name in tables:
+            ctx.filters.pop(name, None)
+        log.info("source %s: chunked snapshot of %s stopped by %s", self.spec.name, ", ".join(tables), origin)
+        if not ctx.pending:
+            ctx.rows = ctx.chunks = ctx.total = 0
+            ctx.paused = False
+            self.status.snapshot_table = None
+            self.status.snapshot_control = "stopped"
+        self.dirty = True
+        self._show()
 
     def _holds_records(self, info: TableInfo) -> bool:
         """Does the table's topic hold records already (streamed before any snapshot of it)?"""
@@ -391,7 +486,7 @@ class ChunkedSnapshot:
                     f"source {self.spec.name!r}: chunked snapshot of {job.table.qualified} failed: {error}"
                 ) from None
             return
-        if self._closed or not self.context.pending:
+        if self._closed or not self.context.pending or self.context.paused:
             return
         name = self.context.pending[0]
         info = self._infos.get(name)
@@ -413,6 +508,8 @@ class ChunkedSnapshot:
             watch=self.staging.watch(topic),
             watch_seq=self.recent.seq + 1,
             partitions=partitions,
+            where=self.context.filters.get(name),
+            gen=self._gen,
         )
         last, checked = self.context.last, self.context.checked
         job.high = self.context.high if last is not None else None
@@ -460,6 +557,8 @@ class ChunkedSnapshot:
         if job.error is not None:
             self.job = job  # `tick` raises it
             return False
+        if job.gen != self._gen:
+            return False  # its table's snapshot was stopped while it was read
         if watch.invalid or self.recent.before(job.xip, job.watch_seq):
             self.rereads += 1
             self.status.snapshot_chunks_reread = self.rereads
@@ -479,7 +578,7 @@ class ChunkedSnapshot:
     def _last_of_all(self, job: _Job) -> bool:
         """Is this the snapshot's last unit (its last record marked `snapshot = "last"`)?"""
         ctx = self.context
-        if not job.final or len(ctx.pending) > 1 or self._requested:
+        if not job.final or len(ctx.pending) > 1 or any(r.kind == "execute-snapshot" for r in self._requested):
             return False
         return job.phase == "absent" or ctx.pending[0] not in ctx.check
 
@@ -546,7 +645,7 @@ class ChunkedSnapshot:
         self._unkept.discard(name)
         if ctx.done is None:
             ctx.done = []
-        if name not in ctx.done:
+        if name not in ctx.done and ctx.filters.pop(name, None) is None:  # a filtered read is not the table
             ctx.done.append(name)
         ctx.last, ctx.checked, ctx.phase, ctx.high = None, None, "rows", None
         if not ctx.pending:
@@ -560,6 +659,7 @@ class ChunkedSnapshot:
         ctx, status = self.context, self.status
         status.snapshot_tables_pending = list(ctx.pending)
         if ctx.pending:
+            status.snapshot_control = "paused" if ctx.paused else None
             status.snapshot_method = "chunked"
             status.snapshot_table = ctx.pending[0]
             status.snapshot_chunk = ctx.chunks
@@ -688,10 +788,16 @@ class ChunkedSnapshot:
 
         order = sql.SQL(", ").join(cols)
         texts = sql.SQL(", ").join(sql.SQL("{}::text").format(c) for c in cols)
+        # `capture snapshot --where`: the operator's condition, checked with EXPLAIN when requested
+        # (`filter_refusal`); read, as every chunk, in a read-only transaction of capture's role.
+        only = sql.SQL("({})").format(sql.SQL(job.where)) if job.where is not None else None  # type: ignore[arg-type]
         if job.high is None:  # the table's first chunk: its largest key now bounds the snapshot
             top = reader.connection.execute(
-                sql.SQL("SELECT {} FROM {} ORDER BY {} LIMIT 1").format(
-                    texts, table, sql.SQL(", ").join(sql.SQL("{} DESC").format(c) for c in cols)
+                sql.SQL("SELECT {} FROM {}{} ORDER BY {} LIMIT 1").format(
+                    texts,
+                    table,
+                    sql.SQL("") if only is None else sql.SQL(" WHERE ") + only,
+                    sql.SQL(", ").join(sql.SQL("{} DESC").format(c) for c in cols),
                 )
             ).fetchone()
             if top is None:  # an empty table: one chunk of nothing
@@ -700,6 +806,8 @@ class ChunkedSnapshot:
             job.high = list(top)
         after = sql.SQL("{} > {}").format(key_tuple, literal(last)) if last is not None else None
         until = sql.SQL("{} <= {}").format(key_tuple, literal(job.high))
+        if only is not None:
+            until = sql.SQL("{} AND {}").format(until, only)
         n = self.spec.snapshot_chunk_rows
         # The chunk's last key, and whether a row up to `high` follows it: a chunk that reaches
         # `high` is the last one (its last row marked), even when the table holds a multiple of n rows.
@@ -714,7 +822,11 @@ class ChunkedSnapshot:
         row = list(found[0]) if len(found) == 2 else None  # None: the rest, up to `high`
         job.upper = row
         job.final = row is None
-        parts = [after, until if row is None else sql.SQL("{} <= {}").format(key_tuple, literal(row))]
+        upper = until
+        if row is not None:  # not the last chunk: up to its last key (and, filtered, where the condition holds)
+            upper = sql.SQL("{} <= {}").format(key_tuple, literal(row))
+            upper = upper if only is None else sql.SQL("{} AND {}").format(upper, only)
+        parts = [after, upper]
         conds = [p for p in parts if p is not None]
         reader.where = sql.SQL(" AND ").join(conds) if conds else None
         try:
@@ -782,6 +894,24 @@ class ChunkedSnapshot:
         query = check_query(conn, info)
         absent = {str(r[0]).encode() for r in conn.execute(query, (key_lines(batch),))}
         job.units = sorted(foreign | {k for k in batch if k in absent})
+
+
+def filter_refusal(conn: psycopg.Connection[Any], schema: str, table: str, where: str) -> str | None:
+    """Why `where` cannot filter the table's rows (`capture snapshot --where`), in one line; None
+    when PostgreSQL plans it: EXPLAIN, so nothing is read, one statement (psycopg's extended
+    protocol refuses several), rolled back."""
+    query = sql.SQL("EXPLAIN SELECT 1 FROM {}.{} WHERE ({})").format(
+        sql.Identifier(schema),
+        sql.Identifier(table),
+        sql.SQL(where),  # type: ignore[arg-type]  # the operator's SQL, by design (docs/capture.md)
+    )
+    try:
+        with conn.transaction(force_rollback=True):
+            conn.execute(query)
+    except psycopg.Error as exc:
+        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        return f"cannot be filtered by {where!r}: {first.strip()}"
+    return None
 
 
 def _shaped(key: bytes, columns: tuple[str, ...]) -> bool:
