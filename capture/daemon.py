@@ -273,11 +273,26 @@ class CaptureDaemon:
             self._logged.pop(session.name, None)
             log.info("source %r recovered after %s: streaming", session.name, status.error)
         status.error = status.error_kind = status.retry_at_ms = None
-        log.info("source %s: streaming from LSN %s", session.name, status.confirmed_lsn)
+        if not session.finished:
+            log.info("source %s: streaming from LSN %s", session.name, status.confirmed_lsn)
         if session.has_boundary:  # a snapshot was taken: commit it whole, with its LSN
             self._mark = self.log.mark()
             self.commit()
+        if session.finished:  # `snapshot = "initial_only"`: committed, it streams no more
+            session.close()
         return True
+
+    def _finish_snapshot_only(self) -> bool:
+        """`snapshot = "initial_only"` sources whose chunked snapshot is over: commit what they
+        appended, then stop them. True when every source is so finished (capture exits 0)."""
+        done = [s for s in self.sessions if s.name not in self._retries and s.snapshot_only_done]
+        if done:
+            self._mark = self.log.mark()
+            self.commit()
+            for session in done:
+                session.close()
+                session.finish()
+        return all(s.finished for s in self.sessions)
 
     # -- one source failing ----------------------------------------------------------------------
     def _fail(self, session: SourceSession, exc: BaseException, *, opening: bool = False) -> None:
@@ -360,6 +375,8 @@ class CaptureDaemon:
         while not self._stopping:
             busy = self._pump()
             busy = self._snapshots() or busy
+            if self._finish_snapshot_only():
+                return
             now = self.clock()
             now_ms = int(now * 1000)
             if self._mark is not None and self.committer.due(now_ms):
@@ -458,7 +475,7 @@ class CaptureDaemon:
             return any(s.snapshotting for s in self.sessions)
         under_way = False
         for session in self.sessions:
-            if session.stream is None or session.name in self._retries:
+            if session.stream is None or session.name in self._retries or session.finished:
                 continue
             try:
                 if session.snapshot_tick():

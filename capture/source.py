@@ -34,7 +34,7 @@ from tributary.capture.records.staging import Staging
 from tributary.capture.resume import repaired_key
 from tributary.capture.snapshot.chunked import ChunkedSnapshot, SnapshotContext, context_key
 from tributary.capture.snapshot.initial import RESNAPSHOT_POSITION, SnapshotSource
-from tributary.capture.snapshot.signals import SnapshotSignal
+from tributary.capture.snapshot.signals import EXECUTE_SNAPSHOT, SnapshotSignal
 from tributary.capture.spec import SourceSpec
 from tributary.capture.status import SourceState, SourceStatus
 from tributary.capture.streaming.ddl_watch import CatalogWatcher, SchemaChanges
@@ -59,7 +59,9 @@ class SourceSession:
         self.chunked: ChunkedSnapshot | None = None  # once open (not for an outbox)
         # What the previous run confirmed to the slot (its status file): a slot starting there is ours.
         self.confirmed_before = Lsn.ZERO
-        self._requests: list[tuple[list[str], str]] = []  # snapshot requests made before `open`
+        self._requests: list[SnapshotSignal] = []  # snapshot requests (and controls) made before `open`
+        self._always_taken = False  # `snapshot = "always"`: this process took its snapshot
+        self.finished = False  # `snapshot = "initial_only"`: its snapshot is committed, it streams no more
         self._unmark_repaired = False  # the position was rebuilt by a repair: say at the next commit it is ours
         self.watcher: CatalogWatcher | None = None  # once streaming (not for an outbox)
         self.reset(log_)
@@ -114,6 +116,12 @@ class SourceSession:
         fresh = False  # a new slot: the context starts again
         if position == str(Lsn.ZERO):  # a re-snapshot that never committed (capture/snapshot/initial.py)
             position = None  # snapshot again, whatever the slot now is
+        mode = self.spec.snapshot
+        if mode == "initial_only" and position is not None and (context is None or not context.pending):
+            self.finish()  # its snapshot was taken (and committed) by an earlier run
+            return
+        if mode == "always" and not self._always_taken:
+            position = None  # Debezium's snapshot.mode=always: a new slot and snapshot at every start
         slot = self.slot.inspect()
         if (refused := encodings.refusal(slot.encoding, database=slot.database)) is not None:
             raise SourceMisconfigured(f"source {self.spec.name!r}: {refused}")
@@ -143,6 +151,7 @@ class SourceSession:
                 self.status.warnings.append(f"slot {self.spec.slot} was {was}: re-snapshotted")
             start = self._new_slot(slot, on_progress)
             fresh = True
+            self._always_taken = True
         self.offsets.start(start)
         self.status.confirmed_lsn = str(start)
         self.stream = StreamingSource(
@@ -161,6 +170,11 @@ class SourceSession:
             if self.spec.router is None:
                 self._chunked(conn, context, fresh=fresh, db=slot.database)
                 self._schema_changes(conn, positions, db=slot.database)
+                if fresh and mode == "no_data":
+                    self._schema_only(conn)
+        if mode == "initial_only" and fresh and not self._chunked_start:
+            self.finish()  # the consistent snapshot is taken: the daemon commits it, nothing streams
+            return
         options = dict(wal2json.WAL2JSON_OPTIONS)
         if not self.tables.routes_partitions:  # a leaf's name need not match the patterns its root does
             options.update(self.tables.filter.wal2json_options())
@@ -170,6 +184,38 @@ class SourceSession:
         if self.watcher is not None:
             self.watcher.start()
         self.status.state = SourceState.STREAMING
+
+    def finish(self) -> None:
+        """`snapshot = "initial_only"`: this source's snapshot is over; it does not stream (the
+        slot stays, as Debezium leaves it: drop it once no longer needed, it holds WAL)."""
+        self.finished = True
+        self.status.state = SourceState.STOPPED
+        self.status.snapshot_control = "finished"
+        log.info("source %s: snapshot finished (snapshot = initial_only): not streaming", self.spec.name)
+
+    @property
+    def snapshot_only_done(self) -> bool:
+        """An `initial_only` source streaming beside its chunked snapshot, now between source
+        transactions with nothing left to read: the daemon commits it and stops the source."""
+        return (
+            self.spec.snapshot == "initial_only"
+            and not self.finished
+            and self.stream is not None
+            and not self.in_transaction
+            and not self.snapshotting
+            and (self.chunked is None or self.chunked.job is None)
+        )
+
+    def _schema_only(self, conn: psycopg.Connection[Any]) -> None:
+        """`snapshot = "no_data"` on a new slot: every included table's schema record, no rows
+        (Debezium's no_data captures the structure only); committed with the slot's position."""
+        now_ms = int(self.clock() * 1000)
+        for table in self.tables.included(conn):
+            columns = [(c.name, c.type, c.typeoid) for c in table.columns]
+            self.tables.observe(
+                table.schema, table.table, columns, complete=True, key=table.identity_columns, now_ms=now_ms
+            )
+        self.staging.flush()
 
     def _refusal(self, slot: SlotState, position: str) -> SlotLost | SlotMissing:
         """Why the slot cannot continue the log's position, and the two ways out that lose nothing."""
@@ -215,7 +261,18 @@ class SourceSession:
         engine logs each table's request, or its refusal with the reason, when it applies them."""
         if self.spec.router is not None:
             raise ValueError("an outbox source's events are never snapshotted")
-        self.request_snapshot(list(signal.tables), origin=signal.origin)
+        if self.chunked is None:
+            self._requests.append(signal)
+        else:
+            self._to_engine(self.chunked, signal)
+
+    @staticmethod
+    def _to_engine(engine: ChunkedSnapshot, signal: SnapshotSignal) -> None:
+        """A signal (or a request made before `open`) queued on the chunked-snapshot engine."""
+        if signal.kind == EXECUTE_SNAPSHOT:
+            engine.request(list(signal.tables), origin=signal.origin, filters=dict(signal.filters))
+        else:
+            engine.control(signal.kind, list(signal.tables), origin=signal.origin)
 
     def _chunked(self, conn: psycopg.Connection[Any], context: SnapshotContext | None, *, fresh: bool, db: str) -> None:
         """The chunked-snapshot engine, its context resumed (or started: a new slot), tables
@@ -233,11 +290,11 @@ class SourceSession:
                     if (topic := topic_name(spec.name, t.schema, t.table)) in topics and any(log_.end_offsets(topic))
                 ]
                 context = SnapshotContext(check=held)
-                self._requests.insert(0, (names, "the initial snapshot"))
+                self._requests.insert(0, SnapshotSignal(tuple(names), "the initial snapshot"))
                 self.status.snapshot_method = "chunked"
             else:  # a consistent snapshot was just taken, or a log from before contexts existed
                 context = SnapshotContext(done=names)
-                if fresh and spec.snapshot != "never":
+                if fresh and spec.snapshots_data:
                     self.status.snapshot_method = "consistent"
         if context.done is None:  # unknown (a manifest rebuilt by `log verify --repair`): all but pending
             context.done = [n for n in names if n not in context.pending]
@@ -254,16 +311,16 @@ class SourceSession:
             lsn=lambda: self.offsets.durable,
             clock=self.clock,
         )
-        if spec.snapshot != "never":
+        if spec.snapshots_data:
             known = set(context.done) | set(context.pending) | (set(context.keyless) & keyless)
             for name in (n for n in names if n not in known):
-                if any(name in tables for tables, _ in self._requests):
+                if any(name in r.tables for r in self._requests if r.kind == EXECUTE_SNAPSHOT):
                     continue
                 engine._warn(
                     f"{name} is included but was never snapshotted: snapshotting it (chunked) while the rest streams"
                 )
-                self._requests.append(([name], "include"))
-        if spec.snapshot != "never":
+                self._requests.append(SnapshotSignal((name,), "include"))
+        if spec.snapshots_data:
             for table in included:  # keyed otherwise than when its records were written
                 was = context.keys.get(table.qualified)
                 if was is not None and was != list(table.identity_columns) and table.qualified in context.done:
@@ -271,10 +328,10 @@ class SourceSession:
                         f"{table.qualified} is now keyed by ({', '.join(table.identity_columns) or 'the whole row'}), "
                         f"was ({', '.join(was) or 'the whole row'}): re-snapshotting it so records keyed the old way go"
                     )
-                    self._requests.append(([table.qualified], "a key change"))
+                    self._requests.append(SnapshotSignal((table.qualified,), "a key change"))
         engine.note_keys(included)
-        for tables, origin in self._requests:
-            engine.request(tables, origin=origin)
+        for req in self._requests:
+            self._to_engine(engine, req)
         self._requests = []
         engine.estimate(conn)  # a resumed snapshot's progress shows against its tables' rows
         self._opened_changes = engine.apply_requests(conn)
@@ -288,7 +345,7 @@ class SourceSession:
         consistent point, the first boundary (committed by the daemon right after `open`). A
         chunked snapshot only creates the slot: its chunks are read beside the stream."""
         self._chunked_start = (
-            self.spec.snapshot != "never" and self.spec.snapshot_method == "chunked" and self.spec.router is None
+            self.spec.snapshots_data and self.spec.snapshot_method == "chunked" and self.spec.router is None
         )
         if self._chunked_start:
             log_ = self.staging.log
@@ -297,7 +354,7 @@ class SourceSession:
                 log_.commit(positions={self.spec.name: RESNAPSHOT_POSITION}, upto=Mark())
             with self.slot.recreate(slot, export_snapshot=False) as info:
                 start = info.consistent_point
-        elif self.spec.snapshot != "never":
+        elif self.spec.snapshots_data:
             snapshot = SnapshotSource(
                 self.spec, self.staging, self.tables, self.status, db=slot.database, clock=self.clock
             )
@@ -323,7 +380,7 @@ class SourceSession:
         repeats it); unknown, excluded or keyless tables are refused with a warning (log, status).
         Called on the capture loop's thread: from the stream (a signal), or by the daemon."""
         if self.chunked is None:
-            self._requests.append((list(tables), origin))
+            self._requests.append(SnapshotSignal(tuple(tables), origin))
         else:
             self.chunked.request(tables, origin=origin)
 

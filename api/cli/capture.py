@@ -351,13 +351,30 @@ def status(
 
 @capture_app.command("snapshot")
 def snapshot(
-    tables: Annotated[list[str], typer.Argument(metavar="TABLE", help="schema.table to re-read (one or more).")],
+    tables: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="TABLE", help="schema.table to re-read (one or more; with --stop: those only)."),
+    ] = None,
     config: ConfigOption = None,
     source: Annotated[
         str | None, typer.Option("--source", help="The [[sources]] name (needed when there are several).")
     ] = None,
+    where: Annotated[
+        str | None,
+        typer.Option(
+            "--where",
+            help="Re-read only the rows of TABLE (one) where this SQL condition holds (Debezium's "
+            "additional-conditions); run as capture's role, read-only; keys outside it are left as they are.",
+        ),
+    ] = None,
+    stop: Annotated[
+        bool, typer.Option("--stop", help="Stop the chunked snapshot under way (of TABLEs, or all).")
+    ] = False,
+    pause: Annotated[bool, typer.Option("--pause", help="Pause the chunked snapshot under way.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Resume a paused chunked snapshot.")] = False,
 ) -> None:
-    """Re-snapshot tables, chunked, beside streaming: their rows arrive again as `op: "r"` records.
+    """Re-snapshot tables, chunked, beside streaming: their rows arrive again as `op: "r"` records;
+    or stop, pause or resume the chunked snapshot under way.
 
     Writes a signal into the source database's WAL (a transactional logical message), so the
     request is durable and ordered with the stream: a running capture acts on it when it reads
@@ -366,7 +383,31 @@ def snapshot(
 
     from tributary.capture.database.slot import sql_connection
     from tributary.capture.records.routing import TableFilter
-    from tributary.capture.snapshot.signals import SIGNAL_PREFIX, BadSignal, qualified_table, snapshot_message
+    from tributary.capture.snapshot.chunked import filter_refusal
+    from tributary.capture.snapshot.signals import (
+        PAUSE_SNAPSHOT,
+        RESUME_SNAPSHOT,
+        SIGNAL_PREFIX,
+        STOP_SNAPSHOT,
+        BadSignal,
+        control_message,
+        qualified_table,
+        snapshot_message,
+    )
+
+    tables = tables or []
+    controls = [k for k, on in ((STOP_SNAPSHOT, stop), (PAUSE_SNAPSHOT, pause), (RESUME_SNAPSHOT, resume)) if on]
+    if len(controls) > 1:
+        raise UserError("--stop, --pause and --resume: give one of them")
+    control = controls[0] if controls else None
+    if control is not None and where is not None:
+        raise UserError(f"--where filters a snapshot to take: not with --{control.split('-')[0]}")
+    if control in (PAUSE_SNAPSHOT, RESUME_SNAPSHOT) and tables:
+        raise UserError(f"--{control.split('-')[0]} acts on the whole snapshot under way: name no TABLE")
+    if control is None and not tables:
+        raise UserError("name the TABLE(s) to snapshot (or give --stop, --pause or --resume)")
+    if where is not None and (len(tables) != 1 or not where.strip()):
+        raise UserError("--where filters one table: name exactly one TABLE and a non-empty condition")
 
     settings = settings_from(config)
     specs = source_specs(settings)
@@ -393,6 +434,8 @@ def snapshot(
                 f"table {name} is not captured by source {spec.name!r} (include = {list(spec.include)}, "
                 f"exclude = {list(exclude)})"
             )
+    filters = {names[0]: where.strip()} if where is not None else {}
+    message = control_message(control, names) if control is not None else snapshot_message(names, filters)
     try:
         with sql_connection(spec.dsn, label=spec.name) as conn:
             for name in names:
@@ -403,16 +446,27 @@ def snapshot(
                 ).fetchone()
                 if row is None:
                     raise UserError(f"table {name} does not exist in source {spec.name!r}")
+            for name, condition in filters.items():
+                schema, table = name.split(".", 1)
+                if (refused := filter_refusal(conn, schema, table, condition)) is not None:
+                    raise UserError(f"table {name} {refused}")
             with conn.transaction():
                 lsn = conn.execute(
-                    "SELECT pg_logical_emit_message(true, %s, %s)::text", (SIGNAL_PREFIX, snapshot_message(names))
+                    "SELECT pg_logical_emit_message(true, %s, %s)::text", (SIGNAL_PREFIX, message)
                 ).fetchone()
     except psycopg.Error as exc:  # e.g. EXECUTE on pg_logical_emit_message revoked from the role
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"source {spec.name!r}: cannot write the signal: {first}") from None
     at = lsn[0] if lsn else "?"
+    if control is not None:
+        what = f"{control.split('-')[0]} of the chunked snapshot" + (f" of {', '.join(names)}" if names else "")
+        typer.echo(
+            f"{what} requested from source {spec.name} (WAL {at}): capture applies it when it reaches that point"
+        )
+        return
+    only = f" where {filters[names[0]]}" if filters else ""
     typer.echo(
-        f"snapshot of {', '.join(names)} requested from source {spec.name} (WAL {at}): "
+        f"snapshot of {', '.join(names)}{only} requested from source {spec.name} (WAL {at}): "
         "capture re-reads it, chunked, when it reaches that point"
     )
 

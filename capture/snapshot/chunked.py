@@ -790,7 +790,7 @@ class ChunkedSnapshot:
         texts = sql.SQL(", ").join(sql.SQL("{}::text").format(c) for c in cols)
         # `capture snapshot --where`: the operator's condition, checked with EXPLAIN when requested
         # (`filter_refusal`); read, as every chunk, in a read-only transaction of capture's role.
-        only = sql.SQL("({})").format(sql.SQL(job.where)) if job.where is not None else None  # type: ignore[arg-type]
+        only = sql.SQL("({})").format(sql.SQL(job.where)) if job.where is not None else None
         if job.high is None:  # the table's first chunk: its largest key now bounds the snapshot
             top = reader.connection.execute(
                 sql.SQL("SELECT {} FROM {}{} ORDER BY {} LIMIT 1").format(
@@ -903,7 +903,7 @@ def filter_refusal(conn: psycopg.Connection[Any], schema: str, table: str, where
     query = sql.SQL("EXPLAIN SELECT 1 FROM {}.{} WHERE ({})").format(
         sql.Identifier(schema),
         sql.Identifier(table),
-        sql.SQL(where),  # type: ignore[arg-type]  # the operator's SQL, by design (docs/capture.md)
+        sql.SQL(where),  # the operator's SQL, by design (docs/capture.md)
     )
     try:
         with conn.transaction(force_rollback=True):

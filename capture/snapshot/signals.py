@@ -66,7 +66,7 @@ class SnapshotSignal:
     filters: tuple[tuple[str, str], ...] = ()  # (table, SQL condition), only of tables in `tables`
 
 
-def qualified_table(name: str) -> str:
+def qualified_table(name: object) -> str:
     """`schema.table` as given (catalog names: no quotes, no globs); BadSignal unless it has both parts."""
     if not isinstance(name, str) or not _QUALIFIED.match(name):
         raise BadSignal(f"table {name!r} must be written schema.table")
@@ -124,7 +124,7 @@ def _filters(data: Mapping[str, Any], tables: tuple[str, ...]) -> tuple[tuple[st
         if table not in tables:
             raise BadSignal(f"a condition names {table}, which the signal does not snapshot")
         if not isinstance(where, str) or not where.strip():
-            raise BadSignal(f"the condition of {table} needs a non-empty \"filter\"")
+            raise BadSignal(f'the condition of {table} needs a non-empty "filter"')
         if table in out:
             raise BadSignal(f"{table} has more than one condition")
         out[table] = where.strip()
