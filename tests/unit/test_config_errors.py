@@ -119,8 +119,8 @@ def test_which_of_several_sources_is_named(tmp_path: Path) -> None:
     )
     assert _fails(["config", "show", "-c", str(path)]) == [
         f"tributary: config error in {path}: [[sources]] #2: missing required key 'dsn'",
-        f"tributary: config error in {path}: [[sources]] #3 snapshot: expected 'initial', 'never' or "
-        "'when_needed', got 'sometimes'",
+        f"tributary: config error in {path}: [[sources]] #3 snapshot: expected 'initial', 'initial_only', "
+        "'no_data', 'always', 'when_needed' or 'never', got 'sometimes'",
     ]
 
 

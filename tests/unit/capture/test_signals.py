@@ -11,7 +11,11 @@ from hypothesis import strategies as st
 
 from tributary.capture.snapshot.signals import (
     EXECUTE_SNAPSHOT,
+    PAUSE_SNAPSHOT,
+    RESUME_SNAPSHOT,
+    STOP_SNAPSHOT,
     BadSignal,
+    control_message,
     from_message,
     from_row,
     qualified_table,
@@ -51,7 +55,19 @@ def test_a_signal_table_row_in_either_spelling() -> None:
         ("not json", "not JSON"),
         ("[1, 2]", "not a JSON object"),
         ('{"tables": ["public.t"]}', "unknown signal type None"),
-        ('{"type": "stop-snapshot", "tables": ["public.t"]}', "unknown signal type 'stop-snapshot'"),
+        ('{"type": "log-snapshot", "tables": ["public.t"]}', "unknown signal type 'log-snapshot'"),
+        ('{"type": "stop-snapshot", "tables": []}', "non-empty list"),
+        (
+            '{"type": "execute-snapshot", "tables": ["public.t"], "additional-conditions": '
+            '[{"data-collection": "public.u", "filter": "a = 1"}]}',
+            "names public.u, which the signal does not snapshot",
+        ),
+        (
+            '{"type": "execute-snapshot", "tables": ["public.t"], "additional-conditions": '
+            '[{"data-collection": "public.t", "filter": " "}]}',
+            "needs a non-empty",
+        ),
+        ('{"type": "execute-snapshot", "tables": ["public.t"], "additional-conditions": {}}', "must be a list"),
         ('{"type": "execute-snapshot"}', "non-empty list"),
         ('{"type": "execute-snapshot", "tables": []}', "non-empty list"),
         ('{"type": "execute-snapshot", "tables": "public.t"}', "non-empty list"),
@@ -84,3 +100,40 @@ def test_the_message_is_the_documented_json() -> None:
     assert json.loads(snapshot_message(["public.t"])) == {"type": "execute-snapshot", "tables": ["public.t"]}
     with pytest.raises(BadSignal):
         qualified_table("public.t.x")
+
+
+def test_a_filtered_snapshot_reads_back_with_its_condition_in_either_spelling() -> None:
+    ours = from_message(snapshot_message(["public.orders", "public.t"], {"public.orders": "status = 'open'"}))
+    assert ours.kind == EXECUTE_SNAPSHOT and ours.filters == (("public.orders", "status = 'open'"),)
+    debezium = from_row(
+        {
+            "id": "ad-hoc-1",
+            "type": EXECUTE_SNAPSHOT,
+            "data": json.dumps(
+                {
+                    "data-collections": ["public.orders"],
+                    "type": "incremental",
+                    "additional-conditions": [{"data-collection": "public.orders", "filter": "status = 'open'"}],
+                }
+            ),
+        },
+        table="s.sig",
+    )
+    assert debezium.tables == ("public.orders",) and debezium.filters == ours.filters[:1]
+
+
+@pytest.mark.parametrize("kind", [STOP_SNAPSHOT, PAUSE_SNAPSHOT, RESUME_SNAPSHOT])
+def test_controls_read_back_from_a_message_and_from_a_row_without_data(kind: str) -> None:
+    signal = from_message(control_message(kind))
+    assert (signal.kind, signal.tables) == (kind, ())
+    row = from_row({"id": "c", "type": kind, "data": None}, table="s.sig")
+    assert (row.kind, row.tables) == (kind, ())
+
+
+def test_a_stop_may_name_its_tables() -> None:
+    signal = from_row(
+        {"id": 1, "type": STOP_SNAPSHOT, "data": '{"data-collections": ["public.a"], "type": "incremental"}'},
+        table="s.sig",
+    )
+    assert signal.tables == ("public.a",)
+    assert from_message(control_message(STOP_SNAPSHOT, ["public.b"])).tables == ("public.b",)

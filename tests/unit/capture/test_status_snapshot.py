@@ -28,6 +28,7 @@ def test_a_consistent_snapshot_while_snapshotting() -> None:
         "rows_done": 250,
         "rows_estimated": 1000,
         "tables_pending": [],
+        "paused": False,
     }
 
 
@@ -52,3 +53,20 @@ def test_a_chunked_snapshot_beside_streaming_with_tables_pending() -> None:
 def test_a_table_added_to_include_shows_as_pending_before_its_first_chunk() -> None:
     entry = {"state": "streaming", "snapshot_method": "chunked", "snapshot_tables_pending": ["public.new"]}
     assert snapshot_summary(entry) == "snapshot (chunked) pending public.new"
+
+
+def test_a_paused_snapshot_says_so_and_a_stopped_or_finished_one_shows_after_it() -> None:
+    paused = {
+        "state": "streaming",
+        "snapshot_method": "chunked",
+        "snapshot_table": "public.a",
+        "snapshot_tables_pending": ["public.a"],
+        "snapshot_control": "paused",
+    }
+    assert snapshot_summary(paused) == "snapshot (chunked) paused public.a"
+    view = snapshot_view(paused)
+    assert view is not None and view["paused"] is True
+    stopped = {"state": "streaming", "snapshot_method": "chunked", "snapshot_control": "stopped"}
+    assert snapshot_summary(stopped) == "snapshot stopped" and snapshot_view(stopped) is None
+    finished = {"state": "stopped", "snapshot_method": "consistent", "snapshot_control": "finished"}
+    assert snapshot_summary(finished) == "snapshot finished (initial_only): not streaming"
