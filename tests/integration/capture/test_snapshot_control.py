@@ -1,0 +1,188 @@
+"""Stop, pause and resume of a chunked snapshot (`capture snapshot --stop/--pause/--resume` and the
+signal table, Debezium's stop-/pause-/resume-snapshot signals), against a real PostgreSQL: the
+paused state survives a restart of capture, `capture status` shows it, and a condition that does
+not parse is refused in one line (by the CLI) or with a warning (from the signal table).
+
+The signals are written while capture is stopped: each lies in the WAL before any watermark of the
+next run, so capture applies it before it could stage a chunk, whatever the machine's speed."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.integration.capture.helpers import (
+    capture_progress,
+    cli,
+    records,
+    source_status,
+    spawn_capture,
+    table_state,
+    wait_for,
+    wal_position,
+    write_config,
+)
+from tributary.capture.decoding.lsn import Lsn
+
+pytestmark = pytest.mark.integration
+
+ROWS = 1000
+SIGNALS = "public.tributary_signal"
+
+
+def _setup(dsn: str, tmp_path: Path) -> Path:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, %s) g", (ROWS,))
+        conn.execute(f"CREATE TABLE {SIGNALS} (id text PRIMARY KEY, type text NOT NULL, data text)")
+    config = write_config(
+        tmp_path / "t.toml",
+        dsn=dsn,
+        log_root=tmp_path / "log",
+        source_extra=f'signal_table = "{SIGNALS}"\nsnapshot_chunk_rows = 100',
+    )
+    res = cli("capture", "--config", str(config), "--until-idle", "1", timeout=300)  # the initial snapshot
+    assert res.returncode == 0, res.stderr
+    return config
+
+
+def _reads(log_root: Path) -> Counter[bytes]:
+    """How often each key of t was read by a snapshot (`op: "r"`)."""
+    return Counter(r.key for r in records(log_root, "shop.public.t") if r.value and b'"op":"r"' in r.value)
+
+
+def _signal(config: Path, *args: str) -> None:
+    res = cli("capture", "snapshot", *args, "--config", str(config))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def _confirmed_past(log_root: Path, pid: int, lsn: Lsn) -> bool:
+    confirmed = source_status(log_root, pid).get("confirmed_lsn")
+    return confirmed is not None and Lsn.parse(confirmed) >= lsn
+
+
+def test_pause_survives_a_restart_and_resume_finishes_the_snapshot(fresh_db: str, tmp_path: Path) -> None:
+    config = _setup(fresh_db, tmp_path)
+    log_root = tmp_path / "log"
+    _signal(config, "public.t")
+    _signal(config, "--pause")
+    paused_at = wal_position(fresh_db)
+
+    proc = spawn_capture(config)
+    try:
+        wait_for(
+            lambda: _confirmed_past(log_root, proc.pid, paused_at),
+            timeout=60,
+            what="capture to apply the pause (and commit it)",
+            progress=lambda: capture_progress(log_root),
+        )
+        entry = source_status(log_root, proc.pid)
+        assert entry["snapshot_control"] == "paused" and entry["snapshot_tables_pending"] == ["public.t"], entry
+        status = cli("capture", "status", "--config", str(config))
+        assert "snapshot (chunked) paused public.t" in status.stdout, status.stdout + status.stderr
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    assert set(_reads(log_root).values()) == {1}, "no chunk is read while paused"
+
+    proc = spawn_capture(config)
+    try:
+        wait_for(
+            lambda: source_status(log_root, proc.pid).get("state") == "streaming",
+            timeout=60,
+            what="capture to stream again",
+            progress=lambda: capture_progress(log_root),
+        )
+        entry = source_status(log_root, proc.pid)
+        assert entry["snapshot_control"] == "paused" and entry["snapshot_tables_pending"] == ["public.t"], entry
+        assert set(_reads(log_root).values()) == {1}, "still paused after the restart"
+        _signal(config, "--resume")
+        wait_for(
+            lambda: set(_reads(log_root).values()) == {2},
+            timeout=60,
+            what="the resumed snapshot to read every row",
+            progress=lambda: capture_progress(log_root),
+        )
+        wait_for(
+            lambda: not source_status(log_root, proc.pid).get("snapshot_tables_pending"),
+            timeout=60,
+            what="the snapshot to end",
+            progress=lambda: capture_progress(log_root),
+        )
+        assert source_status(log_root, proc.pid).get("snapshot_control") is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    assert len(table_state(log_root, "shop.public.t")) == ROWS
+
+
+def test_stop_from_the_cli_and_the_signal_table_ends_the_snapshot_unread(fresh_db: str, tmp_path: Path) -> None:
+    config = _setup(fresh_db, tmp_path)
+    log_root = tmp_path / "log"
+    _signal(config, "public.t")
+    _signal(config, "--stop")
+    with psycopg.connect(fresh_db, autocommit=True) as conn:  # Debezium's spelling, through the signal table
+        conn.execute(
+            f"INSERT INTO {SIGNALS} VALUES ('s1', 'execute-snapshot', %s), ('s2', 'stop-snapshot', %s)",
+            (
+                json.dumps({"data-collections": ["public.t"], "type": "incremental"}),
+                json.dumps({"data-collections": ["public.t"], "type": "incremental"}),
+            ),
+        )
+    stopped_at = wal_position(fresh_db)
+    proc = spawn_capture(config)
+    try:
+        wait_for(
+            lambda: _confirmed_past(log_root, proc.pid, stopped_at),
+            timeout=60,
+            what="capture to apply the signals",
+            progress=lambda: capture_progress(log_root),
+        )
+        entry = source_status(log_root, proc.pid)
+        assert entry["snapshot_control"] == "stopped" and not entry["snapshot_tables_pending"], entry
+        status = cli("capture", "status", "--config", str(config))
+        assert "snapshot stopped" in status.stdout, status.stdout + status.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    assert set(_reads(log_root).values()) == {1}, "a stopped snapshot stages no chunk"
+    # Stopped is not pending: a later start does not take it up again.
+    res = cli("capture", "--config", str(config), "--until-idle", "1", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert set(_reads(log_root).values()) == {1}
+
+
+def test_a_condition_that_does_not_parse_is_refused(fresh_db: str, tmp_path: Path) -> None:
+    config = _setup(fresh_db, tmp_path)
+    log_root = tmp_path / "log"
+    res = cli("capture", "snapshot", "public.t", "--where", "nosuch = 1", "--config", str(config))
+    assert res.returncode != 0 and res.stderr.count("\n") == 1, res.stderr
+    assert "cannot be filtered by 'nosuch = 1'" in res.stderr and 'column "nosuch" does not exist' in res.stderr
+    res = cli("capture", "snapshot", "public.t", "--where", "true; DROP TABLE t", "--config", str(config))
+    assert res.returncode != 0 and res.stderr.count("\n") == 1, res.stderr
+    with psycopg.connect(fresh_db, autocommit=True) as conn:  # the signal table: refused with a warning
+        conn.execute(
+            f"INSERT INTO {SIGNALS} VALUES ('w1', 'execute-snapshot', %s)",
+            (
+                json.dumps(
+                    {
+                        "data-collections": ["public.t"],
+                        "additional-conditions": [{"data-collection": "public.t", "filter": "v >"}],
+                    }
+                ),
+            ),
+        )
+        assert conn.execute("SELECT count(*) FROM t").fetchone() == (ROWS,)
+    res = cli("capture", "--config", str(config), "--until-idle", "1", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "snapshot of public.t (requested by public.tributary_signal row 'w1') refused" in res.stderr
+    assert "cannot be filtered by 'v >'" in res.stderr
+    assert set(_reads(log_root).values()) == {1}
