@@ -202,13 +202,14 @@ def _ensure_slot(conn: psycopg.Connection[Any], spec: SourceSpec, report: Source
         (spec.slot,),
     ).fetchone()
     ways = 'set snapshot = "when_needed" to re-snapshot, or capture into a new [log] root'
+    resnapshots = spec.snapshot in ("when_needed", "always")  # capture recreates the slot itself
     if row is None and position is not None:
         # A slot made now would start after the log's position: capture must re-snapshot, not stream.
-        if spec.snapshot == "when_needed":
+        if resnapshots:
             report.add(
                 Outcome.WARNING,
                 f"slot {spec.slot} is missing but capture has a position for this source ({position}): "
-                "capture re-snapshots and creates the slot (snapshot = when_needed)",
+                f"capture re-snapshots and creates the slot (snapshot = {spec.snapshot})",
             )
         else:
             report.add(
@@ -227,14 +228,14 @@ def _ensure_slot(conn: psycopg.Connection[Any], spec: SourceSpec, report: Source
         )
     elif row[2] == "lost":
         report.add(
-            Outcome.PROBLEM,
+            Outcome.WARNING if resnapshots else Outcome.PROBLEM,
             f'slot {spec.slot} was invalidated (WAL it needed is gone): drop it, or set snapshot = "when_needed"',
         )
     elif position is not None and row[3] and Lsn.parse(row[3]) > Lsn.parse(position):
         report.add(
-            Outcome.WARNING if spec.snapshot == "when_needed" else Outcome.PROBLEM,
+            Outcome.WARNING if resnapshots else Outcome.PROBLEM,
             f"slot {spec.slot} starts at {row[3]}, after the log's position {position}: it was recreated, and "
-            + ("capture re-snapshots (snapshot = when_needed)" if spec.snapshot == "when_needed" else ways),
+            + (f"capture re-snapshots (snapshot = {spec.snapshot})" if resnapshots else ways),
         )
     else:
         report.add(Outcome.OK, f"replication slot {spec.slot} exists ({row[2]})")

@@ -65,7 +65,10 @@ def test_initial_only_snapshots_then_capture_stops_on_its_own(
 ) -> None:
     _orders(fresh_db)
     config, log_root = _config(
-        backend, tmp_path, fresh_db, f'snapshot = "initial_only"\nsnapshot_method = "{method}"\nsnapshot_chunk_rows = 100'
+        backend,
+        tmp_path,
+        fresh_db,
+        f'snapshot = "initial_only"\nsnapshot_method = "{method}"\nsnapshot_chunk_rows = 100',
     )
     _capture(config)  # no --until-idle: it exits 0 by itself once the snapshot is committed
     assert table_state(backend.records(log_root, TOPIC)) == _table(fresh_db)
@@ -128,11 +131,11 @@ def test_a_filtered_snapshot_rereads_only_its_rows_and_deletes_none_outside_it(
     fresh_db: str, tmp_path: Path, backend: LogBackend, method: str
 ) -> None:
     _orders(fresh_db)
-    config, log_root = _config(
-        backend, tmp_path, fresh_db, f'snapshot_method = "{method}"\nsnapshot_chunk_rows = 100'
-    )
+    config, log_root = _config(backend, tmp_path, fresh_db, f'snapshot_method = "{method}"\nsnapshot_chunk_rows = 100')
     _capture(config, "--until-idle", "1")
-    res = cli("capture", "snapshot", "public.orders", "--where", "status = 'open' AND id > 300", "--config", str(config))
+    res = cli(
+        "capture", "snapshot", "public.orders", "--where", "status = 'open' AND id > 300", "--config", str(config)
+    )
     assert res.returncode == 0 and "where status = 'open' AND id > 300" in res.stdout, res.stdout + res.stderr
     _capture(config, "--until-idle", "1")
     reads = _reads(backend, log_root)
