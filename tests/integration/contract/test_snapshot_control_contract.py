@@ -106,11 +106,13 @@ def test_no_data_writes_schema_records_only_and_streams_from_its_start(
     assert [(c["op"], c["after"]["id"]) for c in got] == [("c", 100001), ("u", 1)]
 
 
+@pytest.mark.parametrize("method", ["consistent", "chunked"])
 def test_always_snapshots_at_every_start_and_the_topic_equals_the_table(
-    fresh_db: str, tmp_path: Path, backend: LogBackend
+    fresh_db: str, tmp_path: Path, backend: LogBackend, method: str
 ) -> None:
     _orders(fresh_db)
-    config, log_root = _config(backend, tmp_path, fresh_db, 'snapshot = "always"')
+    extra = f'snapshot = "always"\nsnapshot_method = "{method}"\nsnapshot_chunk_rows = 100'
+    config, log_root = _config(backend, tmp_path, fresh_db, extra)
     _capture(config, "--until-idle", "1")
     assert set(_reads(backend, log_root).values()) == {1}
     with psycopg.connect(fresh_db, autocommit=True) as conn:  # while capture is stopped
