@@ -52,7 +52,7 @@ from tributary.capture.records.routing import topic_name
 from tributary.capture.records.staging import Staging, Watch
 from tributary.capture.snapshot.initial import SnapshotSource
 from tributary.capture.snapshot.reader import SnapshotReader
-from tributary.capture.snapshot.signals import PAUSE_SNAPSHOT, RESUME_SNAPSHOT, STOP_SNAPSHOT
+from tributary.capture.snapshot.signals import EXECUTE_SNAPSHOT, PAUSE_SNAPSHOT, RESUME_SNAPSHOT, STOP_SNAPSHOT
 from tributary.capture.spec import SourceSpec
 from tributary.capture.status import SourceStatus
 from tributary.log import Mark
@@ -189,7 +189,7 @@ class _Request:
 
     tables: list[str]
     origin: str
-    kind: str = "execute-snapshot"
+    kind: str = EXECUTE_SNAPSHOT
     filters: dict[str, str] = field(default_factory=dict)
 
 
@@ -328,7 +328,7 @@ class ChunkedSnapshot:
         ctx = self.context
         changed = self.note_keys(infos.values())
         for req in requested:
-            if req.kind != "execute-snapshot":
+            if req.kind != EXECUTE_SNAPSHOT:
                 changed = self._control(req) or changed
                 continue
             origin = req.origin
@@ -578,7 +578,7 @@ class ChunkedSnapshot:
     def _last_of_all(self, job: _Job) -> bool:
         """Is this the snapshot's last unit (its last record marked `snapshot = "last"`)?"""
         ctx = self.context
-        if not job.final or len(ctx.pending) > 1 or any(r.kind == "execute-snapshot" for r in self._requested):
+        if not job.final or len(ctx.pending) > 1 or any(r.kind == EXECUTE_SNAPSHOT for r in self._requested):
             return False
         return job.phase == "absent" or ctx.pending[0] not in ctx.check
 

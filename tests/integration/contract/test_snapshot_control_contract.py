@@ -136,9 +136,17 @@ def test_a_filtered_snapshot_rereads_only_its_rows_and_deletes_none_outside_it(
     config, log_root = _config(backend, tmp_path, fresh_db, f'snapshot_method = "{method}"\nsnapshot_chunk_rows = 100')
     _capture(config, "--until-idle", "1")
     res = cli(
-        "capture", "snapshot", "public.orders", "--where", "status = 'open' AND id > 300", "--config", str(config)
+        "capture",
+        "snapshot",
+        "public.orders",
+        "--where",
+        "status = 'open' AND id % 3 = 0 AND id > 300",
+        "--config",
+        str(config),
     )
-    assert res.returncode == 0 and "where status = 'open' AND id > 300" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 0 and "where status = 'open' AND id % 3 = 0 AND id > 300" in res.stdout, (
+        res.stdout + res.stderr
+    )
     _capture(config, "--until-idle", "1")
     reads = _reads(backend, log_root)
     wanted = {i for i in range(301, ROWS + 1) if i % 3 == 0}
