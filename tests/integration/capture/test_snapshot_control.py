@@ -12,11 +12,13 @@ import json
 import signal
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from tests.integration.capture.helpers import (
+    Capture,
     capture_progress,
     cli,
     records,
@@ -61,9 +63,19 @@ def _signal(config: Path, *args: str) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def _confirmed_past(log_root: Path, pid: int, lsn: Lsn) -> bool:
-    confirmed = source_status(log_root, pid).get("confirmed_lsn")
-    return confirmed is not None and Lsn.parse(confirmed) >= lsn
+def _applied(config: Path, proc: Capture, lsn: Lsn, shown: str) -> dict[str, Any]:
+    """Once running capture `proc` confirmed `lsn` (the signals before it are applied and
+    committed): its source's status entry, `capture status` having shown `shown`."""
+    log_root = config.parent / "log"
+
+    def confirmed() -> bool:
+        at = source_status(log_root, proc.pid).get("confirmed_lsn")
+        return at is not None and Lsn.parse(at) >= lsn
+
+    wait_for(confirmed, timeout=60, what="capture to apply the signals", progress=lambda: capture_progress(log_root))
+    status = cli("capture", "status", "--config", str(config))
+    assert shown in status.stdout, status.stdout + status.stderr
+    return source_status(log_root, proc.pid)
 
 
 def test_pause_survives_a_restart_and_resume_finishes_the_snapshot(fresh_db: str, tmp_path: Path) -> None:
@@ -75,16 +87,8 @@ def test_pause_survives_a_restart_and_resume_finishes_the_snapshot(fresh_db: str
 
     proc = spawn_capture(config)
     try:
-        wait_for(
-            lambda: _confirmed_past(log_root, proc.pid, paused_at),
-            timeout=60,
-            what="capture to apply the pause (and commit it)",
-            progress=lambda: capture_progress(log_root),
-        )
-        entry = source_status(log_root, proc.pid)
+        entry = _applied(config, proc, paused_at, "snapshot (chunked) paused public.t")
         assert entry["snapshot_control"] == "paused" and entry["snapshot_tables_pending"] == ["public.t"], entry
-        status = cli("capture", "status", "--config", str(config))
-        assert "snapshot (chunked) paused public.t" in status.stdout, status.stdout + status.stderr
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     finally:
@@ -140,16 +144,8 @@ def test_stop_from_the_cli_and_the_signal_table_ends_the_snapshot_unread(fresh_d
     stopped_at = wal_position(fresh_db)
     proc = spawn_capture(config)
     try:
-        wait_for(
-            lambda: _confirmed_past(log_root, proc.pid, stopped_at),
-            timeout=60,
-            what="capture to apply the signals",
-            progress=lambda: capture_progress(log_root),
-        )
-        entry = source_status(log_root, proc.pid)
+        entry = _applied(config, proc, stopped_at, "snapshot stopped")
         assert entry["snapshot_control"] == "stopped" and not entry["snapshot_tables_pending"], entry
-        status = cli("capture", "status", "--config", str(config))
-        assert "snapshot stopped" in status.stdout, status.stdout + status.stderr
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
