@@ -29,6 +29,9 @@ from tests.integration.capture.helpers import (
     wal_position,
     write_config,
 )
+from tests.integration.capture.test_slot_gap import TOPIC as GAP_TOPIC
+from tests.integration.capture.test_slot_gap import _captured_then_slot_dropped_and_changed
+from tests.integration.capture.test_slot_gap import _table as _gap_table
 from tributary.capture.decoding.lsn import Lsn
 
 pytestmark = pytest.mark.integration
@@ -182,3 +185,15 @@ def test_a_condition_that_does_not_parse_is_refused(fresh_db: str, tmp_path: Pat
     assert "snapshot of public.t (requested by public.tributary_signal row 'w1') refused" in res.stderr
     assert "cannot be filtered by 'v >'" in res.stderr
     assert set(_reads(log_root).values()) == {1}
+
+
+def test_init_leaves_a_dropped_slot_to_capture_under_always(fresh_db: str, tmp_path: Path) -> None:
+    """`snapshot = "always"` recreates the slot at every start: a slot dropped while capture was
+    stopped is a warning for `init`, not a problem, and capture's next start restates the table."""
+    config = _captured_then_slot_dropped_and_changed(fresh_db, tmp_path, extra='snapshot = "always"')
+    init = cli("init", "--config", str(config))
+    assert init.returncode == 0, init.stdout + init.stderr
+    assert "capture re-snapshots and creates the slot (snapshot = always)" in init.stdout, init.stdout
+    res = cli("capture", "--config", str(config), "--until-idle", "1", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert table_state(tmp_path / "log", GAP_TOPIC) == _gap_table(fresh_db)
