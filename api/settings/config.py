@@ -184,7 +184,7 @@ class RuleSettings(_Section):
     truncate_chars: int = Field(default=255, ge=1, le=1_000_000, description="Length of a truncated text value.")
     row_filter: str | None = Field(
         default=None,
-        description="Rows captured: an expression over the row (docs/capture.md, \"Column and row rules\"); others are left out.",
+        description='Rows captured: an expression over the row (docs/capture.md, "Column and row rules"); others are left out.',
     )
 
     @field_validator("tables")

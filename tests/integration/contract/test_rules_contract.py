@@ -140,8 +140,10 @@ def test_rules_hold_in_snapshot_stream_and_resnapshot(
     out = _capture(config)
     _check(backend, log_root, fresh_db, out)
     seen = {(r.partition, r.offset) for r in first}
-    streamed = changes([r for r in backend.records(log_root, "shop.public.customers") if (r.partition, r.offset) not in seen])
-    ops = {}
+    streamed = changes(
+        [r for r in backend.records(log_root, "shop.public.customers") if (r.partition, r.offset) not in seen]
+    )
+    ops: dict[int, list[str]] = {}
     for value in streamed:
         row = value["after"] or value["before"]
         ops.setdefault(row["id"], []).append(value["op"])

@@ -20,7 +20,14 @@ from tributary.capture.records.rules import RuleSpec, SourceRules, TableRules
 
 pytestmark = pytest.mark.unit
 
-CTX: dict[str, Any] = {"source_name": "shop", "db": "db", "lsn": Lsn(1), "tx_id": 7, "commit_ts_ms": 1000, "now_ms": 2000}
+CTX: dict[str, Any] = {
+    "source_name": "shop",
+    "db": "db",
+    "lsn": Lsn(1),
+    "tx_id": 7,
+    "commit_ts_ms": 1000,
+    "now_ms": 2000,
+}
 SPEC = RuleSpec(
     tables=("public.cust*",),
     exclude=("ssn",),
