@@ -172,3 +172,10 @@ def test_settings_refuse_inconsistent_rules_in_one_line() -> None:
     )
     shown = masked(source)
     assert shown["rules"][0]["hash_salt"] == "***"  # type: ignore[index,call-overload]
+
+
+def test_a_document_error_never_quotes_column_values() -> None:
+    doc = b'{"action":"X","schema":"public","table":"t","columns":[{"name":"ssn","type":"text","value":"123-45"}]}'
+    with pytest.raises(ValueError, match="unknown wal2json action 'X'") as err:
+        parse_message(doc)
+    assert b"123-45".decode() not in str(err.value) and '"table":"t"' in str(err.value)
