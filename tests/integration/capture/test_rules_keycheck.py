@@ -73,3 +73,16 @@ def test_a_resumed_key_check_matches_hashed_keys_and_drops_rows_out_of_the_filte
         rows = conn.execute("SELECT acct, tier FROM accounts WHERE tier >= 2").fetchall()
     want = {f'{{"acct":"{_hash(a)}"}}'.encode(): {"acct": _hash(a), "tier": t} for a, t in rows}
     assert _compacted(config, "shop.public.accounts") == want
+
+
+def test_a_rule_excluding_a_key_column_stops_capture_in_one_line(fresh_db: str, tmp_path: Path) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE accounts (acct text PRIMARY KEY, secret text)")
+        conn.execute("INSERT INTO accounts VALUES ('ACCT-1', 'SECRET-VALUE')")
+    rules = '[[sources.rules]]\ntables = ["public.accounts"]\nexclude = ["acct", "secret"]\n'
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", extra=rules)
+    res = cli("capture", "--config", str(config), "--until-idle", "1")
+    assert res.returncode != 0
+    line = "[[sources.rules]] exclude names key column 'acct' of public.accounts"
+    assert line in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert "SECRET-VALUE" not in res.stderr + res.stdout
