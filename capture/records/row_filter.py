@@ -209,26 +209,24 @@ def _member(column: str, items: list[Any], negated: bool) -> _Eval:
 
 
 def _all(terms: list[_Eval]) -> _Eval:
-    def evaluate(row: Row) -> Truth:
-        unknown = False
-        for term in terms:
-            v = term(row)
-            if v is False:
-                return False
-            unknown = unknown or v is None
-        return None if unknown else True
-
-    return evaluate
+    return _kleene(terms, decisive=False)
 
 
 def _any(terms: list[_Eval]) -> _Eval:
+    return _kleene(terms, decisive=True)
+
+
+def _kleene(terms: list[_Eval], *, decisive: bool) -> _Eval:
+    """`and` (a false term decides) or `or` (a true term decides) in three-valued logic: without a
+    deciding term, unknown if any term is, else the other value."""
+
     def evaluate(row: Row) -> Truth:
         unknown = False
         for term in terms:
             v = term(row)
-            if v is True:
-                return True
+            if v is decisive:
+                return decisive
             unknown = unknown or v is None
-        return None if unknown else False
+        return None if unknown else not decisive
 
     return evaluate

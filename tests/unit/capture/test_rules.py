@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.unit.capture.test_capture_envelopes import CTX
 from tributary.api.settings.config import RuleSettings, SourceSettings
 from tributary.api.settings.masking import masked
 from tributary.capture.decoding.lsn import Lsn
@@ -20,14 +21,6 @@ from tributary.capture.records.rules import RuleSpec, SourceRules, TableRules
 
 pytestmark = pytest.mark.unit
 
-CTX: dict[str, Any] = {
-    "source_name": "shop",
-    "db": "db",
-    "lsn": Lsn(1),
-    "tx_id": 7,
-    "commit_ts_ms": 1000,
-    "now_ms": 2000,
-}
 SPEC = RuleSpec(
     tables=("public.cust*",),
     exclude=("ssn",),
