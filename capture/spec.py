@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tributary.capture.records import envelope as env
+from tributary.capture.records.rules import SourceRules
 
 __all__ = ["CHUNK_ROWS", "SNAPSHOT_MODES", "SourceSpec"]
 
@@ -42,6 +43,8 @@ class SourceSpec:
     resnapshot_on_rewrite: bool = False
     # "schema.table" without a key whose lost UPDATEs/DELETEs the user accepted (`init` refuses others)
     allow_without_key: tuple[str, ...] = ()
+    # Column and row rules per table (`[[sources.rules]]`, capture/records/rules.py); None: none.
+    rules: SourceRules | None = None
 
     @property
     def snapshots_data(self) -> bool:

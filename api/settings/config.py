@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tributary.api.settings.environment import read_environment
 from tributary.api.settings.errors import ConfigError, describe, describe_toml_bytes, describe_toml_syntax
@@ -29,6 +29,7 @@ __all__ = [
     "ConfigError",
     "LogSettings",
     "ProjectionSettings",
+    "RuleSettings",
     "ServiceSettings",
     "Settings",
     "SinkSettings",
@@ -162,6 +163,60 @@ class LogSettings(_Section):
     kafka: KafkaLogSettings = KafkaLogSettings()
 
 
+class RuleSettings(_Section):
+    """Column and row rules for the tables a `[[sources.rules]]` entry names (capture/records/rules.py)."""
+
+    tables: tuple[str, ...] = Field(
+        min_length=1, description="schema.table globs; a table takes the first rule that names it."
+    )
+    exclude: tuple[str, ...] = Field(default=(), description="Columns left out of records (not key columns).")
+    mask: tuple[str, ...] = Field(default=(), description="Columns whose values become mask_chars asterisks.")
+    mask_chars: int = Field(default=8, ge=1, le=255, description="Length of a masked value.")
+    hash: tuple[str, ...] = Field(
+        default=(), description="Columns whose values become the hex SHA-256 of hash_salt + the value's text."
+    )
+    hash_salt: str | None = Field(
+        default=None, description="Salt of `hash` (required with it); changing it changes every hash."
+    )
+    truncate: tuple[str, ...] = Field(
+        default=(), description="Text columns cut to truncate_chars characters (not key columns)."
+    )
+    truncate_chars: int = Field(default=255, ge=1, le=1_000_000, description="Length of a truncated text value.")
+    row_filter: str | None = Field(
+        default=None,
+        description='Rows captured: an expression over the row (docs/capture.md, "Column and row rules"); others are left out.',
+    )
+
+    @field_validator("tables")
+    @classmethod
+    def _table_globs(cls, tables: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [t for t in tables if t.count(".") != 1]
+        if bad:
+            raise ValueError(f"each entry must be schema.table (globs allowed), not {', '.join(repr(t) for t in bad)}")
+        return tables
+
+    @field_validator("row_filter")
+    @classmethod
+    def _parsable_filter(cls, text: str | None) -> str | None:
+        from tributary.capture.records.row_filter import compile_filter
+
+        if text is not None:
+            compile_filter(text)
+        return text
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RuleSettings:
+        if self.hash and not self.hash_salt:
+            raise ValueError("hash_salt is required when hash names columns")
+        named: dict[str, str] = {}
+        for what in ("exclude", "mask", "hash", "truncate"):
+            for column in getattr(self, what):
+                if column in named:
+                    raise ValueError(f"column {column!r} is in both {named[column]} and {what}")
+                named[column] = what
+        return self
+
+
 class SourceSettings(_Section):
     """One captured database; `name` is the topic prefix."""
 
@@ -214,6 +269,9 @@ class SourceSettings(_Section):
         default=(),
         description="schema.table of tables without a key whose lost UPDATEs and DELETEs you accept "
         "(`init` refuses them otherwise).",
+    )
+    rules: tuple[RuleSettings, ...] = Field(
+        default=(), description="Column and row rules per table: [[sources.rules]] entries (below)."
     )
 
     @field_validator("dsn")

@@ -50,7 +50,7 @@ def _mask(value: JsonValue, key: str | None) -> JsonValue:
     if isinstance(value, list):
         return [_mask(v, key) for v in value]
     if isinstance(value, str):
-        return MASK if key == "key" else mask_dsn(value)
+        return MASK if key in ("key", "hash_salt") else mask_dsn(value)
     return value
 
 

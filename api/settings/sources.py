@@ -7,13 +7,14 @@ from typing import Any
 
 import psycopg
 
-from tributary.api.settings.config import Settings
+from tributary.api.settings.config import Settings, SourceSettings
 from tributary.capture.database.replication import connect_options
 from tributary.capture.records.outbox import OUTBOX_TABLE, route_event
+from tributary.capture.records.rules import RuleSpec, SourceRules
 from tributary.capture.source import SourceSpec
 from tributary.capture.status import read_status, snapshot_view
 
-__all__ = ["OUTBOX_SOURCE", "outbox_spec", "slot_lag_bytes", "source_specs", "source_statuses"]
+__all__ = ["OUTBOX_SOURCE", "outbox_spec", "slot_lag_bytes", "source_rules", "source_specs", "source_statuses"]
 
 
 OUTBOX_SOURCE = "_eventstore"  # reserved: the event store's outbox, captured like any source
@@ -39,6 +40,27 @@ def outbox_spec(settings: Settings, service_dsn: str) -> SourceSpec:
     )
 
 
+def source_rules(source: SourceSettings) -> SourceRules | None:
+    """The source's `[[sources.rules]]` as capture applies them; None without any (the fast paths)."""
+    if not source.rules:
+        return None
+    specs = [
+        RuleSpec(
+            tables=r.tables,
+            exclude=r.exclude,
+            mask=r.mask,
+            mask_chars=r.mask_chars,
+            hash=r.hash,
+            hash_salt=r.hash_salt or "",
+            truncate=r.truncate,
+            truncate_chars=r.truncate_chars,
+            row_filter=r.row_filter,
+        )
+        for r in source.rules
+    ]
+    return SourceRules(source.name, specs)
+
+
 def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[SourceSpec]:
     """One SourceSpec per `[[sources]]` entry, defaults filled in; with the outbox when asked
     and `[capture] capture_eventstore` is on and a service database is known."""
@@ -58,6 +80,7 @@ def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[Sourc
             partitioned_tables=s.partitioned_tables,
             resnapshot_on_rewrite=s.resnapshot_on_rewrite,
             allow_without_key=s.allow_without_key,
+            rules=source_rules(s),
         )
         for s in settings.sources
     ]

@@ -124,6 +124,17 @@ _NEG_ZERO = b'"value":-0}'
 _NEG_ZERO_FLOAT = b'"value":-0.0}'
 
 
+def _head(data: bytes) -> bytes:
+    """What an error may quote of a document: its start, never its columns' values (a masked or
+    excluded column's value must not reach a message: capture/records/rules.py)."""
+    head = data[:120]
+    for field in (b'"columns"', b'"identity"'):
+        at = head.find(field)
+        if at >= 0:
+            head = head[:at] + b"..."
+    return head
+
+
 def _decode(data: bytes) -> dict[str, Any]:
     if _NEG_ZERO in data:
         # A float's -0 (only floats print it): a JSON parser reads the integer 0 and drops the sign.
@@ -137,7 +148,7 @@ def _decode(data: bytes) -> dict[str, Any]:
         # orjson refuses integers beyond 64 bits; the standard library keeps them exact.
         return dict(json.loads(data, parse_float=str))
     if not isinstance(doc, dict):
-        raise ValueError(f"not a wal2json document: {data[:120]!r}")
+        raise ValueError(f"not a wal2json document: {_head(data)!r}")
     return doc
 
 
@@ -182,4 +193,4 @@ def parse_message(data: bytes) -> Message:
         return LogicalMessage(
             bool(doc.get("transactional")), str(doc.get("prefix", "")), str(doc.get("content", "")), _lsn(doc)
         )
-    raise ValueError(f"unknown wal2json action {action!r} in {data[:120]!r}")
+    raise ValueError(f"unknown wal2json action {action!r} in {_head(data)!r}")

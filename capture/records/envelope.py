@@ -19,6 +19,7 @@ from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.decoding.values import UNAVAILABLE, stream_converter, text_converter, type_family
 from tributary.capture.decoding.wal2json import Change, LogicalMessage, Truncate
 from tributary.capture.records.routing import topic_name
+from tributary.capture.records.rules import TableRules
 
 __all__ = [
     "CONNECTOR",
@@ -168,13 +169,15 @@ def envelopes_for(
     now_ms: int,
     known_columns: Sequence[tuple[str, str, int]] | None = None,
     key_columns: Sequence[str] | None = None,
+    rules: TableRules | None = None,
 ) -> list[Output]:
     """The records one streamed change becomes, in order.
 
     `known_columns`: the table's current columns (name, type, oid), so that an UPDATE's
     missing columns can be told apart as unchanged TOAST values (trap 3). `key_columns`: the
     table's key (capture/database/source_tables.py) when the change names no primary key: the replica identity
-    index's columns, or () for the whole row.
+    index's columns, or () for the whole row. `rules`: the table's column and row rules
+    (capture/records/rules.py), if it has any.
     """
     topic = topic_name(source_name, change.schema, change.table)
     change_lsn = _lsn(change.lsn_text, lsn)
@@ -188,6 +191,8 @@ def envelopes_for(
         commit_ts_ms,
     )
     keys = change.pk or tuple(key_columns or ())
+    if rules is not None:
+        return _ruled_envelopes(change, rules, topic, source, keys, known_columns, now_ms)
     if change.action == "I":
         after = _row(change.raw_columns)
         return [Output(topic, _key(after, keys), _stream_value(None, after, source, "c", now_ms))]
@@ -210,6 +215,55 @@ def envelopes_for(
             ]
     full_old = old if old is not None and len(old) > len(keys) else None  # a whole old row (FULL)
     return [Output(topic, new_key, _stream_value(full_old, after, source, "u", now_ms))]
+
+
+def _ruled_envelopes(
+    change: Change,
+    rules: TableRules,
+    topic: str,
+    source: bytes,
+    keys: tuple[str, ...],
+    known: Sequence[tuple[str, str, int]] | None,
+    now_ms: int,
+) -> list[Output]:
+    """`envelopes_for` of a table with rules: rows outside its filter are not captured (an UPDATE
+    that moves a row out is a delete of its key, one that moves it in a create), and every row is
+    `rules.apply`'d before its key is taken. When the old row is not known to be out of the filter
+    (wal2json sent only its key), an UPDATE out of it or a DELETE is a delete: never a row kept."""
+    if change.action == "I":
+        after = _row(change.raw_columns)
+        if not rules.keeps(after):
+            return []
+        after = rules.apply(after)
+        return [Output(topic, _key(after, keys), _stream_value(None, after, source, "c", now_ms))]
+    old = _row(change.raw_identity) if change.raw_identity else None
+    old_in = rules.keeps_old(old)
+    shown_old = rules.apply(old) if old is not None else None
+    if change.action == "D":
+        if old_in is False:
+            return []
+        before = shown_old or {}
+        key = _key(before, keys or tuple(before))
+        return [Output(topic, key, _stream_value(shown_old, None, source, "d", now_ms)), Output(topic, key, None)]
+    after = _row(change.raw_columns)
+    _fill_unchanged_toast(after, change, known, old)
+    new_in = rules.keeps(after)
+    shown = rules.apply(after)
+    new_key = _key(shown, keys)
+    old_key = new_key
+    if old is not None and shown_old is not None and ((not keys) or all(k in old for k in keys)):
+        old_key = _key(shown_old, keys)
+    moved = old_key != new_key
+    out = []
+    if old_in is not False and (moved or not new_in):
+        before = shown_old if shown_old is not None else {k: shown.get(k) for k in keys}
+        out += [Output(topic, old_key, _stream_value(before, None, source, "d", now_ms)), Output(topic, old_key, None)]
+    if new_in and (old_in is False or moved):
+        out.append(Output(topic, new_key, _stream_value(None, shown, source, "c", now_ms)))
+    elif new_in:
+        full_old = shown_old if old is not None and len(old) > len(keys) else None
+        out.append(Output(topic, new_key, _stream_value(full_old, shown, source, "u", now_ms)))
+    return out
 
 
 _FIXED_WIDTH = frozenset(
@@ -259,8 +313,12 @@ class SnapshotEncoder:
         db: str,
         lsn: Lsn,
         now_ms: int,
+        rules: TableRules | None = None,
     ) -> None:
+        """`rules`: the table's column and row rules (capture/records/rules.py): `encode` applies
+        them (None for a row outside the filter); the paths that skip `encode` are not taken."""
         self.topic = topic_name(source_name, schema, table)
+        self.rules = rules
         self._names = [c[0] for c in columns]
         self._convs = [text_converter(c[1]) for c in columns]
         self._keys = tuple(primary_key)
@@ -293,7 +351,23 @@ class SnapshotEncoder:
         }
 
     def encode(self, values: Sequence[str | None], marker: str = "true") -> Output:
+        """The row's record (of a table with rules: one its filter keeps, `encode_ruled`)."""
+        if self.rules is not None:
+            out = self.encode_ruled(values, marker)
+            if out is None:
+                raise ValueError("a row outside its table's filter has no record")
+            return out
         after = self.row(values)
+        value = b'{"before":null,"after":' + orjson.dumps(after) + self._tails[marker]
+        return Output(self.topic, _key(after, self._keys), value)
+
+    def encode_ruled(self, values: Sequence[str | None], marker: str = "true") -> Output | None:
+        """`encode`, or None for a row its table's row filter leaves out."""
+        after = self.row(values)
+        if self.rules is not None:
+            if not self.rules.keeps(after):
+                return None
+            after = self.rules.apply(after)
         value = b'{"before":null,"after":' + orjson.dumps(after) + self._tails[marker]
         return Output(self.topic, _key(after, self._keys), value)
 

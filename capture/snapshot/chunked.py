@@ -736,6 +736,7 @@ class ChunkedSnapshot:
                 db=self.writer.db,
                 lsn=self.lsn(),
                 now_ms=job.now_ms,
+                rules=self.writer.table_rules(info),
             )
             if job.final:
                 pass
@@ -743,7 +744,7 @@ class ChunkedSnapshot:
                 self._read_rows(job, reader, last)
                 self.status.snapshot_rows_read += job.rows
             else:
-                self._read_absent(job, conn, checked)
+                self._read_absent(job, reader, checked)
             conn.commit()
             hook = type(self).after_read
             if hook is not None:
@@ -852,22 +853,26 @@ class ChunkedSnapshot:
                 units.append(("columnar", recs))
                 rows += recs.rows
             return units, rows, plan
-        batches = None if self.writer.reference_only else reader.json_rows(info, info.identity_columns)
+        batches = None if self.writer.per_row(info) else reader.json_rows(info, info.identity_columns)
         if batches is not None:
             for batch in batches:
                 units.append(("json", batch))
                 rows += len(batch)
             return units, rows, None
         for row in reader.rows(info):
-            units.append(("row", (row, encoder.encode(row))))
-            rows += 1
+            out = encoder.encode_ruled(row)
+            if out is not None:  # else outside the table's row filter
+                units.append(("row", (row, out)))
+                rows += 1
         return units, rows, None
 
-    def _read_absent(self, job: _Job, conn: psycopg.Connection[Any], checked: str | None) -> None:
+    def _read_absent(self, job: _Job, reader: SnapshotReader, checked: str | None) -> None:
         """The next batch of the keys to check (sorted, past `checked`) and which of them the
         table no longer has: the topic's live keys, queried against the table in batches; or,
         when this process kept every key staged since the re-snapshot began (`_Kept`), the live
-        keys outside those, deleted without a query."""
+        keys outside those, deleted without a query. A table with rules (capture/records/rules.py)
+        is read whole instead: its keys may be hashed or masked, and a row outside its filter is gone."""
+        conn = reader.connection
         info = job.table
         assert job.encoder is not None
         name = info.qualified
@@ -883,6 +888,11 @@ class ChunkedSnapshot:
         job.checked = batch[-1].decode() if batch else checked
         if not batch or kept is not None:
             job.units = batch
+            return
+        if job.encoder.rules is not None:
+            encode = job.encoder.encode_ruled
+            present = {out.key for row in reader.rows(info) if (out := encode(row)) is not None}
+            job.units = [k for k in batch if k not in present]
             return
         keys = info.identity_columns
         # A key of another shape (the table was keyed otherwise when it was written) is gone.

@@ -40,6 +40,7 @@ from tributary.capture.database.slot import Slot, SlotState, sql_connection
 from tributary.capture.database.source_tables import SourceTables
 from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.records import envelope as env
+from tributary.capture.records.rules import TableRules
 from tributary.capture.records.staging import Staging
 from tributary.capture.snapshot.reader import SnapshotReader
 from tributary.capture.spec import SourceSpec
@@ -132,6 +133,7 @@ class SnapshotSource:
                 db=self.db,
                 lsn=lsn,
                 now_ms=now_ms,
+                rules=self.table_rules(table),
             )
             # A topic that holds keys already (a re-snapshot): those the table no longer has go.
             gone = self.staging.live_keys(encoder.topic) if self.spec.router is None else set()
@@ -179,7 +181,7 @@ class SnapshotSource:
             return
         batches = (
             None
-            if self.spec.router is not None or self.reference_only
+            if self.spec.router is not None or self.per_row(table)
             else reader.json_rows(table, table.identity_columns)
         )
         if batches is not None:
@@ -190,9 +192,12 @@ class SnapshotSource:
             return
         for row in reader.rows(table, ordered=self.spec.router is not None):
             out = None
-            if gone:
-                out = encoder.encode(row)
-                gone.discard(out.key)
+            if gone or encoder.rules is not None:
+                out = encoder.encode_ruled(row)
+                if out is None:
+                    continue  # outside the table's row filter
+                if gone:
+                    gone.discard(out.key)
             yield functools.partial(self.stage_row, encoder, row, now_ms, out=out), 1
 
     @property
@@ -201,10 +206,20 @@ class SnapshotSource:
         (`envelope = "debezium"`) cannot come as encoded lines, and take the reference's values."""
         return self.spec.envelope == "debezium"
 
+    def table_rules(self, table: TableInfo) -> TableRules | None:
+        """The table's column and row rules (capture/records/rules.py), None when it has none."""
+        rules = self.spec.rules
+        return None if rules is None else rules.for_table(table.schema, table.table, table.identity_columns)
+
+    def per_row(self, table: TableInfo) -> bool:
+        """Rows only by the per-row reference path: `reference_only`, or a table with rules (the
+        one path that applies them: `SnapshotEncoder.encode_ruled`)."""
+        return self.reference_only or self.table_rules(table) is not None
+
     def columnar_plan(self, table: TableInfo) -> ColumnPlan | None:
         """The table's columnar plan, or None: another path (see the module's docstring).
         pyarrow is imported here, not at start-up: only a snapshot pays for it."""
-        if self.spec.router is not None or not self.columnar or self.reference_only:
+        if self.spec.router is not None or not self.columnar or self.per_row(table):
             return None
         from tributary.capture.snapshot import columnar
 

@@ -35,6 +35,7 @@ from tributary.capture.decoding import wal2json
 from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.errors import SourceMisconfigured
 from tributary.capture.records import envelope as env
+from tributary.capture.records.rules import TableRules
 from tributary.capture.records.staging import Staging
 from tributary.capture.snapshot import signals
 from tributary.capture.snapshot.chunked import WATERMARK_PREFIX
@@ -275,8 +276,9 @@ class StreamingSource:
                 now_ms=now_ms,
                 xid=change.xid,
             )
-        outputs = self._envelopes(change, now_ms, keys)
-        if change.action == "I" and self.templates is not None and self.offsets.in_transaction:
+        rules = None if self.spec.rules is None else self.spec.rules.for_table(change.schema, change.table, keys)
+        outputs = self._envelopes(change, now_ms, keys, rules)
+        if change.action == "I" and self.templates is not None and self.offsets.in_transaction and rules is None:
             self.templates.learn(
                 change,
                 payload,
@@ -422,12 +424,16 @@ class StreamingSource:
             now_ms=int(self.clock() * 1000) if now_ms is None else now_ms,
         )
 
-    def _envelopes(self, change: wal2json.Change, now_ms: int, keys: tuple[str, ...]) -> list[env.Output]:
-        """A change's records, with the clock read once per change, not once per use."""
+    def _envelopes(
+        self, change: wal2json.Change, now_ms: int, keys: tuple[str, ...], rules: TableRules | None = None
+    ) -> list[env.Output]:
+        """A change's records, with the clock read once per change, not once per use. A table with
+        rules (capture/records/rules.py) never has an INSERT template: this is its one path."""
         return env.envelopes_for(
             change,
             known_columns=self.tables.schemas.columns(change.schema, change.table) if change.action == "U" else None,
             key_columns=keys,
+            rules=rules,
             **self._context(now_ms),
         )
 
