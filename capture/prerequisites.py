@@ -130,7 +130,7 @@ def _check_tables(
     conn: psycopg.Connection[Any], spec: SourceSpec, report: SourceReport, set_full: bool, allowed: set[str]
 ) -> None:
     tables = list_tables(
-        conn, TableFilter(spec.include, spec.exclude).matches, leaves=spec.partitioned_tables == "leaves"
+        conn, TableFilter(spec.include, spec.row_exclude).matches, leaves=spec.partitioned_tables == "leaves"
     )
     report.tables = [t.qualified for t in tables]
     if not tables:
@@ -182,7 +182,7 @@ def _check_toast_on_kafka(conn: psycopg.Connection[Any], spec: SourceSpec, repor
     names = [
         t.qualified
         for t in list_tables(
-            conn, TableFilter(spec.include, spec.exclude).matches, leaves=spec.partitioned_tables == "leaves"
+            conn, TableFilter(spec.include, spec.row_exclude).matches, leaves=spec.partitioned_tables == "leaves"
         )
         if t.replica_identity != "f" and any(toastable(c.type) for c in t.columns if c.name not in t.identity_columns)
     ]

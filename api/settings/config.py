@@ -28,6 +28,7 @@ __all__ = [
     "KafkaLogSettings",
     "ConfigError",
     "LogSettings",
+    "OutboxTableSettings",
     "ProjectionSettings",
     "ServiceSettings",
     "Settings",
@@ -162,6 +163,47 @@ class LogSettings(_Section):
     kafka: KafkaLogSettings = KafkaLogSettings()
 
 
+_OUTBOX_TOPIC = re.compile(r"(?:[A-Za-z0-9._-]|\{route\})+")  # a topic name, {route} where the aggregate type goes
+
+
+class OutboxTableSettings(_Section):
+    """One outbox table of the source's own services (`[[sources.outbox]]`): each INSERT is an event,
+    as Debezium's outbox event router (io.debezium.transforms.outbox.EventRouter) makes it."""
+
+    table: str = Field(
+        pattern=r"^[^.\s\"*?\[\]]+\.[^.\s\"*?\[\]]+$",
+        description="schema.table of the outbox table; never snapshotted, its UPDATEs and DELETEs ignored.",
+    )
+    id_column: str = Field(default="id", description="Event id, the record's `id` header (table.field.event.id).")
+    key_column: str = Field(
+        default="aggregateid", description="Aggregate id, the record's key (table.field.event.key)."
+    )
+    type_column: str = Field(
+        default="type", description="Event type, the record's `type` header (table.field.event.type)."
+    )
+    payload_column: str = Field(default="payload", description="The record's value (table.field.event.payload).")
+    route_by_column: str = Field(
+        default="aggregatetype", description="Aggregate type, which names the topic (route.by.field)."
+    )
+    topic: str = Field(
+        default="outbox.event.{route}",
+        description="Topic of an event; {route} is its aggregate type (route.topic.replacement).",
+    )
+    header_columns: tuple[str, ...] = Field(
+        default=(),
+        description="Columns copied into the record's headers (table.fields.additional.placement).",
+    )
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, topic: str) -> str:
+        if not _OUTBOX_TOPIC.fullmatch(topic):
+            raise ValueError(
+                "must be a topic name of letters, digits, '.', '_', '-', with {route} for the aggregate type"
+            )
+        return topic
+
+
 class SourceSettings(_Section):
     """One captured database; `name` is the topic prefix."""
 
@@ -212,6 +254,9 @@ class SourceSettings(_Section):
         description="schema.table of tables without a key whose lost UPDATEs and DELETEs you accept "
         "(`init` refuses them otherwise).",
     )
+    outbox: tuple[OutboxTableSettings, ...] = Field(
+        default=(), description="Outbox tables of your services, one `[[sources.outbox]]` table each."
+    )
 
     @field_validator("dsn")
     @classmethod
@@ -225,6 +270,14 @@ class SourceSettings(_Section):
         if bad:
             raise ValueError(f"each entry must be schema.table, not {', '.join(repr(t) for t in bad)}")
         return tables
+
+    @field_validator("outbox")
+    @classmethod
+    def _unique_outbox(cls, outbox: tuple[OutboxTableSettings, ...]) -> tuple[OutboxTableSettings, ...]:
+        tables = [t.table for t in outbox]
+        if twice := sorted({t for t in tables if tables.count(t) > 1}):
+            raise ValueError(f"table {twice[0]} is named by two [[sources.outbox]] entries")
+        return outbox
 
     @property
     def slot_name(self) -> str:
