@@ -7,7 +7,7 @@ import json
 
 from pydantic import BaseModel
 
-from tributary.api.settings.config import Settings, SinkSettings, SourceSettings
+from tributary.api.settings.config import OutboxTableSettings, Settings, SinkSettings, SourceSettings
 
 __all__ = ["reference"]
 
@@ -75,7 +75,13 @@ def reference() -> str:
         )
         out.append("")
     out.append("[[sources]]".ljust(43) + " # one per captured database (repeat the table)")
-    out.extend(_section(SourceSettings, None))
+    out.extend(line for line in _section(SourceSettings, None) if not line.startswith("outbox ="))
+    # Commented out: an outbox table is the user's own (docs/capture.md, "Outbox tables").
+    out.append("# [[sources.outbox]]".ljust(43) + " # one per outbox table of your services (repeat the table)")
+    out.extend(
+        line if line.startswith("#") else "# " + line
+        for line in _section(OutboxTableSettings, None, {"table": '"public.outbox"'})
+    )
     out.append("")
     # Commented out: a sink needs a real URL, and none runs unless configured.
     out.append("# [[sinks]]".ljust(43) + " # one per sink, run by `tributary sinks run` (repeat the table)")
