@@ -45,6 +45,17 @@ class OutboxTable:
         schema, _, table = self.table.partition(".")
         return schema, table
 
+    def columns(self) -> list[tuple[str, str]]:
+        """(setting, column) of every column an event is made of."""
+        named = [
+            ("id_column", self.id_column),
+            ("key_column", self.key_column),
+            ("type_column", self.type_column),
+            ("payload_column", self.payload_column),
+            ("route_by_column", self.route_by_column),
+        ]
+        return named + [("header_columns", name) for name in self.header_columns]
+
     def route(self, row: dict[str, Any]) -> list[Output]:
         """One inserted row (as `envelope.stream_row` converts it) → its event record; the
         timestamp is left to the stream (the transaction's commit time)."""
