@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from tributary.api.settings.environment import read_environment
 from tributary.api.settings.errors import ConfigError, describe, describe_toml_bytes, describe_toml_syntax
@@ -273,10 +273,14 @@ class SourceSettings(_Section):
 
     @field_validator("outbox")
     @classmethod
-    def _unique_outbox(cls, outbox: tuple[OutboxTableSettings, ...]) -> tuple[OutboxTableSettings, ...]:
+    def _unique_outbox(
+        cls, outbox: tuple[OutboxTableSettings, ...], info: ValidationInfo
+    ) -> tuple[OutboxTableSettings, ...]:
         tables = [t.table for t in outbox]
         if twice := sorted({t for t in tables if tables.count(t) > 1}):
             raise ValueError(f"table {twice[0]} is named by two [[sources.outbox]] entries")
+        if (signal := info.data.get("signal_table")) in tables:
+            raise ValueError(f"table {signal} is the signal_table: it cannot be an outbox table too")
         return outbox
 
     @property

@@ -46,7 +46,7 @@ def _emit(conn: psycopg.Connection, kind: str, aggregate: str, type_: str, paylo
 
 def _service_writes(dsn: str) -> list[tuple[str, str, str, str, object]]:
     """What the service does, as its transactions commit: (topic, key, event id, type, payload) of each event."""
-    events = []
+    events: list[tuple[str, str, str, str, object]] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
         with conn.transaction():  # the outbox row deleted in its own transaction
             conn.execute("INSERT INTO orders VALUES (1, 30, 'placed')")

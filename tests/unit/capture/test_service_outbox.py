@@ -78,6 +78,7 @@ def test_settings_become_the_specs_outbox_tables(tmp_path: Path) -> None:
             "public.o is named by two",
         ),
         ('[[sources.outbox]]\ntabel = "public.o"\n', "unknown key 'tabel'"),
+        ('signal_table = "public.o"\n[[sources.outbox]]\ntable = "public.o"\n', "public.o is the signal_table"),
     ],
 )
 def test_bad_entries_are_one_line_naming_the_key(tmp_path: Path, entries: str, error: str) -> None:
