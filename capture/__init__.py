@@ -7,7 +7,7 @@ Each sub-package imports only those listed before it (tests/unit/test_layout.py 
   `lsn` (WAL positions), `encodings` (a database's encoding → UTF-8).
 * `records/` — what capture emits: `envelope` (Debezium-style keys and envelopes), `routing`
   (tables → topics), `schema_tracker` (schema records), `outbox` (the event store's rows →
-  events), `staging` (records on their way into the log, per partition), `debezium` (records
+  events), `service_outbox` (rows of your services' outbox tables → events), `staging` (records on their way into the log, per partition), `debezium` (records
   rewritten as Debezium's JSON with schemas, for `envelope = "debezium"`).
 * `database/` — the source database: `catalog` (tables, keys, replica identity, read from
   pg_catalog), `source_tables` (what capture follows of them while it runs), `replication` (the
