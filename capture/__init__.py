@@ -7,9 +7,10 @@ Each sub-package imports only those listed before it (tests/unit/test_layout.py 
   `lsn` (WAL positions), `encodings` (a database's encoding → UTF-8).
 * `records/` — what capture emits: `envelope` (Debezium-style keys and envelopes), `routing`
   (tables → topics), `schema_tracker` (schema records), `outbox` (the event store's rows →
-  events), `staging` (records on their way into the log, per partition), `debezium` (records
-  rewritten as Debezium's JSON with schemas, for `envelope = "debezium"`), `rules` (per-table
-  column and row rules) over `row_filter` (their filter expressions).
+  events), `service_outbox` (rows of your services' outbox tables → events), `staging` (records
+  on their way into the log, per partition), `debezium` (records rewritten as Debezium's JSON with
+  schemas, for `envelope = "debezium"`), `rules` (per-table column and row rules) over `row_filter`
+  (their filter expressions).
 * `database/` — the source database: `catalog` (tables, keys, replica identity, read from
   pg_catalog), `source_tables` (what capture follows of them while it runs), `replication` (the
   COPY_BOTH connection), `slot`, `session_guard`.

@@ -20,6 +20,7 @@ from tributary.capture.decoding.encodings import refusal
 from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.records.envelope import toastable
 from tributary.capture.records.routing import TableFilter, topic_name
+from tributary.capture.records.service_outbox import OutboxTable
 from tributary.capture.source import SourceSpec
 
 __all__ = ["Finding", "Outcome", "SourceReport", "allow_line", "check_source"]
@@ -79,6 +80,8 @@ def check_source(
             _check_tables(conn, spec, report, replica_identity_full, {*allow_without_key, *spec.allow_without_key})
             if kafka:
                 _check_toast_on_kafka(conn, spec, report)
+            for outbox in spec.outbox:
+                _check_outbox(conn, spec, outbox, report)
         if report.ok and create_slot:
             _ensure_slot(conn, spec, report, None if position in (None, str(Lsn.ZERO)) else position)
     return report
@@ -130,7 +133,7 @@ def _check_tables(
     conn: psycopg.Connection[Any], spec: SourceSpec, report: SourceReport, set_full: bool, allowed: set[str]
 ) -> None:
     tables = list_tables(
-        conn, TableFilter(spec.include, spec.exclude).matches, leaves=spec.partitioned_tables == "leaves"
+        conn, TableFilter(spec.include, spec.row_exclude).matches, leaves=spec.partitioned_tables == "leaves"
     )
     report.tables = [t.qualified for t in tables]
     if not tables:
@@ -176,13 +179,37 @@ def _check_tables(
         report.add(Outcome.OK, f"{len(tables)} table(s) to capture, each with a key")
 
 
+def _check_outbox(conn: psycopg.Connection[Any], spec: SourceSpec, outbox: OutboxTable, report: SourceReport) -> None:
+    """An outbox table (`[[sources.outbox]]`) exists and has every column its entry names: a
+    typo found here, not at the first event."""
+    schema, table = outbox.qualified
+    columns = {
+        row[0]
+        for row in conn.execute(
+            "SELECT a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped",
+            (schema, table),
+        )
+    }
+    where = f"[[sources.outbox]] of source {spec.name!r}"
+    if not columns:
+        report.add(Outcome.PROBLEM, f"outbox table {outbox.table} does not exist ({where})")
+        return
+    missing = [f"{setting} = {name!r}" for setting, name in outbox.columns() if name not in columns]
+    if missing:
+        report.add(Outcome.PROBLEM, f"outbox table {outbox.table} has no column for {', '.join(missing)} ({where})")
+    else:
+        report.add(Outcome.OK, f"{outbox.table}: its INSERTs are events on {outbox.topic}")
+
+
 def _check_toast_on_kafka(conn: psycopg.Connection[Any], spec: SourceSpec, report: SourceReport) -> None:
     """Warn about tables whose UPDATEs may omit an unchanged TOASTed value: on Kafka, broker
     compaction removes the record that held it, so only REPLICA IDENTITY FULL keeps it whole."""
     names = [
         t.qualified
         for t in list_tables(
-            conn, TableFilter(spec.include, spec.exclude).matches, leaves=spec.partitioned_tables == "leaves"
+            conn, TableFilter(spec.include, spec.row_exclude).matches, leaves=spec.partitioned_tables == "leaves"
         )
         if t.replica_identity != "f" and any(toastable(c.type) for c in t.columns if c.name not in t.identity_columns)
     ]

@@ -88,11 +88,10 @@ class SourceSession:
             rewrite=DebeziumRewriter().rewrite if debezium else None,
             key_back=canonical_key if debezium else None,
         )
-        # The signal table is the source's control channel: never snapshotted nor captured as records.
-        exclude = (*spec.exclude, spec.signal_table) if spec.signal_table else spec.exclude
+        # The signal table and outbox tables: never snapshotted nor captured as row changes.
         self.tables = SourceTables(
             spec.name,
-            TableFilter(spec.include, exclude),
+            TableFilter(spec.include, spec.row_exclude),
             self.staging,
             schema_records=spec.router is None,
             leaves=spec.partitioned_tables == "leaves",
@@ -180,6 +179,8 @@ class SourceSession:
             options.update(self.tables.filter.wal2json_options())
         if self.spec.signal_table and "add-tables" in options:
             options["add-tables"] += "," + self.spec.signal_table  # its INSERTs are read, as signals
+        if self.spec.outbox and "add-tables" in options:
+            options["add-tables"] += "".join("," + t.table for t in self.spec.outbox)  # read, as events
         self.slot.start_streaming(start, options)
         if self.watcher is not None:
             self.watcher.start()

@@ -8,6 +8,7 @@ from typing import Any
 
 from tributary.capture.records import envelope as env
 from tributary.capture.records.rules import SourceRules
+from tributary.capture.records.service_outbox import OutboxTable
 
 __all__ = ["CHUNK_ROWS", "SNAPSHOT_MODES", "SourceSpec"]
 
@@ -35,6 +36,9 @@ class SourceSpec:
     envelope: str = "tributary"
     # Outbox sources: each inserted row → records (capture.records.outbox), instead of CDC envelopes.
     router: Callable[[dict[str, Any]], list[env.Output]] | None = None
+    # Outbox tables of the user's services (`[[sources.outbox]]`): their INSERTs are events, routed
+    # per table (capture/records/service_outbox.py); never snapshotted nor captured as row changes.
+    outbox: tuple[OutboxTable, ...] = ()
     # "schema.table" whose INSERTs are signals (capture/snapshot/signals.py), never captured as records.
     signal_table: str | None = None
     # root: a leaf partition's changes are the root table's (its topic, key and schema); leaves: own tables
@@ -51,3 +55,10 @@ class SourceSpec:
         """Does this source's mode read table rows on its own (`never`/`no_data` only stream;
         a requested snapshot is read whatever the mode)?"""
         return self.snapshot not in ("never", "no_data")
+
+    @property
+    def row_exclude(self) -> tuple[str, ...]:
+        """`exclude` and the tables whose rows are never row changes: the signal table (the
+        source's control channel) and the outbox tables (events)."""
+        signal = (self.signal_table,) if self.signal_table else ()
+        return (*self.exclude, *signal, *(t.table for t in self.outbox))

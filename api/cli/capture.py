@@ -426,7 +426,7 @@ def snapshot(
         names = [qualified_table(t) for t in tables]
     except BadSignal as exc:
         raise UserError(str(exc)) from None
-    exclude = (*spec.exclude, spec.signal_table) if spec.signal_table else spec.exclude
+    exclude = spec.row_exclude
     captured = TableFilter(spec.include, exclude)
     for name in names:
         if not captured.matches(*name.split(".", 1)):

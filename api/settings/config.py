@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from tributary.api.settings.environment import read_environment
 from tributary.api.settings.errors import ConfigError, describe, describe_toml_bytes, describe_toml_syntax
@@ -28,6 +28,7 @@ __all__ = [
     "KafkaLogSettings",
     "ConfigError",
     "LogSettings",
+    "OutboxTableSettings",
     "ProjectionSettings",
     "RuleSettings",
     "ServiceSettings",
@@ -217,6 +218,47 @@ class RuleSettings(_Section):
         return self
 
 
+_OUTBOX_TOPIC = re.compile(r"(?:[A-Za-z0-9._-]|\{route\})+")  # a topic name, {route} where the aggregate type goes
+
+
+class OutboxTableSettings(_Section):
+    """One outbox table of the source's own services (`[[sources.outbox]]`): each INSERT is an event,
+    as Debezium's outbox event router (io.debezium.transforms.outbox.EventRouter) makes it."""
+
+    table: str = Field(
+        pattern=r"^[^.\s\"*?\[\]]+\.[^.\s\"*?\[\]]+$",
+        description="schema.table of the outbox table; never snapshotted, its UPDATEs and DELETEs ignored.",
+    )
+    id_column: str = Field(default="id", description="Event id, the record's `id` header (table.field.event.id).")
+    key_column: str = Field(
+        default="aggregateid", description="Aggregate id, the record's key (table.field.event.key)."
+    )
+    type_column: str = Field(
+        default="type", description="Event type, the record's `type` header (table.field.event.type)."
+    )
+    payload_column: str = Field(default="payload", description="The record's value (table.field.event.payload).")
+    route_by_column: str = Field(
+        default="aggregatetype", description="Aggregate type, which names the topic (route.by.field)."
+    )
+    topic: str = Field(
+        default="outbox.event.{route}",
+        description="Topic of an event; {route} is its aggregate type (route.topic.replacement).",
+    )
+    header_columns: tuple[str, ...] = Field(
+        default=(),
+        description="Columns copied into the record's headers (table.fields.additional.placement).",
+    )
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, topic: str) -> str:
+        if not _OUTBOX_TOPIC.fullmatch(topic):
+            raise ValueError(
+                "must be a topic name of letters, digits, '.', '_', '-', with {route} for the aggregate type"
+            )
+        return topic
+
+
 class SourceSettings(_Section):
     """One captured database; `name` is the topic prefix."""
 
@@ -273,6 +315,9 @@ class SourceSettings(_Section):
     rules: tuple[RuleSettings, ...] = Field(
         default=(), description="Column and row rules per table: [[sources.rules]] entries (below)."
     )
+    outbox: tuple[OutboxTableSettings, ...] = Field(
+        default=(), description="Outbox tables of your services, one `[[sources.outbox]]` table each."
+    )
 
     @field_validator("dsn")
     @classmethod
@@ -286,6 +331,18 @@ class SourceSettings(_Section):
         if bad:
             raise ValueError(f"each entry must be schema.table, not {', '.join(repr(t) for t in bad)}")
         return tables
+
+    @field_validator("outbox")
+    @classmethod
+    def _unique_outbox(
+        cls, outbox: tuple[OutboxTableSettings, ...], info: ValidationInfo
+    ) -> tuple[OutboxTableSettings, ...]:
+        tables = [t.table for t in outbox]
+        if twice := sorted({t for t in tables if tables.count(t) > 1}):
+            raise ValueError(f"table {twice[0]} is named by two [[sources.outbox]] entries")
+        if (signal := info.data.get("signal_table")) in tables:
+            raise ValueError(f"table {signal} is the signal_table: it cannot be an outbox table too")
+        return outbox
 
     @property
     def slot_name(self) -> str:

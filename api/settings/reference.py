@@ -7,7 +7,7 @@ import json
 
 from pydantic import BaseModel
 
-from tributary.api.settings.config import RuleSettings, Settings, SinkSettings, SourceSettings
+from tributary.api.settings.config import OutboxTableSettings, RuleSettings, Settings, SinkSettings, SourceSettings
 
 __all__ = ["reference"]
 
@@ -75,12 +75,19 @@ def reference() -> str:
         )
         out.append("")
     out.append("[[sources]]".ljust(43) + " # one per captured database (repeat the table)")
-    out.extend(line for line in _section(SourceSettings, None) if not line.startswith("rules ="))
+    out.extend(line for line in _section(SourceSettings, None) if not line.startswith(("rules =", "outbox =")))
     out.append("")
     # Commented out: rules name the user's own tables and columns.
     out.append("# [[sources.rules]]".ljust(43) + " # column and row rules per table (repeat the table)")
     rules = _section(RuleSettings, None, {"tables": '["public.customers"]'})
     out.extend(line if line.startswith("#") else "# " + line for line in rules)
+    out.append("")
+    # Commented out: an outbox table is the user's own (docs/capture.md, "Outbox tables").
+    out.append("# [[sources.outbox]]".ljust(43) + " # one per outbox table of your services (repeat the table)")
+    out.extend(
+        line if line.startswith("#") else "# " + line
+        for line in _section(OutboxTableSettings, None, {"table": '"public.outbox"'})
+    )
     out.append("")
     # Commented out: a sink needs a real URL, and none runs unless configured.
     out.append("# [[sinks]]".ljust(43) + " # one per sink, run by `tributary sinks run` (repeat the table)")

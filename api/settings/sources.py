@@ -11,6 +11,7 @@ from tributary.api.settings.config import Settings, SourceSettings
 from tributary.capture.database.replication import connect_options
 from tributary.capture.records.outbox import OUTBOX_TABLE, route_event
 from tributary.capture.records.rules import RuleSpec, SourceRules
+from tributary.capture.records.service_outbox import OutboxTable
 from tributary.capture.source import SourceSpec
 from tributary.capture.status import read_status, snapshot_view
 
@@ -81,6 +82,7 @@ def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[Sourc
             resnapshot_on_rewrite=s.resnapshot_on_rewrite,
             allow_without_key=s.allow_without_key,
             rules=source_rules(s),
+            outbox=tuple(OutboxTable(**t.model_dump()) for t in s.outbox),
         )
         for s in settings.sources
     ]

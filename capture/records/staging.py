@@ -65,6 +65,7 @@ class Staging:
         self.watches: dict[str, Watch] = {}  # topics whose staged keys are collected (a chunk being read)
         self.kept: dict[str, set[bytes]] = {}  # topics whose staged keys are kept (a re-snapshot under way)
         self.xid: int | None = None  # the transaction being staged (the stream sets it), for `watches`
+        self.event_topics: set[str] = set()  # topics of events (a service's outbox): kept whole, never compacted
 
     def watch(self, topic: str) -> Watch:
         """Collect every key staged to `topic` from now on, until `unwatch`."""
@@ -105,7 +106,7 @@ class Staging:
             return count
         if topic not in self.log.topics():
             policy: Literal["delete", "compact", "none"] = "delete" if topic.endswith(".messages") else "compact"
-            if topic.startswith("events."):
+            if topic.startswith("events.") or topic in self.event_topics:
                 policy = "none"
             self.log.create_topic(topic, TopicConfig(partitions=self.new_topic_partitions, policy=policy))
         count = self._partitions[topic] = self.log.topics()[topic].partitions
@@ -195,7 +196,7 @@ class Staging:
             self._append(topic, partition, staged)
 
     def _append(self, topic: str, partition: int, records: list[Staged]) -> None:
-        if self.rewrite is not None:
+        if self.rewrite is not None and topic not in self.event_topics:  # events are no table's rows
             records = self.rewrite(topic, partition, records)
         if records:
             self.log.append(topic, partition, records)

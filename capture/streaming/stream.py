@@ -7,7 +7,8 @@ key, value, headers: tests/integration/capture/test_insert_templates.py):
   transaction being appended, INSERTs are held back (at most `RUN_CHANGES`, and only until any
   other message) and encoded a run of one table at a time, straight into the log's partitions;
 * **generic** (`wal2json.parse_message` → `envelope.envelopes_for`): everything else — updates,
-  deletes, truncates, messages, an outbox's rows, a table's first INSERT (which teaches its
+  deletes, truncates, messages, an outbox's rows (the event store's, a service's outbox
+  table's: capture/records/service_outbox.py), a table's first INSERT (which teaches its
   template), a value a template is not sure of.
 
 Signals (capture/snapshot/signals.py) are recognised here, where they were committed: a logical message
@@ -36,6 +37,7 @@ from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.errors import SourceMisconfigured
 from tributary.capture.records import envelope as env
 from tributary.capture.records.rules import TableRules
+from tributary.capture.records.service_outbox import OutboxRowError, OutboxTable
 from tributary.capture.records.staging import Staging
 from tributary.capture.snapshot import signals
 from tributary.capture.snapshot.chunked import WATERMARK_PREFIX
@@ -103,6 +105,7 @@ class StreamingSource:
         self.spec = spec
         self.on_signal = on_signal
         self.signal_table = tuple(spec.signal_table.split(".", 1)) if spec.signal_table else None
+        self.outboxes = {t.qualified: t for t in spec.outbox}  # (schema, table) → its event router
         self.staging = staging
         self.tables = tables
         self.offsets = offsets
@@ -234,6 +237,9 @@ class StreamingSource:
         if self.signal_table is not None and (change.schema, change.table) == self.signal_table:
             self._signal_row(change)
             return
+        if self.outboxes and (outbox := self.outboxes.get((change.schema, change.table))) is not None:
+            self._outbox_row(change, outbox, now_ms)
+            return
         target = self.tables.route(change.schema, change.table)
         if target is None:
             return
@@ -243,6 +249,21 @@ class StreamingSource:
             outputs = self.spec.router(env.stream_row(change.raw_columns))
         else:
             outputs = self._table_change(change, target, payload, now_ms)
+        self._stage(outputs, now_ms)
+        self._tx.changes += 1
+        self.status.changes += 1
+
+    def _outbox_row(self, change: wal2json.Change, outbox: OutboxTable, now_ms: int) -> None:
+        """A change of a service's outbox table: an INSERT is an event (in a topic that keeps every
+        record: events are never compacted away); its updates and deletes are nobody's records."""
+        if change.action != "I":
+            return
+        try:
+            outputs = outbox.route(env.stream_row(change.raw_columns))
+        except OutboxRowError as exc:
+            raise SourceMisconfigured(f"source {self.spec.name!r}: {exc}") from None
+        for out in outputs:
+            self.staging.event_topics.add(out.topic)
         self._stage(outputs, now_ms)
         self._tx.changes += 1
         self.status.changes += 1
