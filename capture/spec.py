@@ -38,3 +38,8 @@ class SourceSpec:
     resnapshot_on_rewrite: bool = False
     # "schema.table" without a key whose lost UPDATEs/DELETEs the user accepted (`init` refuses others)
     allow_without_key: tuple[str, ...] = ()
+    # BEGIN/END records on `<source>.transactions` and a `transaction` block in every streamed change
+    # (capture/records/transactions.py), as Debezium's provide.transaction.metadata.
+    transaction_metadata: bool = False
+    # A `<source>.heartbeat` record at this interval, idle or not (0: none), as Debezium's heartbeat.interval.ms.
+    heartbeat_interval_ms: int = 0

@@ -212,6 +212,18 @@ class SourceSettings(_Section):
         description="schema.table of tables without a key whose lost UPDATEs and DELETEs you accept "
         "(`init` refuses them otherwise).",
     )
+    transaction_metadata: bool = Field(
+        default=False,
+        description="BEGIN and END records on `<name>.transactions` and a `transaction` block (id, total_order, "
+        "data_collection_order) in every streamed change, as Debezium's provide.transaction.metadata.",
+    )
+    heartbeat_interval_ms: int = Field(
+        default=0,
+        ge=0,
+        le=_MAX_MS,
+        description="A `<name>.heartbeat` record (ts_ms, lsn) at this interval even when the database is idle, "
+        "as Debezium's heartbeat.interval.ms; 0: none.",
+    )
 
     @field_validator("dsn")
     @classmethod

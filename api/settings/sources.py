@@ -58,6 +58,8 @@ def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[Sourc
             partitioned_tables=s.partitioned_tables,
             resnapshot_on_rewrite=s.resnapshot_on_rewrite,
             allow_without_key=s.allow_without_key,
+            transaction_metadata=s.transaction_metadata,
+            heartbeat_interval_ms=s.heartbeat_interval_ms,
         )
         for s in settings.sources
     ]

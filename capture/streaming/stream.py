@@ -36,6 +36,7 @@ from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.errors import SourceMisconfigured
 from tributary.capture.records import envelope as env
 from tributary.capture.records.staging import Staging
+from tributary.capture.records.transactions import TransactionMonitor
 from tributary.capture.snapshot import signals
 from tributary.capture.snapshot.chunked import WATERMARK_PREFIX
 from tributary.capture.spec import SourceSpec
@@ -119,6 +120,10 @@ class StreamingSource:
             tables.schemas.existed = self.history.existed
         # An outbox's rows are routed, not enveloped: no templates.
         self.templates = TemplateCache(spec.name, tables.schemas) if templates and spec.router is None else None
+        # Transaction metadata: every change's value gets its `transaction` block, so no templates.
+        self.txmeta = TransactionMonitor(spec.name) if spec.transaction_metadata and spec.router is None else None
+        if self.txmeta is not None:
+            self.templates = None
         self._codec = None if encoding in (None, "utf-8") else encoding
         if self._codec is not None:
             self.templates = None  # they splice the raw bytes: UTF-8 only
@@ -209,6 +214,8 @@ class StreamingSource:
         self._hold_inserts = appending and self.templates is not None
         self._tx = _Transaction(xid=begin.xid, ts_ms=begin.timestamp_ms, lsn=begin.lsn, nextlsn=begin.nextlsn)
         self.staging.xid = begin.xid
+        if self.txmeta is not None:
+            self.txmeta.begin(begin.xid, int(begin.lsn), begin.timestamp_ms)
 
     def _commit(self, commit: wal2json.Commit) -> bool:
         """A transaction ends: a commit point when changes of ours were in it (or a snapshot was
@@ -221,6 +228,8 @@ class StreamingSource:
             changes = max(changes, 1)  # a snapshot requested inside it: a commit point, with the request
         if not self.offsets.end(commit.nextlsn, changes=changes):
             return False  # skipped, or nothing of ours in it
+        if self.txmeta is not None:
+            self.staging.stage(self.txmeta.end(), self._tx.ts_ms or int(self.clock() * 1000))
         self.staging.flush()
         self.last_tx_changes = changes
         self.status.last_lsn = str(commit.nextlsn)
@@ -242,6 +251,8 @@ class StreamingSource:
             outputs = self.spec.router(env.stream_row(change.raw_columns))
         else:
             outputs = self._table_change(change, target, payload, now_ms)
+            if self.txmeta is not None:
+                outputs = self.txmeta.annotate(outputs, f"{change.schema}.{change.table}")
         self._stage(outputs, now_ms)
         self._tx.changes += 1
         self.status.changes += 1
@@ -298,7 +309,12 @@ class StreamingSource:
         if self.tables.is_leaf(truncate.schema, truncate.table):
             self._resnapshot([f"{target[0]}.{target[1]}"], f"a TRUNCATE of its partition {truncate.table}")
         else:
-            for out in env.truncate_envelope(truncate, **self._context()):
+            outputs = env.truncate_envelope(truncate, **self._context())
+            if self.txmeta is not None:
+                *begin, truncated = self.txmeta.annotate(outputs, f"{target[0]}.{target[1]}")
+                self._stage(begin, now_ms)  # the transaction's BEGIN when it is its first event
+                outputs = [truncated]
+            for out in outputs:
                 self.staging.to_all_partitions(out.topic, out.key, out.value, now_ms)
         self._tx.changes += 1
 
