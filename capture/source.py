@@ -29,6 +29,7 @@ from tributary.capture.decoding import encodings, wal2json
 from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.errors import SlotLost, SlotMissing, SourceMisconfigured
 from tributary.capture.records.debezium import DebeziumRewriter, canonical_key
+from tributary.capture.records.heartbeats import heartbeat_record
 from tributary.capture.records.routing import TableFilter, topic_name
 from tributary.capture.records.staging import Staging
 from tributary.capture.resume import repaired_key
@@ -62,6 +63,7 @@ class SourceSession:
         self._requests: list[tuple[list[str], str]] = []  # snapshot requests made before `open`
         self._unmark_repaired = False  # the position was rebuilt by a repair: say at the next commit it is ours
         self.watcher: CatalogWatcher | None = None  # once streaming (not for an outbox)
+        self._last_heartbeat_ms = 0
         self.reset(log_)
 
     def reset(self, log_: SourceWriter) -> None:
@@ -344,6 +346,20 @@ class SourceSession:
         self._opened_changes = False  # what `open` applied (a keyless table refused) is committed now
         self.chunked.tick()
         return changed
+
+    def heartbeat(self, now_ms: int) -> bool:
+        """Between source transactions, once per `heartbeat_interval_ms`: stage a heartbeat record
+        at the position the source reached (an idle one becomes the boundary, committed with it,
+        so the slot is confirmed there); True when it staged one (the daemon commits it)."""
+        interval = self.spec.heartbeat_interval_ms
+        if not interval or self.stream is None or self.in_transaction or now_ms - self._last_heartbeat_ms < interval:
+            return False
+        self._last_heartbeat_ms = now_ms
+        self.offsets.idle_boundary()
+        lsn = self.offsets.boundary or self.offsets.durable
+        self.staging.stage([heartbeat_record(self.spec.name, lsn, now_ms)], now_ms)
+        self.staging.flush()
+        return True
 
     def context_positions(self) -> dict[str, str]:
         """The snapshot context, for the daemon's next commit, if it changed."""
