@@ -15,6 +15,7 @@ then lets the session confirm the LSN to the server.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.errors import SlotLost, SlotMissing, SourceMisconfigured
 from tributary.capture.records.debezium import DebeziumRewriter, canonical_key
 from tributary.capture.records.heartbeats import heartbeat_record
+from tributary.capture.records.notifications import INCREMENTAL, INITIAL, Notifier
 from tributary.capture.records.routing import TableFilter, topic_name
 from tributary.capture.records.staging import Staging
 from tributary.capture.resume import repaired_key
@@ -64,6 +66,7 @@ class SourceSession:
         self._unmark_repaired = False  # the position was rebuilt by a repair: say at the next commit it is ours
         self.watcher: CatalogWatcher | None = None  # once streaming (not for an outbox)
         self._last_heartbeat_ms = 0
+        self.notifier = Notifier(spec.name, spec.notification_channels, clock=clock)
         self.reset(log_)
 
     def reset(self, log_: SourceWriter) -> None:
@@ -256,6 +259,8 @@ class SourceSession:
             lsn=lambda: self.offsets.durable,
             clock=self.clock,
         )
+        if self.notifier.sink or self.notifier.log:
+            engine.notify = functools.partial(self.notifier, self.staging, INCREMENTAL)
         if spec.snapshot != "never":
             known = set(context.done) | set(context.pending) | (set(context.keyless) & keyless)
             for name in (n for n in names if n not in known):
@@ -304,7 +309,14 @@ class SourceSession:
                 self.spec, self.staging, self.tables, self.status, db=slot.database, clock=self.clock
             )
             log.info("source %s: snapshot started (consistent)", self.spec.name)
-            start = snapshot.take(self.slot, slot, on_progress)
+            notify = snapshot.notify = functools.partial(self.notifier, self.staging, INITIAL)
+            notify("STARTED", {})
+            try:
+                start = snapshot.take(self.slot, slot, on_progress)
+            except BaseException as exc:  # said, then raised: its records are dropped with it
+                notify("ABORTED", {"reason": type(exc).__name__})
+                raise
+            notify("COMPLETED", {})
             log.info(
                 "source %s: snapshot finished: %s rows at %s",
                 self.spec.name,

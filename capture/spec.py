@@ -43,3 +43,5 @@ class SourceSpec:
     transaction_metadata: bool = False
     # A `<source>.heartbeat` record at this interval, idle or not (0: none), as Debezium's heartbeat.interval.ms.
     heartbeat_interval_ms: int = 0
+    # Snapshot notifications on "sink" (`<source>.notifications`) and/or "log" (capture/records/notifications.py).
+    notification_channels: tuple[str, ...] = ()

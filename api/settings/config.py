@@ -224,6 +224,11 @@ class SourceSettings(_Section):
         description="A `<name>.heartbeat` record (ts_ms, lsn) at this interval even when the database is idle, "
         "as Debezium's heartbeat.interval.ms; 0: none.",
     )
+    notification_channels: tuple[Literal["sink", "log"], ...] = Field(
+        default=(),
+        description='Snapshot notifications (started, table scan completed, completed, aborted): "sink" as records '
+        'of `<name>.notifications`, "log" as log lines, as Debezium\'s notification.enabled.channels.',
+    )
 
     @field_validator("dsn")
     @classmethod

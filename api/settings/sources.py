@@ -60,6 +60,7 @@ def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[Sourc
             allow_without_key=s.allow_without_key,
             transaction_metadata=s.transaction_metadata,
             heartbeat_interval_ms=s.heartbeat_interval_ms,
+            notification_channels=s.notification_channels,
         )
         for s in settings.sources
     ]

@@ -239,6 +239,8 @@ class ChunkedSnapshot:
     # Called on the reading thread between a chunk's read and its watermark, with the table and
     # the phase: where a test makes changes land inside a chunk's window, or a chunk slow.
     after_read: Callable[[str, str], None] | None = None
+    # Snapshot notifications (capture/records/notifications.py): started, each table done, completed.
+    notify: Callable[[str, dict[str, str]], None] | None = None
 
     def __init__(
         self,
@@ -289,6 +291,7 @@ class ChunkedSnapshot:
         requested, self._requested = self._requested, []
         infos = self._catalog(conn)
         ctx = self.context
+        idle = not ctx.pending
         changed = self.note_keys(infos.values())
         for tables, origin in requested:
             for name in tables:
@@ -321,6 +324,8 @@ class ChunkedSnapshot:
         if changed:
             self.dirty = True
             self._show()
+        if idle and ctx.pending and self.notify is not None:
+            self.notify("STARTED", {"data_collections": ",".join(ctx.pending)})
         return changed
 
     def _holds_records(self, info: TableInfo) -> bool:
@@ -399,7 +404,7 @@ class ChunkedSnapshot:
             info = self._catalog().get(name)
         if info is None or not info.identity_columns:
             self._warn(f"snapshot of {name} skipped: the table is gone, excluded, or has no key")
-            self._table_done(name)
+            self._table_done(name, "SKIPPED")
             return
         topic = topic_name(self.spec.name, info.schema, info.table)
         if not self._keep_keys(name, topic):
@@ -535,8 +540,10 @@ class ChunkedSnapshot:
         else:
             ctx.checked = job.checked
 
-    def _table_done(self, name: str) -> None:
+    def _table_done(self, name: str, outcome: str = "SUCCEEDED") -> None:
         ctx = self.context
+        if self.notify is not None:
+            self.notify("TABLE_SCAN_COMPLETED", {"data_collection": name, "status": outcome})
         if ctx.pending and ctx.pending[0] == name:
             ctx.pending.pop(0)
         if name in ctx.check:
@@ -553,6 +560,8 @@ class ChunkedSnapshot:
             ctx.rows = ctx.chunks = ctx.total = 0
             self.status.snapshot_table = None
             log.info("source %s: chunked snapshot done", self.spec.name)
+            if self.notify is not None:
+                self.notify("COMPLETED", {})
         self.dirty = True
         self._show()
 
