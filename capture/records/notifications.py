@@ -50,9 +50,7 @@ def notification_record(
 class Notifier:
     """One source's notifications, sent on its configured channels."""
 
-    def __init__(
-        self, source_name: str, channels: Sequence[str], *, clock: Callable[[], float] = time.time
-    ) -> None:
+    def __init__(self, source_name: str, channels: Sequence[str], *, clock: Callable[[], float] = time.time) -> None:
         self.source_name = source_name
         self.sink = "sink" in channels
         self.log = "log" in channels

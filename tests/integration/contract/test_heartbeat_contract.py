@@ -21,7 +21,9 @@ pytestmark = pytest.mark.integration
 
 def _slot_confirmed(dsn: str) -> Lsn:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE database = current_database()").fetchone()
+        row = conn.execute(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE database = current_database()"
+        ).fetchone()
     assert row is not None
     return Lsn.parse(row[0])
 

@@ -42,7 +42,9 @@ def _shape(notes: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
         (
             n["aggregate_type"],
             n["type"],
-            ":".join(n["additional_data"][k] for k in ("data_collection", "total_rows_scanned") if k in n["additional_data"]),
+            ":".join(
+                n["additional_data"][k] for k in ("data_collection", "total_rows_scanned") if k in n["additional_data"]
+            ),
         )
         for n in notes
     ]
@@ -59,14 +61,18 @@ def _run(backend: LogBackend, dsn: str, tmp_path: Path, extra: str) -> tuple[Pat
     proc = spawn_capture(config)
     try:
         wait_for(
-            lambda: source_status(log_root, proc.pid).get("state") == "streaming"
-            and sum(n["type"] == "COMPLETED" for n in _notifications(backend, log_root)) == 1,
+            lambda: (
+                source_status(log_root, proc.pid).get("state") == "streaming"
+                and sum(n["type"] == "COMPLETED" for n in _notifications(backend, log_root)) == 1
+            ),
             timeout=90,
             what="the initial snapshot completed",
             progress=lambda: capture_progress(log_root),
         )
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("""INSERT INTO tributary_signal VALUES ('1', 'execute-snapshot', '{"tables": ["public.b"]}')""")
+            conn.execute(
+                """INSERT INTO tributary_signal VALUES ('1', 'execute-snapshot', '{"tables": ["public.b"]}')"""
+            )
         wait_for(
             lambda: sum(n["type"] == "COMPLETED" for n in _notifications(backend, log_root)) == 2,
             timeout=90,

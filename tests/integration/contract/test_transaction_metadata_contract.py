@@ -48,14 +48,15 @@ def _workload(dsn: str) -> dict[int, Counter[str]]:
             with conn.transaction():
                 xid = conn.execute("SELECT txid_current() % 4294967296").fetchone()[0]  # type: ignore[index]
                 counts: Counter[str] = Counter()
-                counts["public.orders"] += conn.execute(
-                    "INSERT INTO orders VALUES (%s, %s)", (1000 + i, i)
-                ).rowcount
+                counts["public.orders"] += conn.execute("INSERT INTO orders VALUES (%s, %s)", (1000 + i, i)).rowcount
                 counts["public.lines"] += conn.execute(
-                    "INSERT INTO lines SELECT g, %s, 1 FROM generate_series(%s::int, %s::int) g", (1000 + i, i * 10, i * 10 + i % 4)
+                    "INSERT INTO lines SELECT g, %s, 1 FROM generate_series(%s::int, %s::int) g",
+                    (1000 + i, i * 10, i * 10 + i % 4),
                 ).rowcount
                 if i % 3 == 0:
-                    counts["public.orders"] += conn.execute("UPDATE orders SET total = total + 1 WHERE id <= %s", (i,)).rowcount
+                    counts["public.orders"] += conn.execute(
+                        "UPDATE orders SET total = total + 1 WHERE id <= %s", (i,)
+                    ).rowcount
                 if i % 5 == 0:
                     counts["public.lines"] += conn.execute("DELETE FROM lines WHERE id = %s", (i * 10,)).rowcount
             want[xid] = +counts
