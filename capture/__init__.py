@@ -8,7 +8,9 @@ Each sub-package imports only those listed before it (tests/unit/test_layout.py 
 * `records/` — what capture emits: `envelope` (Debezium-style keys and envelopes), `routing`
   (tables → topics), `schema_tracker` (schema records), `outbox` (the event store's rows →
   events), `staging` (records on their way into the log, per partition), `debezium` (records
-  rewritten as Debezium's JSON with schemas, for `envelope = "debezium"`).
+  rewritten as Debezium's JSON with schemas, for `envelope = "debezium"`), and the opt-in side
+  topics: `transactions` (BEGIN/END and each change's `transaction` block), `heartbeats`,
+  `notifications` (a snapshot's start, tables and end).
 * `database/` — the source database: `catalog` (tables, keys, replica identity, read from
   pg_catalog), `source_tables` (what capture follows of them while it runs), `replication` (the
   COPY_BOTH connection), `slot`, `session_guard`.
