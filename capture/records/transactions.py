@@ -27,11 +27,12 @@ def transactions_topic(source_name: str) -> str:
 class TransactionMonitor:
     """One source's transaction in progress: its id and the order and count of its events."""
 
-    __slots__ = ("_counts", "_id", "_topic", "_ts_ms", "total")
+    __slots__ = ("_counts", "_id", "_id_json", "_topic", "_ts_ms", "total")
 
     def __init__(self, source_name: str) -> None:
         self._topic = transactions_topic(source_name)
         self._id: str | None = None
+        self._id_json = b"null"
         self._ts_ms: int | None = None
         self._counts: dict[str, int] = {}  # data collection → events so far, in first-seen order
         self.total = 0
@@ -39,6 +40,7 @@ class TransactionMonitor:
     def begin(self, xid: int | None, lsn: int | None, ts_ms: int | None) -> None:
         """A source transaction starts: its id is Debezium's `<txId>:<lsn>` (both decimal)."""
         self._id = f"{xid}:{lsn}"
+        self._id_json = orjson.dumps(self._id)
         self._ts_ms = ts_ms
         self._counts = {}
         self.total = 0
@@ -46,17 +48,27 @@ class TransactionMonitor:
     def annotate(self, outputs: list[Output], data_collection: str) -> list[Output]:
         """A change's records with the `transaction` block spliced into each value (tombstones are
         no events), preceded by BEGIN when they are the transaction's first."""
-        out: list[Output] = []
-        if self.total == 0 and any(o.value is not None for o in outputs):
-            out.append(self._record("BEGIN", None, None))
+        out = self.opening() if any(o.value is not None for o in outputs) else []
         for o in outputs:
             if o.value is not None:
-                self.total += 1
-                n = self._counts[data_collection] = self._counts.get(data_collection, 0) + 1
-                block = orjson.dumps({"id": self._id, "total_order": self.total, "data_collection_order": n})
-                o.value = b'%b,"transaction":%b}' % (o.value[:-1], block)
+                o.value = self.mark(o.value, data_collection)
             out.append(o)
         return out
+
+    def opening(self) -> list[Output]:
+        """BEGIN, when no event is counted yet: the caller's records are the transaction's first."""
+        return [self._record("BEGIN", None, None)] if self.total == 0 else []
+
+    def mark(self, value: bytes, data_collection: str) -> bytes:
+        """One event's value (a JSON object) with its `transaction` block, counted."""
+        self.total += 1
+        n = self._counts[data_collection] = self._counts.get(data_collection, 0) + 1
+        return b'%b,"transaction":{"id":%b,"total_order":%d,"data_collection_order":%d}}' % (
+            value[:-1],
+            self._id_json,
+            self.total,
+            n,
+        )
 
     def end(self) -> list[Output]:
         """The transaction's END record with its counts, if it had events (else nothing, no BEGIN either)."""

@@ -120,10 +120,9 @@ class StreamingSource:
             tables.schemas.existed = self.history.existed
         # An outbox's rows are routed, not enveloped: no templates.
         self.templates = TemplateCache(spec.name, tables.schemas) if templates and spec.router is None else None
-        # Transaction metadata: every change's value gets its `transaction` block, so no templates.
+        # Transaction metadata: every change's value gets its `transaction` block (templated ones too).
         self.txmeta = TransactionMonitor(spec.name) if spec.transaction_metadata and spec.router is None else None
-        if self.txmeta is not None:
-            self.templates = None
+        self._collections: dict[str, str] = {}  # a template's topic → its table ("schema.table"), for the block
         self._codec = None if encoding in (None, "utf-8") else encoding
         if self._codec is not None:
             self.templates = None  # they splice the raw bytes: UTF-8 only
@@ -288,6 +287,8 @@ class StreamingSource:
             )
         outputs = self._envelopes(change, now_ms, keys)
         if change.action == "I" and self.templates is not None and self.offsets.in_transaction:
+            if self.txmeta is not None:
+                self._collections[outputs[0].topic] = f"{change.schema}.{change.table}"
             self.templates.learn(
                 change,
                 payload,
@@ -395,6 +396,8 @@ class StreamingSource:
                 records = template.encode_many(payloads, tx.tx_part, now_ms)
                 if records is not None:
                     keys, values = records
+                    if self.txmeta is not None:
+                        values = self._transaction_blocks(template.topic, values, now_ms)
                     self.staging.append_run(template.topic, keys, values, tx.ts_ms or now_ms)
                     tx.changes += n
                     self.status.changes += n
@@ -422,8 +425,19 @@ class StreamingSource:
         tx.changes += 1
         self.status.changes += 1
         self.templated += 1
-        self.staging.stage_record(template.topic, *record, tx.ts_ms or now_ms)
+        key, value = record
+        if self.txmeta is not None:
+            (value,) = self._transaction_blocks(template.topic, [value], now_ms)
+        self.staging.stage_record(template.topic, key, value, tx.ts_ms or now_ms)
         return True
+
+    def _transaction_blocks(self, topic: str, values: list[bytes], now_ms: int) -> list[bytes]:
+        """Templated INSERTs' values with their `transaction` blocks, BEGIN staged before the first."""
+        txmeta = self.txmeta
+        assert txmeta is not None
+        self._stage(txmeta.opening(), now_ms)
+        table = self._collections[topic]
+        return [txmeta.mark(value, table) for value in values]
 
     def _context(self, now_ms: int | None = None) -> _EnvelopeContext:
         """The transaction's keywords for `envelopes_for`, `truncate_envelope` and
