@@ -18,9 +18,8 @@ import orjson
 from tributary.capture.records.envelope import Output
 from tributary.capture.records.staging import Staging
 
-__all__ = ["CHANNELS", "INCREMENTAL", "INITIAL", "Notifier", "notification_record", "notifications_topic"]
+__all__ = ["INCREMENTAL", "INITIAL", "Notifier", "notification_record", "notifications_topic"]
 
-CHANNELS = ("sink", "log")
 INITIAL = "Initial Snapshot"  # the consistent snapshot (Debezium's aggregate type)
 INCREMENTAL = "Incremental Snapshot"  # the chunked snapshot and chunked re-snapshots
 
