@@ -150,10 +150,10 @@ class SnapshotSource:
                 previous = functools.partial(self.stage_deletes, encoder, sorted(gone), now_ms)
                 gone.clear()  # the sorted list is the one copy held
             if self.notify is not None:
-                rows = str(status.snapshot_rows_done - rows_before)
+                scanned = str(status.snapshot_rows_done - rows_before)
                 self.notify(
                     "TABLE_SCAN_COMPLETED",
-                    {"data_collection": table.qualified, "total_rows_scanned": rows, "status": "SUCCEEDED"},
+                    {"data_collection": table.qualified, "total_rows_scanned": scanned, "status": "SUCCEEDED"},
                 )
         if previous is not None:
             previous("last")
