@@ -5,6 +5,7 @@ Prints one JSON document. Ratios, not single timings, are the result: the machin
     .venv/bin/python bench/capture.py                 # 1M-row backlog, 2M-row snapshot
     .venv/bin/python bench/capture.py --rows 200000 --snapshot-rows 400000 --repeat 1
     .venv/bin/python bench/capture.py --compare-to /work/baseline   # also that checkout's capture, alternating
+    .venv/bin/python bench/capture.py --compare-to /work/baseline --source-setting transaction_metadata=true
     .venv/bin/python bench/capture.py --skip streaming,snapshot,latency --chunked   # chunked vs consistent, kill -9 at 90 %
     .venv/bin/python bench/capture.py --skip streaming,snapshot,latency --resnapshot --key-check-rows 300000
     .venv/bin/python bench/capture.py --peer debezium --rows 200000 --snapshot-rows 500000 --repeat 3
@@ -50,6 +51,9 @@ from tributary.capture.decoding.wal2json import WAL2JSON_OPTIONS  # noqa: E402
 from tributary.capture.snapshot.chunked import check_query, context_key, key_lines  # noqa: E402
 from tributary.capture.status import read_status  # noqa: E402
 from tributary.log.local import Log  # noqa: E402
+
+# `--source-setting`: `[[sources]]` lines for this checkout's captures only (what a setting costs, with --compare-to)
+_THIS_SETTINGS = ""
 
 
 def _config(path: Path, dsn: str, log_root: Path, slot: str, snapshot: str, include: str, extra: str = "") -> Path:
@@ -149,7 +153,8 @@ def _captures(
     out: dict[str, float] = {}
     for label, checkout, slot_name in runs:
         log_root = work / f"log-{name}-{label}"
-        config = _config(work / f"{name}-{label}.toml", dsn, log_root, slot_name, snapshot, include)
+        extra = _THIS_SETTINGS if checkout is None else ""
+        config = _config(work / f"{name}-{label}.toml", dsn, log_root, slot_name, snapshot, include, extra)
         c0, s0, k0 = _children_cpu(), cluster_cpu(), _children_sys()
         seconds, rss = _run_until(config, log_root, target, checkout=checkout)
         out[f"{label}_s"] = seconds
@@ -718,8 +723,22 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="with --peer debezium: a connector setting instead of the default (repeatable)",
     )
+    parser.add_argument(
+        "--source-setting",
+        action="append",
+        default=[],
+        metavar="KEY=TOML",
+        help="a [[sources]] setting for this checkout's streaming and snapshot runs only, e.g. "
+        "transaction_metadata=true (repeatable; with --compare-to: what it costs)",
+    )
     add_allow_python(parser)
     args = parser.parse_args()
+    if any("=" not in kv for kv in args.source_setting):
+        parser.error("--source-setting takes KEY=TOML")
+    global _THIS_SETTINGS
+    _THIS_SETTINGS = "".join(
+        f"{kv.split('=', 1)[0].strip()} = {kv.split('=', 1)[1].strip()}\n" for kv in args.source_setting
+    )
     if any("=" not in kv for kv in args.debezium_set):
         parser.error("--debezium-set takes KEY=VALUE")
     impl = require_compiled(args.allow_python)

@@ -10,7 +10,8 @@ Each sub-package imports only those listed before it (tests/unit/test_layout.py 
   events), `service_outbox` (rows of your services' outbox tables → events), `staging` (records
   on their way into the log, per partition), `debezium` (records rewritten as Debezium's JSON with
   schemas, for `envelope = "debezium"`), `rules` (per-table column and row rules) over `row_filter`
-  (their filter expressions).
+  (their filter expressions), and the opt-in side topics: `transactions` (BEGIN/END and each
+  change's `transaction` block), `heartbeats`, `notifications` (a snapshot's start, tables and end).
 * `database/` — the source database: `catalog` (tables, keys, replica identity, read from
   pg_catalog), `source_tables` (what capture follows of them while it runs), `replication` (the
   COPY_BOTH connection), `slot`, `session_guard`.

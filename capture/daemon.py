@@ -379,6 +379,7 @@ class CaptureDaemon:
                 return
             now = self.clock()
             now_ms = int(now * 1000)
+            self._heartbeats(now_ms)
             if self._mark is not None and self.committer.due(now_ms):
                 self.commit()
             if now - self._last_status >= self.opts.status_interval_s:
@@ -485,6 +486,16 @@ class CaptureDaemon:
                 continue
             under_way = under_way or session.snapshotting
         return under_way
+
+    def _heartbeats(self, now_ms: int) -> None:
+        """Each source's heartbeat when due (`heartbeat_interval_ms`), only between source
+        transactions (a mark then never splits one), committed like a transaction's records."""
+        if any(s.in_transaction for s in self.sessions):
+            return
+        for session in self.sessions:
+            if session.name not in self._retries and session.heartbeat(now_ms):
+                self._mark = self.log.mark()
+                self.committer.record_appended(1, now_ms)
 
     def _wait_budget(self) -> float:
         if self._mark is not None:

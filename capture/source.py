@@ -15,6 +15,7 @@ then lets the session confirm the LSN to the server.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from tributary.capture.decoding import encodings, wal2json
 from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.errors import SlotLost, SlotMissing, SourceMisconfigured
 from tributary.capture.records.debezium import DebeziumRewriter, canonical_key
+from tributary.capture.records.heartbeats import heartbeat_record
+from tributary.capture.records.notifications import INCREMENTAL, INITIAL, Notifier
 from tributary.capture.records.routing import TableFilter, topic_name
 from tributary.capture.records.staging import Staging
 from tributary.capture.resume import repaired_key
@@ -64,6 +67,8 @@ class SourceSession:
         self.finished = False  # `snapshot = "initial_only"`: its snapshot is committed, it streams no more
         self._unmark_repaired = False  # the position was rebuilt by a repair: say at the next commit it is ours
         self.watcher: CatalogWatcher | None = None  # once streaming (not for an outbox)
+        self._last_heartbeat_ms = 0
+        self.notifier = Notifier(spec.name, spec.notification_channels, clock=clock)
         self.reset(log_)
 
     def reset(self, log_: SourceWriter) -> None:
@@ -312,6 +317,8 @@ class SourceSession:
             lsn=lambda: self.offsets.durable,
             clock=self.clock,
         )
+        if self.notifier.sink or self.notifier.log:
+            engine.notify = functools.partial(self.notifier, self.staging, INCREMENTAL)
         if spec.snapshots_data:
             known = set(context.done) | set(context.pending) | (set(context.keyless) & keyless)
             for name in (n for n in names if n not in known):
@@ -360,7 +367,14 @@ class SourceSession:
                 self.spec, self.staging, self.tables, self.status, db=slot.database, clock=self.clock
             )
             log.info("source %s: snapshot started (consistent)", self.spec.name)
-            start = snapshot.take(self.slot, slot, on_progress)
+            notify = snapshot.notify = functools.partial(self.notifier, self.staging, INITIAL)
+            notify("STARTED", {})
+            try:
+                start = snapshot.take(self.slot, slot, on_progress)
+            except BaseException as exc:  # said, then raised: its records are dropped with it
+                notify("ABORTED", {"reason": type(exc).__name__})
+                raise
+            notify("COMPLETED", {})
             log.info(
                 "source %s: snapshot finished: %s rows at %s",
                 self.spec.name,
@@ -402,6 +416,20 @@ class SourceSession:
         self._opened_changes = False  # what `open` applied (a keyless table refused) is committed now
         self.chunked.tick()
         return changed
+
+    def heartbeat(self, now_ms: int) -> bool:
+        """Between source transactions, once per `heartbeat_interval_ms`: stage a heartbeat record
+        at the position the source reached (an idle one becomes the boundary, committed with it,
+        so the slot is confirmed there); True when it staged one (the daemon commits it)."""
+        interval = self.spec.heartbeat_interval_ms
+        if not interval or self.stream is None or self.in_transaction or now_ms - self._last_heartbeat_ms < interval:
+            return False
+        self._last_heartbeat_ms = now_ms
+        self.offsets.idle_boundary()
+        lsn = self.offsets.boundary or self.offsets.durable
+        self.staging.stage([heartbeat_record(self.spec.name, lsn, now_ms)], now_ms)
+        self.staging.flush()
+        return True
 
     def context_positions(self) -> dict[str, str]:
         """The snapshot context, for the daemon's next commit, if it changed."""

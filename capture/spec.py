@@ -50,6 +50,14 @@ class SourceSpec:
     # Column and row rules per table (`[[sources.rules]]`, capture/records/rules.py); None: none.
     rules: SourceRules | None = None
 
+    # BEGIN/END records on `<source>.transactions` and a `transaction` block in every streamed change
+    # (capture/records/transactions.py), as Debezium's provide.transaction.metadata.
+    transaction_metadata: bool = False
+    # A `<source>.heartbeat` record at this interval, idle or not (0: none), as Debezium's heartbeat.interval.ms.
+    heartbeat_interval_ms: int = 0
+    # Snapshot notifications on "sink" (`<source>.notifications`) and/or "log" (capture/records/notifications.py).
+    notification_channels: tuple[str, ...] = ()
+
     @property
     def snapshots_data(self) -> bool:
         """Does this source's mode read table rows on its own (`never`/`no_data` only stream;

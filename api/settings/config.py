@@ -318,6 +318,23 @@ class SourceSettings(_Section):
     outbox: tuple[OutboxTableSettings, ...] = Field(
         default=(), description="Outbox tables of your services, one `[[sources.outbox]]` table each."
     )
+    transaction_metadata: bool = Field(
+        default=False,
+        description="BEGIN and END records on `<name>.transactions` and a `transaction` block (id, total_order, "
+        "data_collection_order) in every streamed change, as Debezium's provide.transaction.metadata.",
+    )
+    heartbeat_interval_ms: int = Field(
+        default=0,
+        ge=0,
+        le=_MAX_MS,
+        description="A `<name>.heartbeat` record (ts_ms, lsn) at this interval even when the database is idle, "
+        "as Debezium's heartbeat.interval.ms; 0: none.",
+    )
+    notification_channels: tuple[Literal["sink", "log"], ...] = Field(
+        default=(),
+        description='Snapshot notifications (started, table scan completed, completed, aborted): "sink" as records '
+        'of `<name>.notifications`, "log" as log lines, as Debezium\'s notification.enabled.channels.',
+    )
 
     @field_validator("dsn")
     @classmethod

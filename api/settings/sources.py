@@ -83,6 +83,9 @@ def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[Sourc
             allow_without_key=s.allow_without_key,
             rules=source_rules(s),
             outbox=tuple(OutboxTable(**t.model_dump()) for t in s.outbox),
+            transaction_metadata=s.transaction_metadata,
+            heartbeat_interval_ms=s.heartbeat_interval_ms,
+            notification_channels=s.notification_channels,
         )
         for s in settings.sources
     ]

@@ -384,7 +384,34 @@ def _value(table: _Table, value: bytes | None) -> bytes | None:
         "op": op,
         "ts_ms": doc.get("ts_ms"),
     }
+    block = doc.get("transaction")  # `transaction_metadata = true` (capture/records/transactions.py)
+    if block is not None:
+        payload["transaction"] = block
+        return b'{"schema":%b,"payload":%b}' % (_with_transaction(table.value_schema), orjson.dumps(payload))
     return b'{"schema":%b,"payload":%b}' % (table.value_schema, orjson.dumps(payload))
+
+
+_TRANSACTION_FIELD = {
+    "type": "struct",
+    "fields": [
+        {"type": "string", "optional": False, "field": "id"},
+        {"type": "int64", "optional": False, "field": "total_order"},
+        {"type": "int64", "optional": False, "field": "data_collection_order"},
+    ],
+    "optional": True,
+    "name": "event.block",
+    "version": 1,
+    "field": "transaction",
+}
+
+
+@functools.lru_cache(maxsize=1024)
+def _with_transaction(value_schema: bytes) -> bytes:
+    """An envelope schema with Debezium's `transaction` field last, as its connector writes it
+    under `provide.transaction.metadata=true` (made once per table shape)."""
+    schema = orjson.loads(value_schema)
+    schema["fields"].append(_TRANSACTION_FIELD)
+    return orjson.dumps(schema)
 
 
 def canonical_key(key: bytes) -> bytes:

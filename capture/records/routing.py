@@ -8,7 +8,7 @@ import hashlib
 import re
 from collections.abc import Iterable
 
-__all__ = ["TableFilter", "topic_name", "topic_part"]
+__all__ = ["SIDE_TOPICS", "TableFilter", "is_side_topic", "topic_name", "topic_part"]
 
 _PLAIN = re.compile(r"[A-Za-z0-9_-]+")
 _INVALID = re.compile(r"[^A-Za-z0-9_-]")
@@ -30,6 +30,17 @@ def topic_name(source: str, schema: str, table: str) -> str:
     """CDC topic of a table: `<source>.<schema>.<table>`, each identifier mapped by `topic_part`
     (a valid topic name on the local log and on Kafka for any PostgreSQL identifier)."""
     return f"{source}.{topic_part(schema)}.{topic_part(table)}"
+
+
+SIDE_TOPICS = ("messages", "transactions", "heartbeat", "notifications")
+"""A source's topics that are no table's: `<source>.<kind>`, records kept by retention, never compacted."""
+
+
+def is_side_topic(topic: str) -> bool:
+    """`<source>.messages`, `.transactions`, `.heartbeat` or `.notifications`: one dot (a source
+    name has none; a table's topic has two), so a table named `transactions` stays a table."""
+    source, dot, kind = topic.partition(".")
+    return bool(dot) and kind in SIDE_TOPICS and source != "events"
 
 
 _SIMPLE = re.compile(r"^(\*|[A-Za-z_][A-Za-z0-9_$]*)\.(\*|[A-Za-z_][A-Za-z0-9_$]*)$")

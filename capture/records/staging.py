@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Literal
 
 from tributary.capture.records import envelope as env
+from tributary.capture.records.routing import is_side_topic
 from tributary.log import SourceWriter, TopicConfig, encode_plain, partition_for, split_partitions
 
 __all__ = ["FLUSH_RECORDS", "Staged", "Staging", "Watch"]
@@ -100,12 +101,14 @@ class Staging:
 
     def partitions(self, topic: str) -> int:
         """The topic's partition count, creating the topic on first use: CDC topics compacted
-        (a key's last record is its state), `.messages` deleted by retention, events kept."""
+        (a key's last record is its state), a source's side topics (`.messages`, `.transactions`…)
+        deleted by retention, events kept."""
         count = self._partitions.get(topic)
         if count is not None:
             return count
         if topic not in self.log.topics():
-            policy: Literal["delete", "compact", "none"] = "delete" if topic.endswith(".messages") else "compact"
+            retained = topic.endswith(".messages") or is_side_topic(topic)
+            policy: Literal["delete", "compact", "none"] = "delete" if retained else "compact"
             if topic.startswith("events.") or topic in self.event_topics:
                 policy = "none"
             self.log.create_topic(topic, TopicConfig(partitions=self.new_topic_partitions, policy=policy))

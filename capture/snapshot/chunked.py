@@ -261,6 +261,8 @@ class ChunkedSnapshot:
     # Called on the reading thread between a chunk's read and its watermark, with the table and
     # the phase: where a test makes changes land inside a chunk's window, or a chunk slow.
     after_read: Callable[[str, str], None] | None = None
+    # Snapshot notifications (capture/records/notifications.py): started, each table done, completed.
+    notify: Callable[[str, dict[str, str]], None] | None = None
 
     def __init__(
         self,
@@ -326,6 +328,7 @@ class ChunkedSnapshot:
     def _apply(self, requested: list[_Request], conn: psycopg.Connection[Any]) -> bool:
         infos = self._catalog(conn)
         ctx = self.context
+        idle = not ctx.pending
         changed = self.note_keys(infos.values())
         for req in requested:
             if req.kind != EXECUTE_SNAPSHOT:
@@ -370,6 +373,8 @@ class ChunkedSnapshot:
         if changed:
             self.dirty = True
             self._show()
+        if idle and ctx.pending and self.notify is not None:
+            self.notify("STARTED", {"data_collections": ",".join(ctx.pending)})
         return changed
 
     def _control(self, req: _Request) -> bool:
@@ -494,7 +499,7 @@ class ChunkedSnapshot:
             info = self._catalog().get(name)
         if info is None or not info.identity_columns:
             self._warn(f"snapshot of {name} skipped: the table is gone, excluded, or has no key")
-            self._table_done(name)
+            self._table_done(name, "SKIPPED")
             return
         topic = topic_name(self.spec.name, info.schema, info.table)
         if not self._keep_keys(name, topic):
@@ -634,8 +639,10 @@ class ChunkedSnapshot:
         else:
             ctx.checked = job.checked
 
-    def _table_done(self, name: str) -> None:
+    def _table_done(self, name: str, outcome: str = "SUCCEEDED") -> None:
         ctx = self.context
+        if self.notify is not None:
+            self.notify("TABLE_SCAN_COMPLETED", {"data_collection": name, "status": outcome})
         if ctx.pending and ctx.pending[0] == name:
             ctx.pending.pop(0)
         if name in ctx.check:
@@ -652,6 +659,8 @@ class ChunkedSnapshot:
             ctx.rows = ctx.chunks = ctx.total = 0
             self.status.snapshot_table = None
             log.info("source %s: chunked snapshot done", self.spec.name)
+            if self.notify is not None:
+                self.notify("COMPLETED", {})
         self.dirty = True
         self._show()
 

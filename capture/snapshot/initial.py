@@ -56,6 +56,8 @@ PROGRESS_ROWS = 10_000  # `on_progress` is called each time this many more rows 
 DELETE_BATCH = 2_000  # a re-snapshot's deletes are staged this many keys at a time
 
 Progress = Callable[[SourceStatus], None]
+Notify = Callable[[str, dict[str, str]], None]
+"""(notification type, its additional data): capture/records/notifications.py, bound to a source."""
 
 RESNAPSHOT_POSITION = str(Lsn.ZERO)  # a re-snapshot under way: a start takes the snapshot again
 
@@ -82,6 +84,7 @@ class SnapshotSource:
         self.db = db
         self.clock = clock
         self.columnar = columnar
+        self.notify: Notify | None = None  # each table scanned (TABLE_SCAN_COMPLETED)
 
     def take(self, slot: Slot, state: SlotState, on_progress: Progress | None = None) -> Lsn:
         """(Re)create the slot with an exported snapshot and copy every included table inside it;
@@ -120,6 +123,7 @@ class SnapshotSource:
 
         for table in tables:
             status.snapshot_table = table.qualified
+            rows_before = status.snapshot_rows_done
             columns = [(c.name, c.type, c.typeoid) for c in table.columns]
             self.tables.observe(
                 table.schema, table.table, columns, complete=True, key=table.identity_columns, now_ms=now_ms
@@ -147,6 +151,12 @@ class SnapshotSource:
                     previous("true")
                 previous = functools.partial(self.stage_deletes, encoder, sorted(gone), now_ms)
                 gone.clear()  # the sorted list is the one copy held
+            if self.notify is not None:
+                scanned = str(status.snapshot_rows_done - rows_before)
+                self.notify(
+                    "TABLE_SCAN_COMPLETED",
+                    {"data_collection": table.qualified, "total_rows_scanned": scanned, "status": "SUCCEEDED"},
+                )
         if previous is not None:
             previous("last")
         self.staging.flush()

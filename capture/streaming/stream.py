@@ -39,6 +39,7 @@ from tributary.capture.records import envelope as env
 from tributary.capture.records.rules import TableRules
 from tributary.capture.records.service_outbox import OutboxRowError, OutboxTable
 from tributary.capture.records.staging import Staging
+from tributary.capture.records.transactions import TransactionMonitor
 from tributary.capture.snapshot import signals
 from tributary.capture.snapshot.chunked import WATERMARK_PREFIX
 from tributary.capture.spec import SourceSpec
@@ -123,6 +124,9 @@ class StreamingSource:
             tables.schemas.existed = self.history.existed
         # An outbox's rows are routed, not enveloped: no templates.
         self.templates = TemplateCache(spec.name, tables.schemas) if templates and spec.router is None else None
+        # Transaction metadata: every change's value gets its `transaction` block (templated ones too).
+        self.txmeta = TransactionMonitor(spec.name) if spec.transaction_metadata and spec.router is None else None
+        self._collections: dict[str, str] = {}  # a template's topic → its table ("schema.table"), for the block
         self._codec = None if encoding in (None, "utf-8") else encoding
         if self._codec is not None:
             self.templates = None  # they splice the raw bytes: UTF-8 only
@@ -213,6 +217,8 @@ class StreamingSource:
         self._hold_inserts = appending and self.templates is not None
         self._tx = _Transaction(xid=begin.xid, ts_ms=begin.timestamp_ms, lsn=begin.lsn, nextlsn=begin.nextlsn)
         self.staging.xid = begin.xid
+        if self.txmeta is not None:
+            self.txmeta.begin(begin.xid, int(begin.lsn), begin.timestamp_ms)
 
     def _commit(self, commit: wal2json.Commit) -> bool:
         """A transaction ends: a commit point when changes of ours were in it (or a snapshot was
@@ -225,6 +231,8 @@ class StreamingSource:
             changes = max(changes, 1)  # a snapshot requested inside it: a commit point, with the request
         if not self.offsets.end(commit.nextlsn, changes=changes):
             return False  # skipped, or nothing of ours in it
+        if self.txmeta is not None:
+            self.staging.stage(self.txmeta.end(), self._tx.ts_ms or int(self.clock() * 1000))
         self.staging.flush()
         self.last_tx_changes = changes
         self.status.last_lsn = str(commit.nextlsn)
@@ -249,6 +257,8 @@ class StreamingSource:
             outputs = self.spec.router(env.stream_row(change.raw_columns))
         else:
             outputs = self._table_change(change, target, payload, now_ms)
+            if self.txmeta is not None:
+                outputs = self.txmeta.annotate(outputs, f"{change.schema}.{change.table}")
         self._stage(outputs, now_ms)
         self._tx.changes += 1
         self.status.changes += 1
@@ -300,6 +310,8 @@ class StreamingSource:
         rules = None if self.spec.rules is None else self.spec.rules.for_table(change.schema, change.table, keys)
         outputs = self._envelopes(change, now_ms, keys, rules)
         if change.action == "I" and self.templates is not None and self.offsets.in_transaction and rules is None:
+            if self.txmeta is not None:
+                self._collections[outputs[0].topic] = f"{change.schema}.{change.table}"
             self.templates.learn(
                 change,
                 payload,
@@ -321,7 +333,12 @@ class StreamingSource:
         if self.tables.is_leaf(truncate.schema, truncate.table):
             self._resnapshot([f"{target[0]}.{target[1]}"], f"a TRUNCATE of its partition {truncate.table}")
         else:
-            for out in env.truncate_envelope(truncate, **self._context()):
+            outputs = env.truncate_envelope(truncate, **self._context())
+            if self.txmeta is not None:
+                *begin, truncated = self.txmeta.annotate(outputs, f"{target[0]}.{target[1]}")
+                self._stage(begin, now_ms)  # the transaction's BEGIN when it is its first event
+                outputs = [truncated]
+            for out in outputs:
                 self.staging.to_all_partitions(out.topic, out.key, out.value, now_ms)
         self._tx.changes += 1
 
@@ -402,6 +419,8 @@ class StreamingSource:
                 records = template.encode_many(payloads, tx.tx_part, now_ms)
                 if records is not None:
                     keys, values = records
+                    if self.txmeta is not None:
+                        values = self._transaction_blocks(template.topic, values, now_ms)
                     self.staging.append_run(template.topic, keys, values, tx.ts_ms or now_ms)
                     tx.changes += n
                     self.status.changes += n
@@ -429,8 +448,19 @@ class StreamingSource:
         tx.changes += 1
         self.status.changes += 1
         self.templated += 1
-        self.staging.stage_record(template.topic, *record, tx.ts_ms or now_ms)
+        key, value = record
+        if self.txmeta is not None:
+            (value,) = self._transaction_blocks(template.topic, [value], now_ms)
+        self.staging.stage_record(template.topic, key, value, tx.ts_ms or now_ms)
         return True
+
+    def _transaction_blocks(self, topic: str, values: list[bytes], now_ms: int) -> list[bytes]:
+        """Templated INSERTs' values with their `transaction` blocks, BEGIN staged before the first."""
+        txmeta = self.txmeta
+        assert txmeta is not None
+        self._stage(txmeta.opening(), now_ms)
+        table = self._collections[topic]
+        return [txmeta.mark(value, table) for value in values]
 
     def _context(self, now_ms: int | None = None) -> _EnvelopeContext:
         """The transaction's keywords for `envelopes_for`, `truncate_envelope` and

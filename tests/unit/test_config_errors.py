@@ -138,6 +138,28 @@ def test_envelope_is_tributary_or_debezium(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        (
+            'transaction_metadata = "sometimes"',
+            "[[sources]] transaction_metadata: expected true or false, got 'sometimes'",
+        ),
+        (
+            "heartbeat_interval_ms = -1",
+            "[[sources]] heartbeat_interval_ms: must be between 0 and 3153600000000, got -1",
+        ),
+        (
+            'notification_channels = ["kafka"]',
+            "[[sources]] notification_channels #1: expected 'sink' or 'log', got 'kafka'",
+        ),
+    ],
+)
+def test_transaction_heartbeat_and_notification_keys_are_checked(tmp_path: Path, line: str, error: str) -> None:
+    path = _write(tmp_path, f'[[sources]]\nname = "a"\ndsn = "host=a"\n{line}\n')
+    assert _fails(["config", "show", "-c", str(path)]) == [f"tributary: config error in {path}: {error}"]
+
+
 # -- values that would only crash later ----------------------------------------------------------
 
 

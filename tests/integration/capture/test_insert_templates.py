@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import orjson
 import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -57,13 +58,22 @@ def _slot(dsn: str, slot: str) -> Iterator[None]:
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
 
 
-def _capture(dsn: str, docs: list[bytes], root: Path, *, templates: bool) -> tuple[list[tuple[Any, ...]], int]:
+def _capture(
+    dsn: str, docs: list[bytes], root: Path, *, templates: bool, transaction_metadata: bool = False
+) -> tuple[list[tuple[Any, ...]], int]:
     """Feed the documents to a streaming source (with or without templates) as the daemon would
     (commit at each boundary); every record of the resulting log, and how many changes the
     templates encoded."""
     with Log.open(root, writer=True, default_partitions=3) as log:
         spec = SourceSpec(
-            name="shop", dsn=dsn, slot="unused", include=("public.*",), exclude=(), snapshot="never", partitions=3
+            name="shop",
+            dsn=dsn,
+            slot="unused",
+            include=("public.*",),
+            exclude=(),
+            snapshot="never",
+            partitions=3,
+            transaction_metadata=transaction_metadata,
         )
         staging = Staging(log, partitions=spec.partitions)
         tables = SourceTables(spec.name, TableFilter(spec.include, spec.exclude), staging, schema_records=True)
@@ -88,21 +98,31 @@ def _capture(dsn: str, docs: list[bytes], root: Path, *, templates: bool) -> tup
         return out, stream.templated
 
 
-def _compare(dsn: str, docs: list[bytes], tmp: Path) -> tuple[int, int]:
+def _compare(dsn: str, docs: list[bytes], tmp: Path, *, transaction_metadata: bool = False) -> tuple[int, int]:
     """Templates through the typed path (the default), through pure Python, and no templates:
-    the same records."""
+    the same records (with transaction metadata: their `transaction` blocks, BEGIN and END too)."""
     assert compiled.encode_inserts is not None
-    fast, templated = _capture(dsn, docs, tmp / "fast", templates=True)
+    txmeta = transaction_metadata
+    fast, templated = _capture(dsn, docs, tmp / "fast", templates=True, transaction_metadata=txmeta)
     with mock.patch.multiple(compiled, encode_inserts=None):
-        python, templated_python = _capture(dsn, docs, tmp / "python", templates=True)
-    generic, none = _capture(dsn, docs, tmp / "generic", templates=False)
+        python, templated_python = _capture(dsn, docs, tmp / "python", templates=True, transaction_metadata=txmeta)
+    generic, none = _capture(dsn, docs, tmp / "generic", templates=False, transaction_metadata=txmeta)
     assert none == 0
     assert templated == templated_python
     assert fast == python == generic
+    if txmeta:  # every change names its transaction, the templated INSERTs' too
+        values = [orjson.loads(r[5]) for r in fast if r[0].startswith("shop.public.") and r[5]]
+        changes = [v for v in values if "op" in v]
+        assert changes and all("transaction" in c for c in changes)
+        assert {v["status"] for r in fast if r[0] == "shop.transactions" for v in [orjson.loads(r[5])]} == {
+            "BEGIN",
+            "END",
+        }
     return len(fast), templated
 
 
-def test_mixed_transactions_are_byte_identical(fresh_db: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("transaction_metadata", [False, True], ids=["plain", "transaction_metadata"])
+def test_mixed_transactions_are_byte_identical(fresh_db: str, tmp_path: Path, transaction_metadata: bool) -> None:
     rows = [
         (
             i,
@@ -152,7 +172,7 @@ def test_mixed_transactions_are_byte_identical(fresh_db: str, tmp_path: Path) ->
             cur.execute("TRUNCATE other")
             conn.commit()
         docs = _documents(fresh_db, "tpl")
-    records, templated = _compare(fresh_db, docs, tmp_path)
+    records, templated = _compare(fresh_db, docs, tmp_path, transaction_metadata=transaction_metadata)
     inserts = sum(1 for d in docs if d.startswith(b'{"action":"I"'))
     assert records > inserts
     assert templated >= 0.9 * 1250  # the templates did the work, not the generic path

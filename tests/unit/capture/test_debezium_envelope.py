@@ -100,6 +100,24 @@ def test_a_partitions_records_become_debeziums_with_schemas() -> None:
     assert tombstone[0] == create[0] and tombstone[1] is None
 
 
+def _rewritten_create(extra: dict[str, Any]) -> dict[str, Any]:
+    """A create of t_pair, with `extra` top-level fields, as the Debezium rewriter writes it."""
+    change = orjson.loads(_change("c", None, {"b": 2, "a": 1, "note": "n", "doc": None})) | extra
+    records = [_schema_record(("b", "a")), (b'{"a":1,"b":2}', orjson.dumps(change), 1, None)]
+    [(_, value, _, _)] = DebeziumRewriter().rewrite("shop.public.t_pair", 0, records)
+    return dict(orjson.loads(value or b""))
+
+
+def test_a_changes_transaction_block_is_kept_with_debeziums_schema_for_it() -> None:
+    block = {"id": "9:5", "total_order": 2, "data_collection_order": 1}
+    plain, doc = _rewritten_create({}), _rewritten_create({"transaction": block})
+    assert doc["payload"]["transaction"] == block and "transaction" not in plain["payload"]
+    fields = doc["schema"]["fields"]
+    assert fields[:-1] == plain["schema"]["fields"]
+    assert fields[-1]["field"] == "transaction" and fields[-1]["name"] == "event.block"
+    assert [f["field"] for f in fields[-1]["fields"]] == ["id", "total_order", "data_collection_order"]
+
+
 def test_each_partition_keeps_the_shape_its_own_schema_record_gave() -> None:
     rewriter = DebeziumRewriter()
     rewriter.rewrite("shop.public.t_pair", 0, [_schema_record(("b", "a"))])
