@@ -182,6 +182,8 @@ class KafkaSource:
         """Each partition's last stable offset (read_committed end) of the `topics` that exist."""
         from confluent_kafka import KafkaException, TopicPartition
 
+        from tributary.log.kafka.read import watermarks  # confluent_kafka at import: where a client is made
+
         consumer = self._driver()
         out: dict[TP, int] = {}
         try:
@@ -191,7 +193,9 @@ class KafkaSource:
                 if found is None or found.error is not None or not found.partitions:
                     continue  # nothing captured on it yet
                 for p in sorted(found.partitions):
-                    out[(topic, p)] = consumer.get_watermark_offsets(TopicPartition(topic, p), self.timeout_s)[1]
+                    out[(topic, p)] = watermarks(consumer, TopicPartition(topic, p), self.timeout_s)[
+                        1
+                    ]  # a leader moving: asked again
         except KafkaException as exc:
             raise self._fail(exc) from None
         return out

@@ -185,8 +185,17 @@ class EmbeddedPostgres:
         if not (pgdata / "PG_VERSION").exists():
             self._initdb(pgdata)
         chosen = port or (state.port if state and _port_free(state.port) else None) or free_port(PREFERRED_PORT)
-        self._write_state(_State(port=chosen, pgdata=str(pgdata)))
-        self._start(pgdata, chosen)
+        for attempt in range(3):
+            self._write_state(_State(port=chosen, pgdata=str(pgdata)))
+            try:
+                self._start(pgdata, chosen)
+                break
+            except PgError:
+                # Another process took the port between choosing it and the server binding it
+                # (clusters started side by side): a port of its own, unless the user named one.
+                if port is not None or attempt == 2 or _port_free(chosen):
+                    raise
+                chosen = free_port()
         self._ensure_database(chosen)
         return self.dsn()
 
@@ -232,8 +241,10 @@ class EmbeddedPostgres:
         proc = self._pg_ctl(pgdata, "-w", "-t", "60", "-l", str(logfile), "-o", f"-p {port}", "start", check=False)
         if proc.returncode != 0:
             tail = ""
-            with contextlib.suppress(OSError):
-                tail = logfile.read_text().strip().splitlines()[-1]
+            with contextlib.suppress(OSError, IndexError):
+                lines = logfile.read_text().strip().splitlines()
+                # The reason (`FATAL:  could not create any TCP/IP sockets`…), not the shutdown after it.
+                tail = next((line for line in reversed(lines) if "FATAL" in line or "ERROR" in line), lines[-1])
             raise PgError(f"PostgreSQL did not start on 127.0.0.1:{port}: {tail or proc.stderr.strip()}")
 
     def _ensure_database(self, port: int) -> None:

@@ -111,6 +111,13 @@ class KafkaLogSettings(_Section):
         description="Prefix of the capture producers' `transactional.id`s: one producer per source, "
         "`<prefix>-<source>` (a new capture of a source fences the old one).",
     )
+    commit_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=86_400,
+        description="How long capture keeps retrying a commit the cluster cannot take (brokers down or "
+        "restarting, a leader moving) before it stops with one line; its records are never lost or doubled.",
+    )
 
 
 class LogSettings(_Section):

@@ -36,6 +36,7 @@ def kafka_options(settings: Settings) -> KafkaOptions | None:
         replication_factor=k.replication_factor,
         create_topics=k.create_topics,
         transactional_id=k.transactional_id,
+        commit_timeout_s=k.commit_timeout_s,
     )
 
 

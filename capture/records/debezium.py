@@ -26,7 +26,15 @@ import orjson
 from tributary.capture.decoding.values import type_family
 from tributary.capture.records.schema_tracker import SCHEMA_KEY
 
-__all__ = ["CONNECTOR", "VERSION", "DebeziumRewriter", "canonical_key", "connect_field", "debezium_value"]
+__all__ = [
+    "CONNECTOR",
+    "VERSION",
+    "DebeziumRewriter",
+    "canonical_key",
+    "connect_field",
+    "debezium_value",
+    "snapshot_marker",
+]
 
 CONNECTOR = "postgresql"
 VERSION = "3.6.1.Final"  # the Debezium release whose records these match (deploy/debezium/pom.xml)
@@ -298,6 +306,19 @@ _SOURCE_SCHEMA = {
     "name": "io.debezium.connector.postgresql.Source",
     "field": "source",
 }
+
+
+def snapshot_marker(*, first: bool, last: bool, first_in_table: bool, last_in_table: bool) -> str:
+    """`source.snapshot` of a snapshot row as Debezium's relational snapshot marks it: the very
+    last row `last`, the very first `first`, else a table's last `last_in_data_collection` and its
+    first `first_in_data_collection` (a one-row table's row is its last), every other `true`."""
+    if last:
+        return "last"
+    if first:
+        return "first"
+    if last_in_table:
+        return "last_in_data_collection"
+    return "first_in_data_collection" if first_in_table else "true"
 
 
 class DebeziumRewriter:

@@ -23,6 +23,7 @@ from tributary.capture.records.rules import TableRules
 
 __all__ = [
     "CONNECTOR",
+    "SNAPSHOT_MARKERS",
     "Output",
     "SnapshotEncoder",
     "envelopes_for",
@@ -35,6 +36,9 @@ __all__ = [
 ]
 
 CONNECTOR = "tributary"
+# `source.snapshot` of snapshot reads: "true", the snapshot's last row "last"; under the Debezium
+# envelope also Debezium's first-row and per-table marks (capture/records/debezium.py).
+SNAPSHOT_MARKERS = ("true", "last", "first", "first_in_data_collection", "last_in_data_collection")
 VERSION = "0.1.0"
 _SORTED = orjson.OPT_SORT_KEYS
 
@@ -324,7 +328,7 @@ class SnapshotEncoder:
         self._keys = tuple(primary_key)
         self._now_ms = now_ms
         self._sources = {
-            marker: _source(source_name, db, schema, table, lsn, None, now_ms, marker) for marker in ("true", "last")
+            marker: _source(source_name, db, schema, table, lsn, None, now_ms, marker) for marker in SNAPSHOT_MARKERS
         }
         # Everything after "after" is the same for every row of the table: serialised once. The
         # bytes equal `_value(None, after, source, "r", now_ms)` (tests/unit/capture checks).

@@ -68,6 +68,13 @@ class TableFilter:
             self._cache[key] = hit
         return hit
 
+    def snapshot_rank(self, schema: str, table: str) -> tuple[int, str]:
+        """Where a table stands in Debezium's snapshot order: by the first include pattern it
+        matches, then by name (`schema.table`) among that pattern's tables."""
+        name = f"{schema}.{table}"
+        first = next((i for i, p in enumerate(self.include) if fnmatch.fnmatchcase(name, p)), len(self.include))
+        return first, name
+
     def wal2json_options(self) -> dict[str, str]:
         """`add-tables` when every include pattern is one wal2json understands, so the server
         skips other tables' rows; the Python filter still applies (exclude, finer globs)."""

@@ -33,12 +33,14 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tributary.capture.database.catalog import TableInfo
 from tributary.capture.database.slot import Slot, SlotState, sql_connection
 from tributary.capture.database.source_tables import SourceTables
 from tributary.capture.decoding.lsn import Lsn
+from tributary.capture.records import debezium
 from tributary.capture.records import envelope as env
 from tributary.capture.records.rules import TableRules
 from tributary.capture.records.staging import Staging
@@ -101,6 +103,8 @@ class SnapshotSource:
             with SnapshotReader(self.spec.dsn, info.snapshot_name, label=self.spec.name) as reader:
                 with sql_connection(self.spec.dsn, label=self.spec.name) as conn:
                     included = self.tables.included(conn)
+                if self.reference_only:  # Debezium's order: its first and last marks fall on the same rows
+                    included.sort(key=lambda t: self.tables.filter.snapshot_rank(t.schema, t.table))
                 self.copy(reader, included, info.consistent_point, on_progress)
         return info.consistent_point
 
@@ -111,9 +115,16 @@ class SnapshotSource:
         status = self.status
         status.snapshot_rows_total = sum(max(t.estimated_rows, 0) for t in tables)
         now_ms = int(self.clock() * 1000)
-        # One unit (a chunk, a batch, a row) of lookahead: the very last row of the snapshot is
-        # marked "last"; `previous(marker)` stages the held unit, its last row marked `marker`.
-        previous: Callable[[str], None] | None = None
+        # One unit (a chunk, a batch, a row) of lookahead: a unit is staged once the next one (or
+        # the end) says where it stood — its last row takes the marker of that place (`_Held`).
+        held: _Held | None = None
+        marker = debezium.snapshot_marker if self.reference_only else _marker
+        first = True
+
+        def stage(unit: _Held, *, last: bool) -> None:
+            nonlocal first
+            unit.stage(marker(first=first, last=last, first_in_table=unit.first, last_in_table=unit.last or last))
+            first = False
 
         def advance(rows: int) -> None:
             done = status.snapshot_rows_done
@@ -141,24 +152,27 @@ class SnapshotSource:
             )
             # A topic that holds keys already (a re-snapshot): those the table no longer has go.
             gone = self.staging.live_keys(encoder.topic) if self.spec.router is None else set()
+            starts = True
             for unit, rows in self._units(reader, table, encoder, now_ms, gone or None):
-                if previous is not None:
-                    previous("true")
-                previous = unit
+                if held is not None:
+                    stage(held, last=False)
+                held, starts = _Held(unit, first=starts), False
                 advance(rows)
             if gone:
-                if previous is not None:
-                    previous("true")
-                previous = functools.partial(self.stage_deletes, encoder, sorted(gone), now_ms)
+                if held is not None:
+                    stage(held, last=False)
+                held = _Held(functools.partial(self.stage_deletes, encoder, sorted(gone), now_ms), first=starts)
                 gone.clear()  # the sorted list is the one copy held
+            if held is not None:
+                held.last = True  # its table's last unit (the snapshot's too, if no later table has rows)
             if self.notify is not None:
                 scanned = str(status.snapshot_rows_done - rows_before)
                 self.notify(
                     "TABLE_SCAN_COMPLETED",
                     {"data_collection": table.qualified, "total_rows_scanned": scanned, "status": "SUCCEEDED"},
                 )
-        if previous is not None:
-            previous("last")
+        if held is not None:
+            stage(held, last=True)
         self.staging.flush()
         status.snapshot_table = None
         status.snapshot_rows_total = status.snapshot_rows_done
@@ -319,6 +333,20 @@ class SnapshotSource:
                 self.staging.stage(outputs, now_ms)
                 outputs = []
         self.staging.stage(outputs, now_ms)
+
+
+@dataclass(slots=True)
+class _Held:
+    """A unit of snapshot rows waiting for the next one: where it stands in its table."""
+
+    stage: Callable[[str], None]
+    first: bool  # its table's first unit
+    last: bool = False  # its table's last unit
+
+
+def _marker(*, first: bool, last: bool, first_in_table: bool, last_in_table: bool) -> str:
+    """`source.snapshot` of a unit's last row: "last" for the snapshot's very last, else "true"."""
+    return "last" if last else "true"
 
 
 def _delete_tail(read_tail: bytes) -> bytes:

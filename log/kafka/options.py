@@ -22,6 +22,9 @@ class KafkaOptions:
     create_topics: bool = True
     transactional_id: str = "tributary-capture"
     offsets_topic: str = OFFSETS_TOPIC
+    # How long one commit keeps retrying while the cluster cannot take it (down, restarting, a
+    # leader moving) before capture stops with one line.
+    commit_timeout_s: float = 300.0
 
 
 # What an operator's view (`project status`, `/projections`, `/topics`, `/metrics`) waits at most

@@ -18,6 +18,8 @@ the caller's (Kafka's murmur2, as on the local log).
 from __future__ import annotations
 
 import contextlib
+import enum
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,8 +46,10 @@ __all__ = [
 ]
 
 _TIMEOUT_S = 30.0  # metadata, topic creation, reading the offsets topic back
+_ATTEMPT_S = 10.0  # one wait for a commit or an abort; retried until [log.kafka] commit_timeout_s
 
 _Buffered = tuple[str, str, int, bytes | None, bytes | None, int, bytes | None]  # source first
+log = logging.getLogger(__name__)
 _FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
 
 
@@ -54,6 +58,66 @@ class KafkaMark(Mark):
     """How many records had been appended: `commit(upto=…)` produces exactly those."""
 
     appended: int = 0
+
+
+class _Step(enum.Enum):
+    """Where a source's transaction stands while it is retried (`KafkaLog._transaction`)."""
+
+    RENEW = "a new producer"
+    ABORT = "abort"
+    BEGIN = "begin and produce"
+    COMMIT = "commit"
+
+
+def _following(error: KafkaError, step: _Step) -> _Step | None:
+    """The step that may cure a failed one (None: nothing will): a fatal error needs a new
+    producer, a transaction that must be aborted an abort, and a retriable error of a call that
+    waits on the cluster the same call again."""
+    if error.fatal():
+        return _Step.RENEW
+    if error.txn_requires_abort():
+        return _Step.ABORT
+    if error.retriable() and step is not _Step.BEGIN:
+        return step
+    return None
+
+
+class _Retry:
+    """One commit's retries: each call waits at most `_ATTEMPT_S` (so a long outage is said in the
+    log as it goes on), the waits between them back off, all within the deadline."""
+
+    def __init__(self, source: str, deadline: float) -> None:
+        self.source = source
+        self.deadline = deadline
+        self.pause = 0.2
+        self.started = time.monotonic()
+        self.waits = 0
+        self.renewed_after_fence = False
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def attempt_s(self) -> float:
+        return max(0.1, min(_ATTEMPT_S, self.deadline - time.monotonic()))
+
+    def wait(self, error: KafkaError) -> None:
+        left = self.deadline - time.monotonic()
+        log.warning(
+            "source %r: Kafka cannot take the commit yet (%s); retrying for up to %.0f s more",
+            self.source,
+            error.str(),
+            max(0.0, left),
+        )
+        time.sleep(max(0.0, min(self.pause, left)))
+        self.pause = min(self.pause * 2, 5.0)
+        self.waits += 1
+
+    def recovered(self) -> None:
+        """Say that a commit went through after retries (the warnings before it end here)."""
+        if self.waits:
+            log.warning(
+                "source %r: Kafka took the commit after %.0f s of retries", self.source, time.monotonic() - self.started
+            )
 
 
 class ProducerFenced(LogError):
@@ -291,26 +355,71 @@ class KafkaLog:
         self._first += take
 
     def _transaction(self, source: str, records: list[_Buffered], positions: dict[str, str]) -> None:
+        """`source`'s records and positions in one transaction of its producer, committed. What
+        the cluster cannot take yet (brokers down or restarting, a leader moving, a transaction the
+        coordinator timed out) is retried as librdkafka's transactional protocol says — a timed-out
+        call is made again, a transaction that must be aborted is aborted and produced anew, a
+        producer that hit a fatal error is replaced by a new one (whose `init_transactions` aborts
+        what the old one left open) — until `commit_timeout_s`; then capture stops with one line,
+        and a fenced producer (another process took the source) stops it at once."""
         if source not in self._producers:
             self.source(source)
-        producer = self._producers[source]
-        try:
-            producer.begin_transaction()
-            for _, topic, partition, key, value, ts, headers in records:
-                self._produce(producer, topic, partition, key, value, ts, kafka_headers(headers))
-            for name, position in positions.items():
-                self._produce(producer, self.opts.offsets_topic, 0, name.encode(), position.encode(), None, None)
-            producer.commit_transaction(_TIMEOUT_S)
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            if isinstance(error, KafkaError) and error.code() in _FENCED:
+        retry = _Retry(source, time.monotonic() + self.opts.commit_timeout_s)
+        step = _Step.BEGIN
+        while True:
+            producer = self._producers[source]
+            try:
+                if step is _Step.RENEW:
+                    producer = self._producers[source] = self._new_producer(source)
+                    step = _Step.BEGIN
+                if step is _Step.ABORT:
+                    producer.abort_transaction(retry.attempt_s())
+                    step = _Step.BEGIN
+                if step is _Step.BEGIN:
+                    producer.begin_transaction()
+                    for _, topic, partition, key, value, ts, headers in records:
+                        self._produce(producer, topic, partition, key, value, ts, kafka_headers(headers))
+                    for name, position in positions.items():
+                        self._produce(
+                            producer, self.opts.offsets_topic, 0, name.encode(), position.encode(), None, None
+                        )
+                    step = _Step.COMMIT
+                producer.commit_transaction(retry.attempt_s())
+                retry.recovered()
+                return
+            except KafkaException as exc:
+                step = self._next_step(source, producer, exc, retry, step)
+
+    def _next_step(self, source: str, producer: Producer, exc: KafkaException, retry: _Retry, step: _Step) -> _Step:
+        """What a failed step of a transaction calls for, after a pause; or raise: fenced, not an
+        error retrying cures, or out of time (the open transaction aborted first, so nothing of
+        it is ever read)."""
+        error = exc.args[0] if exc.args else None
+        if isinstance(error, KafkaError) and error.code() in _FENCED:
+            # Fenced at once: another process took the source. Fenced after the cluster failed
+            # this commit: the coordinator may have timed the transaction out meanwhile (its
+            # epoch bumped as a newer producer's would be); one new producer, and if that one is
+            # fenced again, it is another process.
+            if not retry.waits or retry.renewed_after_fence or retry.expired():
                 raise ProducerFenced(
                     f"source {source!r}: another capture process took over its Kafka producer "
                     f"(transactional id {transactional_id(self.opts, source)!r}): this one stops"
                 ) from None
-            with contextlib.suppress(KafkaException):  # else the next process's init_transactions aborts it
-                producer.abort_transaction(_TIMEOUT_S)
-            raise LogError(f"source {source!r}: Kafka transaction failed: {one_line(exc)}") from None
+            retry.renewed_after_fence = True
+            retry.wait(error)
+            return _Step.RENEW
+        following = _following(error, step) if isinstance(error, KafkaError) else None
+        if following is None or retry.expired():
+            if step is not _Step.RENEW:
+                with contextlib.suppress(KafkaException):  # else the next process's init_transactions aborts it
+                    producer.abort_transaction(_TIMEOUT_S)
+            within = (
+                "" if following is None else f" within [log.kafka] commit_timeout_s = {self.opts.commit_timeout_s:g}"
+            )
+            raise LogError(f"source {source!r}: Kafka transaction failed{within}: {one_line(exc)}") from None
+        assert isinstance(error, KafkaError)
+        retry.wait(error)
+        return following
 
     @staticmethod
     def _produce(

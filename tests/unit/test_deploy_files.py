@@ -171,6 +171,9 @@ def test_kafka_runs_in_kraft_mode_where_capture_looks_for_it() -> None:
     services = _compose()["services"]
     kafka = services["kafka"]
     assert kafka["image"].startswith("apache/kafka:")
+    pom = (DEPLOY / "kafka" / "pom.xml").read_text()
+    tested = pom.split("<kafka.version>", 1)[1].split("</kafka.version>", 1)[0]
+    assert kafka["image"] == f"apache/kafka:{tested}"  # the broker the tests run is the one users start
     env = kafka["environment"]
     assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}  # KRaft, one node
     assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{env['KAFKA_NODE_ID']}@kafka:9093"

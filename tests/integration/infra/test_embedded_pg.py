@@ -11,7 +11,8 @@ import pytest
 
 from tests.pg import PgServer
 from tests.waiting import run_process
-from tributary.api.devdb.embedded import EmbeddedPostgres, PgError
+from tributary.api.devdb import embedded
+from tributary.api.devdb.embedded import EmbeddedPostgres, PgError, free_port, listening_socket
 
 pytestmark = pytest.mark.integration
 
@@ -64,3 +65,23 @@ def test_missing_wal2json_names_the_package(tmp_path: Path) -> None:
     cluster = EmbeddedPostgres(tmp_path / "pg", bin_dir=fake_bin)
     with pytest.raises(PgError, match=r"wal2json is not installed .*apt-get install postgresql-.*-wal2json"):
         cluster.check_wal2json()
+
+
+def test_a_port_taken_between_choosing_and_binding_it_gives_way_to_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Clusters started side by side (the test workers) may choose the same free port: the one
+    that loses the race starts on another, instead of failing."""
+    taken = listening_socket()  # held: the other process that won the port
+    ports = iter([taken.getsockname()[1]])
+    monkeypatch.setattr(embedded, "free_port", lambda preferred=0: next(ports, None) or free_port())
+    cluster = EmbeddedPostgres(tmp_path / "pg")
+    try:
+        dsn = cluster.up()
+        with psycopg.connect(dsn) as conn:
+            port = conn.execute("SHOW port").fetchone()
+        assert port is not None and int(port[0]) != taken.getsockname()[1]
+    finally:
+        taken.close()
+        cluster.down()
+        cluster.destroy()

@@ -49,3 +49,10 @@ def test_topic_names_and_globs() -> None:
     assert TableFilter(["public.*"]).wal2json_options() == {"add-tables": "public.*"}
     with pytest.raises(ValueError, match="schema.table"):
         TableFilter(["orders"])
+
+
+def test_the_snapshot_order_of_debezium_follows_the_include_patterns_then_names() -> None:
+    f = TableFilter(["sales.*", "public.b", "public.*"])
+    tables = [("public.a"), ("public.b"), ("sales.z"), ("sales.c"), ("other.x")]
+    ranked = sorted(tables, key=lambda n: f.snapshot_rank(*n.split(".")))
+    assert ranked == ["sales.c", "sales.z", "public.b", "public.a", "other.x"]

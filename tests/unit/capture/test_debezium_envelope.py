@@ -10,7 +10,13 @@ from typing import Any
 import orjson
 import pytest
 
-from tributary.capture.records.debezium import DebeziumRewriter, canonical_key, connect_field, debezium_value
+from tributary.capture.records.debezium import (
+    DebeziumRewriter,
+    canonical_key,
+    connect_field,
+    debezium_value,
+    snapshot_marker,
+)
 from tributary.capture.records.schema_tracker import SchemaTracker
 from tributary.capture.records.staging import Staged, Staging
 from tributary.log.local import Log
@@ -190,3 +196,32 @@ def test_live_keys_come_back_as_capture_keys_them(tmp_path: Path) -> None:
         log.commit(upto=log.mark())
         assert all(b'"payload"' in k for k in log.live_keys("shop.public.t_pair"))
         assert staging.live_keys("shop.public.t_pair") == {b'{"a":1,"b":2}', b'{"a":2,"b":2}'}
+
+
+def _marks(tables: list[int]) -> list[str]:
+    """The markers of a snapshot whose tables hold these many rows, one row per unit, in order."""
+    rows = [(t, i) for t, n in enumerate(tables) for i in range(n)]
+    return [
+        snapshot_marker(
+            first=at == 0,
+            last=at == len(rows) - 1,
+            first_in_table=i == 0,
+            last_in_table=i == tables[t] - 1,
+        )
+        for at, (t, i) in enumerate(rows)
+    ]
+
+
+def test_snapshot_rows_are_marked_as_debeziums_relational_snapshot_marks_them() -> None:
+    assert _marks([3, 2, 3]) == [
+        "first",
+        "true",
+        "last_in_data_collection",
+        "first_in_data_collection",
+        "last_in_data_collection",
+        "first_in_data_collection",
+        "true",
+        "last",
+    ]
+    assert _marks([1, 1, 1]) == ["first", "last_in_data_collection", "last"]  # a one-row table's row is its last
+    assert _marks([1]) == ["last"]
