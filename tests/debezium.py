@@ -246,7 +246,7 @@ SINK = "jdbc-sink"
 
 
 def sink_properties(target_dsn: str, topics_regex: str, rename: tuple[str, str]) -> dict[str, str]:
-    """Debezium's JDBC sink into `target_dsn`: upserts by the record key, deletes, tables named after
+    """Debezium's JDBC sink into `target_dsn`: upserts by the record key, deletes, truncates, tables named after
     the topics (`rename`: a RegexRouter's regex and replacement). `stringtype=unspecified` lets the
     server type the string values Debezium's JSON carries (dates, uuids, numerics) by their column."""
     parts = urlsplit(target_dsn)
@@ -260,6 +260,7 @@ def sink_properties(target_dsn: str, topics_regex: str, rename: tuple[str, str])
         "connection.password": parts.password or "",
         "insert.mode": "upsert",
         "delete.enabled": "true",
+        "truncate.enabled": "true",
         "primary.key.mode": "record_key",
         "schema.evolution": "basic",
         "database.time_zone": "UTC",

@@ -365,10 +365,15 @@ def _from_schema_record(value: bytes) -> _Table:
     return _table(body["name"], body["schema"], body["table"], columns, body["key"])
 
 
+# A truncate's key: Kafka's JsonConverter (schemas on) spells a null key so, and reads it back as
+# null, as Debezium's own truncate has; a compacted topic refuses a record with no key at all.
+NULL_KEY = b'{"schema":null,"payload":null}'
+
+
 def _key(table: _Table, key: bytes | None) -> bytes | None:
-    """The key's columns in primary-key order, with the key schema; a truncate's empty key as it is."""
+    """The key's columns in primary-key order, with the key schema; a truncate's (none) as `NULL_KEY`."""
     if not key:
-        return key
+        return NULL_KEY
     parsed = orjson.loads(key)
     types = table.types
     payload = {k: debezium_value(types.get(k, "text"), parsed.get(k)) for k in table.key}

@@ -267,7 +267,10 @@ def _stream(
             raise LogError(f"topic {topic!r} has partitions 0..{n - 1}, not {partition}")
         parts = [partition] if partition is not None else list(range(n))
         consumer.assign([TopicPartition(topic, p, from_offset) for p in parts])
-        for msg in _messages(consumer, topic, parts, follow=follow, stop=stop):
+        # Up to the end when the read began (what is committed now): a writer that goes on
+        # committing (heartbeats, a busy table) must not keep the read from ever ending.
+        ends = None if follow else {p: watermarks(consumer, TopicPartition(topic, p))[1] for p in parts}
+        for msg in _messages(consumer, topic, parts, ends=ends, follow=follow, stop=stop):
             yield None if msg is None else as_record(topic, msg)
     except KafkaException as exc:
         raise LogError(f"Kafka at {options.bootstrap_servers}: {one_line(exc)}") from None

@@ -5,17 +5,20 @@ re-snapshot's deletes) is in tests/integration/contract/."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.integration.capture.helpers import cli
+from tests.integration.capture.helpers import cli, wait_for
 from tests.integration.capture.test_resnapshot import FILL, TABLES
 from tests.integration.kafka.helpers import write_kafka_config
 from tests.kafka_fixtures import KafkaCluster
 from tributary.log.kafka.options import OFFSETS_TOPIC
-from tributary.log.kafka.read import kafka_positions
+from tributary.log.kafka.read import kafka_positions, kafka_records
+from tributary.log.kafka.writer import KafkaLog
+from tributary.log.local import TopicConfig
 
 pytestmark = pytest.mark.integration
 
@@ -70,3 +73,36 @@ def test_log_verify_on_kafka_without_the_offsets_topic_fails_with_one_line(
         "problem: no offsets topic '__tributary_offsets': capture has not run against this cluster",
         f"tributary: 1 problem(s) found on Kafka at {kafka_mock.bootstraps}",
     ]
+
+
+def test_a_read_to_the_end_ends_while_a_writer_goes_on_committing(kafka_broker: KafkaCluster) -> None:
+    """`log cat` and every read "to the end now" stop at the end the read began with, even while
+    a writer commits a transaction every few milliseconds (heartbeats, a busy table)."""
+    options = kafka_broker.options("busy")
+    log = KafkaLog(options, ["busy"])
+    admin = KafkaLog(options)  # its own client: the writer's is the writer thread's
+    stop = threading.Event()
+
+    def write() -> None:
+        n = 0
+        while not stop.is_set():
+            log.append("busy.t", 0, [(b'{"id":%d}' % n, b"{}", None, None)], source="busy")
+            log.commit()
+            n += 1
+
+    log.create_topic("busy.t", TopicConfig(partitions=1, policy="delete"))
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    read: list[int] = []
+    try:
+        wait_for(lambda: sum(admin.end_offsets("busy.t")) > 40, timeout=120, what="records written")
+        reader = threading.Thread(target=lambda: read.append(len(list(kafka_records(options, "busy.t")))), daemon=True)
+        reader.start()
+        reader.join(120)  # a read of a few hundred records: seconds, unless it chases the writer for ever
+        assert not reader.is_alive(), "the read chased the writer's commits instead of ending"
+    finally:
+        stop.set()
+        writer.join(60)
+        log.close()
+        admin.close()
+    assert read and read[0] > 20
