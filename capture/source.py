@@ -29,7 +29,7 @@ from tributary.capture.decoding import encodings, wal2json
 from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.errors import SlotLost, SlotMissing, SourceMisconfigured
 from tributary.capture.records.debezium import DebeziumRewriter, canonical_key
-from tributary.capture.records.routing import TableFilter, topic_name
+from tributary.capture.records.routing import TableFilter
 from tributary.capture.records.staging import Staging
 from tributary.capture.resume import repaired_key
 from tributary.capture.snapshot.chunked import ChunkedSnapshot, SnapshotContext, context_key
@@ -93,6 +93,7 @@ class SourceSession:
             self.staging,
             schema_records=spec.router is None,
             leaves=spec.partitioned_tables == "leaves",
+            topic=spec.topic if spec.routing is not None else None,
         )
         self.stream: StreamingSource | None = None  # once open
         self._chunked_start = False  # the new slot's snapshot is a chunked one
@@ -231,7 +232,7 @@ class SourceSession:
                 held = [
                     t.qualified
                     for t in included
-                    if (topic := topic_name(spec.name, t.schema, t.table)) in topics and any(log_.end_offsets(topic))
+                    if (topic := spec.topic(t.schema, t.table)) in topics and any(log_.end_offsets(topic))
                 ]
                 context = SnapshotContext(check=held)
                 self._requests.insert(0, (names, "the initial snapshot"))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tributary.capture.records import envelope as env
+from tributary.capture.records.routing import Routing, topic_name
 from tributary.capture.records.service_outbox import OutboxTable
 
 __all__ = ["CHUNK_ROWS", "SourceSpec"]
@@ -42,6 +43,16 @@ class SourceSpec:
     resnapshot_on_rewrite: bool = False
     # "schema.table" without a key whose lost UPDATEs/DELETEs the user accepted (`init` refuses others)
     allow_without_key: tuple[str, ...] = ()
+    # `[[sources.routes]]` and the key field, compiled (capture/records/routing.py); None: each table its own topic
+    routing: Routing | None = None
+
+    def topic(self, schema: str, table: str) -> str:
+        """The topic of a table's records: its route's, else `<source>.<schema>.<table>`."""
+        return topic_name(self.name, schema, table) if self.routing is None else self.routing.topic(schema, table)
+
+    def routed(self, schema: str, table: str) -> bool:
+        """Does a route take the table (then its records take the per-row paths only)?"""
+        return self.routing is not None and self.routing.routed(schema, table)
 
     @property
     def row_exclude(self) -> tuple[str, ...]:

@@ -7,9 +7,10 @@ from typing import Any
 
 import psycopg
 
-from tributary.api.settings.config import Settings
+from tributary.api.settings.config import Settings, SourceSettings
 from tributary.capture.database.replication import connect_options
 from tributary.capture.records.outbox import OUTBOX_TABLE, route_event
+from tributary.capture.records.routing import Route, Routing
 from tributary.capture.records.service_outbox import OutboxTable
 from tributary.capture.source import SourceSpec
 from tributary.capture.status import read_status, snapshot_view
@@ -40,6 +41,14 @@ def outbox_spec(settings: Settings, service_dsn: str) -> SourceSpec:
     )
 
 
+def _routing(source: SourceSettings) -> Routing | None:
+    """The source's routes compiled once, or None: each table its own topic (no routes)."""
+    if not source.routes:
+        return None
+    routes = (Route(topic=r.topic, tables=r.tables, regex=r.regex) for r in source.routes)
+    return Routing(source.name, routes, source.key_field if source.key_enforce_uniqueness else None)
+
+
 def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[SourceSpec]:
     """One SourceSpec per `[[sources]]` entry, defaults filled in; with the outbox when asked
     and `[capture] capture_eventstore` is on and a service database is known."""
@@ -60,6 +69,7 @@ def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[Sourc
             resnapshot_on_rewrite=s.resnapshot_on_rewrite,
             allow_without_key=s.allow_without_key,
             outbox=tuple(OutboxTable(**t.model_dump()) for t in s.outbox),
+            routing=_routing(s),
         )
         for s in settings.sources
     ]

@@ -18,7 +18,7 @@ import orjson
 from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.decoding.values import UNAVAILABLE, stream_converter, text_converter, type_family
 from tributary.capture.decoding.wal2json import Change, LogicalMessage, Truncate
-from tributary.capture.records.routing import topic_name
+from tributary.capture.records.routing import Routing, topic_name
 
 __all__ = [
     "CONNECTOR",
@@ -111,10 +111,15 @@ def _lsn(text: str | None, default: Lsn | None) -> int | Lsn | None:
     return (int(hi, 16) << 32) | int(lo, 16)
 
 
-def _key(row: dict[str, Any], key_columns: Sequence[str]) -> bytes:
-    if key_columns:
-        return orjson.dumps({k: row.get(k) for k in key_columns}, option=_SORTED)
-    return orjson.dumps(row, option=_SORTED)  # no key at all: the whole row (init warns)
+def _key(row: dict[str, Any], key_columns: Sequence[str], field: tuple[str, str] | None = None) -> bytes:
+    """The key: the key columns (or the whole row), and the routing key field when the table's
+    topic is shared (capture/records/routing.py)."""
+    key = (
+        {k: row.get(k) for k in key_columns} if key_columns else dict(row)
+    )  # no key at all: the whole row (init warns)
+    if field is not None:
+        key[field[0]] = field[1]
+    return orjson.dumps(key, option=_SORTED)
 
 
 def _value(before: Any, after: Any, source: dict[str, Any], op: str, now_ms: int) -> bytes:
@@ -168,15 +173,19 @@ def envelopes_for(
     now_ms: int,
     known_columns: Sequence[tuple[str, str, int]] | None = None,
     key_columns: Sequence[str] | None = None,
+    routing: Routing | None = None,
 ) -> list[Output]:
     """The records one streamed change becomes, in order.
 
     `known_columns`: the table's current columns (name, type, oid), so that an UPDATE's
     missing columns can be told apart as unchanged TOAST values (trap 3). `key_columns`: the
     table's key (capture/database/source_tables.py) when the change names no primary key: the replica identity
-    index's columns, or () for the whole row.
+    index's columns, or () for the whole row. `routing`: the source's routes (topic, key field).
     """
-    topic = topic_name(source_name, change.schema, change.table)
+    if routing is None:
+        topic, field = topic_name(source_name, change.schema, change.table), None
+    else:
+        topic, field = routing.resolve(change.schema, change.table)
     change_lsn = _lsn(change.lsn_text, lsn)
     source = _source_json(
         source_name,
@@ -190,18 +199,18 @@ def envelopes_for(
     keys = change.pk or tuple(key_columns or ())
     if change.action == "I":
         after = _row(change.raw_columns)
-        return [Output(topic, _key(after, keys), _stream_value(None, after, source, "c", now_ms))]
+        return [Output(topic, _key(after, keys, field), _stream_value(None, after, source, "c", now_ms))]
     old = _row(change.raw_identity) if change.raw_identity else None
     if change.action == "D":
         before = old or {}
-        key = _key(before, keys or tuple(before))
+        key = _key(before, keys or tuple(before), field)
         return [Output(topic, key, _stream_value(old, None, source, "d", now_ms)), Output(topic, key, None)]
     after = _row(change.raw_columns)
     _fill_unchanged_toast(after, change, known_columns, old)
-    new_key = _key(after, keys)
+    new_key = _key(after, keys, field)
     whole_old = not keys and old is not None  # keyed by the whole row: FULL sent the old one
     if old is not None and (whole_old or (keys and all(k in old for k in keys))):
-        old_key = _key(old, keys)
+        old_key = _key(old, keys, field)
         if old_key != new_key:  # the key changed (any column, for a whole-row key): delete the old, create the new
             return [
                 Output(topic, old_key, _stream_value(old, None, source, "d", now_ms)),
@@ -259,8 +268,11 @@ class SnapshotEncoder:
         db: str,
         lsn: Lsn,
         now_ms: int,
+        routing: Routing | None = None,
     ) -> None:
-        self.topic = topic_name(source_name, schema, table)
+        self.topic, self.key_field = (
+            (topic_name(source_name, schema, table), None) if routing is None else routing.resolve(schema, table)
+        )
         self._names = [c[0] for c in columns]
         self._convs = [text_converter(c[1]) for c in columns]
         self._keys = tuple(primary_key)
@@ -295,7 +307,7 @@ class SnapshotEncoder:
     def encode(self, values: Sequence[str | None], marker: str = "true") -> Output:
         after = self.row(values)
         value = b'{"before":null,"after":' + orjson.dumps(after) + self._tails[marker]
-        return Output(self.topic, _key(after, self._keys), value)
+        return Output(self.topic, _key(after, self._keys, self.key_field), value)
 
 
 def snapshot_envelope(
@@ -334,13 +346,20 @@ def truncate_envelope(
     tx_id: int | None,
     commit_ts_ms: int | None,
     now_ms: int,
+    routing: Routing | None = None,
 ) -> list[Output]:
     """`op: "t"`, key None: the caller writes it to every partition of the table's topic."""
     source = _source(
         source_name, db, truncate.schema, truncate.table, truncate.lsn or lsn, tx_id, commit_ts_ms, "false"
     )
     return [
-        Output(topic_name(source_name, truncate.schema, truncate.table), None, _value(None, None, source, "t", now_ms))
+        Output(
+            topic_name(source_name, truncate.schema, truncate.table)
+            if routing is None
+            else routing.topic(truncate.schema, truncate.table),
+            None,
+            _value(None, None, source, "t", now_ms),
+        )
     ]
 
 

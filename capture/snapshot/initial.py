@@ -40,6 +40,7 @@ from tributary.capture.database.slot import Slot, SlotState, sql_connection
 from tributary.capture.database.source_tables import SourceTables
 from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.records import envelope as env
+from tributary.capture.records.routing import table_keys
 from tributary.capture.records.staging import Staging
 from tributary.capture.snapshot.reader import SnapshotReader
 from tributary.capture.spec import SourceSpec
@@ -132,9 +133,11 @@ class SnapshotSource:
                 db=self.db,
                 lsn=lsn,
                 now_ms=now_ms,
+                routing=self.spec.routing,
             )
             # A topic that holds keys already (a re-snapshot): those the table no longer has go.
-            gone = self.staging.live_keys(encoder.topic) if self.spec.router is None else set()
+            live = self.staging.live_keys(encoder.topic) if self.spec.router is None else set()
+            gone = table_keys(live, encoder.key_field) if encoder.key_field is not None else live
             for unit, rows in self._units(reader, table, encoder, now_ms, gone or None):
                 if previous is not None:
                     previous("true")
@@ -179,7 +182,7 @@ class SnapshotSource:
             return
         batches = (
             None
-            if self.spec.router is not None or self.reference_only
+            if self.spec.router is not None or self.per_row(table)
             else reader.json_rows(table, table.identity_columns)
         )
         if batches is not None:
@@ -201,10 +204,15 @@ class SnapshotSource:
         (`envelope = "debezium"`) cannot come as encoded lines, and take the reference's values."""
         return self.spec.envelope == "debezium"
 
+    def per_row(self, table: TableInfo) -> bool:
+        """Rows of this table only by the per-row path: the reference's (`reference_only`), or a
+        routed table's, whose key carries the key field the fast paths do not make."""
+        return self.reference_only or self.spec.routed(table.schema, table.table)
+
     def columnar_plan(self, table: TableInfo) -> ColumnPlan | None:
         """The table's columnar plan, or None: another path (see the module's docstring).
         pyarrow is imported here, not at start-up: only a snapshot pays for it."""
-        if self.spec.router is not None or not self.columnar or self.reference_only:
+        if self.spec.router is not None or not self.columnar or self.per_row(table):
             return None
         from tributary.capture.snapshot import columnar
 

@@ -297,7 +297,8 @@ class StreamingSource:
                 xid=change.xid,
             )
         outputs = self._envelopes(change, now_ms, keys)
-        if change.action == "I" and self.templates is not None and self.offsets.in_transaction:
+        routed = self.spec.routing is not None and self.spec.routed(change.schema, change.table)
+        if change.action == "I" and self.templates is not None and self.offsets.in_transaction and not routed:
             self.templates.learn(
                 change,
                 payload,
@@ -318,6 +319,8 @@ class StreamingSource:
             return
         if self.tables.is_leaf(truncate.schema, truncate.table):
             self._resnapshot([f"{target[0]}.{target[1]}"], f"a TRUNCATE of its partition {truncate.table}")
+        elif self.spec.routed(*target):  # its topic holds other tables' rows too: only its keys go
+            self._resnapshot([f"{target[0]}.{target[1]}"], "a TRUNCATE of a routed table")
         else:
             for out in env.truncate_envelope(truncate, **self._context()):
                 self.staging.to_all_partitions(out.topic, out.key, out.value, now_ms)
@@ -449,6 +452,7 @@ class StreamingSource:
             change,
             known_columns=self.tables.schemas.columns(change.schema, change.table) if change.action == "U" else None,
             key_columns=keys,
+            routing=self.spec.routing,
             **self._context(now_ms),
         )
 
