@@ -541,6 +541,7 @@ class ChunkedSnapshot:
             ctx.pending.pop(0)
         if name in ctx.check:
             ctx.check.remove(name)
+        self._live = None  # a later re-snapshot of the table reads its live keys afresh
         if self._kept is not None and self._kept.table == name:
             self._drop_kept()
         self._unkept.discard(name)

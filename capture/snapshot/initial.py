@@ -40,7 +40,7 @@ from tributary.capture.database.slot import Slot, SlotState, sql_connection
 from tributary.capture.database.source_tables import SourceTables
 from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.records import envelope as env
-from tributary.capture.records.routing import table_keys
+from tributary.capture.records.routing import table_keys, without_field
 from tributary.capture.records.staging import Staging
 from tributary.capture.snapshot.reader import SnapshotReader
 from tributary.capture.spec import SourceSpec
@@ -295,8 +295,10 @@ class SnapshotSource:
         topic = encoder.topic
         last = len(keys) - 1
         outputs: list[env.Output] = []
+        field = encoder.key_field  # a routed table's key: `before` is its columns only
         for i, key in enumerate(keys):
-            value = b'{"before":' + key + b',"after":null' + tails[marker if i == last else "true"]
+            before = key if field is None else without_field(key, field[0])
+            value = b'{"before":' + before + b',"after":null' + tails[marker if i == last else "true"]
             outputs += (env.Output(topic, key, value), env.Output(topic, key, None))
             if len(outputs) >= 2 * DELETE_BATCH:
                 self.staging.stage(outputs, now_ms)
