@@ -7,7 +7,7 @@ import json
 
 from pydantic import BaseModel
 
-from tributary.api.settings.config import OutboxTableSettings, Settings, SinkSettings, SourceSettings
+from tributary.api.settings.config import OutboxTableSettings, RouteSettings, Settings, SinkSettings, SourceSettings
 
 __all__ = ["reference"]
 
@@ -75,12 +75,18 @@ def reference() -> str:
         )
         out.append("")
     out.append("[[sources]]".ljust(43) + " # one per captured database (repeat the table)")
-    out.extend(line for line in _section(SourceSettings, None) if not line.startswith("outbox ="))
+    out.extend(line for line in _section(SourceSettings, None) if not line.startswith(("outbox =", "routes =")))
     # Commented out: an outbox table is the user's own (docs/capture.md, "Outbox tables").
     out.append("# [[sources.outbox]]".ljust(43) + " # one per outbox table of your services (repeat the table)")
     out.extend(
         line if line.startswith("#") else "# " + line
         for line in _section(OutboxTableSettings, None, {"table": '"public.outbox"'})
+    )
+    # Commented out: which tables share a topic is the user's choice (docs/capture.md, "Routing tables").
+    out.append("# [[sources.routes]]".ljust(43) + " # one per route of tables into one topic (repeat the table)")
+    out.extend(
+        line if line.startswith("#") else "# " + line
+        for line in _section(RouteSettings, None, {"tables": '"public.shard_*"', "topic": '"{source}.orders"'})
     )
     out.append("")
     # Commented out: a sink needs a real URL, and none runs unless configured.

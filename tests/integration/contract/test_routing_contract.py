@@ -7,6 +7,7 @@ union of the two tables, and the other shard's rows survive both."""
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 
 from tests.backends import LogBackend, changes, table_state, write_backend_config
 from tests.integration.capture.helpers import capture_progress, source_status, spawn_capture, wait_for
-from tributary.capture.status import snapshot_view
+from tributary.capture.status import STATUS_FILE, snapshot_view
 
 pytestmark = pytest.mark.integration
 
@@ -39,10 +40,28 @@ def _union(dsn: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _snapshot_rows(backend: LogBackend, log_root: Path, shard: str) -> int:
-    """How many snapshot records (op r) of `shard` the topic holds."""
+def _snapshot_records(backend: LogBackend, log_root: Path, shard: str, op: str) -> int:
+    """How many records of the snapshot (a read, or a key check's delete) of `shard` the topic holds."""
     found = changes(backend.records(log_root, "shop.orders"))
-    return sum(1 for c in found if c["op"] == "r" and c["source"]["table"] == shard)
+    return sum(
+        1 for c in found if c["op"] == op and c["source"]["table"] == shard and c["source"]["snapshot"] != "false"
+    )
+
+
+def _settle(dsn: str, log_root: Path, pid: int, marker: int, fold: Callable[[], dict[str, Any]]) -> None:
+    """Once a status written from now on shows no snapshot under way (its key check's deletes are
+    staged), a row of shard_1 committed after them; back when the topic holds it."""
+    status_file = log_root / STATUS_FILE
+    since = status_file.stat().st_mtime_ns
+    wait_for(
+        lambda: status_file.stat().st_mtime_ns > since and snapshot_view(source_status(log_root, pid)) is None,
+        what="the snapshot done",
+        progress=lambda: capture_progress(log_root),
+    )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO shard_1 VALUES (%s, 'marker')", (marker,))
+    key = orjson.dumps({"__dbz__physicalTableIdentifier": "shop.public.shard_1", "id": marker}).decode()
+    wait_for(lambda: key in fold(), what="a row after the snapshot", progress=lambda: capture_progress(log_root))
 
 
 def test_two_shards_routed_into_one_topic_keep_their_keys_apart(
@@ -81,24 +100,28 @@ def test_two_shards_routed_into_one_topic_keep_their_keys_apart(
             )
         rows_2 = len([k for k in want if "shard_2" in k])
         wait_for(
-            lambda: (
-                _snapshot_rows(backend, log_root, "shard_2") >= 300 + rows_2
-                and snapshot_view(source_status(log_root, proc.pid)) is None
-            ),
+            lambda: _snapshot_records(backend, log_root, "shard_2", "r") >= 300 + rows_2,
             what="the re-snapshot of shard_2",
             progress=progress,
         )
-        assert fold() == want, "a re-snapshot of one shard leaves the other's rows alone"
+        _settle(fresh_db, log_root, proc.pid, 1001, fold)
+        assert fold() == _union(fresh_db), "a re-snapshot of one shard leaves the other's rows alone"
 
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute("TRUNCATE shard_2")
             conn.execute("INSERT INTO shard_2 VALUES (7, 'after truncate')")
+        wait_for(
+            lambda: _snapshot_records(backend, log_root, "shard_2", "d") >= rows_2 - 1,  # all but 7, inserted again
+            what="the truncate of shard_2",
+            progress=progress,
+        )
+        _settle(fresh_db, log_root, proc.pid, 1002, fold)
         want = _union(fresh_db)
-        wait_for(lambda: fold() == want, what="the truncate of shard_2", progress=progress)
+        assert fold() == want, "a truncate of one shard deletes its keys only"
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, proc.err_path.read_text()
-    assert len([k for k in want if "shard_1" in k]) == 340, "shard_1 whole after shard_2's re-snapshot and truncate"
+    assert len([k for k in want if "shard_1" in k]) == 342, "shard_1 whole after shard_2's re-snapshot and truncate"
     found = changes(backend.records(log_root, "shop.orders"))
     assert "t" not in {c["op"] for c in found}, "a routed table's truncate is its keys' deletes, not a topic's"
     assert backend.records(log_root, "shop.public.shard_1") == [] == backend.records(log_root, "shop.public.shard_2")
