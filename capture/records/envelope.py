@@ -114,11 +114,16 @@ def _lsn(text: str | None, default: Lsn | None) -> int | Lsn | None:
 def _key(row: dict[str, Any], key_columns: Sequence[str], field: tuple[str, str] | None = None) -> bytes:
     """The key: the key columns (or the whole row), and the routing key field when the table's
     topic is shared (capture/records/routing.py)."""
-    key = (
-        {k: row.get(k) for k in key_columns} if key_columns else dict(row)
-    )  # no key at all: the whole row (init warns)
     if field is not None:
-        key[field[0]] = field[1]
+        return _routed_key(row, key_columns, field)
+    if key_columns:
+        return orjson.dumps({k: row.get(k) for k in key_columns}, option=_SORTED)
+    return orjson.dumps(row, option=_SORTED)  # no key at all: the whole row (init warns)
+
+
+def _routed_key(row: dict[str, Any], key_columns: Sequence[str], field: tuple[str, str]) -> bytes:
+    key = {k: row.get(k) for k in key_columns} if key_columns else dict(row)
+    key[field[0]] = field[1]
     return orjson.dumps(key, option=_SORTED)
 
 
@@ -182,8 +187,9 @@ def envelopes_for(
     table's key (capture/database/source_tables.py) when the change names no primary key: the replica identity
     index's columns, or () for the whole row. `routing`: the source's routes (topic, key field).
     """
+    field = None
     if routing is None:
-        topic, field = topic_name(source_name, change.schema, change.table), None
+        topic = topic_name(source_name, change.schema, change.table)
     else:
         topic, field = routing.resolve(change.schema, change.table)
     change_lsn = _lsn(change.lsn_text, lsn)
