@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from tributary.api.settings.config import RouteSettings, SourceSettings
+from tributary.capture.decoding import wal2json
 from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.records import envelope as env
 from tributary.capture.records.routing import KEY_FIELD, Route, Routing, table_keys, topic_problems, without_field
@@ -43,32 +44,20 @@ def test_without_uniqueness_a_routed_tables_key_has_no_key_field() -> None:
     assert routing.resolve("public", "shard_1") == ("shop.orders", None)
 
 
+def _encoder(routing: Routing | None) -> env.SnapshotEncoder:
+    columns = [("id", "integer", 23), ("v", "text", 25)]
+    return env.SnapshotEncoder(
+        schema="public", table="shard_2", columns=columns, primary_key=["id"], source_name="shop", db="d",
+        lsn=Lsn(1), now_ms=5, routing=routing,
+    )  # fmt: skip
+
+
 def test_a_routed_tables_records_carry_the_key_field_and_the_shared_topic() -> None:
-    encoder = env.SnapshotEncoder(
-        schema="public",
-        table="shard_2",
-        columns=[("id", "integer", 23), ("v", "text", 25)],
-        primary_key=["id"],
-        source_name="shop",
-        db="d",
-        lsn=Lsn(1),
-        now_ms=5,
-        routing=SHARDS,
-    )
-    out = encoder.encode(["1", "a"])
+    out = _encoder(SHARDS).encode(["1", "a"])
     assert out.topic == "shop.orders"
     assert out.key == b'{"__dbz__physicalTableIdentifier":"shop.public.shard_2","id":1}'
     assert orjson.loads(out.value or b"")["after"] == {"id": 1, "v": "a"}  # the row as it is
-    plain = env.SnapshotEncoder(
-        schema="public",
-        table="shard_2",
-        columns=[("id", "integer", 23), ("v", "text", 25)],
-        primary_key=["id"],
-        source_name="shop",
-        db="d",
-        lsn=Lsn(1),
-        now_ms=5,
-    ).encode(["1", "a"])
+    plain = _encoder(None).encode(["1", "a"])
     assert (plain.topic, plain.key) == ("shop.public.shard_2", b'{"id":1}')  # no routing: as before
     assert plain.value == out.value
 
@@ -127,3 +116,22 @@ def test_routes_are_refused_with_the_debezium_envelope() -> None:
             envelope="debezium",
             routes=[RouteSettings(tables="public.a", topic="x")],
         )
+
+
+def test_a_routed_tables_streamed_changes_carry_the_key_field() -> None:
+    head = (
+        b'{"action":"%s","xid":7,"lsn":"0/1","schema":"public","table":"shard_1","pk":[{"name":"id","type":"integer"}]'
+    )
+    row = (
+        b'[{"name":"id","type":"integer","typeoid":23,"value":%d},{"name":"v","type":"text","typeoid":25,"value":"x"}]'
+    )
+    context = {"source_name": "shop", "db": "d", "lsn": Lsn(1), "tx_id": 7, "commit_ts_ms": 1, "now_ms": 2}
+    key = b'{"__dbz__physicalTableIdentifier":"shop.public.shard_1","id":%d}'
+    insert = wal2json.parse_message(head % b"I" + b',"columns":' + row % 1 + b"}")
+    assert [(o.topic, o.key) for o in env.envelopes_for(insert, routing=SHARDS, **context)] == [
+        ("shop.orders", key % 1)
+    ]
+    moved = wal2json.parse_message(head % b"U" + b',"columns":' + row % 2 + b',"identity":' + row % 1 + b"}")
+    outs = env.envelopes_for(moved, routing=SHARDS, **context)  # a key change: delete, tombstone, create
+    assert [o.key for o in outs] == [key % 1, key % 1, key % 2]
+    assert orjson.loads(outs[0].value or b"")["before"] == {"id": 1, "v": "x"}  # the row's columns only
