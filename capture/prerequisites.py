@@ -19,7 +19,7 @@ from tributary.capture.database.replication import ReplicationConnection, connec
 from tributary.capture.decoding.encodings import refusal
 from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.records.envelope import toastable
-from tributary.capture.records.routing import TableFilter, topic_name
+from tributary.capture.records.routing import TableFilter, topic_problems
 from tributary.capture.records.service_outbox import OutboxTable
 from tributary.capture.source import SourceSpec
 
@@ -170,9 +170,13 @@ def _check_tables(
         for warning in table_warnings(table):
             report.add(Outcome.WARNING, warning)
     for table in tables:
-        topic = topic_name(spec.name, table.schema, table.table)
-        if topic != f"{spec.name}.{table.qualified}":  # identifiers a topic name cannot hold as they are
+        topic = spec.topic(table.schema, table.table)
+        if topic != f"{spec.name}.{table.qualified}":  # routed, or identifiers a topic name cannot hold as they are
             report.add(Outcome.OK, f"{table.qualified} → topic {topic}")
+    if spec.routing is not None:
+        shapes = [(t.schema, t.table, t.identity_columns, tuple((c.name, c.type) for c in t.columns)) for t in tables]
+        for problem in topic_problems(spec.routing, shapes):
+            report.add(Outcome.PROBLEM, f"{problem} ([[sources.routes]] of source {spec.name!r})")
     if tables and not any(
         f.outcome is not Outcome.OK and f.message.startswith(t.qualified) for t in tables for f in report.findings
     ):

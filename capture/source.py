@@ -32,7 +32,7 @@ from tributary.capture.errors import SlotLost, SlotMissing, SourceMisconfigured
 from tributary.capture.records.debezium import DebeziumRewriter, canonical_key
 from tributary.capture.records.heartbeats import heartbeat_record
 from tributary.capture.records.notifications import INCREMENTAL, INITIAL, Notifier
-from tributary.capture.records.routing import TableFilter, topic_name
+from tributary.capture.records.routing import TableFilter
 from tributary.capture.records.staging import Staging
 from tributary.capture.resume import repaired_key
 from tributary.capture.snapshot.chunked import ChunkedSnapshot, SnapshotContext, context_key
@@ -100,6 +100,7 @@ class SourceSession:
             self.staging,
             schema_records=spec.router is None,
             leaves=spec.partitioned_tables == "leaves",
+            topic=spec.topic if spec.routing is not None else None,
         )
         self.stream: StreamingSource | None = None  # once open
         self._chunked_start = False  # the new slot's snapshot is a chunked one
@@ -293,7 +294,7 @@ class SourceSession:
                 held = [
                     t.qualified
                     for t in included
-                    if (topic := topic_name(spec.name, t.schema, t.table)) in topics and any(log_.end_offsets(topic))
+                    if (topic := spec.topic(t.schema, t.table)) in topics and any(log_.end_offsets(topic))
                 ]
                 context = SnapshotContext(check=held)
                 self._requests.insert(0, SnapshotSignal(tuple(names), "the initial snapshot"))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tributary.capture.records import envelope as env
+from tributary.capture.records.routing import Routing, topic_name
 from tributary.capture.records.rules import SourceRules
 from tributary.capture.records.service_outbox import OutboxTable
 
@@ -58,11 +59,22 @@ class SourceSpec:
     # Snapshot notifications on "sink" (`<source>.notifications`) and/or "log" (capture/records/notifications.py).
     notification_channels: tuple[str, ...] = ()
 
+    # `[[sources.routes]]` and the key field, compiled (capture/records/routing.py); None: each table its own topic
+    routing: Routing | None = None
+
     @property
     def snapshots_data(self) -> bool:
         """Does this source's mode read table rows on its own (`never`/`no_data` only stream;
         a requested snapshot is read whatever the mode)?"""
         return self.snapshot not in ("never", "no_data")
+
+    def topic(self, schema: str, table: str) -> str:
+        """The topic of a table's records: its route's, else `<source>.<schema>.<table>`."""
+        return topic_name(self.name, schema, table) if self.routing is None else self.routing.topic(schema, table)
+
+    def routed(self, schema: str, table: str) -> bool:
+        """Does a route take the table (then its records take the per-row paths only)?"""
+        return self.routing is not None and self.routing.routed(schema, table)
 
     @property
     def row_exclude(self) -> tuple[str, ...]:

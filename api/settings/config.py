@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from tributary.api.settings.environment import read_environment
 from tributary.api.settings.errors import ConfigError, describe, describe_toml_bytes, describe_toml_syntax
+from tributary.capture.records.routing import KEY_FIELD
 from tributary.capture.spec import CHUNK_ROWS
 from tributary.user_files import is_path
 
@@ -31,6 +32,7 @@ __all__ = [
     "OutboxTableSettings",
     "ProjectionSettings",
     "RuleSettings",
+    "RouteSettings",
     "ServiceSettings",
     "Settings",
     "SinkSettings",
@@ -266,6 +268,48 @@ class OutboxTableSettings(_Section):
         return topic
 
 
+_ROUTE_TOPIC = re.compile(r"(?:[A-Za-z0-9._-]|\{source\}|\{schema\}|\{table\}|\\[1-9])+")
+
+
+class RouteSettings(_Section):
+    """One `[[sources.routes]]` entry: the tables it takes and the topic they share, as Debezium's
+    topic router (io.debezium.transforms.ByLogicalTableRouter) routes them."""
+
+    tables: str | None = Field(
+        default=None,
+        pattern=r"^[^.\s]+\.[^.\s]+$",
+        description="schema.table glob of the tables routed (e.g. public.shard_*); or give regex.",
+    )
+    regex: str | None = Field(
+        default=None, description="Regex over schema.table of the tables routed, whole name (topic.regex)."
+    )
+    topic: str = Field(
+        description="Their topic; {source}, {schema}, {table} and a regex's groups \\1… are filled in "
+        "(topic.replacement)."
+    )
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, regex: str | None) -> str | None:
+        if regex is not None:
+            try:
+                re.compile(regex)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return regex
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, topic: str, info: ValidationInfo) -> str:
+        if (info.data.get("tables") is None) == (info.data.get("regex") is None):
+            raise ValueError("give exactly one of tables (a glob) and regex")
+        if not _ROUTE_TOPIC.fullmatch(topic):
+            raise ValueError(
+                "must be a topic name of letters, digits, '.', '_', '-', with {source}, {schema}, {table} or \\1…"
+            )
+        return topic
+
+
 class SourceSettings(_Section):
     """One captured database; `name` is the topic prefix."""
 
@@ -343,10 +387,33 @@ class SourceSettings(_Section):
         'of `<name>.notifications`, "log" as log lines, as Debezium\'s notification.enabled.channels.',
     )
 
+    routes: tuple[RouteSettings, ...] = Field(
+        default=(),
+        description="Topic routes, one `[[sources.routes]]` table each: tables sharing one topic (the first "
+        "route that takes a table wins).",
+    )
+    key_field: str = Field(
+        default=KEY_FIELD,
+        pattern=r"^\S+$",
+        description="Field added to the keys of routed tables, naming the table's own topic (key.field.name).",
+    )
+    key_enforce_uniqueness: bool = Field(
+        default=True,
+        description="Add key_field to routed tables' keys; false only when their keys are unique across the "
+        "tables of a topic (key.enforce.uniqueness).",
+    )
+
     @field_validator("dsn")
     @classmethod
     def _parsable(cls, dsn: str) -> str:
         return _valid_dsn(dsn)
+
+    @field_validator("routes")
+    @classmethod
+    def _routes_envelope(cls, routes: tuple[RouteSettings, ...], info: ValidationInfo) -> tuple[RouteSettings, ...]:
+        if routes and info.data.get("envelope") == "debezium":
+            raise ValueError('routes are not supported with envelope = "debezium" yet')
+        return routes
 
     @field_validator("allow_without_key")
     @classmethod

@@ -7,7 +7,14 @@ import json
 
 from pydantic import BaseModel
 
-from tributary.api.settings.config import OutboxTableSettings, RuleSettings, Settings, SinkSettings, SourceSettings
+from tributary.api.settings.config import (
+    OutboxTableSettings,
+    RouteSettings,
+    RuleSettings,
+    Settings,
+    SinkSettings,
+    SourceSettings,
+)
 
 __all__ = ["reference"]
 
@@ -75,7 +82,9 @@ def reference() -> str:
         )
         out.append("")
     out.append("[[sources]]".ljust(43) + " # one per captured database (repeat the table)")
-    out.extend(line for line in _section(SourceSettings, None) if not line.startswith(("rules =", "outbox =")))
+    out.extend(
+        line for line in _section(SourceSettings, None) if not line.startswith(("rules =", "outbox =", "routes ="))
+    )
     out.append("")
     # Commented out: rules name the user's own tables and columns.
     out.append("# [[sources.rules]]".ljust(43) + " # column and row rules per table (repeat the table)")
@@ -87,6 +96,12 @@ def reference() -> str:
     out.extend(
         line if line.startswith("#") else "# " + line
         for line in _section(OutboxTableSettings, None, {"table": '"public.outbox"'})
+    )
+    # Commented out: which tables share a topic is the user's choice (docs/capture.md, "Routing tables").
+    out.append("# [[sources.routes]]".ljust(43) + " # one per route of tables into one topic (repeat the table)")
+    out.extend(
+        line if line.startswith("#") else "# " + line
+        for line in _section(RouteSettings, None, {"tables": '"public.shard_*"', "topic": '"{source}.orders"'})
     )
     out.append("")
     # Commented out: a sink needs a real URL, and none runs unless configured.

@@ -10,6 +10,7 @@ import psycopg
 from tributary.api.settings.config import Settings, SourceSettings
 from tributary.capture.database.replication import connect_options
 from tributary.capture.records.outbox import OUTBOX_TABLE, route_event
+from tributary.capture.records.routing import Route, Routing
 from tributary.capture.records.rules import RuleSpec, SourceRules
 from tributary.capture.records.service_outbox import OutboxTable
 from tributary.capture.source import SourceSpec
@@ -62,6 +63,14 @@ def source_rules(source: SourceSettings) -> SourceRules | None:
     return SourceRules(source.name, specs)
 
 
+def _routing(source: SourceSettings) -> Routing | None:
+    """The source's routes compiled once, or None: each table its own topic (no routes)."""
+    if not source.routes:
+        return None
+    routes = (Route(topic=r.topic, tables=r.tables, regex=r.regex) for r in source.routes)
+    return Routing(source.name, routes, source.key_field if source.key_enforce_uniqueness else None)
+
+
 def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[SourceSpec]:
     """One SourceSpec per `[[sources]]` entry, defaults filled in; with the outbox when asked
     and `[capture] capture_eventstore` is on and a service database is known."""
@@ -86,6 +95,7 @@ def source_specs(settings: Settings, *, with_outbox: bool = False) -> list[Sourc
             transaction_metadata=s.transaction_metadata,
             heartbeat_interval_ms=s.heartbeat_interval_ms,
             notification_channels=s.notification_channels,
+            routing=_routing(s),
         )
         for s in settings.sources
     ]

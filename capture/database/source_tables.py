@@ -19,7 +19,7 @@ the root's, as the snapshot (which reads the root) writes them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import psycopg
@@ -52,9 +52,12 @@ class SourceTables:
         *,
         schema_records: bool,
         leaves: bool = False,
+        topic: Callable[[str, str], str] | None = None,
     ) -> None:
-        """`leaves`: leaf partitions are tables of their own (`partitioned_tables = "leaves"`)."""
+        """`leaves`: leaf partitions are tables of their own (`partitioned_tables = "leaves"`);
+        `topic`: a table's topic when the source routes tables (`SourceSpec.topic`)."""
         self.source_name = source_name
+        self.topic = topic
         self.filter = filter_
         self.staging = staging
         self.schema_records = schema_records  # False for an outbox: its topics carry events only
@@ -168,4 +171,5 @@ class SourceTables:
             self.source_name, schema, table, list(columns), complete=complete, key=tuple(key), now_ms=now_ms, xid=xid
         )
         if record is not None:
-            self.staging.to_all_partitions(record.topic, record.key, record.value, now_ms)
+            topic = record.topic if self.topic is None else self.topic(schema, table)
+            self.staging.to_all_partitions(topic, record.key, record.value, now_ms)

@@ -18,7 +18,7 @@ import orjson
 from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.decoding.values import UNAVAILABLE, stream_converter, text_converter, type_family
 from tributary.capture.decoding.wal2json import Change, LogicalMessage, Truncate
-from tributary.capture.records.routing import topic_name
+from tributary.capture.records.routing import Routing, topic_name
 from tributary.capture.records.rules import TableRules
 
 __all__ = [
@@ -116,10 +116,20 @@ def _lsn(text: str | None, default: Lsn | None) -> int | Lsn | None:
     return (int(hi, 16) << 32) | int(lo, 16)
 
 
-def _key(row: dict[str, Any], key_columns: Sequence[str]) -> bytes:
+def _key(row: dict[str, Any], key_columns: Sequence[str], field: tuple[str, str] | None = None) -> bytes:
+    """The key: the key columns (or the whole row), and the routing key field when the table's
+    topic is shared (capture/records/routing.py)."""
+    if field is not None:
+        return _routed_key(row, key_columns, field)
     if key_columns:
         return orjson.dumps({k: row.get(k) for k in key_columns}, option=_SORTED)
     return orjson.dumps(row, option=_SORTED)  # no key at all: the whole row (init warns)
+
+
+def _routed_key(row: dict[str, Any], key_columns: Sequence[str], field: tuple[str, str]) -> bytes:
+    key = {k: row.get(k) for k in key_columns} if key_columns else dict(row)
+    key[field[0]] = field[1]
+    return orjson.dumps(key, option=_SORTED)
 
 
 def _value(before: Any, after: Any, source: dict[str, Any], op: str, now_ms: int) -> bytes:
@@ -174,6 +184,7 @@ def envelopes_for(
     known_columns: Sequence[tuple[str, str, int]] | None = None,
     key_columns: Sequence[str] | None = None,
     rules: TableRules | None = None,
+    routing: Routing | None = None,
 ) -> list[Output]:
     """The records one streamed change becomes, in order.
 
@@ -181,9 +192,13 @@ def envelopes_for(
     missing columns can be told apart as unchanged TOAST values (trap 3). `key_columns`: the
     table's key (capture/database/source_tables.py) when the change names no primary key: the replica identity
     index's columns, or () for the whole row. `rules`: the table's column and row rules
-    (capture/records/rules.py), if it has any.
+    (capture/records/rules.py), if it has any. `routing`: the source's routes (topic, key field).
     """
-    topic = topic_name(source_name, change.schema, change.table)
+    field = None
+    if routing is None:
+        topic = topic_name(source_name, change.schema, change.table)
+    else:
+        topic, field = routing.resolve(change.schema, change.table)
     change_lsn = _lsn(change.lsn_text, lsn)
     source = _source_json(
         source_name,
@@ -196,21 +211,21 @@ def envelopes_for(
     )
     keys = change.pk or tuple(key_columns or ())
     if rules is not None:
-        return _ruled_envelopes(change, rules, topic, source, keys, known_columns, now_ms)
+        return _ruled_envelopes(change, rules, topic, source, keys, known_columns, now_ms, field)
     if change.action == "I":
         after = _row(change.raw_columns)
-        return [Output(topic, _key(after, keys), _stream_value(None, after, source, "c", now_ms))]
+        return [Output(topic, _key(after, keys, field), _stream_value(None, after, source, "c", now_ms))]
     old = _row(change.raw_identity) if change.raw_identity else None
     if change.action == "D":
         before = old or {}
-        key = _key(before, keys or tuple(before))
+        key = _key(before, keys or tuple(before), field)
         return [Output(topic, key, _stream_value(old, None, source, "d", now_ms)), Output(topic, key, None)]
     after = _row(change.raw_columns)
     _fill_unchanged_toast(after, change, known_columns, old)
-    new_key = _key(after, keys)
+    new_key = _key(after, keys, field)
     whole_old = not keys and old is not None  # keyed by the whole row: FULL sent the old one
     if old is not None and (whole_old or (keys and all(k in old for k in keys))):
-        old_key = _key(old, keys)
+        old_key = _key(old, keys, field)
         if old_key != new_key:  # the key changed (any column, for a whole-row key): delete the old, create the new
             return [
                 Output(topic, old_key, _stream_value(old, None, source, "d", now_ms)),
@@ -229,6 +244,7 @@ def _ruled_envelopes(
     keys: tuple[str, ...],
     known: Sequence[tuple[str, str, int]] | None,
     now_ms: int,
+    field: tuple[str, str] | None = None,
 ) -> list[Output]:
     """`envelopes_for` of a table with rules: rows outside its filter are not captured (an UPDATE
     that moves a row out is a delete of its key, one that moves it in a create), and every row is
@@ -239,7 +255,7 @@ def _ruled_envelopes(
         if not rules.keeps(after):
             return []
         after = rules.apply(after)
-        return [Output(topic, _key(after, keys), _stream_value(None, after, source, "c", now_ms))]
+        return [Output(topic, _key(after, keys, field), _stream_value(None, after, source, "c", now_ms))]
     old = _row(change.raw_identity) if change.raw_identity else None
     old_in = rules.keeps_old(old)
     shown_old = rules.apply(old) if old is not None else None
@@ -247,16 +263,16 @@ def _ruled_envelopes(
         if old_in is False:
             return []
         before = shown_old or {}
-        key = _key(before, keys or tuple(before))
+        key = _key(before, keys or tuple(before), field)
         return [Output(topic, key, _stream_value(shown_old, None, source, "d", now_ms)), Output(topic, key, None)]
     after = _row(change.raw_columns)
     _fill_unchanged_toast(after, change, known, old)
     new_in = rules.keeps(after)
     shown = rules.apply(after)
-    new_key = _key(shown, keys)
+    new_key = _key(shown, keys, field)
     old_key = new_key
     if old is not None and shown_old is not None and ((not keys) or all(k in old for k in keys)):
-        old_key = _key(shown_old, keys)
+        old_key = _key(shown_old, keys, field)
     moved = old_key != new_key
     out = []
     if old_in is not False and (moved or not new_in):
@@ -318,10 +334,14 @@ class SnapshotEncoder:
         lsn: Lsn,
         now_ms: int,
         rules: TableRules | None = None,
+        routing: Routing | None = None,
     ) -> None:
         """`rules`: the table's column and row rules (capture/records/rules.py): `encode` applies
-        them (None for a row outside the filter); the paths that skip `encode` are not taken."""
-        self.topic = topic_name(source_name, schema, table)
+        them (None for a row outside the filter); the paths that skip `encode` are not taken.
+        `routing`: the source's routes (the topic, and the key field of a routed table)."""
+        self.topic, self.key_field = (
+            (topic_name(source_name, schema, table), None) if routing is None else routing.resolve(schema, table)
+        )
         self.rules = rules
         self._names = [c[0] for c in columns]
         self._convs = [text_converter(c[1]) for c in columns]
@@ -363,7 +383,7 @@ class SnapshotEncoder:
             return out
         after = self.row(values)
         value = b'{"before":null,"after":' + orjson.dumps(after) + self._tails[marker]
-        return Output(self.topic, _key(after, self._keys), value)
+        return Output(self.topic, _key(after, self._keys, self.key_field), value)
 
     def encode_ruled(self, values: Sequence[str | None], marker: str = "true") -> Output | None:
         """`encode`, or None for a row its table's row filter leaves out."""
@@ -373,7 +393,7 @@ class SnapshotEncoder:
                 return None
             after = self.rules.apply(after)
         value = b'{"before":null,"after":' + orjson.dumps(after) + self._tails[marker]
-        return Output(self.topic, _key(after, self._keys), value)
+        return Output(self.topic, _key(after, self._keys, self.key_field), value)
 
 
 def snapshot_envelope(
@@ -412,13 +432,20 @@ def truncate_envelope(
     tx_id: int | None,
     commit_ts_ms: int | None,
     now_ms: int,
+    routing: Routing | None = None,
 ) -> list[Output]:
     """`op: "t"`, key None: the caller writes it to every partition of the table's topic."""
     source = _source(
         source_name, db, truncate.schema, truncate.table, truncate.lsn or lsn, tx_id, commit_ts_ms, "false"
     )
     return [
-        Output(topic_name(source_name, truncate.schema, truncate.table), None, _value(None, None, source, "t", now_ms))
+        Output(
+            topic_name(source_name, truncate.schema, truncate.table)
+            if routing is None
+            else routing.topic(truncate.schema, truncate.table),
+            None,
+            _value(None, None, source, "t", now_ms),
+        )
     ]
 
 

@@ -48,7 +48,7 @@ from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.decoding.values import type_family
 from tributary.capture.errors import CaptureError, TransientSourceError
 from tributary.capture.records import envelope as env
-from tributary.capture.records.routing import topic_name
+from tributary.capture.records.routing import table_keys, without_field
 from tributary.capture.records.staging import Staging, Watch
 from tributary.capture.snapshot.initial import SnapshotSource
 from tributary.capture.snapshot.reader import SnapshotReader
@@ -426,7 +426,7 @@ class ChunkedSnapshot:
     def _holds_records(self, info: TableInfo) -> bool:
         """Does the table's topic hold records already (streamed before any snapshot of it)?"""
         log_ = self.staging.log
-        topic = topic_name(self.spec.name, info.schema, info.table)
+        topic = self.spec.topic(info.schema, info.table)
         return topic in log_.topics() and any(log_.end_offsets(topic))
 
     def note_keys(self, infos: Iterable[TableInfo]) -> bool:
@@ -501,7 +501,7 @@ class ChunkedSnapshot:
             self._warn(f"snapshot of {name} skipped: the table is gone, excluded, or has no key")
             self._table_done(name, "SKIPPED")
             return
-        topic = topic_name(self.spec.name, info.schema, info.table)
+        topic = self.spec.topic(info.schema, info.table)
         if not self._keep_keys(name, topic):
             return  # the check waits for the log to commit what was staged before the re-snapshot
         self._seq += 1
@@ -647,6 +647,7 @@ class ChunkedSnapshot:
             ctx.pending.pop(0)
         if name in ctx.check:
             ctx.check.remove(name)
+        self._live = None  # a later re-snapshot of the table reads its live keys afresh
         if self._kept is not None and self._kept.table == name:
             self._drop_kept()
         self._unkept.discard(name)
@@ -746,6 +747,7 @@ class ChunkedSnapshot:
                 lsn=self.lsn(),
                 now_ms=job.now_ms,
                 rules=self.writer.table_rules(info),
+                routing=self.spec.routing,
             )
             if job.final:
                 pass
@@ -887,7 +889,7 @@ class ChunkedSnapshot:
         name = info.qualified
         kept = self._kept if self._kept is not None and self._kept.table == name else None
         if self._live is None or self._live[0] != name:  # off the loop: `live_keys` reads on its own
-            live = self.staging.live_keys(job.encoder.topic)
+            live = table_keys(self.staging.live_keys(job.encoder.topic), job.encoder.key_field)
             self._live = (name, kept.absent(live) if kept is not None else sorted(live))
         keys_to_check = self._live[1]
         start = 0 if checked is None else bisect.bisect_right(keys_to_check, checked.encode())  # sorted
@@ -904,15 +906,17 @@ class ChunkedSnapshot:
             job.units = [k for k in batch if k not in present]
             return
         keys = info.identity_columns
+        field = job.encoder.key_field  # a routed table's keys: checked without their key field
+        plain = {k: k if field is None else without_field(k, field[0]) for k in batch}
         # A key of another shape (the table was keyed otherwise when it was written) is gone.
-        foreign = {k for k in batch if not _shaped(k, keys)}
+        foreign = {k for k in batch if not _shaped(plain[k], keys)}
         batch = [k for k in batch if k not in foreign]
         if not batch:
             job.units = sorted(foreign)
             return
         query = check_query(conn, info)
-        absent = {str(r[0]).encode() for r in conn.execute(query, (key_lines(batch),))}
-        job.units = sorted(foreign | {k for k in batch if k in absent})
+        absent = {str(r[0]).encode() for r in conn.execute(query, (key_lines([plain[k] for k in batch]),))}
+        job.units = sorted(foreign | {k for k in batch if plain[k] in absent})
 
 
 def filter_refusal(conn: psycopg.Connection[Any], schema: str, table: str, where: str) -> str | None:

@@ -42,6 +42,7 @@ from tributary.capture.database.source_tables import SourceTables
 from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.records import debezium
 from tributary.capture.records import envelope as env
+from tributary.capture.records.routing import table_keys, without_field
 from tributary.capture.records.rules import TableRules
 from tributary.capture.records.staging import Staging
 from tributary.capture.snapshot.reader import SnapshotReader
@@ -149,9 +150,11 @@ class SnapshotSource:
                 lsn=lsn,
                 now_ms=now_ms,
                 rules=self.table_rules(table),
+                routing=self.spec.routing,
             )
             # A topic that holds keys already (a re-snapshot): those the table no longer has go.
-            gone = self.staging.live_keys(encoder.topic) if self.spec.router is None else set()
+            live = self.staging.live_keys(encoder.topic) if self.spec.router is None else set()
+            gone = table_keys(live, encoder.key_field) if encoder.key_field is not None else live
             starts = True
             for unit, rows in self._units(reader, table, encoder, now_ms, gone or None):
                 if held is not None:
@@ -236,9 +239,10 @@ class SnapshotSource:
         return None if rules is None else rules.for_table(table.schema, table.table, table.identity_columns)
 
     def per_row(self, table: TableInfo) -> bool:
-        """Rows only by the per-row reference path: `reference_only`, or a table with rules (the
-        one path that applies them: `SnapshotEncoder.encode_ruled`)."""
-        return self.reference_only or self.table_rules(table) is not None
+        """Rows of this table only by the per-row reference path: `reference_only`; a table with
+        rules (the one path that applies them: `SnapshotEncoder.encode_ruled`); or a routed
+        table's, whose key carries the key field the fast paths do not make."""
+        return self.reference_only or self.table_rules(table) is not None or self.spec.routed(table.schema, table.table)
 
     def columnar_plan(self, table: TableInfo) -> ColumnPlan | None:
         """The table's columnar plan, or None: another path (see the module's docstring).
@@ -326,8 +330,10 @@ class SnapshotSource:
         topic = encoder.topic
         last = len(keys) - 1
         outputs: list[env.Output] = []
+        field = encoder.key_field  # a routed table's key: `before` is its columns only
         for i, key in enumerate(keys):
-            value = b'{"before":' + key + b',"after":null' + tails[marker if i == last else "true"]
+            before = key if field is None else without_field(key, field[0])
+            value = b'{"before":' + before + b',"after":null' + tails[marker if i == last else "true"]
             outputs += (env.Output(topic, key, value), env.Output(topic, key, None))
             if len(outputs) >= 2 * DELETE_BATCH:
                 self.staging.stage(outputs, now_ms)

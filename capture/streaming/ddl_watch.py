@@ -47,7 +47,7 @@ from tributary.capture.database.catalog import table_info
 from tributary.capture.database.source_tables import SourceTables
 from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.errors import CaptureError
-from tributary.capture.records.routing import topic_name
+from tributary.capture.records.routing import table_keys
 from tributary.capture.records.staging import Staging
 from tributary.capture.spec import SourceSpec
 from tributary.capture.status import SourceStatus
@@ -371,9 +371,10 @@ class SchemaChanges:
         end: dropped, or renamed while capture was stopped (their rows stay in the topic)."""
         prefix = f"{self.spec.name}."
         tables = set(present)
+        shared = {self.spec.topic(s, t) for s, t in tables} if self.spec.routing is not None else set()
         out = []
         for topic in sorted(self.staging.log.topics()):
-            if not topic.startswith(prefix) or topic.endswith(".messages") or topic in self.ended:
+            if not topic.startswith(prefix) or topic.endswith(".messages") or topic in self.ended or topic in shared:
                 continue
             schema, dot, table = topic[len(prefix) :].partition(".")
             if dot and (schema, table) not in tables and self.tables.matches(schema, table):
@@ -418,7 +419,7 @@ class SchemaChanges:
                         self.spec.name,
                         old,
                         name,
-                        topic_name(self.spec.name, old_schema, old_table),
+                        self.spec.topic(old_schema, old_table),
                     )
             acted = True
         elif included and notice.get("restated") and self.spec.resnapshot_on_rewrite:
@@ -438,8 +439,10 @@ class SchemaChanges:
 
         writer = SnapshotSource(self.spec, self.staging, self.tables, self.status, db=self.db, clock=self.clock)
         for ending in due:
-            topic = topic_name(self.spec.name, ending.schema, ending.table)
-            keys = sorted(self.staging.live_keys(topic)) if topic in self.staging.log.topics() else []
+            topic = self.spec.topic(ending.schema, ending.table)
+            field = None if self.spec.routing is None else self.spec.routing.key_value(ending.schema, ending.table)
+            live = self.staging.live_keys(topic) if topic in self.staging.log.topics() else set()
+            keys = sorted(table_keys(live, field))  # a routed topic: only the renamed table's keys
             if keys:
                 now_ms = int(self.clock() * 1000)
                 encoder = env.SnapshotEncoder(
@@ -451,6 +454,7 @@ class SchemaChanges:
                     db=self.db,
                     lsn=durable,
                     now_ms=now_ms,
+                    routing=self.spec.routing,
                 )
                 writer.stage_deletes(encoder, keys, now_ms, "true")
             self.staging.flush()

@@ -309,7 +309,9 @@ class StreamingSource:
             )
         rules = None if self.spec.rules is None else self.spec.rules.for_table(change.schema, change.table, keys)
         outputs = self._envelopes(change, now_ms, keys, rules)
-        if change.action == "I" and self.templates is not None and self.offsets.in_transaction and rules is None:
+        routed = self.spec.routing is not None and self.spec.routed(change.schema, change.table)
+        templated = rules is None and not routed  # the templates apply no rules and make no key field
+        if change.action == "I" and self.templates is not None and self.offsets.in_transaction and templated:
             if self.txmeta is not None:
                 self._collections[outputs[0].topic] = f"{change.schema}.{change.table}"
             self.templates.learn(
@@ -332,6 +334,8 @@ class StreamingSource:
             return
         if self.tables.is_leaf(truncate.schema, truncate.table):
             self._resnapshot([f"{target[0]}.{target[1]}"], f"a TRUNCATE of its partition {truncate.table}")
+        elif self.spec.routed(*target):  # its topic holds other tables' rows too: only its keys go
+            self._resnapshot([f"{target[0]}.{target[1]}"], "a TRUNCATE of a routed table")
         else:
             outputs = env.truncate_envelope(truncate, **self._context())
             if self.txmeta is not None:
@@ -485,6 +489,7 @@ class StreamingSource:
             known_columns=self.tables.schemas.columns(change.schema, change.table) if change.action == "U" else None,
             key_columns=keys,
             rules=rules,
+            routing=self.spec.routing,
             **self._context(now_ms),
         )
 
