@@ -390,6 +390,8 @@ class ChunkedSnapshot:
             ctx.paused = paused
             verb = "paused" if paused else "resumed"
             log.info("source %s: chunked snapshot %s by %s", self.spec.name, verb, req.origin)
+            if self.notify is not None:
+                self.notify(verb.upper(), {})
             self._show()
             return True
         if req.kind != STOP_SNAPSHOT:
@@ -415,6 +417,8 @@ class ChunkedSnapshot:
         for name in tables:
             ctx.filters.pop(name, None)
         log.info("source %s: chunked snapshot of %s stopped by %s", self.spec.name, ", ".join(tables), origin)
+        if self.notify is not None:
+            self.notify("ABORTED", {"data_collections": ",".join(tables)})
         if not ctx.pending:
             ctx.rows = ctx.chunks = ctx.total = 0
             ctx.paused = False

@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 import pytest
 
@@ -49,7 +50,7 @@ def _setup(dsn: str, tmp_path: Path) -> Path:
         tmp_path / "t.toml",
         dsn=dsn,
         log_root=tmp_path / "log",
-        source_extra=f'signal_table = "{SIGNALS}"\nsnapshot_chunk_rows = 100',
+        source_extra=f'signal_table = "{SIGNALS}"\nsnapshot_chunk_rows = 100\nnotification_channels = ["sink"]',
     )
     res = cli("capture", "--config", str(config), "--until-idle", "1", timeout=300)  # the initial snapshot
     assert res.returncode == 0, res.stderr
@@ -59,6 +60,12 @@ def _setup(dsn: str, tmp_path: Path) -> Path:
 def _reads(log_root: Path) -> Counter[bytes]:
     """How often each key of t was read by a snapshot (`op: "r"`)."""
     return Counter(r.key for r in records(log_root, "shop.public.t") if r.value and b'"op":"r"' in r.value)
+
+
+def _notified(log_root: Path) -> list[str]:
+    """The types of the incremental snapshot's notifications on `shop.notifications`, in order."""
+    docs = [orjson.loads(r.value) for r in records(log_root, "shop.notifications") if r.value]
+    return [d["type"] for d in docs if d["aggregate_type"] == "Incremental Snapshot"]
 
 
 def _signal(config: Path, *args: str) -> None:
@@ -129,6 +136,7 @@ def test_pause_survives_a_restart_and_resume_finishes_the_snapshot(fresh_db: str
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     assert len(table_state(log_root, "shop.public.t")) == ROWS
+    assert _notified(log_root) == ["STARTED", "PAUSED", "RESUMED", "TABLE_SCAN_COMPLETED", "COMPLETED"]
 
 
 def test_stop_from_the_cli_and_the_signal_table_ends_the_snapshot_unread(fresh_db: str, tmp_path: Path) -> None:
@@ -153,6 +161,9 @@ def test_stop_from_the_cli_and_the_signal_table_ends_the_snapshot_unread(fresh_d
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     assert set(_reads(log_root).values()) == {1}, "a stopped snapshot stages no chunk"
+    # Each stop aborts the snapshot it finds pending (the second was requested and stopped in one
+    # transaction of the signal table, before any chunk: no STARTED of its own).
+    assert _notified(log_root) == ["STARTED", "ABORTED", "ABORTED"]
     # Stopped is not pending: a later start does not take it up again.
     res = cli("capture", "--config", str(config), "--until-idle", "1", timeout=300)
     assert res.returncode == 0, res.stderr
