@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,9 @@ from tributary.log.local import canonical_json, partition_for
 pytestmark = pytest.mark.e2e
 
 TOPIC = "shop.public.orders"
+# Record times of today, not of 1970: a broker rolls a segment whose first record is older than
+# `segment.ms` at once, and its cleaner then compacts the topic under the test's reads.
+T0 = int(time.time() * 1000) // 1000 * 1000
 
 
 def _write(backend: LogBackend, log_root: Path, rows: list[tuple[Any, Any, int]], writer_id: str) -> None:
@@ -39,7 +43,7 @@ def _write(backend: LogBackend, log_root: Path, rows: list[tuple[Any, Any, int]]
             v = None if value is None else canonical_json(value)
             shop.append(TOPIC, partition_for(k, 3), [(k, v, ts, b'{"tx":"7"}' if i == 0 else None)])
         log.commit()
-        shop.append(TOPIC, 0, [(canonical_json({"id": 99}), b'{"never":true}', 5_000, None)])
+        shop.append(TOPIC, 0, [(canonical_json({"id": 99}), b'{"never":true}', T0 + 5_000, None)])
     finally:
         log.close()  # drops the uncommitted record
 
@@ -49,7 +53,7 @@ def config(tmp_path: Path, backend: LogBackend) -> Path:
     """A config on `backend` whose log holds 12 committed records of 3 keys, the last a tombstone."""
     log_root = tmp_path / "log"
     backend.prepare(TOPIC)
-    rows = [({"id": i % 3}, None if i == 11 else {"n": i, "price": "1.10"}, 1000 + i) for i in range(12)]
+    rows = [({"id": i % 3}, None if i == 11 else {"n": i, "price": "1.10"}, T0 + i) for i in range(12)]
     _write(backend, log_root, rows, "cli-1")
     return write_backend_config(backend, tmp_path / "t.toml", dsn="postgresql://unused", log_root=log_root)
 
@@ -68,11 +72,11 @@ def test_cat_prints_every_committed_record_as_json_lines(config: Path) -> None:
     res = cli("log", "cat", TOPIC, "--config", str(config))
     assert res.returncode == 0, res.stderr
     got = _lines(res.stdout)
-    assert sorted(r["timestamp"] for r in got) == list(range(1000, 1012))  # the uncommitted one is not there
+    assert sorted(r["timestamp"] for r in got) == list(range(T0, T0 + 12))  # the uncommitted one is not there
     assert all(set(r) == {"topic", "partition", "offset", "timestamp", "key", "value", "headers"} for r in got)
-    first = next(r for r in got if r["timestamp"] == 1000)
+    first = next(r for r in got if r["timestamp"] == T0)
     assert first["key"] == {"id": 0} and first["value"] == {"n": 0, "price": "1.10"} and first["headers"] == {"tx": "7"}
-    assert next(r for r in got if r["timestamp"] == 1011)["value"] is None
+    assert next(r for r in got if r["timestamp"] == T0 + 11)["value"] is None
     for p in range(3):  # each partition in offset order, each key in its partition
         mine = [r for r in got if r["partition"] == p]
         assert [r["offset"] for r in mine] == sorted({r["offset"] for r in mine})
@@ -117,7 +121,7 @@ def test_cat_follow_prints_new_commits_and_ends_cleanly(
         first = _next_lines(proc, 2)  # the compacted view of what is there
         assert sorted((r["key"]["id"], r["value"]["n"]) for r in first) == [(0, 9), (1, 10)]
         # committed later: every record, as it comes
-        _write(backend, tmp_path / "log", [({"id": 5}, {"n": 0}, 2000), ({"id": 0}, {"n": 1}, 2001)], "cli-2")
+        _write(backend, tmp_path / "log", [({"id": 5}, {"n": 0}, T0 + 2000), ({"id": 0}, {"n": 1}, T0 + 2001)], "cli-2")
         later = _next_lines(proc, 2)
         assert sorted((r["key"]["id"], r["value"]["n"]) for r in later) == [(0, 1), (5, 0)]
         proc.send_signal(sig)
