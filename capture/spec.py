@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tributary.capture.records import envelope as env
-from tributary.capture.records.routing import Routing, topic_name
+from tributary.capture.records.routing import Routing, table_topic
 from tributary.capture.records.rules import SourceRules
 from tributary.capture.records.service_outbox import OutboxTable
 
@@ -70,7 +70,7 @@ class SourceSpec:
 
     def topic(self, schema: str, table: str) -> str:
         """The topic of a table's records: its route's, else `<source>.<schema>.<table>`."""
-        return topic_name(self.name, schema, table) if self.routing is None else self.routing.topic(schema, table)
+        return table_topic(self.routing, self.name, schema, table)[0]
 
     def routed(self, schema: str, table: str) -> bool:
         """Does a route take the table (then its records take the per-row paths only)?"""

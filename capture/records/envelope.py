@@ -18,7 +18,7 @@ import orjson
 from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.decoding.values import UNAVAILABLE, stream_converter, text_converter, type_family
 from tributary.capture.decoding.wal2json import Change, LogicalMessage, Truncate
-from tributary.capture.records.routing import Routing, topic_name
+from tributary.capture.records.routing import Routing, table_topic
 from tributary.capture.records.rules import TableRules
 
 __all__ = [
@@ -194,11 +194,7 @@ def envelopes_for(
     index's columns, or () for the whole row. `rules`: the table's column and row rules
     (capture/records/rules.py), if it has any. `routing`: the source's routes (topic, key field).
     """
-    field = None
-    if routing is None:
-        topic = topic_name(source_name, change.schema, change.table)
-    else:
-        topic, field = routing.resolve(change.schema, change.table)
+    topic, field = table_topic(routing, source_name, change.schema, change.table)
     change_lsn = _lsn(change.lsn_text, lsn)
     source = _source_json(
         source_name,
@@ -339,9 +335,7 @@ class SnapshotEncoder:
         """`rules`: the table's column and row rules (capture/records/rules.py): `encode` applies
         them (None for a row outside the filter); the paths that skip `encode` are not taken.
         `routing`: the source's routes (the topic, and the key field of a routed table)."""
-        self.topic, self.key_field = (
-            (topic_name(source_name, schema, table), None) if routing is None else routing.resolve(schema, table)
-        )
+        self.topic, self.key_field = table_topic(routing, source_name, schema, table)
         self.rules = rules
         self._names = [c[0] for c in columns]
         self._convs = [text_converter(c[1]) for c in columns]
@@ -376,14 +370,10 @@ class SnapshotEncoder:
 
     def encode(self, values: Sequence[str | None], marker: str = "true") -> Output:
         """The row's record (of a table with rules: one its filter keeps, `encode_ruled`)."""
-        if self.rules is not None:
-            out = self.encode_ruled(values, marker)
-            if out is None:
-                raise ValueError("a row outside its table's filter has no record")
-            return out
-        after = self.row(values)
-        value = b'{"before":null,"after":' + orjson.dumps(after) + self._tails[marker]
-        return Output(self.topic, _key(after, self._keys, self.key_field), value)
+        out = self.encode_ruled(values, marker)
+        if out is None:
+            raise ValueError("a row outside its table's filter has no record")
+        return out
 
     def encode_ruled(self, values: Sequence[str | None], marker: str = "true") -> Output | None:
         """`encode`, or None for a row its table's row filter leaves out."""
@@ -440,9 +430,7 @@ def truncate_envelope(
     )
     return [
         Output(
-            topic_name(source_name, truncate.schema, truncate.table)
-            if routing is None
-            else routing.topic(truncate.schema, truncate.table),
+            table_topic(routing, source_name, truncate.schema, truncate.table)[0],
             None,
             _value(None, None, source, "t", now_ms),
         )

@@ -20,6 +20,7 @@ __all__ = [
     "TableFilter",
     "is_side_topic",
     "table_keys",
+    "table_topic",
     "topic_name",
     "topic_part",
     "topic_problems",
@@ -100,32 +101,44 @@ class Routing:
         self.source = source
         self.routes = tuple(routes)
         self.key_field = key_field  # None: key.enforce.uniqueness = false
-        self._cache: dict[tuple[str, str], tuple[str, tuple[str, str] | None]] = {}
+        self._cache: dict[tuple[str, str], tuple[str, tuple[str, str] | None, bool]] = {}
 
     def resolve(self, schema: str, table: str) -> tuple[str, tuple[str, str] | None]:
         """(topic, (key field, value) or None): the first route that takes the table, else the
         table's own topic and no key field. The value is the table's own topic (as Debezium's)."""
+        return self._resolved(schema, table)[:2]
+
+    def _resolved(self, schema: str, table: str) -> tuple[str, tuple[str, str] | None, bool]:
+        """(topic, key field, routed), worked out once per table: the stream asks per change."""
         key = (schema, table)
         hit = self._cache.get(key)
         if hit is None:
             own = topic_name(self.source, schema, table)
             routed = next((t for r in self.routes if (t := r.apply(self.source, schema, table)) is not None), None)
-            hit = (own, None) if routed is None else (routed, None if self.key_field is None else (self.key_field, own))
+            if routed is None:
+                hit = (own, None, False)
+            else:
+                hit = (routed, None if self.key_field is None else (self.key_field, own), True)
             if len(self._cache) >= 4096:
                 self._cache.clear()
             self._cache[key] = hit
         return hit
 
     def topic(self, schema: str, table: str) -> str:
-        return self.resolve(schema, table)[0]
+        return self._resolved(schema, table)[0]
 
     def routed(self, schema: str, table: str) -> bool:
         """Does a route take the table? Its records then take the per-row paths only (the fast
         paths build keys without the key field)."""
-        return any(r.apply(self.source, schema, table) is not None for r in self.routes)
+        return self._resolved(schema, table)[2]
 
     def key_value(self, schema: str, table: str) -> tuple[str, str] | None:
         return self.resolve(schema, table)[1]
+
+
+def table_topic(routing: Routing | None, source: str, schema: str, table: str) -> tuple[str, tuple[str, str] | None]:
+    """A table's topic and key field: its route's, else `<source>.<schema>.<table>` and none."""
+    return (topic_name(source, schema, table), None) if routing is None else routing.resolve(schema, table)
 
 
 def table_keys(keys: Iterable[bytes], field: tuple[str, str] | None) -> set[bytes]:

@@ -309,8 +309,7 @@ class StreamingSource:
             )
         rules = None if self.spec.rules is None else self.spec.rules.for_table(change.schema, change.table, keys)
         outputs = self._envelopes(change, now_ms, keys, rules)
-        routed = self.spec.routing is not None and self.spec.routed(change.schema, change.table)
-        templated = rules is None and not routed  # the templates apply no rules and make no key field
+        templated = rules is None and not self.spec.routed(change.schema, change.table)  # no rules, no key field
         if change.action == "I" and self.templates is not None and self.offsets.in_transaction and templated:
             if self.txmeta is not None:
                 self._collections[outputs[0].topic] = f"{change.schema}.{change.table}"
