@@ -14,12 +14,13 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from tributary.capture.database.catalog import list_tables, probe_wal2json, server_facts, table_warnings
+from tributary.capture.database.catalog import TableInfo, list_tables, probe_wal2json, server_facts, table_warnings
 from tributary.capture.database.replication import ReplicationConnection, connect_options, translate_connect_error
 from tributary.capture.decoding.encodings import refusal
 from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.records.envelope import toastable
 from tributary.capture.records.routing import TableFilter, topic_problems
+from tributary.capture.records.row_filter import compile_filter
 from tributary.capture.records.service_outbox import OutboxTable
 from tributary.capture.source import SourceSpec
 
@@ -169,6 +170,7 @@ def _check_tables(
     for table in (t for t in tables if not t.loses_updates):
         for warning in table_warnings(table):
             report.add(Outcome.WARNING, warning)
+    _check_filtered_tables(conn, spec, [t for t in tables if not t.loses_updates], report, set_full)
     for table in tables:
         topic = spec.topic(table.schema, table.table)
         if topic != f"{spec.name}.{table.qualified}":  # routed, or identifiers a topic name cannot hold as they are
@@ -181,6 +183,43 @@ def _check_tables(
         f.outcome is not Outcome.OK and f.message.startswith(t.qualified) for t in tables for f in report.findings
     ):
         report.add(Outcome.OK, f"{len(tables)} table(s) to capture, each with a key")
+
+
+def _filter_beyond_identity(spec: SourceSpec, table: TableInfo) -> list[str]:
+    """The columns a table's row filter reads that its UPDATEs' and DELETEs' old rows do not carry
+    (none under REPLICA IDENTITY FULL, or when the filter reads only identity columns)."""
+    if spec.rules is None or table.replica_identity == "f":
+        return []
+    rule = next((r for r in spec.rules.specs if r.matches(table.qualified)), None)
+    if rule is None or not rule.row_filter:
+        return []
+    return sorted(compile_filter(rule.row_filter).columns - set(table.identity_columns))
+
+
+def _check_filtered_tables(
+    conn: psycopg.Connection[Any], spec: SourceSpec, tables: list[TableInfo], report: SourceReport, set_full: bool
+) -> None:
+    """A row filter over non-key columns needs the old row to tell where an UPDATE or DELETE moved
+    a row; without REPLICA IDENTITY FULL capture errs to a delete + tombstone (docs/capture.md)."""
+    for table in tables:
+        beyond = _filter_beyond_identity(spec, table)
+        if not beyond:
+            continue
+        name = table.qualified
+        if set_full:
+            conn.execute(
+                sql.SQL("ALTER TABLE {}.{} REPLICA IDENTITY FULL").format(
+                    sql.Identifier(table.schema), sql.Identifier(table.table)
+                )
+            )
+            report.add(Outcome.FIXED, f"{name}: its row_filter reads {', '.join(beyond)}; set REPLICA IDENTITY FULL")
+        else:
+            report.add(
+                Outcome.WARNING,
+                f"{name}: its row_filter reads {', '.join(beyond)}, which the WAL's old rows lack without "
+                "REPLICA IDENTITY FULL: every DELETE, and every UPDATE leaving a row outside the filter, becomes a "
+                "delete + tombstone (run init with --replica-identity-full to set it)",
+            )
 
 
 def _check_outbox(conn: psycopg.Connection[Any], spec: SourceSpec, outbox: OutboxTable, report: SourceReport) -> None:

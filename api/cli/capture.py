@@ -47,7 +47,10 @@ def init(
     config: ConfigOption = None,
     replica_identity_full: Annotated[
         bool,
-        typer.Option("--replica-identity-full", help="Set REPLICA IDENTITY FULL on included tables that have no key."),
+        typer.Option(
+            "--replica-identity-full",
+            help="Set REPLICA IDENTITY FULL on included tables that have no key, and on those whose row_filter reads non-key columns.",
+        ),
     ] = False,
     allow_without_key: Annotated[
         list[str] | None,
