@@ -628,6 +628,8 @@ class ChunkedSnapshot:
                 self._table_done(name)
         else:
             ctx.last, ctx.high = job.upper, job.high
+            if self.notify is not None:
+                self.notify("IN_PROGRESS", _progress(ctx.pending, info.qualified, job.high, job.upper))
 
     def _stage_absent(self, job: _Job, newer: set[bytes]) -> None:
         ctx = self.context
@@ -994,6 +996,24 @@ def absent_query(info: TableInfo, not_null: Collection[str]) -> sql.Composed:
         "LATERAL json_populate_record(NULL::{t}, k::json) AS r "
         "WHERE NOT EXISTS (SELECT 1 FROM {t} AS x WHERE {match})"
     ).format(t=table, match=sql.SQL(" AND ").join(conds))
+
+
+def _key_text(key: list[str | None] | None) -> str:
+    """A chunk key as Debezium's notifications spell it (`Arrays.toString`): `[1, abc]`."""
+    return "" if key is None else "[" + ", ".join("null" if v is None else v for v in key) + "]"
+
+
+def _progress(
+    pending: list[str], table: str, high: list[str | None] | None, last: list[str | None] | None
+) -> dict[str, str]:
+    """IN_PROGRESS's data after a chunk (Debezium's): the tables left, the one being read, its
+    largest key when the snapshot began reading it and the chunk's last key."""
+    return {
+        "data_collections": ",".join(pending),
+        "current_collection_in_progress": table,
+        "maximum_key": _key_text(high),
+        "last_processed_key": _key_text(last),
+    }
 
 
 def _keep(job: _Job, newer: set[bytes]) -> list[tuple[str, Any]]:

@@ -62,10 +62,28 @@ def _reads(log_root: Path) -> Counter[bytes]:
     return Counter(r.key for r in records(log_root, "shop.public.t") if r.value and b'"op":"r"' in r.value)
 
 
-def _notified(log_root: Path) -> list[str]:
-    """The types of the incremental snapshot's notifications on `shop.notifications`, in order."""
+def _notifications(log_root: Path) -> list[dict[str, Any]]:
+    """The incremental snapshot's notifications on `shop.notifications`, in order."""
     docs = [orjson.loads(r.value) for r in records(log_root, "shop.notifications") if r.value]
-    return [d["type"] for d in docs if d["aggregate_type"] == "Incremental Snapshot"]
+    return [d for d in docs if d["aggregate_type"] == "Incremental Snapshot"]
+
+
+def _notified(log_root: Path) -> list[str]:
+    """Their types, but IN_PROGRESS (one per chunk: `_progress`)."""
+    return [d["type"] for d in _notifications(log_root) if d["type"] != "IN_PROGRESS"]
+
+
+def _progress(log_root: Path) -> list[tuple[str, str, str]]:
+    """Each IN_PROGRESS's table, largest key and last key read."""
+    return [
+        (
+            d["additional_data"]["current_collection_in_progress"],
+            d["additional_data"]["maximum_key"],
+            d["additional_data"]["last_processed_key"],
+        )
+        for d in _notifications(log_root)
+        if d["type"] == "IN_PROGRESS"
+    ]
 
 
 def _signal(config: Path, *args: str) -> None:
@@ -137,6 +155,13 @@ def test_pause_survives_a_restart_and_resume_finishes_the_snapshot(fresh_db: str
         assert proc.wait(timeout=60) == 0
     assert len(table_state(log_root, "shop.public.t")) == ROWS
     assert _notified(log_root) == ["STARTED", "PAUSED", "RESUMED", "TABLE_SCAN_COMPLETED", "COMPLETED"]
+    # One IN_PROGRESS per chunk that did not end the table (Debezium's), all after the resume.
+    types = [d["type"] for d in _notifications(log_root)]
+    assert types.index("RESUMED") < types.index("IN_PROGRESS") and types.count("IN_PROGRESS") >= ROWS // 100 - 1
+    progress = _progress(log_root)
+    assert {(table, high) for table, high, _ in progress} == {("public.t", f"[{ROWS}]")}
+    lasts = [int(last.strip("[]")) for _, _, last in progress]
+    assert lasts == sorted(lasts) and lasts[0] == 100, lasts
 
 
 def test_stop_from_the_cli_and_the_signal_table_ends_the_snapshot_unread(fresh_db: str, tmp_path: Path) -> None:
