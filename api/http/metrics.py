@@ -32,6 +32,7 @@ M = TypeVar("M", Counter, Gauge, Histogram)
 __all__ = ["Metrics"]
 
 _SNAPSHOT_METHODS = ("consistent", "chunked")  # `[[sources]] snapshot_method`: a bounded label
+_SNAPSHOT_CONTROLS = ("paused", "stopped", "finished")  # `SourceStatus.snapshot_control`: a bounded label
 
 
 class Metrics:
@@ -81,6 +82,13 @@ class Metrics:
             "tributary_capture_snapshot_tables_pending",
             "Tables the snapshot under way has still to read (the one being read included)",
             ["source"],
+            registry=r,
+        )
+        self.snapshot_control = Gauge(
+            "tributary_capture_snapshot_control",
+            "1 while the source's snapshot is paused (capture snapshot --pause), stopped (--stop, until the next "
+            "snapshot request) or finished (snapshot = initial_only: the source no longer streams)",
+            ["source", "state"],
             registry=r,
         )
         self.slot_lag = Gauge(
@@ -262,6 +270,9 @@ class Metrics:
         self.snapshot_rows_estimated.labels(name).set(s.get("snapshot_rows_total", 0) if running else 0)
         self.snapshot_chunks.labels(name).set(s.get("snapshot_chunk", 0) if running else 0)
         self.snapshot_tables_pending.labels(name).set(len(s.get("snapshot_tables_pending") or ()) if running else 0)
+        control = s.get("snapshot_control")
+        for state in _SNAPSHOT_CONTROLS:
+            self.snapshot_control.labels(name, state).set(1 if control == state else 0)
 
     def _refresh_projections(
         self,

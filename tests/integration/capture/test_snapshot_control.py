@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.capture.helpers import (
     Capture,
@@ -33,6 +34,8 @@ from tests.integration.capture.helpers import (
 from tests.integration.capture.test_slot_gap import TOPIC as GAP_TOPIC
 from tests.integration.capture.test_slot_gap import _captured_then_slot_dropped_and_changed
 from tests.integration.capture.test_slot_gap import _table as _gap_table
+from tributary.api.http.metrics import Metrics
+from tributary.api.settings.config import load_settings
 from tributary.capture.decoding.lsn import Lsn
 
 pytestmark = pytest.mark.integration
@@ -86,6 +89,15 @@ def _progress(log_root: Path) -> list[tuple[str, str, str]]:
     ]
 
 
+def _control_gauges(config: Path) -> dict[str, float]:
+    """`/metrics`' `tributary_capture_snapshot_control{source="shop"}` by state, from the status file."""
+    metrics = Metrics()
+    metrics.refresh(load_settings(config))
+    families = text_string_to_metric_families(metrics.render().decode())
+    samples = next(f for f in families if f.name == "tributary_capture_snapshot_control").samples
+    return {s.labels["state"]: s.value for s in samples if s.labels["source"] == "shop"}
+
+
 def _signal(config: Path, *args: str) -> None:
     res = cli("capture", "snapshot", *args, "--config", str(config))
     assert res.returncode == 0, res.stdout + res.stderr
@@ -117,6 +129,7 @@ def test_pause_survives_a_restart_and_resume_finishes_the_snapshot(fresh_db: str
     try:
         entry = _applied(config, proc, paused_at, "snapshot (chunked) paused public.t")
         assert entry["snapshot_control"] == "paused" and entry["snapshot_tables_pending"] == ["public.t"], entry
+        assert _control_gauges(config) == {"paused": 1.0, "stopped": 0.0, "finished": 0.0}
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     finally:
@@ -182,6 +195,7 @@ def test_stop_from_the_cli_and_the_signal_table_ends_the_snapshot_unread(fresh_d
     try:
         entry = _applied(config, proc, stopped_at, "snapshot stopped")
         assert entry["snapshot_control"] == "stopped" and not entry["snapshot_tables_pending"], entry
+        assert _control_gauges(config) == {"paused": 0.0, "stopped": 1.0, "finished": 0.0}
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
