@@ -149,3 +149,13 @@ def test_verify_after_capture_ran_is_ok(fresh_db: str, tmp_path: Path, backend: 
     listed = cli("log", "topics", "--config", str(config))
     assert listed.returncode == 0, listed.stderr
     assert f"shop.public.items\tpartitions=3\tpolicy={backend.topic_policy}\t" in listed.stdout
+
+
+def test_compact_compacts_the_local_log_and_leaves_kafka_to_its_brokers(config: Path, backend: LogBackend) -> None:
+    res = cli("log", "compact", "--config", str(config))
+    assert res.returncode == 0, res.stdout + res.stderr
+    if backend.name == "kafka":
+        assert res.stdout.startswith("the log is Kafka's: its brokers compact"), res.stdout
+        assert not (config.parent / "log").exists(), "nothing written to a local root"
+    else:
+        assert res.stdout.startswith("compacted: "), res.stdout  # sealed segments only: none here
