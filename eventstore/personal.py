@@ -184,6 +184,4 @@ def reveal(data: Any, key: Callable[[KeyId], bytes | None]) -> Any:
     returns None (the subject was forgotten). Data without envelopes is returned as it is."""
     if not has_envelopes(data):
         return data
-    return {
-        k: _open(v, key((v["subject"], int(v["kid"])))) if _is_envelope(v) else v for k, v in data.items()
-    }
+    return {k: _open(v, key((v["subject"], int(v["kid"])))) if _is_envelope(v) else v for k, v in data.items()}

@@ -53,7 +53,9 @@ def forget_cmd(
 
 
 @events_app.command("rotate-key")
-def rotate_cmd(subject: Annotated[str, typer.Argument(help="The data subject's id.")], config: ConfigOption = None) -> None:
+def rotate_cmd(
+    subject: Annotated[str, typer.Argument(help="The data subject's id.")], config: ConfigOption = None
+) -> None:
     """A new key version for the subject: new events use it, older ones still read."""
     from tributary.eventstore.forget import rotate
     from tributary.eventstore.keys import DatabaseKeys

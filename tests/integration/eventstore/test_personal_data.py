@@ -45,7 +45,9 @@ def _stored_text(dsn: str, tables: tuple[str, ...] = ("events", "commands", "sna
 
 def test_sealed_at_rest_revealed_on_read_erased_after_forget(store: EventStore, fresh_db: str) -> None:
     h = _handler(store)
-    answer = h.handle("customer", "c-1", "register", {"name": SECRET, "email": "w@x.example", "age": 52}, command_id="k1")
+    answer = h.handle(
+        "customer", "c-1", "register", {"name": SECRET, "email": "w@x.example", "age": 52}, command_id="k1"
+    )
     assert answer.events[0]["data"]["name"] == SECRET  # the answer shows what was decided
     h.handle("customer", "c-1", "change_email", {"email": "w2@x.example"})  # a snapshot point (every 2)
     h.handle("order", "o-1", "place", {"customer_id": "c-1", "address": "9 Quince Lane", "amount": 5})
@@ -58,7 +60,9 @@ def test_sealed_at_rest_revealed_on_read_erased_after_forget(store: EventStore, 
     assert store.read_stream("c-1")[0].data == {"name": SECRET, "email": "w@x.example", "age": 52, "tier": "basic"}
     assert [e.data.get("address") for e in store.read_all() if e.stream_type == "order"] == ["9 Quince Lane"]
     assert h.load("customer", "c-1").state == Customer(registered=True, name=SECRET, email="w2@x.example", age=52)
-    replay = h.handle("customer", "c-1", "register", {"name": SECRET, "email": "w@x.example", "age": 52}, command_id="k1")
+    replay = h.handle(
+        "customer", "c-1", "register", {"name": SECRET, "email": "w@x.example", "age": 52}, command_id="k1"
+    )
     assert replay.replayed and replay.events[0]["data"]["name"] == SECRET
     with psycopg.connect(fresh_db) as conn:
         assert conn.execute("SELECT count(*) FROM eventstore.snapshots WHERE stream_id = 'c-1'").fetchone() == (1,)
@@ -72,7 +76,9 @@ def test_sealed_at_rest_revealed_on_read_erased_after_forget(store: EventStore, 
     assert store.read_stream("c-1")[0].data == {"name": ERASED, "email": ERASED, "age": None, "tier": "basic"}
     assert store.read_stream("o-1")[0].data == {"customer_id": "c-1", "address": ERASED, "amount": 5}
     assert h.load("customer", "c-1").state == Customer(registered=True, name=ERASED, email=ERASED, age=None)
-    replay = h.handle("customer", "c-1", "register", {"name": SECRET, "email": "w@x.example", "age": 52}, command_id="k1")
+    replay = h.handle(
+        "customer", "c-1", "register", {"name": SECRET, "email": "w@x.example", "age": 52}, command_id="k1"
+    )
     assert replay.events[0]["data"]["name"] == ERASED
     assert store.read_stream("c-2")[0].data["name"] == "Other Person"  # others are untouched
 
