@@ -20,7 +20,7 @@ from functools import cache
 from typing import Annotated, Any
 
 import orjson
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, PydanticUndefinedAnnotation, TypeAdapter, ValidationError
 
 __all__ = [
     "ENVELOPE",
@@ -77,6 +77,11 @@ def _accepts(adapter: TypeAdapter[Any], value: object) -> bool:
 def personal_fields(model: type[BaseModel]) -> tuple[PersonalField, ...]:
     """The model's personal-data fields (cached per class: models are immutable definitions).
     Raises ValueError when a placeholder would not validate or a subject field is missing."""
+    if not model.__pydantic_complete__:  # annotations not resolved yet: its fields would look unmarked
+        try:
+            model.model_rebuild()
+        except PydanticUndefinedAnnotation as exc:
+            raise ValueError(f"{model.__name__}: {exc}") from None
     out = []
     for name, info in model.model_fields.items():
         marker = _marker(info.metadata)
