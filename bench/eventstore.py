@@ -605,6 +605,7 @@ def personal_result(store: EventStore, args: argparse.Namespace) -> dict[str, An
     """Commands/s (each a new stream, one event) of one domain with its personal-data fields
     sealed vs plain, taking turns in one run; 1 and 4 writers, medians of the repeats. A sealed
     command also looks up its subject's key (one of 16 customers per writer, made once)."""
+
     def side(personal: bool) -> Work:
         handler = CommandHandler(store, {"profile": _profile_domain(personal)})
         kind, tag = "sealed" if personal else "plain", uuid.uuid4().hex[:8]  # a tag per run: counts restart

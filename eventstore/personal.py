@@ -89,7 +89,7 @@ def personal_fields(model: type[BaseModel]) -> tuple[PersonalField, ...]:
             continue
         if marker.subject is not None and (marker.subject not in model.model_fields or marker.subject == name):
             raise ValueError(f"{model.__name__}.{name}: PersonalData(subject={marker.subject!r}) names no other field")
-        adapter: TypeAdapter[Any] = TypeAdapter(Annotated[info.annotation, info])
+        adapter: TypeAdapter[Any] = TypeAdapter(Annotated[info.annotation, info])  # type: ignore[arg-type]  # a type built at run time
         if marker.erased is not ...:
             erased = marker.erased
         elif _accepts(adapter, ERASED):
