@@ -13,12 +13,14 @@ from collections.abc import Collection, Iterable
 
 from tributary.eventstore.keys import Forgotten, KeyStore, forget_subject
 from tributary.eventstore.store import EventStore
+from tributary.eventstore.values import check_id
 
 __all__ = ["Forgotten", "forget", "projections_reading", "rotate"]
 
 
 def forget(store: EventStore, subject: str) -> Forgotten:
     """Destroy the subject's keys and delete its streams' snapshots."""
+    check_id("subject", subject)
     return forget_subject(store.keys, store.pool.connection, subject)
 
 

@@ -3,31 +3,21 @@ readable across key versions."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from tests.domains.customers import Customer, customers, orders
+from tests.integration.capture.helpers import cli
 from tributary.eventstore.forget import forget, rotate
 from tributary.eventstore.handler import CommandHandler
-from tributary.eventstore.migrate import run_migrations
 from tributary.eventstore.personal import ERASED
 from tributary.eventstore.store import EventStore
 
 pytestmark = pytest.mark.integration
 
 SECRET = "Wilhelmina Xanthoula-Pemberton"
-
-
-@pytest.fixture
-def store(fresh_db: str) -> Iterator[EventStore]:
-    run_migrations(fresh_db)
-    s = EventStore.connect(fresh_db, max_size=4)
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def _handler(store: EventStore) -> CommandHandler:
@@ -88,12 +78,12 @@ def test_sealed_at_rest_revealed_on_read_erased_after_forget(store: EventStore, 
     assert forget(store, "c-1").keys == 1
 
 
-def test_a_rotated_key_seals_new_events_and_old_ones_still_read(store: EventStore) -> None:
+def test_a_rotated_key_seals_new_events_and_old_ones_still_read(store: EventStore, fresh_db: str) -> None:
     h = _handler(store)
     h.handle("customer", "c-1", "register", {"name": SECRET, "email": "a@x.example"})
     assert rotate(store.keys, "c-1") == 2
     h.handle("customer", "c-1", "change_email", {"email": "b@x.example"})
-    with psycopg.connect(store_dsn(store)) as conn:
+    with psycopg.connect(fresh_db) as conn:
         kids = [r[0] for r in conn.execute("SELECT data->'email'->>'kid' FROM eventstore.events ORDER BY version")]
     assert kids == ["1", "2"]
     assert [e.data["email"] for e in store.read_stream("c-1")] == ["a@x.example", "b@x.example"]
@@ -101,5 +91,16 @@ def test_a_rotated_key_seals_new_events_and_old_ones_still_read(store: EventStor
     assert [e.data["email"] for e in store.read_stream("c-1")] == [ERASED, ERASED]
 
 
-def store_dsn(store: EventStore) -> str:
-    return str(store.pool.conninfo)
+def test_the_cli_forgets_and_rotates(store: EventStore, fresh_db: str, tmp_path: Path) -> None:
+    h = _handler(store)
+    h.handle("customer", "c-1", "register", {"name": SECRET, "email": "a@x.example"})
+    config = tmp_path / "t.toml"
+    config.write_text(f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\n')
+    rotated = cli("events", "rotate-key", "c-1", "--config", str(config))
+    assert (rotated.returncode, rotated.stdout.strip()) == (0, "c-1: key version 2"), rotated.stderr
+    forgot = cli("events", "forget", "c-1", "--config", str(config))
+    assert forgot.returncode == 0, forgot.stderr
+    assert forgot.stdout.strip() == "c-1: 2 key(s) destroyed; 1 stream(s) hold its data, their snapshots deleted"
+    assert store.read_stream("c-1")[0].data["name"] == ERASED
+    bad = cli("events", "forget", "x" * 201, "--config", str(config))
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and "subject" in bad.stderr

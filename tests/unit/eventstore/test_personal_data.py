@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from tests.domains.customers import EmailChanged, OrderPlaced, Registered, customers
 from tributary.eventstore.aggregate import Aggregate
 from tributary.eventstore.errors import AggregateDefinitionError
+from tributary.eventstore.forget import projections_reading
 from tributary.eventstore.personal import (
     ERASED,
     PersonalData,
@@ -89,3 +90,15 @@ def test_a_marker_that_cannot_be_erased_is_refused_when_the_aggregate_is_built()
         build(Bad)
     build(Ok)
     assert personal_fields(Ok)[0].erased == 0
+
+
+def test_a_forget_rebuilds_the_projections_reading_the_subjects_stream_types() -> None:
+    defined = [
+        ("contacts", ("events.customer", "events.order")),
+        ("orders", ("events.order",)),
+        ("accounts", ("events.account",)),
+        ("cdc", ("shop.public.customer",)),
+    ]
+    assert projections_reading(defined, {"customer"}) == ["contacts"]
+    assert projections_reading(defined, {"order", "customer"}) == ["contacts", "orders"]
+    assert projections_reading(defined, set()) == []
