@@ -86,6 +86,12 @@ def personal_fields(model: type[BaseModel]) -> tuple[PersonalField, ...]:
     for name, info in model.model_fields.items():
         marker = _marker(info.metadata)
         if marker is None:
+            nested = info.annotation
+            if isinstance(nested, type) and issubclass(nested, BaseModel) and personal_fields(nested):
+                raise ValueError(
+                    f"{model.__name__}.{name}: {nested.__name__} marks personal data inside it; only an event's "
+                    f"own fields are sealed: mark {name} itself"
+                )
             continue
         if marker.subject is not None and (marker.subject not in model.model_fields or marker.subject == name):
             raise ValueError(f"{model.__name__}.{name}: PersonalData(subject={marker.subject!r}) names no other field")

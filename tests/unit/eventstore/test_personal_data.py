@@ -102,3 +102,18 @@ def test_a_forget_rebuilds_the_projections_reading_the_subjects_stream_types() -
     assert projections_reading(defined, {"customer"}) == ["contacts"]
     assert projections_reading(defined, {"order", "customer"}) == ["contacts", "orders"]
     assert projections_reading(defined, set()) == []
+
+
+def test_a_marker_inside_a_nested_model_is_refused_not_ignored() -> None:
+    class Address(BaseModel):
+        street: Annotated[str, PersonalData()]
+
+    class Moved(BaseModel):
+        address: Address
+
+    class MovedMarked(BaseModel):
+        address: Annotated[Address | None, PersonalData()]
+
+    with pytest.raises(ValueError, match="Moved.address: Address marks personal data inside it"):
+        personal_fields(Moved)
+    assert [(f.name, f.erased) for f in personal_fields(MovedMarked)] == [("address", None)]
