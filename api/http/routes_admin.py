@@ -23,6 +23,7 @@ from tributary.api.http.definitions import (
     refresh_definitions,
 )
 from tributary.api.http.problems import Problem
+from tributary.api.http.routes_commands import _http_error
 from tributary.api.http.state import AppState, Handler, MetricsOf, RefreshedStatus, SettingsOf, status_of
 from tributary.api.settings.config import Settings
 from tributary.api.settings.log import log_admin
@@ -237,7 +238,11 @@ def _rebuild_worker(entry: dict[str, Any], settings: RunSettings) -> None:
     status_code=204,
     tags=["admin"],
     dependencies=[Depends(require("admin"))],
-    responses=AUTH_RESPONSES,
+    responses={
+        **AUTH_RESPONSES,
+        422: error("`invalid_value`: a subject id the database cannot store (a NUL, an unpaired surrogate)"),
+        503: error("the service database did not answer; retry (a forget can be repeated)"),
+    },
 )
 async def forget_subject(
     state: AppState, handler: Handler, subject_id: str = Path(min_length=1, max_length=MAX_ID_LENGTH)
@@ -249,8 +254,8 @@ async def forget_subject(
 
     try:
         done = await asyncio.to_thread(forget, handler.store, subject_id)
-    except EventStoreError as exc:
-        raise Problem(503, "unavailable", str(exc)) from None
+    except EventStoreError as exc:  # the event store's one mapping: 422 invalid_value, 503 unavailable
+        raise _http_error(exc) from None
     if done.streams:
         settings = await asyncio.to_thread(current_run_settings, state)
         defined = await asyncio.to_thread(lambda: current_projections(state, fresh=True))
