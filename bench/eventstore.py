@@ -9,7 +9,8 @@ the three take turns of --slice seconds (so they see the same disk), --seconds e
 Commands: a bank deposit through `CommandHandler.handle` in this process and through
 `POST /commands` of `tributary serve`, 1 and 4 clients, taking turns the same way; commands/s,
 p50/p99 latency and CPU per command of each side (`--compare-to` adds another checkout's API).
-Plus loading an aggregate of 10,000 events with and without a snapshot. Prints JSON.
+Plus loading an aggregate of 10,000 events with and without a snapshot, and (`--parts personal`)
+commands whose event has personal-data fields, sealed vs plain. Prints JSON.
 
     .venv/bin/python bench/eventstore.py                  # embedded Postgres in a temp dir
     .venv/bin/python bench/eventstore.py --seconds 5 --repeat 3
@@ -34,19 +35,22 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+from pydantic import BaseModel
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
+from tributary.eventstore.aggregate import Aggregate  # noqa: E402
 from tributary.eventstore.examples.bank import bank_account  # noqa: E402
 from tributary.eventstore.handler import CommandHandler  # noqa: E402
 from tributary.eventstore.migrate import run_migrations  # noqa: E402
 from tributary.eventstore.model import NewEvent, dumps  # noqa: E402
+from tributary.eventstore.personal import PersonalData  # noqa: E402
 from tributary.eventstore.store import EventStore  # noqa: E402
 
 RAW_TABLE = """
@@ -561,6 +565,75 @@ def appends_result(dsn: str, store: EventStore, args: argparse.Namespace) -> dic
     }
 
 
+class _Note(BaseModel):
+    customer: str
+    name: str
+    email: str
+
+
+class Noted(BaseModel):
+    customer: str
+    name: str
+    email: str
+
+
+class NotedSealed(BaseModel):
+    customer: str
+    name: Annotated[str, PersonalData(subject="customer")]
+    email: Annotated[str, PersonalData(subject="customer")]
+
+
+class _Notes(BaseModel):
+    notes: int = 0
+
+
+def _profile_domain(personal: bool) -> Aggregate[_Notes]:
+    """One command, `note`, appending one event (customer, name, email); with `personal` the name
+    and email are personal data of the customer (sealed), else plain."""
+    event = NotedSealed if personal else Noted
+    return Aggregate(
+        stream_type="profile",
+        state_type=_Notes,
+        commands={"note": _Note},
+        events=[event],
+        decide=lambda state, c: [event(customer=c.customer, name=c.name, email=c.email)],
+        evolve=lambda state, e: _Notes(notes=state.notes + 1),
+    )
+
+
+def personal_result(store: EventStore, args: argparse.Namespace) -> dict[str, Any]:
+    """Commands/s (each a new stream, one event) of one domain with its personal-data fields
+    sealed vs plain, taking turns in one run; 1 and 4 writers, medians of the repeats. A sealed
+    command also looks up its subject's key (one of 16 customers per writer, made once)."""
+
+    def side(personal: bool) -> Work:
+        handler = CommandHandler(store, {"profile": _profile_domain(personal)})
+        kind, tag = "sealed" if personal else "plain", uuid.uuid4().hex[:8]  # a tag per run: counts restart
+
+        def work(i: int, k: int) -> None:
+            data = {"customer": f"cust-{tag}-{i}-{k % 16}", "name": f"Name {k}", "email": f"n{k}@example.org"}
+            handler.handle("profile", f"{kind}-{tag}-{i}-{k}", "note", data, expected_version="no_stream")
+
+        return work
+
+    runs: dict[str, list[float]] = {}
+    for _ in range(args.repeat):
+        for writers in (1, 4):
+            rates, _costs = interleaved({"plain": side(False), "sealed": side(True)}, writers, args.seconds, args.slice)
+            for name, rate in rates.items():
+                runs.setdefault(f"{name}_{writers}w", []).append(rate)
+    med = {k: round(statistics.median(v), 1) for k, v in runs.items()}
+    return {
+        "commands_per_s_median": med,
+        "ratio_sealed_vs_plain": {w: round(med[f"sealed_{w}"] / med[f"plain_{w}"], 3) for w in ("1w", "4w")},
+        "ratio_sealed_vs_plain_per_repeat": {
+            w: [round(a / b, 3) for a, b in zip(runs[f"sealed_{w}"], runs[f"plain_{w}"], strict=True)]
+            for w in ("1w", "4w")
+        },
+        "what": "CommandHandler.handle, one event with two personal-data fields (AES-256-GCM) vs the same fields plain",
+    }
+
+
 def commands_result(dsn: str, store: EventStore, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Commands/s over HTTP and through the Python API, 1 and 4 clients, medians of the repeats."""
     handler = CommandHandler(store, {"account": bank_account()}, snapshot_every=100)  # as `serve`'s defaults
@@ -612,7 +685,8 @@ def main() -> None:
     parser.add_argument(
         "--parts",
         default="appends,commands,load",
-        help="comma-separated: appends (vs raw INSERT and the peer), commands (HTTP vs the Python API), load",
+        help="comma-separated: appends (vs raw INSERT and the peer), commands (HTTP vs the Python API), load, "
+        "personal (commands with personal-data fields sealed vs plain)",
     )
     parser.add_argument(
         "--http-client",
@@ -641,10 +715,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "eventstore.json")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
-    if parts - {"appends", "commands", "load"}:
-        raise SystemExit(
-            f"bench/eventstore.py: unknown --parts {', '.join(sorted(parts - {'appends', 'commands', 'load'}))}"
-        )
+    known = {"appends", "commands", "load", "personal"}
+    if parts - known:
+        raise SystemExit(f"bench/eventstore.py: unknown --parts {', '.join(sorted(parts - known))}")
     if "appends" in parts:
         try:
             import eventsourcing  # noqa: F401 - the peer
@@ -681,6 +754,8 @@ def main() -> None:
             result["commands"] = commands_result(dsn, store, work, args)
         if "load" in parts:
             result["load"] = load_times(store, args.load_events)
+        if "personal" in parts:
+            result["personal"] = personal_result(store, args)
         result.update(
             {
                 "runs": args.repeat,

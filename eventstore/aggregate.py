@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from tributary.eventstore.errors import AggregateDefinitionError, InvalidCommand, UnknownCommand
+from tributary.eventstore.personal import check_model
 
 __all__ = ["Aggregate", "Upcaster", "fold"]
 
@@ -137,6 +138,10 @@ def _check(agg: Aggregate[Any]) -> dict[str, type[BaseModel]]:
         if not _is_model(model):
             raise bad(f"{where}: command {name!r} must be a pydantic model class, not {model!r}")
     models = _event_models(where, agg.events)
+    for model in models.values():
+        problem = check_model(model)
+        if problem is not None:
+            raise bad(f"{where}: {problem}")
     for name, version in agg.event_versions.items():
         if name not in models:
             raise bad(f"{where}: event_versions names {name!r}, which has no model among the events")

@@ -13,7 +13,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -21,7 +21,9 @@ from pydantic import BaseModel, ValidationError
 
 from tributary.eventstore.aggregate import Aggregate
 from tributary.eventstore.errors import ConcurrencyConflict, UnknownStreamType
+from tributary.eventstore.keys import reveal_json
 from tributary.eventstore.model import ExpectedVersion, NewEvent, event_json
+from tributary.eventstore.personal import personal_fields, seal, subjects_of
 from tributary.eventstore.store import (
     CommandRecord,
     EventStore,
@@ -178,14 +180,15 @@ class CommandHandler:
             for attempt in range(self.max_retries + 1):
                 read = self._read(agg, conn, stream_id, command_id)
                 if read.stored is not None:
-                    return self._replayed(command_id or "", req, read.stored)
+                    return self._replayed(conn, command_id or "", req, read.stored)
                 loaded = self._fold(agg, conn, stream_id, read)
                 if (pinned is not None and loaded.version != pinned) or (
                     expected_version == "stream_exists" and loaded.version == 0
                 ):
                     raise ConcurrencyConflict(stream_id, expected_version, loaded.version)
                 decided = agg.decide(loaded.state, command)
-                events = [self._new_event(agg, e, meta) for e in decided]
+                plain = [self._new_event(agg, e, meta) for e in decided]
+                events = self._sealed(conn, stream_id, decided, plain)
                 snapshot = self._snapshot(agg, loaded, decided, loaded.version + len(events))
                 try:
                     appended = self.store.append(
@@ -201,14 +204,35 @@ class CommandHandler:
                 except SameCommandRace:
                     stored = self.store.load(conn, stream_id, state_version=None, command_id=command_id).stored
                     assert stored is not None
-                    return self._replayed(command_id or "", req, stored)
-                return CommandResult(stream_id, appended.version, [event_json(e) for e in appended.events])
+                    return self._replayed(conn, command_id or "", req, stored)
+                shown = {e.event_id: e.data for e in plain}  # the answer shows what was decided, not its envelopes
+                answer = [event_json(e) | {"data": shown.get(e.event_id, e.data)} for e in appended.events]
+                return CommandResult(stream_id, appended.version, reveal_json(self.store.keys_on(conn), answer))
         raise AssertionError("unreachable")
 
-    @staticmethod
-    def _replayed(command_id: str, req: str, stored: tuple[str, dict[str, Any]]) -> CommandResult:
+    def _replayed(
+        self, conn: psycopg.Connection[Any], command_id: str, req: str, stored: tuple[str, dict[str, Any]]
+    ) -> CommandResult:
+        """The stored answer (its personal data is stored sealed, and revealed here)."""
         answer = stored_response(command_id, req, stored)
-        return CommandResult(answer["stream_id"], answer["version"], answer["events"], replayed=True)
+        events = reveal_json(self.store.keys_on(conn), answer["events"])
+        return CommandResult(answer["stream_id"], answer["version"], events, replayed=True)
+
+    def _sealed(
+        self, conn: psycopg.Connection[Any], stream_id: str, decided: Sequence[BaseModel], plain: list[NewEvent]
+    ) -> list[NewEvent]:
+        """The events with their personal-data fields sealed under each subject's current key
+        (one key lookup for the command; none when its events hold no personal data)."""
+        fields = [personal_fields(type(e)) for e in decided]
+        if not any(fields):
+            return plain
+        subjects: set[str] = set()
+        for f, e in zip(fields, plain, strict=True):
+            subjects |= subjects_of(f, e.data, stream_id)
+        keys = self.store.keys_on(conn).current(subjects)
+        return [
+            replace(e, data=seal(f, e.data, stream_id, keys)) if f else e for f, e in zip(fields, plain, strict=True)
+        ]
 
     @staticmethod
     def _new_event(agg: Aggregate[Any], event: BaseModel, metadata: dict[str, Any]) -> NewEvent:

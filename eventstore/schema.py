@@ -21,7 +21,9 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
+    PrimaryKeyConstraint,
     Table,
     Text,
     UniqueConstraint,
@@ -30,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID
 from sqlalchemy.types import UserDefinedType
 
-__all__ = ["SCHEMA", "XID8", "commands", "events", "metadata", "snapshots"]
+__all__ = ["SCHEMA", "XID8", "commands", "events", "metadata", "snapshots", "subject_keys"]
 
 SCHEMA = "eventstore"
 
@@ -90,4 +92,19 @@ snapshots = Table(
     Column("state", JSONB, nullable=False),
     Column("state_version", Integer, nullable=False, server_default=text("1")),
     Column("taken_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+)
+
+# One AES-256 key per data subject and key version (`kid`): personal-data fields of events are
+# sealed under the newest (eventstore/personal.py). Forgetting a subject sets `key` to NULL and
+# `destroyed_at`: the row stays, so a later key for the subject gets a new kid.
+subject_keys = Table(
+    "subject_keys",
+    metadata,
+    Column("subject_id", Text, nullable=False),
+    Column("kid", Integer, nullable=False),
+    Column("key", LargeBinary, nullable=True),
+    Column("created_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+    Column("destroyed_at", TIMESTAMP(timezone=True), nullable=True),
+    PrimaryKeyConstraint("subject_id", "kid", name="subject_keys_pkey"),
+    CheckConstraint("(key IS NULL) = (destroyed_at IS NOT NULL)", name="subject_keys_destroyed_check"),
 )

@@ -30,6 +30,7 @@ from tributary.eventstore.errors import (
     StoreUnavailable,
     UnknownPosition,
 )
+from tributary.eventstore.keys import DatabaseKeys, KeyStore, reveal_events
 from tributary.eventstore.model import AppendResult, ExpectedVersion, NewEvent, RecordedEvent, dumps, response_json
 from tributary.eventstore.statements import (
     BY_IDS,
@@ -206,14 +207,21 @@ def _jsonb(obj: JsonValue) -> Jsonb:
 class EventStore:
     """Append and read events. Thread-safe: every call takes its own pooled connection."""
 
-    def __init__(self, pool: ConnectionPool[psycopg.Connection[Any]]) -> None:
+    def __init__(self, pool: ConnectionPool[psycopg.Connection[Any]], *, keys: KeyStore | None = None) -> None:
         self.pool = pool
+        # the keys of personal data (docs/eventstore.md, "Personal data"): reads reveal it
+        self.keys: KeyStore = keys if keys is not None else DatabaseKeys(pool.connection)
         self._cursors: dict[int, psycopg.Cursor[Any]] = {}
         # stream -> a version it is proven to have reached: one this store saw committed (its own
         # appends, reads). Events are never deleted (the store has none, gapless versions forbid
         # one), so the fact stays true and an append at that version or below needs no lookup of
         # it. A lower bound: a racing thread writing an older fact only costs a lookup later.
         self._known: dict[str, int] = {}
+
+    def keys_on(self, conn: psycopg.Connection[Any]) -> KeyStore:
+        """The key store, on `conn` when the keys are the database's (a command's session must not
+        wait for a second pooled connection)."""
+        return DatabaseKeys.on(conn) if isinstance(self.keys, DatabaseKeys) else self.keys
 
     def _note(self, stream_id: str, version: int) -> None:
         known = self._known
@@ -502,7 +510,7 @@ class EventStore:
         events = [recorded_event(r) for r in rows]
         if events:
             self._note(stream_id, events[-1].version)
-        return StreamLoad(stored, snapshot, events)
+        return StreamLoad(stored, snapshot, reveal_events(self.keys_on(conn), events))
 
     # -- reading ---------------------------------------------------------------------------------------
     def read_stream(
@@ -516,7 +524,7 @@ class EventStore:
         events = [recorded_event(r) for r in rows]
         if events:
             self._note(stream_id, max(events[0].version, events[-1].version))
-        return events
+        return reveal_events(self.keys, events)
 
     def read_all(self, *, after: int = 0, limit: int = 1000, stream_type: str | None = None) -> list[RecordedEvent]:
         """`$all` (or one stream type's events) after position `after` (0: from the start), in
@@ -528,7 +536,7 @@ class EventStore:
             rows = conn.execute(query, params).fetchall()
             if not rows and after > 0 and not conn.execute(POSITION_EXISTS, (after,)).fetchone()[0]:  # type: ignore[index]  # EXISTS: one row
                 raise UnknownPosition(after)
-        return [recorded_event(r) for r in rows]
+        return reveal_events(self.keys, [recorded_event(r) for r in rows])
 
     def head_position(self) -> int:
         """The position of the last event `read_all` would return now (0: none yet): what a

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import pyarrow as pa
 
+from tributary.eventstore.keys import DatabaseKeys, reveal_values
 from tributary.jsonvalue import JsonValue
 from tributary.projections.engine import Item, Prior, UnitOut, fold_units, plan_items
 from tributary.projections.loader import resolve
@@ -221,6 +222,8 @@ def _folder(
         p = resolve(*ref)
         known: Mapping[str, Prior] = priors.value if priors is not None else {}
 
+        keys = DatabaseKeys.from_dsn(dsn)
+
         def items() -> Iterator[Item]:
             for batch in batches:
                 c = {name: batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)}
@@ -230,7 +233,7 @@ def _folder(
                     c["offset"],
                     c["timestamp"],
                     c["key"],
-                    c["value"],
+                    reveal_values(keys, c["topic"], [_loads(v) for v in c["value"]]),
                     c["headers"],
                     c["event_time"],
                     c["unit"],
@@ -246,7 +249,7 @@ def _folder(
                         ws,
                         we,
                         adm,
-                        ProjectionRecord(t, part, off, ts, _loads(k), _loads(v), _loads(h), et),
+                        ProjectionRecord(t, part, off, ts, _loads(k), v, _loads(h), et),
                     )
 
         stager = _Stager(dsn, names)

@@ -124,6 +124,7 @@ def _register_subcommands() -> None:
         "tributary.api.cli.groups",
         "tributary.api.cli.sinks",
         "tributary.api.cli.kafka",
+        "tributary.api.cli.events",
         "tributary.api.demo.demo",
     ):
         try:

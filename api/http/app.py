@@ -151,6 +151,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
             poll_s=settings.api.subscription_poll_s,
             page=settings.api.subscription_page,
             keepalive_s=settings.api.subscription_keepalive_s,
+            keys=store.keys,
         )
         subscriptions.end_on_exit_signals()
         consumers = routes_groups.start_consumers(settings, dsn=dsn)

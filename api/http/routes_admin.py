@@ -9,7 +9,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Path
 from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel
 
@@ -23,10 +23,13 @@ from tributary.api.http.definitions import (
     refresh_definitions,
 )
 from tributary.api.http.problems import Problem
-from tributary.api.http.state import AppState, MetricsOf, RefreshedStatus, SettingsOf, status_of
+from tributary.api.http.routes_commands import _http_error
+from tributary.api.http.state import AppState, Handler, MetricsOf, RefreshedStatus, SettingsOf, status_of
 from tributary.api.settings.config import Settings
 from tributary.api.settings.log import log_admin
 from tributary.api.settings.sources import source_statuses
+from tributary.eventstore.errors import EventStoreError
+from tributary.eventstore.values import MAX_ID_LENGTH
 from tributary.log import VIEW_TIMEOUT_S, LogError, TopicSummary
 
 if TYPE_CHECKING:  # imported where used: the API starts without the projections' Spark glue
@@ -190,6 +193,11 @@ async def start_rebuild(name: str, state: AppState) -> dict[str, Any]:
     problem = projection_problem(state, name)
     if problem is not None:  # a rebuild runs the file as it is on disk: it would fail
         raise Problem(409, "projection_not_loadable", f"{problem}; fix the file, then rebuild")
+    return _start_rebuild(name, settings)
+
+
+def _start_rebuild(name: str, settings: RunSettings) -> dict[str, Any]:
+    """The running rebuild of `name`, or a new one started in a background thread."""
     with _rebuild_lock:
         running = [b for b in _rebuilds.values() if b["projection"] == name and b["state"] == "running"]
         if running:
@@ -223,6 +231,38 @@ def _rebuild_worker(entry: dict[str, Any], settings: RunSettings) -> None:
         error_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         entry.update(state="failed", stage="failed", error=error_line)
     entry["finished_at"] = time.time()
+
+
+@router.delete(
+    "/subjects/{subject_id}",
+    status_code=204,
+    tags=["admin"],
+    dependencies=[Depends(require("admin"))],
+    responses={
+        **AUTH_RESPONSES,
+        422: error("`invalid_value`: a subject id the database cannot store (a NUL, an unpaired surrogate)"),
+        503: error("the service database did not answer; retry (a forget can be repeated)"),
+    },
+)
+async def forget_subject(
+    state: AppState, handler: Handler, subject_id: str = Path(min_length=1, max_length=MAX_ID_LENGTH)
+) -> Response:
+    """Forget a data subject: destroy its keys (its personal data reads as erased everywhere from
+    now on), delete its streams' snapshots, and start a rebuild of every projection that reads
+    them (see GET /projections). Idempotent."""
+    from tributary.eventstore.forget import forget, projections_reading
+
+    try:
+        done = await asyncio.to_thread(forget, handler.store, subject_id)
+    except EventStoreError as exc:  # the event store's one mapping: 422 invalid_value, 503 unavailable
+        raise _http_error(exc) from None
+    if done.streams:
+        settings = await asyncio.to_thread(current_run_settings, state)
+        defined = await asyncio.to_thread(lambda: current_projections(state, fresh=True))
+        for name in projections_reading(((p.name, p.topics) for p in defined.values()), done.stream_types):
+            if projection_problem(state, name) is None:
+                _start_rebuild(name, settings)
+    return Response(status_code=204)
 
 
 @router.get(

@@ -29,7 +29,9 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from tributary.eventstore.errors import StoreUnavailable, UnknownPosition
+from tributary.eventstore.keys import KeyStore, reveal_events
 from tributary.eventstore.model import RecordedEvent, dumps, event_json
+from tributary.eventstore.personal import has_envelopes
 from tributary.eventstore.statements import POSITION_EXISTS, READ_ALL_HEAD
 from tributary.eventstore.store import read_all_statement, recorded_event
 
@@ -47,9 +49,16 @@ class Subscriptions:
     """The subscriptions of one process: a shared poller and each subscriber's own reads."""
 
     def __init__(
-        self, pool: AsyncConnectionPool[Any], *, poll_s: float = 0.1, page: int = 100, keepalive_s: float = 15.0
+        self,
+        pool: AsyncConnectionPool[Any],
+        *,
+        poll_s: float = 0.1,
+        page: int = 100,
+        keepalive_s: float = 15.0,
+        keys: KeyStore | None = None,
     ) -> None:
         self.pool = pool
+        self.keys = keys  # reveals personal data (docs/eventstore.md, "Personal data"); None: events as stored
         self.poll_s, self.page, self.keepalive_s = poll_s, page, keepalive_s
         self._moved = asyncio.Event()  # replaced at each move: a waiter holds the one it read before
         self._subscribers = 0
@@ -70,7 +79,10 @@ class Subscriptions:
             raise StoreUnavailable(
                 f"the service database did not answer ({type(exc).__name__}); retry the request"
             ) from exc
-        return [recorded_event(r) for r in rows]
+        events = [recorded_event(r) for r in rows]
+        if self.keys is not None and any(has_envelopes(e.data) for e in events):
+            return await asyncio.to_thread(reveal_events, self.keys, events)
+        return events
 
     async def follow(self, after: int, stream_type: str | None) -> AsyncIterator[bytes]:
         """The SSE body: a `retry` hint, then pages of events as they become readable, and a
