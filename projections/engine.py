@@ -44,6 +44,7 @@ from tributary.projections.windows import admit, assign, watermark
 
 __all__ = [
     "Item",
+    "Late",
     "Prior",
     "UnitOut",
     "applies_truncates",
@@ -51,6 +52,7 @@ __all__ = [
     "deliver_truncates",
     "first_keys",
     "fold_order",
+    "late_records",
     "fold_units",
     "merges_partitions",
     "plan_items",
@@ -77,6 +79,7 @@ class Item:
     end: int | None
     admitted: bool
     record: ProjectionRecord
+    watermark: int | None = None  # what judged it (windowed folds): its partition's max before − lateness
 
     def order(self) -> tuple[str, str, int, int]:
         """Log order within the unit: what `fold_units` expects its input sorted by."""
@@ -170,8 +173,51 @@ def plan_items(p: Projection, record: ProjectionRecord, max_before: int | None) 
     wm = watermark(max_before, w.lateness)
     t = record.event_time
     if w.kind == "session":
-        return [Item(key, key, None, None, admit(w, t + w.gap, wm), record)]
-    return [Item(canonical([orjson.loads(key), s]), key, s, e, admit(w, e, wm), record) for s, e in assign(w, t)]
+        return [Item(key, key, None, None, admit(w, t + w.gap, wm), record, wm)]
+    return [Item(canonical([orjson.loads(key), s]), key, s, e, admit(w, e, wm), record, wm) for s, e in assign(w, t)]
+
+
+@dataclass(frozen=True, slots=True)
+class Late:
+    """A record past its window's lateness, kept with why (Flink's late-data side output).
+
+    `window_start`/`window_end`: the window it was late for (a session: the `[t, t + gap)` it
+    would open); `reason`: `closed` (policy drop: the watermark reached the window's end) or
+    `past_grace` (policy update: the watermark is `grace` or more past the end)."""
+
+    topic: str
+    partition: int
+    offset: int
+    window_start: int
+    window_end: int
+    watermark: int
+    event_time: int
+    reason: str
+    key: str
+    value: str | None
+
+    def ident(self) -> tuple[str, int, int, int]:
+        """What a late record is stored under: a record is late once per window, whichever run saw it."""
+        return (self.topic, self.partition, self.offset, self.window_start)
+
+
+def late_records(p: Projection, items: Iterable[Item]) -> list[Late]:
+    """The late output of routed items: one entry per item its window's policy did not admit.
+    A function of each record and its partition's watermark alone, so any split into runs
+    gives the same set as a rebuild."""
+    w = p.window
+    if w is None:
+        return []
+    out: list[Late] = []
+    for it in items:
+        if it.admitted or it.watermark is None:
+            continue
+        r = it.record
+        start, end = (r.event_time, r.event_time + w.gap) if it.start is None else (it.start, it.end or 0)
+        value = None if r.value is None else orjson.dumps(r.value).decode()
+        reason = "closed" if w.late == "drop" else "past_grace"
+        out.append(Late(r.topic, r.partition, r.offset, start, end, it.watermark, r.event_time, reason, it.key, value))
+    return out
 
 
 def applies_truncates(p: Projection) -> bool:

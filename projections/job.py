@@ -34,6 +34,7 @@ __all__ = [
     "deliveries",
     "fold_frame",
     "is_truncate",
+    "item_of",
     "items_frame",
 ]
 
@@ -41,7 +42,7 @@ TRUNCATE_SCHEMA = (
     "topic string, partition int, offset long, timestamp long, key string, value string, headers string, "
     "event_time long"
 )
-ITEM_SCHEMA = TRUNCATE_SCHEMA + ", unit string, wstart long, wend long, admitted boolean, ukey string"
+ITEM_SCHEMA = TRUNCATE_SCHEMA + ", unit string, wstart long, wend long, admitted boolean, ukey string, watermark long"
 _ITEM = pa.schema(
     [
         ("topic", pa.string()),
@@ -57,6 +58,7 @@ _ITEM = pa.schema(
         ("wend", pa.int64()),
         ("admitted", pa.bool_()),
         ("ukey", pa.string()),
+        ("watermark", pa.int64()),
     ]
 )
 _REC = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
@@ -69,6 +71,12 @@ def _loads(raw: str | None) -> JsonValue:
 def _record(row: Mapping[str, Any]) -> ProjectionRecord:
     r = decode(*(row[c] for c in _REC))
     return ProjectionRecord(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers, row["event_time"])
+
+
+def item_of(row: Mapping[str, Any]) -> Item:
+    """An items-frame row (ITEM_SCHEMA, as a dict) as the engine's `Item`."""
+    rec = _record(row)
+    return Item(row["unit"], row["ukey"], row["wstart"], row["wend"], row["admitted"], rec, row["watermark"])
 
 
 def _planner(ref: tuple[tuple[str, ...], tuple[str, ...], str]) -> ArrowMap:
@@ -90,6 +98,7 @@ def _planner(ref: tuple[tuple[str, ...], tuple[str, ...], str]) -> ArrowMap:
                             "wend": it.end,
                             "admitted": it.admitted,
                             "ukey": it.key,
+                            "watermark": it.watermark,
                         }
                     )
             if out:
@@ -119,6 +128,7 @@ def items_frame(
             F.lit(None).cast("long").alias("wend"),
             F.lit(True).alias("admitted"),
             F.col("pkey").alias("ukey"),
+            F.lit(None).cast("long").alias("watermark"),
         )
     w = Window.partitionBy("topic", "partition").orderBy("offset").rowsBetween(Window.unboundedPreceding, -1)
     before = F.max("event_time").over(w)
@@ -159,6 +169,7 @@ def deliveries(truncates: DataFrame, holders: DataFrame) -> DataFrame:
         F.lit(None).cast("long").alias("wend"),
         F.lit(True).alias("admitted"),
         F.col("unit").alias("ukey"),
+        F.lit(None).cast("long").alias("watermark"),
     )
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from tributary.projections.definition import Projection
 from tributary.projections.engine import (
     Item,
+    Late,
     Prior,
     UnitOut,
     applies_truncates,
@@ -26,6 +27,7 @@ from tributary.projections.engine import (
     deliver_truncates,
     first_keys,
     fold_units,
+    late_records,
     merges_partitions,
     plan_items,
     prepare,
@@ -49,6 +51,7 @@ class LocalView:
     states: dict[str, Prior] = field(default_factory=dict)
     rows: dict[tuple[str | None, ...], str] = field(default_factory=dict)
     dead: dict[tuple[str, int, int], str] = field(default_factory=dict)
+    late: dict[tuple[str, int, int, int], Late] = field(default_factory=dict)
 
     def table(self) -> list[str]:
         """The table's rows as COPY lines, ordered by primary key."""
@@ -91,6 +94,8 @@ def run_local(
         seen += len(fresh)
         new_items += _items(p, fresh, view.maxes.get(tp))
         new_truncates += [prepare(p, r) for r in fresh if truncates and r.is_truncate]
+    for entry in late_records(p, new_items):
+        view.late[entry.ident()] = entry
     if truncates:
         new_items = deliver_truncates(new_items, new_truncates, view.states)
     merged = merges_partitions(p)

@@ -31,7 +31,15 @@ import psycopg
 from tributary.log import VIEW_TIMEOUT_S, LogError, MissingMetadataError
 from tributary.projections.arrow_copy import distinct_keys, output_lines
 from tributary.projections.definition import Projection
-from tributary.projections.engine import Prior, applies_truncates, decide, merges_partitions, truncate_points
+from tributary.projections.engine import (
+    Late,
+    Prior,
+    applies_truncates,
+    decide,
+    late_records,
+    merges_partitions,
+    truncate_points,
+)
 from tributary.projections.errors import LockedError, ProjectionError, RunError
 from tributary.projections.executors import check_log_root
 from tributary.projections.job import (
@@ -40,6 +48,7 @@ from tributary.projections.job import (
     deliveries,
     fold_frame,
     is_truncate,
+    item_of,
     items_frame,
 )
 from tributary.projections.loader import file_stamps, load_current, resolve
@@ -300,9 +309,10 @@ def _fold_pass(
     priors: dict[str, Prior] = {}
     recompute: set[str] = set()
     fresh = None
-    if span.resumed or truncating:  # read the new records once for every job below
+    if span.resumed or truncating or p.window is not None:  # read the new records once for every job below
         fresh = items = items.persist()
     try:
+        late = _late(p, items)
         if truncating:
             items, points = _deliver(spark, store, b, items, points)
         if span.resumed:  # the state table may know these units: resume or recompute each
@@ -331,8 +341,19 @@ def _fold_pass(
     finally:
         if fresh is not None:
             fresh.unpersist()
-    rows = store.commit_folds(p, b, staged, summaries, checkpoints, span.total, truncates=points)
+    rows = store.commit_folds(p, b, staged, summaries, checkpoints, span.total, truncates=points, late=late)
     return _Pass(span.total, rows, len(recompute))
+
+
+def _late(p: Projection, items: DataFrame) -> list[Late]:
+    """The new records past their window's lateness (few: they come to the driver), as
+    `engine.late_records` gives them; a recomputed unit's earlier ones are kept already."""
+    if p.window is None:
+        return []
+    from pyspark.sql import functions as F
+
+    rows = items.where(~F.col("admitted") & F.col("watermark").isNotNull()).collect()
+    return late_records(p, [item_of(r.asDict()) for r in rows])
 
 
 def _first_new_records(items: DataFrame, *, merged: bool) -> dict[str, list[SortKey]]:
