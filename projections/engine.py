@@ -151,7 +151,7 @@ def unit_key(p: Projection, record: ProjectionRecord) -> str | None:
 def reaches(p: Projection, record: ProjectionRecord) -> bool:
     """Whether the projection sees the record at all: schema records only when it asked for
     them (`schema_records=True`), and not a record its `key` function gave None."""
-    if record.is_schema and not p.schema_records:
+    if (record.is_schema and not p.schema_records) or p.is_table(record.topic):
         return False
     return p.key is None or unit_key(p, record) is not None
 
@@ -161,7 +161,7 @@ def plan_items(p: Projection, record: ProjectionRecord, max_before: int | None) 
 
     `max_before` is the max event time of the records before it in its topic-partition."""
     w = p.window
-    if record.is_schema and not p.schema_records:
+    if (record.is_schema and not p.schema_records) or p.is_table(record.topic):
         return []
     if w is None and record.key is None and record.is_truncate and applies_truncates(p):
         return []  # delivered to units by `deliver_truncates`, not routed by key
