@@ -116,8 +116,10 @@ class UnitOut:
 
 
 def prepare(p: Projection, record: ProjectionRecord) -> ProjectionRecord:
-    """Apply the projection's own event-time function, if it has one."""
-    if p.event_time is None:
+    """Apply the projection's own event-time function, if it has one (not to its tables'
+    records: those keep the log's event time, so a function written for its topics need not
+    know them)."""
+    if p.event_time is None or p.is_table(record.topic):
         return record
     try:
         return replace(record, event_time=int(p.event_time(record)))
@@ -135,7 +137,7 @@ def unit_key(p: Projection, record: ProjectionRecord) -> str | None:
     """The record's fold key as canonical JSON, or None when the projection's `key` function
     returned None for it: the record is dropped. A truncate is never dropped (it is delivered by
     topic-partition, or routed to the key `null` of a windowed fold)."""
-    if p.key is None:
+    if p.key is None or p.is_table(record.topic):  # a table's records are looked up by their log key
         return canonical(record.key)
     try:
         key = p.key(record)

@@ -32,7 +32,16 @@ from tributary.projections.definition import Projection
 from tributary.projections.errors import RecordError
 from tributary.projections.records import ProjectionRecord, SortKey
 
-__all__ = ["TableIndex", "enrich", "frontier", "late_table_record", "order_key", "order_times", "table_index"]
+__all__ = [
+    "TableIndex",
+    "enrich",
+    "frontier",
+    "late_table_record",
+    "order_key",
+    "order_time",
+    "order_times",
+    "table_index",
+]
 
 TP = tuple[str, int]
 
@@ -46,6 +55,11 @@ def order_times(event_times: Iterable[int], base: int | None = None) -> list[int
         cur = t if cur is None or t > cur else cur
         out.append(cur)
     return out
+
+
+def order_time(max_before: int | None, record: ProjectionRecord) -> int:
+    """A record's order time from its partition's max event time before it (`max_before`)."""
+    return record.event_time if max_before is None else max(max_before, record.event_time)
 
 
 def order_key(order_time: int, record: ProjectionRecord) -> SortKey:
@@ -88,17 +102,14 @@ def table_index(keyed: Iterable[tuple[SortKey, ProjectionRecord]]) -> TableIndex
         now = current.setdefault(r.topic, {})
         tp = (r.topic, r.partition)
         if r.is_truncate:  # clears the keys whose last change is on its topic-partition
-            for key, (row, where) in list(now.items()):
-                if where == tp and row is not None:
+            for key, (held, where) in list(now.items()):
+                if where == tp and held is not None:
                     now[key] = (None, tp)
                     _append(table, key, at, None)
             continue
         key = canonical(r.key)
         prev = now.get(key, (None, tp))[0]
-        if r.is_event:
-            row: JsonValue = r.value
-        else:
-            row = apply_change(prev if isinstance(prev, dict) else None, r)  # type: ignore[assignment]
+        row = r.value if r.is_event else apply_change(prev if isinstance(prev, dict) else None, r)
         now[key] = (row, tp)
         _append(table, key, at, row)
     return index
@@ -114,12 +125,12 @@ def _first(pair: tuple[SortKey, ProjectionRecord]) -> SortKey:
     return pair[0]
 
 
-def enrich(p: Projection, record: ProjectionRecord, order_time: int, index: TableIndex) -> ProjectionRecord:
+def enrich(p: Projection, record: ProjectionRecord, at_time: int, index: TableIndex) -> ProjectionRecord:
     """The record with its tables' rows as of its order key (`record.lookup(name)`); a `Join.key`
     that raises stops the run naming the record, as a `key` function does."""
     if not p.tables or record.is_schema or record.is_truncate:
         return record if not p.tables else replace(record, joined=dict.fromkeys(p.tables))
-    at = order_key(order_time, record)
+    at = order_key(at_time, record)
     joined: dict[str, JsonValue] = {}
     for name, join in p.tables.items():
         try:

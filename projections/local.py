@@ -34,7 +34,15 @@ from tributary.projections.engine import (
     reaches,
     recompute_items,
 )
-from tributary.projections.joins import TableIndex, enrich, frontier, late_table_record, order_times, table_index
+from tributary.projections.joins import (
+    TableIndex,
+    enrich,
+    frontier,
+    late_table_record,
+    order_time,
+    order_times,
+    table_index,
+)
 from tributary.projections.records import ProjectionRecord, SortKey
 from tributary.projections.windows import running_max_before
 
@@ -62,14 +70,11 @@ class LocalView:
 def _items(
     p: Projection, records: Sequence[ProjectionRecord], base: int | None, index: TableIndex | None = None
 ) -> list[Item]:
-    recs = [prepare(p, r) for r in records]
+    recs = [r for r in (prepare(p, r) for r in records) if reaches(p, r)]
+    befores = running_max_before((r.event_time for r in recs), base)
     if p.tables:  # each record looks its tables up as of its order key (joins.py)
         assert index is not None
-        recs = [r for r in recs if not (r.is_schema and not p.schema_records)]
-        times = order_times((r.event_time for r in recs), base)
-        recs = [enrich(p, r, t, index) for r, t in zip(recs, times, strict=True)]
-    recs = [r for r in recs if reaches(p, r)]
-    befores = running_max_before((r.event_time for r in recs), base)
+        recs = [enrich(p, r, order_time(mb, r), index) for r, mb in zip(recs, befores, strict=True)]
     return [i for r, mb in zip(recs, befores, strict=True) for i in plan_items(p, r, mb)]
 
 

@@ -295,6 +295,11 @@ class Store:
             )
         return out
 
+    def units(self, b: BuildRow) -> list[str]:
+        """Every unit the build's state table holds (a run that recomputes them all)."""
+        q = sql.SQL("SELECT unit FROM {}").format(sql.Identifier(META, b.table_name + "__state"))
+        return [r[0] for r in self.conn.execute(q)]
+
     def holders(self, b: BuildRow, tps: Iterable[TP]) -> list[tuple[str, str, int]]:
         """(unit, topic, partition) for each stored unit with records on one of `tps`: the units a
         truncate on that topic-partition reaches, touched by the run or not."""
