@@ -35,3 +35,19 @@ PROJECTION = Projection(
     table=Table.of({"id": "bigint", "customer_id": "bigint", "customer_name": "text"}, ["id"]),
     fold=Fold(initial=lambda key: {"row": None, "name": None}, apply=_apply, result=_result),
 )
+
+
+def _named(state: dict[str, Any], r: ProjectionRecord) -> dict[str, Any]:
+    customer = r.lookup("customers")
+    return {"id": r.key, "name": customer["data"]["name"] if isinstance(customer, dict) else None}
+
+
+ORDER_EVENTS = Projection(
+    name="order_events_named",
+    version=1,
+    topics=("events.order",),
+    tables={"customers": Join("events.customer", lambda r: r.data["customer"])},  # type: ignore[index,call-overload]
+    table=Table.of({"id": "text", "name": "text"}, ["id"]),
+    fold=Fold(initial=lambda key: {"id": key, "name": None}, apply=_named, result=lambda s: s),
+)
+PROJECTIONS = [PROJECTION, ORDER_EVENTS]

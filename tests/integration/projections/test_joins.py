@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import cli, write_config
-from tests.integration.projections.helpers import dump
+from tests.integration.projections.helpers import LogWriter, dump
 from tributary.projections.runner import RunSettings, rebuild, run, status
 
 pytestmark = pytest.mark.integration
@@ -96,3 +96,34 @@ def test_orders_see_their_customer_as_of_the_order_and_equal_the_sql_join(
 
     rebuild("orders_named", s, spark=spark)
     assert dump(fresh_db, VIEW) == incremental
+
+
+def test_a_table_record_ordered_before_applied_orders_recomputes_them(
+    spark: Any, fresh_db: str, tmp_path: Path
+) -> None:
+    w = LogWriter(tmp_path / "log")
+    w.topic("events.order")
+    w.topic("events.customer")
+    w.append("events.customer", "c1", 1, "CustomerNamed", 100, name="A")
+    w.append("events.order", "o1", 1, "OrderPlaced", 200, customer="c1")
+    w.commit()
+    s = RunSettings(
+        dsn=fresh_db,
+        log_root=tmp_path / "log",
+        modules=(str(HERE / "join_projections.py"),),
+        spark_master="local[2]",
+        shuffle_partitions=2,
+    )
+    run("order_events_named", s, spark=spark)
+    assert dump(fresh_db, "views.order_events_named") == ['(o1,A)']
+    # committed after the order was applied, but its event time puts it before the order
+    w.append("events.customer", "c1", 2, "CustomerNamed", 150, name="B")
+    w.append("events.order", "o2", 1, "OrderPlaced", 300, customer="c1")
+    w.commit()
+    w.close()
+    done = run("order_events_named", s, spark=spark)
+    assert done.recomputed >= 1
+    incremental = dump(fresh_db, "views.order_events_named")
+    assert incremental == ['(o1,B)', '(o2,B)']
+    rebuild("order_events_named", s, spark=spark)
+    assert dump(fresh_db, "views.order_events_named") == incremental
