@@ -161,8 +161,9 @@ class Projection:
     the record (truncates excepted: they are delivered by topic-partition). `event_time(record)`
     the event time in ms (default: the event's `occurred_at`, a CDC envelope's `source.ts_ms`,
     else the log timestamp). `schema_records=True` also delivers the CDC topics' schema records
-    (`record.is_schema`), which a projection does not see otherwise. Bumping `version` asks for a
-    rebuild.
+    (`record.is_schema`), which a projection does not see otherwise. `tables` (folds): other topics
+    read as tables, each record looking them up as of its place in the merge order
+    (`record.lookup(name)`, projections/joins.py). Bumping `version` asks for a rebuild.
     """
 
     name: str
