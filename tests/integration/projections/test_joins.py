@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import cli, write_config
-from tests.integration.projections.helpers import LogWriter, dump
+from tests.integration.projections.helpers import LogWriter, capture_until_idle, dump, run_sql
 from tributary.projections.runner import RunSettings, rebuild, run, status
 
 pytestmark = pytest.mark.integration
@@ -20,15 +20,14 @@ VIEW = "views.orders_named"
 JOINED = "SELECT o.id, o.customer_id, c.name FROM public.orders o LEFT JOIN public.customers c ON c.id = o.customer_id"
 
 
-def _sql(dsn: str, *statements: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for stmt in statements:
-            conn.execute(stmt)
-
-
-def _capture(config: Path) -> None:
-    res = cli("capture", "--config", str(config), "--until-idle", "1.5")
-    assert res.returncode == 0, res.stderr
+def _settings(dsn: str, root: Path) -> RunSettings:
+    return RunSettings(
+        dsn=dsn,
+        log_root=root,
+        modules=(str(HERE / "join_projections.py"),),
+        spark_master="local[2]",
+        shuffle_partitions=2,
+    )
 
 
 def _rows(dsn: str, query: str) -> dict[int, tuple[Any, ...]]:
@@ -39,7 +38,7 @@ def _rows(dsn: str, query: str) -> dict[int, tuple[Any, ...]]:
 def test_orders_see_their_customer_as_of_the_order_and_equal_the_sql_join(
     spark: Any, fresh_db: str, tmp_path: Path
 ) -> None:
-    _sql(
+    run_sql(
         fresh_db,
         "CREATE TABLE public.customers (id int PRIMARY KEY, name text)",
         "CREATE TABLE public.orders (id int PRIMARY KEY, customer_id int, total numeric(12,2))",
@@ -53,24 +52,18 @@ def test_orders_see_their_customer_as_of_the_order_and_equal_the_sql_join(
     )
     init = cli("init", "--config", str(config))
     assert init.returncode == 0, init.stdout + init.stderr
-    s = RunSettings(
-        dsn=fresh_db,
-        log_root=tmp_path / "log",
-        modules=(str(HERE / "join_projections.py"),),
-        spark_master="local[2]",
-        shuffle_partitions=2,
-    )
-    _sql(
+    s = _settings(fresh_db, tmp_path / "log")
+    run_sql(
         fresh_db,
         "INSERT INTO customers SELECT i, 'customer ' || i FROM generate_series(1, 5) i",
         "INSERT INTO orders SELECT i, i % 5 + 1, i FROM generate_series(1, 20) i",
         "INSERT INTO orders VALUES (21, 9, 1)",  # customer 9 does not exist yet
     )
-    _capture(config)
+    capture_until_idle(config)
     run("orders_named", s, spark=spark)
     assert _rows(fresh_db, f"SELECT * FROM {VIEW}") == _rows(fresh_db, JOINED)
 
-    _sql(
+    run_sql(
         fresh_db,
         "UPDATE customers SET name = 'renamed' WHERE id = 2",  # after its orders 1, 6, 11, 16
         "INSERT INTO orders VALUES (22, 2, 1)",
@@ -78,7 +71,7 @@ def test_orders_see_their_customer_as_of_the_order_and_equal_the_sql_join(
         "DELETE FROM customers WHERE id = 5",
         "UPDATE orders SET total = total + 1 WHERE id IN (4, 9)",  # customer 5's, after its delete
     )
-    _capture(config)
+    capture_until_idle(config)
     done = run("orders_named", s, spark=spark)
     assert not done.rebuilt and done.records > 0
     view = _rows(fresh_db, f"SELECT * FROM {VIEW}")
@@ -86,8 +79,8 @@ def test_orders_see_their_customer_as_of_the_order_and_equal_the_sql_join(
     assert view[21] == (21, 9, None)  # its customer came later, and the order did not change since
     assert view[4] == (4, 5, None) and view[14] == (14, 5, "customer 5")
 
-    _sql(fresh_db, "UPDATE orders SET total = total")  # every order changes after every customer
-    _capture(config)
+    run_sql(fresh_db, "UPDATE orders SET total = total")  # every order changes after every customer
+    capture_until_idle(config)
     run("orders_named", s, spark=spark)
     assert _rows(fresh_db, f"SELECT * FROM {VIEW}") == _rows(fresh_db, JOINED)
     incremental = dump(fresh_db, VIEW)
@@ -107,15 +100,9 @@ def test_a_table_record_ordered_before_applied_orders_recomputes_them(
     w.append("events.customer", "c1", 1, "CustomerNamed", 100, name="A")
     w.append("events.order", "o1", 1, "OrderPlaced", 200, customer="c1")
     w.commit()
-    s = RunSettings(
-        dsn=fresh_db,
-        log_root=tmp_path / "log",
-        modules=(str(HERE / "join_projections.py"),),
-        spark_master="local[2]",
-        shuffle_partitions=2,
-    )
+    s = _settings(fresh_db, tmp_path / "log")
     run("order_events_named", s, spark=spark)
-    assert dump(fresh_db, "views.order_events_named") == ['(o1,A)']
+    assert dump(fresh_db, "views.order_events_named") == ["(o1,A)"]
     # committed after the order was applied, but its event time puts it before the order
     w.append("events.customer", "c1", 2, "CustomerNamed", 150, name="B")
     w.append("events.order", "o2", 1, "OrderPlaced", 300, customer="c1")
@@ -124,6 +111,6 @@ def test_a_table_record_ordered_before_applied_orders_recomputes_them(
     done = run("order_events_named", s, spark=spark)
     assert done.recomputed >= 1
     incremental = dump(fresh_db, "views.order_events_named")
-    assert incremental == ['(o1,B)', '(o2,B)']
+    assert incremental == ["(o1,B)", "(o2,B)"]
     rebuild("order_events_named", s, spark=spark)
     assert dump(fresh_db, "views.order_events_named") == incremental

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.projections.helpers import event
+from tests.unit.projections.helpers import event, log_of
 from tributary.projections.definition import Fold, Projection, Table, WindowSpec
 from tributary.projections.engine import Prior, decide
 from tributary.projections.errors import RecordError
@@ -18,13 +18,6 @@ pytestmark = pytest.mark.unit
 
 DEP, WD = "events.deposits", "events.withdrawals"
 BANK = account_balances.make(name="bank", topics=(DEP, WD))
-
-
-def log_of(records: list[ProjectionRecord]) -> dict[tuple[str, int], list[ProjectionRecord]]:
-    out: dict[tuple[str, int], list[ProjectionRecord]] = {}
-    for r in records:
-        out.setdefault((r.topic, r.partition), []).append(r)
-    return out
 
 
 def rows(view: LocalView) -> list[list[str]]:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.projections.helpers import change
+from tests.unit.projections.helpers import change, log_of
 from tributary.projections.cdc import apply_change
 from tributary.projections.definition import Fold, Join, Projection, Table
 from tributary.projections.errors import DefinitionError, RecordError
@@ -49,13 +49,6 @@ NAMED = Projection(
     table=Table.of({"id": "bigint", "customer_name": "text", "seen": "jsonb"}, ["id"]),
     fold=Fold(lambda key: {"row": None, "name": None, "seen": []}, _apply, _result),
 )
-
-
-def log_of(records: list[ProjectionRecord]) -> dict[tuple[str, int], list[ProjectionRecord]]:
-    out: dict[tuple[str, int], list[ProjectionRecord]] = {}
-    for r in records:
-        out.setdefault((r.topic, r.partition), []).append(r)
-    return out
 
 
 def names(view: LocalView) -> dict[str, str]:
