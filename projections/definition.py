@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Column",
     "Fold",
+    "Join",
     "Projection",
     "Table",
     "WindowSpec",
@@ -136,6 +137,23 @@ class Fold:
 
 
 @dataclass(frozen=True, slots=True)
+class Join:
+    """A topic a fold reads as a *table* (Kafka Streams' KTable of a KStream–KTable join):
+    `key(record)` gives, for a record of the projection's own topics, the table's log key to look
+    up (e.g. `{"id": record.value["after"]["customer_id"]}`), None for no lookup. The record then
+    carries the table's row for that key as of its place in the merge order (`record.lookup`)."""
+
+    topic: str
+    key: Callable[[ProjectionRecord], Any]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.topic, str) or not self.topic:
+            raise DefinitionError(f"a Join needs a topic name, not {self.topic!r}")
+        if not callable(self.key):
+            raise DefinitionError(f"Join({self.topic!r}): key must be a function of the record")
+
+
+@dataclass(frozen=True, slots=True)
 class Projection:
     """One projection. Exactly one of `fold` and `build` is set.
 
@@ -143,8 +161,9 @@ class Projection:
     the record (truncates excepted: they are delivered by topic-partition). `event_time(record)`
     the event time in ms (default: the event's `occurred_at`, a CDC envelope's `source.ts_ms`,
     else the log timestamp). `schema_records=True` also delivers the CDC topics' schema records
-    (`record.is_schema`), which a projection does not see otherwise. Bumping `version` asks for a
-    rebuild.
+    (`record.is_schema`), which a projection does not see otherwise. `tables` (folds): other topics
+    read as tables, each record looking them up as of its place in the merge order
+    (`record.lookup(name)`, projections/joins.py). Bumping `version` asks for a rebuild.
     """
 
     name: str
@@ -159,6 +178,7 @@ class Projection:
     description: str = ""
     options: Mapping[str, Any] = field(default_factory=dict)
     schema_records: bool = False
+    tables: Mapping[str, Join] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name) or "__" in self.name:
@@ -174,3 +194,31 @@ class Projection:
                 f"projection {self.name!r}: windows apply to folds; a DataFrame transform windows itself"
             )
         object.__setattr__(self, "topics", tuple(self.topics))
+        self._check_tables()
+
+    def _check_tables(self) -> None:
+        """`tables`: a mapping of names to `Join`s over topics that are not the fold's own."""
+        if not isinstance(self.tables, Mapping):
+            raise DefinitionError(f"projection {self.name!r}: tables must be a dict of name -> Join")
+        if self.tables and self.build is not None:
+            raise DefinitionError(
+                f"projection {self.name!r}: tables apply to folds; a DataFrame transform joins the topics it lists"
+            )
+        for name, join in self.tables.items():
+            if not isinstance(name, str) or not _NAME.match(name):
+                raise DefinitionError(f"projection {self.name!r}: table name {name!r} must match {_NAME.pattern}")
+            if not isinstance(join, Join):
+                raise DefinitionError(f"projection {self.name!r}: tables[{name!r}] must be a Join, not {join!r}")
+            if join.topic in self.topics:
+                raise DefinitionError(
+                    f"projection {self.name!r}: tables[{name!r}] reads {join.topic!r}, one of its own topics"
+                )
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """Every topic the projection reads: its own, then its tables' (each once)."""
+        return self.topics + tuple(dict.fromkeys(j.topic for j in self.tables.values() if j.topic not in self.topics))
+
+    def is_table(self, topic: str) -> bool:
+        """Whether `topic` is read only as a table (its records are looked up, never folded)."""
+        return topic not in self.topics and any(j.topic == topic for j in self.tables.values())

@@ -44,6 +44,7 @@ from tributary.projections.windows import admit, assign, watermark
 
 __all__ = [
     "Item",
+    "Late",
     "Prior",
     "UnitOut",
     "applies_truncates",
@@ -51,6 +52,7 @@ __all__ = [
     "deliver_truncates",
     "first_keys",
     "fold_order",
+    "late_records",
     "fold_units",
     "merges_partitions",
     "plan_items",
@@ -77,6 +79,7 @@ class Item:
     end: int | None
     admitted: bool
     record: ProjectionRecord
+    watermark: int | None = None  # what judged it (windowed folds): its partition's max before − lateness
 
     def order(self) -> tuple[str, str, int, int]:
         """Log order within the unit: what `fold_units` expects its input sorted by."""
@@ -113,8 +116,10 @@ class UnitOut:
 
 
 def prepare(p: Projection, record: ProjectionRecord) -> ProjectionRecord:
-    """Apply the projection's own event-time function, if it has one."""
-    if p.event_time is None:
+    """Apply the projection's own event-time function, if it has one (not to its tables'
+    records: those keep the log's event time, so a function written for its topics need not
+    know them)."""
+    if p.event_time is None or p.is_table(record.topic):
         return record
     try:
         return replace(record, event_time=int(p.event_time(record)))
@@ -132,7 +137,7 @@ def unit_key(p: Projection, record: ProjectionRecord) -> str | None:
     """The record's fold key as canonical JSON, or None when the projection's `key` function
     returned None for it: the record is dropped. A truncate is never dropped (it is delivered by
     topic-partition, or routed to the key `null` of a windowed fold)."""
-    if p.key is None:
+    if p.key is None or p.is_table(record.topic):  # a table's records are looked up by their log key
         return canonical(record.key)
     try:
         key = p.key(record)
@@ -148,7 +153,7 @@ def unit_key(p: Projection, record: ProjectionRecord) -> str | None:
 def reaches(p: Projection, record: ProjectionRecord) -> bool:
     """Whether the projection sees the record at all: schema records only when it asked for
     them (`schema_records=True`), and not a record its `key` function gave None."""
-    if record.is_schema and not p.schema_records:
+    if (record.is_schema and not p.schema_records) or p.is_table(record.topic):
         return False
     return p.key is None or unit_key(p, record) is not None
 
@@ -158,7 +163,7 @@ def plan_items(p: Projection, record: ProjectionRecord, max_before: int | None) 
 
     `max_before` is the max event time of the records before it in its topic-partition."""
     w = p.window
-    if record.is_schema and not p.schema_records:
+    if (record.is_schema and not p.schema_records) or p.is_table(record.topic):
         return []
     if w is None and record.key is None and record.is_truncate and applies_truncates(p):
         return []  # delivered to units by `deliver_truncates`, not routed by key
@@ -170,8 +175,51 @@ def plan_items(p: Projection, record: ProjectionRecord, max_before: int | None) 
     wm = watermark(max_before, w.lateness)
     t = record.event_time
     if w.kind == "session":
-        return [Item(key, key, None, None, admit(w, t + w.gap, wm), record)]
-    return [Item(canonical([orjson.loads(key), s]), key, s, e, admit(w, e, wm), record) for s, e in assign(w, t)]
+        return [Item(key, key, None, None, admit(w, t + w.gap, wm), record, wm)]
+    return [Item(canonical([orjson.loads(key), s]), key, s, e, admit(w, e, wm), record, wm) for s, e in assign(w, t)]
+
+
+@dataclass(frozen=True, slots=True)
+class Late:
+    """A record past its window's lateness, kept with why (Flink's late-data side output).
+
+    `window_start`/`window_end`: the window it was late for (a session: the `[t, t + gap)` it
+    would open); `reason`: `closed` (policy drop: the watermark reached the window's end) or
+    `past_grace` (policy update: the watermark is `grace` or more past the end)."""
+
+    topic: str
+    partition: int
+    offset: int
+    window_start: int
+    window_end: int
+    watermark: int
+    event_time: int
+    reason: str
+    key: str
+    value: str | None
+
+    def ident(self) -> tuple[str, int, int, int]:
+        """What a late record is stored under: a record is late once per window, whichever run saw it."""
+        return (self.topic, self.partition, self.offset, self.window_start)
+
+
+def late_records(p: Projection, items: Iterable[Item]) -> list[Late]:
+    """The late output of routed items: one entry per item its window's policy did not admit.
+    A function of each record and its partition's watermark alone, so any split into runs
+    gives the same set as a rebuild."""
+    w = p.window
+    if w is None:
+        return []
+    out: list[Late] = []
+    for it in items:
+        if it.admitted or it.watermark is None:
+            continue
+        r = it.record
+        start, end = (r.event_time, r.event_time + w.gap) if it.start is None else (it.start, it.end or 0)
+        value = None if r.value is None else orjson.dumps(r.value).decode()
+        reason = "closed" if w.late == "drop" else "past_grace"
+        out.append(Late(r.topic, r.partition, r.offset, start, end, it.watermark, r.event_time, reason, it.key, value))
+    return out
 
 
 def applies_truncates(p: Projection) -> bool:

@@ -17,7 +17,8 @@ import pyarrow as pa
 
 from tributary.eventstore.keys import DatabaseKeys, reveal_values
 from tributary.jsonvalue import JsonValue
-from tributary.projections.engine import Item, Prior, UnitOut, fold_units, plan_items
+from tributary.projections.engine import Item, Prior, UnitOut, applies_truncates, fold_units, plan_items
+from tributary.projections.joins import TableIndex, enrich, order_time
 from tributary.projections.loader import resolve
 from tributary.projections.records import ProjectionRecord, decode
 
@@ -35,6 +36,8 @@ __all__ = [
     "deliveries",
     "fold_frame",
     "is_truncate",
+    "item_of",
+    "record_of",
     "items_frame",
 ]
 
@@ -42,7 +45,10 @@ TRUNCATE_SCHEMA = (
     "topic string, partition int, offset long, timestamp long, key string, value string, headers string, "
     "event_time long"
 )
-ITEM_SCHEMA = TRUNCATE_SCHEMA + ", unit string, wstart long, wend long, admitted boolean, ukey string"
+ITEM_SCHEMA = (
+    TRUNCATE_SCHEMA
+    + ", unit string, wstart long, wend long, admitted boolean, ukey string, watermark long, joined string"
+)
 _ITEM = pa.schema(
     [
         ("topic", pa.string()),
@@ -58,6 +64,8 @@ _ITEM = pa.schema(
         ("wend", pa.int64()),
         ("admitted", pa.bool_()),
         ("ukey", pa.string()),
+        ("watermark", pa.int64()),
+        ("joined", pa.string()),
     ]
 )
 _REC = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
@@ -69,19 +77,47 @@ def _loads(raw: str | None) -> JsonValue:
 
 def _record(row: Mapping[str, Any]) -> ProjectionRecord:
     r = decode(*(row[c] for c in _REC))
-    return ProjectionRecord(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers, row["event_time"])
+    joined = _loads(row.get("joined"))
+    return ProjectionRecord(
+        r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers, row["event_time"], _joined(joined)
+    )
 
 
-def _planner(ref: tuple[tuple[str, ...], tuple[str, ...], str]) -> ArrowMap:
-    """A task's routing: records (with `max_before`) → the items they become (ITEM_SCHEMA)."""
+def _joined(value: JsonValue) -> dict[str, JsonValue] | None:
+    """An item's `joined` column (JSON object or null) as `ProjectionRecord.joined`."""
+    return value if isinstance(value, dict) else None
+
+
+def record_of(row: Mapping[str, Any]) -> ProjectionRecord:
+    """A records-frame row (TRUNCATE_COLUMNS at least, as a dict) as a `ProjectionRecord`."""
+    return _record(row)
+
+
+def item_of(row: Mapping[str, Any]) -> Item:
+    """An items-frame row (ITEM_SCHEMA, as a dict) as the engine's `Item`."""
+    rec = _record(row)
+    return Item(row["unit"], row["ukey"], row["wstart"], row["wend"], row["admitted"], rec, row["watermark"])
+
+
+def _planner(ref: tuple[tuple[str, ...], tuple[str, ...], str], tables: Broadcast[TableIndex] | None) -> ArrowMap:
+    """A task's routing: records (with `max_before`) → the items they become (ITEM_SCHEMA); with
+    `tables`, each record first looks them up as of its order key (`joins.enrich`)."""
 
     def plan(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         p = resolve(*ref)
+        index = tables.value if tables is not None else None
+        truncating = applies_truncates(p)
         for batch in batches:
             out: list[dict[str, Any]] = []
             for row in batch.to_pylist():
                 rec = _record(row)
-                for it in plan_items(p, rec, row["max_before"]):
+                if index is not None and not p.is_table(rec.topic):
+                    rec = enrich(p, rec, order_time(row["max_before"], rec), index)
+                joined = None if rec.joined is None else orjson.dumps(rec.joined).decode()
+                items = plan_items(p, rec, row["max_before"])
+                if not items and truncating and rec.is_truncate and not p.is_table(rec.topic):
+                    items = [Item("null", "null", None, None, True, rec)]  # delivered by the runner
+                for it in items:
                     out.append(
                         {
                             **{c: row[c] for c in _REC},
@@ -91,6 +127,8 @@ def _planner(ref: tuple[tuple[str, ...], tuple[str, ...], str]) -> ArrowMap:
                             "wend": it.end,
                             "admitted": it.admitted,
                             "ukey": it.key,
+                            "watermark": it.watermark,
+                            "joined": joined,
                         }
                     )
             if out:
@@ -105,13 +143,15 @@ def items_frame(
     ref: tuple[tuple[str, ...], tuple[str, ...], str],
     windowed: bool,
     base_max: Mapping[tuple[str, int], int | None],
+    tables: Broadcast[TableIndex] | None = None,
 ) -> DataFrame:
-    """Records → items (ITEM_SCHEMA). Windowed projections first get each record's
-    `max_before` (its partition's max event time before it, continuing from `base_max`)."""
+    """Records → items (ITEM_SCHEMA). Windowed projections, and those with `tables` (the
+    broadcast index of their tables), first get each record's `max_before` (its partition's max
+    event time before it, continuing from `base_max`)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    if not windowed:
+    if not windowed and tables is None:
         return records.select(
             *_REC,
             "event_time",
@@ -120,6 +160,8 @@ def items_frame(
             F.lit(None).cast("long").alias("wend"),
             F.lit(True).alias("admitted"),
             F.col("pkey").alias("ukey"),
+            F.lit(None).cast("long").alias("watermark"),
+            F.lit(None).cast("string").alias("joined"),
         )
     w = Window.partitionBy("topic", "partition").orderBy("offset").rowsBetween(Window.unboundedPreceding, -1)
     before = F.max("event_time").over(w)
@@ -129,7 +171,7 @@ def items_frame(
         records = records.join(F.broadcast(base_df), ["topic", "partition"], "left")
         before = F.greatest(before, F.col("base"))
     with_wm = records.withColumn("max_before", before)
-    return with_wm.mapInArrow(_planner(ref), ITEM_SCHEMA)
+    return with_wm.mapInArrow(_planner(ref, tables), ITEM_SCHEMA)
 
 
 TRUNCATE_COLUMNS = (*_REC, "event_time")
@@ -160,6 +202,8 @@ def deliveries(truncates: DataFrame, holders: DataFrame) -> DataFrame:
         F.lit(None).cast("long").alias("wend"),
         F.lit(True).alias("admitted"),
         F.col("unit").alias("ukey"),
+        F.lit(None).cast("long").alias("watermark"),
+        F.lit(None).cast("string").alias("joined"),
     )
 
 
@@ -227,7 +271,7 @@ def _folder(
         def items() -> Iterator[Item]:
             for batch in batches:
                 c = {name: batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)}
-                for t, part, off, ts, k, v, h, et, unit, ws, we, adm, ukey in zip(
+                for t, part, off, ts, k, v, h, et, unit, ws, we, adm, ukey, jo in zip(
                     c["topic"],
                     c["partition"],
                     c["offset"],
@@ -241,6 +285,7 @@ def _folder(
                     c["wend"],
                     c["admitted"],
                     c["ukey"],
+                    c["joined"],
                     strict=True,
                 ):
                     yield Item(
@@ -249,7 +294,7 @@ def _folder(
                         ws,
                         we,
                         adm,
-                        ProjectionRecord(t, part, off, ts, _loads(k), v, _loads(h), et),
+                        ProjectionRecord(t, part, off, ts, _loads(k), v, _loads(h), et, _joined(_loads(jo))),
                     )
 
         stager = _Stager(dsn, names)

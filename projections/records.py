@@ -9,6 +9,7 @@ head goes next when a key's records come from several, earliest first with the t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -46,6 +47,14 @@ class ProjectionRecord:
     value: JsonValue
     headers: JsonValue
     event_time: int
+    joined: Mapping[str, JsonValue] | None = None  # the projection's tables' rows as of this record
+
+    def lookup(self, table: str) -> JsonValue:
+        """The row of the projection's table `table` (`Projection.tables`) this record joins, as of
+        its place in the merge order: None when the table has no row for its key then."""
+        if self.joined is None or table not in self.joined:
+            raise KeyError(f"{table!r} is not among the projection's tables (Projection.tables)")
+        return self.joined[table]
 
     @property
     def is_event(self) -> bool:

@@ -31,7 +31,15 @@ import psycopg
 from tributary.log import VIEW_TIMEOUT_S, LogError, MissingMetadataError
 from tributary.projections.arrow_copy import distinct_keys, output_lines
 from tributary.projections.definition import Projection
-from tributary.projections.engine import Prior, applies_truncates, decide, merges_partitions, truncate_points
+from tributary.projections.engine import (
+    Late,
+    Prior,
+    applies_truncates,
+    decide,
+    late_records,
+    merges_partitions,
+    truncate_points,
+)
 from tributary.projections.errors import LockedError, ProjectionError, RunError
 from tributary.projections.executors import check_log_root
 from tributary.projections.job import (
@@ -40,8 +48,11 @@ from tributary.projections.job import (
     deliveries,
     fold_frame,
     is_truncate,
+    item_of,
     items_frame,
+    record_of,
 )
+from tributary.projections.joins import TableIndex, frontier, late_table_record, order_key, order_times, table_index
 from tributary.projections.loader import file_stamps, load_current, resolve
 from tributary.projections.source import LocalSource, LogSource
 from tributary.projections.spark import aggregation_session, get_session, local_cores
@@ -49,11 +60,12 @@ from tributary.projections.state import projection_state, state_label
 from tributary.projections.store import BuildRow, Store
 
 if TYPE_CHECKING:
+    from pyspark import Broadcast
     from pyspark.sql import DataFrame, SparkSession
 
     from tributary.api.settings.config import Settings
     from tributary.log import KafkaOptions
-    from tributary.projections.records import SortKey
+    from tributary.projections.records import ProjectionRecord, SortKey
 
 __all__ = [
     "RunResult",
@@ -204,13 +216,13 @@ class _Span:
 
 def _span(store: Store, log: LogSource, p: Projection, b: BuildRow) -> _Span:
     """Step 1: snapshot the log's committed ends against the build's checkpoints."""
-    ends = log.ends(p.topics)
+    ends = log.ends(p.reads)
     ck = store.checkpoints(b)
     return _Span(
         ends=ends,
         lo={tp: ck.get(tp, (0, None))[0] for tp in ends},
         base={tp: ck.get(tp, (0, None))[1] for tp in ends},
-        topics=tuple(t for t in p.topics if any(tp[0] == t for tp in ends)),
+        topics=tuple(t for t in p.reads if any(tp[0] == t for tp in ends)),
         resumed=bool(ck),
     )
 
@@ -294,25 +306,32 @@ def _fold_pass(
     ref = (s.modules, s.mirror, p.name)
     store.upgrade_state(b)
     new_records = _read(s, log, p, span, spark, span.lo)
-    items = items_frame(spark, new_records, ref, p.window is not None, span.base)
+    tables, late_table = _tables(s, spark, store, log, p, b, span)
+    items = items_frame(spark, new_records, ref, p.window is not None, span.base, tables)
     truncating = applies_truncates(p)
     points = store.truncate_points(b) if truncating else {}
     priors: dict[str, Prior] = {}
     recompute: set[str] = set()
     fresh = None
-    if span.resumed or truncating:  # read the new records once for every job below
+    if span.resumed or truncating or p.window is not None:  # read the new records once for every job below
         fresh = items = items.persist()
     try:
+        late = _late(p, items)
         if truncating:
             items, points = _deliver(spark, store, b, items, points)
         if span.resumed:  # the state table may know these units: resume or recompute each
             merged = merges_partitions(p)
             firsts = _first_new_records(items, merged=merged)
-            priors, recompute = decide(store.priors(b, list(firsts)), firsts, merged=merged)
+            force: set[str] = set()
+            if late_table:  # a table record ordered before records already applied: recompute every unit
+                force = set(store.units(b))
+                firsts = {**dict.fromkeys(force, []), **firsts}
+            priors, recompute = decide(store.priors(b, list(firsts)), firsts, force, merged=merged)
         if recompute:
-            everything = items_frame(spark, _read(s, log, p, span, spark, {}), ref, p.window is not None, {})
+            everything = items_frame(spark, _read(s, log, p, span, spark, {}), ref, p.window is not None, {}, tables)
             items = _recomputed(spark, items, everything, recompute, truncating=truncating)
-        checkpoints = span.checkpoints() if p.window is None else _watermarked(span, new_records)
+        ordered = p.window is not None or bool(p.tables)  # their checkpoints keep each partition's max event time
+        checkpoints = _watermarked(span, new_records) if ordered else span.checkpoints()
         staged = store.staging(p, b)
         summaries = (
             fold_frame(
@@ -331,8 +350,51 @@ def _fold_pass(
     finally:
         if fresh is not None:
             fresh.unpersist()
-    rows = store.commit_folds(p, b, staged, summaries, checkpoints, span.total, truncates=points)
+    rows = store.commit_folds(p, b, staged, summaries, checkpoints, span.total, truncates=points, late=late)
     return _Pass(span.total, rows, len(recompute))
+
+
+def _tables(
+    s: RunSettings, spark: SparkSession, store: Store, log: LogSource, p: Projection, b: BuildRow, span: _Span
+) -> tuple[Broadcast[TableIndex] | None, bool]:
+    """A fold with tables: their records, read whole to the driver, indexed by key in merge order
+    and broadcast to the tasks (as a Kafka Streams GlobalKTable is copied to every instance); and
+    whether a new table record orders before a record already applied (`joins.late_table_record`)."""
+    if not p.tables:
+        return None, False
+    topics = tuple(t for t in span.topics if p.is_table(t))
+    hi = {tp: end for tp, end in span.ends.items() if tp[0] in topics}
+    rows = []
+    if topics:
+        frame = log.records_frame(
+            spark, modules=s.modules, mirror=s.mirror, name=p.name, topics=topics, lo={}, hi=hi, max_bytes=s.split_bytes
+        )
+        rows = frame.select(*TRUNCATE_COLUMNS).collect()
+    by_tp: dict[TP, list[ProjectionRecord]] = {}
+    for row in rows:
+        r = record_of(row.asDict())
+        by_tp.setdefault((r.topic, r.partition), []).append(r)
+    keyed: list[tuple[SortKey, ProjectionRecord]] = []
+    first_new: list[SortKey] = []
+    for tp, recs in by_tp.items():
+        recs.sort(key=lambda r: r.offset)
+        fresh = [order_key(t, r) for r, t in zip(recs, order_times(r.event_time for r in recs), strict=True)]
+        keyed += zip(fresh, recs, strict=True)
+        first_new += [k for k, r in zip(fresh, recs, strict=True) if r.offset >= span.lo.get(tp, 0)][:1]
+    ck = store.checkpoints(b)
+    applied = frontier(p, {tp: o for tp, (o, _) in ck.items()}, {tp: m for tp, (_, m) in ck.items()})
+    return spark.sparkContext.broadcast(table_index(keyed)), late_table_record(first_new, applied)
+
+
+def _late(p: Projection, items: DataFrame) -> list[Late]:
+    """The new records past their window's lateness (few: they come to the driver), as
+    `engine.late_records` gives them; a recomputed unit's earlier ones are kept already."""
+    if p.window is None:
+        return []
+    from pyspark.sql import functions as F
+
+    rows = items.where(~F.col("admitted") & F.col("watermark").isNotNull()).collect()
+    return late_records(p, [item_of(r.asDict()) for r in rows])
 
 
 def _first_new_records(items: DataFrame, *, merged: bool) -> dict[str, list[SortKey]]:
@@ -698,7 +760,7 @@ def status(
             lag = 0
             if log is not None:  # never run: everything in its topics is waiting
                 ck = store.checkpoints(cur) if cur is not None else {}
-                lag = sum(max(0, e - ck.get(tp, (0, None))[0]) for tp, e in log.ends(p.topics).items())
+                lag = sum(max(0, e - ck.get(tp, (0, None))[0]) for tp, e in log.ends(p.reads).items())
             others = tuple(f"{b.table_name}:{b.status}" for b in builds if not b.current)
             newest = builds[-1].status if builds else None
             state = projection_state(cur is not None, newest, lag, locked=store.locked(n), started=n in rebuilding)

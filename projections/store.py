@@ -5,7 +5,8 @@ Tables live in schema `tributary_projections`, made by migration 0002 (`tributar
 offset, max event time and latest truncate per topic-partition, per build) and `dead_letters`.
 On a database that was never migrated the runner still creates them itself (`Store.ensure`, the
 same definitions; `tributary init` adopts them later). Each build has its output table
-`<schema>.<name>__v<version>_<build>` and a state table beside the checkpoints.
+`<schema>.<name>__v<version>_<build>` and a state table beside the checkpoints; a windowed
+fold's build also a `<table>__late` table there: the records past their window's lateness.
 All SQL is composed with `psycopg.sql`: names are quoted identifiers, values are bound.
 """
 
@@ -22,11 +23,11 @@ from psycopg import sql
 from tributary.projections.cdc import TOAST_PLACEHOLDER
 from tributary.projections.codec import load_state
 from tributary.projections.definition import Projection
-from tributary.projections.engine import Prior
+from tributary.projections.engine import Late, Prior
 from tributary.projections.errors import RunError
 from tributary.projections.mirror import SCHEMA_UNIT, TYPED_VIEW, typed_columns
 
-__all__ = ["META", "BuildRow", "Staged", "Store"]
+__all__ = ["META", "BuildRow", "Staged", "Store", "late_table"]
 
 META = "tributary_projections"
 TP = tuple[str, int]
@@ -112,6 +113,20 @@ def _dead_letters(b: BuildRow, summaries: Iterable[Mapping[str, Any]]) -> list[t
         if o.get("errors")
         for t, part, off, err in orjson.loads(o["errors"])
     ]
+
+
+def late_table(table_name: str) -> sql.Identifier:
+    """A windowed build's late output: the records its windows' lateness left out, and why."""
+    return sql.Identifier(META, table_name + "__late")
+
+
+def _create_late(table_name: str) -> sql.Composed:
+    return sql.SQL(
+        'CREATE TABLE IF NOT EXISTS {} (topic text NOT NULL, partition integer NOT NULL, "offset" bigint NOT NULL, '
+        "window_start bigint NOT NULL, window_end bigint NOT NULL, watermark bigint NOT NULL, "
+        "event_time bigint NOT NULL, reason text NOT NULL, key text, value text, "
+        'PRIMARY KEY (topic, partition, "offset", window_start))'
+    ).format(late_table(table_name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +218,8 @@ class Store:
                     "pks text NOT NULL, dropped bigint NOT NULL, tps text)"
                 ).format(sql.Identifier(META, table + "__state"))
             )
+            if p.window is not None:
+                self.conn.execute(_create_late(table))
             self.conn.execute(
                 sql.SQL(
                     "INSERT INTO {}.builds (projection, build, version, table_name, status) "
@@ -278,6 +295,11 @@ class Store:
             )
         return out
 
+    def units(self, b: BuildRow) -> list[str]:
+        """Every unit the build's state table holds (a run that recomputes them all)."""
+        q = sql.SQL("SELECT unit FROM {}").format(sql.Identifier(META, b.table_name + "__state"))
+        return [r[0] for r in self.conn.execute(q)]
+
     def holders(self, b: BuildRow, tps: Iterable[TP]) -> list[tuple[str, str, int]]:
         """(unit, topic, partition) for each stored unit with records on one of `tps`: the units a
         truncate on that topic-partition reaches, touched by the run or not."""
@@ -304,11 +326,13 @@ class Store:
         records: int,
         *,
         truncates: Mapping[TP, tuple[int, int]],
+        late: Sequence[Late] = (),
     ) -> int:
         """Commit a fold projection's pass, atomically: its Spark tasks COPYed rows, deleted keys
         and unit states into `staged` (each task's `summaries` row counts its rows and lists its
         dead letters). Returns rows upserted. `truncates`: each topic-partition's latest truncate
-        point, stored with its checkpoint.
+        point, stored with its checkpoint. `late`: the pass's records past their window's
+        lateness, kept in the build's late table (once per record and window: a rerun adds none).
 
         1. check that each staged row belongs to one unit; 2. delete the rows units gave up;
         3. merge the staged rows; 4. upsert unit states; 5. move checkpoints, add dead letters and
@@ -322,6 +346,7 @@ class Store:
             self._merge_rows(cur, into, rows_t)
             self._upsert_states(cur, b, state_t)
             self._advance(cur, b, checkpoints, records, truncates, _dead_letters(b, summaries))
+            self._keep_late(cur, b, late)
             for t in (rows_t, del_t, state_t):  # the staging tables go with the commit
                 cur.execute(sql.SQL("DROP TABLE {}").format(t))
             self._show_schema_change(p, b)
@@ -446,6 +471,24 @@ class Store:
                 sql.Identifier(META)
             ),
             (records, b.projection, b.build),
+        )
+
+    @staticmethod
+    def _keep_late(cur: Cursor, b: BuildRow, late: Sequence[Late]) -> None:
+        """Add late records to the build's late table (made here for builds older than it)."""
+        if not late:
+            return
+        cur.execute(_create_late(b.table_name))
+        cur.executemany(
+            sql.SQL(
+                'INSERT INTO {} (topic, partition, "offset", window_start, window_end, watermark, event_time, '
+                "reason, key, value) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+            ).format(late_table(b.table_name)),
+            [
+                (e.topic, e.partition, e.offset, e.window_start, e.window_end, e.watermark, e.event_time)
+                + (e.reason, e.key, e.value)
+                for e in late
+            ],
         )
 
     def _show_schema_change(self, p: Projection, b: BuildRow) -> None:
@@ -581,6 +624,7 @@ class Store:
         with self.conn.transaction():
             self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self.schema, table)))
             self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(META, table + "__state")))
+            self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(late_table(table)))
             for kind in ("checkpoints", "dead_letters"):
                 self.conn.execute(
                     sql.SQL(

@@ -59,3 +59,18 @@ def dump(dsn: str, relation: str) -> list[str]:
     q = sql.SQL("SELECT t::text FROM {} t ORDER BY 1").format(sql.Identifier(schema, name))
     with psycopg.connect(dsn) as conn:
         return [r[0] for r in conn.execute(q).fetchall()]
+
+
+def run_sql(dsn: str, *statements: str) -> None:
+    """Run statements on the source database, each in its own transaction."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for stmt in statements:
+            conn.execute(stmt)
+
+
+def capture_until_idle(config: Path) -> None:
+    """One `tributary capture` that stops once the source is idle: the log has every change."""
+    from tests.integration.capture.helpers import cli
+
+    res = cli("capture", "--config", str(config), "--until-idle", "1.5")
+    assert res.returncode == 0, res.stderr

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import cli, write_config
-from tests.integration.projections.helpers import dump
+from tests.integration.projections.helpers import capture_until_idle, dump, run_sql
 from tributary.eventstore.migrate import head_revision
 from tributary.log.local import canonical_json
 from tributary.projections.runner import RunSettings, rebuild, run
@@ -18,17 +18,6 @@ from tributary.projections.runner import RunSettings, rebuild, run
 pytestmark = pytest.mark.integration
 TOPIC = "shop.public.orders"
 VIEW = "views.shop_public_orders"
-
-
-def _sql(dsn: str, *statements: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for stmt in statements:
-            conn.execute(stmt)
-
-
-def _capture(config: Path) -> None:
-    res = cli("capture", "--config", str(config), "--until-idle", "1.5")
-    assert res.returncode == 0, res.stderr
 
 
 def _source(dsn: str) -> dict[str, dict[str, Any]]:
@@ -43,7 +32,7 @@ def _mirror(dsn: str) -> dict[str, dict[str, Any]]:
 
 
 def test_truncate_applied_incrementally_and_by_rebuild(spark: Any, fresh_db: str, tmp_path: Path) -> None:
-    _sql(fresh_db, "CREATE TABLE public.orders (id int PRIMARY KEY, total numeric(12,2), note text)")
+    run_sql(fresh_db, "CREATE TABLE public.orders (id int PRIMARY KEY, total numeric(12,2), note text)")
     config = write_config(
         tmp_path / "t.toml",
         dsn=fresh_db,
@@ -58,17 +47,17 @@ def test_truncate_applied_incrementally_and_by_rebuild(spark: Any, fresh_db: str
         dsn=fresh_db, log_root=tmp_path / "log", mirror=(TOPIC,), spark_master="local[2]", shuffle_partitions=2
     )
 
-    _sql(
+    run_sql(
         fresh_db,
         "INSERT INTO orders SELECT i, i * 1.25, 'before ' || i FROM generate_series(1, 30) i",
         "UPDATE orders SET note = 'updated' WHERE id % 7 = 0",
         "DELETE FROM orders WHERE id IN (3, 4)",
     )
-    _capture(config)
+    capture_until_idle(config)
     run("shop_public_orders", s, spark=spark)
     assert _mirror(fresh_db) == _source(fresh_db) and len(_source(fresh_db)) == 28
 
-    _sql(
+    run_sql(
         fresh_db,
         "TRUNCATE orders",
         "INSERT INTO orders VALUES (5, 5.55, 'back after the truncate'), (100, 1.00, 'new')",
@@ -78,7 +67,7 @@ def test_truncate_applied_incrementally_and_by_rebuild(spark: Any, fresh_db: str
         "INSERT INTO orders VALUES (201, 2.01, 'stays'), (6, 6.00, 'again'); COMMIT",
         "INSERT INTO orders VALUES (7, 7.00, 'after both')",
     )
-    _capture(config)
+    capture_until_idle(config)
     done = run("shop_public_orders", s, spark=spark)
     assert not done.rebuilt and done.records > 0
     expected = _source(fresh_db)

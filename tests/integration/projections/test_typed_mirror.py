@@ -10,24 +10,13 @@ import psycopg
 import pytest
 
 from tests.integration.capture.helpers import cli, write_config
-from tests.integration.projections.helpers import dump
+from tests.integration.projections.helpers import capture_until_idle, dump, run_sql
 from tributary.projections.runner import RunSettings, rebuild, run
 
 pytestmark = pytest.mark.integration
 TOPIC = "shop.public.items"
 NAME = "shop_public_items"
 VIEW = f"views.{NAME}"
-
-
-def _sql(dsn: str, *statements: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for stmt in statements:
-            conn.execute(stmt)
-
-
-def _capture(config: Path) -> None:
-    res = cli("capture", "--config", str(config), "--until-idle", "1.5")
-    assert res.returncode == 0, res.stderr
 
 
 def _types(dsn: str) -> dict[str, str]:
@@ -47,7 +36,7 @@ def _rows(dsn: str, columns: str) -> list[tuple[Any, ...]]:
 
 
 def test_mirror_view_is_typed_and_follows_a_column_change(spark: Any, fresh_db: str, tmp_path: Path) -> None:
-    _sql(
+    run_sql(
         fresh_db,
         "CREATE TYPE mood AS ENUM ('ok', 'sad')",
         "CREATE TABLE public.items (id int PRIMARY KEY, name varchar(20), price numeric(10,2), big bigint, "
@@ -67,7 +56,7 @@ def test_mirror_view_is_typed_and_follows_a_column_change(spark: Any, fresh_db: 
     s = RunSettings(
         dsn=fresh_db, log_root=tmp_path / "log", mirror=(TOPIC,), spark_master="local[2]", shuffle_partitions=2
     )
-    _capture(config)
+    capture_until_idle(config)
     run(NAME, s, spark=spark)
 
     types = _types(fresh_db)
@@ -96,8 +85,8 @@ def test_mirror_view_is_typed_and_follows_a_column_change(spark: Any, fresh_db: 
     assert [r[0] for r in _rows(fresh_db, "key")] == ['{"id":1}', '{"id":2}']
 
     # a column added at the source: its schema record reaches the view in the next incremental run
-    _sql(fresh_db, "ALTER TABLE items ADD COLUMN note text", "INSERT INTO items (id, note) VALUES (3, 'new')")
-    _capture(config)
+    run_sql(fresh_db, "ALTER TABLE items ADD COLUMN note text", "INSERT INTO items (id, note) VALUES (3, 'new')")
+    capture_until_idle(config)
     done = run(NAME, s, spark=spark)
     assert not done.rebuilt
     assert _types(fresh_db)["note"] == "text"

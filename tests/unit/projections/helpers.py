@@ -52,3 +52,11 @@ def change(
         }
     )
     return ProjectionRecord(topic, partition, offset, ts, key, value, None, ts)
+
+
+def log_of(records: list[ProjectionRecord]) -> dict[tuple[str, int], list[ProjectionRecord]]:
+    """Records by topic-partition, in the order given (offset order per partition)."""
+    out: dict[tuple[str, int], list[ProjectionRecord]] = {}
+    for r in records:
+        out.setdefault((r.topic, r.partition), []).append(r)
+    return out

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.projections.helpers import event
+from tests.unit.projections.helpers import event, log_of
 from tributary.projections.definition import Fold, Projection, Table, WindowSpec
 from tributary.projections.engine import Prior, decide
 from tributary.projections.errors import RecordError
@@ -18,13 +18,6 @@ pytestmark = pytest.mark.unit
 
 DEP, WD = "events.deposits", "events.withdrawals"
 BANK = account_balances.make(name="bank", topics=(DEP, WD))
-
-
-def log_of(records: list[ProjectionRecord]) -> dict[tuple[str, int], list[ProjectionRecord]]:
-    out: dict[tuple[str, int], list[ProjectionRecord]] = {}
-    for r in records:
-        out.setdefault((r.topic, r.partition), []).append(r)
-    return out
 
 
 def rows(view: LocalView) -> list[list[str]]:
@@ -87,6 +80,11 @@ def test_daily_totals_late_policies() -> None:
     assert [r[2] for r in rows(v2)] == ["5.00", "2.00", "8.00"]
     assert sum(s.dropped for s in v1.states.values()) == 2
     assert sum(s.dropped for s in v2.states.values()) == 1
+    # the late records are kept, with the window they missed, the watermark and why
+    late_drop = sorted((e.offset, e.window_start, e.window_end, e.watermark, e.reason) for e in v1.late.values())
+    assert late_drop == [(2, 0, day, day + 5, "closed"), (4, 0, day, 3 * day, "closed")]
+    assert [(e.offset, e.reason) for e in v2.late.values()] == [(4, "past_grace")]
+    assert orjson.loads(v2.late[("events.account", 0, 4, 0)].value or "null")["data"] == {"amount": "16.00"}
 
 
 def _count(kind: str) -> Projection:
@@ -193,6 +191,7 @@ def test_incremental_runs_equal_one_rebuild(data: Any, which: int) -> None:
         run_local(p, {tp: rs[: seen.get(tp, 0)] for tp, rs in full.items()}, view)
     run_local(p, full, view)
     assert view.table() == rebuilt.table()
+    assert view.late == rebuilt.late  # the late side output too
     if p is TRAIL:
         _merge_rule_holds(rebuilt)
 
