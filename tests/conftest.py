@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.kafka_fixtures import (  # noqa: F401  (fixtures: the Kafka tests' and the contract suite's)
     kafka,
@@ -19,6 +20,12 @@ from tests.kafka_fixtures import (  # noqa: F401  (fixtures: the Kafka tests' an
 )
 from tests.markers import pytest_collection_modifyitems  # noqa: F401  (a hook: every test has its level)
 from tests.pg import REPO_ROOT, PgServer, fresh_database, start_server
+
+# Property tests check laws, not speed: a loaded machine must not fail an example by its time
+# (hypothesis' 200 ms deadline) nor a test by its input generation (too_slow). Timing thresholds
+# belong in bench/.
+settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("suite")
 
 # Spark's Python workers import the tests' own projection modules (`tests.…`) by name: they
 # see the checkout through PYTHONPATH, which the session hands to them at start.

@@ -140,10 +140,16 @@ def compact_cmd(
     config: ConfigOption = None,
 ) -> None:
     """Compact sealed segments of `compact` topics now (while capture runs, its background
-    cleaner does this: the command then says when it last did)."""
+    cleaner does this: the command then says when it last did). On Kafka the brokers compact."""
     from tributary.api.cli.common import settings_from
 
     settings = settings_from(config)
+    if root is None and settings.log.backend == "kafka":
+        typer.echo(
+            "the log is Kafka's: its brokers compact `compact` topics themselves "
+            "(log.cleaner.enable, min.cleanable.dirty.ratio; docs/kafka.md); nothing to do here"
+        )
+        return
     root = root if root is not None else settings.log.root
     try:
         s = compact(root, topic, delete_retention_ms=settings.log.delete_retention_ms)

@@ -8,6 +8,7 @@ Rebuild and incremental runs on every backend are in tests/integration/contract/
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import uuid
@@ -140,15 +141,23 @@ def _fake_insert(row_id: int) -> tuple[bytes, bytes]:
 def test_open_and_aborted_transactions_never_reach_a_view(
     fresh_db: str, tmp_path: Path, kafka: KafkaCluster, spark: Any, reader: str
 ) -> None:
-    from confluent_kafka import Producer
+    from confluent_kafka import KafkaException, Producer
 
     config = _setup(tmp_path, fresh_db, kafka, reader)
     s = _settings(config, reader)
     assert s.kafka is not None
     source = SOURCES[reader](s.kafka)
     open_on = (partition_for(canonical_json({"id": 31}), 3) + 1) % 3  # not where row 31 goes
+    # The transaction stays open across the rebuilds: a loaded machine's must not outlast the
+    # coordinator's timeout (librdkafka's default 60 s), which would abort and fence it under the test.
     producer = Producer(
-        with_logger({"bootstrap.servers": kafka.bootstraps, "transactional.id": f"t-{uuid.uuid4().hex}"})
+        with_logger(
+            {
+                "bootstrap.servers": kafka.bootstraps,
+                "transactional.id": f"t-{uuid.uuid4().hex}",
+                "transaction.timeout.ms": 900_000,
+            }
+        )
     )
     try:
         before = source.ends([TOPIC])
@@ -182,7 +191,8 @@ def test_open_and_aborted_transactions_never_reach_a_view(
         assert views(fresh_db) == expected_views(fresh_db, [*inserted, (32, "c2", 32)])
     finally:
         source.close()
-        producer.flush(5)
+        with contextlib.suppress(KafkaException):  # a failed test's producer may be fenced: its error is said
+            producer.flush(5)
 
 
 EVENTS = "events.thing"
@@ -241,8 +251,16 @@ def test_both_readers_give_the_same_records(kafka: KafkaCluster, tmp_path: Path,
     if not connector_jars():
         pytest.fail("Spark's Kafka source is not in build/spark-kafka/lib: run `make setup`")
     kafka.create(EVENTS, 3)
+    # The transaction stays open across the rebuilds: a loaded machine's must not outlast the
+    # coordinator's timeout (librdkafka's default 60 s), which would abort and fence it under the test.
     producer = Producer(
-        with_logger({"bootstrap.servers": kafka.bootstraps, "transactional.id": f"t-{uuid.uuid4().hex}"})
+        with_logger(
+            {
+                "bootstrap.servers": kafka.bootstraps,
+                "transactional.id": f"t-{uuid.uuid4().hex}",
+                "transaction.timeout.ms": 900_000,
+            }
+        )
     )
     producer.init_transactions(30)
     for i, (key, value, headers) in enumerate(_events(60)):
