@@ -19,6 +19,7 @@ import psycopg
 from tributary.consumers.assign import TopicPartition
 from tributary.consumers.datatypes import Batch, OffsetReset, StreamCursor
 from tributary.consumers.errors import OffsetOutOfRange
+from tributary.consumers.nacks import said_no_before, settle_commit, token
 from tributary.consumers.notices import RebalanceNotices
 from tributary.consumers.rebalancing import check_member
 from tributary.consumers.state import GroupState
@@ -99,6 +100,7 @@ class Delivery:
                 (group, member_id),
             )
             parts = [_Partition(t, p, pos, None) for t, p, pos in cur.fetchall()]
+            said_no = said_no_before(cur, group)
         if positions is not None:
             for p in parts:
                 p.position = positions.get((p.topic, p.partition))
@@ -119,20 +121,37 @@ class Delivery:
         for p in parts:
             self._resolve(group, p, reset, batch)
         resolved = {(p.topic, p.partition): p.position for p in parts}
-        self._read(group, parts, reset, batch, max_records=max_records, max_bytes=max_bytes)
+        replayed = said_no.replays_for(
+            token(member_id, generation),
+            restarted={tp for tp, pos in before.items() if pos is None},
+            held=set(resolved),
+        )[:max_records]
+        batch.records.extend(replayed)
+        self._read(
+            group,
+            parts,
+            reset,
+            batch,
+            max_records=max_records - len(replayed),
+            max_bytes=max_bytes,
+            stops=said_no.stops,
+        )
         after = {(p.topic, p.partition): p.position for p in parts}
+        retried = said_no.retried(batch.records[len(replayed) :])
         if positions is not None:
             positions.update({tp: pos for tp, pos in after.items() if pos is not None})
         moved = {tp: pos for tp, pos in after.items() if pos != before[tp]}
         commits = {tp: pos for tp, pos in resolved.items() if auto_commit and pos is not None}
-        if moved or batch.resets or commits:
+        if moved or batch.resets or commits or replayed or retried:
             with self.state.tx() as cur:
                 check_member(cur, group, member_id, generation, share=True)
+                said_no.handed(cur, group, token(member_id, generation), replayed, retried)
                 if positions is None and moved:
                     # before any commit (a Kafka commit is not rolled back with the transaction)
                     self._advance(cur, group, member_id, {tp: (before[tp], pos) for tp, pos in moved.items()})
                 committed = {(p.topic, p.partition): p.committed for p in parts}
                 due = [(tp, pos) for tp, pos in commits.items() if committed[tp] != pos]
+                due = settle_commit(cur, self.state.offsets, group, member_id, generation, due)
                 if due:
                     self.state.offsets.commit(cur, group, member_id, generation, due)
                 self._record_resets(cur, group, member_id, batch.resets)
@@ -303,10 +322,21 @@ class Delivery:
         )
 
     def _read(
-        self, group: str, parts: list[_Partition], reset: OffsetReset, batch: Batch, *, max_records: int, max_bytes: int
+        self,
+        group: str,
+        parts: list[_Partition],
+        reset: OffsetReset,
+        batch: Batch,
+        *,
+        max_records: int,
+        max_bytes: int,
+        stops: dict[TopicPartition, int] | None = None,
     ) -> None:
-        if not parts:
+        """Read on from each partition's position; a partition waits at its offset in `stops` (a nacked
+        record whose backoff is not over)."""
+        if not parts or max_records <= 0:
             return
+        stops = stops or {}
         self._turn = turn = (self._turn + 1) % len(parts)
         budget_records, budget_bytes = max_records, max_bytes
         for p in parts[turn:] + parts[:turn]:
@@ -314,12 +344,16 @@ class Delivery:
                 return
             assert p.position is not None
             start, end = self.state.view.bounds(p.topic, p.partition)
-            if p.position >= end:
+            stop = stops.get((p.topic, p.partition), end)
+            stop = end if stop < p.position else stop
+            if p.position >= min(end, stop):
                 continue
             gaps_allowed = self.state.view.compacted(p.topic)
             it = self.state.view.read(p.topic, p.partition, p.position)
             try:
                 for record in it:
+                    if record.offset >= stop:
+                        break  # waits for its retry
                     if record.offset != p.position and not gaps_allowed:
                         # retention removed what this read was about to deliver: not a silent skip
                         missed = _Partition(p.topic, p.partition, p.position, None)
@@ -334,7 +368,7 @@ class Delivery:
                     if budget_records <= 0 or budget_bytes <= 0:
                         break
                 else:
-                    if self.state.view.skips_markers:
+                    if self.state.view.skips_markers and stop >= end:
                         # the read reached the end: a position at a transaction marker moves past it
                         p.position = max(p.position, end)
             finally:

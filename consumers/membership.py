@@ -41,10 +41,13 @@ class Members:
         session_timeout_ms: int | None = None,
         auto_offset_reset: OffsetReset | None = None,
         auto_commit: bool = False,
+        max_retries: int | None = None,
+        retry_backoff_ms: int | None = None,
     ) -> Membership:
         """Join, or re-join with the same `member_id` (no rebalance unless the subscription changed;
         its delivery restarts at the committed offsets). A new member, a changed subscription or
-        expired members start a rebalance: a new generation."""
+        expired members start a rebalance: a new generation. `max_retries` and `retry_backoff_ms`
+        are the member's nack policy (None: the coordinator's)."""
         if not topics:
             raise ConsumerError("a member must subscribe to at least one topic")
         timeout = session_timeout_ms or self.session_timeout_ms
@@ -64,15 +67,16 @@ class Members:
             if row is None:
                 cur.execute(
                     "INSERT INTO consumers.members (group_id, member_id, topics, session_timeout_ms, "
-                    "auto_offset_reset, auto_commit) VALUES (%s, %s, %s, %s, %s, %s)",
-                    (group, member_id, wanted, timeout, reset, auto_commit),
+                    "auto_offset_reset, auto_commit, max_retries, retry_backoff_ms) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                    (group, member_id, wanted, timeout, reset, auto_commit, max_retries, retry_backoff_ms),
                 )
                 changed = True
             else:
                 cur.execute(
                     "UPDATE consumers.members SET topics = %s, session_timeout_ms = %s, auto_offset_reset = %s, "
-                    "auto_commit = %s, last_heartbeat = now() WHERE group_id = %s AND member_id = %s",
-                    (wanted, timeout, reset, auto_commit, group, member_id),
+                    "auto_commit = %s, max_retries = %s, retry_backoff_ms = %s, last_heartbeat = now() "
+                    "WHERE group_id = %s AND member_id = %s",
+                    (wanted, timeout, reset, auto_commit, max_retries, retry_backoff_ms, group, member_id),
                 )
                 changed |= sorted(row[0]) != wanted
                 # a re-join means the member lost track (its restart, a lost response): delivery starts

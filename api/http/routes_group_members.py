@@ -48,6 +48,19 @@ class JoinRequest(BaseModel):
         default=None, description="Start of a partition without a committed offset, or behind retention."
     )
     auto_commit: StrictBool = Field(default=False, description="Each pull commits what the previous pulls returned.")
+    max_retries: int | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="Nacks of one record before it is parked (default `[consumers] max_retries`).",
+    )
+    retry_backoff_ms: int | None = Field(
+        default=None,
+        ge=1,
+        le=60_000,
+        description="Wait before a nacked record's first redelivery, doubling per attempt up to 60 s "
+        "(default `[consumers] retry_backoff_ms`).",
+    )
 
 
 class JoinReply(BaseModel):
@@ -87,6 +100,8 @@ async def join(group: GroupName, body: JoinRequest, coordinator: Coordinator) ->
         session_timeout_ms=body.session_timeout_ms,
         auto_offset_reset=body.auto_offset_reset,
         auto_commit=body.auto_commit,
+        max_retries=body.max_retries,
+        retry_backoff_ms=body.retry_backoff_ms,
     )
     return {
         "member_id": m.member_id,
