@@ -32,6 +32,7 @@ from tributary.consumers.datatypes import (
     StreamCursor,
 )
 from tributary.consumers.delivery import Delivery
+from tributary.consumers.filters import EventFilter
 from tributary.consumers.membership import Members
 from tributary.consumers.nacks import Nacks
 from tributary.consumers.notices import RebalanceNotices
@@ -118,11 +119,14 @@ class GroupCoordinator:
         auto_commit: bool = False,
         max_retries: int | None = None,
         retry_backoff_ms: int | None = None,
+        event_types: Sequence[str] | None = None,
+        stream_prefix: str | None = None,
     ) -> Membership:
         """Join, or re-join with the same `member_id` (no rebalance unless the subscription changed;
         its delivery restarts at the committed offsets). A new member, a changed subscription or
         expired members start a rebalance: a new generation. `max_retries` and `retry_backoff_ms`:
-        the member's nack policy (None: the coordinator's)."""
+        the member's nack policy (None: the coordinator's). `event_types` and `stream_prefix` filter
+        event topics on the server (`EventFilter`): the member's position passes the others."""
         return self.members.join(
             group,
             topics,
@@ -132,6 +136,7 @@ class GroupCoordinator:
             auto_commit=auto_commit,
             max_retries=max_retries,
             retry_backoff_ms=retry_backoff_ms,
+            record_filter=EventFilter.for_topics(topics, event_types, stream_prefix),
         )
 
     def heartbeat(self, group: str, member_id: str, generation: int) -> Heartbeat:

@@ -19,6 +19,7 @@ import psycopg
 from tributary.consumers.assign import TopicPartition
 from tributary.consumers.datatypes import Batch, OffsetReset, StreamCursor
 from tributary.consumers.errors import OffsetOutOfRange
+from tributary.consumers.filters import EventFilter
 from tributary.consumers.nacks import said_no_before, settle_commit, token
 from tributary.consumers.notices import RebalanceNotices
 from tributary.consumers.rebalancing import check_member
@@ -101,6 +102,10 @@ class Delivery:
             )
             parts = [_Partition(t, p, pos, None) for t, p, pos in cur.fetchall()]
             said_no = said_no_before(cur, group)
+            kept = cur.execute(
+                "SELECT filter FROM consumers.members WHERE group_id = %s AND member_id = %s", (group, member_id)
+            ).fetchone()
+        record_filter = EventFilter.from_json(kept[0] if kept else None)
         if positions is not None:
             for p in parts:
                 p.position = positions.get((p.topic, p.partition))
@@ -116,6 +121,7 @@ class Delivery:
             assignments=[(p.topic, p.partition) for p in parts],
             auto_offset_reset=reset,
             auto_commit=auto_commit,
+            record_filter=record_filter,
         )
         before = {(p.topic, p.partition): p.position for p in parts}
         for p in parts:
@@ -135,6 +141,7 @@ class Delivery:
             max_records=max_records - len(replayed),
             max_bytes=max_bytes,
             stops=said_no.stops,
+            keep=record_filter,
         )
         after = {(p.topic, p.partition): p.position for p in parts}
         retried = said_no.retried(batch.records[len(replayed) :])
@@ -231,8 +238,17 @@ class Delivery:
             session_timeout_ms=cursor.session_timeout_ms,
             assignments=list(cursor.assignments),
             auto_offset_reset=cursor.auto_offset_reset,
+            record_filter=cursor.record_filter,
         )
-        self._read(cursor.group, parts, cursor.auto_offset_reset, batch, max_records=max_records, max_bytes=max_bytes)
+        self._read(
+            cursor.group,
+            parts,
+            cursor.auto_offset_reset,
+            batch,
+            max_records=max_records,
+            max_bytes=max_bytes,
+            keep=cursor.record_filter,
+        )
         if batch.resets:
             with self.state.tx() as cur:
                 check_member(cur, cursor.group, cursor.member_id, cursor.generation, share=True)
@@ -260,6 +276,7 @@ class Delivery:
         cursor.notices = seen
         cursor.session_timeout_ms = batch.session_timeout_ms
         cursor.auto_offset_reset = batch.auto_offset_reset
+        cursor.record_filter = batch.record_filter
         # an auto-committing member commits on every fetch: keep asking the database each time
         cursor.assignments = None if batch.auto_commit else batch.assignments
         return batch
@@ -331,9 +348,11 @@ class Delivery:
         max_records: int,
         max_bytes: int,
         stops: dict[TopicPartition, int] | None = None,
+        keep: EventFilter | None = None,
     ) -> None:
         """Read on from each partition's position; a partition waits at its offset in `stops` (a nacked
-        record whose backoff is not over)."""
+        record whose backoff is not over). Records `keep` does not match are passed over (the position
+        moves past them; they count toward no budget)."""
         if not parts or max_records <= 0:
             return
         stops = stops or {}
@@ -361,8 +380,10 @@ class Delivery:
                         if reset == "latest":
                             p.position = end
                             break
-                    batch.records.append(record)
                     p.position = record.offset + 1
+                    if keep is not None and not keep.matches(record):
+                        continue
+                    batch.records.append(record)
                     budget_records -= 1
                     budget_bytes -= len(record.value or b"") + len(record.key or b"")
                     if budget_records <= 0 or budget_bytes <= 0:

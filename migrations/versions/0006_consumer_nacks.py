@@ -1,4 +1,5 @@
-"""Consumer groups that can say no: nacked records waiting for their retry, and parked records.
+"""Consumer groups that can say no: nacked records waiting for their retry, and parked records; a
+member's nack policy and server-side filter (`consumers.members`).
 
 `consumers.retries`: a record a member nacked, with its attempts and when it may be delivered again;
 its partition's delivery waits at it until then, and no commit passes it before it was delivered
@@ -22,6 +23,7 @@ depends_on = None
 def upgrade() -> None:
     op.execute("ALTER TABLE consumers.members ADD COLUMN IF NOT EXISTS max_retries integer")
     op.execute("ALTER TABLE consumers.members ADD COLUMN IF NOT EXISTS retry_backoff_ms integer")
+    op.execute("ALTER TABLE consumers.members ADD COLUMN IF NOT EXISTS filter jsonb")
     op.execute(
         """
         CREATE TABLE IF NOT EXISTS consumers.retries (
@@ -65,5 +67,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DROP TABLE IF EXISTS consumers.parked")
     op.execute("DROP TABLE IF EXISTS consumers.retries")
+    op.execute("ALTER TABLE consumers.members DROP COLUMN IF EXISTS filter")
     op.execute("ALTER TABLE consumers.members DROP COLUMN IF EXISTS retry_backoff_ms")
     op.execute("ALTER TABLE consumers.members DROP COLUMN IF EXISTS max_retries")
