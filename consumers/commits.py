@@ -94,6 +94,8 @@ class Commits:
                         out.append({"topic": name, "partition": p, "previous": committed.get((name, p)), "offset": new})
                 if not dry_run:  # (a Kafka commit is not rolled back with the transaction)
                     self.state.offsets.commit(cur, group, None, generation, plan)
+                # nacked records waiting for a retry are dropped: the reset says where delivery starts
+                cur.execute("DELETE FROM consumers.retries WHERE group_id = %s AND topic = ANY(%s)", (group, topics))
                 cur.execute("DELETE FROM consumers.assignments WHERE group_id = %s", (group,))
         return out
 
