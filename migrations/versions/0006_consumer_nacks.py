@@ -63,9 +63,7 @@ def upgrade() -> None:
         """
     )
     # every pull asks for the records being replayed: few, among possibly many parked ones
-    op.execute(
-        "CREATE INDEX IF NOT EXISTS parked_replaying ON consumers.parked (group_id) WHERE state = 'replaying'"
-    )
+    op.execute("CREATE INDEX IF NOT EXISTS parked_replaying ON consumers.parked (group_id) WHERE state = 'replaying'")
 
 
 def downgrade() -> None:
