@@ -28,7 +28,7 @@ __all__ = ["router"]
 
 router = APIRouter(tags=["consumers"])
 
-NOT_FOUND = {404: error("not_found: no such group, or no such record in the log")}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: error("not_found: no such group, or no such record in the log")}
 
 
 class RecordRef(BaseModel):
