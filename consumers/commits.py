@@ -8,7 +8,8 @@ from typing import Any
 
 from tributary.consumers.assign import TopicPartition
 from tributary.consumers.datatypes import ResetTarget
-from tributary.consumers.errors import ConsumerError, GroupBusy, NotAssigned, NotFound
+from tributary.consumers.errors import ConsumerError, GroupBusy, NotFound
+from tributary.consumers.nacks import require_held, settle_commit
 from tributary.consumers.rebalancing import EXPIRE, check_member, lock_group, rebalance
 from tributary.consumers.state import GroupState
 
@@ -21,31 +22,25 @@ class Commits:
     def __init__(self, state: GroupState) -> None:
         self.state = state
 
-    def commit(self, group: str, member_id: str, generation: int, offsets: Sequence[tuple[str, int, int]]) -> None:
-        """Commit `(topic, partition, next offset)` for partitions the member holds in `generation`.
+    def commit(
+        self, group: str, member_id: str, generation: int, offsets: Sequence[tuple[str, int, int]]
+    ) -> list[tuple[str, int, int]]:
+        """Commit `(topic, partition, next offset)` for partitions the member holds in `generation`;
+        returns what was committed (an offset stops at a nacked record waiting for its retry).
         The generation and the assignment are checked in the same transaction as the write, under the
         group's row lock: a member fenced by a rebalance can never commit afterwards."""
         with self.state.tx() as cur:
             check_member(cur, group, member_id, generation, share=True)
-            held = {
-                (t, p)
-                for t, p in cur.execute(
-                    "SELECT topic, partition FROM consumers.assignments WHERE group_id = %s AND member_id = %s",
-                    (group, member_id),
-                ).fetchall()
-            }
-            foreign = sorted({(t, p) for t, p, _ in offsets} - held)
-            if foreign:
-                names = ", ".join(f"{t}/{p}" for t, p in foreign)
-                raise NotAssigned(
-                    f"member {member_id} of group {group!r} does not hold {names} in generation {generation}",
-                    generation=generation,
-                )
+            require_held(cur, group, member_id, generation, [(t, p) for t, p, _ in offsets])
             for _, _, offset in offsets:
                 if offset < 0:
                     raise ConsumerError(f"offsets are never negative, got {offset}")
             # under the group's row lock (FOR SHARE): no rebalance can commit in between
-            self.state.offsets.commit(cur, group, member_id, generation, [((t, p), o) for t, p, o in offsets])
+            due = settle_commit(
+                cur, self.state.offsets, group, member_id, generation, [((t, p), o) for t, p, o in offsets]
+            )
+            self.state.offsets.commit(cur, group, member_id, generation, due)
+        return [(t, p, o) for (t, p), o in due]
 
     def reset(
         self,
@@ -99,6 +94,8 @@ class Commits:
                         out.append({"topic": name, "partition": p, "previous": committed.get((name, p)), "offset": new})
                 if not dry_run:  # (a Kafka commit is not rolled back with the transaction)
                     self.state.offsets.commit(cur, group, None, generation, plan)
+                # nacked records waiting for a retry are dropped: the reset says where delivery starts
+                cur.execute("DELETE FROM consumers.retries WHERE group_id = %s AND topic = ANY(%s)", (group, topics))
                 cur.execute("DELETE FROM consumers.assignments WHERE group_id = %s", (group,))
         return out
 

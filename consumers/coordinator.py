@@ -32,7 +32,9 @@ from tributary.consumers.datatypes import (
     StreamCursor,
 )
 from tributary.consumers.delivery import Delivery
+from tributary.consumers.filters import EventFilter
 from tributary.consumers.membership import Members
+from tributary.consumers.nacks import Nacks
 from tributary.consumers.notices import RebalanceNotices
 from tributary.consumers.offsets import BackendOffsets, DbOffsets, GroupView, OffsetStore
 from tributary.consumers.state import GroupState
@@ -68,6 +70,8 @@ class GroupCoordinator:
         poll_interval_ms: int = 20,
         max_connections: int = 8,
         kafka: KafkaOptions | None = None,
+        max_retries: int = 5,
+        retry_backoff_ms: int = 1000,
     ) -> None:
         self.session_timeout_ms = session_timeout_ms
         self.auto_offset_reset: OffsetReset = auto_offset_reset
@@ -88,6 +92,7 @@ class GroupCoordinator:
         self.members = Members(self.state, session_timeout_ms=session_timeout_ms, auto_offset_reset=auto_offset_reset)
         self.delivery = Delivery(self.state, self.notices)
         self.commits = Commits(self.state)
+        self.nacks = Nacks(self.state, max_retries=max_retries, retry_backoff_ms=retry_backoff_ms)
 
     def close(self) -> None:
         self.notices.close()
@@ -112,10 +117,16 @@ class GroupCoordinator:
         session_timeout_ms: int | None = None,
         auto_offset_reset: OffsetReset | None = None,
         auto_commit: bool = False,
+        max_retries: int | None = None,
+        retry_backoff_ms: int | None = None,
+        event_types: Sequence[str] | None = None,
+        stream_prefix: str | None = None,
     ) -> Membership:
         """Join, or re-join with the same `member_id` (no rebalance unless the subscription changed;
         its delivery restarts at the committed offsets). A new member, a changed subscription or
-        expired members start a rebalance: a new generation."""
+        expired members start a rebalance: a new generation. `max_retries` and `retry_backoff_ms`:
+        the member's nack policy (None: the coordinator's). `event_types` and `stream_prefix` filter
+        event topics on the server (`EventFilter`): the member's position passes the others."""
         return self.members.join(
             group,
             topics,
@@ -123,6 +134,9 @@ class GroupCoordinator:
             session_timeout_ms=session_timeout_ms,
             auto_offset_reset=auto_offset_reset,
             auto_commit=auto_commit,
+            max_retries=max_retries,
+            retry_backoff_ms=retry_backoff_ms,
+            record_filter=EventFilter.for_topics(topics, event_types, stream_prefix),
         )
 
     def heartbeat(self, group: str, member_id: str, generation: int) -> Heartbeat:
@@ -164,10 +178,13 @@ class GroupCoordinator:
 
     # -- committed offsets (tributary.consumers.commits) -----------------------------------------
 
-    def commit(self, group: str, member_id: str, generation: int, offsets: Sequence[tuple[str, int, int]]) -> None:
+    def commit(
+        self, group: str, member_id: str, generation: int, offsets: Sequence[tuple[str, int, int]]
+    ) -> list[tuple[str, int, int]]:
         """Commit `(topic, partition, next offset)` for partitions the member holds in `generation`;
-        a member fenced by a rebalance can never commit afterwards."""
-        self.commits.commit(group, member_id, generation, offsets)
+        a member fenced by a rebalance can never commit afterwards. Returns what was committed: an
+        offset stops at a nacked record that was not delivered again yet."""
+        return self.commits.commit(group, member_id, generation, offsets)
 
     def reset(
         self,
@@ -182,6 +199,36 @@ class GroupCoordinator:
         """Set the group's committed offsets (every topic it consumed, or `topic`) to the earliest
         retained offset, the end, a time, or an offset. Refused while the group has live members."""
         return self.commits.reset(group, to, timestamp_ms=timestamp_ms, offset=offset, topic=topic, dry_run=dry_run)
+
+    # -- saying no (tributary.consumers.nacks) ---------------------------------------------------
+
+    def nack(
+        self,
+        group: str,
+        member_id: str,
+        generation: int,
+        records: Sequence[tuple[str, int, int]],
+        *,
+        reason: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Deliver `(topic, partition, offset)` records again after a backoff (their partition waits
+        at the earliest); past the member's `max_retries` a record is parked (`Nacks.nack`)."""
+        return self.nacks.nack(group, member_id, generation, records, reason)
+
+    def park(
+        self, group: str, member_id: str, generation: int, records: Sequence[tuple[str, int, int]], *, reason: str
+    ) -> list[dict[str, Any]]:
+        """Set records aside in the group's parked records: their partition moves on (`Nacks.park`)."""
+        return self.nacks.park(group, member_id, generation, records, reason)
+
+    def parked(self, group: str, *, state: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        """The group's parked records, oldest first: `record` (a Record), `reason`, `attempts`,
+        `parked_at`, `parked_by`, `state` (parked, replaying, replayed), `replays`, `replayed_at`."""
+        return self.nacks.parked(group, state=state, limit=limit)
+
+    def replay_parked(self, group: str, *, topic: str | None = None) -> int:
+        """Hand the group's parked records back to it (`Nacks.replay`); how many."""
+        return self.nacks.replay(group, topic=topic)
 
     # -- inspecting (tributary.consumers.overview) ------------------------------------------------
 

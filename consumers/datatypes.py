@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tributary.consumers.assign import TopicPartition
+from tributary.consumers.filters import EventFilter
 from tributary.log import Record
 
 __all__ = ["OFFSET_RESETS", "Batch", "Heartbeat", "Membership", "OffsetReset", "ResetTarget", "StreamCursor"]
@@ -48,6 +49,7 @@ class Batch:
     assignments: list[TopicPartition] = field(default_factory=list)
     auto_offset_reset: OffsetReset = "latest"
     auto_commit: bool = False
+    record_filter: EventFilter | None = None  # the member's server-side filter
 
 
 @dataclass(slots=True)
@@ -65,3 +67,4 @@ class StreamCursor:
     checked_at: float = 0.0  # time.monotonic() of the last check
     notices: tuple[int, int] = (-1, -1)  # RebalanceNotices.seen(group) before the last check
     checks: int = 0  # how many batches asked the database (for tests and diagnostics)
+    record_filter: EventFilter | None = None  # the member's, as the last check found it

@@ -19,6 +19,8 @@ import psycopg
 from tributary.consumers.assign import TopicPartition
 from tributary.consumers.datatypes import Batch, OffsetReset, StreamCursor
 from tributary.consumers.errors import OffsetOutOfRange
+from tributary.consumers.filters import EventFilter
+from tributary.consumers.nacks import said_no_before, settle_commit, token
 from tributary.consumers.notices import RebalanceNotices
 from tributary.consumers.rebalancing import check_member
 from tributary.consumers.state import GroupState
@@ -99,6 +101,11 @@ class Delivery:
                 (group, member_id),
             )
             parts = [_Partition(t, p, pos, None) for t, p, pos in cur.fetchall()]
+            said_no = said_no_before(cur, group)
+            kept = cur.execute(
+                "SELECT filter FROM consumers.members WHERE group_id = %s AND member_id = %s", (group, member_id)
+            ).fetchone()
+        record_filter = EventFilter.from_json(kept[0] if kept else None)
         if positions is not None:
             for p in parts:
                 p.position = positions.get((p.topic, p.partition))
@@ -114,25 +121,44 @@ class Delivery:
             assignments=[(p.topic, p.partition) for p in parts],
             auto_offset_reset=reset,
             auto_commit=auto_commit,
+            record_filter=record_filter,
         )
         before = {(p.topic, p.partition): p.position for p in parts}
         for p in parts:
             self._resolve(group, p, reset, batch)
         resolved = {(p.topic, p.partition): p.position for p in parts}
-        self._read(group, parts, reset, batch, max_records=max_records, max_bytes=max_bytes)
+        replayed = said_no.replays_for(
+            token(member_id, generation),
+            restarted={tp for tp, pos in before.items() if pos is None},
+            held=set(resolved),
+        )[:max_records]
+        batch.records.extend(replayed)
+        self._read(
+            group,
+            parts,
+            reset,
+            batch,
+            max_records=max_records - len(replayed),
+            max_bytes=max_bytes,
+            stops=said_no.stops,
+            keep=record_filter,
+        )
         after = {(p.topic, p.partition): p.position for p in parts}
+        retried = said_no.retried(batch.records[len(replayed) :])
         if positions is not None:
             positions.update({tp: pos for tp, pos in after.items() if pos is not None})
         moved = {tp: pos for tp, pos in after.items() if pos != before[tp]}
         commits = {tp: pos for tp, pos in resolved.items() if auto_commit and pos is not None}
-        if moved or batch.resets or commits:
+        if moved or batch.resets or commits or replayed or retried:
             with self.state.tx() as cur:
                 check_member(cur, group, member_id, generation, share=True)
+                said_no.handed(cur, group, token(member_id, generation), replayed, retried)
                 if positions is None and moved:
                     # before any commit (a Kafka commit is not rolled back with the transaction)
                     self._advance(cur, group, member_id, {tp: (before[tp], pos) for tp, pos in moved.items()})
                 committed = {(p.topic, p.partition): p.committed for p in parts}
                 due = [(tp, pos) for tp, pos in commits.items() if committed[tp] != pos]
+                due = settle_commit(cur, self.state.offsets, group, member_id, generation, due)
                 if due:
                     self.state.offsets.commit(cur, group, member_id, generation, due)
                 self._record_resets(cur, group, member_id, batch.resets)
@@ -212,8 +238,17 @@ class Delivery:
             session_timeout_ms=cursor.session_timeout_ms,
             assignments=list(cursor.assignments),
             auto_offset_reset=cursor.auto_offset_reset,
+            record_filter=cursor.record_filter,
         )
-        self._read(cursor.group, parts, cursor.auto_offset_reset, batch, max_records=max_records, max_bytes=max_bytes)
+        self._read(
+            cursor.group,
+            parts,
+            cursor.auto_offset_reset,
+            batch,
+            max_records=max_records,
+            max_bytes=max_bytes,
+            keep=cursor.record_filter,
+        )
         if batch.resets:
             with self.state.tx() as cur:
                 check_member(cur, cursor.group, cursor.member_id, cursor.generation, share=True)
@@ -241,6 +276,7 @@ class Delivery:
         cursor.notices = seen
         cursor.session_timeout_ms = batch.session_timeout_ms
         cursor.auto_offset_reset = batch.auto_offset_reset
+        cursor.record_filter = batch.record_filter
         # an auto-committing member commits on every fetch: keep asking the database each time
         cursor.assignments = None if batch.auto_commit else batch.assignments
         return batch
@@ -303,10 +339,23 @@ class Delivery:
         )
 
     def _read(
-        self, group: str, parts: list[_Partition], reset: OffsetReset, batch: Batch, *, max_records: int, max_bytes: int
+        self,
+        group: str,
+        parts: list[_Partition],
+        reset: OffsetReset,
+        batch: Batch,
+        *,
+        max_records: int,
+        max_bytes: int,
+        stops: dict[TopicPartition, int] | None = None,
+        keep: EventFilter | None = None,
     ) -> None:
-        if not parts:
+        """Read on from each partition's position; a partition waits at its offset in `stops` (a nacked
+        record whose backoff is not over). Records `keep` does not match are passed over (the position
+        moves past them; they count toward no budget)."""
+        if not parts or max_records <= 0:
             return
+        stops = stops or {}
         self._turn = turn = (self._turn + 1) % len(parts)
         budget_records, budget_bytes = max_records, max_bytes
         for p in parts[turn:] + parts[:turn]:
@@ -314,12 +363,16 @@ class Delivery:
                 return
             assert p.position is not None
             start, end = self.state.view.bounds(p.topic, p.partition)
-            if p.position >= end:
+            stop = stops.get((p.topic, p.partition), end)
+            stop = end if stop < p.position else stop
+            if p.position >= min(end, stop):
                 continue
             gaps_allowed = self.state.view.compacted(p.topic)
             it = self.state.view.read(p.topic, p.partition, p.position)
             try:
                 for record in it:
+                    if record.offset >= stop:
+                        break  # waits for its retry
                     if record.offset != p.position and not gaps_allowed:
                         # retention removed what this read was about to deliver: not a silent skip
                         missed = _Partition(p.topic, p.partition, p.position, None)
@@ -327,14 +380,16 @@ class Delivery:
                         if reset == "latest":
                             p.position = end
                             break
-                    batch.records.append(record)
                     p.position = record.offset + 1
+                    if keep is not None and not keep.matches(record):
+                        continue
+                    batch.records.append(record)
                     budget_records -= 1
                     budget_bytes -= len(record.value or b"") + len(record.key or b"")
                     if budget_records <= 0 or budget_bytes <= 0:
                         break
                 else:
-                    if self.state.view.skips_markers:
+                    if self.state.view.skips_markers and stop >= end:
                         # the read reached the end: a position at a transaction marker moves past it
                         p.position = max(p.position, end)
             finally:

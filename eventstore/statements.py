@@ -24,6 +24,7 @@ from sqlalchemy import (
     insert,
     literal_column,
     null,
+    or_,
     select,
     tuple_,
     union_all,
@@ -47,6 +48,7 @@ __all__ = [
     "LOAD",
     "POSITION_EXISTS",
     "READ_ALL",
+    "READ_ALL_FILTERED",
     "READ_ALL_HEAD",
     "READ_BWD",
     "READ_FWD",
@@ -252,11 +254,18 @@ _after = (
 )
 
 
-def _read_all(*, typed: bool, from_start: bool) -> str:
+def _read_all(*, typed: bool, from_start: bool, filtered: bool = False) -> str:
     query = select(*COLUMNS).where(ev.transaction_id < _xmin)
     order: tuple[str, ...] = ()
     if typed:
         query, order = query.where(ev.stream_type == _p("stream_type")), ("stream_type",)
+    if filtered:  # a subscription's server-side filter: a stream id prefix, event types (either may be null)
+        prefix, types = _p("prefix", Text), _p("types", ARRAY(Text))
+        query = query.where(
+            or_(prefix.is_(None), func.starts_with(ev.stream_id, prefix)),
+            or_(types.is_(None), ev.type == any_(types)),
+        )
+        order = (*order, "prefix", "prefix", "types", "types")
     if not from_start:
         query, order = query.where(tuple_(ev.transaction_id, ev.global_position) > _after), (*order, "after")
     query = query.order_by(ev.transaction_id, ev.global_position).limit(_p("limit"))
@@ -265,6 +274,11 @@ def _read_all(*, typed: bool, from_start: bool) -> str:
 
 READ_ALL = {
     (typed, start): _read_all(typed=typed, from_start=start) for typed in (False, True) for start in (False, True)
+}
+READ_ALL_FILTERED = {
+    (typed, start): _read_all(typed=typed, from_start=start, filtered=True)
+    for typed in (False, True)
+    for start in (False, True)
 }
 # The last event a reader could be given now (a subscription's cheap "anything new?").
 READ_ALL_HEAD = _compiled(

@@ -42,6 +42,7 @@ from tributary.eventstore.statements import (
     LOAD,
     POSITION_EXISTS,
     READ_ALL,
+    READ_ALL_FILTERED,
     READ_ALL_HEAD,
     READ_BWD,
     READ_FWD,
@@ -139,15 +140,27 @@ def recorded_event(r: Sequence[Any]) -> RecordedEvent:
     return RecordedEvent(int(r[0]), r[1], r[2], int(r[3]), r[4], r[5], int(r[6]), r[7], r[8], r[9], r[10])
 
 
-def read_all_statement(*, after: int, limit: int, stream_type: str | None) -> tuple[str, tuple[Any, ...]]:
+def read_all_statement(
+    *,
+    after: int,
+    limit: int,
+    stream_type: str | None,
+    stream_prefix: str | None = None,
+    event_types: Sequence[str] | None = None,
+) -> tuple[str, tuple[Any, ...]]:
     """`EventStore.read_all`'s statement and parameters (also run by the HTTP subscriptions on
-    their own async pool). `UnknownPosition` for a position beyond `bigint`."""
+    their own async pool); `stream_prefix` and `event_types` filter in SQL. `UnknownPosition` for a
+    position beyond `bigint`."""
     if after >= 2**63:
         raise UnknownPosition(after)
     params: tuple[Any, ...] = (limit,) if after <= 0 else (after, limit)
+    filtered = stream_prefix is not None or event_types is not None
+    if filtered:
+        types = None if event_types is None else list(event_types)
+        params = (stream_prefix, stream_prefix, types, types, *params)
     if stream_type is not None:
         params = (stream_type, *params)
-    return READ_ALL[(stream_type is not None, after <= 0)], params
+    return (READ_ALL_FILTERED if filtered else READ_ALL)[(stream_type is not None, after <= 0)], params
 
 
 def _utc(t: datetime) -> datetime:
@@ -526,12 +539,23 @@ class EventStore:
             self._note(stream_id, max(events[0].version, events[-1].version))
         return reveal_events(self.keys, events)
 
-    def read_all(self, *, after: int = 0, limit: int = 1000, stream_type: str | None = None) -> list[RecordedEvent]:
+    def read_all(
+        self,
+        *,
+        after: int = 0,
+        limit: int = 1000,
+        stream_type: str | None = None,
+        stream_prefix: str | None = None,
+        event_types: Sequence[str] | None = None,
+    ) -> list[RecordedEvent]:
         """`$all` (or one stream type's events) after position `after` (0: from the start), in
         the order every reader sees, with no event ever skipped: by (writing transaction, position),
         only transactions that every later reader also sees as finished (`statements.READ_ALL`).
+        Only streams whose id starts with `stream_prefix` and events of `event_types`, when given.
         Continue from the last event's position. `UnknownPosition` if `after` names no event."""
-        query, params = read_all_statement(after=after, limit=limit, stream_type=stream_type)
+        query, params = read_all_statement(
+            after=after, limit=limit, stream_type=stream_type, stream_prefix=stream_prefix, event_types=event_types
+        )
         with _database, self.pool.connection() as conn:
             rows = conn.execute(query, params).fetchall()
             if not rows and after > 0 and not conn.execute(POSITION_EXISTS, (after,)).fetchone()[0]:  # type: ignore[index]  # EXISTS: one row

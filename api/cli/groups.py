@@ -1,4 +1,4 @@
-"""`tributary groups list | describe GROUP | reset GROUP …`: consumer groups, in kafka-consumer-groups'
+"""`tributary groups list | describe GROUP | reset GROUP … | parked GROUP | replay-parked GROUP`: consumer groups, in kafka-consumer-groups'
 vocabulary, straight on the service database and the log (no server needed)."""
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ def _coordinator(config: Path | None) -> Iterator[GroupCoordinator]:
         auto_offset_reset=c.auto_offset_reset,
         max_connections=1,
         kafka=kafka_options(settings),
+        max_retries=c.max_retries,
+        retry_backoff_ms=c.retry_backoff_ms,
     ) as coordinator:
         yield coordinator
 
@@ -176,6 +178,62 @@ def reset_cmd(
     rows = [[o["topic"], o["partition"], o["previous"], o["offset"]] for o in out]
     typer.echo(_table(["TOPIC", "PARTITION", "PREVIOUS", "NEW"], rows))
     typer.echo(f"group {group}: " + ("dry run, nothing written" if dry_run else f"reset to {chosen[0]}"))
+
+
+@groups_app.command("parked")
+def parked_cmd(
+    group: Annotated[str, typer.Argument(help="The group's name.")],
+    state: Annotated[
+        str | None, typer.Option("--state", metavar="S", help="Only parked, replaying or replayed records.")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", metavar="N", min=1, help="At most N records.")] = 1000,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """The records the group's members parked (or nacked past max_retries), oldest first: where each
+    was in the log, why, the attempts, and whether it was replayed."""
+    if state not in (None, "parked", "replaying", "replayed"):
+        raise UserError(f"--state {state!r}: use parked, replaying or replayed")
+    from tributary.api.http.routes_group_parked import parked_json
+
+    with _coordinator(config) as c:
+        rows = c.parked(group, state=state, limit=limit)
+    if as_json:
+        typer.echo(json.dumps([json.loads(parked_json(r)) for r in rows], indent=1))
+        return
+    if not rows:
+        typer.echo(f"group {group}: no parked records")
+        return
+    table = [
+        [
+            r["record"].topic,
+            r["record"].partition,
+            r["record"].offset,
+            r["state"],
+            r["attempts"],
+            r["parked_at"],
+            r["reason"],
+        ]
+        for r in rows
+    ]
+    typer.echo(_table(["TOPIC", "PARTITION", "OFFSET", "STATE", "ATTEMPTS", "PARKED-AT", "REASON"], table))
+
+
+@groups_app.command("replay-parked")
+def replay_parked_cmd(
+    group: Annotated[str, typer.Argument(help="The group's name.")],
+    topic: Annotated[str | None, typer.Option("--topic", metavar="T", help="Only topic T's parked records.")] = None,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Hand the group's parked records back to it: each is delivered again to the member holding its
+    partition, before that partition's next records (members may be running)."""
+    with _coordinator(config) as c:
+        n = c.replay_parked(group, topic=topic)
+    if as_json:
+        typer.echo(json.dumps({"group": group, "replaying": n}))
+        return
+    typer.echo(f"group {group}: {n} parked record(s) handed back for replay")
 
 
 def register(app: typer.Typer) -> None:

@@ -134,10 +134,11 @@ async def commit(
     group: GroupName, member_id: MemberId, body: CommitRequest, coordinator: Coordinator
 ) -> dict[str, Any]:
     """Commit the next offset to read per partition; refused (409) from a generation that is over or
-    for a partition the member does not hold."""
+    for a partition the member does not hold. The answer names what was committed: an offset stops at
+    a nacked record that was not delivered again yet."""
     offsets = [(o.topic, o.partition, o.offset) for o in body.offsets]
-    await run_in_thread(coordinator.commit, group, member_id, body.generation, offsets)
-    return {"generation": body.generation, "offsets": [o.model_dump() for o in body.offsets]}
+    done = await run_in_thread(coordinator.commit, group, member_id, body.generation, offsets)
+    return {"generation": body.generation, "offsets": [{"topic": t, "partition": p, "offset": o} for t, p, o in done]}
 
 
 @router.get(

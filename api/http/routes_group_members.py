@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter
 from fastapi.responses import Response
@@ -29,6 +29,17 @@ __all__ = ["router"]
 router = APIRouter(tags=["consumers"])
 
 
+class JoinFilter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    event_types: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        default=None, max_length=100, description="Only events of these types (default: every type)."
+    )
+    stream_prefix: str | None = Field(
+        default=None, min_length=1, max_length=500, description="Only events of streams whose id starts with this."
+    )
+
+
 class JoinRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -48,6 +59,24 @@ class JoinRequest(BaseModel):
         default=None, description="Start of a partition without a committed offset, or behind retention."
     )
     auto_commit: StrictBool = Field(default=False, description="Each pull commits what the previous pulls returned.")
+    filter: JoinFilter | None = Field(
+        default=None,
+        description="Event topics (`events.<type>`) only: the server passes over the other events (the member's "
+        "position moves past them, so its commits cover them).",
+    )
+    max_retries: int | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="Nacks of one record before it is parked (default `[consumers] max_retries`).",
+    )
+    retry_backoff_ms: int | None = Field(
+        default=None,
+        ge=1,
+        le=60_000,
+        description="Wait before a nacked record's first redelivery, doubling per attempt up to 60 s "
+        "(default `[consumers] retry_backoff_ms`).",
+    )
 
 
 class JoinReply(BaseModel):
@@ -87,6 +116,10 @@ async def join(group: GroupName, body: JoinRequest, coordinator: Coordinator) ->
         session_timeout_ms=body.session_timeout_ms,
         auto_offset_reset=body.auto_offset_reset,
         auto_commit=body.auto_commit,
+        max_retries=body.max_retries,
+        retry_backoff_ms=body.retry_backoff_ms,
+        event_types=body.filter.event_types if body.filter else None,
+        stream_prefix=body.filter.stream_prefix if body.filter else None,
     )
     return {
         "member_id": m.member_id,

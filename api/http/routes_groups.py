@@ -1,6 +1,7 @@
 """Consumer groups over HTTP (docs/consumers.md): one router of the members' routes (join, heartbeat,
 leave: `routes_group_members`), the delivery routes (pull, commit, stream: `routes_group_delivery`) and
-the admin routes (list, describe, reset: `routes_group_admin`); the mapping of the consumers' errors to
+the admin routes (list, describe, reset: `routes_group_admin`), nack, park and the parked records
+(`routes_group_parked`); the mapping of the consumers' errors to
 HTTP; and the app's coordinator, log watcher and sweeper (`start_consumers`).
 
 The group coordinator (`tributary.consumers.GroupCoordinator`) is synchronous psycopg; every call runs
@@ -20,7 +21,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from tributary.api.http import routes_group_admin, routes_group_delivery, routes_group_members
+from tributary.api.http import (
+    routes_group_admin,
+    routes_group_delivery,
+    routes_group_members,
+    routes_group_parked,
+)
 from tributary.api.http.groups_shared import consumer_problem
 from tributary.api.http.problems import MEDIA_TYPE, encode
 from tributary.api.http.routes_group_delivery import record_json
@@ -39,6 +45,7 @@ router = APIRouter()
 router.include_router(routes_group_members.router)
 router.include_router(routes_group_delivery.router)
 router.include_router(routes_group_admin.router)
+router.include_router(routes_group_parked.router)
 
 
 async def consumer_error(request: Request, exc: Exception) -> Response:
@@ -104,6 +111,8 @@ def start_consumers(settings: Settings, *, dsn: str) -> Consumers:
         auto_offset_reset=c.auto_offset_reset,
         poll_interval_ms=c.poll_interval_ms,
         kafka=kafka_options(settings),
+        max_retries=c.max_retries,
+        retry_backoff_ms=c.retry_backoff_ms,
     )
     changes = LogChanges(coordinator.view, interval_s=coordinator.poll_interval_s)
     _end_streams_on_exit_signals(changes)

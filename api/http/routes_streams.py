@@ -16,6 +16,7 @@ from tributary.api.http.head import HEAD_MARK
 from tributary.api.http.problems import Problem
 from tributary.api.http.routes_commands import EventOut, _http_error, _json
 from tributary.api.http.state import Handler, SubscriptionsOf
+from tributary.api.http.subscriptions import AllFilter
 from tributary.eventstore.errors import EventStoreError, UnknownPosition
 from tributary.eventstore.model import event_json
 from tributary.eventstore.values import MAX_ID_LENGTH
@@ -59,6 +60,21 @@ _NO_NUL = r"^[^\x00]*$"  # the store's text cannot hold a NUL: refused as the sc
 _TYPE = Query(
     None, min_length=1, max_length=MAX_ID_LENGTH, pattern=_NO_NUL, description="Only the events of this stream type."
 )
+_STREAM = Query(
+    None,
+    min_length=1,
+    max_length=MAX_ID_LENGTH,
+    pattern=_NO_NUL,
+    description="Only the events of streams whose id starts with this (a prefix; the whole id for one stream).",
+)
+_EVENT_TYPE = Query(None, description="Only events of this type (repeat for several: any of them).")
+
+
+def _only(stream: str | None, event_type: list[str] | None) -> AllFilter | None:
+    """The server-side filter of `$all` the query names (applied in SQL), or None."""
+    if stream is None and not event_type:
+        return None
+    return stream, tuple(event_type) if event_type else None
 
 
 @router.get(
@@ -103,12 +119,15 @@ async def read_all(
     after: int = Query(0, ge=0, le=_MAX_POSITION, description="Continue after this position (0: the start)."),
     limit: int = Query(100, ge=1, le=1000),
     type: str | None = _TYPE,
+    stream: str | None = _STREAM,
+    event_type: list[str] | None = _EVENT_TYPE,
 ) -> Response:
     """`$all`: every stream's events in commit order by global position, paged. An event is
     listed once every transaction that began before its own has finished, so continuing from
-    `next` never skips one that commits late."""
+    `next` never skips one that commits late. `stream` (a stream id prefix) and `event_type`
+    (repeatable) filter on the server."""
     try:
-        events = await subscriptions.read(after, limit, type)
+        events = await subscriptions.read(after, limit, type, _only(stream, event_type))
     except EventStoreError as exc:
         raise _position_error(exc) from None
     return _json({"events": [event_json(e) for e in events], "next": events[-1].position if events else after})
@@ -132,22 +151,25 @@ async def subscribe_all(
     subscriptions: SubscriptionsOf,
     after: int = Query(0, ge=0, le=_MAX_POSITION, description="Start after this position (0: the start)."),
     type: str | None = _TYPE,
+    stream: str | None = _STREAM,
+    event_type: list[str] | None = _EVENT_TYPE,
     last_event_id: str = Header(
         "", pattern=r"^([0-9]{1,19})?$", description="Resume after this position (wins over `after`)."
     ),
 ) -> StreamingResponse:
     """Follow `$all` (or one stream type) from a position: the events stored so far, then each new
-    one as it is committed, as server-sent events (`text/event-stream`)."""
+    one as it is committed, as server-sent events (`text/event-stream`); `stream` (a stream id
+    prefix) and `event_type` (repeatable) filter on the server."""
     if last_event_id:
         after = int(last_event_id)  # beyond any position: no such event, a 404 below
     try:  # an unknown position fails now, as a 404, not inside the stream
-        await subscriptions.read(after, 1, type)
+        await subscriptions.read(after, 1, type, _only(stream, event_type))
     except EventStoreError as exc:
         raise _position_error(exc) from None
     if request.scope.get(HEAD_MARK):  # HEAD: the headers only, and no stream that never ends
         return StreamingResponse(iter(()), media_type="text/event-stream")
     return StreamingResponse(
-        subscriptions.follow(after, type),
+        subscriptions.follow(after, type, _only(stream, event_type)),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -35,7 +35,10 @@ from tributary.eventstore.personal import has_envelopes
 from tributary.eventstore.statements import POSITION_EXISTS, READ_ALL_HEAD
 from tributary.eventstore.store import read_all_statement, recorded_event
 
-__all__ = ["Subscriptions", "sse_event"]
+__all__ = ["AllFilter", "Subscriptions", "sse_event"]
+
+AllFilter = tuple[str | None, tuple[str, ...] | None]
+"""A server-side filter of `$all`: (stream id prefix, event types), either None for any."""
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +68,15 @@ class Subscriptions:
         self._poller: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
 
-    async def read(self, after: int, limit: int, stream_type: str | None) -> list[RecordedEvent]:
-        """A page of `$all` (or of `stream_type`'s events) after `after`: `EventStore.read_all`."""
-        query, params = read_all_statement(after=after, limit=limit, stream_type=stream_type)
+    async def read(
+        self, after: int, limit: int, stream_type: str | None, only: AllFilter | None = None
+    ) -> list[RecordedEvent]:
+        """A page of `$all` (or of `stream_type`'s events) after `after`, filtered in SQL by `only`:
+        `EventStore.read_all`."""
+        prefix, types = only if only is not None else (None, None)
+        query, params = read_all_statement(
+            after=after, limit=limit, stream_type=stream_type, stream_prefix=prefix, event_types=types
+        )
         try:
             async with self.pool.connection() as conn:
                 rows = await (await conn.execute(query, params)).fetchall()
@@ -84,7 +93,7 @@ class Subscriptions:
             return await asyncio.to_thread(reveal_events, self.keys, events)
         return events
 
-    async def follow(self, after: int, stream_type: str | None) -> AsyncIterator[bytes]:
+    async def follow(self, after: int, stream_type: str | None, only: AllFilter | None = None) -> AsyncIterator[bytes]:
         """The SSE body: a `retry` hint, then pages of events as they become readable, and a
         comment line every `keepalive_s` of silence (proxies keep the connection open)."""
         self._subscribers += 1
@@ -95,7 +104,7 @@ class Subscriptions:
             while not self._closed.is_set():
                 moved = self._moved
                 try:
-                    page = await self.read(after, self.page, stream_type)
+                    page = await self.read(after, self.page, stream_type, only)
                 except StoreUnavailable:  # end the stream: the client comes back after `retry`
                     log.warning("subscriptions: the service database did not answer; a stream ended")
                     return

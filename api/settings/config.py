@@ -650,6 +650,19 @@ class ConsumerSettings(_Section):
         le=60_000,
         description="How often the server moves the partitions of members past their session timeout.",
     )
+    max_retries: int = Field(
+        default=5,
+        ge=0,
+        le=1000,
+        description="Nacks of one record before it is parked, unless a member names its own when it joins.",
+    )
+    retry_backoff_ms: int = Field(
+        default=1000,
+        ge=1,
+        le=60_000,
+        description="Wait before a nacked record is delivered again, doubling per attempt up to 60 s, unless a "
+        "member names its own when it joins.",
+    )
 
 
 class Settings(BaseModel):

@@ -2,7 +2,7 @@
 
 The event store never writes to the log itself (no dual write): capture reads its table like any
 other, and this router turns each inserted row into the event — key = stream id, value = the
-event as the API shows it, timestamp = when it occurred, headers = the event's correlation and
+event as the API shows it, timestamp = when it occurred, headers = the event id, its correlation and
 causation ids and its user headers (from its metadata). Pure.
 """
 
@@ -26,25 +26,25 @@ def _ms(iso: str) -> int:
     return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
 
 
-def event_headers(metadata: JsonValue | orjson.Fragment) -> bytes | None:
+def event_headers(metadata: JsonValue | orjson.Fragment, event_id: str | None = None) -> bytes | None:
     """The log record's headers from an event's metadata (a dict, or capture's raw jsonb): a JSON
-    object of strings, the ids of `HEADER_IDS` and the user headers (`metadata["headers"]`, whose
-    names never shadow the ids); None when there are none."""
+    object of strings, the `event_id` (the key a consumer drops a redelivered record by), the ids of
+    `HEADER_IDS` and the user headers (`metadata["headers"]`, whose names never shadow the ids);
+    None when there are none."""
     if isinstance(metadata, orjson.Fragment):
         raw = orjson.dumps(metadata)
-        if raw == b"{}":
-            return None
-        metadata = orjson.loads(raw)
-    if not isinstance(metadata, dict) or not metadata:
-        return None
+        metadata = None if raw == b"{}" else orjson.loads(raw)
     headers: dict[str, str] = {}
-    user = metadata.get("headers")
-    if isinstance(user, dict):
-        headers.update((k, v) for k, v in user.items() if isinstance(v, str))
-    for name in HEADER_IDS:
-        value = metadata.get(name)
-        if isinstance(value, str):
-            headers[name] = value
+    if isinstance(metadata, dict):
+        user = metadata.get("headers")
+        if isinstance(user, dict):
+            headers.update((k, v) for k, v in user.items() if isinstance(v, str))
+        for name in HEADER_IDS:
+            value = metadata.get(name)
+            if isinstance(value, str):
+                headers[name] = value
+    if event_id is not None:
+        headers["event_id"] = event_id  # after the user headers: never shadowed
     return orjson.dumps(headers) if headers else None
 
 
@@ -68,7 +68,7 @@ def route_event(row: dict[str, Any]) -> list[Output]:
             f"events.{row['stream_type']}",
             orjson.dumps(row["stream_id"]),
             orjson.dumps(value),
-            headers=event_headers(row["metadata"]),
+            headers=event_headers(row["metadata"], str(row["event_id"])),
             timestamp_ms=_ms(row["occurred_at"]),
         )
     ]

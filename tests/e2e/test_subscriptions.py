@@ -160,3 +160,41 @@ def test_subscription_settings_come_from_the_config(
     assert waited < 5  # the default (15 s) would not have answered yet
     pages = [c.count(b"\ndata: ") for c in chunks if b"data: " in c]
     assert max(pages) <= 2 and sum(pages) == 5, pages
+
+
+def test_all_and_subscribe_filter_by_stream_prefix_and_event_types_on_the_server(
+    setup: tuple[Path, int, EventStore], tmp_path: Path
+) -> None:
+    config, port, store = setup
+    kinds = ["Opened", "Deposited", "Closed"]
+    for i in range(12):
+        store.append(f"{'acct' if i % 2 else 'user'}-{i % 4}", "thing", [NewEvent(type=kinds[i % 3], data={"i": i})])
+    every = store.read_all(limit=1000)
+    want = [e.position for e in every if e.stream_id.startswith("acct-") and e.type in ("Opened", "Closed")]
+    assert 0 < len(want) < len(every)
+    only = {"stream": "acct-", "event_type": ["Opened", "Closed"]}
+    with served(config, port, err_path=tmp_path / "serve.err"):
+        base = f"http://127.0.0.1:{port}"
+        got: list[int] = []
+        after = 0
+        while True:  # paged with a small limit: `next` continues after the last match
+            page = httpx.get(base + "/all", params={**only, "after": after, "limit": 2}, timeout=10).json()
+            got += [e["position"] for e in page["events"]]
+            if not page["events"]:
+                break
+            after = page["next"]
+        assert got == want
+        types = httpx.get(base + "/all", params={"event_type": "Deposited"}, timeout=10).json()["events"]
+        assert {e["type"] for e in types} == {"Deposited"} and len(types) == 4
+        one = httpx.get(base + "/all", params={"stream": "user-0"}, timeout=10).json()["events"]
+        assert {e["stream"] for e in one} == {"user-0"} and len(one) == 3
+        follower = Follower(base + "/all/subscribe", only)
+        follower.start()
+        late = store.append("acct-9", "thing", [NewEvent(type="Closed", data={})]).events[0].position
+        store.append("acct-9", "thing", [NewEvent(type="Deposited", data={})])
+        _wait(
+            lambda: [p for p, _ in follower.events] == [*want, late],
+            "the filtered events",
+            lambda: len(follower.events),
+        )
+        follower.stop.set()

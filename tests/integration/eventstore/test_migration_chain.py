@@ -32,13 +32,15 @@ def _state(dsn: str) -> tuple[str | None, str | None]:
 
 
 def test_down_to_each_stored_revision_and_up_to_head(fresh_db: str) -> None:
-    assert run_migrations(fresh_db) == head_revision() == "0006_subject_keys"
-    assert _state(fresh_db) == ("0006_subject_keys", "xid8")
+    assert run_migrations(fresh_db) == head_revision() == "0007_subject_keys"
+    assert _state(fresh_db) == ("0007_subject_keys", "xid8")
+    command.downgrade(_config(fresh_db), "0004_sinks")
+    assert _state(fresh_db) == ("0004_sinks", "xid8")
     command.downgrade(_config(fresh_db), "0003_consumer_groups")
     assert _state(fresh_db) == ("0003_consumer_groups", "xid8")
     command.downgrade(_config(fresh_db), "0002")
     assert _state(fresh_db) == ("0002", None)
     command.upgrade(_config(fresh_db), "0003_es_xact")
     assert _state(fresh_db) == ("0003_es_xact", "xid8")
-    assert run_migrations(fresh_db) == "0006_subject_keys"
-    assert _state(fresh_db) == ("0006_subject_keys", "xid8")
+    assert run_migrations(fresh_db) == "0007_subject_keys"
+    assert _state(fresh_db) == ("0007_subject_keys", "xid8")

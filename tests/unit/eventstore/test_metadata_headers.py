@@ -57,3 +57,10 @@ def test_log_headers_from_metadata() -> None:
 def test_user_headers_and_ids_all_arrive_as_strings(user: dict[str, str], correlation: str) -> None:
     got = orjson.loads(event_headers({"headers": user, "correlation_id": correlation}) or b"{}")
     assert got == {**user, "correlation_id": correlation}
+
+
+def test_the_event_id_is_a_header_no_user_header_shadows() -> None:
+    assert orjson.loads(event_headers({}, "e-1") or b"null") == {"event_id": "e-1"}
+    assert orjson.loads(event_headers(orjson.Fragment(b"{}"), "e-1") or b"null") == {"event_id": "e-1"}
+    got = orjson.loads(event_headers({"headers": {"event_id": "forged", "t": "x"}, "command_id": "c"}, "e-2") or b"{}")
+    assert got == {"event_id": "e-2", "t": "x", "command_id": "c"}
