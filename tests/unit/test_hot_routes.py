@@ -79,6 +79,8 @@ def test_a_command_keeps_its_write_scope() -> None:
     app = _app((ApiKey(key="reader", scopes=("read",)),))
     sent = _request(app, "POST", "/commands/tally/t-1", json={"type": "add"}, headers={"X-API-Key": "reader"})
     assert sent.status_code == 403
+    # the key is checked before the body: no field errors for a client without a key
+    assert _request(app, "POST", "/commands/tally/t-1", json={"nope": 1}).status_code == 401
 
 
 def test_other_methods_on_a_hot_path_still_get_405_with_allow() -> None:
