@@ -271,8 +271,9 @@ HOT_ROUTES: tuple[tuple[APIRouter, str, str], ...] = (
 def _match_first(app: FastAPI, router: APIRouter, path: str, method: str) -> None:
     """Serve `router`'s route `method path` from the head of the app's route table too, undocumented:
     FastAPI matches an included router's routes twice (the router, then its route) after every route
-    included before it (≈ 300 Python calls of a view page's ≈ 1,000). The documented route stays where it is (the
-    OpenAPI document is unchanged) and answers what the copy does not match (405, another method)."""
+    included before it (≈ 300 Python calls of a view page's ≈ 1,000). The documented route stays where
+    it is (the OpenAPI document is unchanged) and answers what the copy does not match (405, another
+    method)."""
     route = next(r for r in router.routes if isinstance(r, APIRoute) and r.path == path and method in (r.methods or ()))
     app.add_api_route(
         path,
