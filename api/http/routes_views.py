@@ -32,7 +32,10 @@ if TYPE_CHECKING:  # imported with the definitions they describe (`definitions.c
 
 __all__ = ["CONNECTION_WAIT_S", "PREPARE_THRESHOLD", "StatementTimeout", "Views", "router"]
 
-router = APIRouter(tags=["views"], dependencies=[Depends(require("read"))], responses=AUTH_RESPONSES)
+router = APIRouter(tags=["views"], responses=AUTH_RESPONSES)
+# The read scope: a dependency of `GET /views`; `GET /views/{name}`, the hot route, awaits it itself
+# (FastAPI's solving of a dependency costs more CPU than the check).
+_read = require("read")
 
 MAX_LIMIT = 1000
 _OPS = {"eq": "=", "ne": "<>", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}  # `col__op=v`; plain `col=v` is eq
@@ -55,7 +58,7 @@ def _json(body: JsonValue) -> Response:
     return Response(orjson.dumps(body, default=_default), media_type="application/json")
 
 
-@router.get("/views")
+@router.get("/views", dependencies=[Depends(_read)])
 async def list_views(state: AppState, pool: Pool) -> Response:
     """Each view: name, columns with types, primary key, projection version, serving build."""
     projections = await asyncio.to_thread(_projections, state)
@@ -230,6 +233,7 @@ def _limit(params: Mapping[str, str]) -> int:
 async def query_view(name: str, request: Request) -> Response:
     """Rows of `views.<name>`: `?col=v`, `?col__gte=v` (eq ne gt gte lt lte), `order_by=col|-col`,
     `limit` (≤ 1000), `cursor` from the previous page's `next_cursor`."""
+    await _read(request)
     # The app's state through its typed accessors, not `Depends`: the hot route (see `state`).
     state, views = await app_state(request), await views_of(request)
     params = request.query_params
