@@ -9,6 +9,7 @@ calls against C (the parser's share of h11 more than of httptools): read the sha
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import multiprocessing as mp
 import pstats
 import random
@@ -25,7 +26,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import api as bench_api  # noqa: E402  (bench/api.py: the view, its rows, the lean HTTP client)
+# bench/api.py (the view, its rows, the lean HTTP client), loaded by its path: a module named
+# `api` would shadow the package folder of the same name.
+_spec = importlib.util.spec_from_file_location("bench_api", ROOT / "bench" / "api.py")
+assert _spec is not None and _spec.loader is not None
+bench_api = importlib.util.module_from_spec(_spec)
+sys.modules["bench_api"] = bench_api
+_spec.loader.exec_module(bench_api)
 from tributary.api.devdb.embedded import EmbeddedPostgres  # noqa: E402
 
 # The server: the profiler starts on SIGUSR1 and stops on SIGUSR2; the stats are written on exit.
