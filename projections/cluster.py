@@ -155,4 +155,3 @@ def python_version() -> str:
     """This interpreter's `major.minor`: the driver's and every executor's must be equal (pickled
     functions and Arrow batches cross between them)."""
     return f"{sys.version_info[0]}.{sys.version_info[1]}"
-

@@ -100,7 +100,9 @@ def check_executors(
     ask = _ask(None if root is None else str(root), _names(root), modules, mirror)
     first = within(sc, timeout_s, lambda: sc.parallelize([0], 1).mapPartitions(ask).collect(), what="a task")
     n = max(int(sc.defaultParallelism), 1)  # the slots registered now, the first executor's at least
-    seen = first + within(sc, timeout_s, lambda: sc.parallelize(range(n), n).mapPartitions(ask).collect(), what="a task")
+    seen = first + within(
+        sc, timeout_s, lambda: sc.parallelize(range(n), n).mapPartitions(ask).collect(), what="a task"
+    )
     here = python_version()
     other = sorted({f"{host} ({version})" for host, version, _, _ in seen if version != here})
     if other:

@@ -30,10 +30,10 @@ import psycopg
 
 from tributary.log import VIEW_TIMEOUT_S, LogError, MissingMetadataError
 from tributary.projections.arrow_copy import distinct_keys, output_lines
+from tributary.projections.cluster import fold_partitions, ship_files, task_error
 from tributary.projections.definition import Projection
 from tributary.projections.engine import Prior, applies_truncates, decide, merges_partitions, truncate_points
 from tributary.projections.errors import LockedError, ProjectionError, RunError
-from tributary.projections.cluster import fold_partitions, ship_files, task_error
 from tributary.projections.executors import check_executors
 from tributary.projections.job import (
     TRUNCATE_COLUMNS,

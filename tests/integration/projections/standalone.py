@@ -88,14 +88,32 @@ class Cluster:
         worker = [str(SPARK_CLASS), "org.apache.spark.deploy.worker.Worker", self.master, "--host", ip]
         worker += ["--cores", "1", "--memory", "1g", "--webui-port", "0", "--work-dir", str(work)]
         if name == "worker-ns":  # its own network, and `hidden` an empty directory there
-            script = f'mount -t tmpfs tmpfs "$1" && shift && exec "$@"'
-            worker = ["ip", "netns", "exec", self.netns, "unshare", "-m", "sh", "-c", script, "sh", str(self.hidden), *worker]
+            script = 'mount -t tmpfs tmpfs "$1" && shift && exec "$@"'
+            worker = [
+                "ip",
+                "netns",
+                "exec",
+                self.netns,
+                "unshare",
+                "-m",
+                "sh",
+                "-c",
+                script,
+                "sh",
+                str(self.hidden),
+                *worker,
+            ]
         self._spawn(name, worker, ip)
 
     def _spawn(self, name: str, cmd: list[str], ip: str) -> None:
         with (self.base / "logs" / f"{name}.out").open("ab") as out:
             self.procs[name] = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=self.env(ip), start_new_session=True
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env(ip),
+                start_new_session=True,
             )
 
     def alive_workers(self) -> list[str]:
@@ -134,7 +152,9 @@ class Cluster:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
         if self.netns:
-            for pid in subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True, text=True).stdout.split():
+            for pid in subprocess.run(
+                ["ip", "netns", "pids", self.netns], capture_output=True, text=True
+            ).stdout.split():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid), signal.SIGKILL)
         subprocess.run(["ip", "link", "del", self.veth], capture_output=True)

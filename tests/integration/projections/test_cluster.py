@@ -196,12 +196,16 @@ def test_no_executor_is_a_timeout_with_a_message(cluster: Cluster, fresh_db: str
     conf = {"spark.executor.memory": "64g", "spark.scheduler.maxRegisteredResourcesWaitingTime": "1s"}
     args = json.loads(_args(cluster, fresh_db, fresh_db, root, modules, "cbank", **conf))
     args["timeout"] = 5.0  # no worker has 64g: no executor ever starts
-    out = run_process([sys.executable, "-c", CHILD, json.dumps(args)], what="a run without executors", env=_env(cluster))
+    out = run_process(
+        [sys.executable, "-c", CHILD, json.dumps(args)], what="a run without executors", env=_env(cluster)
+    )
     error = json.loads(out.stdout.strip().splitlines()[-1])["error"]
     assert error.startswith("no Spark executor ran a task within 5 s"), error
 
 
-def test_an_import_missing_on_a_worker_is_named(cluster: Cluster, fresh_db: str, forwarder: str, tmp_path: Path) -> None:
+def test_an_import_missing_on_a_worker_is_named(
+    cluster: Cluster, fresh_db: str, forwarder: str, tmp_path: Path
+) -> None:
     root = tmp_path / "log"
     _log(root, 4)
     lib = cluster.hidden / "lib"  # on the driver's PYTHONPATH; empty on the namespaced worker
@@ -213,11 +217,15 @@ def test_an_import_missing_on_a_worker_is_named(cluster: Cluster, fresh_db: str,
     (tmp_path / "p" / "cluster_rules.py").write_text(RULES)
     args = _args(cluster, fresh_db, forwarder, root, [str(module)], "cneeds")
     result = _drive(cluster, args, _env(cluster, f"{REPO_ROOT}:{lib}"))
-    assert result["error"].startswith(f"executor host {os.uname().nodename} cannot load [projections] modules: "), result
+    assert result["error"].startswith(f"executor host {os.uname().nodename} cannot load [projections] modules: "), (
+        result
+    )
     assert "No module named 'shop_helpers'" in result["error"] and "\n" not in result["error"]
 
 
-def test_a_worker_killed_mid_rebuild(spark: Any, cluster: Cluster, fresh_db: str, forwarder: str, tmp_path: Path) -> None:
+def test_a_worker_killed_mid_rebuild(
+    spark: Any, cluster: Cluster, fresh_db: str, forwarder: str, tmp_path: Path
+) -> None:
     """Last in the module: it kills the namespaced worker for good."""
     root = tmp_path / "log"
     _log(root, 200)
@@ -226,7 +234,9 @@ def test_a_worker_killed_mid_rebuild(spark: Any, cluster: Cluster, fresh_db: str
     modules = [_projection_files(cluster, gate)]
     args = _args(cluster, fresh_db, forwarder, root, modules, "cbank_gated")
     with (tmp_path / "out").open("wb") as out:
-        child = subprocess.Popen([sys.executable, "-c", CHILD, args], stdout=out, stderr=subprocess.STDOUT, env=_env(cluster))
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, args], stdout=out, stderr=subprocess.STDOUT, env=_env(cluster)
+        )
     try:
         ours = os.readlink("/proc/self/ns/net")
         wait_progress(  # a fold task on the other host is inside the fold
@@ -236,7 +246,11 @@ def test_a_worker_killed_mid_rebuild(spark: Any, cluster: Cluster, fresh_db: str
         )
         cluster.kill_ns_worker()
         (gate / "open").touch()
-        wait_exit(child, what="the rebuild to finish on the remaining worker", progress=lambda: size_of(cluster.base / "logs", tmp_path / "out"))
+        wait_exit(
+            child,
+            what="the rebuild to finish on the remaining worker",
+            progress=lambda: size_of(cluster.base / "logs", tmp_path / "out"),
+        )
     finally:
         if child.poll() is None:
             child.kill()
