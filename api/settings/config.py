@@ -470,6 +470,7 @@ class ProjectionSettings(_Section):
     shuffle_partitions: int | None = Field(
         default=None,
         ge=1,
+        le=100_000,
         description="Partitions of a fold's shuffle (default: spark_conf's spark.sql.shuffle.partitions, else the "
         "task slots of the registered executors).",
     )

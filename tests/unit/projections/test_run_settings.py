@@ -45,5 +45,5 @@ def test_cluster_keys_reach_the_run(tmp_path: Path) -> None:
 def test_a_bad_shuffle_partitions_names_the_key(tmp_path: Path) -> None:
     path = tmp_path / "tributary.toml"
     path.write_text("[projections]\nshuffle_partitions = 0\n")
-    with pytest.raises(ConfigError, match=r"\[projections\] shuffle_partitions: must be at least 1"):
+    with pytest.raises(ConfigError, match=r"\[projections\] shuffle_partitions: must be between 1 and 100000, got 0"):
         load_settings(path)
