@@ -9,7 +9,6 @@ per task slot, with a deadline) asks every executor what it sees.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import sys
 import threading
@@ -18,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from tributary.hosts import is_loopback
 from tributary.projections.errors import RunError
 
 if TYPE_CHECKING:
@@ -52,21 +52,12 @@ def master_hosts(master: str) -> tuple[str, ...] | None:
     return tuple(part.rsplit(":", 1)[0].strip("[]") for part in m.group(1).split(","))
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def loopback_driver(master: str, conf: Mapping[str, str]) -> str | None:
     """Why the session must not start (one line), or None: a loopback `spark.driver.host` with a
     master on another host gives executors that cannot connect back to the driver."""
     hosts = master_hosts(master)
     driver = conf.get("spark.driver.host", "127.0.0.1")
-    if hosts is None or not _loopback(driver) or (hosts and all(_loopback(h) for h in hosts)):
+    if hosts is None or not is_loopback(driver) or (hosts and all(is_loopback(h) for h in hosts)):
         return None
     return (
         f"spark.driver.host is {driver} (loopback) but the master {master} is not on this host: its executors "

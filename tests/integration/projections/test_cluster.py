@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -85,8 +86,19 @@ PROJECTIONS = [bank("cbank"), bank("cbank_gated", gated)]
 """
 
 
+def _no_namespaces() -> str | None:
+    """Why this machine cannot make the cluster's second host, or None."""
+    if os.geteuid() != 0:
+        return "network and mount namespaces need root"
+    missing = [tool for tool in ("ip", "unshare", "mount") if shutil.which(tool) is None]
+    return f"no {', '.join(missing)} command here" if missing else None
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    why = _no_namespaces()
+    if why is not None:
+        pytest.skip(why)
     base = tmp_path_factory.mktemp("standalone")
     hidden = base / "hidden"
     hidden.mkdir()
