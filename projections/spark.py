@@ -1,8 +1,9 @@
 """One SparkSession per process, from config, tuned for a small machine.
 
-UI off, few shuffle partitions, AQE off, quiet logs and a loopback address keep start-up short;
-`conf` (`[projections] spark_conf`) is applied last, so any of them can be overridden (a cluster
-sets `spark.driver.host` to an address its executors can reach).
+UI off, AQE off, quiet logs and a loopback address keep start-up short; shuffles have one
+partition per task slot unless told otherwise; `conf` (`[projections] spark_conf`) is applied
+last, so any of them can be overridden (a cluster sets `spark.driver.host` to an address its
+executors can reach: a loopback one with a master on another host is refused).
 Python workers do not see `sys.path` edits: they import `tributary` from the installed package,
 and the driver's PYTHONPATH (if any) travels to them as `spark.executorEnv.PYTHONPATH`.
 Spark's own Kafka source, when `make setup` has fetched it (build/spark-kafka/lib), is on every
