@@ -6,6 +6,7 @@ same references (cached per process) instead of unpickling user functions.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from functools import lru_cache
 from types import ModuleType
@@ -14,7 +15,7 @@ from tributary.projections.definition import Projection
 from tributary.projections.errors import DefinitionError
 from tributary.user_files import Messages, UserModules, file_stamp
 
-__all__ = ["file_stamps", "load", "load_current", "load_module", "resolve"]
+__all__ = ["file_stamps", "load", "load_current", "load_module", "load_shipped", "resolve", "shipped"]
 
 _EXPORTS = "{ref!r} must export PROJECTION (a Projection) or PROJECTIONS (a list)"
 _PROJECTIONS: UserModules[Projection] = UserModules(
@@ -55,8 +56,35 @@ def load(modules: tuple[str, ...], mirror: tuple[str, ...] = ()) -> dict[str, Pr
     return found
 
 
+def shipped(modules: Sequence[str]) -> tuple[str, ...]:
+    """`modules` as this host can load them: a file path that does not exist here but was sent
+    with the Spark job (`cluster.ship_files`) is read from the executor's copy."""
+    out = []
+    for ref in modules:
+        if ref.endswith(".py") and not os.path.exists(ref):
+            root = _spark_files()
+            copy = os.path.join(root, os.path.basename(ref)) if root else ""
+            ref = copy if copy and os.path.isfile(copy) else ref
+        out.append(ref)
+    return tuple(out)
+
+
+def _spark_files() -> str | None:
+    """Where this Spark task's shipped files are (None outside a task)."""
+    try:
+        from pyspark import SparkFiles, TaskContext
+    except ImportError:
+        return None
+    return SparkFiles.getRootDirectory() if TaskContext.get() is not None else None
+
+
+def load_shipped(modules: tuple[str, ...], mirror: tuple[str, ...] = ()) -> dict[str, Projection]:
+    """`load`, with files missing here read from the copies the job shipped (`shipped`)."""
+    return load(shipped(modules), mirror)
+
+
 def resolve(modules: Sequence[str], mirror: Sequence[str], name: str) -> Projection:
-    projections = load(tuple(modules), tuple(mirror))
+    projections = load_shipped(tuple(modules), tuple(mirror))
     if name not in projections:
         known = ", ".join(sorted(projections)) or "none"
         raise DefinitionError(f"no projection named {name!r} (configured: {known})")

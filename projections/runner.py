@@ -30,6 +30,7 @@ import psycopg
 
 from tributary.log import VIEW_TIMEOUT_S, LogError, MissingMetadataError
 from tributary.projections.arrow_copy import distinct_keys, output_lines
+from tributary.projections.cluster import fold_partitions, ship_files, task_error
 from tributary.projections.definition import Projection
 from tributary.projections.engine import (
     Late,
@@ -41,7 +42,7 @@ from tributary.projections.engine import (
     truncate_points,
 )
 from tributary.projections.errors import LockedError, ProjectionError, RunError
-from tributary.projections.executors import check_log_root
+from tributary.projections.executors import check_executors
 from tributary.projections.job import (
     TRUNCATE_COLUMNS,
     TRUNCATE_SCHEMA,
@@ -94,7 +95,9 @@ class RunSettings:
     schema: str = "views"
     spark_master: str = "local[*]"
     spark_conf: Mapping[str, str] = field(default_factory=dict)
-    shuffle_partitions: int = 4
+    shuffle_partitions: int | None = None  # None: spark_conf's spark.sql.shuffle.partitions, else the slots
+    executor_dsn: str | None = None  # where executors COPY a fold's output (None: `dsn`)
+    executor_timeout_s: float = 120.0  # how long a cluster run waits for an executor to run a task
     split_bytes: int = 16 << 20
     max_passes: int = 5
     skip_errors: bool = False
@@ -124,6 +127,9 @@ class RunSettings:
             spark_conf=dict(pr.spark_conf),
             kafka=kafka,
             kafka_reader=pr.kafka_reader,
+            shuffle_partitions=pr.shuffle_partitions,
+            executor_dsn=pr.executor_dsn,
+            executor_timeout_s=pr.executor_timeout_s,
         )
 
 
@@ -182,7 +188,10 @@ def _spark_error(exc: Exception) -> ProjectionError:
     m = re.search(r"projection '[^']*' failed on [^\n]*", str(exc))
     if m:
         return RunError(m.group(0))
-    return RunError(f"the Spark job failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+    cause = task_error(str(exc))  # the task's own Python error, not Spark's "Job aborted" line
+    if cause is None:
+        cause = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return RunError(f"the Spark job failed: {cause}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +299,7 @@ def _transform_pass(
 ) -> _Pass:
     """A DataFrame transform recomputes over the whole log: its output replaces the table."""
     assert p.build is not None
-    records = _read(s, log, p, span, aggregation_session(spark, s.shuffle_partitions), {})
+    records = _read(s, log, p, span, aggregation_session(spark, _partitions(s, spark)), {})
     out = p.build(records).toArrow()
     lines = output_lines(p, out)  # checks the rows (unknown columns, NULL keys) first
     rows = store.replace_rows(p, b, [lines], span.checkpoints(), span.total, distinct_keys=distinct_keys(p, out))
@@ -339,8 +348,8 @@ def _fold_pass(
                 items,
                 ref,
                 priors,
-                s.shuffle_partitions,
-                dsn=s.dsn,
+                _partitions(s, spark),
+                dsn=s.executor_dsn or s.dsn,
                 staging=staged.names,
                 skip_errors=s.skip_errors,
             )
@@ -473,7 +482,7 @@ def _deliver(
     return items.unionByName(deliveries(truncates, holders.distinct())), new_points
 
 
-_SEEN_ROOTS: set[tuple[str, str]] = set()  # (Spark application, log root) pairs whose executors see the root
+_SEEN_ROOTS: set[tuple[str, str, tuple[str, ...]]] = set()  # (application, log root, modules) checked
 
 
 def _session(s: RunSettings, spark: SparkSession | None) -> SparkSession:
@@ -491,12 +500,21 @@ def _session(s: RunSettings, spark: SparkSession | None) -> SparkSession:
         else get_session(s.spark_master, shuffle_partitions=s.shuffle_partitions, conf=s.spark_conf)
     )
     sc = sess.sparkContext
-    if local_cores(sc.master) is None and s.kafka is None:  # local masters run their tasks on this host
-        seen = (str(sc.applicationId), str(s.log_root))
+    if local_cores(sc.master) is None:  # local masters run their tasks on this host, in this Python
+        seen = (str(sc.applicationId), str(s.log_root), s.modules)
         if seen not in _SEEN_ROOTS:
-            check_log_root(sess, s.log_root)
+            ship_files(sc, s.modules)
+            root = s.log_root if s.kafka is None else None  # on Kafka the executors reach the brokers
+            check_executors(sess, root=root, modules=s.modules, mirror=s.mirror, timeout_s=s.executor_timeout_s)
             _SEEN_ROOTS.add(seen)
+        if spark is None and "spark.sql.shuffle.partitions" not in s.spark_conf:
+            sess.conf.set("spark.sql.shuffle.partitions", str(_partitions(s, sess)))  # the registered slots
     return sess
+
+
+def _partitions(s: RunSettings, spark: SparkSession) -> int:
+    """A pass's shuffle partitions: the setting, the configuration's, or the cluster's slots now."""
+    return fold_partitions(s.shuffle_partitions, s.spark_conf, spark.sparkContext.defaultParallelism)
 
 
 class _Locked:

@@ -1,8 +1,9 @@
 """One SparkSession per process, from config, tuned for a small machine.
 
-UI off, few shuffle partitions, AQE off, quiet logs and a loopback address keep start-up short;
-`conf` (`[projections] spark_conf`) is applied last, so any of them can be overridden (a cluster
-sets `spark.driver.host` to an address its executors can reach).
+UI off, AQE off, quiet logs and a loopback address keep start-up short; shuffles have one
+partition per task slot unless told otherwise; `conf` (`[projections] spark_conf`) is applied
+last, so any of them can be overridden (a cluster sets `spark.driver.host` to an address its
+executors can reach: a loopback one with a master on another host is refused).
 Python workers do not see `sys.path` edits: they import `tributary` from the installed package,
 and the driver's PYTHONPATH (if any) travels to them as `spark.executorEnv.PYTHONPATH`.
 Spark's own Kafka source, when `make setup` has fetched it (build/spark-kafka/lib), is on every
@@ -110,14 +111,23 @@ def _stderr_to(path: Path) -> Iterator[None]:
 
 
 def get_session(
-    master: str = "local[*]", *, shuffle_partitions: int = 4, conf: Mapping[str, str] | None = None
+    master: str = "local[*]", *, shuffle_partitions: int | None = None, conf: Mapping[str, str] | None = None
 ) -> SparkSession:
     """The process's SparkSession (created on first use; later calls return the same one).
-    `conf` goes on top of the defaults: its settings win."""
+    `conf` goes on top of the defaults: its settings win. Shuffles use `shuffle_partitions`, else a
+    local master's task slots (a cluster's are known once its executors register: the runner sets
+    them then). A loopback driver address with a master on another host is refused (`RunError`)."""
     global _SESSION
     with _LOCK:
         if _SESSION is not None:
             return _SESSION
+        from tributary.projections.cluster import loopback_driver
+        from tributary.projections.errors import RunError
+
+        refused = loopback_driver(master, conf or {})
+        if refused is not None:
+            raise RunError(refused)
+        partitions = shuffle_partitions if shuffle_partitions is not None else local_cores(master)
         pythonpath = os.environ.get("PYTHONPATH", "")
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need this venv's packages
@@ -130,8 +140,6 @@ def get_session(
             .appName("tributary-projections")
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-            .config("spark.default.parallelism", str(shuffle_partitions))
             .config("spark.sql.adaptive.enabled", "false")
             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
             .config("spark.sql.session.timeZone", "UTC")
@@ -154,6 +162,10 @@ def get_session(
         )
         if pythonpath:
             builder = builder.config("spark.executorEnv.PYTHONPATH", pythonpath)
+        if partitions is not None:
+            builder = builder.config("spark.sql.shuffle.partitions", str(partitions))
+        if local_cores(master) is None:  # the first job waits for every core of spark.cores.max (if set)
+            builder = builder.config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
         for k, v in (conf or {}).items():
             builder = builder.config(k, v)
         jars = _jars(conf or {})

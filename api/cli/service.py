@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import os
 from typing import TYPE_CHECKING, Annotated, TypedDict
@@ -12,20 +11,12 @@ import typer
 
 from tributary.api.cli.common import ConfigOption, UserError, service_dsn, settings_from
 from tributary.api.cli.help import SentenceGroup
+from tributary.hosts import is_loopback
 
 if TYPE_CHECKING:  # imported where used: these commands start without loading what they do not run
     from tributary.api.settings.config import Settings
 
 __all__ = ["register"]
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 SHUTDOWN_GRACE_S = 3
@@ -85,7 +76,7 @@ def serve(
     host = host or settings.api.host
     port = settings.api.port if port is None else port
     workers = settings.api.workers if workers is None else workers
-    if not settings.api.keys and not _is_loopback(host):
+    if not settings.api.keys and not is_loopback(host):
         raise UserError(
             f"refusing to bind {host}: no API keys are configured, so the API only binds to loopback; "
             "add [api] keys to tributary.toml to serve other hosts"

@@ -467,6 +467,24 @@ class ProjectionSettings(_Section):
         description="Any Spark setting, applied when the session is built and winning over the defaults (e.g. "
         "spark.driver.host for executors on other hosts; `config show` masks secrets).",
     )
+    shuffle_partitions: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="Partitions of a fold's shuffle (default: spark_conf's spark.sql.shuffle.partitions, else the "
+        "task slots of the registered executors).",
+    )
+    executor_dsn: str | None = Field(
+        default=None,
+        description="The service database as Spark's executors reach it (they COPY a fold's output into staging "
+        "tables; default: [service] dsn).",
+    )
+    executor_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=86_400,
+        description="How long a run on a cluster waits for an executor to run its first task before it stops.",
+    )
     modules: tuple[str, ...] = Field(
         default=(), description="Your projection files (relative to this file) or modules."
     )

@@ -11,6 +11,7 @@ import json
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Union, get_args, get_origin
 
 from pydantic import BaseModel
@@ -20,6 +21,7 @@ from tributary.jsonvalue import JsonObject, JsonValue
 __all__ = [
     "ENV_PREFIX",
     "NOT_SETTINGS",
+    "FILE_SUFFIX",
     "EnvironmentData",
     "model_of",
     "read_environment",
@@ -44,6 +46,10 @@ NOT_SETTINGS = frozenset(
 )
 
 Path_ = tuple[str, ...]
+
+# `TRIBUTARY_<NAME>_FILE=/run/secrets/x`: the setting `TRIBUTARY_<NAME>` read from that file, so a
+# secret (a DSN with its password, API keys) mounted as a file never sits in the environment.
+FILE_SUFFIX = "_FILE"
 
 
 @dataclass
@@ -139,14 +145,16 @@ def read_environment(model: type[BaseModel], environ: Mapping[str, str]) -> Envi
     names = setting_names(model)
     env = EnvironmentData()
     ours = [n for n in environ if n.upper().startswith(ENV_PREFIX) and n.upper() not in NOT_SETTINGS]
+    values = {n: environ[n] for n in ours if not _file_of(n, names)}
+    values.update(_read_files({n: environ[n] for n in ours if _file_of(n, names)}, values, env.problems))
     # A whole section first, then single keys on top of it.
-    for name in sorted(ours, key=lambda n: (n.upper().count("__"), n.upper())):
-        known = names.get(name.upper())
+    for name in sorted(values, key=lambda n: (n.upper().count("__"), n.upper())):
+        known = names.get(name.upper().removesuffix(FILE_SUFFIX) if _file_of(name, names) else name.upper())
         if known is None:
             env.problems.append(_unknown(name, sorted(names)))
             continue
         path, annotation = known
-        raw = environ[name]
+        raw = values[name]
         if not _is_json(annotation):
             _put(env, path, raw, name)
             continue
@@ -157,3 +165,28 @@ def read_environment(model: type[BaseModel], environ: Mapping[str, str]) -> Envi
             continue
         _put(env, path, value, name)
     return env
+
+
+def _file_of(name: str, names: Mapping[str, object]) -> bool:
+    """`name` is `<setting>_FILE` (and not itself a setting)."""
+    upper = name.upper()
+    return upper.endswith(FILE_SUFFIX) and upper not in names and upper.removesuffix(FILE_SUFFIX) in names
+
+
+def _read_files(files: Mapping[str, str], direct: Mapping[str, str], problems: list[str]) -> dict[str, str]:
+    """Each `<setting>_FILE` variable → the file's text (one trailing newline dropped), under the
+    variable's own name; a problem line when the file cannot be read or the setting is set too."""
+    out: dict[str, str] = {}
+    given = {n.upper() for n in direct}
+    for name, path in sorted(files.items()):
+        setting = name.upper().removesuffix(FILE_SUFFIX)
+        if setting in given:
+            problems.append(f"config error: both {setting} and {name} are set: set one")
+            continue
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.append(f"config error in {name}: cannot read {path}: {getattr(exc, 'strerror', None) or exc}")
+            continue
+        out[name] = text.removesuffix("\n").removesuffix("\r")
+    return out

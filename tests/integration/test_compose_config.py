@@ -28,13 +28,19 @@ def _no_compose() -> str | None:
     return None
 
 
-def test_docker_compose_config_accepts_the_file() -> None:
+def test_docker_compose_config_accepts_the_file(tmp_path: Path) -> None:
     why = _no_compose()
     if why is not None:
         pytest.skip(why)
+    deploy = tmp_path / "deploy"  # a copy, with the secret files generate.sh makes (never in the checkout)
+    shutil.copytree(DEPLOY, deploy, ignore=shutil.ignore_patterns("secrets"))
+    (deploy / "secrets").mkdir()
+    shutil.copy(DEPLOY / "secrets" / "generate.sh", deploy / "secrets" / "generate.sh")
+    made = run_process(["sh", str(deploy / "secrets" / "generate.sh")], what="deploy/secrets/generate.sh")
+    assert made.returncode == 0, made.stderr
     out = run_process(
-        ["docker", "compose", "-f", str(DEPLOY / "compose.yaml"), "config", "--quiet"],
+        ["docker", "compose", "-f", str(deploy / "compose.yaml"), "config", "--quiet"],
         what="docker compose config",
-        env={**os.environ, "TRIBUTARY_API_KEY": "k" * 32},
+        env=dict(os.environ),
     )
     assert out.returncode == 0, out.stderr

@@ -405,4 +405,34 @@ def test_every_tributary_variable_the_project_names_is_accepted() -> None:
     # deploy/compose.yaml runs capture on the Kafka log backend; its keys are settings once that
     # backend is part of the build (until then, these two and only these are allowed ahead of it)
     ahead = set() if "backend" in LogSettings.model_fields else {"TRIBUTARY_LOG__BACKEND", "TRIBUTARY_LOG__KAFKA"}
-    assert sorted(used - set(setting_names(Settings)) - NOT_SETTINGS - ahead) == []
+    names = set(setting_names(Settings))
+    from_files = {n for n in used if n.endswith("_FILE") and n.removesuffix("_FILE") in names}  # a setting's file
+    assert sorted(used - names - NOT_SETTINGS - ahead - from_files) == []
+
+
+def test_settings_read_from_files_named_by_file_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compose and Kubernetes secrets are files: `TRIBUTARY_<NAME>_FILE` reads `TRIBUTARY_<NAME>` from one."""
+    dsn, sources = tmp_path / "service_dsn", tmp_path / "sources.json"
+    dsn.write_text("postgresql://tributary_service:s3cret@db:5432/tributary\n")  # as `echo … >` writes it
+    sources.write_text('[{"name": "shop", "dsn": "postgresql://tributary_capture:pw@db/shop"}]')
+    monkeypatch.setenv("TRIBUTARY_SERVICE__DSN_FILE", str(dsn))
+    monkeypatch.setenv("TRIBUTARY_SOURCES_FILE", str(sources))
+    settings = load_settings()
+    assert settings.service.dsn == "postgresql://tributary_service:s3cret@db:5432/tributary"
+    assert [s.dsn for s in settings.sources] == ["postgresql://tributary_capture:pw@db/shop"]
+
+
+def test_file_variables_fail_in_one_line_each(tmp_path: Path) -> None:
+    env = {
+        "TRIBUTARY_SERVICE__DSN_FILE": str(tmp_path / "missing"),
+        "TRIBUTARY_API__KEYS": "[]",
+        "TRIBUTARY_API__KEYS_FILE": str(tmp_path / "missing"),
+        "TRIBUTARY_NOPE_FILE": "/x",
+    }
+    assert _fails(["config", "show"], env=env) == [
+        "tributary: config error: both TRIBUTARY_API__KEYS and TRIBUTARY_API__KEYS_FILE are set: set one",
+        f"tributary: config error in TRIBUTARY_SERVICE__DSN_FILE: cannot read {tmp_path / 'missing'}: "
+        "No such file or directory",
+        "tributary: config error: unknown setting TRIBUTARY_NOPE_FILE (settings are TRIBUTARY_<SECTION>__<KEY>; "
+        "`tributary config reference` lists the keys)",
+    ]

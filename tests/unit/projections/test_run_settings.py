@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tributary.api.settings.config import load_settings
+from tributary.api.settings.errors import ConfigError
 from tributary.projections.errors import RunError
 from tributary.projections.runner import RunSettings
 
@@ -22,3 +23,27 @@ def test_without_a_service_dsn_the_error_names_the_key(tmp_path: Path, monkeypat
     with pytest.raises(RunError, match=r"set \[service\] dsn"):
         RunSettings.from_settings(settings)
     assert RunSettings.from_settings(settings, dsn="postgresql://h/db").dsn == "postgresql://h/db"
+
+
+def test_cluster_keys_reach_the_run(tmp_path: Path) -> None:
+    path = tmp_path / "tributary.toml"
+    path.write_text(
+        '[projections]\nshuffle_partitions = 12\nexecutor_dsn = "postgresql://tributary@10.0.0.5/tributary"\n'
+        "executor_timeout_s = 30\n"
+    )
+    s = RunSettings.from_settings(load_settings(path), dsn="postgresql://h/db")
+    assert (s.shuffle_partitions, s.executor_dsn, s.executor_timeout_s) == (
+        12,
+        "postgresql://tributary@10.0.0.5/tributary",
+        30.0,
+    )
+    path.write_text("[projections]\nmodules = []\n")
+    s = RunSettings.from_settings(load_settings(path), dsn="postgresql://h/db")
+    assert (s.shuffle_partitions, s.executor_dsn) == (None, None)  # sized from the cluster; the service DSN
+
+
+def test_a_bad_shuffle_partitions_names_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "tributary.toml"
+    path.write_text("[projections]\nshuffle_partitions = 0\n")
+    with pytest.raises(ConfigError, match=r"\[projections\] shuffle_partitions: must be between 1 and 100000, got 0"):
+        load_settings(path)
