@@ -67,7 +67,16 @@ def test_the_revision_ids_databases_store_are_kept() -> None:
     file must not touch them."""
     ids = [_assigned(VERSIONS / name, "revision") for name in _run_order()]
     assert (
-        ids == ["0001", "0002", "0003_es_xact", "0003_consumer_groups", "0004_sinks", "0005_consumer_nacks", "0007_subject_keys"][: len(ids)]
+        ids
+        == [
+            "0001",
+            "0002",
+            "0003_es_xact",
+            "0003_consumer_groups",
+            "0004_sinks",
+            "0005_consumer_nacks",
+            "0007_subject_keys",
+        ][: len(ids)]
     )
 
 
