@@ -12,7 +12,10 @@ __all__ = [
     "IdempotencyMismatch",
     "InvalidCommand",
     "InvalidValue",
+    "MetadataConflict",
     "PartialDuplicateBatch",
+    "StreamDeleted",
+    "StreamNotFound",
     "StoreUnavailable",
     "UnknownCommand",
     "UnknownPosition",
@@ -98,3 +101,30 @@ class UnknownPosition(EventStoreError):
             f"no event at position {position}; continue from the position of an event you read (0: the start)"
         )
         self.position = position
+
+
+class StreamDeleted(EventStoreError):
+    """The stream was deleted for good (a tombstone, a hard delete): its id is never used again."""
+
+    def __init__(self, stream_id: str) -> None:
+        super().__init__(f"stream {stream_id!r} was deleted for good (hard delete); use another stream id")
+        self.stream_id = stream_id
+
+
+class StreamNotFound(EventStoreError):
+    """The stream has no events to act on (never written, or deleted)."""
+
+    def __init__(self, stream_id: str) -> None:
+        super().__init__(f"no stream {stream_id!r}")
+        self.stream_id = stream_id
+
+
+class MetadataConflict(EventStoreError):
+    """The stream's metadata is not at the version the write expected."""
+
+    def __init__(self, stream_id: str, expected: object, actual: int) -> None:
+        super().__init__(
+            f"the metadata of stream {stream_id!r} is at version {actual}, expected {expected}; "
+            "read it again and retry (with expected_metadata_version set to the version you read)"
+        )
+        self.stream_id, self.expected, self.actual = stream_id, expected, actual

@@ -111,7 +111,9 @@ class CommandHandler:
     def _fold(
         self, agg: Aggregate[Any], conn: psycopg.Connection[Any], stream_id: str, read: StreamLoad
     ) -> LoadedState:
-        """The state after the snapshot (if it still validates) and the events after it."""
+        """The state after the snapshot (if it still validates) and the visible events after it
+        (stream metadata may hide early ones: KurrentDB reads from the first visible event), at
+        the stream's end, so the append continues its versions."""
         state, version, base, events = agg.initial(), 0, 0, read.events
         if read.snapshot is not None:
             try:
@@ -122,7 +124,7 @@ class CommandHandler:
         for e in events:
             state = agg.evolve(state, agg.load_event(e.type, e.schema_version, e.data))
             version = e.version
-        return LoadedState(state, version, base)
+        return LoadedState(state, max(version, read.end), base)
 
     # -- handling ----------------------------------------------------------------------------------
     def handle(
