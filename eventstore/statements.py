@@ -476,9 +476,7 @@ META_PUT = _compiled(
 )
 # Whatever version it is at (`expected_version="any"`).
 META_PUT_ANY = _compiled(
-    _meta_insert.on_conflict_do_update(index_elements=[st.stream_id], set_=_meta_set).returning(
-        st.metadata_version
-    ),
+    _meta_insert.on_conflict_do_update(index_elements=[st.stream_id], set_=_meta_set).returning(st.metadata_version),
     ("stream_id", "max_age", "max_count", "truncate_before", "custom"),
 )
 # A delete: the stream's end is kept (versions continue after it); soft hides up to it, hard
@@ -521,7 +519,9 @@ KEEP_END = _compiled(
     .values(
         end_version=func.greatest(
             st.end_version,
-            func.coalesce(select(func.max(ev.version)).where(ev.stream_id == _p("max_stream")).scalar_subquery(), _ZERO),
+            func.coalesce(
+                select(func.max(ev.version)).where(ev.stream_id == _p("max_stream")).scalar_subquery(), _ZERO
+            ),
         )
     ),
     ("max_stream", "stream_id"),

@@ -58,8 +58,8 @@ from tributary.eventstore.statements import (
     SNAP_GET,
     SNAP_PUT,
     SNAP_PUT_AFTER,
-    STREAMS_OF_TYPE,
     STREAM_STATE,
+    STREAMS_OF_TYPE,
 )
 from tributary.eventstore.values import check_id
 from tributary.jsonvalue import JsonValue

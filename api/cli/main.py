@@ -122,6 +122,7 @@ def _register_subcommands() -> None:
         "tributary.api.cli.project",
         "tributary.api.cli.service",
         "tributary.api.cli.groups",
+        "tributary.api.cli.events",
         "tributary.api.cli.sinks",
         "tributary.api.cli.kafka",
         "tributary.api.demo.demo",

@@ -24,12 +24,20 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive, Scope, Send
 
-from tributary.api.http import routes_admin, routes_commands, routes_groups, routes_streams, routes_views
+from tributary.api.http import (
+    routes_admin,
+    routes_commands,
+    routes_groups,
+    routes_lifecycle,
+    routes_streams,
+    routes_views,
+)
 from tributary.api.http.domains import document_domains
 from tributary.api.http.head import HeadAsGet
 from tributary.api.http.limits import BodyLimit, RequestTracker, connections
 from tributary.api.http.metrics import Metrics
 from tributary.api.http.problems import Problem, carriable, code_for_status, handle_problem, problem_response
+from tributary.api.http.scavenger import start_scavenger
 from tributary.api.http.status import Serving, Status
 from tributary.api.http.subscriptions import Subscriptions
 from tributary.api.http.views_db import Views
@@ -146,6 +154,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
             snapshot_every=settings.eventstore.snapshot_every or None,
         )
         metrics.known_stream_types(handler.aggregates)
+        scavenging = start_scavenger(store, settings.eventstore.scavenge_interval_s)
         subscriptions = Subscriptions(
             pool,
             poll_s=settings.api.subscription_poll_s,
@@ -178,6 +187,8 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
             yield
         finally:
             refreshing.cancel()
+            if scavenging is not None:
+                scavenging.cancel()
             await consumers.stop()
             await subscriptions.close()
             await asyncio.to_thread(store.close)
@@ -205,6 +216,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
 
     app.include_router(routes_commands.router)
     app.include_router(routes_streams.router)
+    app.include_router(routes_lifecycle.router)
     app.include_router(routes_views.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_groups.router)

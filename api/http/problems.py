@@ -57,6 +57,8 @@ TITLES: dict[str, str] = {
     "conflict": "Version conflict",
     "unknown_stream_type": "Unknown stream type",
     "unknown_stream": "Unknown stream",
+    "stream_deleted": "Stream deleted",
+    "metadata_conflict": "Stream metadata version conflict",
     "unknown_position": "Unknown position",
     "unknown_command": "Unknown command",
     "invalid_command": "Invalid command",

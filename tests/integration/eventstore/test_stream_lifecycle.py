@@ -77,7 +77,9 @@ def test_truncate_before_hides_at_once_and_scavenge_removes(store: EventStore, d
     assert versions(store, "s") == [7, 8, 9, 10]
     assert versions(store, "s", backwards=True, from_version=0) == [10, 9, 8, 7]
     assert versions(store, "s", backwards=True, from_version=5) == []
-    assert [(e.stream_id, e.version) for e in store.read_all() if e.stream_id == "s"] == [("s", v) for v in (7, 8, 9, 10)]
+    assert [(e.stream_id, e.version) for e in store.read_all() if e.stream_id == "s"] == [
+        ("s", v) for v in (7, 8, 9, 10)
+    ]
     assert stored_versions(dsn, "s") == list(range(1, 11))  # hidden, still stored
     assert store.scavenge(batch=4) == 6
     assert stored_versions(dsn, "s") == [7, 8, 9, 10]
@@ -203,7 +205,9 @@ def test_appends_go_on_while_a_scavenge_removes_a_large_stream(dsn: str) -> None
     on a lock (lock_timeout would fail it)."""
     scavenger = EventStore.connect(dsn, max_size=2)
     writer = EventStore(
-        ConnectionPool(dsn, min_size=1, max_size=2, open=True, kwargs={"autocommit": True, "options": "-c lock_timeout=5000"})
+        ConnectionPool(
+            dsn, min_size=1, max_size=2, open=True, kwargs={"autocommit": True, "options": "-c lock_timeout=5000"}
+        )
     )
     try:
         for _ in range(20):
