@@ -82,7 +82,8 @@ __all__ = [
 
 _NO_LIMIT = 2**62
 _KNOWN_MAX = 100_000
-# The prefix of the logical message a delete sends capture (capture/records/outbox.py routes it).
+# The prefix of the logical message a delete sends capture (capture/records/outbox.py routes it;
+# the same string as its STREAM_DELETED_PREFIX, which a test checks).
 STREAM_DELETED_PREFIX = "tributary.eventstore.stream_deleted"
 # How long a call waits for a pooled connection before StoreUnavailable: the pool's default (30 s)
 # would hold every command that long while the service database is down.
@@ -686,7 +687,13 @@ class EventStore:
                 raise StreamNotFound(stream_id)
             conn.execute(DELETE_STREAM, (stream_id, state.stream_type, state.end, state.end, hard))
             conn.execute(SNAP_DROP, (stream_id,))
-            marker = {"stream": stream_id, "stream_type": state.stream_type, "hard": hard, "version": state.end}
+            marker = {
+                "stream": stream_id,
+                "stream_type": state.stream_type,
+                "hard": hard,
+                "version": state.end,
+                "occurred_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+            }
             conn.execute(EMIT_DELETED, (STREAM_DELETED_PREFIX, dumps(marker).decode()))
         return state.end
 
