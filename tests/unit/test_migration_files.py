@@ -66,7 +66,10 @@ def test_the_revision_ids_databases_store_are_kept() -> None:
     """`eventstore.alembic_version` holds one of these in every database in the field: renumbering a
     file must not touch them."""
     ids = [_assigned(VERSIONS / name, "revision") for name in _run_order()]
-    assert ids == ["0001", "0002", "0003_es_xact", "0003_consumer_groups", "0004_sinks", "0006_stream_lifecycle"][: len(ids)]
+    assert (
+        ids
+        == ["0001", "0002", "0003_es_xact", "0003_consumer_groups", "0004_sinks", "0006_stream_lifecycle"][: len(ids)]
+    )
 
 
 def test_no_migration_imports_tributary() -> None:

@@ -85,9 +85,7 @@ def test_scavenge_interval_defaults_off(tmp_path: Path) -> None:
 
 
 def _event(offset: int, kind: str, data: dict[str, str], version: int) -> bytes:
-    return orjson.dumps(
-        {"type": kind, "data": data, "version": version, "occurred_at": f"2026-01-01T00:00:0{offset}Z"}
-    )
+    return orjson.dumps({"type": kind, "data": data, "version": version, "occurred_at": f"2026-01-01T00:00:0{offset}Z"})
 
 
 def test_a_projection_drops_a_deleted_account_and_keeps_a_recreated_one() -> None:
