@@ -9,6 +9,7 @@ __all__ = [
     "CommandRejected",
     "ConcurrencyConflict",
     "EventStoreError",
+    "HistoryHidden",
     "IdempotencyMismatch",
     "InvalidCommand",
     "InvalidValue",
@@ -128,3 +129,16 @@ class MetadataConflict(EventStoreError):
             "read it again and retry (with expected_metadata_version set to the version you read)"
         )
         self.stream_id, self.expected, self.actual = stream_id, expected, actual
+
+
+class HistoryHidden(EventStoreError):
+    """A command's load found early events hidden by the stream's metadata (or removed by a
+    scavenge) and no snapshot covering them: folding the rest would give a wrong state."""
+
+    def __init__(self, stream_id: str, missing_from: int, visible_from: int | None) -> None:
+        shown = f"its events start at version {visible_from}" if visible_from else "none of its events are visible"
+        super().__init__(
+            f"stream {stream_id!r}: {shown}, and no snapshot covers the versions from {missing_from}; "
+            "set its limits only where snapshots are taken (snapshot_every), or raise them"
+        )
+        self.stream_id, self.missing_from, self.visible_from = stream_id, missing_from, visible_from

@@ -195,6 +195,7 @@ class StreamLoad:
     snapshot: tuple[int, dict[str, Any]] | None  # (version, state) of the asked state version
     events: list[RecordedEvent]  # the visible events after the snapshot (all of them without one)
     end: int = 0  # the version an append continues from (0: a new or soft-deleted stream)
+    start: int = 1  # where the stream's history begins: after a soft delete's end, else 1
 
 
 def request_hash(
@@ -588,7 +589,7 @@ class EventStore:
         events = [recorded_event(r) for r in rows]
         if events:
             self._note(stream_id, events[-1].version)
-        return StreamLoad(stored, snapshot, events, state.visible_end)
+        return StreamLoad(stored, snapshot, events, state.visible_end, (state.deleted_end or 0) + 1)
 
     # -- reading ---------------------------------------------------------------------------------------
     def read_stream(

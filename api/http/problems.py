@@ -59,6 +59,7 @@ TITLES: dict[str, str] = {
     "unknown_stream": "Unknown stream",
     "stream_deleted": "Stream deleted",
     "metadata_conflict": "Stream metadata version conflict",
+    "history_hidden": "Stream history hidden",
     "unknown_position": "Unknown position",
     "unknown_command": "Unknown command",
     "invalid_command": "Invalid command",

@@ -23,6 +23,7 @@ from tributary.eventstore.errors import (
     CommandRejected,
     ConcurrencyConflict,
     EventStoreError,
+    HistoryHidden,
     IdempotencyMismatch,
     InvalidCommand,
     InvalidValue,
@@ -169,6 +170,8 @@ def _http_error(exc: EventStoreError) -> Problem:
         return Problem(503, "unavailable", str(exc))
     if isinstance(exc, StreamDeleted):
         return Problem(410, "stream_deleted", str(exc), stream=exc.stream_id)
+    if isinstance(exc, HistoryHidden):
+        return Problem(409, "history_hidden", str(exc), stream=exc.stream_id, missing_from=exc.missing_from)
     if isinstance(exc, StreamNotFound):
         return Problem(404, "unknown_stream", str(exc))
     if isinstance(exc, MetadataConflict):
