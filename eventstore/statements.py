@@ -188,55 +188,72 @@ def _modes(many: bool) -> dict[str, str]:
     value_order = _BATCH_ORDER if many else _VALUES
     step = _batch.c.n if many else _ONE
     out: dict[str, str] = {}
+
     # `any` / `stream_exists`: versions follow the stream's current end, `max(version)`.
-    # The lifecycle row (one primary-key probe, no write): a tombstone refuses every append, and
-    # the end it keeps (events removed by a scavenge or a delete) is where versions continue.
-    life = _life(
-        "life_stream",
-        func.coalesce(func.max(st.end_version), _ZERO).label("end_v"),
-        func.coalesce(func.max(st.deleted_end), _ZERO).label("d"),
-        func.coalesce(func.bool_or(st.hard), _FALSE).label("hard"),
-    )
+    # The lifecycle row, read by primary key and never written here: a tombstone refuses every
+    # append, and the end it keeps (events removed by a scavenge or a delete) is where versions
+    # continue. Uncorrelated subqueries (the server runs each once, as an init plan): a stream
+    # without a row costs one index probe that finds nothing.
+    def _row(name: str, *where: ColumnElement[bool]) -> ColumnElement[bool]:
+        return exists().where(st.stream_id == _p(name), *where)
+
+    def _kept(name: str, column: ColumnElement[Any]) -> ColumnElement[Any]:
+        return func.coalesce(select(column).where(st.stream_id == _p(name)).scalar_subquery(), _ZERO)
+
     cur = (
         select(func.coalesce(func.max(ev.version), _ZERO).label("v")).where(ev.stream_id == _p("cur_stream")).cte("cur")
     )
-    end = func.greatest(cur.c.v, life.c.end_v)
+    end = func.greatest(cur.c.v, _kept("end_stream", st.end_version))
     for mode in ("any", "stream_exists"):
         source = select(_p("stream_id", Text), _p("stream_type", Text), end + step, *values)
-        source = source.select_from(cur, life, _batch) if many else source.select_from(cur, life)
-        source = source.where(not_(life.c.hard))
+        source = source.select_from(cur, _batch) if many else source.select_from(cur)
+        source = source.where(not_(_row("tomb_stream", st.hard)))
+        order: tuple[str, ...] = ("cur_stream", "stream_id", "stream_type", "end_stream", *value_order, "tomb_stream")
         if mode == "stream_exists":  # a soft-deleted stream exists again once it has new events
-            source = source.where(end > life.c.d)
-        out[mode] = _compiled(
-            _insert(source, many), ("cur_stream", "life_stream", "stream_id", "stream_type", *value_order)
-        )
+            source = source.where(end > _kept("deleted_stream", st.deleted_end))
+            order = (*order, "deleted_stream", "end_stream")
+        out[mode] = _compiled(_insert(source, many), order)
     # `no_stream`: a new stream at 1, or a soft-deleted one continuing after its deleted end; the
     # constraint refuses it if the stream has events there, the kept end if they were removed.
-    fresh = select(_p("stream_id", Text), _p("stream_type", Text), life.c.d + step, *values)
-    fresh = fresh.select_from(life, _batch) if many else fresh.select_from(life)
+    fresh = select(_p("stream_id", Text), _p("stream_type", Text), _kept("d_stream", st.deleted_end) + step, *values)
+    if many:
+        fresh = fresh.select_from(_batch)
+    refused = _row("tomb_stream", or_(st.hard, st.end_version > func.coalesce(st.deleted_end, _ZERO)))
     out["no_stream"] = _compiled(
-        _insert(fresh.where(not_(life.c.hard), life.c.end_v <= life.c.d), many),
-        ("life_stream", "stream_id", "stream_type", *value_order),
+        _insert(fresh.where(not_(refused)), many), ("stream_id", "stream_type", "d_stream", *value_order, "tomb_stream")
     )
     # An exact version n (the command path: the handler loaded n): the events become n + 1, …, and
     # UNIQUE (stream_id, version) refuses them if n + 1 is taken. What the constraint cannot see is
     # a gap (n missing): so a point lookup of n ("exact"), or none ("new") when n = 0 (`no_stream`)
-    # or n is already proven to exist (the store's known versions).
+    # or n is already proven to exist (the store's known versions). Never below a kept end either:
+    # the events after n may have been removed, which the constraint cannot see (a scavenge keeps
+    # the end before it removes anything).
     exact = select(_p("stream_id", Text), _p("stream_type", Text), _p("n", BigInteger) + step, *values)
-    exact = exact.select_from(life, _batch) if many else exact.select_from(life)
-    # Never at or below a kept end: the events after n may have been removed, and the constraint
-    # cannot see removed rows (a scavenge keeps the end before it removes anything).
-    exact = exact.where(not_(life.c.hard), life.c.end_v <= _p("n_floor", BigInteger))
+    if many:
+        exact = exact.select_from(_batch)
+    exact = exact.where(not_(_row("tomb_stream", or_(st.hard, st.end_version > _p("n_floor", BigInteger)))))
     out["new"] = _compiled(
-        _insert(exact, many), ("life_stream", "stream_id", "stream_type", "n", *value_order, "n_floor")
+        _insert(exact, many), ("stream_id", "stream_type", "n", *value_order, "tomb_stream", "n_floor")
     )
     # n exists: its event is stored, or it is the end the lifecycle row kept when events were removed.
     has_n = or_(
-        exists().where(ev.stream_id == _p("n_stream"), ev.version == _p("n_version")), life.c.end_v == _p("n_end")
+        exists().where(ev.stream_id == _p("n_stream"), ev.version == _p("n_version")),
+        _row("end_stream", st.end_version == _p("n_end", BigInteger)),
     )
     out["exact"] = _compiled(
         _insert(exact.where(has_n), many),
-        ("life_stream", "stream_id", "stream_type", "n", *value_order, "n_floor", "n_stream", "n_version", "n_end"),
+        (
+            "stream_id",
+            "stream_type",
+            "n",
+            *value_order,
+            "tomb_stream",
+            "n_floor",
+            "n_stream",
+            "n_version",
+            "end_stream",
+            "n_end",
+        ),
     )
     return out
 

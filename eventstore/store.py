@@ -236,22 +236,24 @@ def _statement(
     """The insert for this expected version, with its parameters (see `INSERT_ONE`); `known`: a
     version the stream is proven to have reached."""
     if expected == "no_stream" or expected == 0:
-        return queries["no_stream"], (stream_id, stream_id, stream_type, *values)
+        return queries["no_stream"], (stream_id, stream_type, stream_id, *values, stream_id)
     if isinstance(expected, int):
         if 0 < expected == known:
-            return queries["new"], (stream_id, stream_id, stream_type, expected, *values, expected)
-        return queries["exact"], (
+            return queries["new"], (stream_id, stream_type, expected, *values, stream_id, expected)
+        exact = (stream_id, stream_type, expected, *values, stream_id, expected, stream_id, expected)
+        return queries["exact"], (*exact, stream_id, expected)
+    if expected == "stream_exists":
+        return queries[expected], (
             stream_id,
             stream_id,
             stream_type,
-            expected,
-            *values,
-            expected,
             stream_id,
-            expected,
-            expected,
+            *values,
+            stream_id,
+            stream_id,
+            stream_id,
         )
-    return queries[expected], (stream_id, stream_id, stream_id, stream_type, *values)
+    return queries[expected], (stream_id, stream_id, stream_type, stream_id, *values, stream_id)
 
 
 def _recorded(
