@@ -114,6 +114,7 @@ streams = Table(
     CheckConstraint("max_age > 0", name="streams_max_age_check"),
     CheckConstraint("max_count > 0", name="streams_max_count_check"),
     CheckConstraint("truncate_before > 0", name="streams_truncate_before_check"),
+    Index("streams_stream_type", "stream_type", "stream_id"),
 )
 
 # Where the events a scavenge or delete removed stood in `$all`: a reader that continues after the

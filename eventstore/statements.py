@@ -384,15 +384,34 @@ POSITION_EXISTS = _compiled(
     ("position", "gone_position"),
 )
 
-# The streams of a type, by stream id (a partial index holds each stream's first event).
+# The streams of a type, by stream id: a partial index holds each stream's first event, and the
+# lifecycle rows (by type) the streams whose first events a scavenge removed. Each with its end,
+# its first stored event's time (None: nothing stored) and how it was deleted, for the store to
+# leave the deleted ones out.
 _stream = events.alias("stream")
-_last = select(func.max(_stream.c.version)).where(_stream.c.stream_id == ev.stream_id).scalar_subquery()
+_candidates = union_all(
+    select(ev.stream_id.label("id")).where(
+        ev.stream_type == _p("stream_type"), ev.version == _ONE, ev.stream_id > _p("after")
+    ),
+    select(st.stream_id.label("id")).where(st.stream_type == _p("life_type"), st.stream_id > _p("life_after")),
+).subquery("candidates")
+_ids = select(_candidates.c.id).distinct().order_by(_candidates.c.id).limit(_p("limit")).subquery("ids")
 STREAMS_OF_TYPE = _compiled(
-    select(ev.stream_id, _last, ev.recorded_at)
-    .where(ev.stream_type == _p("stream_type"), ev.version == _ONE, ev.stream_id > _p("after"))
-    .order_by(ev.stream_id)
-    .limit(_p("limit")),
-    ("stream_type", "after", "limit"),
+    select(
+        _ids.c.id,
+        func.greatest(
+            func.coalesce(
+                select(func.max(_stream.c.version)).where(_stream.c.stream_id == _ids.c.id).scalar_subquery(), _ZERO
+            ),
+            func.coalesce(st.end_version, _ZERO),
+        ),
+        select(func.min(_stream.c.recorded_at)).where(_stream.c.stream_id == _ids.c.id).scalar_subquery(),
+        func.coalesce(st.hard, _FALSE),
+        st.deleted_end,
+    )
+    .select_from(_ids.outerjoin(streams, st.stream_id == _ids.c.id))
+    .order_by(_ids.c.id),
+    ("stream_type", "after", "life_type", "life_after", "limit"),
 )
 
 # -- idempotency records and snapshots ----------------------------------------------------------------
@@ -539,9 +558,14 @@ KEEP_END = _compiled(
             func.coalesce(
                 select(func.max(ev.version)).where(ev.stream_id == _p("max_stream")).scalar_subquery(), _ZERO
             ),
-        )
+        ),
+        # and its type: the streams of a type still list it once its first event is gone
+        stream_type=func.coalesce(
+            st.stream_type,
+            select(ev.stream_type).where(ev.stream_id == _p("type_stream")).limit(_ONE).scalar_subquery(),
+        ),
     ),
-    ("max_stream", "stream_id"),
+    ("type_stream", "max_stream", "stream_id"),
 )
 _first_visible = _visible(func.min(ev.version)).where(ev.stream_id == _p("first_stream")).scalar_subquery()
 _doomed = (

@@ -629,10 +629,20 @@ class EventStore:
         return 0 if row is None else int(row[0])
 
     def streams(self, stream_type: str, *, after: str = "", limit: int = 100) -> list[StreamInfo]:
-        """The streams of a type in stream id order, after the stream id `after`."""
+        """The streams of a type in stream id order, after the stream id `after`: those with
+        events stored, deleted ones left out (pages are filled past them)."""
+        found: list[StreamInfo] = []
         with _database, self.pool.connection() as conn:
-            rows = conn.execute(STREAMS_OF_TYPE, (stream_type, after, limit)).fetchall()
-        return [StreamInfo(r[0], stream_type, int(r[1]), r[2]) for r in rows]
+            while len(found) < limit:
+                rows = conn.execute(STREAMS_OF_TYPE, (stream_type, after, stream_type, after, limit)).fetchall()
+                for sid, end, created, hard, deleted_end in rows:
+                    gone = hard or created is None or (deleted_end is not None and int(end) <= deleted_end)
+                    if not gone and len(found) < limit:
+                        found.append(StreamInfo(sid, stream_type, int(end), created))
+                if len(rows) < limit:
+                    break
+                after = rows[-1][0]
+        return found
 
     def version(self, stream_id: str) -> int:
         check_id("stream id", stream_id)
@@ -718,7 +728,9 @@ class EventStore:
         removed = 0
         while True:
             with _database, self.pool.connection() as conn, conn.transaction():
-                conn.execute(KEEP_END, (stream_id, stream_id))  # before anything goes: versions continue after it
+                conn.execute(
+                    KEEP_END, (stream_id, stream_id, stream_id)
+                )  # before anything goes: versions continue after it
                 gone = len(conn.execute(SCAVENGE_BATCH, (stream_id, stream_id, batch)).fetchall())
             removed += gone
             if gone < batch:

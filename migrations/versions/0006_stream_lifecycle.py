@@ -33,6 +33,7 @@ def upgrade() -> None:
         )
         """
     )
+    op.execute("CREATE INDEX streams_stream_type ON eventstore.streams (stream_type, stream_id)")
     op.execute(
         """
         CREATE TABLE eventstore.removed_events (

@@ -254,3 +254,21 @@ def test_appends_go_on_while_a_scavenge_removes_a_large_stream(dsn: str) -> None
     finally:
         scavenger.close()
         writer.close()
+
+
+def test_the_streams_of_a_type_after_scavenges_and_deletes(store: EventStore) -> None:
+    """Listed while events are stored (also once the first ones are removed), not once deleted."""
+    for name in ("a", "b", "c", "d", "e"):
+        store.append(name, "thing", ev(3))
+    store.set_stream_metadata("a", StreamMetadata(truncate_before=3))
+    store.delete_stream("b")
+    store.delete_stream("c", hard=True)
+    store.delete_stream("d")
+    store.append("d", "thing", ev(1), "no_stream")
+    store.append("other", "elsewhere", ev(1))
+    assert [(s.stream_id, s.version) for s in store.streams("thing")] == [("a", 3), ("d", 4), ("e", 3)]
+    store.scavenge()
+    assert [(s.stream_id, s.version) for s in store.streams("thing")] == [("a", 3), ("d", 4), ("e", 3)]
+    assert [s.stream_id for s in store.streams("thing", limit=1)] == ["a"]
+    assert [s.stream_id for s in store.streams("thing", after="a", limit=1)] == ["d"]  # past the deleted ones
+    assert [s.stream_id for s in store.streams("thing", after="d", limit=2)] == ["e"]
