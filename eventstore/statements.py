@@ -117,7 +117,7 @@ _ZERO = literal_column("0", BigInteger)
 _ONE = literal_column("1", BigInteger)
 
 st = streams.c
-_FALSE = literal_column("false")
+_FALSE: ColumnElement[bool] = literal_column("false", Boolean)
 
 
 def _life(stream: str, *columns: ColumnElement[Any]) -> Any:

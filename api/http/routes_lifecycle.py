@@ -6,7 +6,7 @@ need the `admin` scope; reading metadata needs `read`."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
@@ -90,7 +90,7 @@ async def get_metadata(stream_id: str, handler: Handler) -> Response:
 async def put_metadata(stream_id: str, body: MetadataIn, handler: Handler) -> Response:
     """Replace the stream's metadata; reads honour its limits at once, a scavenge removes what they hide."""
     meta = StreamMetadata(body.max_age, body.max_count, body.truncate_before, body.custom)
-    expected = "any" if body.expected_metadata_version is None else body.expected_metadata_version
+    expected: int | Literal["any"] = "any" if body.expected_metadata_version is None else body.expected_metadata_version
     try:
         written = await asyncio.to_thread(handler.store.set_stream_metadata, stream_id, meta, expected_version=expected)
     except EventStoreError as exc:
