@@ -74,6 +74,7 @@ __all__ = [
     "StreamInfo",
     "StreamLoad",
     "StreamMetadata",
+    "position_exists_statement",
     "read_all_statement",
     "recorded_event",
     "request_hash",
@@ -218,6 +219,11 @@ def read_all_statement(*, after: int, limit: int, stream_type: str | None) -> tu
     if stream_type is not None:
         params = (stream_type, *params)
     return READ_ALL[(stream_type is not None, after <= 0)], params
+
+
+def position_exists_statement(position: int) -> tuple[str, tuple[Any, ...]]:
+    """Whether `position` names an event, stored or removed by a scavenge (`read_all`'s 404 check)."""
+    return POSITION_EXISTS, (position, position)
 
 
 def _utc(t: datetime) -> datetime:
@@ -617,7 +623,7 @@ class EventStore:
         query, params = read_all_statement(after=after, limit=limit, stream_type=stream_type)
         with _database, self.pool.connection() as conn:
             rows = conn.execute(query, params).fetchall()
-            if not rows and after > 0 and not conn.execute(POSITION_EXISTS, (after, after)).fetchone()[0]:  # type: ignore[index]  # EXISTS: one row
+            if not rows and after > 0 and not conn.execute(*position_exists_statement(after)).fetchone()[0]:  # type: ignore[index]  # EXISTS: one row
                 raise UnknownPosition(after)
         return [recorded_event(r) for r in rows]
 
