@@ -61,7 +61,7 @@ from tributary.eventstore.statements import (
     STREAM_STATE,
     STREAMS_OF_TYPE,
 )
-from tributary.eventstore.values import check_id
+from tributary.eventstore.values import check_data, check_id
 from tributary.jsonvalue import JsonValue
 
 __all__ = [
@@ -169,6 +169,25 @@ def check_metadata(meta: StreamMetadata) -> None:
             raise InvalidValue(name, "must be a positive integer (or null)")
     if meta.custom is not None and not isinstance(meta.custom, dict):
         raise InvalidValue("custom", "must be a JSON object")
+    if meta.custom:
+        check_data("custom", meta.custom)
+        if _has_huge_number(meta.custom):
+            raise InvalidValue("custom", "holds a number of 2**63 or more; send it as a string")
+
+
+def _has_huge_number(tree: JsonValue) -> bool:
+    """A float at or beyond 2**63 comes back from `jsonb` as an integer beyond 64 bits (`jsonb`
+    prints numbers without an exponent), which JSON encoders refuse. Walked without recursion."""
+    stack: list[Any] = [tree]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, float) and not abs(value) < 2.0**63:
+            return True
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
 
 
 @dataclass(frozen=True, slots=True)

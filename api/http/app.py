@@ -121,6 +121,18 @@ def _request_id(scope: Scope) -> bytes:
     return request_id
 
 
+def _allowed(request: Request) -> str:
+    """Every method the OpenAPI document lists for the path (Starlette's 405 names only the first
+    route that matched it, and one path may have a route per method: `GET` and `DELETE
+    /streams/{id}`); empty when it lists none."""
+    path = request.url.path
+    paths = request.app.openapi().get("paths", {})
+    for template, item in paths.items():
+        if re.fullmatch(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)), path):
+            return ", ".join(sorted(m.upper() for m in item if m != "parameters"))
+    return ""
+
+
 def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     """An app bound to one service database; the pool opens on start-up and closes on shutdown.
 
@@ -232,8 +244,10 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         if status == 404 and detail == "Not Found":
             detail = f"no route {request.url.path}; /openapi.json lists the routes"
         elif status == 405 and exc.headers and "allow" in {k.lower() for k in exc.headers}:
-            allowed = next(v for k, v in exc.headers.items() if k.lower() == "allow")
+            allowed = _allowed(request) or next(v for k, v in exc.headers.items() if k.lower() == "allow")
             detail = f"{request.method} is not allowed on {request.url.path} (allowed: {allowed})"
+            headers = {k: v for k, v in exc.headers.items() if k.lower() != "allow"}
+            return problem_response(status, code_for_status(status), detail, headers={**headers, "Allow": allowed})
         return problem_response(status, code_for_status(status), detail, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)

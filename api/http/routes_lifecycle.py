@@ -6,11 +6,11 @@ need the `admin` scope; reading metadata needs `read`."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.routes_commands import _http_error, _json
@@ -25,15 +25,26 @@ router = APIRouter(tags=["streams"])
 _LIMIT = 2**53 - 1  # exact as a JSON number
 
 
+def _no_bool(value: object) -> object:
+    """JSON's `true`/`false` are no integers (pydantic would take them for 1 and 0); 3.0 is one."""
+    if isinstance(value, bool):
+        raise ValueError("must be an integer, not a boolean")
+    return value
+
+
+_Limit = Annotated[int, Field(ge=1, le=_LIMIT), BeforeValidator(_no_bool)]
+_Version = Annotated[int, Field(ge=0, le=_LIMIT), BeforeValidator(_no_bool)]
+
+
 class MetadataIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    max_age: int | None = Field(None, ge=1, le=_LIMIT, description="Seconds: older events are hidden ($maxAge).")
-    max_count: int | None = Field(None, ge=1, le=_LIMIT, description="Only the last n events are visible ($maxCount).")
-    truncate_before: int | None = Field(None, ge=1, le=_LIMIT, description="Versions below it are hidden ($tb).")
+    max_age: _Limit | None = Field(None, description="Seconds: older events are hidden ($maxAge).")
+    max_count: _Limit | None = Field(None, description="Only the last n events are visible ($maxCount).")
+    truncate_before: _Limit | None = Field(None, description="Versions below it are hidden ($tb).")
     custom: dict[str, Any] = Field(default_factory=dict, description="Your own metadata, a JSON object.")
-    expected_metadata_version: int | None = Field(
-        None, ge=0, le=_LIMIT, description="Write only if the metadata is at this version (0: never written)."
+    expected_metadata_version: _Version | None = Field(
+        None, description="Write only if the metadata is at this version (0: never written)."
     )
 
 
@@ -83,6 +94,7 @@ async def get_metadata(stream_id: str, handler: Handler) -> Response:
     dependencies=[Depends(require("admin"))],
     responses={
         200: {"model": MetadataOut, "description": "the metadata as written, with its new version"},
+        400: error("the body is not JSON"),
         409: error("`metadata_conflict`: the metadata is not at `expected_metadata_version`"),
         **_RESPONSES,
     },

@@ -29,6 +29,9 @@ pytestmark = pytest.mark.unit
         (StreamMetadata(truncate_before=True), "truncate_before"),
         (StreamMetadata(max_count=2**62), "max_count"),
         (StreamMetadata(custom=[1]), "custom"),  # type: ignore[arg-type]
+        (StreamMetadata(custom={"big": 2**70}), "custom.big"),  # beyond 64 bits
+        (StreamMetadata(custom={"big": [4.1e114]}), "custom"),  # read back as an integer beyond 64 bits
+        (StreamMetadata(custom={"nul": "a\x00b"}), "custom.nul"),
     ],
 )
 def test_metadata_limits_are_positive_integers(meta: StreamMetadata, field: str) -> None:
