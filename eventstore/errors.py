@@ -9,10 +9,14 @@ __all__ = [
     "CommandRejected",
     "ConcurrencyConflict",
     "EventStoreError",
+    "HistoryHidden",
     "IdempotencyMismatch",
     "InvalidCommand",
     "InvalidValue",
+    "MetadataConflict",
     "PartialDuplicateBatch",
+    "StreamDeleted",
+    "StreamNotFound",
     "StoreUnavailable",
     "UnknownCommand",
     "UnknownPosition",
@@ -98,3 +102,43 @@ class UnknownPosition(EventStoreError):
             f"no event at position {position}; continue from the position of an event you read (0: the start)"
         )
         self.position = position
+
+
+class StreamDeleted(EventStoreError):
+    """The stream was deleted for good (a tombstone, a hard delete): its id is never used again."""
+
+    def __init__(self, stream_id: str) -> None:
+        super().__init__(f"stream {stream_id!r} was deleted for good (hard delete); use another stream id")
+        self.stream_id = stream_id
+
+
+class StreamNotFound(EventStoreError):
+    """The stream has no events to act on (never written, or deleted)."""
+
+    def __init__(self, stream_id: str) -> None:
+        super().__init__(f"no stream {stream_id!r}")
+        self.stream_id = stream_id
+
+
+class MetadataConflict(EventStoreError):
+    """The stream's metadata is not at the version the write expected."""
+
+    def __init__(self, stream_id: str, expected: object, actual: int) -> None:
+        super().__init__(
+            f"the metadata of stream {stream_id!r} is at version {actual}, expected {expected}; "
+            "read it again and retry (with expected_metadata_version set to the version you read)"
+        )
+        self.stream_id, self.expected, self.actual = stream_id, expected, actual
+
+
+class HistoryHidden(EventStoreError):
+    """A command's load found early events hidden by the stream's metadata (or removed by a
+    scavenge) and no snapshot covering them: folding the rest would give a wrong state."""
+
+    def __init__(self, stream_id: str, missing_from: int, visible_from: int | None) -> None:
+        shown = f"its events start at version {visible_from}" if visible_from else "none of its events are visible"
+        super().__init__(
+            f"stream {stream_id!r}: {shown}, and no snapshot covers the versions from {missing_from}; "
+            "set its limits only where snapshots are taken (snapshot_every), or raise them"
+        )
+        self.stream_id, self.missing_from, self.visible_from = stream_id, missing_from, visible_from

@@ -20,7 +20,7 @@ import psycopg
 from pydantic import BaseModel, ValidationError
 
 from tributary.eventstore.aggregate import Aggregate
-from tributary.eventstore.errors import ConcurrencyConflict, UnknownStreamType
+from tributary.eventstore.errors import ConcurrencyConflict, HistoryHidden, UnknownStreamType
 from tributary.eventstore.keys import reveal_json
 from tributary.eventstore.model import ExpectedVersion, NewEvent, event_json
 from tributary.eventstore.personal import personal_fields, seal, subjects_of
@@ -113,18 +113,25 @@ class CommandHandler:
     def _fold(
         self, agg: Aggregate[Any], conn: psycopg.Connection[Any], stream_id: str, read: StreamLoad
     ) -> LoadedState:
-        """The state after the snapshot (if it still validates) and the events after it."""
+        """The state after the snapshot (if it still validates) and the events after it, at the
+        stream's end. Stream metadata may hide early events (KurrentDB reads from the first
+        visible one): a snapshot must then cover them, else HistoryHidden — a fold of part of the
+        history would be a wrong state."""
         state, version, base, events = agg.initial(), 0, 0, read.events
+        first = read.start  # the first version the fold needs
         if read.snapshot is not None:
             try:
                 state = agg.state_type.model_validate(read.snapshot[1])
                 version = base = read.snapshot[0]
+                first = base + 1
             except ValidationError:  # taken by other code: fold from the first event (one more read)
                 events = self.store.load(conn, stream_id, state_version=None).events
+        end = max(events[-1].version if events else version, read.end)
+        if (events[0].version if events else end + 1) > first and end >= first:
+            raise HistoryHidden(stream_id, first, events[0].version if events else None)
         for e in events:
             state = agg.evolve(state, agg.load_event(e.type, e.schema_version, e.data))
-            version = e.version
-        return LoadedState(state, version, base)
+        return LoadedState(state, end, base)
 
     # -- handling ----------------------------------------------------------------------------------
     def handle(

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     Identity,
@@ -32,7 +33,17 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID
 from sqlalchemy.types import UserDefinedType
 
-__all__ = ["SCHEMA", "XID8", "commands", "events", "metadata", "snapshots", "subject_keys"]
+__all__ = [
+    "SCHEMA",
+    "XID8",
+    "commands",
+    "events",
+    "metadata",
+    "removed_events",
+    "snapshots",
+    "streams",
+    "subject_keys",
+]
 
 SCHEMA = "eventstore"
 
@@ -107,4 +118,37 @@ subject_keys = Table(
     Column("destroyed_at", TIMESTAMP(timezone=True), nullable=True),
     PrimaryKeyConstraint("subject_id", "kid", name="subject_keys_pkey"),
     CheckConstraint("(key IS NULL) = (destroyed_at IS NOT NULL)", name="subject_keys_destroyed_check"),
+)
+
+# A stream's lifecycle (KurrentDB's `$$stream` metastream): a row only for a stream whose metadata
+# was written or that was deleted, so a plain append reads it by primary key and never writes it.
+# `end_version` keeps the stream's end once its last events may be gone (a scavenge, a delete):
+# versions stay gapless and an append continues after it. `deleted_end`: a soft delete hid the
+# versions up to it; `hard`: a tombstone, the id is never used again.
+streams = Table(
+    "streams",
+    metadata,
+    Column("stream_id", Text, primary_key=True),
+    Column("stream_type", Text),
+    Column("metadata_version", BigInteger, nullable=False, server_default=text("0")),
+    Column("max_age", BigInteger),
+    Column("max_count", BigInteger),
+    Column("truncate_before", BigInteger),
+    Column("custom", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("end_version", BigInteger, nullable=False, server_default=text("0")),
+    Column("deleted_end", BigInteger),
+    Column("hard", Boolean, nullable=False, server_default=text("false")),
+    CheckConstraint("max_age > 0", name="streams_max_age_check"),
+    CheckConstraint("max_count > 0", name="streams_max_count_check"),
+    CheckConstraint("truncate_before > 0", name="streams_truncate_before_check"),
+    Index("streams_stream_type", "stream_type", "stream_id"),
+)
+
+# Where the events a scavenge or delete removed stood in `$all`: a reader that continues after the
+# position of a removed event still finds its place (`statements.READ_ALL`).
+removed_events = Table(
+    "removed_events",
+    metadata,
+    Column("global_position", BigInteger, primary_key=True, autoincrement=False),
+    Column("transaction_id", XID8(), nullable=False),
 )

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 import psycopg
@@ -26,8 +26,11 @@ from tributary.eventstore.errors import (
     ConcurrencyConflict,
     IdempotencyMismatch,
     InvalidValue,
+    MetadataConflict,
     PartialDuplicateBatch,
     StoreUnavailable,
+    StreamDeleted,
+    StreamNotFound,
     UnknownPosition,
 )
 from tributary.eventstore.keys import DatabaseKeys, KeyStore, reveal_events
@@ -37,21 +40,30 @@ from tributary.eventstore.statements import (
     CMD_GET,
     CMD_PUT,
     CURRENT,
+    DELETE_STREAM,
+    EMIT_DELETED,
     INSERT_MANY,
     INSERT_ONE,
+    KEEP_END,
     LOAD,
+    META_PUT,
+    META_PUT_ANY,
     POSITION_EXISTS,
     READ_ALL,
     READ_ALL_FILTERED,
     READ_ALL_HEAD,
     READ_BWD,
     READ_FWD,
+    SCAVENGE_BATCH,
+    SCAVENGE_STREAMS,
+    SNAP_DROP,
     SNAP_GET,
     SNAP_PUT,
     SNAP_PUT_AFTER,
+    STREAM_STATE,
     STREAMS_OF_TYPE,
 )
-from tributary.eventstore.values import check_id
+from tributary.eventstore.values import check_data, check_id
 from tributary.jsonvalue import JsonValue
 
 __all__ = [
@@ -60,8 +72,11 @@ __all__ = [
     "EventStore",
     "SameCommandRace",
     "SnapshotRecord",
+    "STREAM_DELETED_PREFIX",
     "StreamInfo",
     "StreamLoad",
+    "StreamMetadata",
+    "position_exists_statement",
     "read_all_statement",
     "recorded_event",
     "request_hash",
@@ -70,6 +85,9 @@ __all__ = [
 
 _NO_LIMIT = 2**62
 _KNOWN_MAX = 100_000
+# The prefix of the logical message a delete sends capture (capture/records/outbox.py routes it;
+# the same string as its STREAM_DELETED_PREFIX, which a test checks).
+STREAM_DELETED_PREFIX = "tributary.eventstore.stream_deleted"
 # How long a call waits for a pooled connection before StoreUnavailable: the pool's default (30 s)
 # would hold every command that long while the service database is down.
 CONNECTION_WAIT_S = 5.0
@@ -104,6 +122,77 @@ class StreamInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamMetadata:
+    """A stream's metadata (KurrentDB's `$maxAge`, `$maxCount`, `$tb` and custom metadata): reads
+    hide what it excludes at once; a scavenge removes it. `version`: 0 until first written."""
+
+    max_age: int | None = None  # seconds: events recorded longer ago are hidden
+    max_count: int | None = None  # only the last n events are visible
+    truncate_before: int | None = None  # versions below it are hidden
+    custom: dict[str, Any] | None = None  # the user's own, a JSON object
+    version: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "max_age": self.max_age,
+            "max_count": self.max_count,
+            "truncate_before": self.truncate_before,
+            "custom": self.custom or {},
+            "version": self.version,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamState:
+    """A stream's end and lifecycle (`STREAM_STATE`)."""
+
+    end: int  # its last version, stored or kept after removal
+    deleted_end: int | None  # soft-deleted up to this version
+    hard: bool
+    metadata: StreamMetadata
+    stream_type: str | None
+
+    @property
+    def visible_end(self) -> int:
+        """The version a command continues from: 0 for a soft-deleted stream with nothing new."""
+        return 0 if self.deleted_end is not None and self.end <= self.deleted_end else self.end
+
+
+def _stream_state(row: Sequence[Any]) -> _StreamState:
+    meta = StreamMetadata(row[4], row[5], row[6], dict(row[7]) if row[7] is not None else None, int(row[3]))
+    return _StreamState(int(row[0]), row[1], bool(row[2]), meta, row[8])
+
+
+def check_metadata(meta: StreamMetadata) -> None:
+    """InvalidValue naming the field: limits are positive integers, custom metadata an object."""
+    for name in ("max_age", "max_count", "truncate_before"):
+        value = getattr(meta, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**62):
+            raise InvalidValue(name, "must be a positive integer (or null)")
+    if meta.custom is not None and not isinstance(meta.custom, dict):
+        raise InvalidValue("custom", "must be a JSON object")
+    if meta.custom:
+        check_data("custom", meta.custom)
+        if _has_huge_number(meta.custom):
+            raise InvalidValue("custom", "holds a number of 2**63 or more; send it as a string")
+
+
+def _has_huge_number(tree: JsonValue) -> bool:
+    """A float at or beyond 2**63 comes back from `jsonb` as an integer beyond 64 bits (`jsonb`
+    prints numbers without an exponent), which JSON encoders refuse. Walked without recursion."""
+    stack: list[Any] = [tree]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, float) and not abs(value) < 2.0**63:
+            return True
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
+
+
+@dataclass(frozen=True, slots=True)
 class CommandRecord:
     """Stored with the events of a command, in the same transaction: makes it idempotent."""
 
@@ -126,7 +215,9 @@ class StreamLoad:
 
     stored: tuple[str, dict[str, Any]] | None  # the command id's record: (request hash, response)
     snapshot: tuple[int, dict[str, Any]] | None  # (version, state) of the asked state version
-    events: list[RecordedEvent]  # the events after the snapshot (all of them without one)
+    events: list[RecordedEvent]  # the visible events after the snapshot (all of them without one)
+    end: int = 0  # the version an append continues from (0: a new or soft-deleted stream)
+    start: int = 1  # where the stream's history begins: after a soft delete's end, else 1
 
 
 def request_hash(
@@ -153,7 +244,7 @@ def read_all_statement(
     position beyond `bigint`."""
     if after >= 2**63:
         raise UnknownPosition(after)
-    params: tuple[Any, ...] = (limit,) if after <= 0 else (after, limit)
+    params: tuple[Any, ...] = (limit,) if after <= 0 else (after, after, after, limit)
     filtered = stream_prefix is not None or event_types is not None
     if filtered:
         types = None if event_types is None else list(event_types)
@@ -161,6 +252,11 @@ def read_all_statement(
     if stream_type is not None:
         params = (stream_type, *params)
     return (READ_ALL_FILTERED if filtered else READ_ALL)[(stream_type is not None, after <= 0)], params
+
+
+def position_exists_statement(position: int) -> tuple[str, tuple[Any, ...]]:
+    """Whether `position` names an event, stored or removed by a scavenge (`read_all`'s 404 check)."""
+    return POSITION_EXISTS, (position, position)
 
 
 def _utc(t: datetime) -> datetime:
@@ -179,12 +275,24 @@ def _statement(
     """The insert for this expected version, with its parameters (see `INSERT_ONE`); `known`: a
     version the stream is proven to have reached."""
     if expected == "no_stream" or expected == 0:
-        return queries["new"], (stream_id, stream_type, 0, *values)
+        return queries["no_stream"], (stream_id, stream_type, stream_id, *values, stream_id)
     if isinstance(expected, int):
-        if 0 < expected <= known:
-            return queries["new"], (stream_id, stream_type, expected, *values)
-        return queries["exact"], (stream_id, stream_type, expected, *values, stream_id, expected)
-    return queries[expected], (stream_id, stream_id, stream_type, *values)
+        if 0 < expected == known:
+            return queries["new"], (stream_id, stream_type, expected, *values, stream_id, expected)
+        exact = (stream_id, stream_type, expected, *values, stream_id, expected, stream_id, expected)
+        return queries["exact"], (*exact, stream_id, expected)
+    if expected == "stream_exists":
+        return queries[expected], (
+            stream_id,
+            stream_id,
+            stream_type,
+            stream_id,
+            *values,
+            stream_id,
+            stream_id,
+            stream_id,
+        )
+    return queries[expected], (stream_id, stream_id, stream_type, stream_id, *values, stream_id)
 
 
 def _recorded(
@@ -226,9 +334,10 @@ class EventStore:
         self.keys: KeyStore = keys if keys is not None else DatabaseKeys(pool.connection)
         self._cursors: dict[int, psycopg.Cursor[Any]] = {}
         # stream -> a version it is proven to have reached: one this store saw committed (its own
-        # appends, reads). Events are never deleted (the store has none, gapless versions forbid
-        # one), so the fact stays true and an append at that version or below needs no lookup of
-        # it. A lower bound: a racing thread writing an older fact only costs a lookup later.
+        # appends, reads). The fact stays true (removed events leave their end behind, in
+        # `streams`), so an append at exactly that version needs no lookup of it (the statement
+        # still refuses it below an end kept by a removal). A racing thread writing an older fact
+        # only costs a lookup later.
         self._known: dict[str, int] = {}
 
     def keys_on(self, conn: psycopg.Connection[Any]) -> KeyStore:
@@ -338,7 +447,7 @@ class EventStore:
 
     @staticmethod
     def _current(conn: psycopg.Connection[Any], stream_id: str) -> int:
-        return int(conn.execute(CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]  # an aggregate: one row
+        return int(conn.execute(CURRENT, (stream_id, stream_id)).fetchone()[0])  # type: ignore[index]  # an aggregate: one row
 
     def _append(
         self,
@@ -415,6 +524,8 @@ class EventStore:
             original = self._existing(conn, events)
             if original is not None:
                 return original
+            if self._state(conn, stream_id).hard:
+                raise StreamDeleted(stream_id)
             raise ConcurrencyConflict(stream_id, expected, self._current(conn, stream_id))
         return AppendResult(stream_id, recorded[-1].version, recorded)
 
@@ -506,16 +617,19 @@ class EventStore:
             query, params = READ_FWD, (stream_id, 1, _NO_LIMIT)
         else:
             query, params = LOAD, (stream_id, state_version, stream_id)
-        if command_id is None:
-            rows = conn.execute(query, params).fetchall()
-        else:
+        if command_id is not None:
             check_id("command_id", command_id)
-            with conn.pipeline():
-                record = conn.execute(CMD_GET, (command_id,))
-                stream = conn.execute(query, params)
+        with conn.pipeline():
+            record = None if command_id is None else conn.execute(CMD_GET, (command_id,))
+            stream = conn.execute(query, params)
+            status = conn.execute(STREAM_STATE, (stream_id,))
+        if record is not None:
             row = record.fetchone()
             stored = None if row is None else (str(row[0]), dict(row[1]))
-            rows = stream.fetchall()
+        rows = stream.fetchall()
+        state = _stream_state(status.fetchone())  # type: ignore[arg-type]  # an outer join: one row
+        if state.hard:
+            raise StreamDeleted(stream_id)
         snapshot = None
         if rows and rows[0][0] is None:  # the snapshot row (no position)
             snapshot = (int(rows[0][3]), dict(rows[0][7]))
@@ -523,7 +637,9 @@ class EventStore:
         events = [recorded_event(r) for r in rows]
         if events:
             self._note(stream_id, events[-1].version)
-        return StreamLoad(stored, snapshot, reveal_events(self.keys_on(conn), events))
+        return StreamLoad(
+            stored, snapshot, reveal_events(self.keys_on(conn), events), state.visible_end, (state.deleted_end or 0) + 1
+        )
 
     # -- reading ---------------------------------------------------------------------------------------
     def read_stream(
@@ -534,6 +650,8 @@ class EventStore:
         check_id("stream id", stream_id)
         with _database, self.pool.connection() as conn:
             rows = conn.execute(query, (stream_id, start, limit or _NO_LIMIT)).fetchall()
+            if not rows and self._state(conn, stream_id).hard:
+                raise StreamDeleted(stream_id)
         events = [recorded_event(r) for r in rows]
         if events:
             self._note(stream_id, max(events[0].version, events[-1].version))
@@ -558,7 +676,7 @@ class EventStore:
         )
         with _database, self.pool.connection() as conn:
             rows = conn.execute(query, params).fetchall()
-            if not rows and after > 0 and not conn.execute(POSITION_EXISTS, (after,)).fetchone()[0]:  # type: ignore[index]  # EXISTS: one row
+            if not rows and after > 0 and not conn.execute(*position_exists_statement(after)).fetchone()[0]:  # type: ignore[index]  # EXISTS: one row
                 raise UnknownPosition(after)
         return reveal_events(self.keys, [recorded_event(r) for r in rows])
 
@@ -570,17 +688,114 @@ class EventStore:
         return 0 if row is None else int(row[0])
 
     def streams(self, stream_type: str, *, after: str = "", limit: int = 100) -> list[StreamInfo]:
-        """The streams of a type in stream id order, after the stream id `after`."""
+        """The streams of a type in stream id order, after the stream id `after`: those with
+        events stored, deleted ones left out (pages are filled past them)."""
+        found: list[StreamInfo] = []
         with _database, self.pool.connection() as conn:
-            rows = conn.execute(STREAMS_OF_TYPE, (stream_type, after, limit)).fetchall()
-        return [StreamInfo(r[0], stream_type, int(r[1]), r[2]) for r in rows]
+            while len(found) < limit:
+                rows = conn.execute(STREAMS_OF_TYPE, (stream_type, after, stream_type, after, limit)).fetchall()
+                for sid, end, created, hard, deleted_end in rows:
+                    gone = hard or created is None or (deleted_end is not None and int(end) <= deleted_end)
+                    if not gone and len(found) < limit:
+                        found.append(StreamInfo(sid, stream_type, int(end), created))
+                if len(rows) < limit:
+                    break
+                after = rows[-1][0]
+        return found
 
     def version(self, stream_id: str) -> int:
         check_id("stream id", stream_id)
         with _database, self.pool.connection() as conn:
-            v = int(conn.execute(CURRENT, (stream_id,)).fetchone()[0])  # type: ignore[index]  # an aggregate: one row
+            v = int(conn.execute(CURRENT, (stream_id, stream_id)).fetchone()[0])  # type: ignore[index]  # an aggregate: one row
         self._note(stream_id, v)
         return v
+
+    # -- a stream's lifecycle: metadata, deletes, scavenge ------------------------------------------
+    @staticmethod
+    def _state(conn: psycopg.Connection[Any], stream_id: str) -> _StreamState:
+        return _stream_state(conn.execute(STREAM_STATE, (stream_id,)).fetchone())  # type: ignore[arg-type]  # an outer join: one row
+
+    def stream_metadata(self, stream_id: str) -> StreamMetadata:
+        """The stream's metadata (version 0 and no limits until first written)."""
+        check_id("stream id", stream_id)
+        with _database, self.pool.connection() as conn:
+            state = self._state(conn, stream_id)
+        if state.hard:
+            raise StreamDeleted(stream_id)
+        return state.metadata
+
+    def set_stream_metadata(
+        self, stream_id: str, meta: StreamMetadata, *, expected_version: int | Literal["any"] = "any"
+    ) -> StreamMetadata:
+        """Write the stream's metadata if it is at `expected_version` (0: never written), else
+        MetadataConflict; reads honour it at once. Returns it with its new version."""
+        check_id("stream id", stream_id)
+        check_metadata(meta)
+        limits = (meta.max_age, meta.max_count, meta.truncate_before, dumps(meta.custom or {}).decode())
+        with _database, self.pool.connection() as conn:
+            if expected_version == "any":
+                row = conn.execute(META_PUT_ANY, (stream_id, *limits)).fetchone()
+            else:
+                row = conn.execute(META_PUT, (stream_id, *limits, expected_version)).fetchone()
+            if row is None:
+                state = self._state(conn, stream_id)
+                if state.hard:
+                    raise StreamDeleted(stream_id)
+                raise MetadataConflict(stream_id, expected_version, state.metadata.version)
+            written = int(row[0])
+        return StreamMetadata(meta.max_age, meta.max_count, meta.truncate_before, meta.custom or {}, written)
+
+    def delete_stream(self, stream_id: str, *, hard: bool = False) -> int:
+        """Delete the stream, in one short transaction; returns the version it ended at. Soft: it
+        reads as gone and an append (`no_stream`) recreates it after that version (KurrentDB's
+        delete); hard: a tombstone, its id is refused for good. Its events go at the next
+        scavenge; capture is told at once (a logical message the outbox routes to the log)."""
+        check_id("stream id", stream_id)
+        with _database, self.pool.connection() as conn, conn.transaction():
+            state = self._state(conn, stream_id)
+            if state.hard:
+                raise StreamDeleted(stream_id)
+            if not hard and state.visible_end == 0:
+                raise StreamNotFound(stream_id)
+            conn.execute(DELETE_STREAM, (stream_id, state.stream_type, state.end, state.end, hard))
+            conn.execute(SNAP_DROP, (stream_id,))
+            marker = {
+                "stream": stream_id,
+                "stream_type": state.stream_type,
+                "hard": hard,
+                "version": state.end,
+                "occurred_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+            }
+            conn.execute(EMIT_DELETED, (STREAM_DELETED_PREFIX, dumps(marker).decode()))
+        return state.end
+
+    def scavenge(self, *, batch: int = 500, pause: Callable[[], None] | None = None) -> int:
+        """Remove what stream metadata and deletes hide, stream by stream, `batch` events per
+        short transaction (row locks on the removed events only: appends go on). `pause` runs
+        between batches (a background scavenge yields there). Returns how many events went."""
+        removed, after = 0, ""
+        while True:
+            with _database, self.pool.connection() as conn:
+                ids = [r[0] for r in conn.execute(SCAVENGE_STREAMS, (after, 100)).fetchall()]
+            for stream_id in ids:
+                removed += self._scavenge_stream(stream_id, batch, pause)
+            if len(ids) < 100:
+                return removed
+            after = ids[-1]
+
+    def _scavenge_stream(self, stream_id: str, batch: int, pause: Callable[[], None] | None) -> int:
+        removed = 0
+        while True:
+            with _database, self.pool.connection() as conn, conn.transaction():
+                conn.execute(
+                    KEEP_END, (stream_id, stream_id, stream_id)
+                )  # before anything goes: versions continue after it
+                gone = len(conn.execute(SCAVENGE_BATCH, (stream_id, stream_id, batch)).fetchall())
+            removed += gone
+            if gone < batch:
+                return removed
+            if pause is not None:
+                pause()
 
     # -- snapshots (a cache: they speed loading up and never change answers) ---------------------------------
     def snapshot(self, stream_id: str) -> tuple[int, dict[str, Any], int] | None:

@@ -122,9 +122,9 @@ def _register_subcommands() -> None:
         "tributary.api.cli.project",
         "tributary.api.cli.service",
         "tributary.api.cli.groups",
+        "tributary.api.cli.events",
         "tributary.api.cli.sinks",
         "tributary.api.cli.kafka",
-        "tributary.api.cli.events",
         "tributary.api.demo.demo",
     ):
         try:

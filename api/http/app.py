@@ -25,12 +25,20 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive, Scope, Send
 
-from tributary.api.http import routes_admin, routes_commands, routes_groups, routes_streams, routes_views
+from tributary.api.http import (
+    routes_admin,
+    routes_commands,
+    routes_groups,
+    routes_lifecycle,
+    routes_streams,
+    routes_views,
+)
 from tributary.api.http.domains import document_domains
 from tributary.api.http.head import HeadAsGet
 from tributary.api.http.limits import BodyLimit, RequestTracker, connections
 from tributary.api.http.metrics import Metrics
 from tributary.api.http.problems import Problem, carriable, code_for_status, handle_problem, problem_response
+from tributary.api.http.scavenger import start_scavenger
 from tributary.api.http.status import Serving, Status
 from tributary.api.http.subscriptions import Subscriptions
 from tributary.api.http.views_db import Views
@@ -114,6 +122,18 @@ def _request_id(scope: Scope) -> bytes:
     return request_id
 
 
+def _allowed(request: Request) -> str:
+    """Every method the OpenAPI document lists for the path (Starlette's 405 names only the first
+    route that matched it, and one path may have a route per method: `GET` and `DELETE
+    /streams/{id}`); empty when it lists none."""
+    path = request.url.path
+    paths = request.app.openapi().get("paths", {})
+    for template, item in paths.items():
+        if re.fullmatch(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)), path):
+            return ", ".join(sorted(m.upper() for m in item if m != "parameters"))
+    return ""
+
+
 def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     """An app bound to one service database; the pool opens on start-up and closes on shutdown.
 
@@ -147,6 +167,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
             snapshot_every=settings.eventstore.snapshot_every or None,
         )
         metrics.known_stream_types(handler.aggregates)
+        scavenging = start_scavenger(store, settings.eventstore.scavenge_interval_s)
         subscriptions = Subscriptions(
             pool,
             poll_s=settings.api.subscription_poll_s,
@@ -180,6 +201,8 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
             yield
         finally:
             refreshing.cancel()
+            if scavenging is not None:
+                scavenging.cancel()
             await consumers.stop()
             await subscriptions.close()
             await asyncio.to_thread(store.close)
@@ -207,6 +230,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
 
     app.include_router(routes_commands.router)
     app.include_router(routes_streams.router)
+    app.include_router(routes_lifecycle.router)
     app.include_router(routes_views.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_groups.router)
@@ -224,8 +248,10 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
         if status == 404 and detail == "Not Found":
             detail = f"no route {request.url.path}; /openapi.json lists the routes"
         elif status == 405 and exc.headers and "allow" in {k.lower() for k in exc.headers}:
-            allowed = next(v for k, v in exc.headers.items() if k.lower() == "allow")
+            allowed = _allowed(request) or next(v for k, v in exc.headers.items() if k.lower() == "allow")
             detail = f"{request.method} is not allowed on {request.url.path} (allowed: {allowed})"
+            headers = {k: v for k, v in exc.headers.items() if k.lower() != "allow"}
+            return problem_response(status, code_for_status(status), detail, headers={**headers, "Allow": allowed})
         return problem_response(status, code_for_status(status), detail, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)

@@ -23,11 +23,15 @@ from tributary.eventstore.errors import (
     CommandRejected,
     ConcurrencyConflict,
     EventStoreError,
+    HistoryHidden,
     IdempotencyMismatch,
     InvalidCommand,
     InvalidValue,
+    MetadataConflict,
     PartialDuplicateBatch,
     StoreUnavailable,
+    StreamDeleted,
+    StreamNotFound,
     UnknownCommand,
     UnknownStreamType,
 )
@@ -164,6 +168,16 @@ def _http_error(exc: EventStoreError) -> Problem:
         )
     if isinstance(exc, StoreUnavailable):
         return Problem(503, "unavailable", str(exc))
+    if isinstance(exc, StreamDeleted):
+        return Problem(410, "stream_deleted", str(exc), stream=exc.stream_id)
+    if isinstance(exc, HistoryHidden):
+        return Problem(409, "history_hidden", str(exc), stream=exc.stream_id, missing_from=exc.missing_from)
+    if isinstance(exc, StreamNotFound):
+        return Problem(404, "unknown_stream", str(exc))
+    if isinstance(exc, MetadataConflict):
+        return Problem(
+            409, "metadata_conflict", str(exc), stream=exc.stream_id, expected=exc.expected, actual=exc.actual
+        )
     if isinstance(exc, InvalidValue):
         return Problem(422, "invalid_value", str(exc), field=exc.field)
     if isinstance(exc, UnknownStreamType):
@@ -195,6 +209,7 @@ def _http_error(exc: EventStoreError) -> Problem:
             "(`stream`, `expected`, `actual`, `attempts`, and a `detail` that says what to do)",
             ConflictBody,
         ),
+        410: error("`stream_deleted`: the stream was deleted for good (a hard delete); use another id"),
         413: error("the body is larger than `[api] max_body_bytes`"),
         422: error(f"invalid or rejected command, or a stream id over {MAX_ID_LENGTH} characters"),
         503: error("the service database did not answer; retry (a `command_id` makes the retry safe)"),
@@ -233,7 +248,8 @@ async def send_command(stream_type: str, stream_id: str, body: CommandRequest, r
 
 _STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
     **AUTH_RESPONSES,
-    404: error("no stream with this id"),
+    404: error("no stream with this id (never written, or deleted)"),
+    410: error("`stream_deleted`: the stream was deleted for good (a hard delete)"),
     422: error(f"not a stream id the store can hold (over {MAX_ID_LENGTH} characters, or a NUL)"),
     503: error("the service database did not answer; retry"),
 }

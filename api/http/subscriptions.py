@@ -32,8 +32,8 @@ from tributary.eventstore.errors import StoreUnavailable, UnknownPosition
 from tributary.eventstore.keys import KeyStore, reveal_events
 from tributary.eventstore.model import RecordedEvent, dumps, event_json
 from tributary.eventstore.personal import has_envelopes
-from tributary.eventstore.statements import POSITION_EXISTS, READ_ALL_HEAD
-from tributary.eventstore.store import read_all_statement, recorded_event
+from tributary.eventstore.statements import READ_ALL_HEAD
+from tributary.eventstore.store import position_exists_statement, read_all_statement, recorded_event
 
 __all__ = ["AllFilter", "Subscriptions", "sse_event"]
 
@@ -81,7 +81,7 @@ class Subscriptions:
             async with self.pool.connection() as conn:
                 rows = await (await conn.execute(query, params)).fetchall()
                 if not rows and after > 0:
-                    exists = await (await conn.execute(POSITION_EXISTS, (after,))).fetchone()
+                    exists = await (await conn.execute(*position_exists_statement(after))).fetchone()
                     if exists is None or not exists[0]:
                         raise UnknownPosition(after)
         except psycopg.OperationalError as exc:  # refused, lost, or no pooled connection in time

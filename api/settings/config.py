@@ -506,6 +506,12 @@ class EventStoreSettings(_Section):
     snapshot_every: int = Field(
         default=100, ge=0, le=1_000_000, description="Snapshot an aggregate every N events (0 = never)."
     )
+    scavenge_interval_s: float = Field(
+        default=0,
+        ge=0,
+        le=604_800,
+        description="`tributary serve` removes what stream metadata and deletes hide every N seconds (0 = off).",
+    )
 
 
 class ApiKey(_Section):

@@ -16,9 +16,21 @@ import orjson
 from tributary.capture.records.envelope import Output
 from tributary.jsonvalue import JsonValue
 
-__all__ = ["HEADER_IDS", "OUTBOX_TABLE", "event_headers", "route_event"]
+__all__ = [
+    "HEADER_IDS",
+    "OUTBOX_TABLE",
+    "STREAM_DELETED",
+    "STREAM_DELETED_PREFIX",
+    "event_headers",
+    "route_event",
+    "route_stream_deleted",
+]
 
 OUTBOX_TABLE = "eventstore.events"
+# The event store's delete tells capture with a transactional logical message of this prefix
+# (its content: {"stream", "stream_type", "hard", "version"}); `tributary.eventstore.store` sends it.
+STREAM_DELETED_PREFIX = "tributary.eventstore.stream_deleted"
+STREAM_DELETED = "$stream_deleted"  # the `type` of the delete marker record
 HEADER_IDS = ("command_id", "correlation_id", "causation_id")  # metadata ids that become log headers
 
 
@@ -72,3 +84,28 @@ def route_event(row: dict[str, Any]) -> list[Output]:
             timestamp_ms=_ms(row["occurred_at"]),
         )
     ]
+
+
+def route_stream_deleted(content: str) -> list[Output]:
+    """A stream's delete (the logical message's content) → two records on `events.<stream_type>`,
+    keyed by the stream id: the delete marker (value `{"type": "$stream_deleted", "stream",
+    "stream_type", "hard", "version", "occurred_at"}`: a consumer drops what it holds of the
+    stream), then the key's tombstone (compaction of an events topic removes the stream's records
+    through it). None for a stream whose type is unknown (nothing of it was ever stored)."""
+    doc = orjson.loads(content)
+    stream_type = doc.get("stream_type")
+    if not isinstance(stream_type, str):
+        return []
+    key = orjson.dumps(doc["stream"])
+    marker = {
+        "type": STREAM_DELETED,
+        "stream": doc["stream"],
+        "stream_type": stream_type,
+        "hard": bool(doc.get("hard")),
+        "version": doc.get("version"),
+        "occurred_at": doc.get("occurred_at"),
+    }
+    topic = f"events.{stream_type}"
+    at = doc.get("occurred_at")
+    ts = _ms(at) if isinstance(at, str) else None
+    return [Output(topic, key, orjson.dumps(marker), timestamp_ms=ts), Output(topic, key, None, timestamp_ms=ts)]

@@ -102,15 +102,18 @@ class Staging:
     def partitions(self, topic: str) -> int:
         """The topic's partition count, creating the topic on first use: CDC topics compacted
         (a key's last record is its state), a source's side topics (`.messages`, `.transactions`…)
-        deleted by retention, events kept."""
+        deleted by retention, events kept — the event store's (`events.*`) but for the streams
+        deleted since (policy `tombstones`: a stream's tombstone removes its records)."""
         count = self._partitions.get(topic)
         if count is not None:
             return count
         if topic not in self.log.topics():
             retained = topic.endswith(".messages") or is_side_topic(topic)
-            policy: Literal["delete", "compact", "none"] = "delete" if retained else "compact"
-            if topic.startswith("events.") or topic in self.event_topics:
+            policy: Literal["delete", "compact", "none", "tombstones"] = "delete" if retained else "compact"
+            if topic in self.event_topics:
                 policy = "none"
+            elif topic.startswith("events."):
+                policy = "tombstones"
             self.log.create_topic(topic, TopicConfig(partitions=self.new_topic_partitions, policy=policy))
         count = self._partitions[topic] = self.log.topics()[topic].partitions
         return count

@@ -36,6 +36,7 @@ from tributary.capture.decoding import wal2json
 from tributary.capture.decoding.lsn import Lsn
 from tributary.capture.errors import SourceMisconfigured
 from tributary.capture.records import envelope as env
+from tributary.capture.records.outbox import STREAM_DELETED_PREFIX, route_stream_deleted
 from tributary.capture.records.rules import TableRules
 from tributary.capture.records.service_outbox import OutboxRowError, OutboxTable
 from tributary.capture.records.staging import Staging
@@ -355,6 +356,8 @@ class StreamingSource:
             return False
         if message.prefix == signals.SIGNAL_PREFIX:
             self._signal(lambda: signals.from_message(message.content, lsn=str(message.lsn or "")))
+        elif message.prefix == STREAM_DELETED_PREFIX and self.spec.router is not None:
+            self._stage(route_stream_deleted(message.content), now_ms)  # the event store's delete
         else:
             self._stage(env.message_envelope(message, **self._context()), now_ms)
         if not self.offsets.in_transaction and message.lsn is not None:

@@ -137,7 +137,7 @@ def position_owner(name: str) -> str:
 def _policy_config(name: str, policy: str) -> dict[str, str]:
     if policy == "compact":
         return {"cleanup.policy": "compact"}
-    if policy == "none":
+    if policy in ("none", "tombstones"):  # a broker cannot drop one key's records alone: kept whole
         return {"cleanup.policy": "delete", "retention.ms": "-1"}
     return {"cleanup.policy": "delete"}
 

@@ -24,7 +24,15 @@ from tributary.log.local.manifest import PartitionState
 from tributary.log.local.placeholders import Carry, fill, holes, observe
 from tributary.log.local.reader import committed_segments, open_segment, partition_dir
 from tributary.log.local.segment import log_path
-from tributary.log.local.types import CompactionState, CompactionStats, Problem, Record, TopicSummary, Verified
+from tributary.log.local.types import (
+    COMPACTED_POLICIES,
+    CompactionState,
+    CompactionStats,
+    Problem,
+    Record,
+    TopicSummary,
+    Verified,
+)
 
 __all__ = [
     "SCHEMA_KEY",
@@ -166,7 +174,9 @@ def topics(root: Path, *, schema_key: bytes = SCHEMA_KEY) -> list[TopicSummary]:
                     "schema_records": schema,
                     "start_offsets": log.start_offsets(name),
                     "end_offsets": log.end_offsets(name),
-                    "compaction": compaction_state(doc, name, cfg.partitions) if cfg.policy == "compact" else None,
+                    "compaction": compaction_state(doc, name, cfg.partitions)
+                    if cfg.policy in COMPACTED_POLICIES
+                    else None,
                 }
             )
         return out

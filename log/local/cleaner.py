@@ -26,7 +26,7 @@ from tributary.log.local.compaction import compact_partition
 from tributary.log.local.manifest import PartitionState
 from tributary.log.local.reader import committed_segments, partition_dir
 from tributary.log.local.segment import list_segments, log_path, parquet_path
-from tributary.log.local.types import CompactionStats, TopicConfig
+from tributary.log.local.types import COMPACTED_POLICIES, CompactionStats, TopicConfig
 
 __all__ = ["CHECKPOINT", "Cleaner", "CleanerPolicy", "CleanedLog", "PartitionCheckpoint", "read_checkpoint"]
 
@@ -206,7 +206,7 @@ class Cleaner:
         tombstone that may now be dropped."""
         out = []
         for name, cfg in self.log.topics().items():
-            if cfg.policy != "compact":
+            if cfg.policy not in COMPACTED_POLICIES:
                 continue
             for p in range(cfg.partitions):
                 cp = self.partitions.get(f"{name}/{p}", PartitionCheckpoint())
@@ -290,7 +290,7 @@ class Cleaner:
         names = [topic] if topic is not None else list(topics)
         for name in names:
             cfg = self.log.topic_config(name)
-            if cfg.policy != "compact":
+            if cfg.policy not in COMPACTED_POLICIES:
                 continue
             for p in range(cfg.partitions):
                 s = self.clean(name, p, now_ms)

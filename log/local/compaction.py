@@ -28,7 +28,7 @@ from tributary.log.local.segment import (
 )
 from tributary.log.local.types import CompactionStats, TopicConfig
 
-__all__ = ["compact_partition", "expired_segments", "keep_record", "remove_segments"]
+__all__ = ["compact_partition", "expired_segments", "keep_record", "keep_untombstoned", "remove_segments"]
 
 _SUFFIX = ".compacting"
 
@@ -56,6 +56,30 @@ def keep_record(
     if covered_since is None:
         return True
     return now_ms - timestamp < delete_retention_ms or now_ms - covered_since < delete_retention_ms
+
+
+def keep_untombstoned(
+    offset: int,
+    timestamp: int,
+    key: bytes | None,
+    is_tombstone: bool,
+    tombstones: dict[bytes, int],
+    now_ms: int,
+    delete_retention_ms: int,
+    covered_since: int | None = -(1 << 62),
+) -> bool:
+    """The `tombstones` policy's rule (pure): keep every record except a key's records before its
+    last tombstone (`tombstones`: key → that offset, from the records a pass reads); a tombstone
+    itself goes as a latest one does under `compact` (`keep_record`: once old and alone for the
+    retention). Records after it (the key used again) are kept."""
+    if key is None:
+        return True
+    last = tombstones.get(key)
+    if last is not None and offset < last:
+        return False
+    if not is_tombstone:
+        return True
+    return keep_record(offset, timestamp, key, True, {key: offset}, now_ms, delete_retention_ms, covered_since)
 
 
 def compact_partition(
@@ -95,10 +119,17 @@ def compact_partition(
         return None
     latest: dict[bytes, int] = {}
     carrying = CarryForward(clean_end=clean_end, sealed_end=state.segment)
+    untombstoned = cfg.policy == "tombstones"  # latest: each key's last tombstone; no placeholders
     for rec in read_partition(root, topic, partition, state, clean_end, state.end):
-        if rec.key is not None:
-            carrying.latest(rec.key, rec.offset, rec.value, latest.get(rec.key))
-            latest[rec.key] = rec.offset
+        if rec.key is None:
+            continue
+        if untombstoned:
+            if rec.value is None:
+                latest[rec.key] = rec.offset
+            continue
+        carrying.latest(rec.key, rec.offset, rec.value, latest.get(rec.key))
+        latest[rec.key] = rec.offset
+    keep_rule = keep_untombstoned if untombstoned else keep_record
     due: int | None = None
     for base in sealed:
         ref = SegmentRef(topic, partition, pdir, base)
@@ -117,7 +148,7 @@ def compact_partition(
                 before += 1
                 size += len(line) + 1
                 covered = since(off)
-                keep = keep_record(off, ts, key, value is None, latest, now_ms, retention, covered)
+                keep = keep_rule(off, ts, key, value is None, latest, now_ms, retention, covered)
                 if key is not None and key in carrying.wanted:  # its latest record holds placeholders
                     keep, carry = carrying.decide(off, key, value, keep, latest[key])
                     if keep and carry and (filled := _filled_line(record, carry)) is not None:

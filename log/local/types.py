@@ -9,6 +9,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 import orjson
 
 __all__ = [
+    "COMPACTED_POLICIES",
     "CompactionState",
     "CompactionStats",
     "Mark",
@@ -22,8 +23,11 @@ __all__ = [
     "Verified",
 ]
 
-Policy = Literal["delete", "compact", "none"]
-_POLICIES = ("delete", "compact", "none")
+# `tombstones`: every record is kept, except that a key's tombstone removes the key's earlier
+# records (the event store's topics: a deleted stream goes, every other stream keeps its history).
+Policy = Literal["delete", "compact", "none", "tombstones"]
+_POLICIES = ("delete", "compact", "none", "tombstones")
+COMPACTED_POLICIES = ("compact", "tombstones")  # compaction rewrites their segments (offsets may gap)
 
 
 @dataclass(frozen=True, slots=True)

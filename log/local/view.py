@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tributary.log.local.errors import LogError, TopicNotFoundError
 from tributary.log.local.log import Log
-from tributary.log.local.types import PartitionEnd, Record
+from tributary.log.local.types import COMPACTED_POLICIES, PartitionEnd, Record
 
 __all__ = ["LogView"]
 
@@ -87,12 +87,12 @@ class LogView:
             return 0, 0
 
     def compacted(self, topic: str) -> bool:
-        """True when compaction may leave gaps in the topic's offsets (policy `compact`)."""
+        """True when compaction may leave gaps in the topic's offsets (policy `compact` or `tombstones`)."""
         log = self._log
         if log is None:
             return False
         try:
-            return log.topic_config(topic).policy == "compact"
+            return log.topic_config(topic).policy in COMPACTED_POLICIES
         except (TopicNotFoundError, LogError):
             return False
 

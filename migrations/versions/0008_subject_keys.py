@@ -1,13 +1,13 @@
 """Event store: one encryption key per data subject and key version (personal data in events).
 
 Revision ID: 0007_subject_keys
-Revises: 0005_consumer_nacks
+Revises: 0006_stream_lifecycle
 """
 
 from alembic import op
 
 revision = "0007_subject_keys"
-down_revision = "0005_consumer_nacks"
+down_revision = "0006_stream_lifecycle"
 branch_labels = None
 depends_on = None
 

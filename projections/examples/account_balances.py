@@ -3,7 +3,9 @@
 Balance, status, last version, overdraft fees charged (OverdraftFeeCharged events) and
 `overdrafts`: how many withdrawals took the balance below zero. Processed by event time, a
 deposit made before a withdrawal counts first even when the two travel on different topics
-or partitions: arrival order would report a false overdraft there.
+or partitions: arrival order would report a false overdraft there. A deleted account (the
+event store's `$stream_deleted` marker, or its key's tombstone) has no row; one recreated after
+its delete starts again from its new events.
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ def initial(key: Any) -> dict[str, Any]:
 
 def apply(s: dict[str, Any], r: ProjectionRecord) -> dict[str, Any]:
     event = r.value
+    kind = event.get("type") if isinstance(event, dict) else None
+    if event is None or kind == "$stream_deleted":  # the stream was deleted: forget it
+        return {**initial(s["id"]), "status": "deleted"}
     if not isinstance(event, dict):
         return s
     data = event.get("data") or {}
-    kind = event.get("type")
     s = dict(s)
     if kind == "AccountOpened":
         s.update(
@@ -63,7 +67,9 @@ def apply(s: dict[str, Any], r: ProjectionRecord) -> dict[str, Any]:
     return s
 
 
-def result(s: dict[str, Any]) -> dict[str, Any]:
+def result(s: dict[str, Any]) -> dict[str, Any] | None:
+    if s["status"] == "deleted":
+        return None
     return {
         "account_id": s["id"],
         "owner": s["owner"],

@@ -75,6 +75,7 @@ def test_the_revision_ids_databases_store_are_kept() -> None:
             "0003_consumer_groups",
             "0004_sinks",
             "0005_consumer_nacks",
+            "0006_stream_lifecycle",
             "0007_subject_keys",
         ][: len(ids)]
     )
