@@ -102,9 +102,9 @@ class Prior:
     tps: tuple[TP, ...] = ()
 
 
-Emitted = tuple[str, int, int, int, str, str | None]
+Emitted = tuple[str, int, int, int, str, str | None, int]
 """One record a fold emits: (source topic, partition, offset, index among that record's emits,
-key as canonical JSON, value as JSON or None for a tombstone)."""
+key as canonical JSON, value as JSON or None for a tombstone, the source record's timestamp)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,10 +420,11 @@ def emits_of(p: Projection, state: FoldState, record: ProjectionRecord) -> list[
     """`Projection.emit` after `record` was applied: its pairs, keys canonical and values as JSON,
     so that equal outputs are equal bytes on every run."""
     assert p.emit is not None
+    r = record
     try:
         pairs = list(p.emit.records(state, record))
         return [
-            (record.topic, record.partition, record.offset, i, _out_json(k), None if v is None else _out_json(v))
+            (r.topic, r.partition, r.offset, i, _out_json(k), None if v is None else _out_json(v), r.timestamp)
             for i, (k, v) in enumerate(pairs)
         ]
     except Exception as exc:

@@ -40,6 +40,7 @@ from tributary.projections.engine import (
     merges_partitions,
     truncate_points,
 )
+from tributary.projections.emit import Emitter, opened, since
 from tributary.projections.errors import LockedError, ProjectionError, RunError
 from tributary.projections.executors import check_log_root
 from tributary.projections.job import (
@@ -249,7 +250,8 @@ def _catch_up(
         if p.build is not None:
             done = _transform_pass(s, spark, store, log, p, b, span)
         else:
-            done = _fold_pass(s, spark, store, log, p, b, span)
+            with opened(s.log_root, s.kafka, p, b) as emitter:
+                done = _fold_pass(s, spark, store, log, p, b, span, emitter)
     if progress:
         progress(stage, total, total)
     return done
@@ -298,11 +300,20 @@ def _transform_pass(
 
 
 def _fold_pass(
-    s: RunSettings, spark: SparkSession, store: Store, log: LogSource, p: Projection, b: BuildRow, span: _Span
+    s: RunSettings,
+    spark: SparkSession,
+    store: Store,
+    log: LogSource,
+    p: Projection,
+    b: BuildRow,
+    span: _Span,
+    emitter: Emitter | None = None,
 ) -> _Pass:
     """A fold's pass (steps 2–4): the new records routed to units (with the new truncates
     delivered), each touched unit resumed from its stored state or recomputed from all its
-    records, folded by Spark tasks into staging tables, committed with the checkpoints."""
+    records, folded by Spark tasks into staging tables, committed with the checkpoints. With an
+    `emitter`, the records emitted from where the log says the stream is are committed to the log
+    first (projections/emit.py)."""
     ref = (s.modules, s.mirror, p.name)
     store.upgrade_state(b)
     new_records = _read(s, log, p, span, spark, span.lo)
@@ -333,6 +344,7 @@ def _fold_pass(
         ordered = p.window is not None or bool(p.tables)  # their checkpoints keep each partition's max event time
         checkpoints = _watermarked(span, new_records) if ordered else span.checkpoints()
         staged = store.staging(p, b)
+        emit_from = None if emitter is None else since(span.lo, emitter.emitted())
         summaries = (
             fold_frame(
                 spark,
@@ -341,8 +353,9 @@ def _fold_pass(
                 priors,
                 s.shuffle_partitions,
                 dsn=s.dsn,
-                staging=staged.names,
+                staging=staged.tables,
                 skip_errors=s.skip_errors,
+                since=emit_from,
             )
             .toArrow()
             .to_pylist()
@@ -350,6 +363,8 @@ def _fold_pass(
     finally:
         if fresh is not None:
             fresh.unpersist()
+    if emitter is not None:  # the stream and its position first: a crash before the table's commit redoes the table only
+        emitter.write(store.staged_emits(staged), {tp: end for tp, (end, _) in checkpoints.items()})
     rows = store.commit_folds(p, b, staged, summaries, checkpoints, span.total, truncates=points, late=late)
     return _Pass(span.total, rows, len(recompute))
 

@@ -90,7 +90,7 @@ def test_incremental_runs_emit_what_one_rebuild_emits(data: Any) -> None:
 def test_emitted_values_are_exact_json() -> None:
     view = LocalView()
     run_local(BALANCES, log_of([event(DEP, 0, 0, "a", "MoneyDeposited", 5, amount="10.10")]), view)
-    assert view.emitted == [(DEP, 0, 0, 0, '"a"', '{"balance":"10.10","n":1}')]
+    assert view.emitted == [(DEP, 0, 0, 0, '"a"', '{"balance":"10.10","n":1}', 5)]
 
 
 def test_an_emit_that_raises_names_the_record() -> None:

@@ -1,0 +1,146 @@
+"""Derived streams on every log backend: a fold that emits a record per order to a topic of the
+log (real capture, real Spark, real Postgres), read back as a read_committed reader sees it.
+Incremental runs add each order's record once; a run that dies between the log's commit and the
+database's leaves the stream holding each record once after the next run; a rebuild writes the
+same stream to a topic of its own."""
+
+# ruff: noqa: F811  # `spark`, imported below, is the tests' parameter
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from tests.backends import LogBackend, write_backend_config
+from tests.integration.projections.conftest import spark  # noqa: F401  # the suite's one SparkSession
+from tests.integration.projections.helpers import dump
+from tests.integration.projections.orders_views import TOPIC, capture_until_idle
+from tributary.api.settings.config import load_settings
+from tributary.eventstore.migrate import run_migrations
+from tributary.projections.runner import RunSettings, rebuild, run, status
+from tributary.projections.store import Store
+
+pytestmark = pytest.mark.integration
+
+OUT = "order_stream_out"
+STREAM = f'''
+from tributary.projections.definition import Emit, Fold, Projection, Table
+
+
+def customer(record):  # inserts and snapshot reads, by customer
+    value = record.value
+    if value is None or value.get("op") not in ("r", "c"):
+        return None
+    return value["after"]["customer"]
+
+
+def apply(state, record):
+    after = record.value["after"]
+    return {{**state, "total": state["total"] + after["amount"], "last": after["id"], "amount": after["amount"]}}
+
+
+def emitted(state, record):  # one record per order: the order and its customer's running total
+    return [(state["customer"], {{"order": state["last"], "amount": state["amount"], "total": state["total"]}})]
+
+
+PROJECTION = Projection(
+    name="order_stream", version=1, topics=("{TOPIC}",), key=customer,
+    table=Table.of({{"customer": "text", "total": "bigint"}}, ["customer"]),
+    fold=Fold(
+        initial=lambda key: {{"customer": key, "total": 0, "last": None, "amount": 0}},
+        apply=apply,
+        result=lambda s: {{"customer": s["customer"], "total": s["total"]}},
+    ),
+    emit=Emit("{OUT}", emitted),
+)
+'''
+
+
+def _setup(tmp_path: Path, dsn: str, backend: LogBackend) -> Path:
+    backend.prepare(TOPIC)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY, customer text NOT NULL, amount int NOT NULL)")
+        conn.execute("INSERT INTO orders SELECT g, 'c' || (g % 4), g FROM generate_series(1, 30) g")
+    (tmp_path / "stream.py").write_text(STREAM)
+    config = write_backend_config(backend, tmp_path / "t.toml", dsn=dsn, log_root=tmp_path / "log")
+    text = config.read_text().replace('include = ["public.*"]', 'include = ["public.orders"]')
+    config.write_text(
+        f'[service]\ndsn = "{dsn}"\n\n[projections]\nmodules = ["{tmp_path / "stream.py"}"]\n'
+        'spark_master = "local[2]"\n' + text
+    )
+    run_migrations(dsn)
+    capture_until_idle(config)
+    return config
+
+
+def _stream(backend: LogBackend, log_root: Path, topic: str) -> list[tuple[str, dict[str, Any]]]:
+    """The topic's records as (customer, value), as a read_committed reader gets them."""
+    out = []
+    for r in backend.records(log_root, topic):
+        assert r.key is not None and r.value is not None
+        out.append((orjson.loads(r.key), orjson.loads(r.value)))
+    return out
+
+
+def _orders(stream: list[tuple[str, dict[str, Any]]]) -> Counter[tuple[str, int, int]]:
+    return Counter((customer, v["order"], v["amount"]) for customer, v in stream)
+
+
+def _inserted(dsn: str) -> Counter[tuple[str, int, int]]:
+    with psycopg.connect(dsn) as conn:
+        return Counter(conn.execute("SELECT customer, id, amount FROM orders").fetchall())
+
+
+def _insert(dsn: str, config: Path, lo: int, hi: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO orders SELECT g, 'c' || (g %% 5), g * 10 FROM generate_series(%s::int, %s::int) g", (lo, hi))
+    capture_until_idle(config)
+
+
+def test_a_fold_emits_each_record_once_across_runs_crashes_and_rebuilds(
+    fresh_db: str, tmp_path: Path, backend: LogBackend, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _setup(tmp_path, fresh_db, backend)
+    s = RunSettings.from_settings(load_settings(config))
+    log_root = tmp_path / "log"
+
+    assert rebuild("order_stream", s, spark=spark).rebuilt
+    first = _stream(backend, log_root, OUT)
+    assert _orders(first) == _inserted(fresh_db)  # each order's record, once
+
+    _insert(fresh_db, config, 31, 45)
+    assert run("order_stream", s, spark=spark).records > 0
+    assert _orders(_stream(backend, log_root, OUT)) == _inserted(fresh_db)
+
+    _insert(fresh_db, config, 46, 52)
+
+    def crash(*args: Any, **kwargs: Any) -> int:
+        raise RuntimeError("died between the log's commit and the database's")
+
+    with monkeypatch.context() as m:  # the pass dies after its records and position reached the log
+        m.setattr(Store, "commit_folds", crash)
+        with pytest.raises(RuntimeError, match="died between"):
+            run("order_stream", s, spark=spark)
+    assert _orders(_stream(backend, log_root, OUT)) == _inserted(fresh_db)  # the log has them
+    assert {st.name: st.lag for st in status(s)}["order_stream"] > 0  # the table does not
+    assert run("order_stream", s, spark=spark).records > 0  # the table's pass again: the stream unchanged
+    incremental = _stream(backend, log_root, OUT)
+    assert _orders(incremental) == _inserted(fresh_db)
+    with psycopg.connect(fresh_db) as conn:
+        totals = conn.execute(
+            "SELECT (customer, sum(amount))::text FROM orders GROUP BY customer ORDER BY 1"
+        ).fetchall()
+    assert dump(fresh_db, "views.order_stream") == [t[0] for t in totals]
+    last = {customer: v["total"] for customer, v in incremental}  # each partition in order: its last total
+    assert sorted(f"({c},{t})" for c, t in last.items()) == [t[0] for t in totals]
+
+    again = rebuild("order_stream", s, spark=spark)  # a new build writes a topic of its own
+    assert again.build == 2
+    assert _stream(backend, log_root, OUT) == incremental  # readers of the old stream see it unchanged
+    rebuilt = _stream(backend, log_root, f"{OUT}.v1_2")
+    assert sorted(map(orjson.dumps, rebuilt)) == sorted(map(orjson.dumps, incremental))  # the same stream
