@@ -31,6 +31,7 @@ import psycopg
 from tributary.log import VIEW_TIMEOUT_S, LogError, MissingMetadataError
 from tributary.projections.arrow_copy import distinct_keys, output_lines
 from tributary.projections.definition import Projection
+from tributary.projections.emit import Emitter, opened, since
 from tributary.projections.engine import (
     Late,
     Prior,
@@ -40,7 +41,6 @@ from tributary.projections.engine import (
     merges_partitions,
     truncate_points,
 )
-from tributary.projections.emit import Emitter, opened, since
 from tributary.projections.errors import LockedError, ProjectionError, RunError
 from tributary.projections.executors import check_log_root
 from tributary.projections.job import (
@@ -156,6 +156,7 @@ class ProjectionStatus:
     dead_letters: int = 0
     last_error: str | None = None
     label: str = ""  # the state as people read it: `behind (162 records)` (`projections.state`)
+    stream: str | None = None  # a projection that emits: the topic its serving build writes (`Emit.topic_for`)
 
 
 def _connect(s: RunSettings) -> psycopg.Connection[Any]:
@@ -363,7 +364,9 @@ def _fold_pass(
     finally:
         if fresh is not None:
             fresh.unpersist()
-    if emitter is not None:  # the stream and its position first: a crash before the table's commit redoes the table only
+    if (
+        emitter is not None
+    ):  # the stream and its position first: a crash before the table's commit redoes the table only
         emitter.write(store.staged_emits(staged), {tp: end for tp, (end, _) in checkpoints.items()})
     rows = store.commit_folds(p, b, staged, summaries, checkpoints, span.total, truncates=points, late=late)
     return _Pass(span.total, rows, len(recompute))
@@ -795,6 +798,7 @@ def status(
                     store.dead_letters(cur) if cur else 0,
                     next((b.error for b in reversed(builds) if b.status == "failed"), None),
                     state_label(state, lag),
+                    None if p.emit is None or cur is None else p.emit.topic_for(cur.version, cur.build),
                 )
             )
         if log is not None:

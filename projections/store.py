@@ -41,7 +41,9 @@ _PRESENT = sql.SQL(
     "AND to_regnamespace(%s) IS NOT NULL"
 )
 _STATE_COLUMNS = "unit text, state text, last text, pks text, dropped bigint, tps text"
-_EMIT_COLUMNS = 'unit text, topic text, partition integer, "offset" bigint, idx integer, key text, value text, ts bigint'
+_EMIT_COLUMNS = (
+    'unit text, topic text, partition integer, "offset" bigint, idx integer, key text, value text, ts bigint'
+)
 _DDL = [
     sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(META)),
     sql.SQL("""CREATE TABLE IF NOT EXISTS {}.builds (

@@ -16,12 +16,11 @@ import orjson
 import psycopg
 import pytest
 
-from tests.backends import LogBackend, write_backend_config
+from tests.backends import LogBackend
 from tests.integration.projections.conftest import spark  # noqa: F401  # the suite's one SparkSession
 from tests.integration.projections.helpers import dump
-from tests.integration.projections.orders_views import TOPIC, capture_until_idle
+from tests.integration.projections.orders_views import TOPIC, capture_until_idle, orders_config
 from tributary.api.settings.config import load_settings
-from tributary.eventstore.migrate import run_migrations
 from tributary.projections.runner import RunSettings, rebuild, run, status
 from tributary.projections.store import Store
 
@@ -62,20 +61,7 @@ PROJECTION = Projection(
 
 
 def _setup(tmp_path: Path, dsn: str, backend: LogBackend) -> Path:
-    backend.prepare(TOPIC)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE orders (id int PRIMARY KEY, customer text NOT NULL, amount int NOT NULL)")
-        conn.execute("INSERT INTO orders SELECT g, 'c' || (g % 4), g FROM generate_series(1, 30) g")
-    (tmp_path / "stream.py").write_text(STREAM)
-    config = write_backend_config(backend, tmp_path / "t.toml", dsn=dsn, log_root=tmp_path / "log")
-    text = config.read_text().replace('include = ["public.*"]', 'include = ["public.orders"]')
-    config.write_text(
-        f'[service]\ndsn = "{dsn}"\n\n[projections]\nmodules = ["{tmp_path / "stream.py"}"]\n'
-        'spark_master = "local[2]"\n' + text
-    )
-    run_migrations(dsn)
-    capture_until_idle(config)
-    return config
+    return orders_config(tmp_path, dsn, backend, STREAM, mirror=False)
 
 
 def _stream(backend: LogBackend, log_root: Path, topic: str) -> list[tuple[str, dict[str, Any]]]:
@@ -98,7 +84,9 @@ def _inserted(dsn: str) -> Counter[tuple[str, int, int]]:
 
 def _insert(dsn: str, config: Path, lo: int, hi: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO orders SELECT g, 'c' || (g %% 5), g * 10 FROM generate_series(%s::int, %s::int) g", (lo, hi))
+        conn.execute(
+            "INSERT INTO orders SELECT g, 'c' || (g %% 5), g * 10 FROM generate_series(%s::int, %s::int) g", (lo, hi)
+        )
     capture_until_idle(config)
 
 
@@ -139,8 +127,30 @@ def test_a_fold_emits_each_record_once_across_runs_crashes_and_rebuilds(
     last = {customer: v["total"] for customer, v in incremental}  # each partition in order: its last total
     assert sorted(f"({c},{t})" for c, t in last.items()) == [t[0] for t in totals]
 
+    assert {st.name: st.stream for st in status(s)}["order_stream"] == OUT
     again = rebuild("order_stream", s, spark=spark)  # a new build writes a topic of its own
     assert again.build == 2
-    assert _stream(backend, log_root, OUT) == incremental  # readers of the old stream see it unchanged
-    rebuilt = _stream(backend, log_root, f"{OUT}.v1_2")
-    assert sorted(map(orjson.dumps, rebuilt)) == sorted(map(orjson.dumps, incremental))  # the same stream
+    assert {st.name: st.stream for st in status(s)}["order_stream"] == f"{OUT}.v1_2"  # where readers go next
+
+    def records(stream: list[tuple[str, dict[str, Any]]]) -> list[bytes]:
+        return sorted(map(orjson.dumps, stream))  # partitions may be read in any order
+
+    assert records(_stream(backend, log_root, OUT)) == records(incremental)  # the old stream unchanged
+    assert records(_stream(backend, log_root, f"{OUT}.v1_2")) == records(incremental)  # the same stream
+
+
+def test_on_the_local_log_a_run_that_emits_while_capture_writes_stops_with_one_line(
+    fresh_db: str, tmp_path: Path, spark: Any
+) -> None:
+    from tests.backends import LocalBackend
+    from tributary.log.local import Log
+    from tributary.projections.errors import RunError
+
+    config = _setup(tmp_path, fresh_db, LocalBackend())
+    s = RunSettings.from_settings(load_settings(config))
+    with Log.open(tmp_path / "log", writer=True), pytest.raises(RunError) as failed:  # as a running capture holds it
+        rebuild("order_stream", s, spark=spark)
+    assert "cannot write its stream to the log (the local log has one writer" in str(failed.value)
+    assert "\n" not in str(failed.value)
+    assert rebuild("order_stream", s, spark=spark).build == 2  # once capture let go
+    assert _orders(_stream(LocalBackend(), tmp_path / "log", f"{OUT}.v1_2")) == _inserted(fresh_db)

@@ -119,6 +119,8 @@ def test_emit_is_for_plain_folds_and_names_a_topic_of_its_own() -> None:
             emit=Emit("out", _emits),
         )
     with pytest.raises(DefinitionError, match="one it reads"):
-        Projection(name="loop", version=1, topics=(DEP,), table=BALANCES.table, fold=BALANCES.fold, emit=Emit(DEP, _emits))
+        Projection(
+            name="loop", version=1, topics=(DEP,), table=BALANCES.table, fold=BALANCES.fold, emit=Emit(DEP, _emits)
+        )
     with pytest.raises(DefinitionError, match="Emit topic"):
         Emit("no spaces", _emits)
