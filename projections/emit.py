@@ -80,15 +80,18 @@ class Emitter:
         """Append `records` ((key JSON, value JSON or None, timestamp), in order) to the topic, each
         to its key's partition (Kafka's partitioner), and commit them with the position `ends`:
         all or nothing. Returns the records written."""
-        config = self.source.create_topic(self.topic, TopicConfig(partitions=self.partitions, policy="none"))
-        by_partition: dict[int, list[tuple[bytes | None, bytes | None, int, bytes | None]]] = {}
-        for key, value, ts in records:
-            k = key.encode()
-            part = partition_for(k, config.partitions)
-            by_partition.setdefault(part, []).append((k, None if value is None else value.encode(), ts, None))
-        for part, batch in sorted(by_partition.items()):
-            self.source.append(self.topic, part, batch)
-        self.source.commit(positions={self.name: encode_position(ends)})
+        try:
+            config = self.source.create_topic(self.topic, TopicConfig(partitions=self.partitions, policy="none"))
+            by_partition: dict[int, list[tuple[bytes | None, bytes | None, int, bytes | None]]] = {}
+            for key, value, ts in records:
+                k = key.encode()
+                part = partition_for(k, config.partitions)
+                by_partition.setdefault(part, []).append((k, None if value is None else value.encode(), ts, None))
+            for part, batch in sorted(by_partition.items()):
+                self.source.append(self.topic, part, batch)
+            self.source.commit(positions={self.name: encode_position(ends)})
+        except LogError as exc:
+            raise RunError(f"writing the stream {self.topic!r} ({self.name}) to the log: {exc}") from exc
         return len(records)
 
 

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from tests.backends import LogBackend
+from tests.integration.capture.helpers import cli
 from tests.integration.projections.conftest import spark  # noqa: F401  # the suite's one SparkSession
 from tests.integration.projections.helpers import dump
 from tests.integration.projections.orders_views import TOPIC, capture_until_idle, orders_config
@@ -154,3 +155,6 @@ def test_on_the_local_log_a_run_that_emits_while_capture_writes_stops_with_one_l
     assert "\n" not in str(failed.value)
     assert rebuild("order_stream", s, spark=spark).build == 2  # once capture let go
     assert _orders(_stream(LocalBackend(), tmp_path / "log", f"{OUT}.v1_2")) == _inserted(fresh_db)
+    shown = cli("project", "status", "order_stream", "--config", str(config))  # where readers find it
+    assert shown.returncode == 0, shown.stderr
+    assert f"stream={OUT}.v1_2" in shown.stdout, shown.stdout
