@@ -13,7 +13,7 @@ position the log holds (`since`): the table is redone, the stream is not repeate
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 __all__ = ["Emitter", "decode_position", "encode_position", "opened", "since", "writer_name"]
 
 TP = tuple[str, int]
+RecordIn = tuple[bytes | None, bytes | None, int, bytes | None]  # what a writer appends: key, value, timestamp, headers
+_BATCH = 10_000  # records appended to a partition at a time
 
 
 def writer_name(name: str, build: int) -> str:
@@ -76,23 +78,33 @@ class Emitter:
         """The source offsets up to which the log holds this build's records."""
         return decode_position(self.source.positions().get(self.name))
 
-    def write(self, records: Sequence[tuple[str, str | None, int]], ends: Mapping[TP, int]) -> int:
+    def write(self, records: Iterable[tuple[str, str | None, int]], ends: Mapping[TP, int]) -> int:
         """Append `records` ((key JSON, value JSON or None, timestamp), in order) to the topic, each
         to its key's partition (Kafka's partitioner), and commit them with the position `ends`:
         all or nothing. Returns the records written."""
+        n = 0
         try:
             config = self.source.create_topic(self.topic, TopicConfig(partitions=self.partitions, policy="none"))
-            by_partition: dict[int, list[tuple[bytes | None, bytes | None, int, bytes | None]]] = {}
+            pending: dict[int, list[RecordIn]] = {}
             for key, value, ts in records:
                 k = key.encode()
-                part = partition_for(k, config.partitions)
-                by_partition.setdefault(part, []).append((k, None if value is None else value.encode(), ts, None))
-            for part, batch in sorted(by_partition.items()):
-                self.source.append(self.topic, part, batch)
+                batch = pending.setdefault(partition_for(k, config.partitions), [])
+                batch.append((k, None if value is None else value.encode(), ts, None))
+                n += 1
+                if len(batch) >= _BATCH:
+                    self._flush(pending)
+            self._flush(pending)
             self.source.commit(positions={self.name: encode_position(ends)})
         except LogError as exc:
             raise RunError(f"writing the stream {self.topic!r} ({self.name}) to the log: {exc}") from exc
-        return len(records)
+        return n
+
+    def _flush(self, pending: dict[int, list[RecordIn]]) -> None:
+        """Append what is pending, partition by partition (each partition keeps its order)."""
+        for part, batch in sorted(pending.items()):
+            if batch:
+                self.source.append(self.topic, part, batch)
+        pending.clear()
 
 
 @contextmanager

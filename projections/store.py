@@ -12,7 +12,7 @@ All SQL is composed with `psycopg.sql`: names are quoted identifiers, values are
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -618,17 +618,22 @@ class Store:
                 self.conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} (" + _EMIT_COLUMNS + ")").format(emit_t))
         return staged
 
-    def staged_emits(self, staged: Staged) -> list[tuple[str, str | None, int]]:
+    def staged_emits(self, staged: Staged) -> Iterator[tuple[str, str | None, int]]:
         """The pass's emitted records as (key, value, timestamp), in source order (topic,
-        partition, offset, unit, index): what the log gets. A retried Spark task staged some
-        twice: each (unit, source record, index) counts once."""
+        partition, offset, unit, index): what the log gets, read through a server-side cursor (a
+        rebuild's stream need not fit in memory). A retried Spark task staged some twice: each
+        (unit, source record, index) counts once."""
         if staged.emits is None:
-            return []
+            return
         q = sql.SQL(
             'SELECT key, value, ts FROM (SELECT DISTINCT ON (topic, partition, "offset", unit, idx) * FROM {} '
             'ORDER BY topic, partition, "offset", unit, idx) e ORDER BY topic, partition, "offset", unit, idx'
         ).format(sql.Identifier(META, staged.emits))
-        return [(k, v, int(ts)) for k, v, ts in self.conn.execute(q).fetchall()]
+        with self.conn.transaction(), self.conn.cursor(name="tributary_staged_emits") as cur:
+            cur.itersize = 10_000
+            cur.execute(q)
+            for k, v, ts in cur:
+                yield (k, v, int(ts))
 
     # -- the swap ---------------------------------------------------------------------------
 
