@@ -1,8 +1,8 @@
 """Derived streams on every log backend: a fold that emits a record per order to a topic of the
 log (real capture, real Spark, real Postgres), read back as a read_committed reader sees it.
 Incremental runs add each order's record once; a run that dies between the log's commit and the
-database's leaves the stream holding each record once after the next run; a rebuild writes the
-same stream to a topic of its own."""
+database's leaves the stream holding each record once after the next run; another projection
+reads the stream; a rebuild writes the same stream to a topic of its own."""
 
 # ruff: noqa: F811  # `spark`, imported below, is the tests' parameter
 
@@ -48,6 +48,14 @@ def emitted(state, record):  # one record per order: the order and its customer'
     return [(state["customer"], {{"order": state["last"], "amount": state["amount"], "total": state["total"]}})]
 
 
+def latest(state, record):  # another projection reading the stream: each customer's latest total
+    return {{"customer": record.key, "total": record.value["total"]}}
+
+
+TOTALS = Projection(
+    name="stream_totals", version=1, topics=("{OUT}",), table=Table.of({{"customer": "text", "total": "bigint"}}, ["customer"]),
+    fold=Fold(initial=lambda key: None, apply=latest, result=lambda s: s),
+)
 PROJECTION = Projection(
     name="order_stream", version=1, topics=("{TOPIC}",), key=customer,
     table=Table.of({{"customer": "text", "total": "bigint"}}, ["customer"]),
@@ -58,6 +66,7 @@ PROJECTION = Projection(
     ),
     emit=Emit("{OUT}", emitted),
 )
+PROJECTIONS = [PROJECTION, TOTALS]
 '''
 
 
@@ -127,6 +136,8 @@ def test_a_fold_emits_each_record_once_across_runs_crashes_and_rebuilds(
     assert dump(fresh_db, "views.order_stream") == [t[0] for t in totals]
     last = {customer: v["total"] for customer, v in incremental}  # each partition in order: its last total
     assert sorted(f"({c},{t})" for c, t in last.items()) == [t[0] for t in totals]
+    assert rebuild("stream_totals", s, spark=spark).records > 0  # another projection reads the stream
+    assert dump(fresh_db, "views.stream_totals") == [t[0] for t in totals]
 
     assert {st.name: st.stream for st in status(s)}["order_stream"] == OUT
     again = rebuild("order_stream", s, spark=spark)  # a new build writes a topic of its own
