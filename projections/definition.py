@@ -9,7 +9,7 @@ unit tests call directly.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Column",
+    "Emit",
     "Fold",
     "Join",
     "Projection",
@@ -29,6 +30,7 @@ __all__ = [
 ]
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
+_TOPIC = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,200}$")
 _TYPE = re.compile(r"^[A-Za-z][A-Za-z0-9_ ]*(\(\d+(,\s*\d+)?\))?(\[\])?$")
 LatePolicy = Literal["drop", "update"]
 WindowKind = Literal["tumbling", "hopping", "session"]
@@ -154,6 +156,32 @@ class Join:
 
 
 @dataclass(frozen=True, slots=True)
+class Emit:
+    """A derived stream (Kafka Streams' `to(topic)`): after each record a fold applies,
+    `records(state, record)` returns the `(key, value)` pairs to append to `topic` of the log
+    (JSON values; a None value is a tombstone). Each build writes its own topic (`topic_for`),
+    exactly once with the projection's checkpoints."""
+
+    topic: str
+    records: Callable[[Any, ProjectionRecord], Iterable[tuple[Any, Any]]]
+    partitions: int = 3
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.topic, str) or not _TOPIC.match(self.topic):
+            raise DefinitionError(f"Emit topic {self.topic!r} must match {_TOPIC.pattern}")
+        if not callable(self.records):
+            raise DefinitionError(f"Emit({self.topic!r}): records must be a function of (state, record)")
+        if not isinstance(self.partitions, int) or self.partitions < 1:
+            raise DefinitionError(f"Emit({self.topic!r}): partitions must be an int >= 1")
+
+    def topic_for(self, version: int, build: int) -> str:
+        """The topic a build writes: `topic` for a projection's first build, then
+        `<topic>.v<version>_<build>` (named as the build's table is): a rebuild never appends to
+        the stream readers are reading."""
+        return self.topic if build == 1 else f"{self.topic}.v{version}_{build}"
+
+
+@dataclass(frozen=True, slots=True)
 class Projection:
     """One projection. Exactly one of `fold` and `build` is set.
 
@@ -163,7 +191,8 @@ class Projection:
     else the log timestamp). `schema_records=True` also delivers the CDC topics' schema records
     (`record.is_schema`), which a projection does not see otherwise. `tables` (folds): other topics
     read as tables, each record looking them up as of its place in the merge order
-    (`record.lookup(name)`, projections/joins.py). Bumping `version` asks for a rebuild.
+    (`record.lookup(name)`, projections/joins.py). `emit` (plain folds): a derived stream written
+    to the log beside the table (`Emit`). Bumping `version` asks for a rebuild.
     """
 
     name: str
@@ -179,6 +208,7 @@ class Projection:
     options: Mapping[str, Any] = field(default_factory=dict)
     schema_records: bool = False
     tables: Mapping[str, Join] = field(default_factory=dict)
+    emit: Emit | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name) or "__" in self.name:
@@ -195,6 +225,18 @@ class Projection:
             )
         object.__setattr__(self, "topics", tuple(self.topics))
         self._check_tables()
+        self._check_emit()
+
+    def _check_emit(self) -> None:
+        """`emit`: plain folds only (their records are applied once each, in an order a rebuild repeats)."""
+        if self.emit is None:
+            return
+        if not isinstance(self.emit, Emit):
+            raise DefinitionError(f"projection {self.name!r}: emit must be an Emit, not {self.emit!r}")
+        if self.fold is None or self.window is not None:
+            raise DefinitionError(f"projection {self.name!r}: emit applies to folds without a window")
+        if self.emit.topic in self.reads:
+            raise DefinitionError(f"projection {self.name!r}: emit topic {self.emit.topic!r} is one it reads")
 
     def _check_tables(self) -> None:
         """`tables`: a mapping of names to `Join`s over topics that are not the fold's own."""

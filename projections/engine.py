@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from decimal import Decimal
 from functools import lru_cache
 from itertools import groupby
 from typing import Any, Protocol
@@ -43,6 +44,7 @@ from tributary.projections.records import ProjectionRecord, SortKey, sort_key
 from tributary.projections.windows import admit, assign, watermark
 
 __all__ = [
+    "Emitted",
     "Item",
     "Late",
     "Prior",
@@ -100,6 +102,11 @@ class Prior:
     tps: tuple[TP, ...] = ()
 
 
+Emitted = tuple[str, int, int, int, str, str | None, int]
+"""One record a fold emits: (source topic, partition, offset, index among that record's emits,
+key as canonical JSON, value as JSON or None for a tombstone, the source record's timestamp)."""
+
+
 @dataclass(frozen=True, slots=True)
 class UnitOut:
     """A folded unit: new state, the rows it now owns (`pks`), rows to upsert and to delete."""
@@ -113,6 +120,7 @@ class UnitOut:
     dropped: int
     errors: tuple[tuple[str, int, int, str], ...] = ()
     tps: tuple[TP, ...] | None = None  # topic-partitions it has records on (folds that apply truncates)
+    emits: tuple[Emitted, ...] = ()  # what `Projection.emit` returned for the records applied from `since`
 
 
 def prepare(p: Projection, record: ProjectionRecord) -> ProjectionRecord:
@@ -396,15 +404,46 @@ def first_keys(items: Iterable[Item], merged: bool) -> dict[str, list[SortKey]]:
     return {u: sorted(per.values()) for u, per in out.items()}
 
 
+def _decimal_text(obj: object) -> str:
+    """Emitted JSON: a Decimal is written as its exact text (as capture writes numerics)."""
+    if isinstance(obj, Decimal):
+        return format(obj, "f")
+    raise TypeError(f"{type(obj).__name__} is not JSON-able")
+
+
+def _out_json(value: object) -> str:
+    """An emitted key or value as JSON text, keys sorted: equal values are equal bytes."""
+    return orjson.dumps(value, default=_decimal_text, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def emits_of(p: Projection, state: FoldState, record: ProjectionRecord) -> list[Emitted]:
+    """`Projection.emit` after `record` was applied: its pairs, keys canonical and values as JSON,
+    so that equal outputs are equal bytes on every run."""
+    assert p.emit is not None
+    r = record
+    try:
+        pairs = list(p.emit.records(state, record))
+        return [
+            (r.topic, r.partition, r.offset, i, _out_json(k), None if v is None else _out_json(v), r.timestamp)
+            for i, (k, v) in enumerate(pairs)
+        ]
+    except Exception as exc:
+        raise RecordError(
+            p.name, record.topic, record.partition, record.offset, f"emit: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 def _fold_plain(
     p: Projection,
     unit: str,
     items: Sequence[Item],
     prior: Prior | None,
     errors: list[tuple[str, int, int, str]] | None,
+    since: Mapping[TP, int] | None = None,
 ) -> UnitOut:
     assert p.fold is not None
     first = items[0]
+    emits: list[Emitted] = []
     win = () if first.start is None else (first.start, first.end)
     tracking = applies_truncates(p)
     if prior is not None and prior.resume:
@@ -419,6 +458,9 @@ def _fold_plain(
             dropped += 1
             continue
         state = _apply(p, state, item, errors)
+        r = item.record
+        if p.emit is not None and r.offset >= (since or {}).get((r.topic, r.partition), 0):
+            emits += emits_of(p, state, r)
     row = _call(p, p.fold.result, state, *win)
     rows: tuple[str, ...] = ()
     pks: tuple[Pk, ...] = ()
@@ -436,6 +478,7 @@ def _fold_plain(
         dropped,
         tuple(errors or ()),
         tuple(sorted(seen)) if tracking else None,
+        tuple(emits),
     )
 
 
@@ -493,16 +536,27 @@ def _fold_session(
 
 
 def fold_units(
-    p: Projection, items: Iterable[Item], priors: Mapping[str, Prior], *, skip_errors: bool = False
+    p: Projection,
+    items: Iterable[Item],
+    priors: Mapping[str, Prior],
+    *,
+    skip_errors: bool = False,
+    since: Mapping[TP, int] | None = None,
 ) -> Iterator[UnitOut]:
     """Fold items sorted by `Item.order()` (log order per unit); one output per unit, in the
     order units arrive.
-    `skip_errors`: records the fold raises on are reported in `UnitOut.errors`, not fatal."""
+    `skip_errors`: records the fold raises on are reported in `UnitOut.errors`, not fatal.
+    `since` (projections that emit): per topic-partition, the first offset whose records emit —
+    records below it were emitted by an earlier run (a recomputed unit refolds them silently)."""
     if p.fold is None:
         raise DefinitionError(f"projection {p.name!r} is a DataFrame transform, not a fold")
-    fold = _fold_session if p.window is not None and p.window.kind == "session" else _fold_plain
+    session = p.window is not None and p.window.kind == "session"
     for unit, group in groupby(items, key=lambda i: i.unit):
-        yield fold(p, unit, list(group), priors.get(unit), [] if skip_errors else None)
+        errors: list[tuple[str, int, int, str]] | None = [] if skip_errors else None
+        if session:
+            yield _fold_session(p, unit, list(group), priors.get(unit), errors)
+        else:
+            yield _fold_plain(p, unit, list(group), priors.get(unit), errors, since)
 
 
 def decide(

@@ -214,7 +214,7 @@ _SUMMARY = pa.schema([("units", pa.int64()), ("rows", pa.int64()), ("errors", pa
 class _Stager:
     """COPY a task's folded units into the run's staging tables (one connection per task)."""
 
-    def __init__(self, dsn: str, names: tuple[str, str, str]) -> None:
+    def __init__(self, dsn: str, names: tuple[str, ...]) -> None:
         import psycopg
         from psycopg import sql
 
@@ -225,7 +225,7 @@ class _Stager:
         self.errors: list[tuple[str, int, int, str]] = []
 
     def write(self, chunk: list[UnitOut]) -> None:
-        rows_copy, del_copy, state_copy = self.copies
+        rows_copy, del_copy, state_copy = self.copies[:3]
         with self.conn.cursor() as cur:
             with cur.copy(rows_copy) as cp:
                 for u in chunk:
@@ -249,6 +249,11 @@ class _Stager:
                         )
                     )
                     self.errors.extend(u.errors)
+            if len(self.copies) > 3:  # the projection emits: its records, staged like its rows
+                with cur.copy(self.copies[3]) as cp:
+                    for u in chunk:
+                        for e in u.emits:
+                            cp.write_row((u.unit, *e))
         self.units += len(chunk)
 
     def close(self) -> None:
@@ -260,7 +265,8 @@ def _folder(
     priors: Broadcast[dict[str, Prior]] | None,
     skip_errors: bool,
     dsn: str,
-    names: tuple[str, str, str],
+    names: tuple[str, ...],
+    since: Mapping[tuple[str, int], int] | None = None,
 ) -> ArrowMap:
     def fold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         p = resolve(*ref)
@@ -300,7 +306,7 @@ def _folder(
         stager = _Stager(dsn, names)
         try:
             chunk: list[UnitOut] = []
-            for u in fold_units(p, items(), known, skip_errors=skip_errors):
+            for u in fold_units(p, items(), known, skip_errors=skip_errors, since=since):
                 chunk.append(u)
                 if len(chunk) >= 4096:
                     stager.write(chunk)
@@ -331,11 +337,13 @@ def fold_frame(
     partitions: int,
     *,
     dsn: str,
-    staging: tuple[str, str, str],
+    staging: tuple[str, ...],
     skip_errors: bool = False,
+    since: Mapping[tuple[str, int], int] | None = None,
 ) -> DataFrame:
-    """Items → folded units COPYed by the tasks into `staging`; one summary row per task
+    """Items → folded units COPYed by the tasks into `staging` (rows, deletes, states, and the
+    emitted records of a projection that emits, from `since`); one summary row per task
     (SUMMARY_SCHEMA) is all that comes back to the driver."""
     bc = spark.sparkContext.broadcast(dict(priors)) if priors else None
     ordered = items.repartition(partitions, "unit").sortWithinPartitions("unit", "topic", "partition", "offset")
-    return ordered.mapInArrow(_folder(ref, bc, skip_errors, dsn, staging), SUMMARY_SCHEMA)
+    return ordered.mapInArrow(_folder(ref, bc, skip_errors, dsn, staging, since), SUMMARY_SCHEMA)

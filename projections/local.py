@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from tributary.projections.definition import Projection
 from tributary.projections.engine import (
+    Emitted,
     Item,
     Late,
     Prior,
@@ -61,6 +62,7 @@ class LocalView:
     rows: dict[tuple[str | None, ...], str] = field(default_factory=dict)
     dead: dict[tuple[str, int, int], str] = field(default_factory=dict)
     late: dict[tuple[str, int, int, int], Late] = field(default_factory=dict)
+    emitted: list[Emitted] = field(default_factory=list)  # the derived stream (`Projection.emit`), in emit order
 
     def table(self) -> list[str]:
         """The table's rows as COPY lines, ordered by primary key."""
@@ -129,7 +131,10 @@ def run_local(
         every_truncate = [prepare(p, r) for rs in log.values() for r in rs if truncates and r.is_truncate]
         items += recompute_items(everything, every_truncate, recompute)
     items.sort(key=Item.order)
-    apply_outputs(view, list(fold_units(p, items, priors, skip_errors=skip_errors)))
+    since = dict(view.checkpoints)  # records before the checkpoints emitted in an earlier run
+    outs = list(fold_units(p, items, priors, skip_errors=skip_errors, since=since))
+    view.emitted += sorted(e for out in outs for e in out.emits)
+    apply_outputs(view, outs)
     for tp, records in log.items():
         if records:
             view.checkpoints[tp] = records[-1].offset + 1

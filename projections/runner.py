@@ -32,6 +32,7 @@ from tributary.log import VIEW_TIMEOUT_S, LogError, MissingMetadataError
 from tributary.projections.arrow_copy import distinct_keys, output_lines
 from tributary.projections.cluster import fold_partitions, ship_files, task_error
 from tributary.projections.definition import Projection
+from tributary.projections.emit import Emitter, opened, since
 from tributary.projections.engine import (
     Late,
     Prior,
@@ -161,6 +162,7 @@ class ProjectionStatus:
     dead_letters: int = 0
     last_error: str | None = None
     label: str = ""  # the state as people read it: `behind (162 records)` (`projections.state`)
+    stream: str | None = None  # a projection that emits: the topic its serving build writes (`Emit.topic_for`)
 
 
 def _connect(s: RunSettings) -> psycopg.Connection[Any]:
@@ -258,7 +260,8 @@ def _catch_up(
         if p.build is not None:
             done = _transform_pass(s, spark, store, log, p, b, span)
         else:
-            done = _fold_pass(s, spark, store, log, p, b, span)
+            with opened(s.log_root, s.kafka, p, b) as emitter:
+                done = _fold_pass(s, spark, store, log, p, b, span, emitter)
     if progress:
         progress(stage, total, total)
     return done
@@ -307,11 +310,20 @@ def _transform_pass(
 
 
 def _fold_pass(
-    s: RunSettings, spark: SparkSession, store: Store, log: LogSource, p: Projection, b: BuildRow, span: _Span
+    s: RunSettings,
+    spark: SparkSession,
+    store: Store,
+    log: LogSource,
+    p: Projection,
+    b: BuildRow,
+    span: _Span,
+    emitter: Emitter | None = None,
 ) -> _Pass:
     """A fold's pass (steps 2–4): the new records routed to units (with the new truncates
     delivered), each touched unit resumed from its stored state or recomputed from all its
-    records, folded by Spark tasks into staging tables, committed with the checkpoints."""
+    records, folded by Spark tasks into staging tables, committed with the checkpoints. With an
+    `emitter`, the records emitted from where the log says the stream is are committed to the log
+    first (projections/emit.py)."""
     ref = (s.modules, s.mirror, p.name)
     store.upgrade_state(b)
     new_records = _read(s, log, p, span, spark, span.lo)
@@ -342,6 +354,7 @@ def _fold_pass(
         ordered = p.window is not None or bool(p.tables)  # their checkpoints keep each partition's max event time
         checkpoints = _watermarked(span, new_records) if ordered else span.checkpoints()
         staged = store.staging(p, b)
+        emit_from = None if emitter is None else since(span.lo, emitter.emitted())
         summaries = (
             fold_frame(
                 spark,
@@ -350,8 +363,9 @@ def _fold_pass(
                 priors,
                 _partitions(s, spark),
                 dsn=s.executor_dsn or s.dsn,
-                staging=staged.names,
+                staging=staged.tables,
                 skip_errors=s.skip_errors,
+                since=emit_from,
             )
             .toArrow()
             .to_pylist()
@@ -359,6 +373,10 @@ def _fold_pass(
     finally:
         if fresh is not None:
             fresh.unpersist()
+    if (
+        emitter is not None
+    ):  # the stream and its position first: a crash before the table's commit redoes the table only
+        emitter.write(store.staged_emits(staged), {tp: end for tp, (end, _) in checkpoints.items()})
     rows = store.commit_folds(p, b, staged, summaries, checkpoints, span.total, truncates=points, late=late)
     return _Pass(span.total, rows, len(recompute))
 
@@ -798,6 +816,7 @@ def status(
                     store.dead_letters(cur) if cur else 0,
                     next((b.error for b in reversed(builds) if b.status == "failed"), None),
                     state_label(state, lag),
+                    None if p.emit is None or cur is None else p.emit.topic_for(cur.version, cur.build),
                 )
             )
         if log is not None:

@@ -12,7 +12,7 @@ All SQL is composed with `psycopg.sql`: names are quoted identifiers, values are
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,9 @@ _PRESENT = sql.SQL(
     "AND to_regnamespace(%s) IS NOT NULL"
 )
 _STATE_COLUMNS = "unit text, state text, last text, pks text, dropped bigint, tps text"
+_EMIT_COLUMNS = (
+    'unit text, topic text, partition integer, "offset" bigint, idx integer, key text, value text, ts bigint'
+)
 _DDL = [
     sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(META)),
     sql.SQL("""CREATE TABLE IF NOT EXISTS {}.builds (
@@ -77,6 +80,12 @@ class Staged:
     columns: tuple[str, ...]
     primary_key: tuple[str, ...]
     names: tuple[str, str, str]
+    emits: str | None = None  # a projection that emits: its records (`engine.Emitted`, with the unit)
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """Every staging table, in the order the tasks COPY into them."""
+        return self.names if self.emits is None else (*self.names, self.emits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +358,8 @@ class Store:
             self._keep_late(cur, b, late)
             for t in (rows_t, del_t, state_t):  # the staging tables go with the commit
                 cur.execute(sql.SQL("DROP TABLE {}").format(t))
+            if staged.emits is not None:
+                cur.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(META, staged.emits)))
             self._show_schema_change(p, b)
         return sum(int(o.get("rows") or 0) for o in summaries)
 
@@ -585,6 +596,7 @@ class Store:
                 f"{b.table_name}__stage_del",
                 f"{b.table_name}__stage_state",
             ),
+            None if p.emit is None else f"{b.table_name}__stage_emit",
         )
         target = sql.Identifier(self.schema, b.table_name)
         rows_t, del_t, state_t = (sql.Identifier(META, n) for n in staged.names)
@@ -600,7 +612,28 @@ class Store:
                 sql.SQL("CREATE UNLOGGED TABLE {} AS SELECT {} FROM {} LIMIT 0").format(del_t, pkcols, target)
             )
             self.conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} (" + _STATE_COLUMNS + ")").format(state_t))
+            if staged.emits is not None:
+                emit_t = sql.Identifier(META, staged.emits)
+                self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(emit_t))
+                self.conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} (" + _EMIT_COLUMNS + ")").format(emit_t))
         return staged
+
+    def staged_emits(self, staged: Staged) -> Iterator[tuple[str, str | None, int]]:
+        """The pass's emitted records as (key, value, timestamp), in source order (topic,
+        partition, offset, unit, index): what the log gets, read through a server-side cursor (a
+        rebuild's stream need not fit in memory). A retried Spark task staged some twice: each
+        (unit, source record, index) counts once."""
+        if staged.emits is None:
+            return
+        q = sql.SQL(
+            'SELECT key, value, ts FROM (SELECT DISTINCT ON (topic, partition, "offset", unit, idx) * FROM {} '
+            'ORDER BY topic, partition, "offset", unit, idx) e ORDER BY topic, partition, "offset", unit, idx'
+        ).format(sql.Identifier(META, staged.emits))
+        with self.conn.transaction(), self.conn.cursor(name="tributary_staged_emits") as cur:
+            cur.itersize = 10_000
+            cur.execute(q)
+            for k, v, ts in cur:
+                yield (k, v, int(ts))
 
     # -- the swap ---------------------------------------------------------------------------
 

@@ -15,40 +15,26 @@ import orjson
 import psycopg
 import pytest
 
-from tests.backends import LogBackend, write_backend_config
+from tests.backends import LogBackend
 from tests.integration.capture.helpers import cli
 from tests.integration.projections.conftest import spark  # noqa: F401  # the suite's one SparkSession
 from tests.integration.projections.helpers import dump
 from tests.integration.projections.orders_views import (
     NAMES,
     PROJECTIONS,
-    TOPIC,
     capture_until_idle,
     expected_views,
+    orders_config,
     views,
 )
 from tributary.api.settings.config import load_settings
-from tributary.eventstore.migrate import run_migrations
 from tributary.projections.runner import RunSettings, rebuild, run, status
 
 pytestmark = pytest.mark.integration
 
 
 def _setup(tmp_path: Path, dsn: str, backend: LogBackend) -> Path:
-    backend.prepare(TOPIC)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE orders (id int PRIMARY KEY, customer text NOT NULL, amount int NOT NULL)")
-        conn.execute("INSERT INTO orders SELECT g, 'c' || (g % 4), g FROM generate_series(1, 30) g")
-    (tmp_path / "contract_projections.py").write_text(PROJECTIONS)
-    config = write_backend_config(backend, tmp_path / "t.toml", dsn=dsn, log_root=tmp_path / "log")
-    text = config.read_text().replace('include = ["public.*"]', 'include = ["public.orders"]')
-    config.write_text(
-        f'[service]\ndsn = "{dsn}"\n\n[projections]\nmodules = ["{tmp_path / "contract_projections.py"}"]\n'
-        f'mirror = ["{TOPIC}"]\nspark_master = "local[2]"\n' + text
-    )
-    run_migrations(dsn)  # what `tributary init` does: capture and projections refuse before it
-    capture_until_idle(config)
-    return config
+    return orders_config(tmp_path, dsn, backend, PROJECTIONS, mirror=True)
 
 
 def _settings(config: Path, backend: LogBackend) -> RunSettings:

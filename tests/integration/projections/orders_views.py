@@ -5,11 +5,15 @@ views SQL says they should hold."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from tests.integration.capture.helpers import cli
 from tests.integration.projections.helpers import dump
+
+if TYPE_CHECKING:
+    from tests.backends import LogBackend
 
 TOPIC = "shop.public.orders"
 MIRROR = "shop_public_orders"
@@ -59,6 +63,30 @@ PROJECTIONS = [
 ]
 '''
 NAMES = ("order_totals", "customer_folds", MIRROR)
+
+
+def orders_config(tmp_path: Path, dsn: str, backend: LogBackend, projections: str, *, mirror: bool) -> Path:
+    """A config capturing a 30-row `orders` table on `backend`, with `projections` as its projection
+    file (and the table's mirror, if `mirror`); migrated and captured until idle."""
+    from tests.backends import write_backend_config
+    from tributary.eventstore.migrate import run_migrations
+
+    backend.prepare(TOPIC)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY, customer text NOT NULL, amount int NOT NULL)")
+        conn.execute("INSERT INTO orders SELECT g, 'c' || (g % 4), g FROM generate_series(1, 30) g")
+    module = tmp_path / "orders_projections.py"
+    module.write_text(projections)
+    config = write_backend_config(backend, tmp_path / "t.toml", dsn=dsn, log_root=tmp_path / "log")
+    text = config.read_text().replace('include = ["public.*"]', 'include = ["public.orders"]')
+    mirrors = f'mirror = ["{TOPIC}"]\n' if mirror else ""
+    config.write_text(
+        f'[service]\ndsn = "{dsn}"\n\n[projections]\nmodules = ["{module}"]\n'
+        f'{mirrors}spark_master = "local[2]"\n' + text
+    )
+    run_migrations(dsn)  # what `tributary init` does: capture and projections refuse before it
+    capture_until_idle(config)
+    return config
 
 
 def capture_until_idle(config: Path) -> None:
