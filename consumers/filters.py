@@ -11,7 +11,6 @@ from typing import Any
 
 import orjson
 
-from tributary.consumers.errors import ConsumerError
 from tributary.log import Record
 
 __all__ = ["EVENT_TOPIC_PREFIX", "EventFilter"]
@@ -31,17 +30,17 @@ class EventFilter:
     def for_topics(
         cls, topics: Sequence[str], event_types: Sequence[str] | None, stream_prefix: str | None
     ) -> EventFilter | None:
-        """The filter a member joins with; None when it names nothing. ConsumerError when it subscribes
-        to a topic other than an event topic (only events have a type and a stream)."""
+        """The filter a member joins with; None when it names nothing. It applies to the records of
+        event topics (only events have a type and a stream); other topics' records pass as they are."""
         if event_types is None and not stream_prefix:
             return None
-        other = sorted(t for t in topics if not t.startswith(EVENT_TOPIC_PREFIX))
-        if other:
-            raise ConsumerError(f"filter: only event topics (events.<type>) can be filtered, not {', '.join(other)}")
         return cls(None if event_types is None else frozenset(event_types), stream_prefix or None)
 
     def matches(self, record: Record) -> bool:
-        """Whether the member gets `record` (an event: key = the stream id, value's `type`)."""
+        """Whether the member gets `record`: an event (key = the stream id, value's `type`) that the
+        filter selects, or any record of a topic that is not an event topic."""
+        if not record.topic.startswith(EVENT_TOPIC_PREFIX):
+            return True
         if self.stream_prefix is not None:
             stream = orjson.loads(record.key) if record.key else None
             if not isinstance(stream, str) or not stream.startswith(self.stream_prefix):

@@ -202,6 +202,7 @@ class Nacks:
     ) -> list[dict[str, Any]]:
         """Deliver `records` (topic, partition, offset) again after their backoff, their partition
         rewound to the earliest; a record nacked more than the member's `max_retries` is parked."""
+        self._require_holder(group, member_id, generation, records)
         copies = self._copies(records)
         out: list[dict[str, Any]] = []
         with self.state.tx() as cur:
@@ -246,6 +247,7 @@ class Nacks:
         self, group: str, member_id: str, generation: int, records: Sequence[tuple[str, int, int]], reason: str
     ) -> list[dict[str, Any]]:
         """Set `records` aside in the group's parked records with `reason`: their partition moves on."""
+        self._require_holder(group, member_id, generation, records)
         copies = self._copies(records)
         with self.state.tx() as cur:
             check_member(cur, group, member_id, generation, share=True)
@@ -286,6 +288,15 @@ class Nacks:
                 (group, topic, topic),
             ).fetchall()
         return len(done)
+
+    def _require_holder(
+        self, group: str, member_id: str, generation: int, records: Sequence[tuple[str, int, int]]
+    ) -> None:
+        """The member's checks before the log is read: a stranger, a fenced member or a partition the
+        member does not hold is told so (409), whatever the offsets name (checked again when writing)."""
+        with self.state.tx() as cur:
+            check_member(cur, group, member_id, generation, share=True)
+            require_held(cur, group, member_id, generation, [(t, p) for t, p, _ in records])
 
     def _copies(self, records: Sequence[tuple[str, int, int]]) -> list[Record]:
         """Each record as the log holds it (read outside any transaction)."""

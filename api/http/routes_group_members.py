@@ -6,9 +6,10 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
 from tributary.api.http.auth import AUTH_RESPONSES
+from tributary.api.http.fields import NO_NUL, no_bool, storable
 from tributary.api.http.groups_shared import (
     BODY_ERRORS,
     CONFLICT_ERRORS,
@@ -32,12 +33,16 @@ router = APIRouter(tags=["consumers"])
 class JoinFilter(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    event_types: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
-        default=None, max_length=100, description="Only events of these types (default: every type)."
-    )
-    stream_prefix: str | None = Field(
-        default=None, min_length=1, max_length=500, description="Only events of streams whose id starts with this."
-    )
+    event_types: (
+        list[Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL), AfterValidator(storable)]] | None
+    ) = Field(default=None, max_length=100, description="Only events of these types (default: every type).")
+    stream_prefix: (
+        Annotated[str, Field(min_length=1, max_length=500, pattern=NO_NUL), AfterValidator(storable)] | None
+    ) = Field(default=None, description="Only events of streams whose id starts with this.")
+
+
+_Retries = Annotated[int, Field(ge=0, le=1000), BeforeValidator(no_bool)]
+_BackoffMs = Annotated[int, Field(ge=1, le=60_000), BeforeValidator(no_bool)]
 
 
 class JoinRequest(BaseModel):
@@ -61,19 +66,15 @@ class JoinRequest(BaseModel):
     auto_commit: StrictBool = Field(default=False, description="Each pull commits what the previous pulls returned.")
     filter: JoinFilter | None = Field(
         default=None,
-        description="Event topics (`events.<type>`) only: the server passes over the other events (the member's "
-        "position moves past them, so its commits cover them).",
+        description="Applies to event topics (`events.<type>`): the server passes over the other events (the "
+        "member's position moves past them, so its commits cover them); records of other topics are not filtered.",
     )
-    max_retries: int | None = Field(
+    max_retries: _Retries | None = Field(
         default=None,
-        ge=0,
-        le=1000,
         description="Nacks of one record before it is parked (default `[consumers] max_retries`).",
     )
-    retry_backoff_ms: int | None = Field(
+    retry_backoff_ms: _BackoffMs | None = Field(
         default=None,
-        ge=1,
-        le=60_000,
         description="Wait before a nacked record's first redelivery, doubling per attempt up to 60 s "
         "(default `[consumers] retry_backoff_ms`).",
     )

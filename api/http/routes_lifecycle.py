@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
+from tributary.api.http.fields import no_bool
 from tributary.api.http.routes_commands import _http_error, _json
 from tributary.api.http.state import Handler
 from tributary.eventstore.errors import EventStoreError
@@ -25,15 +26,8 @@ router = APIRouter(tags=["streams"])
 _LIMIT = 2**53 - 1  # exact as a JSON number
 
 
-def _no_bool(value: object) -> object:
-    """JSON's `true`/`false` are no integers (pydantic would take them for 1 and 0); 3.0 is one."""
-    if isinstance(value, bool):
-        raise ValueError("must be an integer, not a boolean")
-    return value
-
-
-_Limit = Annotated[int, Field(ge=1, le=_LIMIT), BeforeValidator(_no_bool)]
-_Version = Annotated[int, Field(ge=0, le=_LIMIT), BeforeValidator(_no_bool)]
+_Limit = Annotated[int, Field(ge=1, le=_LIMIT), BeforeValidator(no_bool)]
+_Version = Annotated[int, Field(ge=0, le=_LIMIT), BeforeValidator(no_bool)]
 
 
 class MetadataIn(BaseModel):

@@ -5,13 +5,14 @@ events). Positions are global positions; `$all`'s order is gap-safe (`EventStore
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
+from tributary.api.http.fields import NO_NUL
 from tributary.api.http.head import HEAD_MARK
 from tributary.api.http.problems import Problem
 from tributary.api.http.routes_commands import EventOut, _http_error, _json
@@ -56,18 +57,18 @@ _READ_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: error("`after` is not the position of a stored event"),
     503: error("the service database did not answer; retry"),
 }
-_NO_NUL = r"^[^\x00]*$"  # the store's text cannot hold a NUL: refused as the schema says, not by the database
 _TYPE = Query(
-    None, min_length=1, max_length=MAX_ID_LENGTH, pattern=_NO_NUL, description="Only the events of this stream type."
+    None, min_length=1, max_length=MAX_ID_LENGTH, pattern=NO_NUL, description="Only the events of this stream type."
 )
 _STREAM = Query(
     None,
     min_length=1,
     max_length=MAX_ID_LENGTH,
-    pattern=_NO_NUL,
+    pattern=NO_NUL,
     description="Only the events of streams whose id starts with this (a prefix; the whole id for one stream).",
 )
 _EVENT_TYPE = Query(None, description="Only events of this type (repeat for several: any of them).")
+_EventType = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH, pattern=NO_NUL)]
 
 
 def _only(stream: str | None, event_type: list[str] | None) -> AllFilter | None:
@@ -84,9 +85,9 @@ def _only(stream: str | None, event_type: list[str] | None) -> AllFilter | None:
 )
 async def list_streams(
     handler: Handler,
-    type: str = Query(min_length=1, max_length=MAX_ID_LENGTH, pattern=_NO_NUL, description="The stream type."),
+    type: str = Query(min_length=1, max_length=MAX_ID_LENGTH, pattern=NO_NUL, description="The stream type."),
     after: str = Query(
-        "", max_length=MAX_ID_LENGTH, pattern=_NO_NUL, description="The last stream id of the previous page."
+        "", max_length=MAX_ID_LENGTH, pattern=NO_NUL, description="The last stream id of the previous page."
     ),
     limit: int = Query(100, ge=1, le=1000),
 ) -> Response:
@@ -120,7 +121,7 @@ async def read_all(
     limit: int = Query(100, ge=1, le=1000),
     type: str | None = _TYPE,
     stream: str | None = _STREAM,
-    event_type: list[str] | None = _EVENT_TYPE,
+    event_type: list[_EventType] | None = _EVENT_TYPE,
 ) -> Response:
     """`$all`: every stream's events in commit order by global position, paged. An event is
     listed once every transaction that began before its own has finished, so continuing from
@@ -152,7 +153,7 @@ async def subscribe_all(
     after: int = Query(0, ge=0, le=_MAX_POSITION, description="Start after this position (0: the start)."),
     type: str | None = _TYPE,
     stream: str | None = _STREAM,
-    event_type: list[str] | None = _EVENT_TYPE,
+    event_type: list[_EventType] | None = _EVENT_TYPE,
     last_event_id: str = Header(
         "", pattern=r"^([0-9]{1,19})?$", description="Resume after this position (wins over `after`)."
     ),

@@ -77,11 +77,12 @@ def test_tributary_depends_on_the_client() -> None:
 
 
 def _installs_of_the_project(text: str) -> list[str]:
-    """The `pip install` command lines of `text` that install this checkout (`.`, `'.[test]'`, …)."""
+    """The `pip install` (or, for an image, `pip wheel`) command lines of `text` that install or
+    build this checkout (`.`, `'.[test]'`, …)."""
     return [
         line
         for line in text.splitlines()
-        if re.search(r"\bpip install\b", line)
+        if re.search(r"\bpip (?:install|wheel)\b", line)
         and re.search(r"""(?:^|\s)(?:-e\s+)?['"]?\.(?:\[[\w,]+\])?['"]?(?:\s|$)""", line)
     ]
 

@@ -177,6 +177,7 @@ def test_metadata_from_the_request_to_the_log_headers(api: httpx.Client, config:
     assert captured.returncode == 0, captured.stderr
     logged = {orjson.loads(r.value)["version"]: r for r in records(tmp_path / "log", "events.tasklist")}
     assert orjson.loads(logged[1].headers or b"null") == {
+        "event_id": orjson.loads(logged[1].value)["id"],  # the consumer's dedupe key
         "tenant": "acme",
         "trace": "t-1",
         "command_id": "cmd-1",
@@ -184,7 +185,7 @@ def test_metadata_from_the_request_to_the_log_headers(api: httpx.Client, config:
         "causation_id": "cmd-1",
     }
     assert orjson.loads(logged[1].value)["metadata"] == expected
-    assert orjson.loads(logged[2].headers or b"null") == plain
+    assert orjson.loads(logged[2].headers or b"null") == {"event_id": orjson.loads(logged[2].value)["id"], **plain}
 
 
 def test_a_client_causation_id(api: httpx.Client) -> None:

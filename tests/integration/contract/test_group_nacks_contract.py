@@ -174,9 +174,18 @@ def test_nack_retry_park_list_and_replay(fresh_db: str, tmp_path: Path, backend:
         assert len(states) == 2 and all(x["replays"] == 1 for x in states)
         nothing = httpx.post(f"{base}/groups/{GROUP}/parked/replay", json={}, timeout=30)
         assert nothing.status_code == 200 and nothing.json()["replaying"] == 0, nothing.text
-        filtered = httpx.post(  # a server-side filter is for event topics only
-            f"{base}/groups/{GROUP}/members", json={"topics": [TOPIC], "filter": {"event_types": ["X"]}}, timeout=30
+        unfiltered = httpx.post(  # a server-side filter applies to event topics: others' records pass as they are
+            f"{base}/groups/{GROUP}/members",
+            json={"topics": [TOPIC], "member_id": "f", "filter": {"event_types": ["X"]}},
+            timeout=30,
         )
-        assert filtered.status_code == 422 and "only event topics" in filtered.json()["detail"], filtered.text
+        assert unfiltered.status_code == 200, unfiltered.text
+        assert httpx.delete(f"{base}/groups/{GROUP}/members/f", timeout=30).status_code == 204
+        stranger = httpx.post(  # a member's nack or park names its own partitions: else 409, whatever the offsets
+            f"{base}/groups/{GROUP}/members/nobody/park",
+            json={"generation": 1, "records": [{"topic": TOPIC, "partition": 0, "offset": 10**9}], "reason": "r"},
+            timeout=30,
+        )
+        assert stranger.status_code == 409, stranger.text
         missing = httpx.get(f"{base}/groups/nobody/parked", timeout=30)
         assert missing.status_code == 404 and missing.json()["code"] == "not_found", missing.text

@@ -1,0 +1,27 @@
+"""Request field checks the routes share: values the database can store, integers that are not
+booleans, stated in the OpenAPI document where a schema can say them."""
+
+from __future__ import annotations
+
+__all__ = ["NO_NUL", "no_bool", "storable"]
+
+NO_NUL = r"^[^\x00]*$"  # the store's text cannot hold a NUL: refused as the schema says, not by the database
+
+
+def no_bool(value: object) -> object:
+    """JSON's `true`/`false` are no integers (pydantic would take them for 1 and 0); 3.0 is one.
+    A `BeforeValidator` placed after a field's bounds (`Annotated[int, Field(ge=…), BeforeValidator(no_bool)]`),
+    so the OpenAPI document still states them."""
+    if isinstance(value, bool):
+        raise ValueError("must be an integer, not a boolean")
+    return value
+
+
+def storable(value: str) -> str:
+    """An `AfterValidator` for text the database stores: UTF-8 cannot encode an unpaired UTF-16
+    surrogate (a JSON `\\ud83d` escape without its pair); NUL is the pattern's (`NO_NUL`)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"contains an unpaired UTF-16 surrogate at index {exc.start}; send valid Unicode") from None
+    return value
