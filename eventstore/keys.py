@@ -9,7 +9,7 @@ connection factory (a pool's `connection`, or one connection per call from a DSN
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -148,42 +148,43 @@ def forget_subject(keys: KeyStore, connect: Connect, subject: str) -> Forgotten:
     return Forgotten(subject, destroyed, streams)
 
 
+def _revealer(keys: KeyStore, datas: Iterable[object]) -> Callable[[Any], Any] | None:
+    """One key lookup for every sealed value of `datas`, and what reveals one data with those
+    keys; None when nothing is sealed (no lookup at all)."""
+    wanted: set[KeyId] = set()
+    for data in datas:
+        wanted |= sealed_keys(data)
+    if not wanted:
+        return None
+    found = keys.keys(wanted)
+    return lambda data: reveal(data, found.get)
+
+
 def reveal_events(keys: KeyStore, events: list[RecordedEvent]) -> list[RecordedEvent]:
     """The events with their sealed fields revealed (or erased), fetching the keys in one call;
     events without personal data cost nothing."""
-    wanted: set[KeyId] = set()
-    for e in events:
-        wanted |= sealed_keys(e.data)
-    if not wanted:
+    open_ = _revealer(keys, (e.data for e in events))
+    if open_ is None:
         return events
-    found = keys.keys(wanted)
-    return [replace(e, data=reveal(e.data, found.get)) if has_envelopes(e.data) else e for e in events]
+    return [replace(e, data=open_(e.data)) if has_envelopes(e.data) else e for e in events]
 
 
 def reveal_json(keys: KeyStore, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`reveal_events` for events as the API shows them (a stored command answer)."""
-    wanted: set[KeyId] = set()
-    for e in events:
-        wanted |= sealed_keys(e.get("data"))
-    if not wanted:
+    open_ = _revealer(keys, (e.get("data") for e in events))
+    if open_ is None:
         return events
-    found = keys.keys(wanted)
-    return [{**e, "data": reveal(e["data"], found.get)} for e in events]
+    return [{**e, "data": open_(e["data"])} for e in events]
 
 
 def reveal_values(keys: KeyStore, topics: list[str], values: list[Any]) -> list[Any]:
     """Log record values (decoded JSON) with the personal data of `events.*` records revealed,
     one key lookup for the batch: what a projection's fold sees."""
-    wanted: set[KeyId] = set()
-    for t, v in zip(topics, values, strict=True):
-        if t.startswith("events.") and isinstance(v, dict):
-            wanted |= sealed_keys(v.get("data"))
-    if not wanted:
-        return values
-    found = keys.keys(wanted)
-    return [
-        {**v, "data": reveal(v["data"], found.get)}
-        if t.startswith("events.") and isinstance(v, dict) and has_envelopes(v.get("data"))
-        else v
+    datas = [
+        v.get("data") if t.startswith("events.") and isinstance(v, dict) else None
         for t, v in zip(topics, values, strict=True)
     ]
+    open_ = _revealer(keys, datas)
+    if open_ is None:
+        return values
+    return [{**v, "data": open_(d)} if has_envelopes(d) else v for v, d in zip(values, datas, strict=True)]

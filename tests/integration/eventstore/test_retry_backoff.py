@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,23 +14,12 @@ from tributary.eventstore.aggregate import Aggregate
 from tributary.eventstore.errors import ConcurrencyConflict
 from tributary.eventstore.examples.bank import AccountState, bank_account
 from tributary.eventstore.handler import CommandHandler
-from tributary.eventstore.migrate import run_migrations
 from tributary.eventstore.model import NewEvent
 from tributary.eventstore.store import EventStore
 
 pytestmark = pytest.mark.integration
 
 BASE, CAP = 0.01, 0.05
-
-
-@pytest.fixture
-def store(fresh_db: str) -> Iterator[EventStore]:
-    run_migrations(fresh_db)
-    s = EventStore.connect(fresh_db, max_size=4)
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def _interfering(store: EventStore, stream: str, times: int) -> Aggregate[AccountState]:

@@ -3,7 +3,6 @@ version (or one whose state no longer validates) is ignored and replaced at the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -12,20 +11,9 @@ from psycopg.types.json import Jsonb
 
 from tests.domains.tally import Tally, make_tally
 from tributary.eventstore.handler import CommandHandler
-from tributary.eventstore.migrate import run_migrations
 from tributary.eventstore.store import EventStore
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def store(fresh_db: str) -> Iterator[EventStore]:
-    run_migrations(fresh_db)
-    s = EventStore.connect(fresh_db, max_size=4)
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def handler(store: EventStore, *, state_version: int, scale: int) -> CommandHandler:
