@@ -23,6 +23,7 @@ __all__ = [
     "check_data",
     "check_headers",
     "check_id",
+    "text_problem",
 ]
 
 MAX_ID_LENGTH = 200  # characters of a stream id or command id (far below the btree entry limit in UTF-8)
@@ -35,7 +36,7 @@ RESERVED_HEADERS = frozenset({"command_id", "correlation_id", "causation_id"})  
 _MIN_INT, _MAX_INT = -(2**63), 2**64  # what the JSON codec (orjson) writes
 
 
-def _text_problem(text: str) -> str | None:
+def text_problem(text: str) -> str | None:
     """Why `text` cannot be stored, or None."""
     if "\x00" in text:
         return "contains a NUL character (\\u0000), which PostgreSQL cannot store; remove it"
@@ -56,7 +57,7 @@ def check_id(field: str, value: str) -> None:
         raise InvalidValue(field, "is empty")
     if len(value) > MAX_ID_LENGTH:
         raise InvalidValue(field, f"is {len(value)} characters long; the maximum is {MAX_ID_LENGTH}")
-    problem = _text_problem(value)
+    problem = text_problem(value)
     if problem is not None:
         raise InvalidValue(field, problem)
 
@@ -68,7 +69,7 @@ def check_data(field: str, data: JsonValue) -> None:
     while stack:
         where, value = stack.pop()
         if isinstance(value, str):
-            problem = _text_problem(value)
+            problem = text_problem(value)
             if problem is not None:
                 raise InvalidValue(where, problem)
         elif isinstance(value, bool):
@@ -79,7 +80,7 @@ def check_data(field: str, data: JsonValue) -> None:
         elif isinstance(value, Mapping):
             for key, item in value.items():
                 name = str(key)
-                problem = _text_problem(name)
+                problem = text_problem(name)
                 if problem is not None:
                     raise InvalidValue(f"a key of {where}", problem)
                 stack.append((f"{where}.{name}" if name.isidentifier() else f"{where}[{name!r}]", item))
@@ -101,6 +102,6 @@ def check_headers(headers: Mapping[str, Any]) -> None:
             raise InvalidValue(f"headers.{name}", f"is a {type(value).__name__}; header values are strings")
         if len(value) > MAX_HEADER_VALUE:
             raise InvalidValue(f"headers.{name}", f"is {len(value)} characters long; the maximum is {MAX_HEADER_VALUE}")
-        for problem in (_text_problem(name), _text_problem(value)):
+        for problem in (text_problem(name), text_problem(value)):
             if problem is not None:
                 raise InvalidValue(f"headers.{name}", problem)

@@ -3,6 +3,8 @@ booleans, stated in the OpenAPI document where a schema can say them."""
 
 from __future__ import annotations
 
+from tributary.eventstore.values import text_problem
+
 __all__ = ["NO_NUL", "no_bool", "storable"]
 
 NO_NUL = r"^[^\x00]*$"  # the store's text cannot hold a NUL: refused as the schema says, not by the database
@@ -18,10 +20,9 @@ def no_bool(value: object) -> object:
 
 
 def storable(value: str) -> str:
-    """An `AfterValidator` for text the database stores: UTF-8 cannot encode an unpaired UTF-16
-    surrogate (a JSON `\\ud83d` escape without its pair); NUL is the pattern's (`NO_NUL`)."""
-    try:
-        value.encode()
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"contains an unpaired UTF-16 surrogate at index {exc.start}; send valid Unicode") from None
+    """An `AfterValidator` for text the database stores (`eventstore.values.text_problem`: no NUL,
+    no unpaired UTF-16 surrogate); the schema states the NUL rule as a pattern (`NO_NUL`)."""
+    problem = text_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
