@@ -8,9 +8,10 @@ from typing import Annotated, Any, Literal
 import orjson
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
+from tributary.api.http.fields import NO_NUL, storable
 from tributary.api.http.groups_shared import (
     BODY_ERRORS,
     CONFLICT_ERRORS,
@@ -44,11 +45,15 @@ class NackRequest(BaseModel):
 
     generation: int = Field(ge=0, le=MAX_INT)
     records: list[RecordRef] = Field(min_length=1, max_length=10_000)
-    reason: str | None = Field(default=None, max_length=2000, description="Why (kept if the record is parked).")
+    reason: Annotated[str, Field(max_length=2000, pattern=NO_NUL), AfterValidator(storable)] | None = Field(
+        default=None, description="Why (kept if the record is parked)."
+    )
 
 
 class ParkRequest(NackRequest):
-    reason: str = Field(min_length=1, max_length=2000, description="Why the record is set aside.")
+    reason: Annotated[str, Field(min_length=1, max_length=2000, pattern=NO_NUL), AfterValidator(storable)] = Field(
+        description="Why the record is set aside."
+    )
 
 
 class Outcome(BaseModel):
