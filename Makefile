@@ -8,7 +8,7 @@
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
-APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jre-headless maven libpostgresql-jdbc-java procps chromium chromium-driver gcc libc6-dev zlib1g-dev python3-dev
+APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jre-headless maven libpostgresql-jdbc-java procps iproute2 chromium chromium-driver gcc libc6-dev zlib1g-dev python3-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
