@@ -9,6 +9,7 @@ from tributary_client import (
     ConsumerError,
     OffsetOutOfRangeError,
     OffsetReset,
+    Outcome,
     Record,
     TopicPartition,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "ConsumerError",
     "OffsetOutOfRangeError",
     "OffsetReset",
+    "Outcome",
     "Record",
     "TopicPartition",
 ]

@@ -28,11 +28,12 @@ from tributary_client._types import (
     ConsumerError,
     OffsetOutOfRangeError,
     OffsetReset,
+    Outcome,
     Record,
     TopicPartition,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CommitFailedError",
@@ -40,6 +41,7 @@ __all__ = [
     "ConsumerError",
     "OffsetOutOfRangeError",
     "OffsetReset",
+    "Outcome",
     "Record",
     "TopicPartition",
     "__version__",

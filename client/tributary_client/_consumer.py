@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Self
 
@@ -17,6 +17,7 @@ from tributary_client._types import (
     ConsumerError,
     OffsetOutOfRangeError,
     OffsetReset,
+    Outcome,
     Record,
     TopicPartition,
 )
@@ -29,8 +30,9 @@ class Consumer:
     """A member of consumer group `group` reading `topics` from the server at `url`.
 
     Iterate it for records (it blocks while there are none), or call `poll()` for a batch.
-    `commit()` commits every record handed out so far; `close()` (or leaving the `with` block)
-    leaves the group so its partitions move to the other members at once."""
+    `commit()` commits every record handed out so far; `nack()` has a record delivered again later
+    (parked after `max_retries` nacks), `park()` sets it aside; `close()` (or leaving the `with`
+    block) leaves the group so its partitions move to the other members at once."""
 
     def __init__(
         self,
@@ -41,6 +43,8 @@ class Consumer:
         api_key: str | None = None,
         auto_offset_reset: OffsetReset = "latest",
         session_timeout_ms: int | None = None,
+        max_retries: int | None = None,
+        retry_backoff_ms: int | None = None,
         max_records: int = 500,
         max_bytes: int = 1_048_576,
         wait_ms: int = 5_000,
@@ -52,6 +56,7 @@ class Consumer:
         self.topics = tuple(topics)
         self.auto_offset_reset = auto_offset_reset
         self.session_timeout_ms = session_timeout_ms
+        self.max_retries, self.retry_backoff_ms = max_retries, retry_backoff_ms
         self.max_records, self.max_bytes, self.wait_ms = max_records, max_bytes, wait_ms
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # Long polls hold a connection for up to wait_ms: the read timeout allows for it.
@@ -197,6 +202,19 @@ class Consumer:
         raise_for(response, "commit")
         return chosen
 
+    def nack(self, records: Iterable[Record], *, reason: str | None = None) -> list[Outcome]:
+        """Say these records could not be processed now: the server delivers each again after a
+        backoff (its partition goes back to it, the records after it follow again), or parks it once
+        it was nacked more than the member's `max_retries`. Records of this member's pulls only
+        (`stream()` does not go back for them). Raises CommitFailedError when the group rebalanced."""
+        return self._say_no("nack", records, reason)
+
+    def park(self, records: Iterable[Record], *, reason: str) -> list[Outcome]:
+        """Set these records aside in the group's parked records with `reason`; their partitions
+        move on (commit past them as usual). An operator lists and replays them
+        (`tributary groups parked GROUP`, `replay-parked`)."""
+        return self._say_no("park", records, reason)
+
     def close(self) -> None:
         """Leave the group (its partitions move to the other members at once) and close the
         connections. Uncommitted records will be delivered again."""
@@ -225,6 +243,44 @@ class Consumer:
 
     # -- the group protocol ---------------------------------------------------------------------
 
+    def _say_no(self, action: str, records: Iterable[Record], reason: str | None) -> list[Outcome]:
+        refs = sorted({(r.topic, r.partition, r.offset) for r in records})
+        if not refs:
+            return []
+        self._ensure_joined()
+        body: dict[str, Any] = {
+            "generation": self._generation,
+            "records": [{"topic": t, "partition": p, "offset": o} for t, p, o in refs],
+        }
+        if reason is not None:
+            body["reason"] = reason
+        response = self._http.post(self._member_path(action), json=body)
+        if response.status_code == 409:
+            self._after_fenced(response)
+            raise CommitFailedError(f"{action} refused, the group rebalanced: {message(response)}")
+        raise_for(response, action)
+        outcomes = [Outcome.from_json(o) for o in orjson.loads(response.content)["records"]]
+        firsts: dict[tuple[str, int], int] = {}
+        for o in outcomes:
+            if o.action == "retry":
+                tp = (o.topic, o.partition)
+                firsts[tp] = min(firsts.get(tp, o.offset), o.offset)
+        self._rewind(firsts)
+        return outcomes
+
+    def _rewind(self, firsts: Mapping[tuple[str, int], int]) -> None:
+        """Partitions whose delivery went back to a nacked record: what this member holds of them from
+        that offset on is delivered again after it, and is not handed out (or committed) before."""
+        if not firsts:
+            return
+        self._buffer = deque(
+            r for r in self._buffer if (r.topic, r.partition) not in firsts or r.offset < firsts[r.topic, r.partition]
+        )
+        for (topic, partition), offset in firsts.items():
+            tp = TopicPartition(topic, partition)
+            if tp in self._positions:
+                self._positions[tp] = min(self._positions[tp], offset)
+
     def _member_path(self, tail: str) -> str:
         assert self._member_id is not None
         return f"/groups/{segment(self.group)}/members/{segment(self._member_id)}/{tail}"
@@ -247,8 +303,9 @@ class Consumer:
         body: dict[str, Any] = {"topics": list(self.topics), "auto_offset_reset": self.auto_offset_reset}
         if self._member_id is not None:
             body["member_id"] = self._member_id
-        if self.session_timeout_ms is not None:
-            body["session_timeout_ms"] = self.session_timeout_ms
+        for name in ("session_timeout_ms", "max_retries", "retry_backoff_ms"):
+            if getattr(self, name) is not None:
+                body[name] = getattr(self, name)
         response = self._http.post(f"/groups/{segment(self.group)}/members", json=body)
         if response.status_code == 409 and "member_id" in body:  # our old id is gone: join as a new member
             del body["member_id"]

@@ -12,6 +12,7 @@ __all__ = [
     "ConsumerError",
     "OffsetOutOfRangeError",
     "OffsetReset",
+    "Outcome",
     "Record",
     "TopicPartition",
 ]
@@ -72,4 +73,28 @@ class Record:
             raw.get("key"),
             raw.get("value"),
             raw.get("headers") or {},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the server did with one record a member said no to: `action` "retry" (it is delivered
+    again in `retry_in_ms`, after `attempts` nacks) or "parked" (set aside; its partition moves on)."""
+
+    topic: str
+    partition: int
+    offset: int
+    action: Literal["retry", "parked"]
+    attempts: int | None
+    retry_in_ms: int | None
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Outcome:
+        return cls(
+            raw["topic"],
+            raw["partition"],
+            raw["offset"],
+            raw["action"],
+            raw.get("attempts"),
+            raw.get("retry_in_ms"),
         )

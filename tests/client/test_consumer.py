@@ -274,3 +274,50 @@ def test_stream_follows_the_log_and_resumes_across_a_server_restart(fresh_db: st
         with Consumer(url, group="s", topics=[TOPIC]) as again:
             assert again.poll(timeout_ms=500) == []
     filler.close()
+
+
+def test_nack_redelivers_in_order_and_park_sets_records_aside(fresh_db: str, tmp_path: Path) -> None:
+    """`nack` goes back to the record (the member's buffered records after it are not handed out
+    before it), a second nack past `max_retries=1` parks it, `park` sets one aside with its reason,
+    and a commit after them covers the partition."""
+    run_migrations(fresh_db)
+    filler = Filler(tmp_path / "log")
+    filler.topic(TOPIC, partitions=1)
+    filler.write(TOPIC, [(f"k{i}", {"id": i}) for i in range(10)])
+    port = free_port()
+    config = write_config(tmp_path / "t.toml", dsn=fresh_db, log_root=tmp_path / "log", port=port)
+    url = f"http://127.0.0.1:{port}"
+    seen: list[int] = []
+    outcomes = []
+    with served(config, port, err_path=tmp_path / "serve.err"):
+        with Consumer(
+            url,
+            group="g",
+            topics=[TOPIC],
+            auto_offset_reset="earliest",
+            max_retries=1,
+            retry_backoff_ms=50,
+            wait_ms=300,
+        ) as c:
+            for record in c:
+                seen.append(record.offset)
+                if record.offset == 3:
+                    outcomes += c.nack([record], reason=f"try {seen.count(3)}")
+                elif record.offset == 7:
+                    outcomes += c.park([record], reason="bad order")
+                if record.offset == 9:
+                    break
+            assert c.commit() == {(TOPIC, 0): 10}
+        parked = httpx.get(f"{url}/groups/g/parked", timeout=10).json()
+    filler.close()
+    assert seen == [0, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9]
+    assert [(o.offset, o.action, o.attempts) for o in outcomes] == [
+        (3, "retry", 1),
+        (3, "parked", 2),
+        (7, "parked", None),
+    ]
+    assert outcomes[0].retry_in_ms is not None and outcomes[0].retry_in_ms >= 0
+    assert [(p["record"]["offset"], p["reason"], p["state"]) for p in parked] == [
+        (3, "nacked 2 times (max_retries 1): try 2", "parked"),
+        (7, "bad order", "parked"),
+    ]
