@@ -23,7 +23,7 @@ from tributary.eventstore.aggregate import Aggregate
 from tributary.eventstore.errors import ConcurrencyConflict, HistoryHidden, UnknownStreamType
 from tributary.eventstore.keys import reveal_json
 from tributary.eventstore.model import ExpectedVersion, NewEvent, event_json
-from tributary.eventstore.personal import personal_fields, seal, subjects_of
+from tributary.eventstore.personal import KeyId, personal_fields, seal, subjects_of
 from tributary.eventstore.store import (
     CommandRecord,
     EventStore,
@@ -48,6 +48,7 @@ class LoadedState:
     state: BaseModel
     version: int
     from_snapshot: int  # version the snapshot covered (0: folded from the first event)
+    keys: frozenset[KeyId] = frozenset()  # the subject keys that revealed what the state was folded from
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +118,7 @@ class CommandHandler:
         stream's end. Stream metadata may hide early events (KurrentDB reads from the first
         visible one): a snapshot must then cover them, else HistoryHidden — a fold of part of the
         history would be a wrong state."""
-        state, version, base, events = agg.initial(), 0, 0, read.events
+        state, version, base, events, keys = agg.initial(), 0, 0, read.events, read.keys
         first = read.start  # the first version the fold needs
         if read.snapshot is not None:
             try:
@@ -125,13 +126,14 @@ class CommandHandler:
                 version = base = read.snapshot[0]
                 first = base + 1
             except ValidationError:  # taken by other code: fold from the first event (one more read)
-                events = self.store.load(conn, stream_id, state_version=None).events
+                again = self.store.load(conn, stream_id, state_version=None)
+                events, keys = again.events, again.keys
         end = max(events[-1].version if events else version, read.end)
         if (events[0].version if events else end + 1) > first and end >= first:
             raise HistoryHidden(stream_id, first, events[0].version if events else None)
         for e in events:
             state = agg.evolve(state, agg.load_event(e.type, e.schema_version, e.data))
-        return LoadedState(state, end, base)
+        return LoadedState(state, end, base, keys)
 
     # -- handling ----------------------------------------------------------------------------------
     def handle(
@@ -195,8 +197,8 @@ class CommandHandler:
                     raise ConcurrencyConflict(stream_id, expected_version, loaded.version)
                 decided = agg.decide(loaded.state, command)
                 plain = [self._new_event(agg, e, meta) for e in decided]
-                events = self._sealed(conn, stream_id, decided, plain)
-                snapshot = self._snapshot(agg, loaded, decided, loaded.version + len(events))
+                events, sealed_with = self._sealed(conn, stream_id, decided, plain)
+                snapshot = self._snapshot(agg, loaded, decided, loaded.version + len(events), sealed_with)
                 try:
                     appended = self.store.append(
                         stream_id, stream_type, events, loaded.version, command=record, snapshot=snapshot, conn=conn
@@ -227,19 +229,20 @@ class CommandHandler:
 
     def _sealed(
         self, conn: psycopg.Connection[Any], stream_id: str, decided: Sequence[BaseModel], plain: list[NewEvent]
-    ) -> list[NewEvent]:
+    ) -> tuple[list[NewEvent], frozenset[KeyId]]:
         """The events with their personal-data fields sealed under each subject's current key
-        (one key lookup for the command; none when its events hold no personal data)."""
+        (one key lookup for the command; none when its events hold no personal data), and those keys."""
         fields = [personal_fields(type(e)) for e in decided]
         if not any(fields):
-            return plain
+            return plain, frozenset()
         subjects: set[str] = set()
         for f, e in zip(fields, plain, strict=True):
             subjects |= subjects_of(f, e.data, stream_id)
         keys = self.store.keys_on(conn).current(subjects)
+        used = frozenset((subject, kid) for subject, (kid, _) in keys.items())
         return [
             replace(e, data=seal(f, e.data, stream_id, keys)) if f else e for f, e in zip(fields, plain, strict=True)
-        ]
+        ], used
 
     @staticmethod
     def _new_event(agg: Aggregate[Any], event: BaseModel, metadata: dict[str, Any]) -> NewEvent:
@@ -249,13 +252,19 @@ class CommandHandler:
         )
 
     def _snapshot(
-        self, agg: Aggregate[Any], loaded: LoadedState, decided: Sequence[BaseModel], version: int
+        self,
+        agg: Aggregate[Any],
+        loaded: LoadedState,
+        decided: Sequence[BaseModel],
+        version: int,
+        sealed_with: frozenset[KeyId] = frozenset(),
     ) -> SnapshotRecord | None:
         """The snapshot to write with the append, every `snapshot_every` events (none for a
-        command that appends nothing: a snapshot is a cache)."""
+        command that appends nothing: a snapshot is a cache). It names the keys its state's personal
+        data came from: the store writes it only while they all live."""
         if not self.snapshot_every or not decided or version - loaded.from_snapshot < self.snapshot_every:
             return None
         state = loaded.state
         for event in decided:
             state = agg.evolve(state, event)
-        return SnapshotRecord(version, state.model_dump(mode="json"), agg.state_version)
+        return SnapshotRecord(version, state.model_dump(mode="json"), agg.state_version, loaded.keys | sealed_with)

@@ -19,7 +19,16 @@ import psycopg
 from tributary.eventstore.model import RecordedEvent
 from tributary.eventstore.personal import KeyId, has_envelopes, reveal, sealed_keys
 
-__all__ = ["DatabaseKeys", "Forgotten", "KeyStore", "forget_subject", "reveal_events", "reveal_json", "reveal_values"]
+__all__ = [
+    "DatabaseKeys",
+    "Forgotten",
+    "KeyStore",
+    "forget_subject",
+    "reveal_events",
+    "reveal_events_keyed",
+    "reveal_json",
+    "reveal_values",
+]
 
 _KEY_BYTES = 32  # AES-256
 
@@ -47,7 +56,11 @@ _STREAMS = (
     "SELECT DISTINCT stream_id, stream_type FROM eventstore.events "
     "WHERE jsonb_path_exists(data, '$.* ? (@.\"$enc\" == \"v1\" && @.subject == $s)', jsonb_build_object('s', %s::text))"
 )
-_DROP_SNAPSHOTS = "DELETE FROM eventstore.snapshots WHERE stream_id = ANY(%s)"
+# Its streams' snapshots, and any other snapshot whose state one of its keys revealed.
+_DROP_SNAPSHOTS = (
+    "DELETE FROM eventstore.snapshots "
+    "WHERE stream_id = ANY(%s) OR key_ids @> jsonb_build_array(jsonb_build_array(%s::text))"
+)
 
 Connect = Callable[[], AbstractContextManager[psycopg.Connection[Any]]]
 
@@ -144,34 +157,39 @@ def forget_subject(keys: KeyStore, connect: Connect, subject: str) -> Forgotten:
     destroyed = keys.destroy(subject)
     with connect() as conn:
         streams = tuple((str(r[0]), str(r[1])) for r in conn.execute(_STREAMS, (subject,)).fetchall())
-        conn.execute(_DROP_SNAPSHOTS, ([s for s, _ in streams],))
+        conn.execute(_DROP_SNAPSHOTS, ([s for s, _ in streams], subject))
     return Forgotten(subject, destroyed, streams)
 
 
-def _revealer(keys: KeyStore, datas: Iterable[object]) -> Callable[[Any], Any] | None:
-    """One key lookup for every sealed value of `datas`, and what reveals one data with those
-    keys; None when nothing is sealed (no lookup at all)."""
+def _revealer(keys: KeyStore, datas: Iterable[object]) -> tuple[Callable[[Any], Any] | None, frozenset[KeyId]]:
+    """One key lookup for every sealed value of `datas`: what reveals one data with those keys (None
+    when nothing is sealed: no lookup at all), and the keys found (those that revealed something)."""
     wanted: set[KeyId] = set()
     for data in datas:
         wanted |= sealed_keys(data)
     if not wanted:
-        return None
+        return None, frozenset()
     found = keys.keys(wanted)
-    return lambda data: reveal(data, found.get)
+    return (lambda data: reveal(data, found.get)), frozenset(found)
 
 
 def reveal_events(keys: KeyStore, events: list[RecordedEvent]) -> list[RecordedEvent]:
     """The events with their sealed fields revealed (or erased), fetching the keys in one call;
     events without personal data cost nothing."""
-    open_ = _revealer(keys, (e.data for e in events))
+    return reveal_events_keyed(keys, events)[0]
+
+
+def reveal_events_keyed(keys: KeyStore, events: list[RecordedEvent]) -> tuple[list[RecordedEvent], frozenset[KeyId]]:
+    """`reveal_events`, and the keys that revealed plaintext (what a state folded from them depends on)."""
+    open_, used = _revealer(keys, (e.data for e in events))
     if open_ is None:
-        return events
-    return [replace(e, data=open_(e.data)) if has_envelopes(e.data) else e for e in events]
+        return events, used
+    return [replace(e, data=open_(e.data)) if has_envelopes(e.data) else e for e in events], used
 
 
 def reveal_json(keys: KeyStore, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`reveal_events` for events as the API shows them (a stored command answer)."""
-    open_ = _revealer(keys, (e.get("data") for e in events))
+    open_, _ = _revealer(keys, (e.get("data") for e in events))
     if open_ is None:
         return events
     return [{**e, "data": open_(e["data"])} for e in events]
@@ -184,7 +202,7 @@ def reveal_values(keys: KeyStore, topics: list[str], values: list[Any]) -> list[
         v.get("data") if t.startswith("events.") and isinstance(v, dict) else None
         for t, v in zip(topics, values, strict=True)
     ]
-    open_ = _revealer(keys, datas)
+    open_, _ = _revealer(keys, datas)
     if open_ is None:
         return values
     return [{**v, "data": open_(d)} if has_envelopes(d) else v for v, d in zip(values, datas, strict=True)]

@@ -103,6 +103,9 @@ snapshots = Table(
     Column("state", JSONB, nullable=False),
     Column("state_version", Integer, nullable=False, server_default=text("1")),
     Column("taken_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+    # The subject keys (`[[subject, kid], …]`) the state's personal data was revealed with; null: none.
+    # A snapshot is written only while they all live, and forgetting a subject deletes it.
+    Column("key_ids", JSONB, nullable=True),
 )
 
 # One AES-256 key per data subject and key version (`kid`): personal-data fields of events are

@@ -40,7 +40,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
 from sqlalchemy.types import TypeEngine
 
-from tributary.eventstore.schema import commands, events, removed_events, snapshots, streams
+from tributary.eventstore.schema import commands, events, removed_events, snapshots, streams, subject_keys
 
 __all__ = [
     "BY_IDS",
@@ -307,7 +307,7 @@ READ_BWD = _compiled(
 # every event after it has a higher version. One snapshot of the database for both: a snapshot
 # written meanwhile cannot be paired with events read before it.
 _snap = (
-    select(snapshots.c.version, snapshots.c.state)
+    select(snapshots.c.version, snapshots.c.state, snapshots.c.key_ids)
     .where(snapshots.c.stream_id == _p("snap_stream"), snapshots.c.state_version == _p("state_version"))
     .cte("snap")
 )
@@ -320,7 +320,7 @@ _snap_row = select(
     cast(null(), Text).label("type"),
     cast(null(), Integer).label("schema_version"),
     _snap.c.state.label("data"),
-    cast(null(), JSONB).label("metadata"),
+    _snap.c.key_ids.label("metadata"),  # the keys its state was revealed with
     cast(null(), TIMESTAMP(timezone=True)).label("occurred_at"),
     cast(null(), TIMESTAMP(timezone=True)).label("recorded_at"),
 )
@@ -455,6 +455,7 @@ def _snap_put(statement: object) -> ClauseElement:
             "version": statement.excluded.version,
             "state": statement.excluded.state,
             "state_version": statement.excluded.state_version,
+            "key_ids": statement.excluded.key_ids,
             "taken_at": func.now(),
         },
         where=snapshots.c.version < statement.excluded.version,
@@ -463,22 +464,39 @@ def _snap_put(statement: object) -> ClauseElement:
 
 SNAP_PUT = _compiled(_snap_put(pg_insert(snapshots).values(**{k: _p(k) for k in _SNAP_ORDER})), _SNAP_ORDER)
 # The snapshot a command takes, sent with its append (same implicit transaction, same round trip):
-# written only if that append's last event is stored, so a refused append leaves no snapshot.
+# written only if that append's last event is stored, so a refused append leaves no snapshot, and
+# only while every key its state was revealed with lives. Those key rows are locked FOR SHARE: a
+# subject's forget (which sets its keys to NULL) waits for this transaction, then deletes the
+# snapshot; after a forget that came first a key is NULL, and no snapshot is written.
 _appended = exists().where(ev.stream_id == _p("ev_stream"), ev.version == _p("ev_version"), ev.event_id == _p("ev_id"))
+_used = (
+    func.unnest(_p("key_subjects", ARRAY(Text)), _p("key_kids", ARRAY(Integer)))
+    .table_valued("subject_id", "kid")
+    .render_derived(name="used")
+)
+_live_keys = (
+    select(subject_keys.c.kid)
+    .join(_used, and_(_used.c.subject_id == subject_keys.c.subject_id, _used.c.kid == subject_keys.c.kid))
+    .where(subject_keys.c.key.is_not(None))
+    .with_for_update(read=True, of=subject_keys)
+    .subquery("live_keys")
+)
+_all_keys_live = select(func.count()).select_from(_live_keys).scalar_subquery() == _p("key_count", BigInteger)
 SNAP_PUT_AFTER = _compiled(
     _snap_put(
         pg_insert(snapshots).from_select(
-            list(_SNAP_ORDER),
+            [*_SNAP_ORDER, "key_ids"],
             select(
                 _p("stream_id", Text),
                 _p("stream_type", Text),
                 _p("version", BigInteger),
                 cast(_p("state"), JSONB),
                 _p("state_version", Integer),
-            ).where(_appended),
+                cast(_p("key_ids"), JSONB),
+            ).where(_appended, _all_keys_live),
         )
     ),
-    (*_SNAP_ORDER, "ev_stream", "ev_version", "ev_id"),
+    (*_SNAP_ORDER, "key_ids", "ev_stream", "ev_version", "ev_id", "key_subjects", "key_kids", "key_count"),
 )
 
 # -- a stream's lifecycle: metadata, deletes, scavenge -------------------------------------------------

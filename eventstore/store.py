@@ -33,8 +33,9 @@ from tributary.eventstore.errors import (
     StreamNotFound,
     UnknownPosition,
 )
-from tributary.eventstore.keys import DatabaseKeys, KeyStore, reveal_events
+from tributary.eventstore.keys import DatabaseKeys, KeyStore, reveal_events, reveal_events_keyed
 from tributary.eventstore.model import AppendResult, ExpectedVersion, NewEvent, RecordedEvent, dumps, response_json
+from tributary.eventstore.personal import KeyId
 from tributary.eventstore.statements import (
     BY_IDS,
     CMD_GET,
@@ -207,6 +208,7 @@ class SnapshotRecord:
     version: int
     state: dict[str, Any]
     state_version: int
+    key_ids: frozenset[KeyId] = frozenset()  # the subject keys that revealed its personal data
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +220,7 @@ class StreamLoad:
     events: list[RecordedEvent]  # the visible events after the snapshot (all of them without one)
     end: int = 0  # the version an append continues from (0: a new or soft-deleted stream)
     start: int = 1  # where the stream's history begins: after a soft delete's end, else 1
+    keys: frozenset[KeyId] = frozenset()  # the subject keys that revealed the snapshot's and events' data
 
 
 def request_hash(
@@ -499,9 +502,13 @@ class EventStore:
                         snapshot.version,
                         _jsonb(snapshot.state),
                         snapshot.state_version,
+                        _jsonb([list(k) for k in sorted(snapshot.key_ids)]) if snapshot.key_ids else None,
                         stream_id,
                         snapshot.version,
                         events[-1].event_id,
+                        [k[0] for k in sorted(snapshot.key_ids)],
+                        [k[1] for k in sorted(snapshot.key_ids)],
+                        len(snapshot.key_ids),
                     ),
                 )
             if command is not None:
@@ -630,15 +637,17 @@ class EventStore:
         state = _stream_state(status.fetchone())  # type: ignore[arg-type]  # an outer join: one row
         if state.hard:
             raise StreamDeleted(stream_id)
-        snapshot = None
-        if rows and rows[0][0] is None:  # the snapshot row (no position)
+        snapshot, snapshot_keys = None, frozenset[KeyId]()
+        if rows and rows[0][0] is None:  # the snapshot row (no position; its key ids in `metadata`)
             snapshot = (int(rows[0][3]), dict(rows[0][7]))
+            snapshot_keys = frozenset((str(k[0]), int(k[1])) for k in rows[0][8] or ())
             rows = rows[1:]
         events = [recorded_event(r) for r in rows]
         if events:
             self._note(stream_id, events[-1].version)
+        revealed, used = reveal_events_keyed(self.keys_on(conn), events)
         return StreamLoad(
-            stored, snapshot, reveal_events(self.keys_on(conn), events), state.visible_end, (state.deleted_end or 0) + 1
+            stored, snapshot, revealed, state.visible_end, (state.deleted_end or 0) + 1, snapshot_keys | used
         )
 
     # -- reading ---------------------------------------------------------------------------------------

@@ -3,10 +3,14 @@ readable across key versions."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
 import pytest
+from pydantic import BaseModel
 
 from tests.domains.customers import Customer, customers, orders
 from tests.integration.capture.helpers import cli
@@ -104,3 +108,38 @@ def test_the_cli_forgets_and_rotates(store: EventStore, fresh_db: str, tmp_path:
     assert store.read_stream("c-1")[0].data["name"] == ERASED
     bad = cli("events", "forget", "x" * 201, "--config", str(config))
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and "subject" in bad.stderr
+
+
+def test_a_forget_while_a_command_decides_leaves_no_plaintext_snapshot(store: EventStore, fresh_db: str) -> None:
+    """A command loads the subject's state (revealed: plaintext), a forget destroys the keys and
+    deletes the snapshots, then the command appends with a snapshot of that state: the snapshot is
+    not written, since a key it was revealed with is gone."""
+    agg = customers()
+    deciding, go_on = threading.Event(), threading.Event()
+
+    def slow_decide(state: Customer, command: BaseModel) -> Sequence[BaseModel]:
+        if getattr(command, "email", None) == "slow@x.example":
+            deciding.set()
+            assert go_on.wait(120)
+        return agg.decide(state, command)
+
+    h = CommandHandler(store, {"customer": replace(agg, decide=slow_decide)}, snapshot_every=1)
+    h.handle("customer", "c-1", "register", {"name": SECRET, "email": "w@x.example"})
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute("SELECT key_ids FROM eventstore.snapshots WHERE stream_id = 'c-1'").fetchone() == (
+            [["c-1", 1]],
+        )
+    answers: list[object] = []
+    command = threading.Thread(
+        target=lambda: answers.append(h.handle("customer", "c-1", "change_email", {"email": "slow@x.example"}))
+    )
+    command.start()
+    assert deciding.wait(120)
+    forget(store, "c-1")
+    go_on.set()
+    command.join(120)
+    assert len(answers) == 1  # the command went through (its event sealed under the subject's new key)
+    assert SECRET not in _stored_text(fresh_db)
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute("SELECT count(*) FROM eventstore.snapshots").fetchone() == (0,)
+    assert h.load("customer", "c-1").state == Customer(registered=True, name=ERASED, email="slow@x.example")
