@@ -154,4 +154,7 @@ removed_events = Table(
     metadata,
     Column("global_position", BigInteger, primary_key=True, autoincrement=False),
     Column("transaction_id", XID8(), nullable=False),
+    # A scavenge forgets positions removed longer ago than `[eventstore] removed_positions_keep_s`.
+    Column("removed_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+    Index("removed_events_removed_at", "removed_at"),
 )

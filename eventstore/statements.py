@@ -14,6 +14,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     ColumnElement,
+    Float,
     Integer,
     Select,
     Text,
@@ -61,6 +62,7 @@ __all__ = [
     "READ_ALL_HEAD",
     "READ_BWD",
     "READ_FWD",
+    "PRUNE_REMOVED",
     "SCAVENGE_BATCH",
     "SCAVENGE_STREAMS",
     "SNAP_DROP",
@@ -624,3 +626,14 @@ SCAVENGE_BATCH = _compiled(
     .returning(removed_events.c.global_position),
     ("stream_id", "first_stream", "batch"),
 )
+
+# Positions removed longer ago than the keep interval, `batch` at a time, oldest first: a reader
+# continuing after one of them gets UnknownPosition (404) instead of its place in `$all`.
+_stale = (
+    select(_gone.global_position)
+    .where(_gone.removed_at < func.now() - literal_column("interval '1 second'") * _p("keep_s", Float))
+    .order_by(_gone.removed_at)
+    .limit(_p("batch"))
+    .scalar_subquery()
+)
+PRUNE_REMOVED = _compiled(removed_events.delete().where(_gone.global_position.in_(_stale)), ("keep_s", "batch"))

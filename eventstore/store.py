@@ -50,6 +50,7 @@ from tributary.eventstore.statements import (
     META_PUT,
     META_PUT_ANY,
     POSITION_EXISTS,
+    PRUNE_REMOVED,
     READ_ALL,
     READ_ALL_FILTERED,
     READ_ALL_HEAD,
@@ -791,6 +792,18 @@ class EventStore:
             if len(ids) < 100:
                 return removed
             after = ids[-1]
+
+    def prune_removed(self, keep_s: float, *, batch: int = 5000) -> int:
+        """Forget the `$all` positions of events removed more than `keep_s` seconds ago, `batch` per
+        short transaction: a reader continuing after one of them gets UnknownPosition from then on
+        (it kept a position longer than the store keeps removed ones). Returns how many went."""
+        pruned = 0
+        while True:
+            with _database, self.pool.connection() as conn:
+                gone = conn.execute(PRUNE_REMOVED, (keep_s, batch)).rowcount
+            pruned += gone
+            if gone < batch:
+                return pruned
 
     def _scavenge_stream(self, stream_id: str, batch: int, pause: Callable[[], None] | None) -> int:
         removed = 0

@@ -64,10 +64,13 @@ def scavenge_cmd(
     config: ConfigOption = None,
 ) -> None:
     """Remove for good the events that stream metadata (max age, max count, truncate before) and
-    deletes hide, in short transactions: appends go on meanwhile."""
+    deletes hide, in short transactions: appends go on meanwhile. Then forget the positions of
+    events removed longer ago than `[eventstore] removed_positions_keep_s`."""
+    keep_s = settings_from(config).eventstore.removed_positions_keep_s
     with _store(config) as store:
         removed = store.scavenge(batch=batch)
-    typer.echo(f"scavenge: {removed} event(s) removed")
+        pruned = store.prune_removed(keep_s)
+    typer.echo(f"scavenge: {removed} event(s) removed; {pruned} position(s) removed over {keep_s:g} s ago forgotten")
 
 
 @events_app.command("forget")

@@ -167,7 +167,9 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
             snapshot_every=settings.eventstore.snapshot_every or None,
         )
         metrics.known_stream_types(handler.aggregates)
-        scavenging = start_scavenger(store, settings.eventstore.scavenge_interval_s)
+        scavenging = start_scavenger(
+            store, settings.eventstore.scavenge_interval_s, settings.eventstore.removed_positions_keep_s
+        )
         subscriptions = Subscriptions(
             pool,
             poll_s=settings.api.subscription_poll_s,

@@ -512,6 +512,13 @@ class EventStoreSettings(_Section):
         le=604_800,
         description="`tributary serve` removes what stream metadata and deletes hide every N seconds (0 = off).",
     )
+    removed_positions_keep_s: float = Field(
+        default=604_800,
+        gt=0,
+        le=31_622_400,
+        description="A scavenge keeps the `$all` positions of removed events this long (a reader holding one can "
+        "still continue after it), then forgets them: such a reader gets 404 `unknown_position`.",
+    )
 
 
 class ApiKey(_Section):

@@ -78,6 +78,7 @@ def test_the_revision_ids_databases_store_are_kept() -> None:
             "0006_stream_lifecycle",
             "0007_subject_keys",
             "0008_snapshot_keys",
+            "0009_removed_at",
         ][: len(ids)]
     )
 

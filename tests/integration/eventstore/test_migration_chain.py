@@ -32,8 +32,8 @@ def _state(dsn: str) -> tuple[str | None, str | None]:
 
 
 def test_down_to_each_stored_revision_and_up_to_head(fresh_db: str) -> None:
-    assert run_migrations(fresh_db) == head_revision() == "0008_snapshot_keys"
-    assert _state(fresh_db) == ("0008_snapshot_keys", "xid8")
+    assert run_migrations(fresh_db) == head_revision() == "0009_removed_at"
+    assert _state(fresh_db) == ("0009_removed_at", "xid8")
     command.downgrade(_config(fresh_db), "0004_sinks")
     assert _state(fresh_db) == ("0004_sinks", "xid8")
     command.downgrade(_config(fresh_db), "0003_consumer_groups")
@@ -42,5 +42,5 @@ def test_down_to_each_stored_revision_and_up_to_head(fresh_db: str) -> None:
     assert _state(fresh_db) == ("0002", None)
     command.upgrade(_config(fresh_db), "0003_es_xact")
     assert _state(fresh_db) == ("0003_es_xact", "xid8")
-    assert run_migrations(fresh_db) == "0008_snapshot_keys"
-    assert _state(fresh_db) == ("0008_snapshot_keys", "xid8")
+    assert run_migrations(fresh_db) == "0009_removed_at"
+    assert _state(fresh_db) == ("0009_removed_at", "xid8")

@@ -11,7 +11,13 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
-from tributary.eventstore.errors import ConcurrencyConflict, MetadataConflict, StreamDeleted, StreamNotFound
+from tributary.eventstore.errors import (
+    ConcurrencyConflict,
+    MetadataConflict,
+    StreamDeleted,
+    StreamNotFound,
+    UnknownPosition,
+)
 from tributary.eventstore.examples.bank import bank_account
 from tributary.eventstore.handler import CommandHandler
 from tributary.eventstore.migrate import run_migrations
@@ -272,3 +278,24 @@ def test_the_streams_of_a_type_after_scavenges_and_deletes(store: EventStore) ->
     assert [s.stream_id for s in store.streams("thing", limit=1)] == ["a"]
     assert [s.stream_id for s in store.streams("thing", after="a", limit=1)] == ["d"]  # past the deleted ones
     assert [s.stream_id for s in store.streams("thing", after="d", limit=2)] == ["e"]
+
+
+def test_removed_positions_are_kept_for_a_while_then_forgotten(store: EventStore, dsn: str) -> None:
+    """A reader holding the position of a removed event continues after it while the store keeps
+    removed positions; once they are older than the keep interval, a scavenge's prune forgets them
+    and such a reader gets UnknownPosition instead of a place in `$all`."""
+    store.append("s", "thing", ev(3))
+    store.append("t", "thing", ev(1))
+    held = store.read_all()[1].position  # the reader stopped after the second event of `s`
+    store.set_stream_metadata("s", StreamMetadata(max_count=1))
+    assert store.scavenge() == 2
+    assert [(e.stream_id, e.version) for e in store.read_all(after=held)] == [("s", 3), ("t", 1)]
+    assert store.prune_removed(3600) == 0  # removed just now: kept
+    with psycopg.connect(dsn) as conn:
+        conn.execute("UPDATE eventstore.removed_events SET removed_at = now() - interval '2 hours'")
+    assert [(e.stream_id, e.version) for e in store.read_all(after=held)] == [("s", 3), ("t", 1)]
+    assert store.prune_removed(3600, batch=1) == 2
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM eventstore.removed_events").fetchone() == (0,)
+    with pytest.raises(UnknownPosition):
+        store.read_all(after=held)
