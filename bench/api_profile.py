@@ -113,6 +113,8 @@ LAYERS = [
     ("request and response objects", r"starlette/(requests|datastructures|responses)|fastapi/responses|urllib/parse"),
     ("route code (views, auth, state)", r"api/http/|api/settings"),
     ("pool checkout (psycopg_pool)", r"psycopg_pool/"),
+    ("command handler, event store, domain (worker thread)", r"/eventstore/|sqlalchemy/"),
+    ("thread pool hop (executor, its queue)", r"concurrent/futures/|/threading\.py|/queue\.py"),
     ("psycopg (query, rows)", r"psycopg/"),
     ("event loop (asyncio)", r"asyncio/|selectors|contextvars|contextlib|weakref"),
 ]
