@@ -238,6 +238,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     app.include_router(routes_groups.router)
     for router, path, method in HOT_ROUTES:
         _match_first(app, router, path, method)
+    app.router.routes.insert(0, routes_commands.COMMAND_ROUTE)  # a command: read and validated by its route
     app.add_exception_handler(ConsumerError, routes_groups.consumer_error)
     document_domains(app)
 
@@ -291,10 +292,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
 
 
 # The routes most requests take: matched before the included routers (see `_match_first`).
-HOT_ROUTES: tuple[tuple[APIRouter, str, str], ...] = (
-    (routes_views.router, "/views/{name}", "GET"),
-    (routes_commands.router, "/commands/{stream_type}/{stream_id}", "POST"),
-)
+HOT_ROUTES: tuple[tuple[APIRouter, str, str], ...] = ((routes_views.router, "/views/{name}", "GET"),)
 
 
 def _match_first(app: FastAPI, router: APIRouter, path: str, method: str) -> None:
