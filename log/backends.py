@@ -34,9 +34,7 @@ def open_writer(
         from tributary.log.kafka.writer import KafkaLog
 
         return KafkaLog(kafka, sources)
-    return Log.open(
-        root, writer=True, default_partitions=default_partitions, segment_bytes=segment_bytes, owner=owner
-    )
+    return Log.open(root, writer=True, default_partitions=default_partitions, segment_bytes=segment_bytes, owner=owner)
 
 
 def open_admin(*, root: Path, kafka: KafkaOptions | None, timeout_s: float = 30.0) -> LogAdmin:
