@@ -711,7 +711,7 @@ class Log:
     # -- as the capture writer (tributary.log.contracts) ------------------------------------
 
     def source(self, name: str) -> Log:
-        """What a source appends through: the log itself (one writer, one manifest for all)."""
+        """What a source appends through: the log itself (one manifest for all of this owner's sources)."""
         return self
 
     def background_cleaner(self, policy: CleanerPolicy, *, pid: int) -> Cleaner:
