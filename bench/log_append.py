@@ -70,9 +70,10 @@ def make_records(n: int, chunk: int = 100) -> tuple[list[list[Rec]], list[list[i
     return chunks, parts
 
 
-def second_owner(root: Path, stop: MpEvent, commits: Synchronized[int]) -> None:
+def second_owner(root: Path, stop: MpEvent, commits: Synchronized[int], pause_s: float) -> None:
     """Another owner of the root (its own lock and manifest) appending 100 records and committing,
-    over and over until `stop`: what a projection emitting a derived stream does."""
+    over and over (`pause_s` apart; 0: flat out, the worst case) until `stop`: what a projection
+    emitting a derived stream does."""
     with Log.open(root, writer=True, owner="bench.second") as log:
         log.create_topic("second", TopicConfig(partitions=PARTITIONS))
         value = canonical_json({"op": "c", "after": {"note": "y" * 400}})
@@ -83,6 +84,7 @@ def second_owner(root: Path, stop: MpEvent, commits: Synchronized[int]) -> None:
             log.commit(positions={"bench.second": str(i)})
             i += 100
             commits.value += 1
+            stop.wait(pause_s)
 
 
 def run_log(
@@ -92,6 +94,7 @@ def run_log(
     pipelined: bool,
     fsync: bool = True,
     alongside: bool = False,
+    pause_s: float = 0.0,
 ) -> tuple[float, int, int]:
     root = base / "log"
     shutil.rmtree(root, ignore_errors=True)
@@ -100,7 +103,7 @@ def run_log(
     if alongside:
         stop = multiprocessing.Event()
         done = multiprocessing.Value("i", 0)
-        other = multiprocessing.Process(target=second_owner, args=(root, stop, done))
+        other = multiprocessing.Process(target=second_owner, args=(root, stop, done, pause_s))
         other.start()
         while done.value == 0 and other.is_alive():  # it runs before we measure
             time.sleep(0.01)
@@ -192,6 +195,9 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=100, help="records per step (a capture poll)")
+    ap.add_argument(
+        "--second-pause-ms", type=float, default=0.0, help="pause between the second owner's commits (0: flat out)"
+    )
     ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "log_append.json")
     add_allow_python(ap)
@@ -225,7 +231,9 @@ def main() -> None:
             os.sync()
             cpu_runs.append(run_log(base, chunks, parts, pipelined=True, fsync=False))
             os.sync()
-            shared_runs.append(run_log(base, chunks, parts, pipelined=True, alongside=True))
+            shared_runs.append(
+                run_log(base, chunks, parts, pipelined=True, alongside=True, pause_s=args.second_pause_ms / 1000)
+            )
             enc_times.append(encode_only(chunks))
         t_base = statistics.median(base_times)
         t_sync = statistics.median(t for t, _, _ in sync_runs)
@@ -268,6 +276,7 @@ def main() -> None:
                 "records_per_s": round(n / t_shared),
                 "seconds": round(t_shared, 3),
                 "second_owner_commits": statistics.median(c for _, _, c in shared_runs),
+                "second_owner_pause_ms": args.second_pause_ms,
                 "ratio_vs_alone": round(t_pipe / t_shared, 3),
                 "ratio_vs_alone_per_repeat": [
                     round(p[0] / x[0], 3) for p, x in zip(pipe_runs, shared_runs, strict=True)
