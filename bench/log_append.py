@@ -3,8 +3,9 @@
 Prints JSON (and saves it to bench/results/log_append.json): records/s and MB/s for appending
 N records of ~500 bytes over 4 partitions, committing every 1 ms of linger or 1,000 records,
 against a baseline measured in the same run (the same encoded bytes, buffered writes, one fsync
-per 1,000 records); plus sequential reads through `Log.read` vs reading the raw files.
-Each figure is the median of --repeat runs.
+per 1,000 records); plus sequential reads through `Log.read` vs reading the raw files, and the
+pipelined append again while a second topic owner (another process, e.g. an emitting projection)
+appends and commits on the same root. Each figure is the median of --repeat runs.
 
     python bench/log_append.py [--records N] [--repeat 3] [--dir DIR]
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import shutil
 import statistics
@@ -21,6 +23,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from multiprocessing.sharedctypes import Synchronized
+from multiprocessing.synchronize import Event as MpEvent
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -66,13 +70,45 @@ def make_records(n: int, chunk: int = 100) -> tuple[list[list[Rec]], list[list[i
     return chunks, parts
 
 
+def second_owner(root: Path, stop: MpEvent, commits: Synchronized[int], pause_s: float) -> None:
+    """Another owner of the root (its own lock and manifest) appending 100 records and committing,
+    over and over (`pause_s` apart; 0: flat out, the worst case) until `stop`: what a projection
+    emitting a derived stream does."""
+    with Log.open(root, writer=True, owner="bench.second") as log:
+        log.create_topic("second", TopicConfig(partitions=PARTITIONS))
+        value = canonical_json({"op": "c", "after": {"note": "y" * 400}})
+        i = 0
+        while not stop.is_set():
+            recs = [(canonical_json({"id": i + k}), value, 1_700_000_000_000, None) for k in range(100)]
+            log.append("second", i % PARTITIONS, recs)
+            log.commit(positions={"bench.second": str(i)})
+            i += 100
+            commits.value += 1
+            stop.wait(pause_s)
+
+
 def run_log(
-    base: Path, chunks: list[list[Rec]], parts: list[list[int]], pipelined: bool, fsync: bool = True
+    base: Path,
+    chunks: list[list[Rec]],
+    parts: list[list[int]],
+    pipelined: bool,
+    fsync: bool = True,
+    alongside: bool = False,
+    pause_s: float = 0.0,
+    apart: bool = False,
 ) -> tuple[float, int, int]:
     root = base / "log"
     shutil.rmtree(root, ignore_errors=True)
     log = Log.open(root, writer=True, fsync=fsync)
     log.create_topic("bench", TopicConfig(partitions=PARTITIONS))
+    if alongside:
+        ctx = multiprocessing.get_context("spawn")  # a process of its own, not a copy of this one's heap
+        stop = ctx.Event()
+        done = ctx.Value("i", 0)
+        other = ctx.Process(target=second_owner, args=(base / "apart" if apart else root, stop, done, pause_s))
+        other.start()
+        while done.value == 0 and other.is_alive():  # it runs before we measure
+            time.sleep(0.01)
     gc = GroupCommitter(linger_ms=LINGER_MS, max_records=BATCH)
     clock = time.perf_counter
     inflight: Future[None] | None = None
@@ -105,6 +141,11 @@ def run_log(
     elapsed = clock() - t0
     size = sum(f.stat().st_size for f in (root / "bench").rglob("*.log"))
     log.close()
+    if alongside:
+        stop.set()
+        other.join()
+        assert other.exitcode == 0, "the second owner failed"
+        return elapsed, size, done.value  # the second owner's commits meanwhile
     return elapsed, size, commits + 1
 
 
@@ -156,6 +197,12 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=100, help="records per step (a capture poll)")
+    ap.add_argument(
+        "--second-pause-ms", type=float, default=0.0, help="pause between the second owner's commits (0: flat out)"
+    )
+    ap.add_argument(
+        "--second-apart", action="store_true", help="the second writer on a log root of its own (same disk)"
+    )
     ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "log_append.json")
     add_allow_python(ap)
@@ -178,6 +225,7 @@ def main() -> None:
         sync_runs: list[tuple[float, int, int]] = []
         cpu_runs: list[tuple[float, int, int]] = []
         enc_times: list[float] = []
+        shared_runs: list[tuple[float, int, int]] = []
         for _ in range(args.repeat):
             os.sync()
             base_times.append(run_baseline(base, baseline_data))
@@ -187,12 +235,25 @@ def main() -> None:
             sync_runs.append(run_log(base, chunks, parts, pipelined=False))
             os.sync()
             cpu_runs.append(run_log(base, chunks, parts, pipelined=True, fsync=False))
+            os.sync()
+            shared_runs.append(
+                run_log(
+                    base,
+                    chunks,
+                    parts,
+                    pipelined=True,
+                    alongside=True,
+                    pause_s=args.second_pause_ms / 1000,
+                    apart=args.second_apart,
+                )
+            )
             enc_times.append(encode_only(chunks))
         t_base = statistics.median(base_times)
         t_sync = statistics.median(t for t, _, _ in sync_runs)
         t_pipe = statistics.median(t for t, _, _ in pipe_runs)
         t_cpu = statistics.median(t for t, _, _ in cpu_runs)
         t_encode = statistics.median(enc_times)
+        t_shared = statistics.median(t for t, _, _ in shared_runs)
         log_bytes = pipe_runs[-1][1]
         os.sync()
         read_runs = [read_log(base) for _ in range(args.repeat)]
@@ -223,6 +284,18 @@ def main() -> None:
                 "records_per_s": round(n / t_cpu),
                 "seconds": round(t_cpu, 3),
                 "note": "CPU floor of the append path (Log.open(fsync=False))",
+            },
+            "append_pipelined_with_second_owner": {
+                "records_per_s": round(n / t_shared),
+                "seconds": round(t_shared, 3),
+                "second_owner_commits": statistics.median(c for _, _, c in shared_runs),
+                "second_owner_pause_ms": args.second_pause_ms,
+                "second_owner_root": "its own" if args.second_apart else "the same",
+                "ratio_vs_alone": round(t_pipe / t_shared, 3),
+                "ratio_vs_alone_per_repeat": [
+                    round(p[0] / x[0], 3) for p, x in zip(pipe_runs, shared_runs, strict=True)
+                ],
+                "note": "the same appends while another owner (a process) commits 100 records at a time on the root",
             },
             "encode_only": {"records_per_s": round(n / t_encode), "seconds": round(t_encode, 3)},
             "baseline_fsync_per_1000": {

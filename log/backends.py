@@ -21,15 +21,20 @@ def open_writer(
     sources: Sequence[str],
     default_partitions: int = 4,
     segment_bytes: int = 128 << 20,
+    owner: str | None = None,
 ) -> CaptureWriter:
-    """Capture's writer: on Kafka (`kafka` given, `[log] backend = "kafka"`) a transactional
+    """A transactional writer: on Kafka (`kafka` given, `[log] backend = "kafka"`) a transactional
     producer per source in `sources` (fencing older processes of those sources); else the local log
-    under `root`, its writer lock taken (recovery cuts what no commit covered)."""
+    under `root`, its writer lock taken (recovery cuts what no commit covered).
+
+    `owner` names a writer of the local log beside capture (the default owner, None): it has its
+    own lock and manifest and writes only the topics it creates, while capture runs. Kafka ignores
+    it: any transactional producer writes any topic, its transactional id names the writer."""
     if kafka is not None:
         from tributary.log.kafka.writer import KafkaLog
 
         return KafkaLog(kafka, sources)
-    return Log.open(root, writer=True, default_partitions=default_partitions, segment_bytes=segment_bytes)
+    return Log.open(root, writer=True, default_partitions=default_partitions, segment_bytes=segment_bytes, owner=owner)
 
 
 def open_admin(*, root: Path, kafka: KafkaOptions | None, timeout_s: float = 30.0) -> LogAdmin:

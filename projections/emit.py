@@ -2,7 +2,8 @@
 
 A build that emits (`Projection.emit`) writes its topic through the log's transactional writer
 (`tributary.log.open_writer`) as a writer of its own, `projection.<name>.<build>`: on Kafka a
-transactional producer (a newer process fences the older), on the local log the log's writer lock.
+transactional producer (a newer process fences the older), on the local log a topic owner of that
+name (its own lock and manifest beside capture's, so it runs while capture does).
 Each pass commits its records in ONE log transaction with a position under that writer's name —
 the source offsets the pass read up to — so records and position are durable together on both
 backends. The pass then commits its table and checkpoints in the service database. If it dies
@@ -115,10 +116,9 @@ def opened(root: Path, kafka: KafkaOptions | None, p: Projection, b: BuildRow) -
         return
     name = writer_name(p.name, b.build)
     try:
-        log = open_writer(root=root, kafka=kafka, sources=[name], default_partitions=p.emit.partitions)
+        log = open_writer(root=root, kafka=kafka, sources=[name], default_partitions=p.emit.partitions, owner=name)
     except LogError as exc:
-        where = "" if kafka is not None else " (the local log has one writer: run it while capture is stopped)"
-        raise RunError(f"projection {p.name!r} cannot write its stream to the log{where}: {exc}") from exc
+        raise RunError(f"projection {p.name!r} cannot write its stream to the log: {exc}") from exc
     try:
         yield Emitter(log, name, p.emit.topic_for(b.version, b.build), p.emit.partitions)
     finally:

@@ -1,11 +1,12 @@
 """tributary's log: topics → partitions → segments of JSON lines under one root directory, one
-writer process, any number of readers; a commit is fsync + an atomic manifest replace.
+writer process per topic owner (capture, or a named owner beside it), any number of readers; a
+commit is fsync + an atomic replace of the owner's manifest.
 
 This package's names (`__all__`) are its whole public API; its modules are its own business.
 See docs/log.md.
 
-Writing (one process per root holds the writer lock):
-    `Log.open(root, writer=True)`, `create_topic(name, TopicConfig(...))`, `append`/`append_encoded`
+Writing (one process per owner holds its writer lock):
+    `Log.open(root, writer=True)` (capture; `owner=name` for a writer of its own topics beside it), `create_topic(name, TopicConfig(...))`, `append`/`append_encoded`
     then `commit` (or `commit_async`, `mark` + `commit(upto=...)`); `GroupCommitter` batches
     commits of concurrent producers. Keys: `canonical_json`, `partition_for` (Kafka's murmur2
     partitioning, `murmur2`, `hashes`, `split_partitions`); bulk writers pre-encode lines with

@@ -21,6 +21,7 @@ from tributary.log.local.errors import LogError, LogLockedError
 from tributary.log.local.keys import SCHEMA_KEY
 from tributary.log.local.log import Log
 from tributary.log.local.manifest import PartitionState
+from tributary.log.local.owners import describe, owner_names
 from tributary.log.local.placeholders import Carry, fill, holes, observe
 from tributary.log.local.reader import committed_segments, open_segment, partition_dir
 from tributary.log.local.segment import log_path
@@ -345,7 +346,15 @@ def repair(root: Path, *, positions_from: Callable[[Log], Mapping[str, str]] | N
     except LogLockedError as exc:
         raise LogError(f"cannot repair while capture is running: {exc}") from None
     with log:
-        return list(log.repaired)
+        done = list(log.repaired)
+    for owner in owner_names(root):  # every other writer's topics and manifest, by its lock
+        try:
+            named = Log.open(root, writer=True, repair=True, create=False, owner=owner)
+        except LogLockedError as exc:
+            raise LogError(f"cannot repair while {describe(owner)} is writing: {exc}") from None
+        with named:
+            done += [f"{describe(owner)}: {note}" for note in named.repaired]
+    return done
 
 
 class LocalAdmin:

@@ -42,6 +42,9 @@ class CleanedLog(Protocol):
     def root(self) -> Path: ...
 
     @property
+    def home(self) -> Path: ...  # where the writer's own files are: the cleaner's record goes there
+
+    @property
     def index_interval_bytes(self) -> int: ...
 
     def topics(self) -> dict[str, TopicConfig]: ...
@@ -149,7 +152,7 @@ class Cleaner:
         self.log = log
         self.policy = policy
         self.pid = pid
-        doc = read_checkpoint(log.root)
+        doc = read_checkpoint(log.home)
         self.partitions = {k: PartitionCheckpoint.from_json(v) for k, v in doc.get("partitions", {}).items()}
         self.retention: dict[str, Any] = doc.get("retention", {})
         self.last_pass_ms: int | None = doc.get("last_pass_ms")
@@ -375,7 +378,7 @@ class Cleaner:
             "retention": self.retention,
             "partitions": {k: v.to_json() for k, v in sorted(self.partitions.items())},
         }
-        path = self.log.root / CHECKPOINT
+        path = self.log.home / CHECKPOINT
         tmp = path.with_name(CHECKPOINT + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:

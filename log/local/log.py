@@ -1,4 +1,5 @@
-"""`Log`: topics → partitions → segments under one root, one writer process, any number of readers.
+"""`Log`: topics → partitions → segments under one root, one writer process per topic owner
+(owners.py), any number of readers.
 
 Durability lives in one place, `_commit_job` (numbered steps). Readers only ever see what the
 manifest says is committed; the writer's recovery cuts everything else away on open.
@@ -37,6 +38,7 @@ from tributary.log.local.manifest import (
     encode_manifest,
     read_manifest,
 )
+from tributary.log.local.owners import CLAIM, claim, claimed_by, describe, home, read_union
 from tributary.log.local.partition import PartitionWriter
 from tributary.log.local.partitioner import partition_for
 from tributary.log.local.reader import committed_segments, partition_dir, read_partition, read_partition_from_time
@@ -64,13 +66,15 @@ LOCK = ".lock"
 
 
 class Log:
-    """A log root. Use `Log.open(root, writer=True)` in the one writer process."""
+    """A log root. Use `Log.open(root, writer=True)` in the one writer process of the default
+    owner, `Log.open(root, writer=True, owner=name)` in a named owner's."""
 
     def __init__(
         self,
         root: Path,
         *,
         writer: bool,
+        owner: str = "",
         default_partitions: int,
         segment_bytes: int,
         segment_ms: int,
@@ -79,6 +83,8 @@ class Log:
     ) -> None:
         self.root = root
         self.writer = writer
+        self.owner = owner  # "" is the default owner; a reader reads every owner's topics
+        self.home = home(root, owner)  # this writer's lock and manifest
         self.default_partitions = default_partitions
         self.segment_bytes = segment_bytes
         self.segment_ms = segment_ms
@@ -111,6 +117,7 @@ class Log:
         repair: bool = False,
         create: bool = True,
         positions_from: Callable[[Log], Mapping[str, str]] | None = None,
+        owner: str | None = None,
     ) -> Log:
         """Open a log root: a writer takes the lock and recovers; a reader reads the manifest.
 
@@ -124,7 +131,11 @@ class Log:
         writer's, opaque to the log: on a rebuild, `positions_from(log)` supplies those the
         manifest lost, read from the rebuilt log before anything is committed.
         `create=False` (writer) opens only an existing log: "no log at …" otherwise; only the
-        process that writes the log (capture) creates its root."""
+        process that writes the log (capture) creates its root.
+
+        `owner` (writer): a named owner's writer, beside the default one (capture) and other
+        owners: its own lock, manifest and source positions; it writes only the topics it
+        created (owners.py). Readers ignore it and see every owner's committed topics."""
         if not 0 < segment_bytes < 1 << 32:
             raise ValueError(f"segment_bytes must be in 1..2**32-1, got {segment_bytes}")
         log = cls(
@@ -135,6 +146,7 @@ class Log:
             segment_ms=segment_ms,
             index_interval_bytes=index_interval_bytes,
             fsync=fsync,
+            owner=(owner or "") if writer else "",
         )
         if writer:
             if not create and not (
@@ -161,19 +173,28 @@ class Log:
         else:
             if not log.root.is_dir():
                 raise LogError(f"no log at {log.root}")
-            manifest, missing = read_checked(log.root)
+            manifest, missing = read_checked(log.root, lambda: read_union(log.root))
             require_metadata(log.root, manifest, missing)
             log._committed = manifest or Manifest()
         return log
 
     def _lock(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        if self.owner and not self.home.is_dir():
+            self.home.mkdir(parents=True, exist_ok=True)
+            if self.fsync:  # the owner's directory survives a crash before its first commit
+                _fileio.fsync_dir(self.home.parent)
+                _fileio.fsync_dir(self.root)
+        fd = os.open(self.home / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
+            if self.owner:
+                raise LogLockedError(
+                    f"{describe(self.owner)} of the log at {self.root} is locked by pid {holder}"
+                ) from None
             raise LogLockedError(
                 f"log root {self.root} is locked by pid {holder} (another tributary capture?)"
             ) from None
@@ -188,8 +209,10 @@ class Log:
 
     def _recover(self, *, repair: bool = False) -> None:
         """Cut every partition back to the manifest's committed end and reopen it for appends."""
-        (self.root / f"{MANIFEST}.tmp").unlink(missing_ok=True)
-        found, missing = read_checked(self.root)
+        (self.home / f"{MANIFEST}.tmp").unlink(missing_ok=True)
+        found, missing = read_checked(
+            self.root, lambda: read_manifest(self.home), lambda topic: claimed_by(self.root, topic) == self.owner
+        )
         if repair and missing:
             found, notes = rebuild(self.root, found, missing)
             self.repaired += notes
@@ -230,7 +253,7 @@ class Log:
         """Re-read the manifest (readers); the writer already knows its own commits. A manifest
         that vanished since is an error, not an empty log."""
         if not self.writer:
-            manifest = read_manifest(self.root)
+            manifest = read_union(self.root)
             if manifest is None and self._committed.topics:
                 require_metadata(self.root, None, topics_with_data(self.root))  # it vanished since
             self._committed = manifest or Manifest()
@@ -267,7 +290,8 @@ class Log:
             raise TopicNotFoundError(f"no topic {topic!r} in the log at {self.root}") from None
 
     def create_topic(self, name: str, config: TopicConfig | None = None) -> TopicConfig:
-        """Idempotent: an existing topic keeps its config. Durable before returning."""
+        """Idempotent: an existing topic keeps its config. Durable before returning. The topic
+        becomes this writer's owner's (claimed at once); another owner's topic is refused."""
         self._check_writer("create a topic")
         existing = self._submitted.topics.get(name)
         if existing is not None:
@@ -277,6 +301,7 @@ class Log:
         cfg = config or TopicConfig(partitions=self.default_partitions)
         tdir = self.root / name
         tdir.mkdir(exist_ok=True)
+        self._claim(name)
         write_topic_meta(tdir, cfg, sync=self.fsync)
         empty = PartitionState()
         for p in range(cfg.partitions):
@@ -287,6 +312,23 @@ class Log:
         manifest = self._submitted.with_topic(name, TopicState(cfg, (empty,) * cfg.partitions))
         self._submit(manifest, [], dirs).result()
         return cfg
+
+    def _claim(self, name: str) -> None:
+        """Claim topic `name` for this owner, or refuse it naming the owner that holds it. A
+        topic the default owner listed before topics were claimed is its own, claim or not."""
+        holder = claim(self.root / name, self.owner, sync=self.fsync)
+        if holder == self.owner and self.owner:
+            legacy = read_manifest(self.root)
+            if legacy is not None and name in legacy.topics:
+                (self.root / name / CLAIM).unlink(missing_ok=True)
+                holder = ""
+        if holder != self.owner:
+            raise self._not_ours(name, holder)
+
+    def _not_ours(self, topic: str, holder: str) -> LogError:
+        return LogError(
+            f"topic {topic!r} in the log at {self.root} is written by {describe(holder)}, not by {describe(self.owner)}"
+        )
 
     def partition_for(self, topic: str, key: bytes | None) -> int:
         return partition_for(key, self._topic_any(topic).config.partitions)
@@ -310,6 +352,10 @@ class Log:
         self._check_writer("append")
         w = self._writers.get((topic, partition))
         if w is None:
+            if topic not in self._submitted.topics and (self.root / topic).is_dir():
+                holder = claimed_by(self.root, topic)
+                if holder != self.owner:
+                    raise self._not_ours(topic, holder)
             t = self._topic_any(topic)
             raise LogError(f"topic {topic!r} has partitions 0..{t.config.partitions - 1}, not {partition}")
         return w
@@ -405,7 +451,7 @@ class Log:
         4. fsync the root directory so the rename itself survives a crash.
         Only then is the commit durable (the future resolves) and may a source be confirmed.
         """
-        tmp = self.root / f"{MANIFEST}.tmp"
+        tmp = self.home / f"{MANIFEST}.tmp"
         try:
             if self._failed is not None:
                 raise LogError(f"an earlier commit failed ({self._failed})")
@@ -416,9 +462,9 @@ class Log:
             jobs.append(self._syncers.submit(self._write_tmp, tmp, data))  # 2
             for job in jobs:  # 1 + 2 done
                 job.result()
-            os.replace(tmp, self.root / MANIFEST)  # 3
+            os.replace(tmp, self.home / MANIFEST)  # 3
             if self.fsync:
-                _fileio.fsync_dir(self.root)  # 4
+                _fileio.fsync_dir(self.home)  # 4
             self._committed = manifest
         except BaseException as exc:
             self._failed = exc
@@ -506,7 +552,7 @@ class Log:
                     yield rec
                 return
             except CorruptRecordError:
-                fresh = None if self.writer else read_manifest(self.root)
+                fresh = None if self.writer else read_union(self.root)
                 if fresh is None or topic not in fresh.topics:
                     raise
                 newer = fresh.partition(topic, partition)
@@ -665,7 +711,7 @@ class Log:
     # -- as the capture writer (tributary.log.contracts) ------------------------------------
 
     def source(self, name: str) -> Log:
-        """What a source appends through: the log itself (one writer, one manifest for all)."""
+        """What a source appends through: the log itself (one manifest for all of this owner's sources)."""
         return self
 
     def background_cleaner(self, policy: CleanerPolicy, *, pid: int) -> Cleaner:

@@ -11,6 +11,7 @@ is kept beside its partitions (`topic.json`, written when the topic is created) 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -81,18 +82,25 @@ def unlisted(manifest: Manifest | None, topics: list[str]) -> list[str]:
     return [t for t in topics if t not in listed]
 
 
-def read_checked(root: Path) -> tuple[Manifest | None, list[str]]:
+def read_checked(
+    root: Path,
+    read: Callable[[], Manifest | None] | None = None,
+    owns: Callable[[str], bool] | None = None,
+) -> tuple[Manifest | None, list[str]]:
     """The manifest (None: there is none) and the topics holding data that it does not list.
+    `read` reads the manifest (the root's by default; a reader's is every owner's union, an
+    owner's writer its own) and `owns` says which topic directories it answers for (all by default).
 
     Only directories the manifest does not list are looked into, so this costs one listing of
     the root when all is well. A writer commits a topic to the manifest before it writes a
     record there, so a topic found holding data is looked up again in a manifest read after
     that: a writer creating topics meanwhile is never mistaken for lost metadata."""
-    names = _topic_dirs(root)
-    manifest = read_manifest(root)
+    read = read or (lambda: read_manifest(root))
+    names = [n for n in _topic_dirs(root) if owns is None or owns(n)]
+    manifest = read()
     missing = [n for n in unlisted(manifest, names) if _holds_data(root / n)]
     if missing:
-        manifest = read_manifest(root)
+        manifest = read()
         missing = unlisted(manifest, missing)
     return manifest, missing
 

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from tributary.log.local.codec import BadLine, decode_line
-from tributary.log.local.manifest import Manifest, PartitionState, read_manifest
+from tributary.log.local.manifest import Manifest, PartitionState
+from tributary.log.local.owners import read_union
 from tributary.log.local.reader import committed_segments, open_segment, partition_dir
 from tributary.log.local.segment import iter_lines, log_path, segment_name
 from tributary.log.local.types import Problem
@@ -22,7 +23,7 @@ def verify_log(root: Path, manifest: Manifest) -> list[Problem]:
         for p, state in enumerate(t.partitions):
             found = verify_partition(root, topic, p, state)
             if found:  # the active segment of our snapshot may since have been sealed and compacted
-                fresh = read_manifest(root)
+                fresh = read_union(root)
                 newer = fresh.partition(topic, p) if fresh and topic in fresh.topics else None
                 if newer is not None and newer.segment != state.segment:
                     found = verify_partition(root, topic, p, newer)

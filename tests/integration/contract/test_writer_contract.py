@@ -70,3 +70,38 @@ def test_positions_committed_are_read_back_by_the_writer_and_the_admin(tmp_path:
     finally:
         log.close()
     assert from_writer == admin(backend, tmp_path / "log").positions() == {"shop": "0/30", "crm": "0/20"}
+
+
+def test_a_second_writer_commits_its_own_topic_while_capture_s_writer_is_open(
+    tmp_path: Path, backend: LogBackend
+) -> None:
+    """`open_writer(owner=…)` beside capture's writer (the local log: a topic owner of its own;
+    Kafka: another transactional producer): commits interleave, each writer's records and
+    positions are its own, a reader sees both topics."""
+    from tributary.log import open_writer
+
+    backend.prepare("shop.public.orders", "derived.orders")
+    root = tmp_path / "log"
+    capture = writer(backend, root, ["shop"], "capture")
+    try:
+        second = open_writer(
+            root=root, kafka=backend.kafka_options("second"), sources=["derived"], owner="projection.derived.1"
+        )
+        try:
+            shop, derived = capture.source("shop"), second.source("derived")
+            shop.create_topic("shop.public.orders", TopicConfig(partitions=3))
+            derived.create_topic("derived.orders", TopicConfig(partitions=2))
+            for i in range(5):
+                shop.append("shop.public.orders", i % 3, [(orjson.dumps({"id": i}), b'{"op":"c"}', 1_000 + i, None)])
+                capture.commit(positions={"shop": f"0/{i}"})
+                derived.append("derived.orders", i % 2, [(orjson.dumps({"n": i}), b'{"total":1}', 2_000 + i, None)])
+                derived.commit(positions={"derived": str(i)})
+            assert derived.positions()["derived"] == "4" and shop.positions()["shop"] == "0/4"
+        finally:
+            second.close()
+    finally:
+        capture.close()
+    assert sorted(orjson.loads(r.key or b"")["id"] for r in backend.records(root, "shop.public.orders")) == list(
+        range(5)
+    )
+    assert sorted(orjson.loads(r.key or b"")["n"] for r in backend.records(root, "derived.orders")) == list(range(5))

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,32 +17,13 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 RUNS = 24
 sys.path.insert(0, str(HERE))
-from crash_writer import PARTS, value  # noqa: E402
+from crash_writer import PARTS, kill, spawn, value  # noqa: E402
 
 
 def _run_and_kill(root: Path, seed: int, delay: float) -> tuple[list[int], list[int], int]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE / "crash_writer.py"), str(root), str(seed)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
+    proc = spawn(root, seed)
     time.sleep(delay)  # a random moment of its run
-    proc.send_signal(signal.SIGKILL)
-    out, err = proc.communicate()  # (killed: its pipes end at once)
-    assert proc.returncode == -signal.SIGKILL, err.decode()
-    committed, intent, n = [0] * PARTS, [0] * PARTS, 0
-    for line in out.decode().splitlines():
-        parts = line.split(" ")
-        try:
-            if parts[0] == "committed" and len(parts) == 3:
-                committed, n = json.loads(parts[1]), int(parts[2])
-            elif parts[0] == "intent" and len(parts) == 2:
-                intent = json.loads(parts[1])
-        except ValueError:  # the last line, torn by the kill
-            continue
-    return committed, intent, n
+    return kill(proc)
 
 
 def test_kill_minus_9_at_random_points(tmp_path: Path) -> None:

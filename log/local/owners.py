@@ -1,0 +1,94 @@
+"""Topic ownership: several writer processes on one root, each writing its own topics.
+
+The default owner (capture) keeps `<root>/.lock` and `<root>/manifest.json`; a named owner (e.g.
+`projection.orders.3`) keeps `<root>/.owners/<name>/.lock` and its own `manifest.json` there, and
+commits exactly as the default does (fsync, then an atomic replace of ITS manifest), so owners
+never wait for each other. A topic's directory holds its claim file `.owner` (the owner's name,
+empty for the default owner), made with link(2) when the topic is created: of two owners racing to
+create one name exactly one wins. A topic directory without a claim predates ownership and is the
+default owner's. Readers see the union of every owner's committed manifest.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from pathlib import Path
+
+from tributary.log.local import _fileio
+from tributary.log.local.errors import LogError
+from tributary.log.local.manifest import Manifest, TopicState, read_manifest
+
+__all__ = ["CLAIM", "OWNERS", "claim", "claimed_by", "describe", "home", "owner_names", "read_union"]
+
+OWNERS = ".owners"
+CLAIM = ".owner"
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
+
+
+def home(root: Path, owner: str) -> Path:
+    """Where an owner keeps its lock and manifest: the root itself for the default owner ("")."""
+    if not owner:
+        return root
+    if not _NAME.match(owner):
+        raise LogError(f"invalid log owner name {owner!r}: use letters, digits, '.', '_' and '-'")
+    return root / OWNERS / owner
+
+
+def describe(owner: str) -> str:
+    """An owner as a user reads it in an error."""
+    return f"owner {owner!r}" if owner else "the default writer (capture)"
+
+
+def owner_names(root: Path) -> list[str]:
+    """The named owners that ever opened a writer on `root`."""
+    try:
+        with os.scandir(root / OWNERS) as entries:
+            return sorted(e.name for e in entries if e.is_dir() and _NAME.match(e.name))
+    except FileNotFoundError:
+        return []
+
+
+def claimed_by(root: Path, topic: str) -> str:
+    """The owner of `topic` ("" for the default owner, which also holds unclaimed topics)."""
+    try:
+        return (root / topic / CLAIM).read_text()
+    except FileNotFoundError:
+        return ""
+
+
+def claim(tdir: Path, owner: str, *, sync: bool = True) -> str:
+    """Claim the topic directory `tdir` for `owner` unless another holds it; returns the holder.
+
+    The claim is written whole to a file of this thread's, then linked to its name: link(2)
+    fails when the name exists, so the claim is atomic and never seen half written."""
+    tmp = tdir / f"{CLAIM}.{os.getpid()}.{threading.get_ident()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _fileio.write_all(fd, owner.encode(), f"writing {tmp}")
+        if sync:
+            _fileio.fsync(fd, f"syncing {tmp}")
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, tdir / CLAIM)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return claimed_by(tdir.parent, tdir.name)
+
+
+def read_union(root: Path) -> Manifest | None:
+    """Every owner's committed manifest as one (None: no owner ever committed). Owners' topics
+    are disjoint; their source positions are each their own, by name."""
+    found = [m for m in [read_manifest(root)] + [read_manifest(home(root, n)) for n in owner_names(root)] if m]
+    if not found:
+        return None
+    topics: dict[str, TopicState] = {}
+    positions: dict[str, str] = {}
+    for m in found:
+        topics.update(m.topics)
+        positions.update(m.positions)
+    return Manifest(sum(m.generation for m in found), topics, positions)
