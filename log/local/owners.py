@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tributary.log.local import _fileio
 from tributary.log.local.errors import LogError
-from tributary.log.local.manifest import Manifest, TopicState, read_manifest
+from tributary.log.local.manifest import MANIFEST, Manifest, TopicState, decode_manifest, read_manifest
 
 __all__ = ["CLAIM", "OWNERS", "claim", "claimed_by", "describe", "home", "owner_names", "read_union"]
 
@@ -80,10 +80,35 @@ def claim(tdir: Path, owner: str, *, sync: bool = True) -> str:
     return claimed_by(tdir.parent, tdir.name)
 
 
+# A named owner's manifest as last read, by path, with the identity of the file it came from: a
+# commit replaces the file (a new inode), so a reader refreshing every few milliseconds re-reads
+# only the owners that committed since, not every owner's manifest every time.
+_seen: dict[Path, tuple[tuple[int, int, int], Manifest]] = {}
+
+
+def _owner_manifest(path: Path) -> Manifest | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        _seen.pop(path, None)
+        return None
+    ident = (st.st_ino, st.st_mtime_ns, st.st_size)
+    cached = _seen.get(path)
+    if cached is not None and cached[0] == ident:
+        return cached[1]
+    try:
+        manifest = decode_manifest(path.read_bytes(), str(path))
+    except FileNotFoundError:  # replaced between the stat and the read: the next refresh sees the new one
+        return cached[1] if cached is not None else None
+    _seen[path] = (ident, manifest)
+    return manifest
+
+
 def read_union(root: Path) -> Manifest | None:
     """Every owner's committed manifest as one (None: no owner ever committed). Owners' topics
     are disjoint; their source positions are each their own, by name."""
-    found = [m for m in [read_manifest(root)] + [read_manifest(home(root, n)) for n in owner_names(root)] if m]
+    named = [_owner_manifest(home(root, n) / MANIFEST) for n in owner_names(root)]
+    found = [m for m in [read_manifest(root), *named] if m]
     if not found:
         return None
     topics: dict[str, TopicState] = {}
