@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 
 .PHONY: setup apt venv kafka debezium spark-kafka compose demo test lint bench clean
 
-setup: apt venv kafka debezium spark-kafka
+setup: apt venv kafka debezium spark-kafka compose
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
