@@ -2,7 +2,7 @@
 #   make demo   set everything up, then run the demo end to end on the embedded Postgres
 #   make test   set everything up, then run the whole test suite
 #   make setup  set-up alone: apt packages, .venv, the project installed into it, Apache Kafka's and Debezium's jars,
-#               Spark's Kafka source
+#               Spark's Kafka source, Docker Compose (built from source, for the compose file's check)
 #   make lint   ruff check, ruff format --check and mypy over every package
 
 SHELL := /bin/bash
@@ -12,9 +12,9 @@ APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jre-headless mav
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: setup apt venv kafka debezium spark-kafka demo test lint bench clean
+.PHONY: setup apt venv kafka debezium spark-kafka compose demo test lint bench clean
 
-setup: apt venv kafka debezium spark-kafka
+setup: apt venv kafka debezium spark-kafka compose
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -64,6 +64,31 @@ $(SPARK_KAFKA_LIB)/.fetched: deploy/spark-kafka/pom.xml
 	@touch $@
 
 spark-kafka: apt $(SPARK_KAFKA_LIB)/.fetched
+
+# Docker Compose v2 (the `docker compose` CLI, standalone as `docker-compose`), for the test that runs
+# `docker compose config` on deploy/compose.yaml: it needs no Docker engine. Built from source at the version
+# pinned here with Go from the Go module proxy; `go mod download` checks the module against Go's checksum
+# database and COMPOSE_SUM, and its go.sum pins every dependency. (`go install …@version` refuses it: its go.mod
+# has `exclude` directives.) Go's module and build caches live under build/compose while it builds (about
+# 1.5 GB) and are removed after; built again only when the version changes.
+COMPOSE_VERSION := v2.40.3
+COMPOSE_SUM := h1:XeYkQu1svDtyfZPv5nTwFryQ25ZJMkIlc4pz9HalMPI=
+COMPOSE_DIR := build/compose
+GO ?= $(or $(shell command -v go),/usr/local/go/bin/go)
+$(COMPOSE_DIR)/.built-$(COMPOSE_VERSION):
+	@command -v $(GO) >/dev/null || { echo "make compose: no Go toolchain (go) to build Docker Compose with" >&2; exit 1; }
+	rm -rf $(COMPOSE_DIR) && mkdir -p $(COMPOSE_DIR)
+	set -euo pipefail; export GOMODCACHE=$(abspath $(COMPOSE_DIR))/gomod GOCACHE=$(abspath $(COMPOSE_DIR))/gocache \
+	    GOFLAGS=-modcacherw GOTOOLCHAIN=local; \
+	src=$$($(GO) mod download -json github.com/docker/compose/v2@$(COMPOSE_VERSION) | $(PY) -c \
+	    'import json, sys; m = json.load(sys.stdin); assert m["Sum"] == sys.argv[1], m; print(m["Dir"])' '$(COMPOSE_SUM)'); \
+	cd "$$src" && $(GO) build -trimpath -ldflags "-s -w -X github.com/docker/compose/v2/internal.Version=$(COMPOSE_VERSION)" \
+	    -o $(abspath $(COMPOSE_DIR))/docker-compose ./cmd
+	rm -rf $(COMPOSE_DIR)/gomod $(COMPOSE_DIR)/gocache
+	$(COMPOSE_DIR)/docker-compose version
+	@touch $@
+
+compose: $(COMPOSE_DIR)/.built-$(COMPOSE_VERSION)
 
 demo: setup
 	$(VENV)/bin/tributary demo
