@@ -9,7 +9,7 @@ single-process reference runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -39,6 +39,7 @@ __all__ = [
     "item_of",
     "record_of",
     "items_frame",
+    "stage_units",
 ]
 
 TRUNCATE_SCHEMA = (
@@ -260,6 +261,28 @@ class _Stager:
         self.conn.close()
 
 
+def stage_units(dsn: str, names: tuple[str, ...], units: Iterable[UnitOut]) -> dict[str, Any]:
+    """COPY folded units into the staging tables `names`, as one task does; its summary row
+    (SUMMARY_SCHEMA, as a dict): what `Store.commit_folds` reads of a task."""
+    stager = _Stager(dsn, names)
+    try:
+        chunk: list[UnitOut] = []
+        for u in units:
+            chunk.append(u)
+            if len(chunk) >= 4096:
+                stager.write(chunk)
+                chunk = []
+        if chunk:
+            stager.write(chunk)
+    finally:
+        stager.close()
+    return {
+        "units": stager.units,
+        "rows": stager.rows,
+        "errors": orjson.dumps(stager.errors).decode() if stager.errors else None,
+    }
+
+
 def _folder(
     ref: tuple[tuple[str, ...], tuple[str, ...], str],
     priors: Broadcast[dict[str, Prior]] | None,
@@ -303,28 +326,8 @@ def _folder(
                         ProjectionRecord(t, part, off, ts, _loads(k), v, _loads(h), et, _joined(_loads(jo))),
                     )
 
-        stager = _Stager(dsn, names)
-        try:
-            chunk: list[UnitOut] = []
-            for u in fold_units(p, items(), known, skip_errors=skip_errors, since=since):
-                chunk.append(u)
-                if len(chunk) >= 4096:
-                    stager.write(chunk)
-                    chunk = []
-            if chunk:
-                stager.write(chunk)
-        finally:
-            stager.close()
-        yield pa.RecordBatch.from_pylist(
-            [
-                {
-                    "units": stager.units,
-                    "rows": stager.rows,
-                    "errors": orjson.dumps(stager.errors).decode() if stager.errors else None,
-                }
-            ],
-            schema=_SUMMARY,
-        )
+        summary = stage_units(dsn, names, fold_units(p, items(), known, skip_errors=skip_errors, since=since))
+        yield pa.RecordBatch.from_pylist([summary], schema=_SUMMARY)
 
     return fold
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -297,6 +298,8 @@ def _native_records(spark: SparkSession, segments: Sequence[Segment], variant: b
     return scans[0] if len(scans) == 1 else scans[0].unionByName(scans[1])
 
 
+_MANIFEST = "manifest.json"  # the local log's commit point: each commit replaces this file
+
 RawRecord = tuple[str, int, int, int, str | None, str | None, str | None]  # topic … headers, JSON as text
 
 
@@ -527,6 +530,13 @@ class LogSource(Protocol):
         """See what was committed since (the next `ends`)."""
         ...
 
+    watch_interval_s: float  # how often a run waiting for new records may ask for `stamp`
+
+    def stamp(self, topics: Sequence[str]) -> object:
+        """Something that changes whenever records may have been committed to `topics` since: a
+        continuous run waits for new records by comparing stamps instead of running passes."""
+        ...
+
     def records_frame(
         self,
         spark: SparkSession,
@@ -548,7 +558,10 @@ class LogSource(Protocol):
 class LocalSource:
     """The local log under `[log] root` as a `LogSource`."""
 
+    watch_interval_s = 0.01  # a stat of one file
+
     def __init__(self, root: Path) -> None:
+        self.root = Path(root)
         self.log = Log.open(root)
 
     def ends(self, topics: Sequence[str]) -> dict[TP, int]:
@@ -562,6 +575,30 @@ class LocalSource:
 
     def refresh(self) -> None:
         self.log.refresh()
+
+    def stamp(self, topics: Sequence[str]) -> object:
+        """The manifest file's identity: every commit replaces it (`os.replace`, a new inode)."""
+        try:
+            st = os.stat(self.root / _MANIFEST)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def read(self, topic: str, partition: int, lo: int, hi: int) -> Iterator[RawRecord]:
+        """The committed records of offsets [lo, hi) of one partition, read in this process."""
+        for rec in self.log.read(topic, partition, lo):
+            if rec.offset >= hi:
+                return
+            if rec.offset >= lo:
+                yield (
+                    rec.topic,
+                    rec.partition,
+                    rec.offset,
+                    rec.timestamp,
+                    _text(rec.key),
+                    _text(rec.value),
+                    _text(rec.headers),
+                )
 
     def records_frame(
         self,
