@@ -23,6 +23,7 @@ from tributary.projections.loader import resolve
 from tributary.projections.records import ProjectionRecord, decode
 
 if TYPE_CHECKING:
+    import psycopg
     from pyspark import Broadcast
     from pyspark.sql import Column, DataFrame, SparkSession
 
@@ -215,12 +216,11 @@ _SUMMARY = pa.schema([("units", pa.int64()), ("rows", pa.int64()), ("errors", pa
 class _Stager:
     """COPY a task's folded units into the run's staging tables (one connection per task)."""
 
-    def __init__(self, dsn: str, names: tuple[str, ...]) -> None:
-        import psycopg
+    def __init__(self, conn: psycopg.Connection[Any], names: tuple[str, ...], schema: str) -> None:
         from psycopg import sql
 
-        self.conn = psycopg.connect(dsn, autocommit=True)
-        self.copies = [sql.SQL("COPY {} FROM STDIN").format(sql.Identifier("tributary_projections", n)) for n in names]
+        self.conn = conn
+        self.copies = [sql.SQL("COPY {} FROM STDIN").format(sql.Identifier(schema, n)) for n in names]
         self.rows = 0
         self.units = 0
         self.errors: list[tuple[str, int, int, str]] = []
@@ -257,25 +257,24 @@ class _Stager:
                             cp.write_row((u.unit, *e))
         self.units += len(chunk)
 
-    def close(self) -> None:
-        self.conn.close()
 
-
-def stage_units(dsn: str, names: tuple[str, ...], units: Iterable[UnitOut]) -> dict[str, Any]:
-    """COPY folded units into the staging tables `names`, as one task does; its summary row
-    (SUMMARY_SCHEMA, as a dict): what `Store.commit_folds` reads of a task."""
-    stager = _Stager(dsn, names)
-    try:
-        chunk: list[UnitOut] = []
-        for u in units:
-            chunk.append(u)
-            if len(chunk) >= 4096:
-                stager.write(chunk)
-                chunk = []
-        if chunk:
+def stage_units(
+    conn: psycopg.Connection[Any],
+    names: tuple[str, ...],
+    units: Iterable[UnitOut],
+    schema: str = "tributary_projections",
+) -> dict[str, Any]:
+    """COPY folded units into the staging tables `names` over `conn`, as one task does; its
+    summary row (SUMMARY_SCHEMA, as a dict): what `Store.commit_folds` reads of a task."""
+    stager = _Stager(conn, names, schema)
+    chunk: list[UnitOut] = []
+    for u in units:
+        chunk.append(u)
+        if len(chunk) >= 4096:
             stager.write(chunk)
-    finally:
-        stager.close()
+            chunk = []
+    if chunk:
+        stager.write(chunk)
     return {
         "units": stager.units,
         "rows": stager.rows,
@@ -326,7 +325,10 @@ def _folder(
                         ProjectionRecord(t, part, off, ts, _loads(k), v, _loads(h), et, _joined(_loads(jo))),
                     )
 
-        summary = stage_units(dsn, names, fold_units(p, items(), known, skip_errors=skip_errors, since=since))
+        import psycopg
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            summary = stage_units(conn, names, fold_units(p, items(), known, skip_errors=skip_errors, since=since))
         yield pa.RecordBatch.from_pylist([summary], schema=_SUMMARY)
 
     return fold

@@ -306,14 +306,18 @@ def _small_pass(s: RunSettings, store: Store, log: LogSource, p: Projection, b: 
     Spark job costs seconds. None when it cannot be (the pass then runs on Spark)."""
     if span.total > s.small_pass_records or not isinstance(log, LocalSource) or not folds_small(p):
         return None
-    folded = fold_small(
-        store, log, p, b, lo=span.lo, hi=span.ends, resumed=span.resumed, dsn=s.dsn, skip_errors=s.skip_errors
+    rows = fold_small(
+        store,
+        log,
+        p,
+        b,
+        lo=span.lo,
+        checkpoints=span.checkpoints(),
+        records=span.total,
+        resumed=span.resumed,
+        skip_errors=s.skip_errors,
     )
-    if folded is None:
-        return None
-    staged, summaries = folded
-    rows = store.commit_folds(p, b, staged, summaries, span.checkpoints(), span.total, truncates={})
-    return _Pass(span.total, rows)
+    return None if rows is None else _Pass(span.total, rows)
 
 
 def _transform_pass(

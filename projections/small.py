@@ -31,7 +31,7 @@ from tributary.projections.engine import (
 from tributary.projections.job import stage_units
 from tributary.projections.records import ProjectionRecord, decode
 from tributary.projections.source import RawRecord
-from tributary.projections.store import BuildRow, Staged, Store
+from tributary.projections.store import BuildRow, Store
 
 __all__ = ["RecordReader", "fold_small", "folds_small"]
 
@@ -84,15 +84,17 @@ def fold_small(
     b: BuildRow,
     *,
     lo: Mapping[TP, int],
-    hi: Mapping[TP, int],
+    checkpoints: Mapping[TP, tuple[int, int | None]],
+    records: int,
     resumed: bool,
-    dsn: str,
     skip_errors: bool,
-) -> tuple[Staged, list[dict[str, object]]] | None:
-    """Fold the records in [lo, hi) into staging tables from the driver; returns them with the
-    summaries `Store.commit_folds` takes (one, as from one task), or None when a unit must be
-    recomputed (the caller runs the pass on Spark instead; nothing was staged)."""
+) -> int | None:
+    """Fold the records from `lo` to the `checkpoints`' offsets in the driver and commit them
+    with those checkpoints, in one transaction (temporary staging tables, COPY,
+    `Store.commit_folds`); returns the rows upserted, or None when a unit must be recomputed
+    (nothing was written: the pass runs on Spark)."""
     store.upgrade_state(b)
+    hi = {tp: end for tp, (end, _) in checkpoints.items()}
     items = _items(p, list(_records(log, lo, hi)), DatabaseKeys.on(store.conn))
     priors: dict[str, Prior] = {}
     if resumed:
@@ -102,6 +104,8 @@ def fold_small(
         if recompute:
             return None
     items.sort(key=Item.order)
-    outs = list(fold_units(p, items, priors, skip_errors=skip_errors))
-    staged = store.staging(p, b)
-    return staged, [stage_units(dsn, staged.tables, outs)]
+    outs = fold_units(p, items, priors, skip_errors=skip_errors)
+    with store.conn.transaction():
+        staged = store.staging(p, b, temp=True)
+        summary = stage_units(store.conn, staged.tables, outs, staged.schema)
+        return store.commit_folds(p, b, staged, [summary], checkpoints, records, truncates={})
