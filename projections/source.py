@@ -32,6 +32,7 @@ from tributary.log.local import (
     Log,
     LogError,
     PartitionEnd,
+    Record,
     SegmentCopy,
     Split,
     TailCopy,
@@ -373,8 +374,12 @@ def _split_records(batches: Iterator[pa.RecordBatch]) -> Iterator[RawRecord]:
 
 
 def _records_of(s: Mapping[str, Any]) -> Iterator[RawRecord]:
-    lo, hi = s["lo"], s["hi"]
-    for rec in read_split(_split(s)):
+    return _in_range(read_split(_split(s)), s["lo"], s["hi"])
+
+
+def _in_range(records: Iterable[Record], lo: int, hi: int) -> Iterator[RawRecord]:
+    """The records of offsets [lo, hi) of a partition's records in offset order, as RawRecord."""
+    for rec in records:
         if rec.offset < lo:
             continue
         if rec.offset >= hi:
@@ -586,19 +591,7 @@ class LocalSource:
 
     def read(self, topic: str, partition: int, lo: int, hi: int) -> Iterator[RawRecord]:
         """The committed records of offsets [lo, hi) of one partition, read in this process."""
-        for rec in self.log.read(topic, partition, lo):
-            if rec.offset >= hi:
-                return
-            if rec.offset >= lo:
-                yield (
-                    rec.topic,
-                    rec.partition,
-                    rec.offset,
-                    rec.timestamp,
-                    _text(rec.key),
-                    _text(rec.value),
-                    _text(rec.headers),
-                )
+        return _in_range(self.log.read(topic, partition, lo), lo, hi)
 
     def records_frame(
         self,

@@ -632,7 +632,7 @@ class Store:
         q = sql.SQL(
             'SELECT key, value, ts FROM (SELECT DISTINCT ON (topic, partition, "offset", unit, idx) * FROM {} '
             'ORDER BY topic, partition, "offset", unit, idx) e ORDER BY topic, partition, "offset", unit, idx'
-        ).format(sql.Identifier(META, staged.emits))
+        ).format(sql.Identifier(staged.schema, staged.emits))
         with self.conn.transaction(), self.conn.cursor(name="tributary_staged_emits") as cur:
             cur.itersize = 10_000
             cur.execute(q)
