@@ -9,7 +9,7 @@ single-process reference runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -23,6 +23,7 @@ from tributary.projections.loader import resolve
 from tributary.projections.records import ProjectionRecord, decode
 
 if TYPE_CHECKING:
+    import psycopg
     from pyspark import Broadcast
     from pyspark.sql import Column, DataFrame, SparkSession
 
@@ -39,6 +40,7 @@ __all__ = [
     "item_of",
     "record_of",
     "items_frame",
+    "stage_units",
 ]
 
 TRUNCATE_SCHEMA = (
@@ -214,12 +216,11 @@ _SUMMARY = pa.schema([("units", pa.int64()), ("rows", pa.int64()), ("errors", pa
 class _Stager:
     """COPY a task's folded units into the run's staging tables (one connection per task)."""
 
-    def __init__(self, dsn: str, names: tuple[str, ...]) -> None:
-        import psycopg
+    def __init__(self, conn: psycopg.Connection[Any], names: tuple[str, ...], schema: str) -> None:
         from psycopg import sql
 
-        self.conn = psycopg.connect(dsn, autocommit=True)
-        self.copies = [sql.SQL("COPY {} FROM STDIN").format(sql.Identifier("tributary_projections", n)) for n in names]
+        self.conn = conn
+        self.copies = [sql.SQL("COPY {} FROM STDIN").format(sql.Identifier(schema, n)) for n in names]
         self.rows = 0
         self.units = 0
         self.errors: list[tuple[str, int, int, str]] = []
@@ -256,8 +257,29 @@ class _Stager:
                             cp.write_row((u.unit, *e))
         self.units += len(chunk)
 
-    def close(self) -> None:
-        self.conn.close()
+
+def stage_units(
+    conn: psycopg.Connection[Any],
+    names: tuple[str, ...],
+    units: Iterable[UnitOut],
+    schema: str = "tributary_projections",
+) -> dict[str, Any]:
+    """COPY folded units into the staging tables `names` over `conn`, as one task does; its
+    summary row (SUMMARY_SCHEMA, as a dict): what `Store.commit_folds` reads of a task."""
+    stager = _Stager(conn, names, schema)
+    chunk: list[UnitOut] = []
+    for u in units:
+        chunk.append(u)
+        if len(chunk) >= 4096:
+            stager.write(chunk)
+            chunk = []
+    if chunk:
+        stager.write(chunk)
+    return {
+        "units": stager.units,
+        "rows": stager.rows,
+        "errors": orjson.dumps(stager.errors).decode() if stager.errors else None,
+    }
 
 
 def _folder(
@@ -303,28 +325,11 @@ def _folder(
                         ProjectionRecord(t, part, off, ts, _loads(k), v, _loads(h), et, _joined(_loads(jo))),
                     )
 
-        stager = _Stager(dsn, names)
-        try:
-            chunk: list[UnitOut] = []
-            for u in fold_units(p, items(), known, skip_errors=skip_errors, since=since):
-                chunk.append(u)
-                if len(chunk) >= 4096:
-                    stager.write(chunk)
-                    chunk = []
-            if chunk:
-                stager.write(chunk)
-        finally:
-            stager.close()
-        yield pa.RecordBatch.from_pylist(
-            [
-                {
-                    "units": stager.units,
-                    "rows": stager.rows,
-                    "errors": orjson.dumps(stager.errors).decode() if stager.errors else None,
-                }
-            ],
-            schema=_SUMMARY,
-        )
+        import psycopg
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            summary = stage_units(conn, names, fold_units(p, items(), known, skip_errors=skip_errors, since=since))
+        yield pa.RecordBatch.from_pylist([summary], schema=_SUMMARY)
 
     return fold
 

@@ -203,6 +203,12 @@ class KafkaSource:
     def refresh(self) -> None:
         """Nothing to do: `ends` asks the brokers each time."""
 
+    watch_interval_s = 0.1  # each stamp asks the brokers
+
+    def stamp(self, topics: Sequence[str]) -> object:
+        """The partitions' ends: they move when records are committed."""
+        return self.ends(topics)
+
     def records_frame(
         self,
         spark: SparkSession,

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -56,6 +56,7 @@ from tributary.projections.job import (
 )
 from tributary.projections.joins import TableIndex, frontier, late_table_record, order_key, order_times, table_index
 from tributary.projections.loader import file_stamps, load_current, resolve
+from tributary.projections.small import fold_small, folds_small
 from tributary.projections.source import LocalSource, LogSource
 from tributary.projections.spark import aggregation_session, get_session, local_cores
 from tributary.projections.state import projection_state, state_label
@@ -105,6 +106,7 @@ class RunSettings:
     kafka: KafkaOptions | None = None  # `[log] backend = "kafka"`: read `[log.kafka]`, not `log_root`
     kafka_split_offsets: int = 100_000  # on Kafka: offsets per executor task, at most
     kafka_reader: Literal["python", "spark"] = "python"  # on Kafka: kafka_source, or spark_kafka_source
+    small_pass_records: int = 0  # a plain fold's pass of at most this many records folds in the driver
 
     @classmethod
     def from_settings(cls, settings: Settings, *, dsn: str | None = None) -> RunSettings:
@@ -259,6 +261,8 @@ def _catch_up(
     with _reported_as_run_errors():
         if p.build is not None:
             done = _transform_pass(s, spark, store, log, p, b, span)
+        elif (small := _small_pass(s, store, log, p, b, span)) is not None:
+            done = small
         else:
             with opened(s.log_root, s.kafka, p, b) as emitter:
                 done = _fold_pass(s, spark, store, log, p, b, span, emitter)
@@ -295,6 +299,25 @@ def _read(
         hi=span.ends,
         max_bytes=s.split_bytes,
     )
+
+
+def _small_pass(s: RunSettings, store: Store, log: LogSource, p: Projection, b: BuildRow, span: _Span) -> _Pass | None:
+    """A pass of few records folded in the driver (`projections.small`): milliseconds, where a
+    Spark job costs seconds. None when it cannot be (the pass then runs on Spark)."""
+    if span.total > s.small_pass_records or not isinstance(log, LocalSource) or not folds_small(p):
+        return None
+    rows = fold_small(
+        store,
+        log,
+        p,
+        b,
+        lo=span.lo,
+        checkpoints=span.checkpoints(),
+        records=span.total,
+        resumed=span.resumed,
+        skip_errors=s.skip_errors,
+    )
+    return None if rows is None else _Pass(span.total, rows)
 
 
 def _transform_pass(
@@ -723,6 +746,9 @@ def run(
         )
 
 
+SMALL_PASS_RECORDS = 20_000  # `run_continuous`: passes of at most this many records fold in the driver
+
+
 def run_continuous(
     name: str,
     settings: RunSettings,
@@ -732,22 +758,60 @@ def run_continuous(
     sleep: Callable[[float], None] = time.sleep,
     spark: SparkSession | None = None,
 ) -> int:
-    """`project run --continuous`: catch up again at once while records arrive; while idle, poll
-    with a backoff from 0.25 s doubling up to `freshness_s` (an idle poll reads the manifest and
-    the checkpoints only — no Spark job), so the table stays within about `freshness_s` of the log
-    plus one pass. Returns the number of passes made."""
+    """`project run --continuous`: catch up again at once while records arrive; while idle, wait
+    for the log to change (`_Watch`: the local log's manifest replaced, Kafka's ends moved) for
+    at most `freshness_s`, running no pass meanwhile. A plain fold's passes of few records fold in
+    the driver (`projections.small`); the Spark session is made once. Returns the passes made."""
+    s = settings if settings.small_pass_records else replace(settings, small_pass_records=SMALL_PASS_RECORDS)
+    watch = _Watch(s, resolve(s.modules, s.mirror, name).reads)
     passes = 0
-    wait = min(0.25, freshness_s)
-    while not stop():
-        try:
-            records = run(name, settings, spark=spark).records
-        except LockedError:  # a rebuild holds it: wait for the swap, then carry on
-            records = 0
-        passes += 1
-        wait = min(0.25, freshness_s) if records else min(wait * 2, freshness_s)
-        if not records and not stop():
-            sleep(wait)
+    try:
+        while not stop():
+            mark = watch.stamp()  # before the pass: a commit during it wakes the wait at once
+            try:
+                records = run(name, s, spark=spark).records
+            except LockedError:  # a rebuild holds it: it catches up itself; wait for what comes next
+                records = 0
+            passes += 1
+            if not records:
+                watch.wait(mark, freshness_s, stop, sleep)
+    finally:
+        watch.close()
     return passes
+
+
+class _Watch:
+    """How a continuous run learns that records were committed, without a pass: it compares the
+    log's `stamp` every `watch_interval_s` (a stat of the local log's manifest every 10 ms; Kafka's
+    ends every 100 ms). A log not there yet is looked for again every 0.25 s."""
+
+    def __init__(self, s: RunSettings, topics: Sequence[str]) -> None:
+        self.s = s
+        self.topics = topics
+        self.log: LogSource | None = None
+
+    def stamp(self) -> object:
+        if self.log is None:
+            try:
+                self.log = _open_log(self.s)
+            except LogError:
+                return None  # nothing captured yet
+        return self.log.stamp(self.topics)
+
+    def wait(self, mark: object, timeout_s: float, stop: Callable[[], bool], sleep: Callable[[float], None]) -> None:
+        """Until the stamp differs from `mark`, `stop()`, or `timeout_s` passed."""
+        deadline = time.monotonic() + timeout_s
+        while not stop():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            sleep(min(left, 0.25 if self.log is None else self.log.watch_interval_s))
+            if self.stamp() != mark:
+                return
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
 
 
 def list_projections(settings: RunSettings) -> list[dict[str, Any]]:

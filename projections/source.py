@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -31,6 +32,7 @@ from tributary.log.local import (
     Log,
     LogError,
     PartitionEnd,
+    Record,
     SegmentCopy,
     Split,
     TailCopy,
@@ -297,6 +299,8 @@ def _native_records(spark: SparkSession, segments: Sequence[Segment], variant: b
     return scans[0] if len(scans) == 1 else scans[0].unionByName(scans[1])
 
 
+_MANIFEST = "manifest.json"  # the local log's commit point: each commit replaces this file
+
 RawRecord = tuple[str, int, int, int, str | None, str | None, str | None]  # topic … headers, JSON as text
 
 
@@ -370,8 +374,12 @@ def _split_records(batches: Iterator[pa.RecordBatch]) -> Iterator[RawRecord]:
 
 
 def _records_of(s: Mapping[str, Any]) -> Iterator[RawRecord]:
-    lo, hi = s["lo"], s["hi"]
-    for rec in read_split(_split(s)):
+    return _in_range(read_split(_split(s)), s["lo"], s["hi"])
+
+
+def _in_range(records: Iterable[Record], lo: int, hi: int) -> Iterator[RawRecord]:
+    """The records of offsets [lo, hi) of a partition's records in offset order, as RawRecord."""
+    for rec in records:
         if rec.offset < lo:
             continue
         if rec.offset >= hi:
@@ -527,6 +535,13 @@ class LogSource(Protocol):
         """See what was committed since (the next `ends`)."""
         ...
 
+    watch_interval_s: float  # how often a run waiting for new records may ask for `stamp`
+
+    def stamp(self, topics: Sequence[str]) -> object:
+        """Something that changes whenever records may have been committed to `topics` since: a
+        continuous run waits for new records by comparing stamps instead of running passes."""
+        ...
+
     def records_frame(
         self,
         spark: SparkSession,
@@ -548,7 +563,10 @@ class LogSource(Protocol):
 class LocalSource:
     """The local log under `[log] root` as a `LogSource`."""
 
+    watch_interval_s = 0.01  # a stat of one file
+
     def __init__(self, root: Path) -> None:
+        self.root = Path(root)
         self.log = Log.open(root)
 
     def ends(self, topics: Sequence[str]) -> dict[TP, int]:
@@ -562,6 +580,18 @@ class LocalSource:
 
     def refresh(self) -> None:
         self.log.refresh()
+
+    def stamp(self, topics: Sequence[str]) -> object:
+        """The manifest file's identity: every commit replaces it (`os.replace`, a new inode)."""
+        try:
+            st = os.stat(self.root / _MANIFEST)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def read(self, topic: str, partition: int, lo: int, hi: int) -> Iterator[RawRecord]:
+        """The committed records of offsets [lo, hi) of one partition, read in this process."""
+        return _in_range(self.log.read(topic, partition, lo), lo, hi)
 
     def records_frame(
         self,

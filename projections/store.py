@@ -81,6 +81,7 @@ class Staged:
     primary_key: tuple[str, ...]
     names: tuple[str, str, str]
     emits: str | None = None  # a projection that emits: its records (`engine.Emitted`, with the unit)
+    schema: str = META  # `pg_temp`: the session's temporary tables (`staging(temp=True)`)
 
     @property
     def tables(self) -> tuple[str, ...]:
@@ -347,7 +348,7 @@ class Store:
         3. merge the staged rows; 4. upsert unit states; 5. move checkpoints, add dead letters and
         the records read; 6. drop the staging tables; 7. commit — all or nothing."""
         into = _Into.of(self.schema, p, b)
-        rows_t, del_t, state_t = (sql.Identifier(META, n) for n in staged.names)
+        rows_t, del_t, state_t = (sql.Identifier(staged.schema, n) for n in staged.names)
         with self.conn.transaction():
             cur = self.conn.cursor()
             self._check_one_row_per_key(cur, p, into, rows_t)
@@ -359,7 +360,7 @@ class Store:
             for t in (rows_t, del_t, state_t):  # the staging tables go with the commit
                 cur.execute(sql.SQL("DROP TABLE {}").format(t))
             if staged.emits is not None:
-                cur.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(META, staged.emits)))
+                cur.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(staged.schema, staged.emits)))
             self._show_schema_change(p, b)
         return sum(int(o.get("rows") or 0) for o in summaries)
 
@@ -584,10 +585,11 @@ class Store:
                 n_rows += _line_count(lines)
         return n_rows
 
-    def staging(self, p: Projection, b: BuildRow) -> Staged:
+    def staging(self, p: Projection, b: BuildRow, *, temp: bool = False) -> Staged:
         """Fresh UNLOGGED staging tables that Spark tasks COPY into (leftovers of a crashed run
         are dropped first). Tasks never write the build's tables: a retried task only adds
-        duplicate staging rows, which the merge's DISTINCT ON removes."""
+        duplicate staging rows, which the merge's DISTINCT ON removes. `temp`: this session's
+        temporary tables instead, for a pass folded on this connection (no files to create and sync)."""
         staged = Staged(
             p.table.names,
             p.table.primary_key,
@@ -597,25 +599,27 @@ class Store:
                 f"{b.table_name}__stage_state",
             ),
             None if p.emit is None else f"{b.table_name}__stage_emit",
+            "pg_temp" if temp else META,
         )
         target = sql.Identifier(self.schema, b.table_name)
-        rows_t, del_t, state_t = (sql.Identifier(META, n) for n in staged.names)
+        kind = sql.SQL("TEMP" if temp else "UNLOGGED")
+        rows_t, del_t, state_t = (sql.Identifier(staged.schema, n) for n in staged.names)
         cols = sql.SQL(", ").join(map(sql.Identifier, p.table.names))
         pkcols = sql.SQL(", ").join(map(sql.Identifier, p.table.primary_key))
         with self.conn.transaction():
             for t in (rows_t, del_t, state_t):
                 self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(t))
             self.conn.execute(
-                sql.SQL("CREATE UNLOGGED TABLE {} AS SELECT {} FROM {} LIMIT 0").format(rows_t, cols, target)
+                sql.SQL("CREATE {} TABLE {} AS SELECT {} FROM {} LIMIT 0").format(kind, rows_t, cols, target)
             )
             self.conn.execute(
-                sql.SQL("CREATE UNLOGGED TABLE {} AS SELECT {} FROM {} LIMIT 0").format(del_t, pkcols, target)
+                sql.SQL("CREATE {} TABLE {} AS SELECT {} FROM {} LIMIT 0").format(kind, del_t, pkcols, target)
             )
-            self.conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} (" + _STATE_COLUMNS + ")").format(state_t))
+            self.conn.execute(sql.SQL("CREATE {} TABLE {} (" + _STATE_COLUMNS + ")").format(kind, state_t))
             if staged.emits is not None:
-                emit_t = sql.Identifier(META, staged.emits)
+                emit_t = sql.Identifier(staged.schema, staged.emits)
                 self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(emit_t))
-                self.conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} (" + _EMIT_COLUMNS + ")").format(emit_t))
+                self.conn.execute(sql.SQL("CREATE {} TABLE {} (" + _EMIT_COLUMNS + ")").format(kind, emit_t))
         return staged
 
     def staged_emits(self, staged: Staged) -> Iterator[tuple[str, str | None, int]]:
@@ -628,7 +632,7 @@ class Store:
         q = sql.SQL(
             'SELECT key, value, ts FROM (SELECT DISTINCT ON (topic, partition, "offset", unit, idx) * FROM {} '
             'ORDER BY topic, partition, "offset", unit, idx) e ORDER BY topic, partition, "offset", unit, idx'
-        ).format(sql.Identifier(META, staged.emits))
+        ).format(sql.Identifier(staged.schema, staged.emits))
         with self.conn.transaction(), self.conn.cursor(name="tributary_staged_emits") as cur:
             cur.itersize = 10_000
             cur.execute(q)

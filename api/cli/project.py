@@ -160,7 +160,10 @@ def run_cmd(
     name: Annotated[str, typer.Argument(help="Projection name.")],
     config: ConfigOption = None,
     continuous: Annotated[bool, typer.Option("--continuous", help="Keep catching up until Ctrl-C/SIGTERM.")] = False,
-    freshness: Annotated[float, typer.Option(help="With --continuous: target seconds behind the log.")] = 5.0,
+    freshness: Annotated[
+        float,
+        typer.Option(help="With --continuous: most seconds between passes while idle (a commit wakes it at once)."),
+    ] = 5.0,
     skip_errors: Annotated[
         bool, typer.Option("--skip-errors", help="Send records the projection fails on to a dead-letter table.")
     ] = False,
