@@ -36,9 +36,9 @@ import shutil
 import sys
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from statistics import median
 from typing import Any
 
@@ -190,7 +190,7 @@ def duckdb_totals(dsn: str, files: list[str], repeat: int) -> list[float]:
     took = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        totals = duckdb.connect().execute(DUCKDB_TOTALS, {"files": files}).to_arrow_table()
+        totals = duckdb.connect().sql(DUCKDB_TOTALS, params={"files": files}).to_arrow_table()
         buf = io.BytesIO()
         pacsv.write_csv(totals, buf, pacsv.WriteOptions(include_header=False))
         with psycopg.connect(dsn) as conn:
