@@ -11,11 +11,18 @@ For each size N (events over --keys accounts in `events.account`, 4 partitions):
                 table holding the same rows (loaded by COPY beforehand, not timed), --repeat times;
                 ratios are of medians, and of the first runs;
   * (b) py    — a single-process Python fold reading the log (same engine, same order);
+  * (c) duckdb — the same aggregation by duckdb over the same Parquet copies the log made (the
+                files the rebuild reads), its result COPYed into a new Postgres table with the
+                same primary key through psycopg, timed end to end, --repeat times (duckdb's
+                postgres extension is a download; this is what a user with the wheel alone does);
+  * phases    — with --profile, where one DataFrame rebuild's time goes (session, plan and
+                frame, Spark read + aggregate + collect, COPY text, COPY + commit, swap, drop);
   * incremental — `run` after --incremental new events on top of N;
   * driver RSS (this Python process) and the Spark JVM's peak RSS.
 Prints JSON and saves it to bench/results/projections.json.
 
     python bench/projections.py [--events 1000000,10000000] [--keys 100000] [--dsn DSN]
+                                [--dataframe-only] [--profile]
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -156,6 +165,132 @@ def pg_group_by(dsn: str, tsv: Path, repeat: int) -> list[float]:
     return took
 
 
+DUCKDB_TOTALS = """
+SELECT account_id,
+       coalesce(sum(amount) FILTER (WHERE kind = 'MoneyDeposited'), 0)::DECIMAL(20,2) AS deposits,
+       coalesce(sum(amount) FILTER (WHERE kind = 'MoneyWithdrawn'), 0)::DECIMAL(20,2) AS withdrawals,
+       count(*) AS events
+FROM (SELECT value ->> '$.stream' AS account_id, value ->> '$.type' AS kind,
+             CAST(value ->> '$.data.amount' AS DECIMAL(20,2)) AS amount
+      FROM read_parquet($files))
+WHERE account_id IS NOT NULL
+GROUP BY account_id
+"""
+
+
+def duckdb_totals(dsn: str, files: list[str], repeat: int) -> list[float]:
+    """Baseline (c): `account_totals` computed by duckdb over the log's Parquet copies (the JSON
+    text column `value`, as duckdb reads it), then COPYed as CSV into a new Postgres table with
+    the primary key, committed — end to end, as a user of the duckdb wheel would do it."""
+    import io
+
+    import duckdb
+    import pyarrow.csv as pacsv
+
+    took = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        totals = duckdb.connect().sql(DUCKDB_TOTALS, params={"files": files}).to_arrow_table()
+        buf = io.BytesIO()
+        pacsv.write_csv(totals, buf, pacsv.WriteOptions(include_header=False))
+        with psycopg.connect(dsn) as conn:
+            conn.execute(
+                "CREATE TABLE bench_duckdb (account_id text PRIMARY KEY, deposits numeric(20,2), "
+                "withdrawals numeric(20,2), events bigint)"
+            )
+            with conn.cursor().copy("COPY bench_duckdb FROM STDIN (FORMAT csv)") as cp:
+                cp.write(buf.getbuffer())
+        took.append(time.perf_counter() - t0)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            differ = conn.execute(
+                "SELECT count(*) FROM ((TABLE views.account_totals EXCEPT TABLE bench_duckdb) "
+                "UNION ALL (TABLE bench_duckdb EXCEPT TABLE views.account_totals)) d"
+            ).fetchone()
+            conn.execute("DROP TABLE bench_duckdb")
+        if differ is None or differ[0] != 0:
+            raise SystemExit(f"duckdb's table differs from the rebuild's in {differ} rows")
+    return took
+
+
+@contextmanager
+def phases() -> Iterator[dict[str, float]]:
+    """Seconds spent in the rebuild's steps (summed over calls), by wrapping the runner's and the
+    store's functions for the length of the block: diagnostics for one rebuild."""
+    from tributary.projections import runner as runner_mod
+    from tributary.projections.store import Store
+
+    spent: dict[str, float] = {}
+
+    def timed(label: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t0
+
+        return wrapper
+
+    patched: list[tuple[Any, str, Any]] = []
+    targets = [
+        (runner_mod, "_session", "session (+ executor check, once per app)"),
+        (runner_mod, "_open_log", "open log"),
+        (Store, "new_build", "new build tables"),
+        (runner_mod, "_read", "plan splits + copies check + frame"),
+        (runner_mod, "_transform_pass", "transform pass (total)"),
+        (runner_mod, "output_lines", "COPY text (Arrow)"),
+        (runner_mod, "distinct_keys", "distinct keys check"),
+        (Store, "replace_rows", "replace_rows (total)"),
+        (Store, "_copy_rows", "COPY into build table (PK index maintained)"),
+        (Store, "set_status", "status updates"),
+        (Store, "swap", "swap view"),
+        (Store, "drop_build", "drop old build"),
+    ]
+    for owner, name, label in targets:
+        original = owner.__dict__[name]
+        fn = original.__func__ if isinstance(original, staticmethod) else original
+        wrapped = timed(label, fn)
+        setattr(owner, name, staticmethod(wrapped) if isinstance(original, staticmethod) else wrapped)
+        patched.append((owner, name, original))
+    try:
+        yield spent
+    finally:
+        for owner, name, original in patched:
+            setattr(owner, name, original)
+
+
+def profile_rebuild(name: str, s: RunSettings, spark: Any, files: list[str]) -> dict[str, float]:
+    """One rebuild split into phases (see `phases`); `spark: read + aggregate + collect` is the
+    transform pass minus its measured parts. Also, apart: Spark reading the projection's three
+    VARIANT fields from the copies alone (no aggregation, `noop` sink)."""
+    from pyspark.sql import functions as F
+
+    with phases() as spent:
+        total = rebuild(name, s, spark=spark).seconds
+    parts = ("plan splits + copies check + frame", "COPY text (Arrow)", "distinct keys check", "replace_rows (total)")
+    out = {k: round(v, 3) for k, v in spent.items()}
+    out["spark: read + aggregate + collect"] = round(
+        spent["transform pass (total)"] - sum(spent.get(k, 0.0) for k in parts), 3
+    )
+    out["rebuild (total)"] = round(total, 3)
+    t0 = time.perf_counter()
+    spark.read.parquet(*files).select(
+        F.expr("variant_get(value_v, '$.stream', 'string')"),
+        F.expr("variant_get(value_v, '$.type', 'string')"),
+        F.expr("variant_get(value_v, '$.data.amount', 'decimal(20,2)')"),
+    ).write.format("noop").mode("overwrite").save()
+    out["apart: Spark reads 3 VARIANT fields of the copies"] = round(time.perf_counter() - t0, 3)
+    return out
+
+
+def rss_now_mb() -> float:
+    """This process's resident set now (VmRSS): the driver's memory after a size's runs."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
 def jvm_peak_rss_mb(spark: Any) -> float | None:
     try:
         pid = spark._jvm.java.lang.ProcessHandle.current().pid()
@@ -168,7 +303,17 @@ def jvm_peak_rss_mb(spark: Any) -> float | None:
 
 
 def one_size(
-    n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: int, py_max: int, repeat: int
+    n: int,
+    keys: int,
+    dsn: str,
+    work: Path,
+    spark: Any,
+    incremental: int,
+    py_max: int,
+    repeat: int,
+    *,
+    dataframe_only: bool = False,
+    profile: bool = False,
 ) -> dict[str, Any]:
     rng = random.Random(n)
     root = work / f"log_{n}"
@@ -207,8 +352,34 @@ def one_size(
     assert len(columnar) == len(sealed)
     sealed_records = sum(e.segment for e in log_ends.values())  # offsets before each active segment
     sealed_records += sum(s.tail.end - s.tail.base for s in columnar if s.tail is not None)
+    files = [str(c.copy_path) for c in columnar]
+    # Ours and duckdb's alternate, so that a change in the machine's load hits both alike.
+    df_runs, duck_runs = [], []
+    for _ in range(repeat):
+        df_runs.append(rebuild("account_totals", s, spark=spark).seconds)
+        duck_runs += duckdb_totals(dsn, files, 1)
+    vs_duckdb = {
+        "duckdb_copy_s": round(median(duck_runs), 2),
+        "duckdb_copy_runs_s": [round(x, 2) for x in duck_runs],
+        "dataframe_vs_duckdb": round(median(df_runs) / median(duck_runs), 2),
+        "parquet_copy_files": len(files),
+    }
+    if profile:
+        vs_duckdb["dataframe_rebuild_phases_s"] = profile_rebuild("account_totals", s, spark, files)
+    if dataframe_only:
+        log.close()
+        tsv.unlink()
+        return {
+            "events": n,
+            "keys": keys,
+            "records_in_parquet_fraction": round(sealed_records / n, 3),
+            "dataframe_rebuild_s": round(median(df_runs), 2),
+            "dataframe_rebuild_runs_s": [round(x, 2) for x in df_runs],
+            **vs_duckdb,
+            "runner_driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "driver_rss_now_mb": rss_now_mb(),
+        }
     fold = rebuild("account_balances", s, spark=spark)
-    df_runs = [rebuild("account_totals", s, spark=spark).seconds for _ in range(repeat)]
     df_json = rebuild("account_totals_json", s, spark=spark)
     with psycopg.connect(dsn) as conn:
         differ = conn.execute(
@@ -223,6 +394,7 @@ def one_size(
     tsv.unlink()
     py_s, py_units = python_fold(root) if n <= py_max else (None, None)
     return {
+        **vs_duckdb,
         "events": n,
         "keys": keys,
         "log_write_s": round(write_s, 2),
@@ -256,6 +428,10 @@ def main() -> None:
     ap.add_argument("--incremental", type=int, default=10_000)
     ap.add_argument("--py-max", type=int, default=5_000_000, help="skip the Python baseline above this size")
     ap.add_argument("--repeat", type=int, default=3, help="runs of the DataFrame rebuild and of the GROUP BY")
+    ap.add_argument(
+        "--dataframe-only", action="store_true", help="only the DataFrame rebuild and duckdb (no fold, pg, py)"
+    )
+    ap.add_argument("--profile", action="store_true", help="also one DataFrame rebuild split into phases")
     ap.add_argument("--dsn", help="service database (default: an embedded cluster in --dir)")
     ap.add_argument("--master", default="local[*]")
     ap.add_argument("--dir", type=Path, default=None)
@@ -274,9 +450,21 @@ def main() -> None:
     warm = spark.range(1000, numPartitions=8)  # JVM and Python-worker start-up are not what we measure
     warm.groupBy((warm.id % 7).alias("k")).count().collect()
     warm.mapInArrow(lambda batches: batches, "id long").collect()
+    load_before = os.getloadavg()
     try:
         sizes = [
-            one_size(int(n), args.keys, dsn, work, spark, args.incremental, args.py_max, args.repeat)
+            one_size(
+                int(n),
+                args.keys,
+                dsn,
+                work,
+                spark,
+                args.incremental,
+                args.py_max,
+                args.repeat,
+                dataframe_only=args.dataframe_only,
+                profile=args.profile,
+            )
             for n in args.events.split(",")
         ]
         result: dict[str, Any] = {
@@ -286,6 +474,7 @@ def main() -> None:
             "sizes": sizes,
             "process_peak_rss_mb_incl_py_baseline": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "jvm_peak_rss_mb": jvm_peak_rss_mb(spark),
+            "load_average_before_after": [round(x, 2) for x in (*load_before, *os.getloadavg())],
             "timing": (
                 "wall clock (perf_counter) in this process, warm (a JVM warm-up job first); DataFrame: the "
                 "whole `rebuild` call (new build, plan, Spark read + aggregation, COPY into the build table, "
@@ -295,7 +484,7 @@ def main() -> None:
                 "not timed); both outputs 100 % of the keys, same sums"
             ),
         }
-        if len(sizes) > 1:
+        if len(sizes) > 1 and not args.dataframe_only:
             a, b = sizes[0], sizes[-1]
             result["fold_time_ratio"] = round(b["fold_rebuild_s"] / a["fold_rebuild_s"], 2)
             result["size_ratio"] = round(b["events"] / a["events"], 2)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from orjson import loads
 
 from tributary.log.local import (
@@ -271,32 +272,66 @@ def columnar_segments(
     return [s for s in segments if s not in failed], failed
 
 
-def _native_records(spark: SparkSession, segments: Sequence[Segment], variant: bool) -> DataFrame:
+def _native_records(spark: SparkSession, segments: Sequence[Segment], variant: bool, schema_records: bool) -> DataFrame:
     """The records of sealed segments from their format-2 Parquet copies: one scan of the copies
     the run reads whole (a rebuild's: no per-row filter, so the offset, topic and partition
     columns are not even decoded), one of the others with offsets limited to the run's [lo, hi)
     per topic-partition by literal predicates (Parquet pushes them down to row groups); key and
-    event time are columns of the copy."""
+    event time are columns of the copy. Schema records are dropped (unless `schema_records`)
+    by a per-row filter only in copies whose key statistics admit one (`may_hold_schema_records`):
+    in the others (every `events.*` topic's) a projection that does not use the key never reads it."""
     from pyspark.sql import functions as F
 
-    whole = [s for s in segments if s.whole]
-    part = [s for s in segments if not s.whole]
     pkey = F.coalesce(F.col("key"), F.lit("null")).alias("pkey")
     columns = [*_ARROW.names[:8], pkey, *(["value_v"] if variant else [])]
+    groups: dict[tuple[bool, bool], list[Segment]] = {}
+    for s in segments:
+        filtered = not schema_records and may_hold_schema_records(s.copy_path)
+        groups.setdefault((s.whole, filtered), []).append(s)
     scans = []
-    if whole:
-        scans.append(spark.read.parquet(*(str(s.copy_path) for s in whole)).select(*columns))
-    if part:
-        ranges = sorted({(s.topic, s.partition, s.lo, s.hi) for s in part})
-        wanted = reduce(
-            operator.or_,
-            (
-                (F.col("topic") == topic) & (F.col("partition") == partition) & F.col("offset").between(lo, hi - 1)
-                for topic, partition, lo, hi in ranges
-            ),
-        )
-        scans.append(spark.read.parquet(*(str(s.copy_path) for s in part)).where(wanted).select(*columns))
-    return scans[0] if len(scans) == 1 else scans[0].unionByName(scans[1])
+    for (whole, filtered), group in sorted(groups.items()):
+        scan = spark.read.parquet(*(str(s.copy_path) for s in group))
+        if not whole:
+            ranges = sorted({(s.topic, s.partition, s.lo, s.hi) for s in group})
+            scan = scan.where(
+                reduce(
+                    operator.or_,
+                    (
+                        (F.col("topic") == topic)
+                        & (F.col("partition") == partition)
+                        & F.col("offset").between(lo, hi - 1)
+                        for topic, partition, lo, hi in ranges
+                    ),
+                )
+            )
+        if filtered:
+            scan = scan.where(_not_schema())
+        scans.append(scan.select(*columns))
+    return reduce(lambda a, b: a.unionByName(b), scans)
+
+
+def may_hold_schema_records(path: Path) -> bool:
+    """Whether a Parquet copy may hold a schema record, by its key column's statistics: a row
+    group whose key range excludes `SCHEMA_KEY` has none (an event topic's keys are JSON
+    strings, `"…"`, all below `{`). Missing or unreadable statistics say it may. Truncated
+    statistics stay bounds (min ≤ every key ≤ max), so the answer is never a wrong "no"."""
+    try:
+        meta = pq.read_metadata(path)
+    except (OSError, pa.ArrowInvalid):
+        return True
+    leaf = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == "key"), None)
+    if leaf is None:
+        return True
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(leaf).statistics
+        if meta.row_group(g).num_rows == 0:
+            continue
+        if stats is None or not stats.has_min_max:
+            return True
+        lo, hi = (v.decode() if isinstance(v, bytes) else v for v in (stats.min, stats.max))
+        if lo <= SCHEMA_KEY <= hi:
+            return True
+    return False
 
 
 _MANIFEST = "manifest.json"  # the local log's commit point: each commit replaces this file
@@ -505,9 +540,7 @@ def records_frame(
         columnar, rows_only = columnar_segments(spark, log, sealed)
         rows += [r for seg in rows_only for r in seg.splits]
         if columnar:
-            native = _native_records(spark, columnar, variant and not _custom(p))
-            if not p.schema_records:
-                native = native.where(_not_schema())
+            native = _native_records(spark, columnar, variant and not _custom(p), p.schema_records)
             if _custom(p):  # its own Python decides key and event time
                 native = native.select(*_ARROW.names[:7]).mapInArrow(
                     _reader(tuple(modules), tuple(mirror), name, columns=True), RECORD_SCHEMA

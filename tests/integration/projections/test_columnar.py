@@ -19,7 +19,7 @@ from tributary.log.local import CorruptRecordError, Log, Split, TopicConfig, can
 from tributary.log.local.codec import decode_line, encode_batch
 from tributary.log.local.columnar import copy_format, decode_lines, is_current, read_split_columns
 from tributary.log.local.segment import iter_lines
-from tributary.projections.records import default_event_time
+from tributary.projections.records import SCHEMA_KEY, default_event_time
 from tributary.projections.source import RECORD_SCHEMA, _raw_rows, plan, records_frame
 
 pytestmark = pytest.mark.integration
@@ -278,3 +278,43 @@ def test_tail_reader_falls_back_and_reports_corruption(tmp_path: Path) -> None:
     path.write_bytes(data.replace(b',"crc":', b',"crc":9', 3))
     with pytest.raises(CorruptRecordError, match="CRC"):
         read(row)
+
+
+def _read_schemas(frame: Any, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """The `ReadSchema` of each Parquet scan in the frame's physical plan."""
+    capsys.readouterr()
+    frame.explain()
+    return [line.split("ReadSchema: ", 1)[1] for line in capsys.readouterr().out.splitlines() if "ReadSchema: " in line]
+
+
+def test_schema_records_are_filtered_only_in_copies_that_may_hold_them(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CDC topic's copies still drop its schema records; an event topic's copies (their keys
+    are JSON strings, below the schema key) need no key filter, so a projection reading only
+    the value never decodes their key column."""
+    from pyspark.sql import functions as F
+
+    log = Log.open(tmp_path / "log", writer=True, segment_bytes=4096)
+    for topic in TOPICS:
+        log.create_topic(topic, TopicConfig(partitions=1))
+    schema = orjson.dumps({"schema": {"columns": [{"name": "id", "type": "integer", "typeoid": 23}]}, "ts_ms": 1})
+    log.append(TOPICS[1], 0, [(SCHEMA_KEY.encode(), schema, 1, None)])
+    for i in range(300):  # several sealed segments per topic
+        log.append(TOPICS[0], 0, [(canonical_json(f"s{i % 7}"), orjson.dumps({"type": "Opened", "n": i}), i, None)])
+        row = {"op": "c", "after": {"id": i}, "source": {"ts_ms": i}}
+        log.append(TOPICS[1], 0, [(canonical_json({"id": i}), orjson.dumps(row), i, None)])
+    log.commit()
+    ends = {(t, p): e.end for (t, p), e in log.ends().items()}
+    frame = records_frame(
+        spark, log, modules=[_module(tmp_path)], mirror=[], name="cols", topics=TOPICS, lo={}, hi=ends
+    )
+    _, sealed = plan(log, TOPICS, {}, ends, 1 << 20)
+    assert {s.topic for s in sealed} == set(TOPICS), "the test needs copies of both topics"
+
+    got = frame.select("topic", "key").collect()
+    assert SCHEMA_KEY not in {r["key"] for r in got}
+    assert len(got) == 600
+    schemas = _read_schemas(frame.select(F.expr("variant_get(value_v, '$.type', 'string')")), capsys)
+    assert len(schemas) == 2
+    assert sorted("key:" in s for s in schemas) == [False, True], schemas
