@@ -159,11 +159,14 @@ class Front:
                 message = await receive()
             else:
                 assert conn is not None
+                conn.body_wanted(True)
                 try:
                     message = await asyncio.wait_for(receive(), max(0.0, deadline - conn.loop.time()))
                 except TimeoutError:
                     conn.drop()
                     return {"type": "http.disconnect"}
+                finally:
+                    conn.body_wanted(False)
                 complete = message["type"] != "http.request" or not message.get("more_body", False)
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import resource
+from collections.abc import Callable
 from typing import Any, cast
 
 from starlette.types import Message
@@ -104,6 +105,8 @@ class Connection:
         self.peer: tuple[str, int] = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else ("", id(self))
         self.busy = 0  # requests in the app
         self.started = 0  # requests that reached the app, ever
+        self.awaiting_body = False  # the app waits for more of its request's body
+        self.wake: Callable[[], None] | None = None  # the app left the connection idle, or waits for a body
         self.received = 0  # bytes since the deadline was armed
         self.write_paused = False
         self.timer: asyncio.TimerHandle | None = None
@@ -125,10 +128,18 @@ class Connection:
         if not self.write_paused:
             self.disarm()
 
+    def body_wanted(self, wanted: bool) -> None:
+        """The app waits (or no longer waits) for more of the request's body."""
+        self.awaiting_body = wanted
+        if wanted and self.wake is not None:
+            self.wake()
+
     def request_done(self) -> None:
         self.busy -= 1
         if self.busy == 0:
             self.arm()
+            if self.wake is not None:
+                self.wake()
 
     def expire(self) -> None:
         self.timer = None
@@ -249,7 +260,9 @@ class GuardedHttpTools(_Guarded):
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
         self.held = b""  # received, not yet handed over (the inner protocol paused reading)
-        self.inner_paused = False
+        self.inner_paused = False  # the inner protocol paused reading
+        self.real_paused = False  # the transport's reading is paused (by the guard, for the inner protocol)
+        self.waking = False  # `_resume` is scheduled
         self.heads = 0  # head ends (blank lines) handed over
         self.run = 0  # bytes handed over since the last head end
         self.tail = b""  # the last bytes handed over (a blank line may span two slices)
@@ -258,6 +271,11 @@ class GuardedHttpTools(_Guarded):
     def _seen_by_inner(self, transport: asyncio.Transport) -> asyncio.Transport:
         self.transport = transport
         return cast(asyncio.Transport, _ReadingPausedBy(transport, self))
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self.conn is not None:
+            self.conn.wake = self.wake
 
     def data_received(self, data: bytes) -> None:
         if self.conn is not None:
@@ -314,20 +332,37 @@ class GuardedHttpTools(_Guarded):
 
     def reading_paused(self) -> None:
         self.inner_paused = True
-        self.transport.pause_reading()
+        if not self.real_paused:
+            self.real_paused = True
+            self.transport.pause_reading()
 
     def reading_resumed(self) -> None:
-        """The inner protocol reads again: what was held goes first (on the next loop turn, not inside
-        the inner protocol's call), then the transport resumes if nothing paused it again."""
         self.inner_paused = False
-        asyncio.get_running_loop().call_soon(self._resume)
+        self.wake()
+
+    def wake(self) -> None:
+        """The inner protocol reads again, the app waits for a request's body, or the app has no
+        request of the connection left: hand over what was held and resume reading, on the next
+        loop turn (not inside the inner protocol's call)."""
+        if (self.held or self.real_paused) and not self.waking:
+            self.waking = True
+            asyncio.get_running_loop().call_soon(self._resume)
 
     def _resume(self) -> None:
+        """Hand over what was held and resume reading, unless the inner protocol paused again or a
+        request is in it or in the app: the inner protocol resumes reading after every response, with
+        pipelined requests still queued; each of them reaches the app, and the last one's end wakes
+        this again. While the app waits for a body, the body goes over."""
+        self.waking = False
+        conn = self.conn
         if self.inner_paused or self.transport.is_closing():
+            return
+        if conn is not None and not conn.awaiting_body and (conn.busy or self.heads > conn.started):
             return
         held, self.held = self.held, b""
         self._hand_over(held)
-        if not (self.inner_paused or self.held or self.transport.is_closing()):
+        if self.real_paused and not (self.inner_paused or self.held or self.transport.is_closing()):
+            self.real_paused = False
             self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
