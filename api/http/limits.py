@@ -250,11 +250,12 @@ class GuardedHttpTools(_Guarded):
     uvicorn's httptools protocol parses all it is handed: it queues every pipelined request of a read
     (pausing the transport only after it) and takes a head of any size. So the guard hands it a read
     in slices of `SLICE_BYTES`, keeps the rest while it has paused reading (a pipelined request
-    waits, or a body it has not passed on) and hands that over when it resumes; and it counts a
-    head's bytes itself (to its blank line): past `max_header_bytes` while no request is in the app,
-    the client gets 431 and the connection is closed. Bytes that may be a body (a request is in the
-    app) are allowed up to `max_body_bytes + max_header_bytes` without a blank line, then the
-    connection is aborted."""
+    waits, or a body it has not passed on) and hands that over once the requests it queued have left
+    the app; and it counts a head's bytes itself (to its blank line): a head still incomplete past
+    `max_header_bytes` at the end of a read, while no request is in the app, gets 431 and the
+    connection is closed (h11's bound). Bytes that may be a body (a request is in the app) are
+    allowed up to `max_body_bytes + max_header_bytes` without a blank line, then the connection is
+    aborted."""
 
     def _inner(self, *args: Any, **kwargs: Any) -> asyncio.Protocol:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -264,8 +265,9 @@ class GuardedHttpTools(_Guarded):
         self.real_paused = False  # the transport's reading is paused (by the guard, for the inner protocol)
         self.waking = False  # `_resume` is scheduled
         self.heads = 0  # head ends (blank lines) handed over
-        self.run = 0  # bytes handed over since the last head end
-        self.tail = b""  # the last bytes handed over (a blank line may span two slices)
+        self.handed_tail = b""  # the last bytes handed over
+        self.run = 0  # bytes received since the last head end
+        self.tail = b""  # the last bytes received (a blank line may span two reads)
         return HttpToolsProtocol(*args, **kwargs)
 
     def _seen_by_inner(self, transport: asyncio.Transport) -> asyncio.Transport:
@@ -280,6 +282,8 @@ class GuardedHttpTools(_Guarded):
     def data_received(self, data: bytes) -> None:
         if self.conn is not None:
             self.conn.received += len(data)
+        if not self._within_bounds(data):
+            return
         if self.held or self.inner_paused:
             self.held += data
             return
@@ -294,27 +298,25 @@ class GuardedHttpTools(_Guarded):
                 return
             piece = data[pos : pos + SLICE_BYTES]
             pos += len(piece)
-            if not self._within_bounds(piece):
-                return
+            seen = self.handed_tail + piece  # a blank line may span two slices
+            self.heads += seen.count(_HEAD_END)
+            self.handed_tail = seen[-(len(_HEAD_END) - 1) :]
             self.inner.data_received(piece)
         self.held = b""
 
-    def _within_bounds(self, piece: bytes) -> bool:
-        """Count `piece`'s head bytes; False (the connection refused) when a head or a run of
-        bytes without a blank line grows past its bound."""
+    def _within_bounds(self, data: bytes) -> bool:
+        """Count the head bytes of a read; False (the connection refused) when a head still
+        incomplete at the end of a read is past `max_header_bytes` while no request is in the app
+        (as h11 refuses an incomplete head past its limit; a head whole in one read goes on, to the
+        app's 431 for its headers), or a run of bytes without a blank line grows past any body."""
         conn = self.conn
         guard = conn.guard if conn is not None else connections
-        awaiting_head = conn is None or (conn.busy == 0 and self.heads == conn.started)
-        seen = self.tail + piece
-        first = seen.find(_HEAD_END)
-        head = self.run + len(piece) if first < 0 else self.run + first + len(_HEAD_END) - len(self.tail)
-        if first < 0:
-            self.run += len(piece)
-        else:
-            self.heads += seen.count(_HEAD_END)
-            self.run = len(seen) - seen.rfind(_HEAD_END) - len(_HEAD_END)
+        awaiting_head = conn is None or (conn.busy == 0 and self.heads == conn.started and not self.held)
+        seen = self.tail + data
+        last = seen.rfind(_HEAD_END)
+        self.run = self.run + len(data) if last < 0 else len(seen) - last - len(_HEAD_END)
         self.tail = seen[-(len(_HEAD_END) - 1) :]
-        if awaiting_head and head > guard.max_header_bytes:
+        if awaiting_head and last < 0 and self.run > guard.max_header_bytes:
             self._refuse_head(guard.max_header_bytes)
             return False
         if self.run > guard.max_body_bytes + guard.max_header_bytes:
