@@ -105,7 +105,7 @@ LAYERS = [
     ("HTTP parser and protocol (h11/httptools, uvicorn)", r"site-packages/(h11|uvicorn|httptools)/"),
     (
         "ASGI middleware (ours, Starlette's, FastAPI's)",
-        r"api/http/(app|limits|head)\.py|starlette/middleware|starlette/_exception_handler"
+        r"api/http/(app|front|limits|head)\.py|starlette/middleware|starlette/_exception_handler"
         r"|fastapi/(telemetry|_body_limit|middleware)",
     ),
     ("routing (path match, route dispatch)", r"fastapi/routing\.py|starlette/routing\.py"),

@@ -7,11 +7,9 @@ small modules by concern; this one wires them, the pool, the limits and the erro
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import re
-import secrets
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -23,7 +21,7 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from psycopg_pool import AsyncConnectionPool
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from tributary.api.http import (
     routes_admin,
@@ -34,8 +32,8 @@ from tributary.api.http import (
     routes_views,
 )
 from tributary.api.http.domains import document_domains
-from tributary.api.http.head import HeadAsGet
-from tributary.api.http.limits import BodyLimit, RequestTracker, connections
+from tributary.api.http.front import Front
+from tributary.api.http.limits import connections
 from tributary.api.http.metrics import Metrics
 from tributary.api.http.problems import Problem, carriable, code_for_status, handle_problem, problem_response
 from tributary.api.http.scavenger import start_scavenger
@@ -43,7 +41,6 @@ from tributary.api.http.status import Serving, Status
 from tributary.api.http.subscriptions import Subscriptions
 from tributary.api.http.views_db import Views
 from tributary.api.settings.config import Settings
-from tributary.api.settings.logs import REQUEST_ID
 from tributary.consumers import ConsumerError
 from tributary.eventstore.handler import CommandHandler
 from tributary.eventstore.loader import load_current
@@ -54,72 +51,20 @@ __all__ = ["WORKER_CONFIG", "Service", "create_app", "worker_app"]
 
 log = logging.getLogger(__name__)
 
-_CLIENT_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,64}")
-
-
-def _new_id_prefix() -> None:
-    global _id_prefix, _id_seq
-    _id_prefix, _id_seq = secrets.token_hex(5) + "-", itertools.count(1)
-
-
-_id_prefix, _id_seq = "", itertools.count(1)
-_new_id_prefix()
-os.register_at_fork(after_in_child=_new_id_prefix)  # forked workers must not repeat the parent's ids
-
 
 class Service(FastAPI):
-    """The FastAPI app, plus what every HTTP request gets around FastAPI's middleware stack (so a 500
-    from its error handler is counted and carries the id too):
+    """The FastAPI app behind `front` (`front.Front`: request id, request counts, head and body
+    limits, the connection guard, HEAD), one pure-ASGI layer around FastAPI's middleware stack."""
 
-    - a request id (the client's `X-Request-ID` when it is a short token, else a new
-      `<process prefix>-<counter>`), sent back as `X-Request-ID` and in every log record written while
-      serving the request (`api.logs.REQUEST_ID`);
-    - a count in `tributary_http_requests_total` by method, route template and status.
-
-    Plain ASGI on purpose: a Starlette `BaseHTTPMiddleware` costs a task and a stream per request."""
-
+    front: Front
     metrics: Metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await super().__call__(scope, receive, send)
-            return
-        request_id = _request_id(scope)
-        token = REQUEST_ID.set(request_id.decode())
-        id_header = (b"x-request-id", request_id)
-        status = 500  # until the app's response starts
-        started = False
+        await self.front(scope, receive, send)
 
-        async def send_with_id(message: Message) -> None:
-            nonlocal status, started
-            if message["type"] == "http.response.start":
-                status, started = message["status"], True
-                message["headers"] = [*message.get("headers", ()), id_header]
-            await send(message)
-
-        try:
-            await super().__call__(scope, receive, send_with_id)
-        except Exception:
-            # Starlette re-raises an error after its handler (`unexpected`) has logged it and sent the
-            # 500; the server would log it a second time and drop the keep-alive connection. An error
-            # after another response had started (a body cut short) is the server's to log and close.
-            if not (started and status == 500):
-                raise
-        finally:
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
-            self.metrics.count_request(scope["method"], route, status)
-            REQUEST_ID.reset(token)
-
-
-def _request_id(scope: Scope) -> bytes:
-    """The client's `X-Request-ID` when it is a short token, else a new one."""
-    request_id = b""
-    for name, value in scope["headers"]:
-        if name == b"x-request-id":
-            request_id = value
-    if not (request_id and _CLIENT_REQUEST_ID.fullmatch(request_id)):
-        request_id = f"{_id_prefix}{next(_id_seq):x}".encode()
-    return request_id
+    async def serve_asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """FastAPI's own ASGI entry (what `front` wraps)."""
+        await super().__call__(scope, receive, send)
 
 
 def _allowed(request: Request) -> str:
@@ -225,10 +170,18 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     app.state.aggregates = aggregates
     app.state.aggregates_by_module = {ref: load_current((ref,)) for ref in settings.eventstore.modules}
     app.metrics = metrics
-    app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
-    app.add_middleware(HeadAsGet)
-    app.add_middleware(RequestTracker, max_header_bytes=settings.api.max_header_bytes)
-    connections.configure(timeout_s=settings.api.request_timeout_s, max_connections=settings.api.max_connections)
+    app.front = Front(
+        app.serve_asgi,
+        metrics=metrics,
+        max_body_bytes=settings.api.max_body_bytes,
+        max_header_bytes=settings.api.max_header_bytes,
+    )
+    connections.configure(
+        timeout_s=settings.api.request_timeout_s,
+        max_connections=settings.api.max_connections,
+        max_header_bytes=settings.api.max_header_bytes,
+        max_body_bytes=settings.api.max_body_bytes,
+    )
 
     app.include_router(routes_commands.router)
     app.include_router(routes_streams.router)

@@ -1,11 +1,11 @@
-"""What one client may hold of the server: a request body (413 past `max_bytes`), a connection slot and
-the time it may take to send a request or read a response.
+"""What one client may hold of the server: a request's head and body, a connection slot, the requests
+it may pipeline and the time it may take to send a request or read a response.
 
 Connections are guarded below the HTTP parser: `GuardedH11` (or `GuardedHttpTools`, `[api] http`) wraps
-uvicorn's protocol through the `asyncio.Protocol` interface only (it forwards every call and reads
-nothing of the inner protocol),
-and `RequestTracker`, an ASGI middleware, tells the guard when a connection's request reached the app
-and when its response ended. Uvicorn has no public option for either: its keep-alive timer starts only
+uvicorn's protocol through the `asyncio.Protocol` and `asyncio.Transport` interfaces only (it forwards
+every call and reads nothing of the inner protocol),
+and `front.Front`, the app's ASGI layer, tells the guard when a connection's request reached the app
+and when its response ended (and answers 413 and 431 from a request's head). Uvicorn has no public option for either: its keep-alive timer starts only
 after a response, and every received byte cancels it (uvicorn issue #157).
 """
 
@@ -13,61 +13,22 @@ from __future__ import annotations
 
 import asyncio
 import resource
+from collections.abc import Callable
 from typing import Any, cast
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message
 
-from tributary.api.http.problems import MEDIA_TYPE, encode, problem_body
+from tributary.api.http.problems import MEDIA_TYPE, code_for_status, encode, problem_body
 
-__all__ = ["BodyLimit", "ConnectionGuard", "GuardedH11", "GuardedHttpTools", "RequestTracker", "connections"]
-
-
-class BodyLimit:
-    """ASGI middleware: refuse bodies over `max_bytes` (by Content-Length, and while streaming)."""
-
-    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        length = dict(scope.get("headers", [])).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            await self._too_large(send)
-            return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _TooLarge
-            return message
-
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._too_large(send)
-
-    async def _too_large(self, send: Send) -> None:
-        detail = f"request body larger than {self.max_bytes} bytes ([api] max_body_bytes)"
-        body = encode(problem_body(413, "body_too_large", detail))
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", MEDIA_TYPE.encode()), (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    pass
+__all__ = [
+    "Connection",
+    "ConnectionGuard",
+    "GuardedH11",
+    "GuardedHttpTools",
+    "connections",
+    "head_too_large",
+    "refusal",
+]
 
 
 _TIMEOUT_BODY = encode(problem_body(408, "request_timeout", "the request did not arrive in time; send it at once"))
@@ -96,15 +57,26 @@ class ConnectionGuard:
     def __init__(self) -> None:
         self.timeout_s = 10.0
         self.max_connections = 1000
-        self.open: dict[tuple[str, int], _Connection] = {}  # by peer, in accept order
+        self.max_header_bytes = 16_384
+        self.max_body_bytes = 1_048_576
+        self.open: dict[tuple[str, int], Connection] = {}  # by peer, in accept order
 
-    def configure(self, *, timeout_s: float, max_connections: int) -> None:
+    def configure(
+        self,
+        *,
+        timeout_s: float,
+        max_connections: int,
+        max_header_bytes: int = 16_384,
+        max_body_bytes: int = 1_048_576,
+    ) -> None:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         cap = max(1, soft - _RESERVED_FDS) if soft != resource.RLIM_INFINITY else max_connections
         self.timeout_s = timeout_s
         self.max_connections = min(max_connections, cap)
+        self.max_header_bytes = max_header_bytes
+        self.max_body_bytes = max_body_bytes
 
-    def admit(self, conn: _Connection) -> bool:
+    def admit(self, conn: Connection) -> bool:
         """Register a new connection; False when it must be closed (every slot serves a request)."""
         while len(self.open) >= self.max_connections:
             idle = next((c for c in self.open.values() if c.busy == 0), None)
@@ -114,7 +86,7 @@ class ConnectionGuard:
         self.open[conn.peer] = conn
         return True
 
-    def forget(self, conn: _Connection) -> None:
+    def forget(self, conn: Connection) -> None:
         if self.open.get(conn.peer) is conn:
             del self.open[conn.peer]
 
@@ -122,7 +94,7 @@ class ConnectionGuard:
 connections = ConnectionGuard()
 
 
-class _Connection:
+class Connection:
     """One client connection's deadline: armed while it owes the server a request or cannot take a
     response, cancelled while a request is in the app."""
 
@@ -132,6 +104,9 @@ class _Connection:
         peer = transport.get_extra_info("peername")
         self.peer: tuple[str, int] = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else ("", id(self))
         self.busy = 0  # requests in the app
+        self.started = 0  # requests that reached the app, ever
+        self.awaiting_body = False  # the app waits for more of its request's body
+        self.wake: Callable[[], None] | None = None  # the app left the connection idle, or waits for a body
         self.received = 0  # bytes since the deadline was armed
         self.write_paused = False
         self.timer: asyncio.TimerHandle | None = None
@@ -149,13 +124,22 @@ class _Connection:
 
     def request_started(self) -> None:
         self.busy += 1
+        self.started += 1
         if not self.write_paused:
             self.disarm()
+
+    def body_wanted(self, wanted: bool) -> None:
+        """The app waits (or no longer waits) for more of the request's body."""
+        self.awaiting_body = wanted
+        if wanted and self.wake is not None:
+            self.wake()
 
     def request_done(self) -> None:
         self.busy -= 1
         if self.busy == 0:
             self.arm()
+            if self.wake is not None:
+                self.wake()
 
     def expire(self) -> None:
         self.timer = None
@@ -183,13 +167,17 @@ class _Guarded(asyncio.Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.inner = self._inner(*args, **kwargs)
-        self.conn: _Connection | None = None
+        self.conn: Connection | None = None
+
+    def _seen_by_inner(self, transport: asyncio.Transport) -> asyncio.Transport:
+        """The transport the inner protocol is given."""
+        return transport
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (uvloop's transports implement asyncio.Transport without subclassing it)
         transport = cast(asyncio.Transport, transport)
-        self.inner.connection_made(transport)
-        conn = self.conn = _Connection(transport, connections)
+        self.inner.connection_made(self._seen_by_inner(transport))
+        conn = self.conn = Connection(transport, connections)
         if connections.admit(conn):
             conn.arm()
         else:
@@ -223,72 +211,22 @@ class _Guarded(asyncio.Protocol):
         self.inner.resume_writing()
 
 
-class RequestTracker:
-    """ASGI middleware: tells the guard that a connection's request is in the app, and when it left;
-    and answers 431 to a head larger than `max_header_bytes`. (h11 refuses such a head with 400 while it
-    arrives in pieces; one that arrived whole in one read reaches the app.)"""
-
-    def __init__(self, app: ASGIApp, *, max_header_bytes: int, guard: ConnectionGuard = connections) -> None:
-        self.app = app
-        self.max_header_bytes = max_header_bytes
-        self.guard = guard
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        if sum(len(name) + len(value) + 4 for name, value in scope["headers"]) > self.max_header_bytes:
-            await _refuse_head(send, self.max_header_bytes)
-            return
-        client = scope.get("client")
-        conn = self.guard.open.get((client[0], client[1])) if client else None
-        if conn is None:
-            await self.app(scope, receive, send)
-            return
-        conn.request_started()
-        try:
-            await self.app(scope, _body_within(receive, conn), send)
-        finally:
-            conn.request_done()
+def head_too_large(limit: int) -> str:
+    """`detail` of the 431 of a head past `[api] max_header_bytes`."""
+    return f"request headers larger than {limit} bytes ([api] max_header_bytes); send fewer or shorter headers"
 
 
-def _body_within(receive: Receive, conn: _Connection) -> Receive:
-    """`receive`, with the request's body due within the guard's timeout of the request's start: a body
-    that does not arrive in time aborts the connection (the app sees a disconnect). Once the body is
-    complete, `receive` only waits for a disconnect, as long as the response takes."""
-    deadline = conn.loop.time() + conn.guard.timeout_s
-    complete = False
-
-    async def receive_within() -> Message:
-        nonlocal complete
-        if complete:
-            return await receive()
-        try:
-            message = await asyncio.wait_for(receive(), max(0.0, deadline - conn.loop.time()))
-        except TimeoutError:
-            conn.drop()
-            return {"type": "http.disconnect"}
-        complete = message["type"] != "http.request" or not message.get("more_body", False)
-        return message
-
-    return receive_within
-
-
-async def _refuse_head(send: Send, limit: int) -> None:
-    detail = f"request headers larger than {limit} bytes ([api] max_header_bytes); send fewer or shorter headers"
-    body = encode(problem_body(431, "headers_too_large", detail))
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 431,
-            "headers": [
-                (b"content-type", MEDIA_TYPE.encode()),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
+def refusal(status: int, detail: str, *, close: bool = False) -> tuple[Message, Message]:
+    """The two ASGI messages of a problem answered before the app (413, 431); `close` ends the
+    connection after it."""
+    body = encode(problem_body(status, code_for_status(status), detail))
+    headers = [(b"content-type", MEDIA_TYPE.encode()), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    return (
+        {"type": "http.response.start", "status": status, "headers": headers},
+        {"type": "http.response.body", "body": body},
     )
-    await send({"type": "http.response.body", "body": body})
 
 
 class GuardedH11(_Guarded):
@@ -302,11 +240,151 @@ class GuardedH11(_Guarded):
         return H11Protocol(*args, **kwargs)
 
 
+SLICE_BYTES = 4096  # what httptools is handed at once: it parses all of it, queueing every request in it
+_HEAD_END = b"\r\n\r\n"
+
+
 class GuardedHttpTools(_Guarded):
-    """httptools under the guard: less CPU per request, but it queues every pipelined request it has
-    read and takes a head of any size; for a server behind a proxy that bounds both."""
+    """httptools under the guard, bounded as h11 is.
+
+    uvicorn's httptools protocol parses all it is handed: it queues every pipelined request of a read
+    (pausing the transport only after it) and takes a head of any size. So the guard hands it a read
+    in slices of `SLICE_BYTES`, keeps the rest while it has paused reading (a pipelined request
+    waits, or a body it has not passed on) and hands that over once the requests it queued have left
+    the app; and it counts a head's bytes itself (to its blank line): a head still incomplete past
+    `max_header_bytes` at the end of a read, while no request is in the app, gets 431 and the
+    connection is closed (h11's bound). Bytes that may be a body (a request is in the app) are
+    allowed up to `max_body_bytes + max_header_bytes` without a blank line, then the connection is
+    aborted."""
 
     def _inner(self, *args: Any, **kwargs: Any) -> asyncio.Protocol:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+        self.held = b""  # received, not yet handed over (the inner protocol paused reading)
+        self.inner_paused = False  # the inner protocol paused reading
+        self.real_paused = False  # the transport's reading is paused (by the guard, for the inner protocol)
+        self.waking = False  # `_resume` is scheduled
+        self.heads = 0  # head ends (blank lines) handed over
+        self.handed_tail = b""  # the last bytes handed over
+        self.run = 0  # bytes received since the last head end
+        self.tail = b""  # the last bytes received (a blank line may span two reads)
         return HttpToolsProtocol(*args, **kwargs)
+
+    def _seen_by_inner(self, transport: asyncio.Transport) -> asyncio.Transport:
+        self.transport = transport
+        return cast(asyncio.Transport, _ReadingPausedBy(transport, self))
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self.conn is not None:
+            self.conn.wake = self.wake
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn is not None:
+            self.conn.received += len(data)
+        if not self._within_bounds(data):
+            return
+        if self.held or self.inner_paused:
+            self.held += data
+            return
+        self._hand_over(data)
+
+    def _hand_over(self, data: bytes) -> None:
+        """Hand `data` to the inner protocol a slice at a time while it reads; keep the rest."""
+        pos = 0
+        while pos < len(data):
+            if self.inner_paused or self.transport.is_closing():
+                self.held = data[pos:]
+                return
+            piece = data[pos : pos + SLICE_BYTES]
+            pos += len(piece)
+            seen = self.handed_tail + piece  # a blank line may span two slices
+            self.heads += seen.count(_HEAD_END)
+            self.handed_tail = seen[-(len(_HEAD_END) - 1) :]
+            self.inner.data_received(piece)
+        self.held = b""
+
+    def _within_bounds(self, data: bytes) -> bool:
+        """Count the head bytes of a read; False (the connection refused) when a head still
+        incomplete at the end of a read is past `max_header_bytes` while no request is in the app
+        (as h11 refuses an incomplete head past its limit; a head whole in one read goes on, to the
+        app's 431 for its headers), or a run of bytes without a blank line grows past any body."""
+        conn = self.conn
+        guard = conn.guard if conn is not None else connections
+        awaiting_head = conn is None or (conn.busy == 0 and self.heads == conn.started and not self.held)
+        seen = self.tail + data
+        last = seen.rfind(_HEAD_END)
+        self.run = self.run + len(data) if last < 0 else len(seen) - last - len(_HEAD_END)
+        self.tail = seen[-(len(_HEAD_END) - 1) :]
+        if awaiting_head and last < 0 and self.run > guard.max_header_bytes:
+            self._refuse_head(guard.max_header_bytes)
+            return False
+        if self.run > guard.max_body_bytes + guard.max_header_bytes:
+            self.transport.abort()
+            return False
+        return True
+
+    def _refuse_head(self, limit: int) -> None:
+        start, body = refusal(431, head_too_large(limit), close=True)
+        lines = [b"HTTP/1.1 431 Request Header Fields Too Large"]
+        lines += [name + b": " + value for name, value in start["headers"]]
+        self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body["body"])
+        self.transport.close()
+        self.held = b""
+
+    def reading_paused(self) -> None:
+        self.inner_paused = True
+        if not self.real_paused:
+            self.real_paused = True
+            self.transport.pause_reading()
+
+    def reading_resumed(self) -> None:
+        self.inner_paused = False
+        self.wake()
+
+    def wake(self) -> None:
+        """The inner protocol reads again, the app waits for a request's body, or the app has no
+        request of the connection left: hand over what was held and resume reading, on the next
+        loop turn (not inside the inner protocol's call)."""
+        if (self.held or self.real_paused) and not self.waking:
+            self.waking = True
+            asyncio.get_running_loop().call_soon(self._resume)
+
+    def _resume(self) -> None:
+        """Hand over what was held and resume reading, unless the inner protocol paused again or a
+        request is in it or in the app: the inner protocol resumes reading after every response, with
+        pipelined requests still queued; each of them reaches the app, and the last one's end wakes
+        this again. While the app waits for a body, the body goes over."""
+        self.waking = False
+        conn = self.conn
+        if self.inner_paused or self.transport.is_closing():
+            return
+        if conn is not None and not conn.awaiting_body and (conn.busy or self.heads > conn.started):
+            return
+        held, self.held = self.held, b""
+        self._hand_over(held)
+        if self.real_paused and not (self.inner_paused or self.held or self.transport.is_closing()):
+            self.real_paused = False
+            self.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.held = b""
+        super().connection_lost(exc)
+
+
+class _ReadingPausedBy:
+    """The transport as the inner protocol sees it: every call forwarded, but pausing and resuming
+    reading go through the guard (which holds what the inner protocol has not taken yet)."""
+
+    def __init__(self, transport: asyncio.Transport, guarded: GuardedHttpTools) -> None:
+        self._transport = transport
+        self._guarded = guarded
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def pause_reading(self) -> None:
+        self._guarded.reading_paused()
+
+    def resume_reading(self) -> None:
+        self._guarded.reading_resumed()

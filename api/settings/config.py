@@ -549,10 +549,9 @@ class ApiSettings(_Section):
         description="Server processes sharing the port (1 suits a few cores shared with PostgreSQL).",
     )
     http: Literal["h11", "httptools"] = Field(
-        default="h11",
-        description="HTTP/1.1 parser. h11 bounds each connection (head size, no queue of pipelined requests); "
-        "httptools costs less CPU per request but queues pipelined requests and takes heads of any size: "
-        "only behind a proxy that bounds both.",
+        default="httptools",
+        description="HTTP/1.1 parser, each under the same bounds per connection (head size, pipelined requests "
+        "held back): httptools (C, less CPU per request) or h11 (pure Python).",
     )
     max_header_bytes: int = Field(
         default=16_384,

@@ -73,18 +73,31 @@ class Server:
 
 @contextlib.contextmanager
 def serve(
-    dsn: str, tmp_path: Path, api: str = "", *, preexec: Callable[[], None] | None = None, extra: str = ""
+    dsn: str,
+    tmp_path: Path,
+    api: str = "",
+    *,
+    http: str,
+    preexec: Callable[[], None] | None = None,
+    extra: str = "",
 ) -> Iterator[Server]:
-    """`tributary serve` on a free port with `[api]` lines `api` (and other sections `extra`)."""
+    """`tributary serve` on a free port with the parser `http` and `[api]` lines `api` (and other
+    sections `extra`)."""
     port = free_port()
     config = tmp_path / f"serve-{port}.toml"
     config.write_text(
-        f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{tmp_path / "log"}"\n{extra}\n[api]\nport = {port}\n{api}\n'
+        f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{tmp_path / "log"}"\n{extra}\n[api]\nport = {port}\nhttp = "{http}"\n{api}\n'
         '[eventstore]\nmodules = ["tributary.eventstore.examples.bank"]\n'
     )
     err = tmp_path / f"serve-{port}.err"
     with served(config, port, err_path=err, ready="/readyz", preexec_fn=preexec) as proc:
         yield Server(proc, port, err)
+
+
+@pytest.fixture(params=["h11", "httptools"])
+def http(request: pytest.FixtureRequest) -> str:
+    """`[api] http`: every attack runs against both parsers, each under the connection guard."""
+    return str(request.param)
 
 
 @pytest.fixture
@@ -112,8 +125,8 @@ def _send_until_refused(sock: socket.socket, chunk: bytes, total: int) -> int:
     return sent
 
 
-def test_huge_header_is_refused_and_memory_stays_bounded(db: str, tmp_path: Path) -> None:
-    with serve(db, tmp_path) as server:
+def test_huge_header_is_refused_and_memory_stays_bounded(db: str, tmp_path: Path, http: str) -> None:
+    with serve(db, tmp_path, http=http) as server:
         for size in (20_000, 65_536, 4 * MB):  # a head past [api] max_header_bytes: 431 (or 400) and closed
             with server.connect() as sock:
                 with contextlib.suppress(OSError):  # (the server may close before it has all of it)
@@ -129,10 +142,10 @@ def test_huge_header_is_refused_and_memory_stays_bounded(db: str, tmp_path: Path
         assert httpx.get(server.base + "/healthz").status_code == 200
 
 
-def test_pipelining_without_reading_answers_keeps_memory_bounded(db: str, tmp_path: Path) -> None:
+def test_pipelining_without_reading_answers_keeps_memory_bounded(db: str, tmp_path: Path, http: str) -> None:
     request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
     chunk = request * (MB // len(request))
-    with serve(db, tmp_path) as server:
+    with serve(db, tmp_path, http=http) as server:
         idle = _settle(server)
         peak = 0
         socks = []
@@ -153,9 +166,9 @@ def _limit_files() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
 
 
-def test_silent_connections_cannot_lock_out_a_client(db: str, tmp_path: Path) -> None:
+def test_silent_connections_cannot_lock_out_a_client(db: str, tmp_path: Path, http: str) -> None:
     timeout_s = 3.0
-    with serve(db, tmp_path, f"request_timeout_s = {timeout_s}", preexec=_limit_files) as server:
+    with serve(db, tmp_path, f"request_timeout_s = {timeout_s}", http=http, preexec=_limit_files) as server:
         silent = [server.connect() for _ in range(140)]
         try:
             time.sleep(0.5)
@@ -182,9 +195,9 @@ def test_silent_connections_cannot_lock_out_a_client(db: str, tmp_path: Path) ->
                 sock.close()
 
 
-def test_a_trickled_request_gets_408_and_is_closed(db: str, tmp_path: Path) -> None:
+def test_a_trickled_request_gets_408_and_is_closed(db: str, tmp_path: Path, http: str) -> None:
     timeout_s = 2.0
-    with serve(db, tmp_path, f"request_timeout_s = {timeout_s}") as server, server.connect() as sock:
+    with serve(db, tmp_path, f"request_timeout_s = {timeout_s}", http=http) as server, server.connect() as sock:
         # one full request first: the deadline also holds between requests on a kept-alive connection
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         first = b""
@@ -206,7 +219,7 @@ def test_a_trickled_request_gets_408_and_is_closed(db: str, tmp_path: Path) -> N
         elapsed = time.monotonic() - started
         assert answer.startswith(b"HTTP/1.1 408 "), answer
         assert elapsed < timeout_s + 1.5
-    with serve(db, tmp_path, f"request_timeout_s = {timeout_s}") as server, server.connect() as sock:
+    with serve(db, tmp_path, f"request_timeout_s = {timeout_s}", http=http) as server, server.connect() as sock:
         # a body that never completes: the connection is closed once the timeout has passed
         sock.sendall(b"POST /commands/account/slow HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
         sock.sendall(b'Content-Length: 100\r\n\r\n{"type": "open"')
@@ -222,13 +235,13 @@ def _metrics_size(base: str) -> int:
     return len(httpx.get(base + "/metrics").content)
 
 
-def test_metric_labels_stay_bounded(db: str, tmp_path: Path) -> None:
+def test_metric_labels_stay_bounded(db: str, tmp_path: Path, http: str) -> None:
     rng = random.Random(17)
 
     def word() -> str:
         return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(12))
 
-    with serve(db, tmp_path) as server, httpx.Client(base_url=server.base) as client:
+    with serve(db, tmp_path, http=http) as server, httpx.Client(base_url=server.base) as client:
         for _ in range(3):  # every family that the attack below could touch, once
             client.post("/commands/account/m-1", json={"type": "open", "data": {"owner": "m"}})
             client.post("/commands/nope/x", json={"type": "open", "data": {}})
@@ -268,9 +281,12 @@ def _settled(conn: psycopg.Connection[Any], dbname: str) -> set[int]:
     return last[-1][0]
 
 
-def test_readyz_and_metrics_open_no_connection_and_log_nothing_per_call(db: str, tmp_path: Path) -> None:
+def test_readyz_and_metrics_open_no_connection_and_log_nothing_per_call(db: str, tmp_path: Path, http: str) -> None:
     dbname = psycopg.conninfo.conninfo_to_dict(db)["dbname"]
-    with serve(db, tmp_path, "status_refresh_s = 3600") as server, psycopg.connect(db, autocommit=True) as conn:
+    with (
+        serve(db, tmp_path, "status_refresh_s = 3600", http=http) as server,
+        psycopg.connect(db, autocommit=True) as conn,
+    ):
         seen: set[int] = set()
         stop = threading.Event()
 
@@ -297,10 +313,13 @@ def test_readyz_and_metrics_open_no_connection_and_log_nothing_per_call(db: str,
         assert server.log_lines() == lines, server.err.read_text()[-2000:]
 
 
-def test_readyz_follows_the_database_down_and_back(db: str, tmp_path: Path) -> None:
+def test_readyz_follows_the_database_down_and_back(db: str, tmp_path: Path, http: str) -> None:
     dbname = psycopg.conninfo.conninfo_to_dict(db)["dbname"]
     admin = db.rsplit("/", 1)[0] + "/postgres"
-    with serve(db, tmp_path, "status_refresh_s = 0.5") as server, psycopg.connect(admin, autocommit=True) as conn:
+    with (
+        serve(db, tmp_path, "status_refresh_s = 0.5", http=http) as server,
+        psycopg.connect(admin, autocommit=True) as conn,
+    ):
 
         def wait_for(status: int) -> None:
             answers: list[httpx.Response] = []
@@ -324,7 +343,7 @@ def test_readyz_follows_the_database_down_and_back(db: str, tmp_path: Path) -> N
 
 
 @pytest.fixture
-def views(db: str, tmp_path: Path) -> Iterator[Server]:
+def views(db: str, tmp_path: Path, http: str) -> Iterator[Server]:
     """A server with a fast view (a table) and a slow one (a view that sleeps 1 s per query)."""
     module = tmp_path / "edge_views.py"
     module.write_text(VIEWS)
@@ -337,7 +356,7 @@ def views(db: str, tmp_path: Path) -> Iterator[Server]:
             "FROM generate_series(1, 3) g WHERE pg_sleep(1) IS NOT NULL"
         )
     extra = f'[projections]\nmodules = ["{module}"]\n'
-    with serve(db, tmp_path, "statement_timeout_ms = 300", extra=extra) as server:
+    with serve(db, tmp_path, "statement_timeout_ms = 300", http=http, extra=extra) as server:
         yield server
 
 
