@@ -285,3 +285,19 @@ def test_a_park_whose_commit_failed_is_listed_once(fresh_db: str, tmp_path: Path
         assert len(listed) == 1
         assert listed[0]["record"] == got[0]
         assert (listed[0]["reason"], listed[0]["parked_by"], listed[0]["state"]) == ("cannot parse", "m", "parked")
+        # replayed, then parked again: the topic has the new park, the listing shows only it
+        assert c.replay_parked(group) == 1
+        again: list[Record] = []
+        waiting.wait_progress(
+            lambda: bool(again.extend(c.fetch(group, "m", m.generation).records)) or len(again) >= 1,
+            lambda: len(again),
+            what="the replayed record",
+        )
+        assert again[0] == got[0]
+        c.park(group, "m", m.generation, ref, reason="still cannot parse")
+        assert len(backend.records(log_root, parked_topic(group))) == 3
+        relisted = c.parked(group)
+        assert [(x["reason"], x["attempts"], x["state"], x["replays"]) for x in relisted] == [
+            ("still cannot parse", 1, "parked", 1)
+        ]
+        assert relisted[0]["parked_at"] > listed[0]["parked_at"]
