@@ -379,7 +379,7 @@ class Nacks:
     @staticmethod
     def _park(cur: psycopg.Cursor[Any], group: str, rec: Record, reason: str, attempts: int, member_id: str) -> Park:
         """Park `rec` in the database (its retry done); what the parked topic gets for it."""
-        kept, parked_at = cur.execute(
+        row = cur.execute(
             _PARK,
             (
                 group,
@@ -394,7 +394,9 @@ class Nacks:
                 attempts,
                 member_id,
             ),
-        ).fetchone() or (attempts, None)
+        ).fetchone()
+        assert row is not None  # an upsert returns its row
+        kept, parked_at = row
         cur.execute(
             'DELETE FROM consumers.retries WHERE group_id = %s AND topic = %s AND partition = %s AND "offset" = %s',
             (group, rec.topic, rec.partition, rec.offset),
