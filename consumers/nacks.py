@@ -21,7 +21,8 @@ in that transaction, so a park that fails to commit left at most a record the li
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -308,17 +309,12 @@ class Nacks:
             return []
         start, end = view.bounds(topic, 0)
         out = []
-        it = view.read(topic, 0, start)
-        try:
+        with _reading(view.read(topic, 0, start)) as it:
             for rec in it:
                 if rec.offset >= end:
                     break
                 if (park := read_park(rec)) is not None:
                     out.append(park)
-        finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
         return out
 
     def replay(self, group: str, *, topic: str | None = None) -> int:
@@ -350,14 +346,8 @@ class Nacks:
         self.state.view.refresh_if_older(self.state.poll_interval_s)
         out = []
         for topic, partition, offset in records:
-            found = None
-            it = self.state.view.read(topic, partition, offset)
-            try:
+            with _reading(self.state.view.read(topic, partition, offset)) as it:
                 found = next(iter(it), None)
-            finally:
-                close = getattr(it, "close", None)
-                if close is not None:
-                    close()
             if found is None or found.offset != offset:
                 raise NotFound(f"no record at offset {offset} of {topic}/{partition} in the log")
             out.append(found)
@@ -402,6 +392,17 @@ class Nacks:
             (group, rec.topic, rec.partition, rec.offset),
         )
         return Park(rec, uuid.uuid4().hex, reason, kept, parked_at, member_id)
+
+
+@contextmanager
+def _reading(it: Iterator[Record]) -> Iterator[Iterator[Record]]:
+    """A log read, closed when done with (a read stopped early holds a segment or a consumer)."""
+    try:
+        yield it
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
 
 
 def _answer(rec: Record, action: str, attempts: int | None) -> dict[str, Any]:
