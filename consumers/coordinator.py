@@ -37,6 +37,7 @@ from tributary.consumers.membership import Members
 from tributary.consumers.nacks import Nacks
 from tributary.consumers.notices import RebalanceNotices
 from tributary.consumers.offsets import BackendOffsets, DbOffsets, GroupView, OffsetStore
+from tributary.consumers.parked_topic import ParkedTopic
 from tributary.consumers.state import GroupState
 from tributary.log import open_group_offsets, open_reader
 
@@ -92,7 +93,9 @@ class GroupCoordinator:
         self.members = Members(self.state, session_timeout_ms=session_timeout_ms, auto_offset_reset=auto_offset_reset)
         self.delivery = Delivery(self.state, self.notices)
         self.commits = Commits(self.state)
-        self.nacks = Nacks(self.state, max_retries=max_retries, retry_backoff_ms=retry_backoff_ms)
+        self.nacks = Nacks(
+            self.state, ParkedTopic(log_root, kafka), max_retries=max_retries, retry_backoff_ms=retry_backoff_ms
+        )
 
     def close(self) -> None:
         self.notices.close()

@@ -8,15 +8,21 @@ by what came after it. Its attempts are kept in `consumers.retries` until a comm
 commit passes it before it was delivered again, so a rebalance or a restart redelivers it to whoever
 holds the partition then, with its attempts. Past `max_retries` nacks it is parked instead.
 
-Parked records are copied whole into `consumers.parked`; replaying hands them to the member holding
-the original partition, before that partition's next records; a commit of the partition by that
-member afterwards marks them `replayed` (a nack or a park parks them again). Every write happens
-under the group's row lock with the member's generation checked, as a commit does.
+A parked record goes to the group's parked topic of the log (`parked_topic.py`: the original record,
+headers saying where from and why), then its park commits in `consumers.parked`, which keeps the
+replay state and the copy a replay hands back: replaying hands them to the member holding the
+original partition, before that partition's next records; a commit of the partition by that member
+afterwards marks them `replayed` (a nack or a park parks them again). Every write happens under the
+group's row lock with the member's generation checked, as a commit does; the topic is written last
+in that transaction, so a park that fails to commit left at most a record the listing leaves out
+(its `parked_at` matches no committed park).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +31,7 @@ import psycopg
 from tributary.consumers.assign import TopicPartition
 from tributary.consumers.errors import ConsumerError, NotAssigned, NotFound
 from tributary.consumers.offsets import OffsetStore
+from tributary.consumers.parked_topic import Park, ParkedTopic, parked_topic, read_park
 from tributary.consumers.rebalancing import check_member
 from tributary.consumers.state import GroupState
 from tributary.log import Record
@@ -184,7 +191,7 @@ _PARK = (
     "reason, attempts, parked_by) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
     "ON CONFLICT (group_id, topic, partition, \"offset\") DO UPDATE SET state = 'parked', reason = excluded.reason, "
     "attempts = greatest(x.attempts, excluded.attempts), parked_at = now(), parked_by = excluded.parked_by, "
-    "handed_to = NULL"
+    "handed_to = NULL RETURNING attempts, parked_at"
 )
 
 
@@ -192,8 +199,9 @@ class Nacks:
     """nack, park, the parked records and their replay, for every group in `state`; members that
     name none retry `max_retries` times, `retry_backoff_ms` apart at first."""
 
-    def __init__(self, state: GroupState, *, max_retries: int, retry_backoff_ms: int) -> None:
+    def __init__(self, state: GroupState, topic: ParkedTopic, *, max_retries: int, retry_backoff_ms: int) -> None:
         self.state = state
+        self.topic = topic
         self.max_retries = max_retries
         self.retry_backoff_ms = retry_backoff_ms
 
@@ -213,8 +221,10 @@ class Nacks:
                 "WHERE group_id = %s AND member_id = %s",
                 (self.max_retries, self.retry_backoff_ms, group, member_id),
             ).fetchone() or (self.max_retries, self.retry_backoff_ms)
+            parks: list[Park] = []
             for rec in copies:
-                if self._reparked(cur, group, rec, reason or "nacked after a replay", member_id):
+                if again := self._reparked(cur, group, rec, reason or "nacked after a replay", member_id):
+                    parks.append(again)
                     out.append(_answer(rec, "parked", None))
                     continue
                 (attempts,) = cur.execute(
@@ -225,7 +235,7 @@ class Nacks:
                 ).fetchone() or (1,)
                 if attempts > limit:
                     why = f"nacked {attempts} times (max_retries {limit})" + (f": {reason}" if reason else "")
-                    self._park(cur, group, rec, why, attempts, member_id)
+                    parks.append(self._park(cur, group, rec, why, attempts, member_id))
                     out.append(_answer(rec, "parked", attempts))
                     continue
                 wait = backoff_ms(attempts, base)
@@ -241,6 +251,7 @@ class Nacks:
                     (rec.offset, group, rec.topic, rec.partition, rec.offset),
                 )
                 out.append({**_answer(rec, "retry", attempts), "retry_in_ms": wait})
+            self.topic.append(group, parks)  # last: a failure here rolls the parks back
         return out
 
     def park(
@@ -252,29 +263,59 @@ class Nacks:
         with self.state.tx() as cur:
             check_member(cur, group, member_id, generation, share=True)
             require_held(cur, group, member_id, generation, [(t, p) for t, p, _ in records])
+            parks: list[Park] = []
             for rec in copies:
-                if self._reparked(cur, group, rec, reason, member_id):
+                if again := self._reparked(cur, group, rec, reason, member_id):
+                    parks.append(again)
                     continue
                 row = cur.execute(
                     'DELETE FROM consumers.retries WHERE group_id = %s AND topic = %s AND partition = %s AND "offset" = %s '
                     "RETURNING attempts",
                     (group, rec.topic, rec.partition, rec.offset),
                 ).fetchone()
-                self._park(cur, group, rec, reason, row[0] if row else 0, member_id)
+                parks.append(self._park(cur, group, rec, reason, row[0] if row else 0, member_id))
+            self.topic.append(group, parks)  # last: a failure here rolls the parks back
         return [_answer(rec, "parked", None) for rec in copies]
 
     def parked(self, group: str, *, state: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
-        """The group's parked records (oldest first), with the original record and why."""
+        """The group's parked records (oldest first), with the original record and why, read from
+        the group's parked topic, each with its replay state from the database; a park the database
+        did not commit (it failed after the topic was written) is left out, as is an earlier park of
+        a record parked again (its `parked_at` is no longer the committed one)."""
         with self.state.pool.connection() as conn:
             if conn.execute("SELECT 1 FROM consumers.groups WHERE group_id = %s", (group,)).fetchone() is None:
                 raise NotFound(f"no group {group!r}")
             rows = conn.execute(
-                'SELECT topic, partition, "offset", timestamp_ms, key, value, headers, reason, attempts, parked_at, '
-                "parked_by, state, replays, replayed_at FROM consumers.parked WHERE group_id = %s "
-                'AND (%s::text IS NULL OR state = %s) ORDER BY parked_at, topic, partition, "offset" LIMIT %s',
-                (group, state, state, limit),
+                'SELECT topic, partition, "offset", parked_at, state, replays, replayed_at FROM consumers.parked '
+                "WHERE group_id = %s AND (%s::text IS NULL OR state = %s)",
+                (group, state, state),
             ).fetchall()
-        return [_parked_row(r) for r in rows]
+        committed = {(t, p, o, at): (st, n, done) for t, p, o, at, st, n, done in rows}
+        listed = []
+        for park in self._parks(group):
+            rec = park.record
+            found = committed.pop((rec.topic, rec.partition, rec.offset, park.parked_at), None)
+            if found is not None:
+                listed.append(_listed(park, *found))
+        listed.sort(key=lambda r: (r["parked_at"], r["record"].topic, r["record"].partition, r["record"].offset))
+        return listed[:limit]
+
+    def _parks(self, group: str) -> list[Park]:
+        """Every park in the group's parked topic, in the order written."""
+        view = self.state.view
+        view.refresh()
+        topic = parked_topic(group)
+        if view.partitions(topic) == 0:
+            return []
+        start, end = view.bounds(topic, 0)
+        out = []
+        with _reading(view.read(topic, 0, start)) as it:
+            for rec in it:
+                if rec.offset >= end:
+                    break
+                if (park := read_park(rec)) is not None:
+                    out.append(park)
+        return out
 
     def replay(self, group: str, *, topic: str | None = None) -> int:
         """Hand the group's parked records (of `topic`, or all) back to it: each goes to the member
@@ -305,33 +346,30 @@ class Nacks:
         self.state.view.refresh_if_older(self.state.poll_interval_s)
         out = []
         for topic, partition, offset in records:
-            found = None
-            it = self.state.view.read(topic, partition, offset)
-            try:
+            with _reading(self.state.view.read(topic, partition, offset)) as it:
                 found = next(iter(it), None)
-            finally:
-                close = getattr(it, "close", None)
-                if close is not None:
-                    close()
             if found is None or found.offset != offset:
                 raise NotFound(f"no record at offset {offset} of {topic}/{partition} in the log")
             out.append(found)
         return out
 
     @staticmethod
-    def _reparked(cur: psycopg.Cursor[Any], group: str, rec: Record, reason: str, member_id: str) -> bool:
+    def _reparked(cur: psycopg.Cursor[Any], group: str, rec: Record, reason: str, member_id: str) -> Park | None:
         """A replayed record said no to again: parked again (not retried: its partition moved on)."""
         again = cur.execute(
             "UPDATE consumers.parked SET state = 'parked', reason = %s, attempts = attempts + 1, parked_at = now(), "
             "parked_by = %s, handed_to = NULL WHERE group_id = %s AND topic = %s AND partition = %s "
-            "AND \"offset\" = %s AND state = 'replaying' RETURNING 1",
+            "AND \"offset\" = %s AND state = 'replaying' RETURNING attempts, parked_at",
             (reason, member_id, group, rec.topic, rec.partition, rec.offset),
         ).fetchone()
-        return again is not None
+        if again is None:
+            return None
+        return Park(rec, uuid.uuid4().hex, reason, again[0], again[1], member_id)
 
     @staticmethod
-    def _park(cur: psycopg.Cursor[Any], group: str, rec: Record, reason: str, attempts: int, member_id: str) -> None:
-        cur.execute(
+    def _park(cur: psycopg.Cursor[Any], group: str, rec: Record, reason: str, attempts: int, member_id: str) -> Park:
+        """Park `rec` in the database (its retry done); what the parked topic gets for it."""
+        row = cur.execute(
             _PARK,
             (
                 group,
@@ -346,11 +384,25 @@ class Nacks:
                 attempts,
                 member_id,
             ),
-        )
+        ).fetchone()
+        assert row is not None  # an upsert returns its row
+        kept, parked_at = row
         cur.execute(
             'DELETE FROM consumers.retries WHERE group_id = %s AND topic = %s AND partition = %s AND "offset" = %s',
             (group, rec.topic, rec.partition, rec.offset),
         )
+        return Park(rec, uuid.uuid4().hex, reason, kept, parked_at, member_id)
+
+
+@contextmanager
+def _reading(it: Iterator[Record]) -> Iterator[Iterator[Record]]:
+    """A log read, closed when done with (a read stopped early holds a segment or a consumer)."""
+    try:
+        yield it
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
 
 
 def _answer(rec: Record, action: str, attempts: int | None) -> dict[str, Any]:
@@ -363,14 +415,14 @@ def _answer(rec: Record, action: str, attempts: int | None) -> dict[str, Any]:
     }
 
 
-def _parked_row(r: tuple[Any, ...]) -> dict[str, Any]:
-    topic, partition, offset, ts, key, value, headers, reason, attempts, parked_at, by, state, replays, replayed_at = r
+def _listed(park: Park, state: str, replays: int, replayed_at: Any) -> dict[str, Any]:
+    """A park from the topic with its replay state, as the listing shows it."""
     return {
-        "record": Record(topic, partition, offset, ts, _bytes(key), _bytes(value), _bytes(headers)),
-        "reason": reason,
-        "attempts": attempts,
-        "parked_at": parked_at,
-        "parked_by": by,
+        "record": park.record,
+        "reason": park.reason,
+        "attempts": park.attempts,
+        "parked_at": park.parked_at,
+        "parked_by": park.parked_by,
         "state": state,
         "replays": replays,
         "replayed_at": replayed_at,

@@ -22,6 +22,7 @@ def open_writer(
     default_partitions: int = 4,
     segment_bytes: int = 128 << 20,
     owner: str | None = None,
+    lock_timeout_s: float = 0.0,
 ) -> CaptureWriter:
     """A transactional writer: on Kafka (`kafka` given, `[log] backend = "kafka"`) a transactional
     producer per source in `sources` (fencing older processes of those sources); else the local log
@@ -29,12 +30,21 @@ def open_writer(
 
     `owner` names a writer of the local log beside capture (the default owner, None): it has its
     own lock and manifest and writes only the topics it creates, while capture runs. Kafka ignores
-    it: any transactional producer writes any topic, its transactional id names the writer."""
+    it: any transactional producer writes any topic, its transactional id names the writer.
+    `lock_timeout_s`: how long the local log waits for the owner's lock held by another process
+    (owners whose processes take turns); 0 refuses at once."""
     if kafka is not None:
         from tributary.log.kafka.writer import KafkaLog
 
         return KafkaLog(kafka, sources)
-    return Log.open(root, writer=True, default_partitions=default_partitions, segment_bytes=segment_bytes, owner=owner)
+    return Log.open(
+        root,
+        writer=True,
+        default_partitions=default_partitions,
+        segment_bytes=segment_bytes,
+        owner=owner,
+        lock_timeout_s=lock_timeout_s,
+    )
 
 
 def open_admin(*, root: Path, kafka: KafkaOptions | None, timeout_s: float = 30.0) -> LogAdmin:

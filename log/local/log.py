@@ -118,6 +118,7 @@ class Log:
         create: bool = True,
         positions_from: Callable[[Log], Mapping[str, str]] | None = None,
         owner: str | None = None,
+        lock_timeout_s: float = 0.0,
     ) -> Log:
         """Open a log root: a writer takes the lock and recovers; a reader reads the manifest.
 
@@ -135,7 +136,9 @@ class Log:
 
         `owner` (writer): a named owner's writer, beside the default one (capture) and other
         owners: its own lock, manifest and source positions; it writes only the topics it
-        created (owners.py). Readers ignore it and see every owner's committed topics."""
+        created (owners.py). Readers ignore it and see every owner's committed topics.
+        `lock_timeout_s` (writer): how long to wait for a lock another process holds (an owner
+        shared by processes taking turns, e.g. `groups`) before refusing; 0 refuses at once."""
         if not 0 < segment_bytes < 1 << 32:
             raise ValueError(f"segment_bytes must be in 1..2**32-1, got {segment_bytes}")
         log = cls(
@@ -153,7 +156,7 @@ class Log:
                 log.root.is_dir() and ((log.root / MANIFEST).exists() or topics_with_data(log.root))
             ):
                 raise LogError(f"no log at {log.root}")
-            log._lock()
+            log._lock(lock_timeout_s)
             try:
                 log._recover(repair=repair)
                 log._worker = ThreadPoolExecutor(1, thread_name_prefix="log-commit")
@@ -178,7 +181,9 @@ class Log:
             log._committed = manifest or Manifest()
         return log
 
-    def _lock(self) -> None:
+    def _lock(self, timeout_s: float = 0.0) -> None:
+        """Take this owner's lock, waiting at most `timeout_s` for a holder to let go (short polls:
+        flock has no timed wait, and a blocking one could hang a server's thread for ever)."""
         self.root.mkdir(parents=True, exist_ok=True)
         if self.owner and not self.home.is_dir():
             self.home.mkdir(parents=True, exist_ok=True)
@@ -186,17 +191,24 @@ class Log:
                 _fileio.fsync_dir(self.home.parent)
                 _fileio.fsync_dir(self.root)
         fd = os.open(self.home / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.005)
+                    continue
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
+            waited = f" (waited {timeout_s:g}s)" if timeout_s > 0 else ""
             if self.owner:
                 raise LogLockedError(
-                    f"{describe(self.owner)} of the log at {self.root} is locked by pid {holder}"
+                    f"{describe(self.owner)} of the log at {self.root} is locked by pid {holder}{waited}"
                 ) from None
             raise LogLockedError(
-                f"log root {self.root} is locked by pid {holder} (another tributary capture?)"
+                f"log root {self.root} is locked by pid {holder} (another tributary capture?){waited}"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

@@ -6,7 +6,8 @@ its partition's delivery waits at it until then, and no commit passes it before 
 again. `consumers.parked`: records a member parked (or nacked past its `max_retries`), copied whole
 (the log's retention may delete the original), with the reason and attempts; `state` is `parked`,
 `replaying` (handed back to the group by a replay) or `replayed` (a member committed after it).
-They live beside the committed offsets rather than in a log topic: the log has one writer, capture.
+The group's parked topic in the log is the record of what was parked; this table keeps the
+replay state and the copy a replay hands back.
 
 Revision ID: 0005_consumer_nacks
 Revises: 0004_sinks

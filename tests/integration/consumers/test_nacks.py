@@ -80,3 +80,50 @@ def test_a_reset_drops_pending_retries(groups: GroupCoordinator, writer: LogWrit
     end = groups.describe("g")["partitions"][nacked[0]]["end"]  # type: ignore[index]
     done = groups.commit("g", "m", me.generation, [(TOPIC, nacked[0], end)])
     assert done == [(TOPIC, nacked[0], end)]  # not held back at the nacked record any more
+
+
+def test_server_processes_park_side_by_side(service: str, log_root: Path, writer: LogWriter) -> None:  # noqa: F811
+    """Two coordinators (as two `serve` workers) park at once: they take turns as the log's writer
+    owner `groups` (each park waits for the other's), and every park is in the topic and listed."""
+    import threading
+
+    from tributary.consumers.parked_topic import parked_topic
+    from tributary.log.local import Log
+
+    write(writer, 40)
+    with (
+        GroupCoordinator(service, log_root, poll_interval_ms=0, auto_offset_reset="earliest") as one,
+        GroupCoordinator(service, log_root, poll_interval_ms=0, auto_offset_reset="earliest") as two,
+    ):
+        one.join("g", [TOPIC], member_id="a", session_timeout_ms=60_000)
+        m = two.join("g", [TOPIC], member_id="b", session_timeout_ms=60_000)
+        gen = one.join("g", [TOPIC], member_id="a", session_timeout_ms=60_000).generation
+        assert gen == m.generation  # a's re-join changed nothing: both hold half the partitions
+        mine = {c: [(TOPIC, p, o) for p, o in _drain(c, member, gen)] for c, member in [(one, "a"), (two, "b")]}
+        assert all(mine.values()) and sum(len(v) for v in mine.values()) == 40
+        failed: list[BaseException] = []
+
+        def park_all(c: GroupCoordinator, member: str) -> None:
+            try:
+                for ref in mine[c]:
+                    c.park("g", member, gen, [ref], reason=f"by {member}")
+            except BaseException as exc:  # noqa: BLE001  (reported by the test)
+                failed.append(exc)
+
+        threads = [threading.Thread(target=park_all, args=a) for a in [(one, "a"), (two, "b")]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        assert not failed, failed
+        with Log.open(log_root) as log:
+            assert sum(1 for _ in log.read(parked_topic("g"), 0)) == 40
+        assert len(one.parked("g")) == 40
+
+
+def _drain(c: GroupCoordinator, member: str, generation: int) -> list[tuple[int, int]]:
+    """Everything the member holds, pulled until a fetch comes back empty."""
+    out: list[tuple[int, int]] = []
+    while batch := _offsets(c, member, generation):
+        out += batch
+    return out

@@ -2,7 +2,9 @@
 its backoff (to whoever holds its partition after a rebalance), no commit passes it before; past
 max_retries it is parked; a parked record's partition moves on; the parked records are listed and
 replayed to the member holding their partition, and a commit after the replay settles them without
-moving the committed offset back."""
+moving the committed offset back. Parked records are in the group's parked topic with where they came
+from and why, readable by any group; a park whose database commit failed after its topic write is
+listed once."""
 
 from __future__ import annotations
 
@@ -15,10 +17,13 @@ import psycopg
 import pytest
 
 from tests import waiting
-from tests.backends import LogBackend, write_backend_config
+from tests.backends import LogBackend, write_backend_config, writer
 from tests.integration.capture.helpers import cli
 from tests.servers import free_port, serving
+from tributary.consumers.coordinator import GroupCoordinator
+from tributary.consumers.parked_topic import parked_topic
 from tributary.eventstore.migrate import run_migrations
+from tributary.log import Record, TopicConfig
 
 pytestmark = pytest.mark.integration
 
@@ -44,8 +49,12 @@ def _join(base: str, member: str) -> dict[str, Any]:
 
 
 def _pull(base: str, member: str, generation: int) -> list[dict[str, Any]]:
+    return _pull_group(base, GROUP, member, generation)
+
+
+def _pull_group(base: str, group: str, member: str, generation: int) -> list[dict[str, Any]]:
     r = httpx.get(
-        f"{base}/groups/{GROUP}/members/{member}/records",
+        f"{base}/groups/{group}/members/{member}/records",
         params={"generation": generation, "max_records": 1000, "wait_ms": 200},
         timeout=30,
     )
@@ -84,8 +93,17 @@ def _ends(records: list[dict[str, Any]]) -> dict[int, int]:
     return ends
 
 
+def _parked_in_topic(backend: LogBackend, log_root: Path, group: str) -> dict[tuple[int, int], dict[str, str]]:
+    """The `tributary.parked.*` headers of the group's parked topic's records, by original (partition, offset)."""
+    out = {}
+    for r in backend.records(log_root, parked_topic(group)):
+        h = json.loads(r.headers or b"{}")
+        out[(int(h["tributary.parked.partition"]), int(h["tributary.parked.offset"]))] = h
+    return out
+
+
 def test_nack_retry_park_list_and_replay(fresh_db: str, tmp_path: Path, backend: LogBackend) -> None:
-    backend.prepare(TOPIC)
+    backend.prepare(TOPIC, parked_topic(GROUP))
     log_root = tmp_path / "log"
     run_migrations(fresh_db)
     with psycopg.connect(fresh_db, autocommit=True) as conn:
@@ -150,6 +168,20 @@ def test_nack_retry_park_list_and_replay(fresh_db: str, tmp_path: Path, backend:
         assert got[(p_nack, nacked["offset"])]["attempts"] == 2
         assert "still timing out" in got[(p_nack, nacked["offset"])]["reason"]
         assert {x["state"] for x in listed} == {"parked"}
+        # the parked topic holds each park: the original key and value, headers saying where from and why
+        in_topic = _parked_in_topic(backend, log_root, GROUP)
+        assert set(in_topic) == set(got)
+        for at, h in in_topic.items():
+            assert h["tributary.parked.topic"] == TOPIC
+            assert h["tributary.parked.reason"] == got[at]["reason"]
+            assert int(h["tributary.parked.attempts"]) == got[at]["attempts"]
+            assert h["tributary.parked.parked_by"] == got[at]["parked_by"]
+            assert int(h["tributary.parked.timestamp"]) == got[at]["record"]["timestamp_ms"]
+        originals = {(r.partition, r.offset): r for r in backend.records(log_root, TOPIC)}
+        for r in backend.records(log_root, parked_topic(GROUP)):
+            h = json.loads(r.headers or b"{}")
+            original = originals[(int(h["tributary.parked.partition"]), int(h["tributary.parked.offset"]))]
+            assert (r.key, r.value) == (original.key, original.value)
 
         shown = cli("groups", "parked", GROUP, "--json", "--config", str(config))
         assert shown.returncode == 0, shown.stderr
@@ -187,5 +219,85 @@ def test_nack_retry_park_list_and_replay(fresh_db: str, tmp_path: Path, backend:
             timeout=30,
         )
         assert stranger.status_code == 409, stranger.text
+        # any group reads the parked topic like any topic
+        auditor = httpx.post(
+            f"{base}/groups/auditor/members",
+            json={"topics": [parked_topic(GROUP)], "member_id": "x", "auto_offset_reset": "earliest"},
+            timeout=30,
+        )
+        assert auditor.status_code == 200, auditor.text
+        audited: list[dict[str, Any]] = []
+        waiting.wait_progress(
+            lambda: (
+                bool(audited.extend(_pull_group(base, "auditor", "x", auditor.json()["generation"])))
+                or len(audited) >= 2
+            ),
+            lambda: len(audited),
+            what="the parked topic's records for another group",
+        )
+        assert sorted(int(r["headers"]["tributary.parked.offset"]) for r in audited) == sorted(o for _, o in got)
         missing = httpx.get(f"{base}/groups/nobody/parked", timeout=30)
         assert missing.status_code == 404 and missing.json()["code"] == "not_found", missing.text
+
+
+def test_a_park_whose_commit_failed_is_listed_once(fresh_db: str, tmp_path: Path, backend: LogBackend) -> None:
+    topic, group = "crash.public.items", "crash:group"  # a group name that is no topic name
+    backend.prepare(topic, parked_topic(group))
+    run_migrations(fresh_db)
+    log_root = tmp_path / "log"
+    w = writer(backend, log_root, ["crash"], writer_id="crash")
+    try:
+        src = w.source("crash")
+        src.create_topic(topic, TopicConfig(partitions=1))
+        src.append(topic, 0, [(b'{"id":1}', b'{"n":1}', 1_700_000_000_000, b'{"trace":"t1"}')])
+        w.commit()
+    finally:
+        w.close()
+    kafka = backend.kafka_options("crash-groups")
+    with GroupCoordinator(fresh_db, log_root, kafka=kafka, poll_interval_ms=0, auto_offset_reset="earliest") as c:
+        m = c.join(group, [topic], member_id="m", session_timeout_ms=60_000)
+        got: list[Record] = []
+        waiting.wait_progress(
+            lambda: bool(got.extend(c.fetch(group, "m", m.generation).records)) or len(got) >= 1,
+            lambda: len(got),
+            what="the record",
+        )
+        ref = [(topic, 0, got[0].offset)]
+        # the database refuses the park at its commit: after the parked topic was written
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute(
+                "CREATE FUNCTION refuse_park() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'injected: park refused at commit'; END $$"
+            )
+            conn.execute(
+                "CREATE CONSTRAINT TRIGGER refuse_park AFTER INSERT ON consumers.parked "
+                "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_park()"
+            )
+        with pytest.raises(psycopg.Error, match="injected"):
+            c.park(group, "m", m.generation, ref, reason="cannot parse")
+        assert len(backend.records(log_root, parked_topic(group))) == 1  # written, not committed in the database
+        assert c.parked(group) == []
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute("DROP TRIGGER refuse_park ON consumers.parked")
+        c.park(group, "m", m.generation, ref, reason="cannot parse")  # the member parks it again
+        assert len(backend.records(log_root, parked_topic(group))) == 2
+        listed = c.parked(group)
+        assert len(listed) == 1
+        assert listed[0]["record"] == got[0]
+        assert (listed[0]["reason"], listed[0]["parked_by"], listed[0]["state"]) == ("cannot parse", "m", "parked")
+        # replayed, then parked again: the topic has the new park, the listing shows only it
+        assert c.replay_parked(group) == 1
+        again: list[Record] = []
+        waiting.wait_progress(
+            lambda: bool(again.extend(c.fetch(group, "m", m.generation).records)) or len(again) >= 1,
+            lambda: len(again),
+            what="the replayed record",
+        )
+        assert again[0] == got[0]
+        c.park(group, "m", m.generation, ref, reason="still cannot parse")
+        assert len(backend.records(log_root, parked_topic(group))) == 3
+        relisted = c.parked(group)
+        assert [(x["reason"], x["attempts"], x["state"], x["replays"]) for x in relisted] == [
+            ("still cannot parse", 1, "parked", 1)
+        ]
+        assert relisted[0]["parked_at"] > listed[0]["parked_at"]

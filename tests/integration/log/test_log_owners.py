@@ -169,3 +169,27 @@ def test_repair_covers_every_owner(tmp_path: Path) -> None:
     with Log.open(root) as reader:
         assert reader.end_offsets("d") == [0, 2] and reader.end_offsets("t") == [1]
     assert admin.verify(root) == []
+
+
+def test_a_named_owner_waits_a_bounded_time_for_its_lock(tmp_path: Path) -> None:
+    """Processes taking turns as one owner (every server process parks as `groups`): a second open
+    waits for the holder to let go, and past `lock_timeout_s` refuses in one line."""
+    root = tmp_path / "log"
+    holder = Log.open(root, writer=True, owner="groups")
+    with pytest.raises(LogLockedError, match=r"owner 'groups' of the log at .* is locked by pid \d+ \(waited 0.2s\)$"):
+        Log.open(root, writer=True, owner="groups", lock_timeout_s=0.2)
+    opened: list[Log] = []
+    waiter = threading.Thread(
+        target=lambda: opened.append(Log.open(root, writer=True, owner="groups", lock_timeout_s=600))
+    )
+    waiter.start()
+    try:
+        assert not opened  # it waits while the lock is held (its deadline is far away)
+        holder.close()
+        waiter.join(timeout=600)
+        assert len(opened) == 1
+    finally:
+        holder.close()
+        waiter.join(timeout=600)
+        for log in opened:
+            log.close()

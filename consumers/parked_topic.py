@@ -1,0 +1,155 @@
+"""A group's parked records in a topic of the log, `<group>.parked`: the original record (key, value,
+headers) with headers saying where it came from and why it was set aside, as Kafka's dead-letter
+topics do (Kafka Connect's `__connect.errors.*`, Spring's `kafka_dlt-*` headers).
+
+The topic is written before the park commits in the service database (docs/consumers.md, "Saying
+no"): a park that did not commit leaves a record whose `tributary.parked.id` the database does not
+know, and the listing shows only parks the database committed. Local log: the writer owner `groups`,
+shared by every server process, each taking the owner's lock for one park (a bounded wait); Kafka: a
+transactional producer per process (`groups.<host>.<pid>`), so server processes never fence each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import socket
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import orjson
+
+from tributary.log import Record, TopicConfig, open_writer
+
+if TYPE_CHECKING:
+    from tributary.log import KafkaOptions
+
+__all__ = ["LOCK_TIMEOUT_S", "OWNER", "PREFIX", "Park", "ParkedTopic", "headers_for", "parked_topic", "read_park"]
+
+OWNER = "groups"  # the local log's writer owner of every group's parked topic
+PREFIX = "tributary.parked."  # the headers a parked record carries beside its own
+LOCK_TIMEOUT_S = 10.0  # how long a park waits for another server process's park
+_TOPIC_SAFE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def parked_topic(group: str) -> str:
+    """The group's parked topic: `<group>.parked` where the group's name is a valid topic name;
+    else its other characters become `_` and a hash of the name keeps it apart from any other
+    (`a:b` → `a_b-<8 hex>.parked`)."""
+    if _TOPIC_SAFE.match(group):
+        return f"{group}.parked"
+    safe = _UNSAFE.sub("_", group)
+    if not safe[0].isalnum() and safe[0] != "_":
+        safe = "_" + safe[1:]
+    return f"{safe}-{hashlib.sha256(group.encode()).hexdigest()[:8]}.parked"
+
+
+@dataclass(frozen=True, slots=True)
+class Park:
+    """One park as its topic holds it: the original record and why it was set aside."""
+
+    record: Record
+    park_id: str
+    reason: str
+    attempts: int
+    parked_at: datetime
+    parked_by: str | None
+
+
+def headers_for(p: Park) -> bytes:
+    """The parked record's headers: the original's (a JSON object) plus `tributary.parked.*`; an
+    original that was not a plain object of strings (or used the prefix) travels whole."""
+    own: dict[str, str] = {}
+    whole = None
+    if p.record.headers is not None:
+        parsed = orjson.loads(p.record.headers)
+        if isinstance(parsed, dict) and all(isinstance(v, str) and not k.startswith(PREFIX) for k, v in parsed.items()):
+            own = parsed
+        else:
+            whole = p.record.headers.decode()
+    r = p.record
+    ours = {
+        "topic": r.topic,
+        "partition": str(r.partition),
+        "offset": str(r.offset),
+        "timestamp": str(r.timestamp),
+        "reason": p.reason,
+        "attempts": str(p.attempts),
+        "parked_at": p.parked_at.isoformat(),
+        "id": p.park_id,
+        **({"parked_by": p.parked_by} if p.parked_by is not None else {}),
+        **({"headers": whole} if whole is not None else {}),
+    }
+    return orjson.dumps({**own, **{PREFIX + k: v for k, v in ours.items()}})
+
+
+def read_park(rec: Record) -> Park | None:
+    """A record of a parked topic back as its park (None: not one tributary wrote)."""
+    try:
+        h = orjson.loads(rec.headers) if rec.headers is not None else None
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(h, dict) or not isinstance(h.get(PREFIX + "id"), str):
+        return None
+    own = {k: v for k, v in h.items() if not k.startswith(PREFIX)}
+    whole = h.get(PREFIX + "headers")
+    headers = whole.encode() if isinstance(whole, str) else (orjson.dumps(own) if own else None)
+    original = Record(
+        h[PREFIX + "topic"],
+        int(h[PREFIX + "partition"]),
+        int(h[PREFIX + "offset"]),
+        int(h[PREFIX + "timestamp"]),
+        rec.key,
+        rec.value,
+        headers,
+    )
+    return Park(
+        original,
+        h[PREFIX + "id"],
+        h[PREFIX + "reason"],
+        int(h[PREFIX + "attempts"]),
+        datetime.fromisoformat(h[PREFIX + "parked_at"]),
+        h.get(PREFIX + "parked_by"),
+    )
+
+
+class ParkedTopic:
+    """Appends parks to their group's topic, one durable commit per call (thread-safe: this
+    process's parks take turns, as other processes' do through the owner's lock)."""
+
+    def __init__(self, root: Path, kafka: KafkaOptions | None) -> None:
+        self.root = root
+        self.kafka = kafka
+        self.name = f"{OWNER}.{socket.gethostname()}.{os.getpid()}"  # the Kafka producer's own id
+        self._turn = threading.Lock()
+
+    def append(self, group: str, parks: Sequence[Park]) -> None:
+        """Write `parks` to the group's parked topic, durable and visible on return; a LogError
+        (the owner's lock not let go in time, the log unwritable) says why not."""
+        if not parks:
+            return
+        topic = parked_topic(group)
+        with self._turn:
+            log = open_writer(
+                root=self.root,
+                kafka=self.kafka,
+                sources=[self.name],
+                default_partitions=1,
+                owner=OWNER,
+                lock_timeout_s=LOCK_TIMEOUT_S,
+            )
+            try:
+                src = log.source(self.name)
+                src.create_topic(topic, TopicConfig(partitions=1))
+                src.append(
+                    topic, 0, [(p.record.key, p.record.value, p.record.timestamp, headers_for(p)) for p in parks]
+                )
+                log.commit()
+            finally:
+                log.close()
