@@ -31,7 +31,7 @@ import psycopg
 from tributary.consumers.assign import TopicPartition
 from tributary.consumers.errors import ConsumerError, NotAssigned, NotFound
 from tributary.consumers.offsets import OffsetStore
-from tributary.consumers.parked_topic import Park, ParkedTopic, parked_topic, read_park
+from tributary.consumers.parked_topic import Park, ParkedTopic
 from tributary.consumers.rebalancing import check_member
 from tributary.consumers.state import GroupState
 from tributary.log import Record
@@ -278,44 +278,22 @@ class Nacks:
         return [_answer(rec, "parked", None) for rec in copies]
 
     def parked(self, group: str, *, state: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
-        """The group's parked records (oldest first), with the original record and why, read from
-        the group's parked topic, each with its replay state from the database; a park the database
-        did not commit (it failed after the topic was written) is left out, as is an earlier park of
-        a record parked again (its `parked_at` is no longer the committed one)."""
+        """The group's parked records (oldest first), with the original record and why, and their
+        replay state: the parks the database committed (a park whose commit failed after its topic
+        record was written is not one; a record parked again shows its latest park). The parked
+        topic holds the same records for consumers; this listing reads the database's copy, so it
+        is one indexed query whatever the topic's length, and parks from before the topic existed
+        are listed too."""
         with self.state.pool.connection() as conn:
             if conn.execute("SELECT 1 FROM consumers.groups WHERE group_id = %s", (group,)).fetchone() is None:
                 raise NotFound(f"no group {group!r}")
             rows = conn.execute(
-                'SELECT topic, partition, "offset", parked_at, state, replays, replayed_at FROM consumers.parked '
-                "WHERE group_id = %s AND (%s::text IS NULL OR state = %s)",
-                (group, state, state),
+                'SELECT topic, partition, "offset", timestamp_ms, key, value, headers, reason, attempts, parked_at, '
+                "parked_by, state, replays, replayed_at FROM consumers.parked WHERE group_id = %s "
+                'AND (%s::text IS NULL OR state = %s) ORDER BY parked_at, topic, partition, "offset" LIMIT %s',
+                (group, state, state, limit),
             ).fetchall()
-        committed = {(t, p, o, at): (st, n, done) for t, p, o, at, st, n, done in rows}
-        listed = []
-        for park in self._parks(group):
-            rec = park.record
-            found = committed.pop((rec.topic, rec.partition, rec.offset, park.parked_at), None)
-            if found is not None:
-                listed.append(_listed(park, *found))
-        listed.sort(key=lambda r: (r["parked_at"], r["record"].topic, r["record"].partition, r["record"].offset))
-        return listed[:limit]
-
-    def _parks(self, group: str) -> list[Park]:
-        """Every park in the group's parked topic, in the order written."""
-        view = self.state.view
-        view.refresh()
-        topic = parked_topic(group)
-        if view.partitions(topic) == 0:
-            return []
-        start, end = view.bounds(topic, 0)
-        out = []
-        with _reading(view.read(topic, 0, start)) as it:
-            for rec in it:
-                if rec.offset >= end:
-                    break
-                if (park := read_park(rec)) is not None:
-                    out.append(park)
-        return out
+        return [_parked_row(r) for r in rows]
 
     def replay(self, group: str, *, topic: str | None = None) -> int:
         """Hand the group's parked records (of `topic`, or all) back to it: each goes to the member
@@ -415,14 +393,14 @@ def _answer(rec: Record, action: str, attempts: int | None) -> dict[str, Any]:
     }
 
 
-def _listed(park: Park, state: str, replays: int, replayed_at: Any) -> dict[str, Any]:
-    """A park from the topic with its replay state, as the listing shows it."""
+def _parked_row(r: tuple[Any, ...]) -> dict[str, Any]:
+    topic, partition, offset, ts, key, value, headers, reason, attempts, parked_at, by, state, replays, replayed_at = r
     return {
-        "record": park.record,
-        "reason": park.reason,
-        "attempts": park.attempts,
-        "parked_at": park.parked_at,
-        "parked_by": park.parked_by,
+        "record": Record(topic, partition, offset, ts, _bytes(key), _bytes(value), _bytes(headers)),
+        "reason": reason,
+        "attempts": attempts,
+        "parked_at": parked_at,
+        "parked_by": by,
         "state": state,
         "replays": replays,
         "replayed_at": replayed_at,
