@@ -44,6 +44,7 @@ from tributary.projections.engine import (
 )
 from tributary.projections.errors import LockedError, ProjectionError, RunError
 from tributary.projections.executors import check_executors
+from tributary.projections.incremental import mode, recompute_reason
 from tributary.projections.job import (
     TRUNCATE_COLUMNS,
     TRUNCATE_SCHEMA,
@@ -163,6 +164,7 @@ class ProjectionStatus:
     last_error: str | None = None
     label: str = ""  # the state as people read it: `behind (162 records)` (`projections.state`)
     stream: str | None = None  # a projection that emits: the topic its serving build writes (`Emit.topic_for`)
+    mode: str = ""  # `incremental`, or `recomputes: <why>` (a DataFrame projection: `projections.incremental`)
 
 
 def _connect(s: RunSettings) -> psycopg.Connection[Any]:
@@ -300,11 +302,16 @@ def _read(
 def _transform_pass(
     s: RunSettings, spark: SparkSession, store: Store, log: LogSource, p: Projection, b: BuildRow, span: _Span
 ) -> _Pass:
-    """A DataFrame transform recomputes over the whole log: its output replaces the table."""
+    """A DataFrame transform recomputes over the whole log, its output replacing the table; an
+    incremental one (`incremental.recompute_reason` None) whose build has checkpoints aggregates
+    only the new records and merges the partials into the table."""
     assert p.build is not None
-    records = _read(s, log, p, span, aggregation_session(spark, _partitions(s, spark)), {})
+    merging = span.resumed and recompute_reason(p) is None
+    records = _read(s, log, p, span, aggregation_session(spark, _partitions(s, spark)), span.lo if merging else {})
     out = p.build(records).toArrow()
     lines = output_lines(p, out)  # checks the rows (unknown columns, NULL keys) first
+    if merging:
+        return _Pass(span.total, store.merge_rows(p, b, [lines], span.checkpoints(), span.total))
     rows = store.replace_rows(p, b, [lines], span.checkpoints(), span.total, distinct_keys=distinct_keys(p, out))
     return _Pass(span.total, rows)
 
@@ -760,6 +767,7 @@ def list_projections(settings: RunSettings) -> list[dict[str, Any]]:
             "kind": "fold" if p.fold is not None else "dataframe",
             "window": None if p.window is None else p.window.kind,
             "description": p.description,
+            "mode": mode(p),
         }
         for p in load_current(settings.modules, settings.mirror).values()
     ]
@@ -817,6 +825,7 @@ def status(
                     next((b.error for b in reversed(builds) if b.status == "failed"), None),
                     state_label(state, lag),
                     None if p.emit is None or cur is None else p.emit.topic_for(cur.version, cur.build),
+                    mode(p),
                 )
             )
         if log is not None:

@@ -147,7 +147,8 @@ def status_cmd(
         flag = "  (version changed: next run rebuilds)" if r.needs_rebuild and r.build is not None else ""
         typer.echo(
             f"{r.name} v{r.version}: {r.label} build={r.build} table={r.table} records={r.records:,} "
-            f"lag={r.lag:,} late_dropped={r.late_dropped:,}{'' if r.stream is None else ' stream=' + r.stream}{flag}"
+            f"lag={r.lag:,} late_dropped={r.late_dropped:,}{'' if r.stream is None else ' stream=' + r.stream}"
+            f" mode={r.mode}{flag}"
         )
 
 
