@@ -11,11 +11,17 @@ For each size N (events over --keys accounts in `events.account`, 4 partitions):
                 table holding the same rows (loaded by COPY beforehand, not timed), --repeat times;
                 ratios are of medians, and of the first runs;
   * (b) py    — a single-process Python fold reading the log (same engine, same order);
-  * incremental — `run` after --incremental new events on top of N;
+  * incremental — `run` after --incremental new events on top of N (the fold);
+  * dataframe_incremental — `account_totals` (incremental: `merge=`) built over N, then a `run`
+                after --incremental new events (it aggregates only them and merges the partials
+                into the table), then a rebuild over the same N + --incremental events: the run's
+                time over the rebuild's, and whether both tables agree. `--only-dataframe-incremental`
+                measures just this part;
   * driver RSS (this Python process) and the Spark JVM's peak RSS.
 Prints JSON and saves it to bench/results/projections.json.
 
     python bench/projections.py [--events 1000000,10000000] [--keys 100000] [--dsn DSN]
+    python bench/projections.py --only-dataframe-incremental --events 2000000 --incremental 10000
 """
 
 from __future__ import annotations
@@ -249,6 +255,52 @@ def one_size(
     }
 
 
+def dataframe_incremental(n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: int) -> dict[str, Any]:
+    """`account_totals` over N events, then an incremental run after `incremental` more, then a
+    rebuild over them all (same run): the incremental run must cost a small part of the rebuild
+    and leave the table the rebuild makes."""
+    rng = random.Random(n + 1)
+    root = work / f"log_df_{n}"
+    shutil.rmtree(root, ignore_errors=True)
+    log = Log.open(root, writer=True)
+    log.create_topic(TOPIC, TopicConfig(partitions=PARTS))
+    write_events(log, 0, n, keys, rng, None)
+    s = RunSettings(
+        dsn=dsn,
+        log_root=root,
+        modules=("tributary.projections.examples.account_totals",),
+        spark_master=spark.sparkContext.master,
+        shuffle_partitions=8,
+    )
+    first = rebuild("account_totals", s, spark=spark)  # also makes the sealed segments' Parquet copies
+    write_events(log, n, incremental, keys, rng, None)
+    log.close()
+    inc = run("account_totals", s, spark=spark)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS public.bench_incremental")
+        conn.execute("CREATE TABLE public.bench_incremental AS TABLE views.account_totals")
+    full = rebuild("account_totals", s, spark=spark)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        differ = conn.execute(
+            "SELECT count(*) FROM ((TABLE views.account_totals EXCEPT TABLE public.bench_incremental) "
+            "UNION ALL (TABLE public.bench_incremental EXCEPT TABLE views.account_totals)) d"
+        ).fetchone()
+        conn.execute("DROP TABLE public.bench_incremental")
+    shutil.rmtree(root, ignore_errors=True)
+    return {
+        "events": n,
+        "keys": keys,
+        "first_rebuild_s": round(first.seconds, 2),
+        "incremental_events": incremental,
+        "incremental_records_read": inc.records,
+        "incremental_rows_merged": inc.rows,
+        "incremental_s": round(inc.seconds, 2),
+        "rebuild_s": round(full.seconds, 2),
+        "incremental_over_rebuild": round(inc.seconds / full.seconds, 3),
+        "tables_equal": differ is not None and differ[0] == 0,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", default="1000000,10000000", help="comma-separated sizes")
@@ -260,6 +312,9 @@ def main() -> None:
     ap.add_argument("--master", default="local[*]")
     ap.add_argument("--dir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "projections.json")
+    ap.add_argument(
+        "--only-dataframe-incremental", action="store_true", help="measure only the incremental DataFrame run"
+    )
     args = ap.parse_args()
     work = args.dir or Path(tempfile.mkdtemp(prefix="tributary-bench-proj-"))
     cluster = None
@@ -275,8 +330,21 @@ def main() -> None:
     warm.groupBy((warm.id % 7).alias("k")).count().collect()
     warm.mapInArrow(lambda batches: batches, "id long").collect()
     try:
+        if args.only_dataframe_incremental:
+            only = [
+                dataframe_incremental(int(n), args.keys, dsn, work, spark, args.incremental)
+                for n in args.events.split(",")
+            ]
+            text = json.dumps({"bench": "projections", "master": args.master, "dataframe_incremental": only}, indent=2)
+            print(text)
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.with_name("projections_dataframe_incremental.json").write_text(text + "\n")
+            return
         sizes = [
-            one_size(int(n), args.keys, dsn, work, spark, args.incremental, args.py_max, args.repeat)
+            {
+                **one_size(int(n), args.keys, dsn, work, spark, args.incremental, args.py_max, args.repeat),
+                "dataframe_incremental": dataframe_incremental(int(n), args.keys, dsn, work, spark, args.incremental),
+            }
             for n in args.events.split(",")
         ]
         result: dict[str, Any] = {

@@ -117,7 +117,7 @@ def _require_init(dsn: str) -> None:
 
 @project_app.command("list")
 def list_cmd(config: ConfigOption = None) -> None:
-    """Every configured projection: name, version, source topics, kind, window."""
+    """Every configured projection: name, version, source topics, kind, window, mode (incremental or why not)."""
     from tributary.projections.runner import list_projections
 
     rows = list_projections(_run_settings(config))
@@ -125,7 +125,7 @@ def list_cmd(config: ConfigOption = None) -> None:
         typer.echo("no projections configured: add files or modules to [projections] modules (see README)")
     for p in rows:
         window = f" window={p['window']}" if p["window"] else ""
-        typer.echo(f"{p['name']} v{p['version']} {p['kind']} topics={','.join(p['topics'])}{window}")
+        typer.echo(f"{p['name']} v{p['version']} {p['kind']} topics={','.join(p['topics'])}{window} mode={p['mode']}")
 
 
 @project_app.command("status")
