@@ -84,7 +84,9 @@ def test_a_run_aggregates_only_the_new_records(spark: Any, fresh_db: str, tmp_pa
     s = _settings(fresh_db, tmp_path / "log")
     assert run("totals", s, spark=spark).rows == 40
     assert run("totals_full", s, spark=spark).rows == 40
-    _append(w, [(3, "MoneyDeposited", 500, 99), (3, "MoneyWithdrawn", 200, 100), (7, "MoneyWithdrawn", 1, 101)], versions)
+    _append(
+        w, [(3, "MoneyDeposited", 500, 99), (3, "MoneyWithdrawn", 200, 100), (7, "MoneyWithdrawn", 1, 101)], versions
+    )
     w.close()
     merged = run("totals", s, spark=spark)
     assert (merged.records, merged.rows) == (3, 2)  # two accounts' partials, not all 40 rows again
