@@ -251,7 +251,8 @@ def _catch_up(
     stage: str = "catching_up",
 ) -> _Pass:
     """One pass from the checkpoints to the log's committed end: a DataFrame transform's over
-    the whole log, or a fold's over the new records (steps 1–4 of this module's docstring)."""
+    the whole log (an incremental one's over the new records), or a fold's over the new records
+    (steps 1–4 of this module's docstring)."""
     span = _span(store, log, p, b)
     total = span.total
     if total == 0:
