@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from tests.integration.projections.helpers import LogWriter, dump
 from tests.pg import PgServer, fresh_database
+from tributary.log.local import TopicConfig, canonical_json
 from tributary.projections.runner import RunSettings, rebuild, run, status
 
 pytestmark = pytest.mark.integration
@@ -101,3 +102,23 @@ def test_a_run_aggregates_only_the_new_records(spark: Any, fresh_db: str, tmp_pa
         "totals_full": "recomputes: no merge declared",
         "totals_cdc": "recomputes: shop.public.accounts is a CDC topic: its updates and deletes do not decompose",
     }
+
+
+def test_a_deleted_stream_compacted_away_counts_until_a_rebuild(spark: Any, fresh_db: str, tmp_path: Path) -> None:
+    """Kafka Streams' aggregation semantics: the table keeps what the runs read; a rebuild over the
+    compacted log no longer sees a deleted stream's events (docs: "Deleted streams and retention")."""
+    w = LogWriter(tmp_path / "log")
+    w.log.create_topic(DEP, TopicConfig(partitions=1, policy="tombstones"))  # as the event store makes it
+    w.topic(WD)
+    versions: dict[str, int] = {}
+    _append(w, [(1, "MoneyDeposited", 1000, 1), (2, "MoneyDeposited", 2000, 2)], versions)
+    s = _settings(fresh_db, tmp_path / "log")
+    run("totals", s, spark=spark)
+    w.log.append(DEP, 0, [(canonical_json("acc-2"), None, 3, None)])  # stream acc-2 deleted
+    _append(w, [(1, "MoneyDeposited", 100, 10 + i) for i in range(40)], versions)  # seals the segments
+    w.log.compact(DEP, now_ms=1_800_000_000_000)
+    w.close()
+    assert run("totals", s, spark=spark).rows == 1  # the tombstone contributes nothing
+    assert dump(fresh_db, "views.totals") == ["(acc-1,50.00,0.00,41)", "(acc-2,20.00,0.00,1)"]
+    rebuild("totals", s, spark=spark)
+    assert dump(fresh_db, "views.totals") == ["(acc-1,50.00,0.00,41)"]
