@@ -285,9 +285,16 @@ def _reported_as_run_errors() -> Iterator[None]:
 
 
 def _read(
-    s: RunSettings, log: LogSource, p: Projection, span: _Span, spark: SparkSession, start: Mapping[TP, int]
+    s: RunSettings,
+    log: LogSource,
+    p: Projection,
+    span: _Span,
+    spark: SparkSession,
+    start: Mapping[TP, int],
+    max_bytes: int | None = None,
 ) -> DataFrame:
-    """The projection's records from `start` (empty: the log's beginning) to the span's ends."""
+    """The projection's records from `start` (empty: the log's beginning) to the span's ends, in
+    row splits of `max_bytes` (default `split_bytes`)."""
     return log.records_frame(
         spark,
         modules=s.modules,
@@ -296,8 +303,14 @@ def _read(
         topics=span.topics,
         lo=start,
         hi=span.ends,
-        max_bytes=s.split_bytes,
+        max_bytes=max_bytes or s.split_bytes,
     )
+
+
+INCREMENTAL_SPLIT_BYTES = 1 << 20
+"""Row splits of an incremental DataFrame run: the split holding a checkpoint is read from its
+start, so with `split_bytes` (16 MB) a run of a few new records would read up to 16 MB per
+partition before them."""
 
 
 def _transform_pass(
@@ -308,7 +321,11 @@ def _transform_pass(
     only the new records and merges the partials into the table."""
     assert p.build is not None
     merging = span.resumed and recompute_reason(p) is None
-    records = _read(s, log, p, span, aggregation_session(spark, _partitions(s, spark)), span.lo if merging else {})
+    session = aggregation_session(spark, _partitions(s, spark))
+    if merging:  # a split is read from its first byte: small ones waste little before the checkpoint
+        records = _read(s, log, p, span, session, span.lo, min(s.split_bytes, INCREMENTAL_SPLIT_BYTES))
+    else:
+        records = _read(s, log, p, span, session, {})
     out = p.build(records).toArrow()
     lines = output_lines(p, out)  # checks the rows (unknown columns, NULL keys) first
     if merging:
