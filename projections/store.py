@@ -388,12 +388,7 @@ class Store:
                 n_rows = self._copy_rows(cur, into.target, into.cols, rows)
             else:
                 stage = sql.Identifier("_stage")
-                cur.execute(
-                    sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
-                        stage, into.cols, into.target
-                    )
-                )
-                n_rows = self._copy_rows(cur, stage, into.cols, rows)
+                n_rows = self._temp_stage(cur, into, stage, rows)
                 self._check_one_row_per_key(cur, p, into, stage)
                 cur.execute(
                     sql.SQL("DELETE FROM {} t WHERE NOT EXISTS (SELECT 1 FROM {} s WHERE {})").format(
@@ -432,12 +427,7 @@ class Store:
         )
         with self.conn.transaction():
             cur = self.conn.cursor()
-            cur.execute(
-                sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
-                    stage, into.cols, into.target
-                )
-            )
-            n_rows = self._copy_rows(cur, stage, into.cols, rows)
+            n_rows = self._temp_stage(cur, into, stage, rows)
             twice = cur.execute(
                 sql.SQL("SELECT {} FROM {} GROUP BY {} HAVING count(*) > 1 LIMIT 1").format(
                     into.pkcols, stage, into.pkcols
@@ -628,6 +618,17 @@ class Store:
     def _empty(cur: Cursor, table: sql.Composable) -> bool:
         row = cur.execute(sql.SQL("SELECT NOT EXISTS (SELECT FROM {})").format(table)).fetchone()
         return row is not None and row[0] is True
+
+    @classmethod
+    def _temp_stage(cls, cur: Cursor, into: _Into, stage: sql.Identifier, rows: Iterable[str | bytes]) -> int:
+        """COPY `rows` into a temporary table shaped like the build's, gone at commit; returns the
+        rows written."""
+        cur.execute(
+            sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
+                stage, into.cols, into.target
+            )
+        )
+        return cls._copy_rows(cur, stage, into.cols, rows)
 
     @staticmethod
     def _copy_rows(cur: Cursor, table: sql.Composable, cols: sql.Composable, rows: Iterable[str | bytes]) -> int:
