@@ -12,10 +12,10 @@ For each size N (events over --keys accounts in `events.account`, 4 partitions):
                 ratios are of medians, and of the first runs;
   * (b) py    — a single-process Python fold reading the log (same engine, same order);
   * incremental — `run` after --incremental new events on top of N (the fold);
-  * dataframe_incremental — `account_totals` (incremental: `merge=`) built over N, then a `run`
-                after --incremental new events (it aggregates only them and merges the partials
-                into the table), then a rebuild over the same N + --incremental events: the run's
-                time over the rebuild's, and whether both tables agree. `--only-dataframe-incremental`
+  * dataframe_incremental — `account_totals` (incremental: `merge=`) built over N, then --repeat
+                `run`s each after --incremental new events (each aggregates only them and merges
+                the partials into the table), then --repeat rebuilds over the same events: the
+                runs' median time over the rebuilds', and whether the tables agree. `--only-dataframe-incremental`
                 measures just this part;
   * driver RSS (this Python process) and the Spark JVM's peak RSS.
 Prints JSON and saves it to bench/results/projections.json.
@@ -255,10 +255,12 @@ def one_size(
     }
 
 
-def dataframe_incremental(n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: int) -> dict[str, Any]:
-    """`account_totals` over N events, then an incremental run after `incremental` more, then a
-    rebuild over them all (same run): the incremental run must cost a small part of the rebuild
-    and leave the table the rebuild makes."""
+def dataframe_incremental(
+    n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: int, repeat: int
+) -> dict[str, Any]:
+    """`account_totals` over N events, then `repeat` incremental runs each after `incremental`
+    more, then `repeat` rebuilds over them all (same run): an incremental run must cost a small
+    part of a rebuild (medians) and leave the table the rebuild makes."""
     rng = random.Random(n + 1)
     root = work / f"log_df_{n}"
     shutil.rmtree(root, ignore_errors=True)
@@ -273,13 +275,16 @@ def dataframe_incremental(n: int, keys: int, dsn: str, work: Path, spark: Any, i
         shuffle_partitions=8,
     )
     first = rebuild("account_totals", s, spark=spark)  # also makes the sealed segments' Parquet copies
-    write_events(log, n, incremental, keys, rng, None)
+    incs = []
+    for i in range(repeat):
+        write_events(log, n + i * incremental, incremental, keys, rng, None)
+        incs.append(run("account_totals", s, spark=spark))
     log.close()
-    inc = run("account_totals", s, spark=spark)
+    inc = incs[-1]
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS public.bench_incremental")
         conn.execute("CREATE TABLE public.bench_incremental AS TABLE views.account_totals")
-    full = rebuild("account_totals", s, spark=spark)
+    fulls = [rebuild("account_totals", s, spark=spark) for _ in range(repeat)]
     with psycopg.connect(dsn, autocommit=True) as conn:
         differ = conn.execute(
             "SELECT count(*) FROM ((TABLE views.account_totals EXCEPT TABLE public.bench_incremental) "
@@ -294,9 +299,11 @@ def dataframe_incremental(n: int, keys: int, dsn: str, work: Path, spark: Any, i
         "incremental_events": incremental,
         "incremental_records_read": inc.records,
         "incremental_rows_merged": inc.rows,
-        "incremental_s": round(inc.seconds, 2),
-        "rebuild_s": round(full.seconds, 2),
-        "incremental_over_rebuild": round(inc.seconds / full.seconds, 3),
+        "incremental_s": round(median(r.seconds for r in incs), 2),
+        "incremental_runs_s": [round(r.seconds, 2) for r in incs],
+        "rebuild_s": round(median(r.seconds for r in fulls), 2),
+        "rebuild_runs_s": [round(r.seconds, 2) for r in fulls],
+        "incremental_over_rebuild": round(median(r.seconds for r in incs) / median(r.seconds for r in fulls), 3),
         "tables_equal": differ is not None and differ[0] == 0,
     }
 
@@ -332,7 +339,7 @@ def main() -> None:
     try:
         if args.only_dataframe_incremental:
             only = [
-                dataframe_incremental(int(n), args.keys, dsn, work, spark, args.incremental)
+                dataframe_incremental(int(n), args.keys, dsn, work, spark, args.incremental, args.repeat)
                 for n in args.events.split(",")
             ]
             text = json.dumps({"bench": "projections", "master": args.master, "dataframe_incremental": only}, indent=2)
@@ -343,7 +350,9 @@ def main() -> None:
         sizes = [
             {
                 **one_size(int(n), args.keys, dsn, work, spark, args.incremental, args.py_max, args.repeat),
-                "dataframe_incremental": dataframe_incremental(int(n), args.keys, dsn, work, spark, args.incremental),
+                "dataframe_incremental": dataframe_incremental(
+                    int(n), args.keys, dsn, work, spark, args.incremental, args.repeat
+                ),
             }
             for n in args.events.split(",")
         ]
