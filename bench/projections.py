@@ -17,12 +17,18 @@ For each size N (events over --keys accounts in `events.account`, 4 partitions):
                 postgres extension is a download; this is what a user with the wheel alone does);
   * phases    — with --profile, where one DataFrame rebuild's time goes (session, plan and
                 frame, Spark read + aggregate + collect, COPY text, COPY + commit, swap, drop);
-  * incremental — `run` after --incremental new events on top of N;
+  * incremental — `run` after --incremental new events on top of N (the fold);
+  * dataframe_incremental — `account_totals` (incremental: `merge=`) built over N, then --repeat
+                `run`s each after --incremental new events (each aggregates only them and merges
+                the partials into the table), then --repeat rebuilds over the same events: the
+                runs' median time over the rebuilds', and whether the tables agree. `--only-dataframe-incremental`
+                measures just this part;
   * driver RSS (this Python process) and the Spark JVM's peak RSS.
 Prints JSON and saves it to bench/results/projections.json.
 
     python bench/projections.py [--events 1000000,10000000] [--keys 100000] [--dsn DSN]
                                 [--dataframe-only] [--profile]
+    python bench/projections.py --only-dataframe-incremental --events 2000000 --incremental 10000
 """
 
 from __future__ import annotations
@@ -421,6 +427,59 @@ def one_size(
     }
 
 
+def dataframe_incremental(
+    n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: int, repeat: int
+) -> dict[str, Any]:
+    """`account_totals` over N events, then `repeat` incremental runs each after `incremental`
+    more, then `repeat` rebuilds over them all (same run): an incremental run must cost a small
+    part of a rebuild (medians) and leave the table the rebuild makes."""
+    rng = random.Random(n + 1)
+    root = work / f"log_df_{n}"
+    shutil.rmtree(root, ignore_errors=True)
+    log = Log.open(root, writer=True)
+    log.create_topic(TOPIC, TopicConfig(partitions=PARTS))
+    write_events(log, 0, n, keys, rng, None)
+    s = RunSettings(
+        dsn=dsn,
+        log_root=root,
+        modules=("tributary.projections.examples.account_totals",),
+        spark_master=spark.sparkContext.master,
+        shuffle_partitions=8,
+    )
+    first = rebuild("account_totals", s, spark=spark)  # also makes the sealed segments' Parquet copies
+    incs = []
+    for i in range(repeat):
+        write_events(log, n + i * incremental, incremental, keys, rng, None)
+        incs.append(run("account_totals", s, spark=spark))
+    log.close()
+    inc = incs[-1]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS public.bench_incremental")
+        conn.execute("CREATE TABLE public.bench_incremental AS TABLE views.account_totals")
+    fulls = [rebuild("account_totals", s, spark=spark) for _ in range(repeat)]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        differ = conn.execute(
+            "SELECT count(*) FROM ((TABLE views.account_totals EXCEPT TABLE public.bench_incremental) "
+            "UNION ALL (TABLE public.bench_incremental EXCEPT TABLE views.account_totals)) d"
+        ).fetchone()
+        conn.execute("DROP TABLE public.bench_incremental")
+    shutil.rmtree(root, ignore_errors=True)
+    return {
+        "events": n,
+        "keys": keys,
+        "first_rebuild_s": round(first.seconds, 2),
+        "incremental_events": incremental,
+        "incremental_records_read": inc.records,
+        "incremental_rows_merged": inc.rows,
+        "incremental_s": round(median(r.seconds for r in incs), 2),
+        "incremental_runs_s": [round(r.seconds, 2) for r in incs],
+        "rebuild_s": round(median(r.seconds for r in fulls), 2),
+        "rebuild_runs_s": [round(r.seconds, 2) for r in fulls],
+        "incremental_over_rebuild": round(median(r.seconds for r in incs) / median(r.seconds for r in fulls), 3),
+        "tables_equal": differ is not None and differ[0] == 0,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", default="1000000,10000000", help="comma-separated sizes")
@@ -436,6 +495,9 @@ def main() -> None:
     ap.add_argument("--master", default="local[*]")
     ap.add_argument("--dir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "projections.json")
+    ap.add_argument(
+        "--only-dataframe-incremental", action="store_true", help="measure only the incremental DataFrame run"
+    )
     args = ap.parse_args()
     work = args.dir or Path(tempfile.mkdtemp(prefix="tributary-bench-proj-"))
     cluster = None
@@ -452,19 +514,34 @@ def main() -> None:
     warm.mapInArrow(lambda batches: batches, "id long").collect()
     load_before = os.getloadavg()
     try:
+        if args.only_dataframe_incremental:
+            only = [
+                dataframe_incremental(int(n), args.keys, dsn, work, spark, args.incremental, args.repeat)
+                for n in args.events.split(",")
+            ]
+            text = json.dumps({"bench": "projections", "master": args.master, "dataframe_incremental": only}, indent=2)
+            print(text)
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.with_name("projections_dataframe_incremental.json").write_text(text + "\n")
+            return
         sizes = [
-            one_size(
-                int(n),
-                args.keys,
-                dsn,
-                work,
-                spark,
-                args.incremental,
-                args.py_max,
-                args.repeat,
-                dataframe_only=args.dataframe_only,
-                profile=args.profile,
-            )
+            {
+                **one_size(
+                    int(n),
+                    args.keys,
+                    dsn,
+                    work,
+                    spark,
+                    args.incremental,
+                    args.py_max,
+                    args.repeat,
+                    dataframe_only=args.dataframe_only,
+                    profile=args.profile,
+                ),
+                "dataframe_incremental": dataframe_incremental(
+                    int(n), args.keys, dsn, work, spark, args.incremental, args.repeat
+                ),
+            }
             for n in args.events.split(",")
         ]
         result: dict[str, Any] = {

@@ -192,7 +192,10 @@ class Projection:
     (`record.is_schema`), which a projection does not see otherwise. `tables` (folds): other topics
     read as tables, each record looking them up as of its place in the merge order
     (`record.lookup(name)`, projections/joins.py). `emit` (plain folds): a derived stream written
-    to the log beside the table (`Emit`). Bumping `version` asks for a rebuild.
+    to the log beside the table (`Emit`). `merge` (DataFrame projections): how each non-key
+    column of a partial aggregate merges into the stored row — `sum`, `count`, `min`, `max` or an
+    SQL expression over `old.<column>` and `new.<column>` — which makes runs read only the new
+    records (`projections/incremental.py`). Bumping `version` asks for a rebuild.
     """
 
     name: str
@@ -209,6 +212,7 @@ class Projection:
     schema_records: bool = False
     tables: Mapping[str, Join] = field(default_factory=dict)
     emit: Emit | None = None
+    merge: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name) or "__" in self.name:
@@ -226,6 +230,29 @@ class Projection:
         object.__setattr__(self, "topics", tuple(self.topics))
         self._check_tables()
         self._check_emit()
+        self._check_merge()
+
+    def _check_merge(self) -> None:
+        """`merge`: a DataFrame projection's per-column merge of partial aggregates, one for each
+        column outside the primary key (`projections/incremental.py` turns it into SQL)."""
+        if not self.merge:
+            return
+        if self.build is None:
+            raise DefinitionError(f"projection {self.name!r}: merge applies to DataFrame projections (build=)")
+        if not isinstance(self.merge, Mapping):
+            raise DefinitionError(f"projection {self.name!r}: merge must be a dict of column -> merge")
+        values = [c for c in self.table.names if c not in self.table.primary_key]
+        if sorted(self.merge) != sorted(values):
+            raise DefinitionError(
+                f"projection {self.name!r}: merge must name every column outside the primary key, "
+                f"exactly: {values}, not {sorted(self.merge)}"
+            )
+        for column, how in self.merge.items():
+            if not isinstance(how, str) or not how.strip() or ";" in how:
+                raise DefinitionError(
+                    f"projection {self.name!r}: merge[{column!r}] must be sum|count|min|max or an SQL "
+                    "expression over old.<column> and new.<column>"
+                )
 
     def _check_emit(self) -> None:
         """`emit`: plain folds only (their records are applied once each, in an order a rebuild repeats)."""

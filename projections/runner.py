@@ -44,6 +44,7 @@ from tributary.projections.engine import (
 )
 from tributary.projections.errors import LockedError, ProjectionError, RunError
 from tributary.projections.executors import check_executors
+from tributary.projections.incremental import mode, recompute_reason
 from tributary.projections.job import (
     TRUNCATE_COLUMNS,
     TRUNCATE_SCHEMA,
@@ -165,6 +166,7 @@ class ProjectionStatus:
     last_error: str | None = None
     label: str = ""  # the state as people read it: `behind (162 records)` (`projections.state`)
     stream: str | None = None  # a projection that emits: the topic its serving build writes (`Emit.topic_for`)
+    mode: str = ""  # `incremental`, or `recomputes: <why>` (a DataFrame projection: `projections.incremental`)
 
 
 def _connect(s: RunSettings) -> psycopg.Connection[Any]:
@@ -251,7 +253,8 @@ def _catch_up(
     stage: str = "catching_up",
 ) -> _Pass:
     """One pass from the checkpoints to the log's committed end: a DataFrame transform's over
-    the whole log, or a fold's over the new records (steps 1–4 of this module's docstring)."""
+    the whole log (an incremental one's over the new records), or a fold's over the new records
+    (steps 1–4 of this module's docstring)."""
     span = _span(store, log, p, b)
     total = span.total
     if total == 0:
@@ -286,9 +289,16 @@ def _reported_as_run_errors() -> Iterator[None]:
 
 
 def _read(
-    s: RunSettings, log: LogSource, p: Projection, span: _Span, spark: SparkSession, start: Mapping[TP, int]
+    s: RunSettings,
+    log: LogSource,
+    p: Projection,
+    span: _Span,
+    spark: SparkSession,
+    start: Mapping[TP, int],
+    max_bytes: int | None = None,
 ) -> DataFrame:
-    """The projection's records from `start` (empty: the log's beginning) to the span's ends."""
+    """The projection's records from `start` (empty: the log's beginning) to the span's ends, in
+    row splits of `max_bytes` (default `split_bytes`)."""
     return log.records_frame(
         spark,
         modules=s.modules,
@@ -297,7 +307,7 @@ def _read(
         topics=span.topics,
         lo=start,
         hi=span.ends,
-        max_bytes=s.split_bytes,
+        max_bytes=max_bytes or s.split_bytes,
     )
 
 
@@ -320,14 +330,29 @@ def _small_pass(s: RunSettings, store: Store, log: LogSource, p: Projection, b: 
     return None if rows is None else _Pass(span.total, rows)
 
 
+INCREMENTAL_SPLIT_BYTES = 1 << 20
+"""Row splits of an incremental DataFrame run: the split holding a checkpoint is read from its
+start, so with `split_bytes` (16 MB) a run of a few new records would read up to 16 MB per
+partition before them."""
+
+
 def _transform_pass(
     s: RunSettings, spark: SparkSession, store: Store, log: LogSource, p: Projection, b: BuildRow, span: _Span
 ) -> _Pass:
-    """A DataFrame transform recomputes over the whole log: its output replaces the table."""
+    """A DataFrame transform recomputes over the whole log, its output replacing the table; an
+    incremental one (`incremental.recompute_reason` None) whose build has checkpoints aggregates
+    only the new records and merges the partials into the table."""
     assert p.build is not None
-    records = _read(s, log, p, span, aggregation_session(spark, _partitions(s, spark)), {})
+    merging = span.resumed and recompute_reason(p) is None
+    session = aggregation_session(spark, _partitions(s, spark))
+    if merging:  # a split is read from its first byte: small ones waste little before the checkpoint
+        records = _read(s, log, p, span, session, span.lo, min(s.split_bytes, INCREMENTAL_SPLIT_BYTES))
+    else:
+        records = _read(s, log, p, span, session, {})
     out = p.build(records).toArrow()
     lines = output_lines(p, out)  # checks the rows (unknown columns, NULL keys) first
+    if merging:
+        return _Pass(span.total, store.merge_rows(p, b, [lines], span.checkpoints(), span.total))
     rows = store.replace_rows(p, b, [lines], span.checkpoints(), span.total, distinct_keys=distinct_keys(p, out))
     return _Pass(span.total, rows)
 
@@ -824,6 +849,7 @@ def list_projections(settings: RunSettings) -> list[dict[str, Any]]:
             "kind": "fold" if p.fold is not None else "dataframe",
             "window": None if p.window is None else p.window.kind,
             "description": p.description,
+            "mode": mode(p),
         }
         for p in load_current(settings.modules, settings.mirror).values()
     ]
@@ -881,6 +907,7 @@ def status(
                     next((b.error for b in reversed(builds) if b.status == "failed"), None),
                     state_label(state, lag),
                     None if p.emit is None or cur is None else p.emit.topic_for(cur.version, cur.build),
+                    mode(p),
                 )
             )
         if log is not None:

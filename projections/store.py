@@ -389,12 +389,7 @@ class Store:
                 n_rows = self._copy_rows(cur, into.target, into.cols, rows)
             else:
                 stage = sql.Identifier("_stage")
-                cur.execute(
-                    sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
-                        stage, into.cols, into.target
-                    )
-                )
-                n_rows = self._copy_rows(cur, stage, into.cols, rows)
+                n_rows = self._temp_stage(cur, into, stage, rows)
                 self._check_one_row_per_key(cur, p, into, stage)
                 cur.execute(
                     sql.SQL("DELETE FROM {} t WHERE NOT EXISTS (SELECT 1 FROM {} s WHERE {})").format(
@@ -404,6 +399,56 @@ class Store:
                 self._merge_rows(cur, into, stage)
             self._advance(cur, b, checkpoints, records, {}, [])
             self._show_schema_change(p, b)
+        return n_rows
+
+    def merge_rows(
+        self,
+        p: Projection,
+        b: BuildRow,
+        rows: Iterable[str | bytes],
+        checkpoints: Mapping[TP, tuple[int, int | None]],
+        records: int,
+    ) -> int:
+        """Commit an incremental DataFrame pass, atomically: `rows` are the new records' partial
+        aggregates, one per key; each merges into the stored row of its key by the projection's
+        `merge` (`incremental.merge_expression`), or becomes the key's row. Returns rows merged.
+
+        1. COPY the partials into a staging table; 2. refuse two partials for one key (they would
+        both be merged); 3. UPDATE the stored keys, INSERT the others; 4. move checkpoints and add
+        the records read; 5. commit — all or nothing: a rerun after a crash merges them once."""
+        from tributary.projections.incremental import merge_expression
+
+        into = _Into.of(self.schema, p, b)
+        stage = sql.Identifier("_partials")
+        new_match = sql.SQL(" AND ").join(
+            sql.SQL("old.{0} = new.{0}").format(sql.Identifier(k)) for k in p.table.primary_key
+        )
+        sets = sql.SQL(", ").join(
+            sql.SQL("{} = {}").format(sql.Identifier(c), merge_expression(c, how)) for c, how in p.merge.items()
+        )
+        with self.conn.transaction():
+            cur = self.conn.cursor()
+            n_rows = self._temp_stage(cur, into, stage, rows)
+            twice = cur.execute(
+                sql.SQL("SELECT {} FROM {} GROUP BY {} HAVING count(*) > 1 LIMIT 1").format(
+                    into.pkcols, stage, into.pkcols
+                )
+            ).fetchone()
+            if twice is not None:
+                raise RunError(
+                    f"projection {p.name!r}: its build returned two rows for primary key {tuple(twice)}; "
+                    "with merge= it must return one partial aggregate per key (group by the key)"
+                )
+            cur.execute(
+                sql.SQL("UPDATE {} AS old SET {} FROM {} AS new WHERE {}").format(into.target, sets, stage, new_match)
+            )
+            cur.execute(
+                sql.SQL(
+                    "INSERT INTO {} ({}) SELECT {} FROM {} AS new WHERE NOT EXISTS (SELECT FROM {} AS old WHERE {}) "
+                    "ORDER BY {}"
+                ).format(into.target, into.cols, into.cols, stage, into.target, new_match, into.pkcols)
+            )
+            self._advance(cur, b, checkpoints, records, {}, [])
         return n_rows
 
     @staticmethod
@@ -574,6 +619,17 @@ class Store:
     def _empty(cur: Cursor, table: sql.Composable) -> bool:
         row = cur.execute(sql.SQL("SELECT NOT EXISTS (SELECT FROM {})").format(table)).fetchone()
         return row is not None and row[0] is True
+
+    @classmethod
+    def _temp_stage(cls, cur: Cursor, into: _Into, stage: sql.Identifier, rows: Iterable[str | bytes]) -> int:
+        """COPY `rows` into a temporary table shaped like the build's, gone at commit; returns the
+        rows written."""
+        cur.execute(
+            sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} LIMIT 0").format(
+                stage, into.cols, into.target
+            )
+        )
+        return cls._copy_rows(cur, stage, into.cols, rows)
 
     @staticmethod
     def _copy_rows(cur: Cursor, table: sql.Composable, cols: sql.Composable, rows: Iterable[str | bytes]) -> int:

@@ -117,7 +117,7 @@ def _require_init(dsn: str) -> None:
 
 @project_app.command("list")
 def list_cmd(config: ConfigOption = None) -> None:
-    """Every configured projection: name, version, source topics, kind, window."""
+    """Every configured projection: name, version, source topics, kind, window, mode (incremental or why not)."""
     from tributary.projections.runner import list_projections
 
     rows = list_projections(_run_settings(config))
@@ -125,7 +125,7 @@ def list_cmd(config: ConfigOption = None) -> None:
         typer.echo("no projections configured: add files or modules to [projections] modules (see README)")
     for p in rows:
         window = f" window={p['window']}" if p["window"] else ""
-        typer.echo(f"{p['name']} v{p['version']} {p['kind']} topics={','.join(p['topics'])}{window}")
+        typer.echo(f"{p['name']} v{p['version']} {p['kind']} topics={','.join(p['topics'])}{window} mode={p['mode']}")
 
 
 @project_app.command("status")
@@ -147,7 +147,8 @@ def status_cmd(
         flag = "  (version changed: next run rebuilds)" if r.needs_rebuild and r.build is not None else ""
         typer.echo(
             f"{r.name} v{r.version}: {r.label} build={r.build} table={r.table} records={r.records:,} "
-            f"lag={r.lag:,} late_dropped={r.late_dropped:,}{'' if r.stream is None else ' stream=' + r.stream}{flag}"
+            f"lag={r.lag:,} late_dropped={r.late_dropped:,}{'' if r.stream is None else ' stream=' + r.stream}"
+            f" mode={r.mode}{flag}"
         )
 
 

@@ -2,8 +2,10 @@
 
 `build(records)` gets the log records (topic, partition, offset, timestamp, key, value, headers,
 event_time, pkey; JSON as strings; and `value_v`, the value as a VARIANT) and returns rows with the
-table's columns. A DataFrame projection is recomputed over the whole log on each run (order does
-not matter to a sum); use a fold when it does.
+table's columns. Its sums and count decompose, and it reads event topics only (append-only), so it
+declares how a partial aggregate merges into a stored row (`merge=`): a run hands `build` only
+the records past the checkpoints and adds its partial sums to the table (docs/projections.md,
+"Incremental DataFrame projections"). Order does not matter to a sum; use a fold when it does.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from tributary.projections.definition import Projection, Table
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["PROJECTION", "build", "build_from_json", "make"]
+__all__ = ["MERGE", "PROJECTION", "build", "build_from_json", "make"]
 
 
 def build(records: DataFrame) -> DataFrame:
@@ -64,13 +66,19 @@ def build_from_json(records: DataFrame) -> DataFrame:
     )
 
 
+MERGE = {"deposits": "sum", "withdrawals": "sum", "events": "count"}
+"""How a run's partial aggregates merge into the stored rows: what makes runs incremental."""
+
+
 def make(
     name: str = "account_totals",
     topics: tuple[str, ...] = ("events.account",),
     version: int = 1,
     *,
     from_json: bool = False,
+    incremental: bool = True,
 ) -> Projection:
+    """The projection; `incremental=False` leaves out `merge` (every run recomputes the whole log)."""
     return Projection(
         name=name,
         version=version,
@@ -85,6 +93,7 @@ def make(
             },
             ["account_id"],
         ),
+        merge=MERGE if incremental else {},
         description="deposit and withdrawal sums per account (DataFrame transform)",
     )
 
