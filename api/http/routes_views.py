@@ -7,7 +7,7 @@ A view page is the API's hottest read: `VIEW_ROUTE` serves it ahead of the app's
 Starlette route (`app.HOT_ROUTES`), with the answers of FastAPI's route, which stays in `router` for
 the OpenAPI document (and the 405 of other methods). That route declares no parameter FastAPI must
 solve (the endpoint reads the query, checks the key and validates `limit` itself), so all FastAPI's
-request handling added was its per-request machinery: ≈ a third of the page's Python calls.
+request handling added was its per-request machinery: ≈ a quarter of a point lookup's Python calls.
 """
 
 from __future__ import annotations
