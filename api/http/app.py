@@ -20,7 +20,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from psycopg_pool import AsyncConnectionPool
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from tributary.api.http import (
@@ -32,7 +31,7 @@ from tributary.api.http import (
     routes_views,
 )
 from tributary.api.http.domains import document_domains
-from tributary.api.http.front import Front
+from tributary.api.http.front import Front, TemplateRoute
 from tributary.api.http.limits import connections
 from tributary.api.http.metrics import Metrics
 from tributary.api.http.problems import Problem, carriable, code_for_status, handle_problem, problem_response
@@ -247,7 +246,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
 # its router's routes a second time) and served without FastAPI's request handling: plain Starlette
 # routes, undocumented, that answer as the documented routes do (those stay where they are: the
 # OpenAPI document is unchanged, and they answer what these do not match: 405, another method).
-HOT_ROUTES: tuple[Route, ...] = (routes_views.VIEW_ROUTE, routes_commands.COMMAND_ROUTE)
+HOT_ROUTES: tuple[TemplateRoute, ...] = (routes_views.VIEW_ROUTE, routes_commands.COMMAND_ROUTE)
 
 
 def _first_error(errors: Sequence[JsonValue]) -> str:

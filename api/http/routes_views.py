@@ -25,10 +25,10 @@ from fastapi.responses import Response
 from psycopg import errors, sql
 from pydantic import TypeAdapter, ValidationError
 from starlette.datastructures import State
-from starlette.routing import Route
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.definitions import current_projections
+from tributary.api.http.front import TemplateRoute
 from tributary.api.http.problems import Problem
 from tributary.api.http.state import AppState, Pool, app_state, views_of
 from tributary.api.http.views_db import CONNECTION_WAIT_S, PREPARE_THRESHOLD, StatementTimeout, ViewColumns, Views
@@ -257,7 +257,7 @@ async def _view_endpoint(request: Request) -> Response:
     return await query_view(request.path_params["name"], request)
 
 
-VIEW_ROUTE = Route("/views/{name}", _view_endpoint, methods=["GET"], include_in_schema=False)
+VIEW_ROUTE = TemplateRoute("/views/{name}", _view_endpoint, methods=["GET"], include_in_schema=False)
 
 
 def _view(state: State, views: Views, name: str) -> ViewColumns | None:

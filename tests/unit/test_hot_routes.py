@@ -86,3 +86,17 @@ def test_other_methods_on_a_hot_path_still_get_405_with_allow() -> None:
     refused = _request(_app(), "POST", "/views/accounts")
     assert refused.status_code == 405
     assert refused.headers["allow"] == "GET"
+
+
+def test_a_hot_routes_requests_are_counted_by_its_path_template() -> None:
+    app = _app()
+    _request(app, "GET", "/views/accounts")  # 503: starting up
+    _request(app, "POST", "/commands/tally/t-1", json={"type": "add"})
+    _request(app, "PUT", "/views/accounts")  # 405
+    counted = {(method, route) for method, route, _ in app.metrics.http_requests.counts}
+    assert {
+        ("GET", "/views/{name}"),
+        ("POST", "/commands/{stream_type}/{stream_id}"),
+        ("PUT", "/views/{name}"),
+    } <= counted
+    assert not any(route == "unmatched" for _, route in counted), counted
