@@ -245,7 +245,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
 # as one entry of the route table: a request tries every route included before its own, then matches
 # its router's routes a second time) and served without FastAPI's request handling: plain Starlette
 # routes, undocumented, that answer as the documented routes do (those stay where they are: the
-# OpenAPI document is unchanged, and they answer what these do not match: 405, another method).
+# OpenAPI document is unchanged, and the 405 of another method names what it lists: `_allowed`).
 HOT_ROUTES: tuple[TemplateRoute, ...] = (routes_views.VIEW_ROUTE, routes_commands.COMMAND_ROUTE)
 
 

@@ -5,7 +5,7 @@ the declared type; keyset pagination over (order column, primary key) with an op
 
 A view page is the API's hottest read: `VIEW_ROUTE` serves it ahead of the app's routes as a plain
 Starlette route (`app.HOT_ROUTES`), with the answers of FastAPI's route, which stays in `router` for
-the OpenAPI document (and the 405 of other methods). That route declares no parameter FastAPI must
+the OpenAPI document (whose methods the 405 of another method lists). That route declares no parameter FastAPI must
 solve (the endpoint reads the query, checks the key and validates `limit` itself), so all FastAPI's
 request handling added was its per-request machinery: ≈ a quarter of a point lookup's Python calls.
 """
