@@ -14,11 +14,10 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import psycopg
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from fastapi.routing import APIRoute
 from psycopg_pool import AsyncConnectionPool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
@@ -32,7 +31,7 @@ from tributary.api.http import (
     routes_views,
 )
 from tributary.api.http.domains import document_domains
-from tributary.api.http.front import Front
+from tributary.api.http.front import Front, TemplateRoute
 from tributary.api.http.limits import connections
 from tributary.api.http.metrics import Metrics
 from tributary.api.http.problems import Problem, carriable, code_for_status, handle_problem, problem_response
@@ -189,9 +188,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     app.include_router(routes_views.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_groups.router)
-    for router, path, method in HOT_ROUTES:
-        _match_first(app, router, path, method)
-    app.router.routes.insert(0, routes_commands.COMMAND_ROUTE)  # a command: read and validated by its route
+    app.router.routes[:0] = HOT_ROUTES  # a view page, a command: read and validated by their own routes
     app.add_exception_handler(ConsumerError, routes_groups.consumer_error)
     document_domains(app)
 
@@ -244,29 +241,12 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     return app
 
 
-# The routes most requests take: matched before the included routers (see `_match_first`).
-HOT_ROUTES: tuple[tuple[APIRouter, str, str], ...] = ((routes_views.router, "/views/{name}", "GET"),)
-
-
-def _match_first(app: FastAPI, router: APIRouter, path: str, method: str) -> None:
-    """Serve `router`'s route `method path` from the head of the app's route table too, undocumented:
-    FastAPI matches an included router's routes twice (the router, then its route) after every route
-    included before it (≈ 300 Python calls of a view page's ≈ 1,000). The documented route stays where
-    it is (the OpenAPI document is unchanged) and answers what the copy does not match (405, another
-    method)."""
-    route = next(r for r in router.routes if isinstance(r, APIRoute) and r.path == path and method in (r.methods or ()))
-    app.add_api_route(
-        path,
-        route.endpoint,
-        methods=[method],
-        dependencies=[*router.dependencies, *route.dependencies],
-        response_model=route.response_model,
-        status_code=route.status_code,
-        response_class=route.response_class,
-        name=route.name,
-        include_in_schema=False,
-    )
-    app.router.routes.insert(0, app.router.routes.pop())
+# The routes most requests take, matched before the included routers (FastAPI keeps an included router
+# as one entry of the route table: a request tries every route included before its own, then matches
+# its router's routes a second time) and served without FastAPI's request handling: plain Starlette
+# routes, undocumented, that answer as the documented routes do (those stay where they are: the
+# OpenAPI document is unchanged, and the 405 of another method names what it lists: `_allowed`).
+HOT_ROUTES: tuple[TemplateRoute, ...] = (routes_views.VIEW_ROUTE, routes_commands.COMMAND_ROUTE)
 
 
 def _first_error(errors: Sequence[JsonValue]) -> str:

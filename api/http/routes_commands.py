@@ -25,11 +25,11 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from starlette.datastructures import State
 from starlette.exceptions import HTTPException
-from starlette.routing import Route
 
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.definitions import current_aggregates, due
 from tributary.api.http.domains import GENERIC_COMMAND_PATH
+from tributary.api.http.front import TemplateRoute
 from tributary.api.http.problems import ConflictBody, Problem
 from tributary.api.http.state import AppState, Handler, app_state, handler_of, metrics_of
 from tributary.eventstore.errors import (
@@ -332,7 +332,7 @@ async def _command_endpoint(request: Request) -> Response:
     return await _send(request, params["stream_type"], params["stream_id"], command)
 
 
-COMMAND_ROUTE = Route(GENERIC_COMMAND_PATH, _command_endpoint, methods=["POST"], include_in_schema=False)
+COMMAND_ROUTE = TemplateRoute(GENERIC_COMMAND_PATH, _command_endpoint, methods=["POST"], include_in_schema=False)
 
 
 _STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
