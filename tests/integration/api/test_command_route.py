@@ -6,7 +6,6 @@ the event loop. Both apps run against their own real database, fed the same requ
 from __future__ import annotations
 
 import asyncio
-import cProfile
 import pstats
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -17,8 +16,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
+from tests.integration.api.counted import Counted
 from tests.pg import PgServer, fresh_database
 from tributary.api.http.app import create_app
 from tributary.api.http.domains import GENERIC_COMMAND_PATH
@@ -59,34 +58,17 @@ def two_databases(pg_server: PgServer) -> Iterator[tuple[str, str]]:
         yield first, second
 
 
-class _Counted:
-    """The app, its Python calls on the event loop's thread counted while `profile` is set (the
-    handler's worker thread is not profiled; nor is the client, outside the app's call)."""
-
-    def __init__(self, app: FastAPI) -> None:
-        self.app, self.profile = app, cProfile.Profile()
-        self.counting = False
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.counting:
-            self.profile.enable()
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.profile.disable()
-
-
 @asynccontextmanager
 async def _clients(
     dsns: tuple[str, str], tmp_path: Path
-) -> AsyncIterator[tuple[tuple[httpx.AsyncClient, _Counted], tuple[httpx.AsyncClient, _Counted]]]:
+) -> AsyncIterator[tuple[tuple[httpx.AsyncClient, Counted], tuple[httpx.AsyncClient, Counted]]]:
     """Clients of the app (served by the command route) and of the app without it, both started."""
     async with AsyncExitStack() as stack:
         clients = []
         for dsn, fastapi_only in zip(dsns, (False, True), strict=True):
             app = _app(dsn, tmp_path / f"log-{fastapi_only}", fastapi_only=fastapi_only)
             await stack.enter_async_context(app.router.lifespan_context(app))
-            counted = _Counted(app)
+            counted = Counted(app)
             transport = httpx.ASGITransport(app=counted, raise_app_exceptions=False)
             client = await stack.enter_async_context(httpx.AsyncClient(transport=transport, base_url="http://t"))
             clients.append((client, counted))
@@ -190,7 +172,7 @@ def test_the_command_route_answers_as_fastapis_route(two_databases: tuple[str, s
     asyncio.run(go())
 
 
-async def _app_calls(client: httpx.AsyncClient, counted: _Counted, stream: str, commands: int) -> float:
+async def _app_calls(client: httpx.AsyncClient, counted: Counted, stream: str, commands: int) -> float:
     """The app's Python calls per command on the event loop's thread: a count, the same on any
     machine and load."""
     refused = await client.post(f"/commands/account/{stream}", headers=WRITE, json={"type": "open", "data": {}})

@@ -21,8 +21,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from psycopg import sql
-from starlette.types import Receive, Scope, Send
 
+from tests.integration.api.counted import Counted
 from tributary.api.http import routes_views
 from tributary.api.http.app import create_app
 from tributary.api.settings.config import ApiKey, ApiSettings, LogSettings, ProjectionSettings, Settings
@@ -96,24 +96,8 @@ def _app(dsn: str, tmp: Path, served_by: str) -> FastAPI:
     return app
 
 
-class _Counted:
-    """The app, its Python calls on the event loop's thread counted while `counting` is set."""
-
-    def __init__(self, app: FastAPI) -> None:
-        self.app, self.profile = app, cProfile.Profile()
-        self.counting = False
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.counting:
-            self.profile.enable()
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.profile.disable()
-
-
 @asynccontextmanager
-async def _clients(dsn: str, tmp: Path, *served_by: str) -> AsyncIterator[list[tuple[httpx.AsyncClient, _Counted]]]:
+async def _clients(dsn: str, tmp: Path, *served_by: str) -> AsyncIterator[list[tuple[httpx.AsyncClient, Counted]]]:
     """A client of each app (see `_app`), all started."""
     async with AsyncExitStack() as stack:
         clients = []
@@ -122,7 +106,7 @@ async def _clients(dsn: str, tmp: Path, *served_by: str) -> AsyncIterator[list[t
             folder.mkdir()
             app = _app(dsn, folder, served)
             await stack.enter_async_context(app.router.lifespan_context(app))
-            counted = _Counted(app)
+            counted = Counted(app)
             transport = httpx.ASGITransport(app=counted, raise_app_exceptions=False)
             client = await stack.enter_async_context(httpx.AsyncClient(transport=transport, base_url="http://t"))
             clients.append((client, counted))
@@ -220,7 +204,7 @@ def test_the_view_route_answers_as_fastapis_route(views_db: str, tmp_path: Path)
     asyncio.run(go())
 
 
-async def _app_calls(client: httpx.AsyncClient, counted: _Counted, path: str) -> float:
+async def _app_calls(client: httpx.AsyncClient, counted: Counted, path: str) -> float:
     """The app's Python calls per request on the event loop's thread: a count, the same on any
     machine and load (the query prepared and the route warmed up first). The fewest of several
     batches: the apps' background tasks (status refresh, pools) run on the same thread now and then."""
