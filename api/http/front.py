@@ -114,17 +114,16 @@ class Front:
         # HEAD: a copy, since the server keeps its own scope (and its HEAD) to frame the response;
         # `HEAD_MARK` tells a route that never ends by itself (a subscription) to answer at once.
         inner = {**scope, "method": "GET", HEAD_MARK: True} if head else scope
-        conn: Connection | None = None
+        client = scope.get("client")
+        conn = self.guard.open.get((client[0], client[1])) if client else None
+        if conn is not None:  # (a refused request too: the guard counts every head its parser passed on)
+            conn.request_started()
         try:
             refused = self._refused(scope)
             if refused is not None:
                 for message in refused:
                     await send_on(message)
                 return
-            client = scope.get("client")
-            conn = self.guard.open.get((client[0], client[1])) if client else None
-            if conn is not None:
-                conn.request_started()
             await self.app(inner, self._receive(receive, conn), send_on)
         except Exception:
             # Starlette re-raises an error after its handler (`unexpected`) has logged it and sent the

@@ -12,6 +12,7 @@ after a response, and every received byte cancels it (uvicorn issue #157).
 from __future__ import annotations
 
 import asyncio
+import functools
 import resource
 from collections.abc import Callable
 from typing import Any, cast
@@ -241,7 +242,31 @@ class GuardedH11(_Guarded):
 
 
 SLICE_BYTES = 4096  # what httptools is handed at once: it parses all of it, queueing every request in it
-_HEAD_END = b"\r\n\r\n"
+
+
+@functools.cache
+def _observed_httptools() -> type[Any]:
+    """uvicorn's httptools protocol, telling its guard where its parser is. httptools calls these
+    methods (its callback protocol, `httptools.parser.protocol.HTTPProtocol`) on the object it parses
+    for, so the guard learns a head's end, a piece of body and a message's end as the parser does."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class Observed(HttpToolsProtocol):  # type: ignore[misc]
+        guarded: GuardedHttpTools
+
+        def on_headers_complete(self) -> None:
+            self.guarded.parsed(head=True)
+            super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            self.guarded.parsed()
+            super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            self.guarded.parsed(message=True)
+            super().on_message_complete()
+
+    return Observed
 
 
 class GuardedHttpTools(_Guarded):
@@ -251,24 +276,24 @@ class GuardedHttpTools(_Guarded):
     (pausing the transport only after it) and takes a head of any size. So the guard hands it a read
     in slices of `SLICE_BYTES`, keeps the rest while it has paused reading (a pipelined request
     waits, or a body it has not passed on) and hands that over once the requests it queued have left
-    the app; and it counts a head's bytes itself (to its blank line): a head still incomplete past
-    `max_header_bytes` at the end of a read, while no request is in the app, gets 431 and the
-    connection is closed (h11's bound). Bytes that may be a body (a request is in the app) are
-    allowed up to `max_body_bytes + max_header_bytes` without a blank line, then the connection is
-    aborted."""
+    the app. The parser tells the guard (`parsed`) where a head ends, where a body goes on and where
+    a message ends; bytes it takes without any of these (a head, or a chunked body's trailer) are
+    bounded by `max_header_bytes`: past it, while no request is in the app, the connection gets 431
+    and is closed (h11's bound); while one is, nothing more is handed over until it left. A body's
+    bytes are the app's to bound (413): once answered, the parser reads past the rest of it."""
 
     def _inner(self, *args: Any, **kwargs: Any) -> asyncio.Protocol:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
         self.held = b""  # received, not yet handed over (the inner protocol paused reading)
         self.inner_paused = False  # the inner protocol paused reading
         self.real_paused = False  # the transport's reading is paused (by the guard, for the inner protocol)
         self.waking = False  # `_resume` is scheduled
-        self.heads = 0  # head ends (blank lines) handed over
-        self.handed_tail = b""  # the last bytes handed over
-        self.run = 0  # bytes received since the last head end
-        self.tail = b""  # the last bytes received (a blank line may span two reads)
-        return HttpToolsProtocol(*args, **kwargs)
+        self.heads = 0  # heads parsed
+        self.in_head = True  # the parser reads a head (or waits for one)
+        self.progressed = False  # the parser reported a head's end, body or message end in the current slice
+        self.quiet = 0  # bytes parsed since the parser last reported one of those
+        inner = _observed_httptools()(*args, **kwargs)
+        inner.guarded = self
+        return cast(asyncio.Protocol, inner)
 
     def _seen_by_inner(self, transport: asyncio.Transport) -> asyncio.Transport:
         self.transport = transport
@@ -282,46 +307,52 @@ class GuardedHttpTools(_Guarded):
     def data_received(self, data: bytes) -> None:
         if self.conn is not None:
             self.conn.received += len(data)
-        if not self._within_bounds(data):
-            return
         if self.held or self.inner_paused:
             self.held += data
             return
         self._hand_over(data)
 
+    def parsed(self, *, head: bool = False, message: bool = False) -> None:
+        """The parser reached a head's end (`head`), a message's end (`message`) or a piece of body."""
+        self.progressed = True
+        if head:
+            self.heads += 1
+            self.in_head = False
+        elif message:
+            self.in_head = True
+
     def _hand_over(self, data: bytes) -> None:
-        """Hand `data` to the inner protocol a slice at a time while it reads; keep the rest."""
+        """Hand `data` to the inner protocol a slice at a time while it reads and its parser stays
+        within `max_header_bytes` of its last progress; keep the rest."""
         pos = 0
-        while pos < len(data):
+        while not self._past_head_bound(data[pos:]):
+            if pos >= len(data):
+                self.held = b""
+                return
             if self.inner_paused or self.transport.is_closing():
                 self.held = data[pos:]
                 return
             piece = data[pos : pos + SLICE_BYTES]
             pos += len(piece)
-            seen = self.handed_tail + piece  # a blank line may span two slices
-            self.heads += seen.count(_HEAD_END)
-            self.handed_tail = seen[-(len(_HEAD_END) - 1) :]
+            self.progressed = False
             self.inner.data_received(piece)
-        self.held = b""
+            self.quiet = 0 if self.progressed else self.quiet + len(piece)
 
-    def _within_bounds(self, data: bytes) -> bool:
-        """Count the head bytes of a read; False (the connection refused) when a head still
-        incomplete at the end of a read is past `max_header_bytes` while no request is in the app
-        (as h11 refuses an incomplete head past its limit; a head whole in one read goes on, to the
-        app's 431 for its headers), or a run of bytes without a blank line grows past any body."""
+    def _past_head_bound(self, rest: bytes) -> bool:
+        """True (the bytes `rest` kept, or the connection refused) when the parser took more than
+        `max_header_bytes` without reaching a head's end, body or message end: 431 and closed when no
+        request is in the app, else reading waits until none is (a response may be under way)."""
         conn = self.conn
         guard = conn.guard if conn is not None else connections
-        awaiting_head = conn is None or (conn.busy == 0 and self.heads == conn.started and not self.held)
-        seen = self.tail + data
-        last = seen.rfind(_HEAD_END)
-        self.run = self.run + len(data) if last < 0 else len(seen) - last - len(_HEAD_END)
-        self.tail = seen[-(len(_HEAD_END) - 1) :]
-        if awaiting_head and last < 0 and self.run > guard.max_header_bytes:
+        if self.quiet <= guard.max_header_bytes:
+            return False
+        if conn is not None and conn.busy:
+            self.held = rest
+            if not self.real_paused:
+                self.real_paused = True
+                self.transport.pause_reading()
+        else:
             self._refuse_head(guard.max_header_bytes)
-            return False
-        if self.run > guard.max_body_bytes + guard.max_header_bytes:
-            self.transport.abort()
-            return False
         return True
 
     def _refuse_head(self, limit: int) -> None:
@@ -364,6 +395,8 @@ class GuardedHttpTools(_Guarded):
         held, self.held = self.held, b""
         self._hand_over(held)
         if self.real_paused and not (self.inner_paused or self.held or self.transport.is_closing()):
+            if self.quiet > (conn.guard if conn is not None else connections).max_header_bytes:
+                return  # (a head past the bound waits for the app to finish)
             self.real_paused = False
             self.transport.resume_reading()
 
