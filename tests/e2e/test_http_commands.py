@@ -21,13 +21,15 @@ WRITE, READ, ADMIN = "k-write-123", "k-read-456", "k-admin-789"
 
 
 @pytest.fixture
-def api(fresh_db: str, tmp_path: Path) -> Iterator[httpx.Client]:
+def api(fresh_db: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[httpx.Client]:
+    """The served API; `[api] http` is the test's indirect parameter when it has one (else the default)."""
     run_migrations(fresh_db)
     port = free_port()
     config = tmp_path / "t.toml"
+    http = f'http = "{request.param}"\n' if hasattr(request, "param") else ""
     config.write_text(
         f'[service]\ndsn = "{fresh_db}"\n[log]\nroot = "{tmp_path / "log"}"\n'
-        f"[api]\nport = {port}\nmax_body_bytes = 4096\n"
+        f"[api]\nport = {port}\nmax_body_bytes = 4096\n{http}"
         f'keys = [{{ key = "{WRITE}", scopes = ["write", "read"] }}, {{ key = "{READ}", scopes = ["read"] }},'
         f' {{ key = "{ADMIN}", scopes = ["admin"] }}]\n'
         '[eventstore]\nmodules = ["tributary.eventstore.examples.bank"]\n'
@@ -131,6 +133,9 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "404",
 """
 
 
+PARSERS = pytest.mark.parametrize("api", ["h11", "httptools"], indirect=True)  # each parser fuzzed
+
+
 def _schemathesis(api: httpx.Client, tmp_path: Path, *select: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "schemathesis.toml").write_text(_CONFIG)  # read from the working directory
     return run_process(
@@ -153,6 +158,7 @@ def _schemathesis(api: httpx.Client, tmp_path: Path, *select: str) -> subprocess
     )
 
 
+@PARSERS
 def test_schemathesis_every_check_passes(api: httpx.Client, tmp_path: Path) -> None:
     """Property-based fuzzing of every operation in /openapi.json with every schemathesis check: no 5xx,
     every status code, content type and body as declared, bad input refused, good input accepted."""
@@ -162,6 +168,7 @@ def test_schemathesis_every_check_passes(api: httpx.Client, tmp_path: Path) -> N
     assert "passed" in run.stdout
 
 
+@PARSERS
 def test_schemathesis_views_every_check_passes(api: httpx.Client, tmp_path: Path) -> None:
     """The same for /views and /views/{name} (a separate run: their routes are owned separately)."""
     run = _schemathesis(api, tmp_path, "--include-path-regex", "^/views")

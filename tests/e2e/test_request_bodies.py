@@ -109,12 +109,12 @@ def test_a_streamed_body_past_the_limit_gets_413_as_a_declared_one(db: str, tmp_
         serve(db, tmp_path, "max_body_bytes = 65536", http=http) as server,
         httpx.Client(base_url=server.base, timeout=PATIENCE_S) as client,
     ):
-        declared = client.post(PARK, content=body, headers={"content-type": "application/json"})
         streamed = client.post(
             PARK,
             content=iter([body[i : i + 8192] for i in range(0, len(body), 8192)]),
             headers={"content-type": "application/json"},
         )
+        declared = client.post(PARK, content=body, headers={"content-type": "application/json"})
         assert client.get("/healthz").status_code == 200
     assert declared.status_code == 413, declared.text
     assert (streamed.status_code, streamed.json()) == (413, declared.json())
