@@ -72,8 +72,11 @@ class Server:
         return self.err.read_text()[-4000:]
 
 
-@pytest.fixture(scope="module")
-def server(pg_server: PgServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@pytest.fixture(scope="module", params=["h11", "httptools"])
+def server(
+    pg_server: PgServer, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Server]:
+    """A served API on one database for the module, under each parser (`[api] http`) in turn."""
     tmp = tmp_path_factory.mktemp("fuzz")
     (tmp / "things.py").write_text(MODULE)
     with fresh_database(pg_server) as dsn:
@@ -97,6 +100,7 @@ def server(pg_server: PgServer, tmp_path_factory: pytest.TempPathFactory) -> Ite
         config.write_text(
             f'[service]\ndsn = "{dsn}"\n[log]\nroot = "{tmp / "log"}"\n'
             f'[projections]\nmodules = ["{tmp / "things.py"}"]\n[api]\nport = {port}\nmax_body_bytes = 65536\n'
+            f'http = "{request.param}"\n'
             '[eventstore]\nmodules = ["tributary.eventstore.examples.bank"]\n'
         )
         err = tmp / "serve.err"
