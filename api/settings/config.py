@@ -549,10 +549,9 @@ class ApiSettings(_Section):
         description="Server processes sharing the port (1 suits a few cores shared with PostgreSQL).",
     )
     http: Literal["h11", "httptools"] = Field(
-        default="h11",
+        default="httptools",
         description="HTTP/1.1 parser, each under the same bounds per connection (head size, pipelined requests "
-        "held back): h11 (pure Python) or httptools (C, ≈ 80–130 µs less CPU per request; a large request body "
-        "can still stall on it, so it is not the default yet).",
+        "held back): httptools (C, less CPU per request) or h11 (pure Python).",
     )
     max_header_bytes: int = Field(
         default=16_384,
