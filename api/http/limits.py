@@ -278,8 +278,8 @@ class GuardedHttpTools(_Guarded):
     waits, or a body it has not passed on) and hands that over once the requests it queued have left
     the app. The parser tells the guard (`parsed`) where a head ends, where a body goes on and where
     a message ends; bytes it takes without any of these (a head, or a chunked body's trailer) are
-    bounded by `max_header_bytes`: past it, while no request is in the app, the connection gets 431
-    and is closed (h11's bound); while one is, nothing more is handed over until it left. A body's
+    bounded by `max_header_bytes` at the end of a read: past it, while no request is in the app, the
+    connection gets 431 and is closed (h11's bound); while one is, reading waits until it left. A body's
     bytes are the app's to bound (413): once answered, the parser reads past the rest of it."""
 
     def _inner(self, *args: Any, **kwargs: Any) -> asyncio.Protocol:
@@ -322,13 +322,10 @@ class GuardedHttpTools(_Guarded):
             self.in_head = True
 
     def _hand_over(self, data: bytes) -> None:
-        """Hand `data` to the inner protocol a slice at a time while it reads and its parser stays
-        within `max_header_bytes` of its last progress; keep the rest."""
+        """Hand `data` to the inner protocol a slice at a time while it reads; keep the rest. Then
+        bound what its parser took without progress."""
         pos = 0
-        while not self._past_head_bound(data[pos:]):
-            if pos >= len(data):
-                self.held = b""
-                return
+        while pos < len(data):
             if self.inner_paused or self.transport.is_closing():
                 self.held = data[pos:]
                 return
@@ -337,23 +334,25 @@ class GuardedHttpTools(_Guarded):
             self.progressed = False
             self.inner.data_received(piece)
             self.quiet = 0 if self.progressed else self.quiet + len(piece)
+        self.held = b""
+        self._bound_head()
 
-    def _past_head_bound(self, rest: bytes) -> bool:
-        """True (the bytes `rest` kept, or the connection refused) when the parser took more than
-        `max_header_bytes` without reaching a head's end, body or message end: 431 and closed when no
-        request is in the app, else reading waits until none is (a response may be under way)."""
+    def _bound_head(self) -> None:
+        """At the end of what was handed over (a read, or what was held), when the parser took more
+        than `max_header_bytes` without reaching a head's end, body or message end (as h11 refuses a
+        head still incomplete past its limit; a head whole in one read goes on, to the app's 431 for
+        its headers): 431 and closed when no request is in the app, else reading waits until none is
+        (a response may be under way)."""
         conn = self.conn
         guard = conn.guard if conn is not None else connections
-        if self.quiet <= guard.max_header_bytes:
-            return False
+        if self.quiet <= guard.max_header_bytes or self.transport.is_closing():
+            return
         if conn is not None and conn.busy:
-            self.held = rest
             if not self.real_paused:
                 self.real_paused = True
                 self.transport.pause_reading()
         else:
             self._refuse_head(guard.max_header_bytes)
-        return True
 
     def _refuse_head(self, limit: int) -> None:
         start, body = refusal(431, head_too_large(limit), close=True)
