@@ -3,7 +3,7 @@ it may pipeline and the time it may take to send a request or read a response.
 
 Connections are guarded below the HTTP parser: `GuardedH11` (or `GuardedHttpTools`, `[api] http`) wraps
 uvicorn's protocol through the `asyncio.Protocol` and `asyncio.Transport` interfaces only (it forwards
-every call and reads nothing of the inner protocol),
+every call and reads nothing of the inner protocol; httptools' parser callbacks tell it where heads end),
 and `front.Front`, the app's ASGI layer, tells the guard when a connection's request reached the app
 and when its response ended (and answers 413 and 431 from a request's head). Uvicorn has no public option for either: its keep-alive timer starts only
 after a response, and every received byte cancels it (uvicorn issue #157).
@@ -263,7 +263,7 @@ def _observed_httptools() -> type[Any]:
             super().on_body(body)
 
         def on_message_complete(self) -> None:
-            self.guarded.parsed(message=True)
+            self.guarded.parsed()
             super().on_message_complete()
 
     return Observed
@@ -288,7 +288,6 @@ class GuardedHttpTools(_Guarded):
         self.real_paused = False  # the transport's reading is paused (by the guard, for the inner protocol)
         self.waking = False  # `_resume` is scheduled
         self.heads = 0  # heads parsed
-        self.in_head = True  # the parser reads a head (or waits for one)
         self.progressed = False  # the parser reported a head's end, body or message end in the current slice
         self.quiet = 0  # bytes parsed since the parser last reported one of those
         inner = _observed_httptools()(*args, **kwargs)
@@ -312,14 +311,10 @@ class GuardedHttpTools(_Guarded):
             return
         self._hand_over(data)
 
-    def parsed(self, *, head: bool = False, message: bool = False) -> None:
-        """The parser reached a head's end (`head`), a message's end (`message`) or a piece of body."""
+    def parsed(self, *, head: bool = False) -> None:
+        """The parser reached a head's end (`head`), a piece of body or a message's end."""
         self.progressed = True
-        if head:
-            self.heads += 1
-            self.in_head = False
-        elif message:
-            self.in_head = True
+        self.heads += head
 
     def _hand_over(self, data: bytes) -> None:
         """Hand `data` to the inner protocol a slice at a time while it reads; keep the rest. Then
