@@ -23,6 +23,7 @@ pytestmark = pytest.mark.e2e
 PARK = "/groups/g/members/m/park"  # FastAPI reads and validates its body (no fast path of its own)
 PATIENCE_S = 60  # how long a client waits for an answer; the guard's timeout is far longer
 GUARD_TIMEOUT_S = 600  # `request_timeout_s`: an answer that waits for it is a stall
+GET = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
 @pytest.fixture(params=["h11", "httptools"])
@@ -88,7 +89,7 @@ def test_a_blank_line_in_a_body_does_not_hold_back_the_next_request(api: str) ->
         sent = b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body) if chunked else body
         return b"POST %b HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n%b\r\n\r\n%b" % (path, framing, sent)
 
-    get = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    get = GET
     host, port = api.removeprefix("http://").split(":")
     statuses = []
     with socket.create_connection((host, int(port)), timeout=PATIENCE_S) as sock:
@@ -116,6 +117,11 @@ def test_a_streamed_body_past_the_limit_gets_413_as_a_declared_one(db: str, tmp_
         )
         declared = client.post(PARK, content=body, headers={"content-type": "application/json"})
         assert client.get("/healthz").status_code == 200
+        with server.connect(timeout=PATIENCE_S) as sock:  # refused by its Content-Length, a GET pipelined after it
+            head = b"POST %b HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+            sock.sendall(head % (PARK.encode(), len(body)) + body + GET)
+            pipelined = [status for status, _ in _responses(sock, 2)]
+    assert pipelined == [413, 200]
     assert declared.status_code == 413, declared.text
     assert (streamed.status_code, streamed.json()) == (413, declared.json())
     assert streamed.headers["content-type"] == declared.headers["content-type"]
