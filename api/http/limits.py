@@ -251,7 +251,7 @@ def _observed_httptools() -> type[Any]:
     for, so the guard learns a head's end, a piece of body and a message's end as the parser does."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class Observed(HttpToolsProtocol):  # type: ignore[misc]
+    class Observed(HttpToolsProtocol):
         guarded: GuardedHttpTools
 
         def on_headers_complete(self) -> None:
