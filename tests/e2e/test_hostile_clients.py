@@ -27,7 +27,6 @@ from psycopg import sql
 
 from tests.servers import free_port, served
 from tests.waiting import wait_progress
-from tributary.eventstore.migrate import run_migrations
 
 pytestmark = pytest.mark.e2e
 
@@ -92,18 +91,6 @@ def serve(
     err = tmp_path / f"serve-{port}.err"
     with served(config, port, err_path=err, ready="/readyz", preexec_fn=preexec) as proc:
         yield Server(proc, port, err)
-
-
-@pytest.fixture(params=["h11", "httptools"])
-def http(request: pytest.FixtureRequest) -> str:
-    """`[api] http`: every attack runs against both parsers, each under the connection guard."""
-    return str(request.param)
-
-
-@pytest.fixture
-def db(fresh_db: str) -> str:
-    run_migrations(fresh_db)
-    return fresh_db
 
 
 def _settle(server: Server) -> int:

@@ -16,7 +16,6 @@ import httpx
 import pytest
 
 from tests.e2e.test_hostile_clients import serve
-from tributary.eventstore.migrate import run_migrations
 
 pytestmark = pytest.mark.e2e
 
@@ -24,17 +23,6 @@ PARK = "/groups/g/members/m/park"  # FastAPI reads and validates its body (no fa
 PATIENCE_S = 60  # how long a client waits for an answer; the guard's timeout is far longer
 GUARD_TIMEOUT_S = 600  # `request_timeout_s`: an answer that waits for it is a stall
 GET = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
-
-
-@pytest.fixture(params=["h11", "httptools"])
-def http(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def db(fresh_db: str) -> str:
-    run_migrations(fresh_db)
-    return fresh_db
 
 
 def _park_body(records: int) -> bytes:
