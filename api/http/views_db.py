@@ -20,7 +20,9 @@ PREPARE_THRESHOLD = 2  # runs of a query text on a connection before psycopg pre
 # How long a request waits for a pooled connection before its 503: the pool's default (30 s) would
 # hold every request that long while the service database is down.
 CONNECTION_WAIT_S = 5.0
-HOLD_S = 10.0  # how long `Views` holds a connection taken from the pool before it gives it back
+# How long `Views` holds a connection taken from the pool, at most, before it gives it back: the
+# pool's other users (and its checks) wait that long for it at worst.
+HOLD_S = 0.1
 
 
 class ViewColumns(NamedTuple):
@@ -48,7 +50,7 @@ class Views:
     `prepared_max` shapes prepared (each prepared plan holds backend memory), and whose statements
     PostgreSQL cancels after `statement_timeout_ms` (so slow filtered sorts cannot hold every pooled
     connection while point lookups wait), each taken from the pool and held for the next requests
-    for `hold_s` (or until a request waits for one there); and what is derived once from the
+    for at most `hold_s` (given back at once when a request waits for one there); and what is derived once from the
     projections (each view's columns, each request shape's SQL text)."""
 
     def __init__(
@@ -86,7 +88,9 @@ class Views:
         self.queries: dict[tuple[Any, ...], str] = {}
         # Idle connections taken from the pool and held for the next requests (`_take`, `_keep`): a
         # pool checkout (its lock, its logging, its statistics) costs more than a point lookup's rows.
-        self._held: list[tuple[AsyncConnection[Any], float]] = []
+        self._held: list[AsyncConnection[Any]] = []
+        self._sweep: asyncio.TimerHandle | None = None
+        self._returning: asyncio.Future[None] | None = None
         self._waiting = 0  # requests waiting for a connection from the pool (`_from_pool`)
 
     async def _configure(self, conn: AsyncConnection[Any]) -> None:
@@ -101,16 +105,17 @@ class Views:
         await self.pool.open(wait=False)
 
     async def close(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
         await self._give_back_held()
         await self.pool.close()
 
-    async def _take(self) -> tuple[AsyncConnection[Any], float]:
+    async def _take(self) -> AsyncConnection[Any]:
         """An idle connection this app holds (no lock, no pool bookkeeping: the event loop's thread is
-        the only user), else one from the pool, held until `hold_s` from now."""
+        the only user), else one from the pool."""
         if self._held:
             return self._held.pop()
-        conn = await self._from_pool()
-        return conn, asyncio.get_running_loop().time() + self.hold_s
+        return await self._from_pool()
 
     async def _from_pool(self) -> AsyncConnection[Any]:
         self._waiting += 1
@@ -119,18 +124,24 @@ class Views:
         finally:
             self._waiting -= 1
 
-    async def _keep(self, conn: AsyncConnection[Any], until: float) -> None:
-        """`conn` held for the next request; given back to the pool when a request waits for one there,
-        or once held `hold_s` (the pool's own checks of a returned connection, its lifetime, its
-        size, apply again then)."""
-        if not self._waiting and asyncio.get_running_loop().time() < until:
-            self._held.append((conn, until))
-        else:
+    async def _keep(self, conn: AsyncConnection[Any]) -> None:
+        """`conn` held for the next request, until the next sweep (at most `hold_s` from now) gives
+        every held connection back to the pool (whose checks, lifetimes and other users then apply
+        again); given back at once when a request waits for one there."""
+        if self._waiting:
             await self.pool.putconn(conn)
+            return
+        self._held.append(conn)
+        if self._sweep is None:
+            self._sweep = asyncio.get_running_loop().call_later(self.hold_s, self._sweep_held)
+
+    def _sweep_held(self) -> None:
+        self._sweep = None
+        self._returning = asyncio.ensure_future(self._give_back_held())  # kept: a task only weakly referenced
 
     async def _give_back_held(self) -> None:
         held, self._held = self._held, []
-        for conn, _ in held:
+        for conn in held:
             await self.pool.putconn(conn)
 
     async def fetch(self, shape: tuple[Any, ...], query: str | sql.Composable, args: Sequence[str | None]) -> list[Any]:
@@ -144,7 +155,7 @@ class Views:
         raises `OperationalError` (the route's 503) after the pool has checked its idle ones (and
         those held here)."""
         try:
-            conn, until = await self._take()
+            conn = await self._take()
             try:
                 if isinstance(query, str):
                     text = query
@@ -168,7 +179,7 @@ class Views:
                 if not conn.closed:
                     await self.pool.putconn(conn)
                 raise
-            await self._keep(conn, until)
+            await self._keep(conn)
             return rows
         except errors.QueryCanceled:  # statement_timeout (the connection is fine)
             raise StatementTimeout(
