@@ -16,7 +16,8 @@ errors go to the same handlers, looked up as Starlette looks them up
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, cast
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -24,7 +25,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
-from starlette.types import ExceptionHandler, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 __all__ = ["Ahead"]
 
@@ -69,9 +70,9 @@ class Ahead:
             if handler is None or (started and not last):
                 raise
             if inspect.iscoroutinefunction(handler):
-                answer = await handler(request, exc)
-            else:
-                answer = await run_in_threadpool(handler, request, exc)
+                answer = await cast(Awaitable[Response], handler(request, exc))
+            else:  # a plain function: in the thread pool, as Starlette runs it
+                answer = cast(Response, await run_in_threadpool(handler, request, exc))
             if not started:
                 await answer(scope, receive, send_on)
             if last:
@@ -79,9 +80,13 @@ class Ahead:
             exc.__traceback__ = None
 
 
-def _handler(app: Starlette, exc: Exception) -> tuple[ExceptionHandler | None, bool]:
+# An HTTP exception handler (Starlette's `ExceptionHandler` is its union with a WebSocket's).
+_Handler = Callable[[Request, Exception], Awaitable[Response] | Response]
+
+
+def _handler(app: Starlette, exc: Exception) -> tuple[_Handler | None, bool]:
     """The app's handler of `exc`, and whether it is the last resort (`Exception`'s or `500`'s)."""
-    handlers = app.exception_handlers
+    handlers = cast(dict[Any, _Handler], app.exception_handlers)
     if isinstance(exc, HTTPException) and exc.status_code in handlers and exc.status_code != 500:
         return handlers[exc.status_code], False
     for cls in type(exc).__mro__:

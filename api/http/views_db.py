@@ -120,7 +120,8 @@ class Views:
     async def _from_pool(self) -> AsyncConnection[Any]:
         self._waiting += 1
         try:
-            return await self.pool.getconn()
+            conn: AsyncConnection[Any] = await self.pool.getconn()
+            return conn
         finally:
             self._waiting -= 1
 

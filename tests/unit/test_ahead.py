@@ -5,6 +5,7 @@ handler and then on to the server; requests it does not take go through the stac
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
 import pytest
@@ -125,7 +126,7 @@ def test_a_route_ahead_answers_as_behind_the_stack(method: str, path: str) -> No
 
 def test_only_a_request_a_route_takes_wholly_is_answered_ahead() -> None:
     ahead = Ahead([ROUTE], prefix="/hot/")
-    get = {"type": "http", "method": "GET", "path": "/hot/x", "root_path": "", "headers": []}
+    get: dict[str, Any] = {"type": "http", "method": "GET", "path": "/hot/x", "root_path": "", "headers": []}
     assert ahead.match(get) is ROUTE and get["path_params"] == {"what": "x"}
     assert ahead.match({**get, "method": "POST"}) is None
     assert ahead.match({**get, "path": "/cold/x"}) is None
