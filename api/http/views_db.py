@@ -90,7 +90,7 @@ class Views:
         # pool checkout (its lock, its logging, its statistics) costs more than a point lookup's rows.
         self._held: list[AsyncConnection[Any]] = []
         self._sweep: asyncio.TimerHandle | None = None
-        self._returning: asyncio.Future[None] | None = None
+        self._returning: set[asyncio.Future[None]] = set()  # the sweeps' tasks (the loop holds them only weakly)
         self._waiting = 0  # requests waiting for a connection from the pool (`_from_pool`)
 
     async def _configure(self, conn: AsyncConnection[Any]) -> None:
@@ -107,6 +107,7 @@ class Views:
     async def close(self) -> None:
         if self._sweep is not None:
             self._sweep.cancel()
+        await asyncio.gather(*self._returning)
         await self._give_back_held()
         await self.pool.close()
 
@@ -138,7 +139,9 @@ class Views:
 
     def _sweep_held(self) -> None:
         self._sweep = None
-        self._returning = asyncio.ensure_future(self._give_back_held())  # kept: a task only weakly referenced
+        task = asyncio.ensure_future(self._give_back_held())
+        self._returning.add(task)
+        task.add_done_callback(self._returning.discard)
 
     async def _give_back_held(self) -> None:
         held, self._held = self._held, []
