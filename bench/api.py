@@ -9,6 +9,7 @@ the clients, the API server and PostgreSQL (from /proc): unlike queries/s, these
 other work shares the machine, and they say where a request's cost goes.
 
     .venv/bin/python bench/api.py [--rows 1000000] [--seconds 10] [--clients 4] [--workers 1,2] [--http h11,httptools]
+        [--compare-to ../viewcpu-base]   # another revision's server beside this one, interleaved
 """
 
 from __future__ import annotations
@@ -210,7 +211,27 @@ def _load(dsn: str, rows: int) -> None:
         conn.execute("VACUUM ANALYZE views.bench_view")
 
 
-def _serve(work: Path, dsn: str, workers: int, http: str) -> tuple[subprocess.Popen[bytes], int]:
+# The top-level folders as the package they install as (pyproject's `package-dir`), for `--compare-to`.
+PACKAGE_DIRS = ("api", "capture", "log", "eventstore", "projections", "migrations", "consumers", "sinks")
+
+
+def _package_tree(checkout: Path, into: Path) -> Path:
+    """A folder whose `tributary` package is `checkout`'s (links, as `make lint` builds for mypy): on
+    PYTHONPATH it comes before the editable install of this worktree (a finder after the path's)."""
+    root = into / "tributary"
+    root.mkdir(parents=True)
+    for f in (checkout / "tributary").iterdir():
+        if f.name != "__pycache__":
+            (root / f.name).symlink_to(f)
+    for d in PACKAGE_DIRS:
+        (root / d).symlink_to(checkout / d)
+    return into
+
+
+def _serve(
+    work: Path, dsn: str, workers: int, http: str, tree: Path | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
+    """`tributary serve` on a free port, healthy; of the package in `tree` (`_package_tree`) when given."""
     (work / "bench_view.py").write_text(PROJECTION)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -223,8 +244,9 @@ def _serve(work: Path, dsn: str, workers: int, http: str) -> tuple[subprocess.Po
     cmd = [sys.executable, "-c", "from tributary.api.cli.main import main; main()", "serve", "--config", str(config)]
     if workers != 1:
         cmd += ["--workers", str(workers)]
+    env = {**os.environ, "PYTHONPATH": str(tree)} if tree is not None else None
     err = work / f"serve-{port}.err"
-    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err.open("wb"))
+    server = subprocess.Popen(cmd, cwd=work, stdout=subprocess.DEVNULL, stderr=err.open("wb"), env=env)
     for _ in range(300):
         try:
             status, _ = _Http(port).get("/healthz")
@@ -254,13 +276,28 @@ def main() -> None:
         default="h11",
         help="`[api] http` parsers, comma-separated (h11, httptools): one server per parser and worker count",
     )
+    parser.add_argument(
+        "--compare-to",
+        type=Path,
+        help="a checkout of another revision (`git worktree add DIR main`): its servers run beside this "
+        "worktree's, interleaved, labelled `base_…`",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "api.json")
     args = parser.parse_args()
     worker_counts = [int(w) for w in str(args.workers).split(",")]
     parsers = str(args.http).split(",")
-    # one server per (workers, parser); labelled `w1`, `w2`, and `w1_httptools` beside a first parser
-    variants = [(w, h, f"w{w}" if h == parsers[0] else f"w{w}_{h}") for h in parsers for w in worker_counts]
     work = Path(tempfile.mkdtemp(prefix="tributary-bench-"))
+    trees: list[tuple[str, Path | None]] = [("", None)]
+    if args.compare_to:
+        trees.append(("base_", _package_tree(args.compare_to.resolve(), work / "base")))
+    # one server per (tree, workers, parser); labelled `w1`, `w2`, `w1_httptools` beside a first parser,
+    # and `base_w1` … for the checkout compared to
+    variants = [
+        (w, h, f"{prefix}w{w}" if h == parsers[0] else f"{prefix}w{w}_{h}", tree)
+        for prefix, tree in trees
+        for h in parsers
+        for w in worker_counts
+    ]
     cluster = EmbeddedPostgres(work / "pg")
     cluster.up()
     dsn = cluster.dsn()
@@ -270,8 +307,8 @@ def main() -> None:
     try:
         _load(dsn, args.rows)
         ports = []
-        for w, h, _ in variants:
-            server, port = _serve(work, dsn, w, h)
+        for w, h, _, tree in variants:
+            server, port = _serve(work, dsn, w, h, tree)
             servers.append(server)
             ports.append(port)
         ctx = mp.get_context("spawn")
@@ -285,21 +322,23 @@ def main() -> None:
         pids = dict(zip(ports, (s.pid for s in servers), strict=True))
         results: dict[str, list[dict[str, float]]] = {}
         per_run = args.seconds / args.rounds
-        runs = [("direct", "", 0)] + [("api", f"_{v}", port) for (_, _, v), port in zip(variants, ports, strict=True)]
+        runs = [("direct", "", 0)] + [
+            ("api", f"_{v}", port) for (_, _, v, _), port in zip(variants, ports, strict=True)
+        ]
         for r in range(args.rounds):  # interleaved; the order alternates so no side always goes first
             for kind in ("point", "page100"):
                 for side, suffix, port in runs if r % 2 == 0 else runs[::-1]:
                     results.setdefault(f"{side}_{kind}{suffix}", []).append(
                         _run(pipes, side, kind, per_run, port, server=pids.get(port, 0), postgres=postmaster)
                     )
-            for (_, _, v), port in zip(variants, ports, strict=True):  # HTTP + FastAPI routing, no database
+            for (_, _, v, _), port in zip(variants, ports, strict=True):  # HTTP + FastAPI routing, no database
                 results.setdefault(f"api_healthz_{v}", []).append(
                     _run(pipes, "api", "healthz", per_run / 2, port, server=pids[port], postgres=postmaster)
                 )
         med = {k: {m: round(statistics.median(x[m] for x in v), 2) for m in v[0]} for k, v in sorted(results.items())}
         ratios = {
             f"{kind}_{v}": round(med[f"api_{kind}_{v}"]["qps"] / med[f"direct_{kind}"]["qps"], 3)
-            for _, _, v in variants
+            for _, _, v, _ in variants
             for kind in ("point", "page100")
         }
 
@@ -310,7 +349,7 @@ def main() -> None:
         # what the ratio would be if CPU time were all that limits both sides (2 cores, no idle time)
         cpu_ratios = {
             f"{kind}_{v}": round(cpu(f"direct_{kind}") / cpu(f"api_{kind}_{v}"), 3)
-            for _, _, v in variants
+            for _, _, v, _ in variants
             for kind in ("point", "page100")
         }
         out = {
@@ -325,6 +364,7 @@ def main() -> None:
             "ratios": ratios,
             "cpu_ratios": cpu_ratios,
             # the first --workers value (the default [api] workers = 1) is the headline figure
+            "compared_to": str(args.compare_to) if args.compare_to else None,
             "ratio_point": ratios[f"point_w{worker_counts[0]}"],
             "ratio_page100": ratios[f"page100_w{worker_counts[0]}"],
             "target_ratio": 0.5,

@@ -161,6 +161,7 @@ def main() -> None:
     parser.add_argument("--http", default="h11", help="[api] http: h11 or httptools")
     parser.add_argument("--route", choices=sorted(TARGETS), default="point")
     parser.add_argument("--seconds", type=float, default=6.0, help="profiled seconds (after 2 s of warm-up)")
+    parser.add_argument("--top", type=int, default=0, help="also list the N functions of most exclusive time")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tributary-profile-"))
     cluster = EmbeddedPostgres(work / "pg")
@@ -204,8 +205,11 @@ def main() -> None:
         server.send_signal(signal.SIGINT)
         server.wait(timeout=60)
         print(f"{args.route}, {args.http}: share of the server's profiled CPU time")
-        for name, share in layers(pstats.Stats(str(out))).items():
+        stats = pstats.Stats(str(out))
+        for name, share in layers(stats).items():
             print(f"{share * 100:5.1f} %  {name}")
+        if args.top:
+            stats.sort_stats("tottime").print_stats(args.top)
     finally:
         cluster.destroy()
 

@@ -30,6 +30,7 @@ from tributary.api.http import (
     routes_streams,
     routes_views,
 )
+from tributary.api.http.ahead import Ahead
 from tributary.api.http.domains import document_domains
 from tributary.api.http.front import Front, TemplateRoute
 from tributary.api.http.limits import connections
@@ -57,13 +58,18 @@ class Service(FastAPI):
 
     front: Front
     metrics: Metrics
+    ahead = Ahead(())  # routes answered before FastAPI's middleware stack (`create_app`: a view page)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.front(scope, receive, send)
 
     async def serve_asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """FastAPI's own ASGI entry (what `front` wraps)."""
-        await super().__call__(scope, receive, send)
+        """What `front` wraps: FastAPI's own ASGI entry, or a route of `ahead` that takes the request."""
+        route = self.ahead.match(scope)
+        if route is None:
+            await super().__call__(scope, receive, send)
+        else:
+            await self.ahead.serve(self, route, scope, receive, send)
 
 
 def _allowed(request: Request) -> str:
@@ -189,6 +195,7 @@ def create_app(settings: Settings, *, dsn: str) -> FastAPI:
     app.include_router(routes_admin.router)
     app.include_router(routes_groups.router)
     app.router.routes[:0] = HOT_ROUTES  # a view page, a command: read and validated by their own routes
+    app.ahead = Ahead([routes_views.VIEW_ROUTE], prefix="/views/")  # and a view page before the middleware
     app.add_exception_handler(ConsumerError, routes_groups.consumer_error)
     document_domains(app)
 

@@ -2,7 +2,8 @@
 serve` runs): values as PostgreSQL spells them, text parameters cast by the query, a query text
 prepared on a connection after `PREPARE_THRESHOLD` runs, NUL refused, a cancelled query's
 connection kept, lost connections replaced after one failure, an unreachable database reported
-within `CONNECTION_WAIT_S`, a swapped view of other column types answered."""
+within `CONNECTION_WAIT_S`, a swapped view of other column types answered, a connection held
+between requests rather than checked out of the pool for each."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 import uvloop
 
 from tributary.api.http.routes_views import CONNECTION_WAIT_S, PREPARE_THRESHOLD, Views
+from tributary.api.http.views_db import HOLD_S
 
 pytestmark = pytest.mark.integration
 
@@ -24,9 +26,9 @@ PID = "SELECT pg_backend_pid() AS pid"
 PREPARED = "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE '%%' || 'views' || '.counted%%'"
 
 
-def _run(dsn: str, test: Any, *, max_size: int = 4) -> None:
+def _run(dsn: str, test: Any, *, max_size: int = 4, hold_s: float = HOLD_S) -> None:
     async def main() -> None:
-        views = Views(dsn, "views", max_size=max_size)
+        views = Views(dsn, "views", max_size=max_size, hold_s=hold_s)
         await views.open()
         try:
             await test(views)
@@ -186,3 +188,26 @@ def test_an_unreachable_database_fails_a_request_within_the_wait() -> None:
             await views.close()
 
     assert uvloop.run(main()) < CONNECTION_WAIT_S + 3
+
+
+def test_a_connection_is_held_between_requests_then_given_back(fresh_db: str) -> None:
+    """Requests one after another take no connection from the pool but the first (a checkout costs
+    more CPU than a point lookup's rows); within `hold_s` the connection goes back to the pool by
+    itself, for its other users (here one that waits for the pool's only connection)."""
+
+    async def held(views: Views) -> None:
+        await views.pool.wait(timeout=30)
+        ((pid,),) = [tuple(r.values()) for r in await views.fetch(("pid",), PID, [])]
+        checkouts = views.pool.get_stats()["requests_num"]
+        for _ in range(20):
+            assert await views.fetch(("pid",), PID, []) == [{"pid": pid}]
+        assert views.pool.get_stats()["requests_num"] == checkouts
+
+    async def given_back(views: Views) -> None:
+        await views.fetch(("pid",), PID, [])
+        async with views.pool.connection(timeout=CONNECTION_WAIT_S) as conn:
+            await conn.execute("SELECT 1")
+        assert await views.fetch(("pid",), PID, [])
+
+    _run(fresh_db, held, max_size=1, hold_s=600)
+    _run(fresh_db, given_back, max_size=1)
