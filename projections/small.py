@@ -183,6 +183,9 @@ def fold_small(
         if cache is None:
             staged = store.staging(p, b, temp=True)
         else:
+            # a continuous run's commit need not wait for the WAL flush (milliseconds on a busy disk): a
+            # database crash may lose its last passes, checkpoints with them, and the next pass redoes them
+            store.conn.execute("SET LOCAL synchronous_commit = off")
             staged = cache.staged = cache.staged or store.session_staging(p, b)
         summary = stage_units(store.conn, staged.tables, outs, staged.schema)
         rows = store.commit_folds(p, b, staged, [summary], checkpoints, records, truncates={})
