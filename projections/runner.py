@@ -841,7 +841,10 @@ class _Continuous:
         except LockedError:
             raise
         except psycopg.OperationalError as exc:
+            lost = self.held is not None and self.held.conn.broken
             self._drop()
+            if not lost:
+                raise
             raise RunError(
                 f"projection {self.name!r}: lost the connection to the service database, and its lock "
                 f"with it: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
