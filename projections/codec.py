@@ -40,18 +40,38 @@ def _dec(obj: JsonValue) -> FoldState:
     return obj
 
 
+def _tagged(obj: object) -> JsonValue:
+    """orjson's `default` for what it cannot write itself: a Decimal, tagged as `_enc` tags it."""
+    if isinstance(obj, Decimal):
+        return {_DEC: format(obj, "f") if obj.is_finite() else str(obj)}
+    raise TypeError
+
+
+def _json(value: object) -> str:
+    """`_enc` then sorted-key JSON; the common case (dicts with str keys, Decimals) in one orjson
+    call, which writes the same bytes: anything else (other mappings, non-str keys) goes the
+    long way."""
+    try:
+        return orjson.dumps(value, default=_tagged, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:
+        return orjson.dumps(_enc(value), option=orjson.OPT_SORT_KEYS).decode()
+
+
 def dump_state(state: FoldState) -> str:
     """Fold state → JSON text (sorted keys, Decimals tagged); tuples come back as lists."""
-    return orjson.dumps(_enc(state), option=orjson.OPT_SORT_KEYS).decode()
+    return _json(state)
 
 
 def load_state(text: str | None) -> FoldState:
-    return None if text is None else _dec(orjson.loads(text))
+    if text is None:
+        return None
+    obj = orjson.loads(text)
+    return _dec(obj) if _DEC in text else obj  # no tag: `_dec` would rebuild it unchanged
 
 
 def canonical(value: object) -> str:
     """Canonical JSON text (sorted keys, no whitespace): how keys and units are compared."""
-    return orjson.dumps(_enc(value), option=orjson.OPT_SORT_KEYS).decode()
+    return _json(value)
 
 
 _ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
@@ -61,6 +81,8 @@ def copy_text(value: object) -> str | None:
     """One value in the text form Postgres parses for any column type (None stays None = NULL)."""
     if value is None:
         return None
+    if type(value) is str:  # the common case first
+        return value
     if isinstance(value, bool):
         return "t" if value else "f"
     if isinstance(value, Decimal):
@@ -76,4 +98,8 @@ def copy_text(value: object) -> str | None:
 
 def copy_line(values: Sequence[str | None]) -> str:
     """A COPY text-format line from already-rendered values."""
-    return "\t".join("\\N" if v is None else v.translate(_ESCAPES) for v in values) + "\n"
+    line = "\t".join("\\N" if v is None else v for v in values)
+    clean = line.count("\\") == values.count(None) and line.count("\t") == len(values) - 1
+    if not clean or "\n" in line or "\r" in line:  # some value needs escaping (rare): the long way
+        line = "\t".join("\\N" if v is None else v.translate(_ESCAPES) for v in values)
+    return line + "\n"

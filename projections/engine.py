@@ -302,15 +302,30 @@ def truncate_points(points: Mapping[TP, tuple[int, int]], truncates: Iterable[Tr
     return out
 
 
+Layout = tuple[tuple[str, ...], frozenset[str], tuple[int, ...]]
+_LAYOUTS: dict[int, tuple[Table, Layout]] = {}
+
+
 @lru_cache(maxsize=64)
-def _layout(table: Table) -> tuple[tuple[str, ...], frozenset[str], tuple[int, ...]]:
+def _layout(table: Table) -> Layout:
     names = table.names
     return names, frozenset(names), tuple(names.index(k) for k in table.primary_key)
 
 
+def _layout_of(table: Table) -> Layout:
+    """`_layout` by the table object's identity first: hashing a `Table` (every column) for each
+    row cost more than rendering it."""
+    hit = _LAYOUTS.get(id(table))
+    if hit is None or hit[0] is not table:
+        if len(_LAYOUTS) >= 64:
+            _LAYOUTS.clear()
+        hit = _LAYOUTS[id(table)] = (table, _layout(table))
+    return hit[1]
+
+
 def render_row(p: Projection, row: Mapping[str, Any]) -> tuple[str, Pk]:
     """A result row → (COPY line in column order, its primary key as rendered text)."""
-    names, known, pk_at = _layout(p.table)
+    names, known, pk_at = _layout_of(p.table)
     if not known.issuperset(row):
         raise DefinitionError(f"projection {p.name!r} returned unknown columns {sorted(set(row) - known)}")
     values = [copy_text(row.get(n)) for n in names]

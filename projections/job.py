@@ -229,10 +229,9 @@ class _Stager:
         rows_copy, del_copy, state_copy = self.copies[:3]
         with self.conn.cursor() as cur:
             with cur.copy(rows_copy) as cp:
-                for u in chunk:
-                    for line in u.rows:
-                        cp.write(line)
-                        self.rows += 1
+                lines = [line for u in chunk for line in u.rows]
+                cp.write("".join(lines))  # one block: a write per line costs a libpq call and a wait each
+                self.rows += len(lines)
             with cur.copy(del_copy) as cp:
                 for u in chunk:
                     for key in u.deletes:

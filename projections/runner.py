@@ -57,7 +57,7 @@ from tributary.projections.job import (
 )
 from tributary.projections.joins import TableIndex, frontier, late_table_record, order_key, order_times, table_index
 from tributary.projections.loader import file_stamps, load_current, resolve
-from tributary.projections.small import fold_small, folds_small
+from tributary.projections.small import StateCache, fold_small, folds_small
 from tributary.projections.source import LocalSource, LogSource
 from tributary.projections.spark import aggregation_session, get_session, local_cores
 from tributary.projections.state import projection_state, state_label
@@ -108,6 +108,7 @@ class RunSettings:
     kafka_split_offsets: int = 100_000  # on Kafka: offsets per executor task, at most
     kafka_reader: Literal["python", "spark"] = "python"  # on Kafka: kafka_source, or spark_kafka_source
     small_pass_records: int = 0  # a plain fold's pass of at most this many records folds in the driver
+    state_cache_units: int = 100_000  # `run_continuous`: units' states kept between its small passes
 
     @classmethod
     def from_settings(cls, settings: Settings, *, dsn: str | None = None) -> RunSettings:
@@ -134,6 +135,7 @@ class RunSettings:
             shuffle_partitions=pr.shuffle_partitions,
             executor_dsn=pr.executor_dsn,
             executor_timeout_s=pr.executor_timeout_s,
+            state_cache_units=pr.state_cache_units,
         )
 
 
@@ -251,6 +253,7 @@ def _catch_up(
     b: BuildRow,
     progress: Progress | None = None,
     stage: str = "catching_up",
+    cache: StateCache | None = None,
 ) -> _Pass:
     """One pass from the checkpoints to the log's committed end: a DataFrame transform's over
     the whole log (an incremental one's over the new records), or a fold's over the new records
@@ -264,7 +267,7 @@ def _catch_up(
     with _reported_as_run_errors():
         if p.build is not None:
             done = _transform_pass(s, spark, store, log, p, b, span)
-        elif (small := _small_pass(s, store, log, p, b, span)) is not None:
+        elif (small := _small_pass(s, store, log, p, b, span, cache)) is not None:
             done = small
         else:
             with opened(s.log_root, s.kafka, p, b) as emitter:
@@ -311,7 +314,9 @@ def _read(
     )
 
 
-def _small_pass(s: RunSettings, store: Store, log: LogSource, p: Projection, b: BuildRow, span: _Span) -> _Pass | None:
+def _small_pass(
+    s: RunSettings, store: Store, log: LogSource, p: Projection, b: BuildRow, span: _Span, cache: StateCache | None
+) -> _Pass | None:
     """A pass of few records folded in the driver (`projections.small`): milliseconds, where a
     Spark job costs seconds. None when it cannot be (the pass then runs on Spark)."""
     if span.total > s.small_pass_records or not isinstance(log, LocalSource) or not folds_small(p):
@@ -326,6 +331,7 @@ def _small_pass(s: RunSettings, store: Store, log: LogSource, p: Projection, b: 
         records=span.total,
         resumed=span.resumed,
         skip_errors=s.skip_errors,
+        cache=cache,
     )
     return None if rows is None else _Pass(span.total, rows)
 
@@ -786,23 +792,120 @@ def run_continuous(
     """`project run --continuous`: catch up again at once while records arrive; while idle, wait
     for the log to change (`_Watch`: the local log's manifest replaced, Kafka's ends moved) for
     at most `freshness_s`, running no pass meanwhile. A plain fold's passes of few records fold in
-    the driver (`projections.small`); the Spark session is made once. Returns the passes made."""
+    the driver (`projections.small`); the Spark session is made once, and the connection, the
+    lock and the units' states are kept between passes (`_Continuous`). Returns the passes made."""
     s = settings if settings.small_pass_records else replace(settings, small_pass_records=SMALL_PASS_RECORDS)
     watch = _Watch(s, resolve(s.modules, s.mirror, name).reads)
+    runs = _Continuous(name, s, spark)
     passes = 0
     try:
         while not stop():
             mark = watch.stamp()  # before the pass: a commit during it wakes the wait at once
             try:
-                records = run(name, s, spark=spark).records
+                records = runs.step()
             except LockedError:  # a rebuild holds it: it catches up itself; wait for what comes next
                 records = 0
             passes += 1
             if not records:
+                runs.idle()
                 watch.wait(mark, freshness_s, stop, sleep)
     finally:
-        watch.close()
+        try:
+            runs.close()
+        finally:
+            watch.close()
     return passes
+
+
+class _Continuous:
+    """The passes of one continuous run over one connection: it takes the projection's lock for
+    its first pass and keeps it, the log and the units' states (`StateCache`) while records keep
+    coming; idle, it lets the lock go (a rebuild or a one-off run may take it meanwhile: the cache
+    notices their commits by the checkpoints) and takes it again for the next pass. A failed pass
+    empties the cache and closes the connection (the next pass, if any, reconnects); a lost
+    connection stops the run with one line, since the lock went with it."""
+
+    def __init__(self, name: str, s: RunSettings, spark: SparkSession | None) -> None:
+        self.name = name
+        self.s = s
+        self.spark = _session(s, spark)
+        self.held: _Locked | None = None
+        self.locked = False
+        self.log: LogSource | None = None
+        self.cache = StateCache(s.state_cache_units)
+
+    def step(self) -> int:
+        """One pass (a rebuild first if the projection's version changed); the records read."""
+        try:
+            return self._step()
+        except LockedError:
+            raise
+        except psycopg.OperationalError as exc:
+            lost = self.held is not None and self.held.conn.broken
+            self._drop()
+            if not lost:
+                raise
+            raise RunError(
+                f"projection {self.name!r}: lost the connection to the service database, and its lock "
+                f"with it: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+            ) from exc
+        except BaseException:
+            self._drop()
+            raise
+
+    def _step(self) -> int:
+        p = resolve(self.s.modules, self.s.mirror, self.name)
+        if self.held is None:
+            self.held = _Locked(self.s, self.name)
+            self.locked = True
+        elif not self.locked:
+            self._relock()
+        store = self.held.store
+        cur = store.current(self.name)
+        if cur is None or cur.version != p.version:
+            self.cache.clear()
+            return _rebuild(self.s, self.spark, store, p, None).records
+        if self.log is None:
+            self.log = _open_log(self.s)
+        else:
+            self.log.refresh()
+        return _catch_up(self.s, self.spark, store, self.log, p, cur, cache=self.cache).records
+
+    def _relock(self) -> None:
+        """Take the lock again after an idle wait; a connection lost meanwhile held no lock: reconnect."""
+        assert self.held is not None
+        try:
+            got = self.held.store.try_lock(self.name)
+        except psycopg.OperationalError:
+            self._drop()
+            self.held = _Locked(self.s, self.name)
+            got = True
+        if not got:
+            raise LockedError(f"projection {self.name!r} is being run or rebuilt by another process")
+        self.locked = True
+
+    def idle(self) -> None:
+        """Nothing new: let the lock go until the next pass (the connection and cache stay)."""
+        if self.held is not None and self.locked:
+            self.held.store.unlock(self.name)
+            self.locked = False
+
+    def _drop(self) -> None:
+        """After an error: forget the states and the connection (its lock goes with it)."""
+        self.cache.clear()
+        held, self.held, self.locked = self.held, None, False
+        if held is not None:
+            held.conn.close()
+
+    def close(self) -> None:
+        if self.held is not None and self.locked:
+            self.held.__exit__(None, None, None)
+        elif self.held is not None:
+            self.held.conn.close()
+        self.held = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
 
 
 class _Watch:

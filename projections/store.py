@@ -82,6 +82,7 @@ class Staged:
     names: tuple[str, str, str]
     emits: str | None = None  # a projection that emits: its records (`engine.Emitted`, with the unit)
     schema: str = META  # `pg_temp`: the session's temporary tables (`staging(temp=True)`)
+    kept: bool = False  # the session's tables (`session_staging`): each commit empties them, none drops them
 
     @property
     def tables(self) -> tuple[str, ...]:
@@ -357,7 +358,7 @@ class Store:
             self._upsert_states(cur, b, state_t)
             self._advance(cur, b, checkpoints, records, truncates, _dead_letters(b, summaries))
             self._keep_late(cur, b, late)
-            for t in (rows_t, del_t, state_t):  # the staging tables go with the commit
+            for t in () if staged.kept else (rows_t, del_t, state_t):  # the staging tables go with the commit
                 cur.execute(sql.SQL("DROP TABLE {}").format(t))
             if staged.emits is not None:
                 cur.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(staged.schema, staged.emits)))
@@ -676,6 +677,29 @@ class Store:
                 emit_t = sql.Identifier(staged.schema, staged.emits)
                 self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(emit_t))
                 self.conn.execute(sql.SQL("CREATE {} TABLE {} (" + _EMIT_COLUMNS + ")").format(kind, emit_t))
+        return staged
+
+    def session_staging(self, p: Projection, b: BuildRow) -> Staged:
+        """This session's temporary staging tables for a plain fold's small passes, made once per
+        session and build (`CREATE … IF NOT EXISTS … ON COMMIT DELETE ROWS`): each commit empties
+        them, so a pass costs its COPYs and no DDL. Call it inside the pass's transaction."""
+        staged = Staged(
+            p.table.names,
+            p.table.primary_key,
+            (f"{b.table_name}__small_rows", f"{b.table_name}__small_del", f"{b.table_name}__small_state"),
+            schema="pg_temp",
+            kept=True,
+        )
+        rows_t, del_t, state_t = (sql.Identifier("pg_temp", n) for n in staged.names)
+        target = sql.Identifier(self.schema, b.table_name)
+        cols = sql.SQL(", ").join(map(sql.Identifier, p.table.names))
+        pkcols = sql.SQL(", ").join(map(sql.Identifier, p.table.primary_key))
+        make = "CREATE TEMP TABLE IF NOT EXISTS {} ON COMMIT DELETE ROWS AS SELECT {} FROM {} LIMIT 0"
+        self.conn.execute(sql.SQL(make).format(rows_t, cols, target))
+        self.conn.execute(sql.SQL(make).format(del_t, pkcols, target))
+        self.conn.execute(
+            sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (" + _STATE_COLUMNS + ") ON COMMIT DELETE ROWS").format(state_t)
+        )
         return staged
 
     def staged_emits(self, staged: Staged) -> Iterator[tuple[str, str | None, int]]:

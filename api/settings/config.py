@@ -485,6 +485,13 @@ class ProjectionSettings(_Section):
         le=86_400,
         description="How long a run on a cluster waits for an executor to run its first task before it stops.",
     )
+    state_cache_units: int = Field(
+        default=100_000,
+        ge=0,
+        le=100_000_000,
+        description="`project run --continuous` keeps this many units' fold states in memory between its passes "
+        "(least recently used go first; 0 = off): a pass loads only the states it does not hold.",
+    )
     modules: tuple[str, ...] = Field(
         default=(), description="Your projection files (relative to this file) or modules."
     )

@@ -10,12 +10,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from tests.integration.projections.helpers import DAY, LogWriter, dump
 from tests.integration.projections.test_runs import DEP, WD, settings
 from tests.waiting import wait_progress
-from tributary.projections.runner import rebuild, run, run_continuous
+from tributary.projections.errors import ProjectionError, RunError
+from tributary.projections.runner import _Continuous, rebuild, run, run_continuous
 
 pytestmark = pytest.mark.integration
 
@@ -115,3 +117,138 @@ def test_small_passes_in_the_driver_equal_a_spark_rebuild(spark: Any, fresh_db: 
     assert rebuilt.records == 132
     assert dump(fresh_db, "views.bank") == incremental
     assert dump(fresh_db, "tributary_projections.bank__v1_2__state") == states
+
+
+FLAKY = """
+from pathlib import Path
+
+from tributary.projections.definition import Fold, Projection
+from tributary.projections.examples import account_balances
+
+POISON = Path(__file__).with_name("poison")
+
+
+def apply(state, record):
+    if POISON.exists() and record.data.get("amount") == "666.66":
+        raise ValueError("poisoned")
+    return account_balances.apply(state, record)
+
+
+PROJECTION = Projection(
+    name="flaky",
+    version=1,
+    topics=("events.deposits", "events.withdrawals"),
+    table=account_balances.TABLE,
+    fold=Fold(account_balances.initial, apply, account_balances.result),
+)
+"""
+
+
+def test_cached_states_over_many_passes_equal_a_rebuild(spark: Any, fresh_db: str, tmp_path: Path) -> None:
+    """States kept between passes, through a pass that fails midway, Spark passes (units to
+    recompute) and a rebuild swapped in between passes: the view equals one rebuild's."""
+    (tmp_path / "flaky.py").write_text(FLAKY)
+    rng = random.Random(11)
+    w = LogWriter(tmp_path / "log")
+    w.topic(DEP)
+    w.topic(WD)
+    s = replace(
+        settings(fresh_db, tmp_path / "log"),
+        modules=(str(tmp_path / "flaky.py"),),
+        small_pass_records=50,
+        state_cache_units=5,  # fewer than the accounts: some states come from the cache, some are loaded
+    )
+    clock = [0]
+    _workload(w, rng, 20, clock)
+    w.commit()
+    runs = _Continuous("flaky", s, spark)
+    failed = rebuilt = 0
+    try:
+        runs.step()
+        for i, batch in enumerate((4, 1, 6, 3, 8, 2, 5, 7, 1, 3, 9, 2)):
+            _workload(w, rng, batch, clock)
+            w.commit()
+            if i == 4:  # a pass that fails midway: its first units fold, a later one raises
+                (tmp_path / "poison").touch()
+                w.append(DEP, "acc-5", 1, "MoneyDeposited", clock[0], amount="666.66")
+                w.commit()
+                with pytest.raises(ProjectionError, match="poisoned"):
+                    runs.step()
+                (tmp_path / "poison").unlink()
+                failed += 1
+            if i == 7:  # idle: a rebuild takes the lock and swaps in a build the cache never saw
+                runs.idle()
+                _workload(w, rng, 4, clock)
+                w.commit()
+                rebuilt = rebuild("flaky", s, spark=spark).build
+            runs.step()
+    finally:
+        runs.close()
+        w.close()
+    assert failed == 1 and rebuilt == 2
+    incremental = dump(fresh_db, "views.flaky")
+    states = dump(fresh_db, "tributary_projections.flaky__v1_2__state")
+    assert rebuild("flaky", s, spark=spark).records == 20 + 51 + 1 + 4
+    assert dump(fresh_db, "views.flaky") == incremental
+    assert dump(fresh_db, "tributary_projections.flaky__v1_3__state") == states
+
+
+def test_a_continuous_run_keeps_its_connection(spark: Any, fresh_db: str, tmp_path: Path) -> None:
+    """One backend serves every pass; losing it while the run holds the lock stops the run with
+    one line."""
+    w = LogWriter(tmp_path / "log")
+    w.topic(DEP)
+    w.append(DEP, "acc-1", 1, "AccountOpened", 1_000, owner="ann", overdraft_limit="0")
+    w.commit()
+    s = settings(fresh_db, tmp_path / "log")
+    run("bank", s, spark=spark)
+    done = threading.Event()
+    seen: set[int] = set()
+    passes: list[int] = []
+    with psycopg.connect(fresh_db, autocommit=True) as watcher, psycopg.connect(fresh_db, autocommit=True) as reader:
+        ours = (watcher.info.backend_pid, reader.info.backend_pid)
+
+        def stop() -> bool:  # between passes and while idle: which other backends are connected
+            rows = watcher.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND NOT pid = ANY(%s) AND backend_type = 'client backend'",
+                (list(ours),),
+            ).fetchall()
+            seen.update(r[0] for r in rows)
+            return done.is_set()
+
+        def shows(v: int) -> bool:
+            row = reader.execute("SELECT last_version FROM views.bank WHERE account_id = 'acc-1'").fetchone()
+            return row is not None and row[0] >= v
+
+        t = threading.Thread(target=lambda: passes.append(run_continuous("bank", s, spark=spark, stop=stop)))
+        t.start()
+        try:
+            for v in range(2, 12):
+                w.append(DEP, "acc-1", v, "MoneyDeposited", v * 1_000, amount="1.00")
+                w.commit()
+                wait_progress(
+                    lambda v=v: shows(v),
+                    lambda: len(seen),
+                    what=f"version {v} in the view",
+                )
+        finally:
+            done.set()
+            t.join()
+    assert passes[0] >= 10
+    assert len(seen) == 1, f"the run connected {len(seen)} times"
+    runs = _Continuous("bank", s, spark)
+    try:
+        w.append(DEP, "acc-1", 12, "MoneyDeposited", 12_000, amount="1.00")
+        w.commit()
+        assert runs.step() == 1  # it holds the lock until it goes idle
+        assert runs.held is not None
+        with psycopg.connect(fresh_db, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (runs.held.conn.info.backend_pid,))
+        w.append(DEP, "acc-1", 13, "MoneyDeposited", 13_000, amount="1.00")
+        w.commit()
+        with pytest.raises(RunError, match="lost the connection to the service database, and its lock with it"):
+            runs.step()
+    finally:
+        runs.close()
+        w.close()
