@@ -44,7 +44,7 @@ from tributary.projections.engine import (
 )
 from tributary.projections.errors import LockedError, ProjectionError, RunError
 from tributary.projections.executors import check_executors
-from tributary.projections.incremental import mode, recompute_reason
+from tributary.projections.incremental import DRIVER_READ_RECORDS, driver_records, mode, recompute_reason
 from tributary.projections.job import (
     TRUNCATE_COLUMNS,
     TRUNCATE_SCHEMA,
@@ -58,7 +58,7 @@ from tributary.projections.job import (
 from tributary.projections.joins import TableIndex, frontier, late_table_record, order_key, order_times, table_index
 from tributary.projections.loader import file_stamps, load_current, resolve
 from tributary.projections.small import fold_small, folds_small
-from tributary.projections.source import LocalSource, LogSource
+from tributary.projections.source import LocalSource, LogSource, driver_frame
 from tributary.projections.spark import aggregation_session, get_session, local_cores
 from tributary.projections.state import projection_state, state_label
 from tributary.projections.store import BuildRow, Store
@@ -108,6 +108,7 @@ class RunSettings:
     kafka_split_offsets: int = 100_000  # on Kafka: offsets per executor task, at most
     kafka_reader: Literal["python", "spark"] = "python"  # on Kafka: kafka_source, or spark_kafka_source
     small_pass_records: int = 0  # a plain fold's pass of at most this many records folds in the driver
+    driver_read_records: int = DRIVER_READ_RECORDS  # a merging DataFrame pass of at most this many: driver reads
 
     @classmethod
     def from_settings(cls, settings: Settings, *, dsn: str | None = None) -> RunSettings:
@@ -134,6 +135,7 @@ class RunSettings:
             shuffle_partitions=pr.shuffle_partitions,
             executor_dsn=pr.executor_dsn,
             executor_timeout_s=pr.executor_timeout_s,
+            driver_read_records=pr.driver_read_records,
         )
 
 
@@ -345,7 +347,10 @@ def _transform_pass(
     assert p.build is not None
     merging = span.resumed and recompute_reason(p) is None
     session = aggregation_session(spark, _partitions(s, spark))
-    if merging:  # a split is read from its first byte: small ones waste little before the checkpoint
+    if merging and span.total <= s.driver_read_records and isinstance(log, LocalSource):
+        session = aggregation_session(spark, 1)  # few rows: one shuffle partition, one task
+        records = driver_frame(session, p, driver_records(log, span.lo, span.ends))
+    elif merging:  # a split is read from its first byte: small ones waste little before the checkpoint
         records = _read(s, log, p, span, session, span.lo, min(s.split_bytes, INCREMENTAL_SPLIT_BYTES))
     else:
         records = _read(s, log, p, span, session, {})
