@@ -165,3 +165,35 @@ def test_records_read_in_the_driver_are_the_frame_spark_reads(spark: Any, tmp_pa
     assert rows == _rows(spark_read)
     assert len(rows) == sum(hi[tp] - lo[tp] for tp in hi)
     log.close()
+
+
+def _tasks_per_stage(spark: Any, group: str) -> list[int]:
+    """The task count of every stage the jobs of `group` ran (Spark's status tracker)."""
+    tracker = spark.sparkContext.statusTracker()
+    stages = [s for j in tracker.getJobIdsForGroup(group) for s in tracker.getJobInfo(j).stageIds]
+    return [tracker.getStageInfo(s).numTasks for s in stages if tracker.getStageInfo(s) is not None]
+
+
+@pytest.mark.parametrize(("driver_read", "one_task"), [(1_000, True), (0, False)])
+def test_a_small_run_is_one_task_per_stage(
+    spark: Any, fresh_db: str, tmp_path: Path, driver_read: int, one_task: bool
+) -> None:
+    """Read in the driver, the new records are one in-memory partition and the build's shuffle
+    one more: no task reads the log, none waits on an empty shuffle partition."""
+    w = LogWriter(tmp_path / "log")
+    w.topic(DEP)
+    w.topic(WD)
+    versions: dict[str, int] = {}
+    _append(w, [(i % 5, "MoneyDeposited", 100 + i, i) for i in range(30)], versions)
+    s = _settings(fresh_db, tmp_path / "log", driver_read)
+    run("totals", s, spark=spark)
+    _append(w, [(i % 5, "MoneyWithdrawn", 10 + i, 100 + i) for i in range(12)], versions)
+    w.close()
+    group = f"small-run-{driver_read}"
+    spark.sparkContext.setJobGroup(group, "a merging run")
+    try:
+        assert run("totals", s, spark=spark).records == 12
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    tasks = _tasks_per_stage(spark, group)
+    assert tasks and (set(tasks) == {1}) is one_task, tasks
