@@ -343,12 +343,13 @@ def _transform_pass(
 ) -> _Pass:
     """A DataFrame transform recomputes over the whole log, its output replacing the table; an
     incremental one (`incremental.recompute_reason` None) whose build has checkpoints aggregates
-    only the new records and merges the partials into the table."""
+    only the new records (read in the driver when few: `driver_read_records`) and merges the
+    partials into the table."""
     assert p.build is not None
     merging = span.resumed and recompute_reason(p) is None
-    session = aggregation_session(spark, _partitions(s, spark))
-    if merging and span.total <= s.driver_read_records and isinstance(log, LocalSource):
-        session = aggregation_session(spark, 1)  # few rows: one shuffle partition, one task
+    driver = merging and span.total <= s.driver_read_records and isinstance(log, LocalSource)
+    session = aggregation_session(spark, 1 if driver else _partitions(s, spark))
+    if driver:  # few new records: one in-memory partition, shuffles of one (one task per stage)
         records = driver_frame(session, p, driver_records(log, span.lo, span.ends))
     elif merging:  # a split is read from its first byte: small ones waste little before the checkpoint
         records = _read(s, log, p, span, session, span.lo, min(s.split_bytes, INCREMENTAL_SPLIT_BYTES))
