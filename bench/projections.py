@@ -20,9 +20,11 @@ For each size N (events over --keys accounts in `events.account`, 4 partitions):
   * incremental — `run` after --incremental new events on top of N (the fold);
   * dataframe_incremental — `account_totals` (incremental: `merge=`) built over N, then --repeat
                 `run`s each after --incremental new events (each aggregates only them and merges
-                the partials into the table), then --repeat rebuilds over the same events: the
-                runs' median time over the rebuilds', and whether the tables agree. `--only-dataframe-incremental`
-                measures just this part;
+                the partials into the table) with the new records read in the driver, alternating
+                with as many read by Spark tasks (`driver_read_records=0`), each split into phases,
+                then --repeat rebuilds over the same events: the runs' median time over the
+                rebuilds', and whether the tables agree. `--only-dataframe-incremental` measures
+                just this part; with --dir, the log of N events is kept there for the next call;
   * driver RSS (this Python process) and the Spark JVM's peak RSS.
 Prints JSON and saves it to bench/results/projections.json.
 
