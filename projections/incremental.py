@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 INCREMENTAL = "incremental"
-DRIVER_READ_RECORDS = 200_000  # `[projections] driver_read_records`: the default when not configured
+DRIVER_READ_RECORDS = 100_000  # `[projections] driver_read_records`: the default when not configured
 MERGES = {
     # Spark's sum/min/max are NULL over no values: a side that is NULL leaves the other
     "sum": "COALESCE({old} + {new}, {old}, {new})",

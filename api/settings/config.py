@@ -496,7 +496,7 @@ class ProjectionSettings(_Section):
         "Spark's Python workers) or `spark` (Spark's own Kafka source, fetched by `make setup`).",
     )
     driver_read_records: int = Field(
-        default=200_000,
+        default=100_000,
         ge=0,
         le=10_000_000,
         description="An incremental DataFrame projection's run of at most this many new records reads them in the "
