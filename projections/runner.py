@@ -347,10 +347,11 @@ def _transform_pass(
     partials into the table."""
     assert p.build is not None
     merging = span.resumed and recompute_reason(p) is None
-    driver = merging and span.total <= s.driver_read_records and isinstance(log, LocalSource)
-    session = aggregation_session(spark, 1 if driver else _partitions(s, spark))
-    if driver:  # few new records: one in-memory partition, shuffles of one (one task per stage)
-        records = driver_frame(session, p, driver_records(log, span.lo, span.ends))
+    few = merging and span.total <= s.driver_read_records
+    local = log if few and isinstance(log, LocalSource) else None  # read in the driver
+    session = aggregation_session(spark, 1 if local is not None else _partitions(s, spark))
+    if local is not None:  # few new records: one in-memory partition, shuffles of one (one task per stage)
+        records = driver_frame(session, p, driver_records(local, span.lo, span.ends))
     elif merging:  # a split is read from its first byte: small ones waste little before the checkpoint
         records = _read(s, log, p, span, session, span.lo, min(s.split_bytes, INCREMENTAL_SPLIT_BYTES))
     else:
