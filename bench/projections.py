@@ -20,9 +20,11 @@ For each size N (events over --keys accounts in `events.account`, 4 partitions):
   * incremental — `run` after --incremental new events on top of N (the fold);
   * dataframe_incremental — `account_totals` (incremental: `merge=`) built over N, then --repeat
                 `run`s each after --incremental new events (each aggregates only them and merges
-                the partials into the table), then --repeat rebuilds over the same events: the
-                runs' median time over the rebuilds', and whether the tables agree. `--only-dataframe-incremental`
-                measures just this part;
+                the partials into the table) with the new records read in the driver, alternating
+                with as many read by Spark tasks (`driver_read_records=0`), each split into phases,
+                then --repeat rebuilds over the same events: the runs' median time over the
+                rebuilds', and whether the tables agree. `--only-dataframe-incremental` measures
+                just this part; with --dir, the log of N events is kept there for the next call;
   * driver RSS (this Python process) and the Spark JVM's peak RSS.
 Prints JSON and saves it to bench/results/projections.json.
 
@@ -44,6 +46,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -427,18 +430,53 @@ def one_size(
     }
 
 
+def _run_phases(name: str, s: RunSettings, spark: Any) -> tuple[Any, dict[str, float]]:
+    """One incremental `run` split into phases (`phases`, plus the merge and the driver read);
+    `spark: build + collect` is the transform pass minus its measured parts."""
+    from tributary.projections import runner as runner_mod
+    from tributary.projections.store import Store
+
+    extra = [(Store, "merge_rows", "merge_rows (total)"), (runner_mod, "driver_frame", "driver read + frame")]
+    with phases() as spent:
+        originals = [(owner, attr, owner.__dict__[attr]) for owner, attr, _ in extra]
+        for owner, attr, label in extra:
+            fn = owner.__dict__[attr]
+
+            def wrapper(*args: Any, _fn: Any = fn, _label: str = label, **kwargs: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return _fn(*args, **kwargs)
+                finally:
+                    spent[_label] = spent.get(_label, 0.0) + time.perf_counter() - t0
+
+            setattr(owner, attr, wrapper)
+        try:
+            result = run(name, s, spark=spark)
+        finally:
+            for owner, attr, original in originals:
+                setattr(owner, attr, original)
+    parts = ("plan splits + copies check + frame", "driver read + frame", "COPY text (Arrow)", "merge_rows (total)")
+    out = {k: round(v, 3) for k, v in spent.items()}
+    if "transform pass (total)" in spent:
+        out["spark: build + collect"] = round(
+            spent["transform pass (total)"] - sum(spent.get(k, 0.0) for k in parts), 3
+        )
+    out["run (total)"] = round(result.seconds, 3)
+    return result, out
+
+
 def dataframe_incremental(
     n: int, keys: int, dsn: str, work: Path, spark: Any, incremental: int, repeat: int
 ) -> dict[str, Any]:
     """`account_totals` over N events, then `repeat` incremental runs each after `incremental`
-    more, then `repeat` rebuilds over them all (same run): an incremental run must cost a small
-    part of a rebuild (medians) and leave the table the rebuild makes."""
+    more — alternately with the new records read by Spark tasks (`driver_read_records=0`) and in
+    the driver (the default) — then `repeat` rebuilds over them all (same run): an incremental run
+    must cost a small part of a rebuild (medians) and leave the table the rebuild makes. The log
+    of N events (with its Parquet copies) is kept in `work` and reused by a later call there."""
     rng = random.Random(n + 1)
     root = work / f"log_df_{n}"
+    kept = work / f"log_df_{n}.kept"
     shutil.rmtree(root, ignore_errors=True)
-    log = Log.open(root, writer=True)
-    log.create_topic(TOPIC, TopicConfig(partitions=PARTS))
-    write_events(log, 0, n, keys, rng, None)
     s = RunSettings(
         dsn=dsn,
         log_root=root,
@@ -446,11 +484,25 @@ def dataframe_incremental(
         spark_master=spark.sparkContext.master,
         shuffle_partitions=8,
     )
-    first = rebuild("account_totals", s, spark=spark)  # also makes the sealed segments' Parquet copies
-    incs = []
-    for i in range(repeat):
-        write_events(log, n + i * incremental, incremental, keys, rng, None)
-        incs.append(run("account_totals", s, spark=spark))
+    reused = kept.exists()
+    if reused:
+        shutil.copytree(kept, root)
+        log = Log.open(root, writer=True)
+        first = rebuild("account_totals", s, spark=spark)
+    else:
+        log = Log.open(root, writer=True)
+        log.create_topic(TOPIC, TopicConfig(partitions=PARTS))
+        write_events(log, 0, n, keys, rng, None)
+        first = rebuild("account_totals", s, spark=spark)  # also makes the sealed segments' Parquet copies
+        shutil.copytree(root, kept)
+    spark_read = replace(s, driver_read_records=0)
+    incs, spark_incs, profiles = [], [], {}
+    for _ in range(repeat):
+        for label, settings in (("spark_read", spark_read), ("driver_read", s)):
+            write_events(log, n + (len(incs) + len(spark_incs)) * incremental, incremental, keys, rng, None)
+            result, profile = _run_phases("account_totals", settings, spark)
+            (incs if settings is s else spark_incs).append(result)
+            profiles[label] = profile  # the last run's
     log.close()
     inc = incs[-1]
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -464,18 +516,24 @@ def dataframe_incremental(
         ).fetchone()
         conn.execute("DROP TABLE public.bench_incremental")
     shutil.rmtree(root, ignore_errors=True)
+    rebuild_s = median(r.seconds for r in fulls)
     return {
         "events": n,
         "keys": keys,
         "first_rebuild_s": round(first.seconds, 2),
+        "first_rebuild_reused_copies": reused,
         "incremental_events": incremental,
         "incremental_records_read": inc.records,
         "incremental_rows_merged": inc.rows,
         "incremental_s": round(median(r.seconds for r in incs), 2),
         "incremental_runs_s": [round(r.seconds, 2) for r in incs],
-        "rebuild_s": round(median(r.seconds for r in fulls), 2),
+        "incremental_spark_read_s": round(median(r.seconds for r in spark_incs), 2),
+        "incremental_spark_read_runs_s": [round(r.seconds, 2) for r in spark_incs],
+        "rebuild_s": round(rebuild_s, 2),
         "rebuild_runs_s": [round(r.seconds, 2) for r in fulls],
-        "incremental_over_rebuild": round(median(r.seconds for r in incs) / median(r.seconds for r in fulls), 3),
+        "incremental_over_rebuild": round(median(r.seconds for r in incs) / rebuild_s, 3),
+        "incremental_spark_read_over_rebuild": round(median(r.seconds for r in spark_incs) / rebuild_s, 3),
+        "phases_s": profiles,
         "tables_equal": differ is not None and differ[0] == 0,
     }
 

@@ -7,17 +7,35 @@ exact only when every record the table reflects stays an addition: event topics 
 append-only, a CDC topic's updates and deletes would have to retract the old values. So a
 projection runs incrementally only when it declares a merge and reads event topics alone; any
 other recomputes over the whole log, and `mode` says why.
+
+A run's new records are mostly few: reading them with Spark tasks (split planning, Python
+workers, a shuffle over the task slots) costs seconds whatever their number. Up to
+`DRIVER_READ_RECORDS` of them the driver reads them itself (`driver_records`) and hands `build`
+an in-memory frame of the same schema (`source.driver_frame`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
 from psycopg import sql
 
 from tributary.projections.definition import Projection
+from tributary.projections.small import RecordReader
+from tributary.projections.source import TP, RawRecord
 
-__all__ = ["MERGES", "INCREMENTAL", "merge_expression", "mode", "recompute_reason"]
+__all__ = [
+    "DRIVER_READ_RECORDS",
+    "INCREMENTAL",
+    "MERGES",
+    "driver_records",
+    "merge_expression",
+    "mode",
+    "recompute_reason",
+]
 
 INCREMENTAL = "incremental"
+DRIVER_READ_RECORDS = 100_000  # `[projections] driver_read_records`: the default when not configured
 MERGES = {
     # Spark's sum/min/max are NULL over no values: a side that is NULL leaves the other
     "sum": "COALESCE({old} + {new}, {old}, {new})",
@@ -54,3 +72,11 @@ def merge_expression(column: str, how: str) -> sql.Composable:
         return sql.SQL(how)  # the projection's author's SQL (`old.total + new.total`)
     ident = sql.Identifier(column)
     return sql.SQL(template).format(old=sql.SQL("old.{}").format(ident), new=sql.SQL("new.{}").format(ident))
+
+
+def driver_records(log: RecordReader, lo: Mapping[TP, int], hi: Mapping[TP, int]) -> Iterator[RawRecord]:
+    """The records from `lo` to `hi` of each topic-partition, read in this process, in
+    topic-partition then offset order."""
+    for tp in sorted(hi):
+        if hi[tp] > lo.get(tp, 0):
+            yield from log.read(tp[0], tp[1], lo.get(tp, 0), hi[tp])

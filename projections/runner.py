@@ -44,7 +44,7 @@ from tributary.projections.engine import (
 )
 from tributary.projections.errors import LockedError, ProjectionError, RunError
 from tributary.projections.executors import check_executors
-from tributary.projections.incremental import mode, recompute_reason
+from tributary.projections.incremental import DRIVER_READ_RECORDS, driver_records, mode, recompute_reason
 from tributary.projections.job import (
     TRUNCATE_COLUMNS,
     TRUNCATE_SCHEMA,
@@ -58,7 +58,7 @@ from tributary.projections.job import (
 from tributary.projections.joins import TableIndex, frontier, late_table_record, order_key, order_times, table_index
 from tributary.projections.loader import file_stamps, load_current, resolve
 from tributary.projections.small import StateCache, fold_small, folds_small
-from tributary.projections.source import LocalSource, LogSource
+from tributary.projections.source import LocalSource, LogSource, driver_frame
 from tributary.projections.spark import aggregation_session, get_session, local_cores
 from tributary.projections.state import projection_state, state_label
 from tributary.projections.store import BuildRow, Store
@@ -109,6 +109,7 @@ class RunSettings:
     kafka_reader: Literal["python", "spark"] = "python"  # on Kafka: kafka_source, or spark_kafka_source
     small_pass_records: int = 0  # a plain fold's pass of at most this many records folds in the driver
     state_cache_units: int = 100_000  # `run_continuous`: units' states kept between its small passes
+    driver_read_records: int = DRIVER_READ_RECORDS  # a merging DataFrame pass of at most this many: driver reads
 
     @classmethod
     def from_settings(cls, settings: Settings, *, dsn: str | None = None) -> RunSettings:
@@ -136,6 +137,7 @@ class RunSettings:
             executor_dsn=pr.executor_dsn,
             executor_timeout_s=pr.executor_timeout_s,
             state_cache_units=pr.state_cache_units,
+            driver_read_records=pr.driver_read_records,
         )
 
 
@@ -347,11 +349,16 @@ def _transform_pass(
 ) -> _Pass:
     """A DataFrame transform recomputes over the whole log, its output replacing the table; an
     incremental one (`incremental.recompute_reason` None) whose build has checkpoints aggregates
-    only the new records and merges the partials into the table."""
+    only the new records (read in the driver when few: `driver_read_records`) and merges the
+    partials into the table."""
     assert p.build is not None
     merging = span.resumed and recompute_reason(p) is None
-    session = aggregation_session(spark, _partitions(s, spark))
-    if merging:  # a split is read from its first byte: small ones waste little before the checkpoint
+    few = merging and span.total <= s.driver_read_records
+    local = log if few and isinstance(log, LocalSource) else None  # read in the driver
+    session = aggregation_session(spark, 1 if local is not None else _partitions(s, spark))
+    if local is not None:  # few new records: one in-memory partition, shuffles of one (one task per stage)
+        records = driver_frame(session, p, driver_records(local, span.lo, span.ends))
+    elif merging:  # a split is read from its first byte: small ones waste little before the checkpoint
         records = _read(s, log, p, span, session, span.lo, min(s.split_bytes, INCREMENTAL_SPLIT_BYTES))
     else:
         records = _read(s, log, p, span, session, {})

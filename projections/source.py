@@ -54,7 +54,17 @@ if TYPE_CHECKING:
 
     from tributary.projections.definition import Projection
 
-__all__ = ["RECORD_SCHEMA", "TP", "LocalSource", "LogSource", "RawRecord", "plan", "records_frame", "rows_frame"]
+__all__ = [
+    "RECORD_SCHEMA",
+    "TP",
+    "LocalSource",
+    "LogSource",
+    "RawRecord",
+    "driver_frame",
+    "plan",
+    "records_frame",
+    "rows_frame",
+]
 
 TP = tuple[str, int]
 ArrowMap = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]  # a `mapInArrow` function
@@ -503,16 +513,42 @@ def rows_frame(p: Projection, planned: DataFrame, raw: ArrowMap, reader: ArrowMa
 
     variant = p.build is not None
     if variant and not _custom(p):  # key, event time and VARIANT in SQL, computed only if used
-        rows = planned.mapInArrow(raw, _RAW_SCHEMA)
-        if not p.schema_records:
-            rows = rows.where(_not_schema())
-        rows = rows.withColumn("value_v", F.expr("try_parse_json(value)"))
-        pkey = F.coalesce(F.col("key"), F.lit("null")).alias("pkey")
-        return rows.select(*_ARROW.names[:7], _event_time().alias("event_time"), pkey, "value_v")
+        return _decoded(p, planned.mapInArrow(raw, _RAW_SCHEMA))
     frame = planned.mapInArrow(reader, RECORD_SCHEMA)
     if variant:
         frame = frame.withColumn("value_v", F.expr("try_parse_json(value)"))
     return frame
+
+
+def _decoded(p: Projection, rows: DataFrame) -> DataFrame:
+    """The log's seven record columns → RECORD_SCHEMA + `value_v`, in SQL: schema records
+    dropped (unless the projection wants them), the log's key and default event time."""
+    from pyspark.sql import functions as F
+
+    if not p.schema_records:
+        rows = rows.where(_not_schema())
+    rows = rows.withColumn("value_v", F.expr("try_parse_json(value)"))
+    pkey = F.coalesce(F.col("key"), F.lit("null")).alias("pkey")
+    return rows.select(*_ARROW.names[:7], _event_time().alias("event_time"), pkey, "value_v")
+
+
+def driver_frame(spark: SparkSession, p: Projection, records: Iterable[RawRecord]) -> DataFrame:
+    """A DataFrame projection's records read in the driver (few of them) as the frame `rows_frame`
+    makes of the same records: an in-memory Arrow table in one partition, decoded by the same
+    SQL (or, with the projection's own key or event time, the same Python), so `build` sees
+    the same schema and values without a task reading the log."""
+    from pyspark.sql import functions as F
+
+    if not _custom(p):
+        return _decoded(p, _arrow_frame(spark, _raw_batches(records), _RAW, _RAW_SCHEMA))
+    frame = _arrow_frame(spark, _batches(p, records), _ARROW, RECORD_SCHEMA)
+    return frame.withColumn("value_v", F.expr("try_parse_json(value)"))
+
+
+def _arrow_frame(spark: SparkSession, batches: Iterable[pa.RecordBatch], schema: pa.Schema, ddl: str) -> DataFrame:
+    """Arrow batches as a one-partition DataFrame of `ddl` (the schema `mapInArrow` declares)."""
+    table = pa.Table.from_batches(list(batches), schema=schema)
+    return spark.createDataFrame(table, ddl).coalesce(1)
 
 
 def records_frame(

@@ -502,6 +502,13 @@ class ProjectionSettings(_Section):
         description='On `[log] backend = "kafka"`, what reads the records: `python` (confluent-kafka consumers in '
         "Spark's Python workers) or `spark` (Spark's own Kafka source, fetched by `make setup`).",
     )
+    driver_read_records: int = Field(
+        default=100_000,
+        ge=0,
+        le=10_000_000,
+        description="An incremental DataFrame projection's run of at most this many new records reads them in the "
+        "driver instead of in Spark tasks (0 = always in tasks; the local log only).",
+    )
 
 
 class EventStoreSettings(_Section):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tributary.projections.definition import Projection, Table
@@ -9,6 +10,8 @@ from tributary.projections.examples import account_totals
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+    from tributary.projections.records import ProjectionRecord
 
 TOPICS = ("events.deposits", "events.withdrawals")
 
@@ -31,10 +34,16 @@ def extremes(records: DataFrame) -> DataFrame:
     )
 
 
+def logged_at(record: ProjectionRecord) -> int:
+    """An event time of the projection's own (Python), not the log's default."""
+    return record.timestamp + 1
+
+
 PROJECTIONS = [
     account_totals.make(name="totals", topics=TOPICS),
     account_totals.make(name="totals_full", topics=TOPICS, incremental=False),
     account_totals.make(name="totals_cdc", topics=("shop.public.accounts",)),
+    replace(account_totals.make(name="totals_keyed", topics=TOPICS), event_time=logged_at),
     Projection(
         name="extremes",
         version=1,

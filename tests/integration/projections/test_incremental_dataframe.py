@@ -14,7 +14,10 @@ from hypothesis import strategies as st
 from tests.integration.projections.helpers import LogWriter, dump
 from tests.pg import PgServer, fresh_database
 from tributary.log.local import TopicConfig, canonical_json
+from tributary.projections.incremental import driver_records
+from tributary.projections.loader import resolve
 from tributary.projections.runner import RunSettings, rebuild, run, status
+from tributary.projections.source import LocalSource, driver_frame
 
 pytestmark = pytest.mark.integration
 
@@ -22,6 +25,7 @@ HERE = Path(__file__).parent
 DEP, WD = "events.deposits", "events.withdrawals"
 KINDS = {"MoneyDeposited": DEP, "MoneyWithdrawn": WD, "AccountOpened": DEP}
 MERGING = ("totals", "extremes")
+MODULES = (str(HERE / "incremental_projections.py"),)
 
 _event = st.tuples(
     st.integers(0, 4),  # account
@@ -30,15 +34,18 @@ _event = st.tuples(
     st.integers(0, 10_000_000),  # event time (ms)
 )
 _batch = st.tuples(st.lists(_event, max_size=12), st.booleans())  # (events, run after it)
+# Runs of at most this many new records read them in the driver: none, the smaller runs, all
+_driver_read = st.sampled_from([0, 6, 1_000_000])
 
 
-def _settings(dsn: str, root: Path) -> RunSettings:
+def _settings(dsn: str, root: Path, driver_read_records: int = 0) -> RunSettings:
     return RunSettings(
         dsn=dsn,
         log_root=root,
-        modules=(str(HERE / "incremental_projections.py"),),
+        modules=MODULES,
         spark_master="local[2]",
         shuffle_partitions=2,
+        driver_read_records=driver_read_records,
     )
 
 
@@ -52,9 +59,9 @@ def _append(w: LogWriter, events: list[tuple[int, str, int, int]], versions: dic
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(batches=st.lists(_batch, min_size=1, max_size=4))
+@given(batches=st.lists(_batch, min_size=1, max_size=4), driver_read=_driver_read)
 def test_any_sequence_of_incremental_runs_equals_a_rebuild(
-    spark: Any, pg_server: PgServer, batches: list[tuple[list[tuple[int, str, int, int]], bool]]
+    spark: Any, pg_server: PgServer, batches: list[tuple[list[tuple[int, str, int, int]], bool]], driver_read: int
 ) -> None:
     with fresh_database(pg_server) as dsn, tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "log"
@@ -62,7 +69,7 @@ def test_any_sequence_of_incremental_runs_equals_a_rebuild(
         w.topic(DEP)
         w.topic(WD)
         versions: dict[str, int] = {}
-        s = _settings(dsn, root)
+        s = _settings(dsn, root, driver_read)
         for events, run_after in batches:
             _append(w, events, versions)
             if run_after:
@@ -100,6 +107,7 @@ def test_a_run_aggregates_only_the_new_records(spark: Any, fresh_db: str, tmp_pa
         "totals": "incremental",
         "extremes": "incremental",
         "totals_full": "recomputes: no merge declared",
+        "totals_keyed": "incremental",
         "totals_cdc": "recomputes: shop.public.accounts is a CDC topic: its updates and deletes do not decompose",
     }
 
@@ -122,3 +130,70 @@ def test_a_deleted_stream_compacted_away_counts_until_a_rebuild(spark: Any, fres
     assert dump(fresh_db, "views.totals") == ["(acc-1,50.00,0.00,41)", "(acc-2,20.00,0.00,1)"]
     rebuild("totals", s, spark=spark)
     assert dump(fresh_db, "views.totals") == ["(acc-1,50.00,0.00,41)"]
+
+
+def _rows(frame: Any) -> list[tuple[Any, ...]]:
+    """Every record of a records frame, the VARIANT as its JSON text, in log order."""
+    from pyspark.sql import functions as F
+
+    shown = [F.to_json("value_v").alias("value_v") if c == "value_v" else F.col(c) for c in frame.columns]
+    return [tuple(r) for r in frame.select(*shown).orderBy("topic", "partition", "offset").collect()]
+
+
+@pytest.mark.parametrize("name", ["totals", "totals_keyed"])
+def test_records_read_in_the_driver_are_the_frame_spark_reads(spark: Any, tmp_path: Path, name: str) -> None:
+    """`build` cannot tell the paths apart: same schema (types, nullability, the VARIANT), same
+    rows, from a checkpoint inside a sealed segment (Parquet copies) to the active one's end."""
+    w = LogWriter(tmp_path / "log")
+    w.topic(DEP)
+    w.topic(WD)
+    versions: dict[str, int] = {}
+    _append(w, [(i % 5, sorted(KINDS)[i % 3], 100 + i, i) for i in range(80)], versions)
+    w.close()
+    log = LocalSource(tmp_path / "log")
+    p = resolve(MODULES, (), name)
+    hi = log.ends(p.reads)
+    lo = {tp: end // 3 for tp, end in hi.items()}
+    assert all(lo.values())
+    spark_read = log.records_frame(
+        spark, modules=MODULES, mirror=(), name=name, topics=p.reads, lo=lo, hi=hi, max_bytes=1 << 20
+    )
+    driver_read = driver_frame(spark, p, driver_records(log, lo, hi))
+    assert driver_read.schema == spark_read.schema
+    assert driver_read.rdd.getNumPartitions() == 1
+    rows = _rows(driver_read)
+    assert rows == _rows(spark_read)
+    assert len(rows) == sum(hi[tp] - lo[tp] for tp in hi)
+    log.close()
+
+
+def _tasks_per_stage(spark: Any, group: str) -> list[int]:
+    """The task count of every stage the jobs of `group` ran (Spark's status tracker)."""
+    tracker = spark.sparkContext.statusTracker()
+    stages = [s for j in tracker.getJobIdsForGroup(group) for s in tracker.getJobInfo(j).stageIds]
+    return [tracker.getStageInfo(s).numTasks for s in stages if tracker.getStageInfo(s) is not None]
+
+
+@pytest.mark.parametrize(("driver_read", "one_task"), [(1_000, True), (0, False)])
+def test_a_small_run_is_one_task_per_stage(
+    spark: Any, fresh_db: str, tmp_path: Path, driver_read: int, one_task: bool
+) -> None:
+    """Read in the driver, the new records are one in-memory partition and the build's shuffle
+    one more: no task reads the log, none waits on an empty shuffle partition."""
+    w = LogWriter(tmp_path / "log")
+    w.topic(DEP)
+    w.topic(WD)
+    versions: dict[str, int] = {}
+    _append(w, [(i % 5, "MoneyDeposited", 100 + i, i) for i in range(30)], versions)
+    s = _settings(fresh_db, tmp_path / "log", driver_read)
+    run("totals", s, spark=spark)
+    _append(w, [(i % 5, "MoneyWithdrawn", 10 + i, 100 + i) for i in range(12)], versions)
+    w.close()
+    group = f"small-run-{driver_read}"
+    spark.sparkContext.setJobGroup(group, "a merging run")
+    try:
+        assert run("totals", s, spark=spark).records == 12
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    tasks = _tasks_per_stage(spark, group)
+    assert tasks and (set(tasks) == {1}) is one_task, tasks

@@ -47,3 +47,14 @@ def test_a_bad_shuffle_partitions_names_the_key(tmp_path: Path) -> None:
     path.write_text("[projections]\nshuffle_partitions = 0\n")
     with pytest.raises(ConfigError, match=r"\[projections\] shuffle_partitions: must be between 1 and 100000, got 0"):
         load_settings(path)
+
+
+def test_driver_read_records_reaches_the_run_and_a_bad_one_names_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "tributary.toml"
+    path.write_text("[projections]\nmodules = []\n")
+    assert RunSettings.from_settings(load_settings(path), dsn="postgresql://h/db").driver_read_records == 100_000
+    path.write_text("[projections]\ndriver_read_records = 0\n")
+    assert RunSettings.from_settings(load_settings(path), dsn="postgresql://h/db").driver_read_records == 0
+    path.write_text("[projections]\ndriver_read_records = -1\n")
+    with pytest.raises(ConfigError, match=r"\[projections\] driver_read_records: must be between 0 and 10000000"):
+        load_settings(path)
