@@ -10,25 +10,20 @@ other recomputes over the whole log, and `mode` says why.
 
 A run's new records are mostly few: reading them with Spark tasks (split planning, Python
 workers, a shuffle over the task slots) costs seconds whatever their number. Up to
-`DRIVER_READ_RECORDS` of them the driver reads them itself (`driver_records`) and hands `build`
+`DRIVER_READ_RECORDS` of them the driver reads them itself (`source.read_range`) and hands `build`
 an in-memory frame of the same schema (`source.driver_frame`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-
 from psycopg import sql
 
 from tributary.projections.definition import Projection
-from tributary.projections.small import RecordReader
-from tributary.projections.source import TP, RawRecord
 
 __all__ = [
     "DRIVER_READ_RECORDS",
     "INCREMENTAL",
     "MERGES",
-    "driver_records",
     "merge_expression",
     "mode",
     "recompute_reason",
@@ -72,11 +67,3 @@ def merge_expression(column: str, how: str) -> sql.Composable:
         return sql.SQL(how)  # the projection's author's SQL (`old.total + new.total`)
     ident = sql.Identifier(column)
     return sql.SQL(template).format(old=sql.SQL("old.{}").format(ident), new=sql.SQL("new.{}").format(ident))
-
-
-def driver_records(log: RecordReader, lo: Mapping[TP, int], hi: Mapping[TP, int]) -> Iterator[RawRecord]:
-    """The records from `lo` to `hi` of each topic-partition, read in this process, in
-    topic-partition then offset order."""
-    for tp in sorted(hi):
-        if hi[tp] > lo.get(tp, 0):
-            yield from log.read(tp[0], tp[1], lo.get(tp, 0), hi[tp])

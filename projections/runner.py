@@ -44,7 +44,7 @@ from tributary.projections.engine import (
 )
 from tributary.projections.errors import LockedError, ProjectionError, RunError
 from tributary.projections.executors import check_executors
-from tributary.projections.incremental import DRIVER_READ_RECORDS, driver_records, mode, recompute_reason
+from tributary.projections.incremental import DRIVER_READ_RECORDS, mode, recompute_reason
 from tributary.projections.job import (
     TRUNCATE_COLUMNS,
     TRUNCATE_SCHEMA,
@@ -58,7 +58,7 @@ from tributary.projections.job import (
 from tributary.projections.joins import TableIndex, frontier, late_table_record, order_key, order_times, table_index
 from tributary.projections.loader import file_stamps, load_current, resolve
 from tributary.projections.small import StateCache, fold_small, folds_small
-from tributary.projections.source import LocalSource, LogSource, driver_frame
+from tributary.projections.source import LocalSource, LogSource, driver_frame, read_range
 from tributary.projections.spark import aggregation_session, get_session, local_cores
 from tributary.projections.state import projection_state, state_label
 from tributary.projections.store import BuildRow, Store
@@ -357,7 +357,7 @@ def _transform_pass(
     local = log if few and isinstance(log, LocalSource) else None  # read in the driver
     session = aggregation_session(spark, 1 if local is not None else _partitions(s, spark))
     if local is not None:  # few new records: one in-memory partition, shuffles of one (one task per stage)
-        records = driver_frame(session, p, driver_records(local, span.lo, span.ends))
+        records = driver_frame(session, p, read_range(local, span.lo, span.ends))
     elif merging:  # a split is read from its first byte: small ones waste little before the checkpoint
         records = _read(s, log, p, span, session, span.lo, min(s.split_bytes, INCREMENTAL_SPLIT_BYTES))
     else:

@@ -19,8 +19,7 @@ it did not make (a Spark pass, another process while it was idle), empties it, a
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Iterable, Mapping, Sequence
 
 from tributary.eventstore.keys import DatabaseKeys, reveal_values
 from tributary.projections.definition import Projection
@@ -38,20 +37,12 @@ from tributary.projections.engine import (
 )
 from tributary.projections.job import stage_units
 from tributary.projections.records import ProjectionRecord, decode
-from tributary.projections.source import RawRecord
+from tributary.projections.source import RawRecord, RecordReader, read_range
 from tributary.projections.store import BuildRow, Staged, Store
 
-__all__ = ["RecordReader", "StateCache", "fold_small", "folds_small"]
+__all__ = ["StateCache", "fold_small", "folds_small"]
 
 TP = tuple[str, int]
-
-
-class RecordReader(Protocol):
-    """A log the driver can read records of (`LocalSource`, `KafkaSource`)."""
-
-    def read(self, topic: str, partition: int, lo: int, hi: int) -> Iterator[RawRecord]:
-        """The records of offsets [lo, hi) of one topic-partition, in offset order."""
-        ...
 
 
 def folds_small(p: Projection) -> bool:
@@ -138,12 +129,6 @@ def _stored(store: Store, b: BuildRow, units: list[str], cache: StateCache | Non
     return found
 
 
-def _records(log: RecordReader, lo: Mapping[TP, int], hi: Mapping[TP, int]) -> Iterable[RawRecord]:
-    for tp in sorted(hi):
-        if hi[tp] > lo.get(tp, 0):
-            yield from log.read(tp[0], tp[1], lo.get(tp, 0), hi[tp])
-
-
 def fold_small(
     store: Store,
     log: RecordReader,
@@ -169,7 +154,7 @@ def fold_small(
         if cache is not None:
             cache.upgraded = True
     hi = {tp: end for tp, (end, _) in checkpoints.items()}
-    items = _items(p, list(_records(log, lo, hi)), DatabaseKeys.on(store.conn))
+    items = _items(p, list(read_range(log, lo, hi)), DatabaseKeys.on(store.conn))
     priors: dict[str, Prior] = {}
     if resumed:
         merged = merges_partitions(p)

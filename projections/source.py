@@ -60,8 +60,10 @@ __all__ = [
     "LocalSource",
     "LogSource",
     "RawRecord",
+    "RecordReader",
     "driver_frame",
     "plan",
+    "read_range",
     "records_frame",
     "rows_frame",
 ]
@@ -590,6 +592,22 @@ def records_frame(
         splits = splits.repartition(len(rows))
     frame = rows_frame(p, splits, _raw_rows, _reader(tuple(modules), tuple(mirror), name))
     return frame if native is None else native.unionByName(frame)
+
+
+class RecordReader(Protocol):
+    """A log the driver can read records of (`LocalSource`, `KafkaSource`)."""
+
+    def read(self, topic: str, partition: int, lo: int, hi: int) -> Iterator[RawRecord]:
+        """The records of offsets [lo, hi) of one topic-partition, in offset order."""
+        ...
+
+
+def read_range(log: RecordReader, lo: Mapping[TP, int], hi: Mapping[TP, int]) -> Iterator[RawRecord]:
+    """The records from `lo` to `hi` of each topic-partition, read in this process (no Spark
+    task), in topic-partition then offset order."""
+    for tp in sorted(hi):
+        if hi[tp] > lo.get(tp, 0):
+            yield from log.read(tp[0], tp[1], lo.get(tp, 0), hi[tp])
 
 
 class LogSource(Protocol):

@@ -14,10 +14,9 @@ from hypothesis import strategies as st
 from tests.integration.projections.helpers import LogWriter, dump
 from tests.pg import PgServer, fresh_database
 from tributary.log.local import TopicConfig, canonical_json
-from tributary.projections.incremental import driver_records
 from tributary.projections.loader import resolve
 from tributary.projections.runner import RunSettings, rebuild, run, status
-from tributary.projections.source import LocalSource, driver_frame
+from tributary.projections.source import LocalSource, driver_frame, read_range
 
 pytestmark = pytest.mark.integration
 
@@ -158,7 +157,7 @@ def test_records_read_in_the_driver_are_the_frame_spark_reads(spark: Any, tmp_pa
     spark_read = log.records_frame(
         spark, modules=MODULES, mirror=(), name=name, topics=p.reads, lo=lo, hi=hi, max_bytes=1 << 20
     )
-    driver_read = driver_frame(spark, p, driver_records(log, lo, hi))
+    driver_read = driver_frame(spark, p, read_range(log, lo, hi))
     assert driver_read.schema == spark_read.schema
     assert driver_read.rdd.getNumPartitions() == 1
     rows = _rows(driver_read)
