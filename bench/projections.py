@@ -23,11 +23,15 @@ For each size N (events over --keys accounts in `events.account`, 4 partitions):
                 the partials into the table), then --repeat rebuilds over the same events: the
                 runs' median time over the rebuilds', and whether the tables agree. `--only-dataframe-incremental`
                 measures just this part;
-  * driver RSS (this Python process) and the Spark JVM's peak RSS.
+  * driver RSS (this Python process) and the Spark JVM's peak RSS; with the DataFrame rebuilds,
+                each process's peak over that size's rebuilds alone (VmHWM reset before them).
+The log is written a chunk at a time (numpy, Arrow, the log's compiled encoder). `--reuse` keeps each
+size's log in --dir with its Parquet copies (and the TSV): a later run with the same sizes starts
+at the rebuilds (a full run appends its incremental events, so its log is written anew next time).
 Prints JSON and saves it to bench/results/projections.json.
 
     python bench/projections.py [--events 1000000,10000000] [--keys 100000] [--dsn DSN]
-                                [--dataframe-only] [--profile]
+                                [--dataframe-only] [--profile] [--dir DIR --reuse]
     python bench/projections.py --only-dataframe-incremental --events 2000000 --incremental 10000
 """
 
