@@ -4,6 +4,7 @@ served from keeps its key throughout."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -37,41 +38,42 @@ def _replace(store: Store, b: BuildRow, lines: bytes) -> int:
     return store.replace_rows(PROJECTION, b, [lines], {}, 0, distinct_keys=True)
 
 
-def test_new_build_gets_its_key_after_the_copy(fresh_db: str) -> None:
-    with psycopg.connect(fresh_db, autocommit=True) as conn:
-        store = Store(conn)
-        store.ensure()
-        b = store.new_build(PROJECTION)
-        before = _key(conn, b)
-        assert before is not None
-        assert _replace(store, b, b"a\t1\nb\t2\nc\t3\n") == 3
-        after = _key(conn, b)
-        assert after is not None
-        assert (after[0], after[2]) == (before[0], before[2]) == (before[0], "PRIMARY KEY (account_id)")
-        assert after[1] != before[1]  # a new index, built over the copied rows
-        assert conn.execute(f'SELECT count(*) FROM views."{b.table_name}"').fetchone() == (3,)
+@pytest.fixture
+def conn(fresh_db: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(fresh_db, autocommit=True) as c:
+        Store(c).ensure()
+        yield c
 
 
-def test_duplicate_keys_are_still_refused(fresh_db: str) -> None:
-    with psycopg.connect(fresh_db, autocommit=True) as conn:
-        store = Store(conn)
-        store.ensure()
-        b = store.new_build(PROJECTION)
-        before = _key(conn, b)
-        with pytest.raises(psycopg.errors.UniqueViolation):
-            _replace(store, b, b"a\t1\nb\t2\na\t3\n")
-        assert _key(conn, b) == before  # rolled back: the key as it was, no rows
-        assert conn.execute(f'SELECT count(*) FROM views."{b.table_name}"').fetchone() == (0,)
-        store.swap(b)
-        assert _replace(store, b, b"a\t1\n") == 1
+def test_new_build_gets_its_key_after_the_copy(conn: psycopg.Connection[Any]) -> None:
+    store = Store(conn)
+    b = store.new_build(PROJECTION)
+    before = _key(conn, b)
+    assert before is not None
+    assert _replace(store, b, b"a\t1\nb\t2\nc\t3\n") == 3
+    after = _key(conn, b)
+    assert after is not None
+    assert (after[0], after[2]) == (before[0], before[2]) == (before[0], "PRIMARY KEY (account_id)")
+    assert after[1] != before[1]  # a new index, built over the copied rows
+    assert conn.execute(f'SELECT count(*) FROM views."{b.table_name}"').fetchone() == (3,)
 
 
-def test_a_served_table_keeps_its_key(fresh_db: str) -> None:
-    with psycopg.connect(fresh_db, autocommit=True) as conn:
-        store = Store(conn)
-        store.ensure()
-        b = store.new_build(PROJECTION)
-        store.swap(b)
-        before = _key(conn, b)
-        assert _replace(store, b, b"a\t1\n") == 1
-        assert _key(conn, b) == before  # readers may hold the table: no ALTER TABLE on it
+def test_duplicate_keys_are_still_refused(conn: psycopg.Connection[Any]) -> None:
+    store = Store(conn)
+    b = store.new_build(PROJECTION)
+    before = _key(conn, b)
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        _replace(store, b, b"a\t1\nb\t2\na\t3\n")
+    assert _key(conn, b) == before  # rolled back: the key as it was, no rows
+    assert conn.execute(f'SELECT count(*) FROM views."{b.table_name}"').fetchone() == (0,)
+    store.swap(b)
+    assert _replace(store, b, b"a\t1\n") == 1
+
+
+def test_a_served_table_keeps_its_key(conn: psycopg.Connection[Any]) -> None:
+    store = Store(conn)
+    b = store.new_build(PROJECTION)
+    store.swap(b)
+    before = _key(conn, b)
+    assert _replace(store, b, b"a\t1\n") == 1
+    assert _key(conn, b) == before  # readers may hold the table: no ALTER TABLE on it
