@@ -25,11 +25,15 @@ For each size N (events over --keys accounts in `events.account`, 4 partitions):
                 then --repeat rebuilds over the same events: the runs' median time over the
                 rebuilds', and whether the tables agree. `--only-dataframe-incremental` measures
                 just this part; with --dir, the log of N events is kept there for the next call;
-  * driver RSS (this Python process) and the Spark JVM's peak RSS.
+  * driver RSS (this Python process) and the Spark JVM's peak RSS; with the DataFrame rebuilds,
+                each process's peak over that size's rebuilds alone (VmHWM reset before them).
+The log is written a chunk at a time (numpy, Arrow, the log's compiled encoder). `--reuse` keeps each
+size's log in --dir with its Parquet copies (and the TSV): a later run with the same sizes starts
+at the rebuilds (a full run appends its incremental events, so its log is written anew next time).
 Prints JSON and saves it to bench/results/projections.json.
 
     python bench/projections.py [--events 1000000,10000000] [--keys 100000] [--dsn DSN]
-                                [--dataframe-only] [--profile]
+                                [--dataframe-only] [--profile] [--dir DIR --reuse]
     python bench/projections.py --only-dataframe-incremental --events 2000000 --incremental 10000
 """
 
@@ -45,7 +49,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 from statistics import median
@@ -55,13 +59,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
+import numpy as np  # noqa: E402
 import orjson  # noqa: E402
 import psycopg  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
 
-from tributary.log.local import Log, TopicConfig, canonical_json, partition_for  # noqa: E402
+from tributary.log.local import Log, TopicConfig, canonical_json, encode_plain, partition_for  # noqa: E402
 from tributary.projections.engine import Item, fold_units  # noqa: E402
 from tributary.projections.examples import account_balances  # noqa: E402
-from tributary.projections.records import ProjectionRecord, default_event_time, ms_to_iso  # noqa: E402
+from tributary.projections.records import ProjectionRecord, default_event_time  # noqa: E402
 from tributary.projections.runner import RunSettings, rebuild, run  # noqa: E402
 from tributary.projections.source import columnar_segments, plan  # noqa: E402
 from tributary.projections.spark import get_session  # noqa: E402
@@ -69,46 +76,70 @@ from tributary.projections.spark import get_session  # noqa: E402
 TOPIC = "events.account"
 PARTS = 4
 KINDS = ("MoneyDeposited", "MoneyDeposited", "MoneyWithdrawn")
+GEN_CHUNK = 250_000  # events generated, appended and committed at a time
 
 
 def write_events(log: Log, start: int, n: int, keys: int, rng: random.Random, tsv: Path | None) -> None:
-    """Append n events (and write (stream, type, amount) lines for the Postgres baseline)."""
-    out = tsv.open("w") if tsv is not None else None
-    batch: dict[int, list[Any]] = {p: [] for p in range(PARTS)}
-    for i in range(start, start + n):
-        stream = f"acc-{rng.randrange(keys)}"
-        kind = "AccountOpened" if i < keys else KINDS[i % 3]
-        amount = f"{rng.randrange(1, 100000)}.{rng.randrange(100):02d}"
-        at = 1_700_000_000_000 + i * 10 - rng.randrange(0, 5000)
-        value = orjson.dumps(
-            {
-                "id": f"e{i}",
-                "stream": stream,
-                "version": i,
-                "type": kind,
-                "schema_version": 1,
-                "data": {"amount": amount, "owner": "o", "overdraft_limit": "0"},
-                "metadata": {},
-                "occurred_at": ms_to_iso(at),
-                "recorded_at": ms_to_iso(at),
-            }
+    """Append n events (and write (stream, type, amount) lines for the Postgres baseline), built
+    a chunk at a time by numpy and Arrow, encoded by the log's compiled encoder (`encode_plain`;
+    one log timestamp per chunk and partition, as a capture batch has): the set-up of a 50M-event
+    run is minutes, not hours. The values are JSON as `orjson.dumps` writes these dicts."""
+    gen = np.random.default_rng(rng.getrandbits(64))
+    part_of = np.array([partition_for(canonical_json(f"acc-{k}"), PARTS) for k in range(keys)], np.int8)
+    out = tsv.open("wb") if tsv is not None else None
+    for lo in range(start, start + n, GEN_CHUNK):
+        i = np.arange(lo, min(lo + GEN_CHUNK, start + n), dtype=np.int64)
+        account = gen.integers(keys, size=len(i))
+        kind = np.where(i < keys, 3, i % 3)  # KINDS[i % 3], AccountOpened for the first `keys`
+        amount = pc.binary_join_element_wise(
+            _text(gen.integers(1, 100000, size=len(i))),
+            pc.utf8_lpad(_text(gen.integers(100, size=len(i))), 2, "0"),
+            ".",
         )
-        key = canonical_json(stream)
-        batch[partition_for(key, PARTS)].append((key, value, at, None))
+        at = 1_700_000_000_000 + i * 10 - gen.integers(0, 5000, size=len(i))
+        iso = pa.array(np.datetime_as_string(at.astype("datetime64[ms]"), unit="ms")).cast(pa.string())
+        stream = pc.binary_join_element_wise("acc-", _text(account), "")
+        kinds = pa.array(np.array([*KINDS, "AccountOpened"])[kind])
+        value = pc.binary_join_element_wise(
+            '{"id":"e',
+            _text(i),
+            '","stream":"',
+            stream,
+            '","version":',
+            _text(i),
+            ',"type":"',
+            kinds,
+            '","schema_version":1,"data":{"amount":"',
+            amount,
+            '","owner":"o","overdraft_limit":"0"},"metadata":{},"occurred_at":"',
+            iso,
+            '+00:00","recorded_at":"',
+            iso,
+            '+00:00"}',
+            "",
+        ).cast(pa.binary())
+        key = pc.binary_join_element_wise('"', stream, '"', "").cast(pa.binary())
+        parts = part_of[account]
+        for p in range(PARTS):
+            rows = np.flatnonzero(parts == p)
+            if not len(rows):
+                continue
+            ks, vs = key.take(rows).to_pylist(), value.take(rows).to_pylist()
+            ts = int(at[rows].max())
+            log.append_encoded(TOPIC, p, lambda first, ks=ks, vs=vs, ts=ts: encode_plain(first, ts, ks, vs), ts)
+        log.commit()
         if out is not None:
-            out.write(f"{stream}\t{kind}\t{amount}\n")
-        if (i + 1) % 50_000 == 0:
-            for p, recs in batch.items():
-                if recs:
-                    log.append(TOPIC, p, recs)
-                batch[p] = []
-            log.commit()
-    for p, recs in batch.items():
-        if recs:
-            log.append(TOPIC, p, recs)
-    log.commit()
+            lines = pc.binary_join_element_wise(stream, kinds, amount, "\t")
+            text = pc.binary_join_element_wise(lines, "", "\n").cast(pa.large_binary())
+            offsets = np.frombuffer(text.buffers()[1], np.int64)[text.offset : text.offset + len(text) + 1]
+            out.write(memoryview(text.buffers()[2])[offsets[0] : offsets[-1]])
     if out is not None:
         out.close()
+
+
+def _text(a: np.ndarray) -> pa.Array:
+    """Integers as their decimal text (an Arrow string array)."""
+    return pa.array(a).cast(pa.string())
 
 
 def python_fold(root: Path) -> tuple[float, int]:
@@ -300,14 +331,48 @@ def rss_now_mb() -> float:
     return float("nan")
 
 
-def jvm_peak_rss_mb(spark: Any) -> float | None:
+def jvm_pid(spark: Any) -> int | None:
     try:
-        pid = spark._jvm.java.lang.ProcessHandle.current().pid()
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
+        return int(spark._jvm.java.lang.ProcessHandle.current().pid())
     except Exception:  # diagnostics only
         return None
+
+
+def peak_rss_mb(pid: int | str | None = "self") -> float | None:
+    """A process's peak resident set (VmHWM) since it started or since `reset_peak_rss`."""
+    if pid is None:
+        return None
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+def reset_peak_rss(pid: int | str | None = "self") -> None:
+    """Start a process's VmHWM afresh (Linux `clear_refs` 5): a size's rebuild peak is then its own,
+    not the log generator's nor a smaller size's."""
+    if pid is None:
+        return
+    with suppress(OSError):
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def jvm_peak_rss_mb(spark: Any) -> float | None:
+    return peak_rss_mb(jvm_pid(spark))
+
+
+def reused_log(root: Path, n: int, tsv: Path | None) -> Log | None:
+    """The log an earlier run left in `root` (`--reuse`) when it holds exactly n committed events
+    of TOPIC (and the baseline's TSV, when one is needed); else None and nothing is kept."""
+    if not (root / TOPIC).is_dir() or (tsv is not None and not tsv.exists()):
+        return None
+    log = Log.open(root, writer=True)
+    if sum(e.end for (topic, _), e in log.ends().items() if topic == TOPIC) == n:
+        return log
+    log.close()
     return None
 
 
@@ -323,15 +388,19 @@ def one_size(
     *,
     dataframe_only: bool = False,
     profile: bool = False,
+    reuse: bool = False,
 ) -> dict[str, Any]:
     rng = random.Random(n)
     root = work / f"log_{n}"
-    shutil.rmtree(root, ignore_errors=True)
-    log = Log.open(root, writer=True)
-    log.create_topic(TOPIC, TopicConfig(partitions=PARTS))
-    t0 = time.perf_counter()
     tsv = work / f"events_{n}.tsv"
-    write_events(log, 0, n, keys, rng, tsv)
+    t0 = time.perf_counter()
+    log = reused_log(root, n, None if dataframe_only else tsv) if reuse else None
+    reused = log is not None
+    if log is None:
+        shutil.rmtree(root, ignore_errors=True)
+        log = Log.open(root, writer=True)
+        log.create_topic(TOPIC, TopicConfig(partitions=PARTS))
+        write_events(log, 0, n, keys, rng, None if dataframe_only else tsv)
     write_s = time.perf_counter() - t0
     json_module = work / "account_totals_json.py"
     json_module.write_text(
@@ -362,12 +431,26 @@ def one_size(
     sealed_records = sum(e.segment for e in log_ends.values())  # offsets before each active segment
     sealed_records += sum(s.tail.end - s.tail.base for s in columnar if s.tail is not None)
     files = [str(c.copy_path) for c in columnar]
-    # Ours and duckdb's alternate, so that a change in the machine's load hits both alike.
+    # Ours and duckdb's alternate, so that a change in the machine's load hits both alike. The
+    # first rebuild in a new JVM is apart (cold: the JIT has not compiled the scan yet).
+    jvm = jvm_pid(spark)
     df_runs, duck_runs = [], []
+    reset_peak_rss()
+    reset_peak_rss(jvm)
+    cold = rebuild("account_totals", s, spark=spark).seconds
     for _ in range(repeat):
         df_runs.append(rebuild("account_totals", s, spark=spark).seconds)
+        driver_peak = peak_rss_mb()  # the rebuilds' alone: duckdb runs in this process too
         duck_runs += duckdb_totals(dsn, files, 1)
     vs_duckdb = {
+        "log_write_s": round(write_s, 2),
+        "log_reused": reused,
+        "columnar_copies_s": round(columnar_s, 2),
+        "dataframe_cold_rebuild_s": round(cold, 2),
+        "dataframe_events_per_s": round(n / median(df_runs)),
+        "duckdb_events_per_s": round(n / median(duck_runs)),
+        "rebuild_driver_peak_rss_mb": driver_peak,
+        "rebuild_jvm_peak_rss_mb": peak_rss_mb(jvm),
         "duckdb_copy_s": round(median(duck_runs), 2),
         "duckdb_copy_runs_s": [round(x, 2) for x in duck_runs],
         "dataframe_vs_duckdb": round(median(df_runs) / median(duck_runs), 2),
@@ -377,7 +460,6 @@ def one_size(
         vs_duckdb["dataframe_rebuild_phases_s"] = profile_rebuild("account_totals", s, spark, files)
     if dataframe_only:
         log.close()
-        tsv.unlink()
         return {
             "events": n,
             "keys": keys,
@@ -400,14 +482,13 @@ def one_size(
     inc = run("account_balances", s, spark=spark)
     runner_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the baselines
     pg_runs = pg_group_by(dsn, tsv, repeat)
-    tsv.unlink()
+    if not reuse:
+        tsv.unlink()
     py_s, py_units = python_fold(root) if n <= py_max else (None, None)
     return {
         **vs_duckdb,
         "events": n,
         "keys": keys,
-        "log_write_s": round(write_s, 2),
-        "columnar_copies_s": round(columnar_s, 2),
         "records_in_parquet_fraction": round(sealed_records / n, 3),
         "fold_rebuild_s": round(fold.seconds, 2),
         "fold_events_per_s": round(n / fold.seconds),
@@ -552,17 +633,25 @@ def main() -> None:
     ap.add_argument("--dsn", help="service database (default: an embedded cluster in --dir)")
     ap.add_argument("--master", default="local[*]")
     ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep each size's log (and its Parquet copies) in --dir and use it again in later runs",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "projections.json")
     ap.add_argument(
         "--only-dataframe-incremental", action="store_true", help="measure only the incremental DataFrame run"
     )
     args = ap.parse_args()
+    if args.reuse and args.dir is None:
+        ap.error("--reuse needs --dir (where the logs are kept)")
     work = args.dir or Path(tempfile.mkdtemp(prefix="tributary-bench-proj-"))
     cluster = None
     dsn = args.dsn
     if dsn is None:
         from tributary.api.devdb.embedded import EmbeddedPostgres
 
+        shutil.rmtree(work / "pg", ignore_errors=True)  # a killed run's
         cluster = EmbeddedPostgres(work / "pg")
         cluster.up()
         dsn = cluster.dsn()
@@ -595,9 +684,16 @@ def main() -> None:
                     args.repeat,
                     dataframe_only=args.dataframe_only,
                     profile=args.profile,
+                    reuse=args.reuse,
                 ),
-                "dataframe_incremental": dataframe_incremental(
-                    int(n), args.keys, dsn, work, spark, args.incremental, args.repeat
+                **(
+                    {}
+                    if args.dataframe_only
+                    else {
+                        "dataframe_incremental": dataframe_incremental(
+                            int(n), args.keys, dsn, work, spark, args.incremental, args.repeat
+                        )
+                    }
                 ),
             }
             for n in args.events.split(",")

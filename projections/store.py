@@ -380,14 +380,18 @@ class Store:
         `distinct_keys`: no two rows share a primary key, so that an empty table (a rebuild's
         first pass) can take them by COPY alone.
 
-        1. COPY the rows: straight into an empty table, else into a staging table, then check
+        1. COPY the rows: straight into an empty table (a new build's with its primary key added
+        after the COPY: `_copy_then_key`), else into a staging table, then check
         that each key is one row's, delete every row not staged and merge the staged rows;
         2. move checkpoints and add the records read; 3. commit — all or nothing."""
         into = _Into.of(self.schema, p, b)
         with self.conn.transaction():
             cur = self.conn.cursor()
             if distinct_keys and self._empty(cur, into.target):
-                n_rows = self._copy_rows(cur, into.target, into.cols, rows)
+                if self._serving(cur, b):
+                    n_rows = self._copy_rows(cur, into.target, into.cols, rows)
+                else:
+                    n_rows = self._copy_then_key(cur, into, rows)
             else:
                 stage = sql.Identifier("_stage")
                 n_rows = self._temp_stage(cur, into, stage, rows)
@@ -631,6 +635,34 @@ class Store:
             )
         )
         return cls._copy_rows(cur, stage, into.cols, rows)
+
+    @staticmethod
+    def _serving(cur: Cursor, b: BuildRow) -> bool:
+        """The build is the one its view reads (readers may be looking at its table now)."""
+        row = cur.execute(
+            sql.SQL("SELECT current FROM {}.builds WHERE projection = %s AND build = %s").format(sql.Identifier(META)),
+            (b.projection, b.build),
+        ).fetchone()
+        return row is None or row[0] is not False
+
+    @classmethod
+    def _copy_then_key(cls, cur: Cursor, into: _Into, rows: Iterable[str | bytes]) -> int:
+        """COPY into an empty build table no reader sees yet with its primary key dropped, then
+        add the key back (same name): one sorted index build instead of an index insertion per
+        row. Two rows with one key make the ADD fail (UniqueViolation) as the COPY would have, and
+        the transaction rolls back with the key in place."""
+        found = cur.execute(
+            sql.SQL("SELECT conname FROM pg_constraint WHERE conrelid = {}::regclass AND contype = 'p'").format(
+                sql.Literal(into.target.as_string(cur))
+            )
+        ).fetchone()
+        if found is None:  # no key to rebuild
+            return cls._copy_rows(cur, into.target, into.cols, rows)
+        name = sql.Identifier(found[0])
+        cur.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(into.target, name))
+        n_rows = cls._copy_rows(cur, into.target, into.cols, rows)
+        cur.execute(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} PRIMARY KEY ({})").format(into.target, name, into.pkcols))
+        return n_rows
 
     @staticmethod
     def _copy_rows(cur: Cursor, table: sql.Composable, cols: sql.Composable, rows: Iterable[str | bytes]) -> int:
