@@ -7,6 +7,10 @@ no"): a park that did not commit leaves a record whose `tributary.parked.id` the
 know, and the listing shows only parks the database committed. Local log: the writer owner `groups`,
 shared by every server process, each taking the owner's lock for one park (a bounded wait); Kafka: a
 transactional producer per process (`groups.<host>.<pid>`), so server processes never fence each other.
+
+A group may not park where another writer writes: a parked topic in capture's namespace (a source's
+`<source>.`, the event store's `events.`) or one another owner committed is refused at join
+(`check_name`), and a park that meets one later gets the same answer (`ParkedTopicTaken`).
 """
 
 from __future__ import annotations
@@ -24,16 +28,30 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from tributary.log import Record, TopicConfig, open_writer
+from tributary.consumers.errors import ParkedTopicTaken
+from tributary.log import Record, TopicConfig, TopicOwnedError, describe_owner, open_writer
 
 if TYPE_CHECKING:
-    from tributary.log import KafkaOptions
+    from tributary.log import KafkaOptions, LogReader
 
-__all__ = ["LOCK_TIMEOUT_S", "OWNER", "PREFIX", "Park", "ParkedTopic", "headers_for", "parked_topic", "read_park"]
+__all__ = [
+    "EVENTS",
+    "LOCK_TIMEOUT_S",
+    "OWNER",
+    "PREFIX",
+    "Park",
+    "ParkedTopic",
+    "capture_namespace",
+    "check_name",
+    "headers_for",
+    "parked_topic",
+    "read_park",
+]
 
 OWNER = "groups"  # the local log's writer owner of every group's parked topic
 PREFIX = "tributary.parked."  # the headers a parked record carries beside its own
 LOCK_TIMEOUT_S = 10.0  # how long a park waits for another server process's park
+EVENTS = "events"  # the event store's topics, `events.<stream_type>`, which capture writes
 _TOPIC_SAFE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -48,6 +66,35 @@ def parked_topic(group: str) -> str:
     if not safe[0].isalnum() and safe[0] != "_":
         safe = "_" + safe[1:]
     return f"{safe}-{hashlib.sha256(group.encode()).hexdigest()[:8]}.parked"
+
+
+def capture_namespace(topic: str, capture_sources: Sequence[str]) -> str | None:
+    """Capture as the writer of `topic` when the name is in its namespace: a source's topics
+    (`<source>.…`: a source's name has no '.') and the event store's (`events.…`); else None."""
+    head, dot, _ = topic.partition(".")
+    if not dot:
+        return None
+    if head == EVENTS or head in capture_sources:
+        return f"capture (every topic named '{head}.*')"
+    return None
+
+
+def _taken(group: str, topic: str, whose: str) -> ParkedTopicTaken:
+    return ParkedTopicTaken(
+        f"group {group!r} would park records to topic {topic!r}, which is written by {whose}: give the group another name"
+    )
+
+
+def check_name(group: str, view: LogReader, capture_sources: Sequence[str]) -> None:
+    """ParkedTopicTaken unless the group's parked topic is free for it: not in capture's namespace
+    (the configured `capture_sources`, the event store), not a topic another owner committed."""
+    topic = parked_topic(group)
+    whose = capture_namespace(topic, capture_sources)
+    if whose is not None:
+        raise _taken(group, topic, whose)
+    owner = view.topic_owner(topic)
+    if owner is not None and owner != OWNER:
+        raise _taken(group, topic, describe_owner(owner))
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +178,8 @@ class ParkedTopic:
 
     def append(self, group: str, parks: Sequence[Park]) -> None:
         """Write `parks` to the group's parked topic, durable and visible on return; a LogError
-        (the owner's lock not let go in time, the log unwritable) says why not."""
+        (the owner's lock not let go in time, the log unwritable) says why not, ParkedTopicTaken
+        that another owner took the topic."""
         if not parks:
             return
         topic = parked_topic(group)
@@ -151,5 +199,7 @@ class ParkedTopic:
                     topic, 0, [(p.record.key, p.record.value, p.record.timestamp, headers_for(p)) for p in parks]
                 )
                 log.commit()
+            except TopicOwnedError as exc:
+                raise _taken(group, topic, describe_owner(exc.holder)) from None
             finally:
                 log.close()

@@ -268,6 +268,12 @@ class LogReader(Protocol):
         """Whether a read may find gaps in the topic's offsets (compaction, markers)."""
         ...
 
+    def topic_owner(self, topic: str) -> str | None:
+        """The writer owner of a committed topic where topics have owners (the local log: "" is
+        capture, the default owner), so a writer can tell before writing that a name is taken;
+        None for a topic not committed yet, and on Kafka, whose topics have none."""
+        ...
+
     def read(self, topic: str, partition: int, from_offset: int) -> Iterator[Record]:
         """Committed records of one partition from `from_offset`, in offset order, up to the end the
         last refresh saw."""

@@ -9,6 +9,7 @@ __all__ = [
     "LogLockedError",
     "MissingMetadataError",
     "TopicNotFoundError",
+    "TopicOwnedError",
 ]
 
 
@@ -28,6 +29,15 @@ class MissingMetadataError(LogError):
 
 class TopicNotFoundError(LogError):
     """The topic is not in the manifest."""
+
+
+class TopicOwnedError(LogError):
+    """The topic is another owner's (owners.py): this writer may not create or write it."""
+
+    def __init__(self, message: str, *, topic: str, holder: str) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.holder = holder  # the owner's name, "" for the default owner (capture)
 
 
 class DiskFullError(LogError):

@@ -28,6 +28,7 @@ from tributary.log.local.errors import (
     LogError,
     LogLockedError,
     TopicNotFoundError,
+    TopicOwnedError,
 )
 from tributary.log.local.keys import SCAN_BYTES
 from tributary.log.local.manifest import (
@@ -337,10 +338,18 @@ class Log:
         if holder != self.owner:
             raise self._not_ours(name, holder)
 
-    def _not_ours(self, topic: str, holder: str) -> LogError:
-        return LogError(
-            f"topic {topic!r} in the log at {self.root} is written by {describe(holder)}, not by {describe(self.owner)}"
+    def _not_ours(self, topic: str, holder: str) -> TopicOwnedError:
+        return TopicOwnedError(
+            f"topic {topic!r} in the log at {self.root} is written by {describe(holder)}, not by {describe(self.owner)}",
+            topic=topic,
+            holder=holder,
         )
+
+    def owner_of(self, topic: str) -> str | None:
+        """The owner of a committed topic ("" for the default owner); None when no commit lists it."""
+        if topic not in self._committed.topics:
+            return None
+        return claimed_by(self.root, topic)
 
     def partition_for(self, topic: str, key: bytes | None) -> int:
         return partition_for(key, self._topic_any(topic).config.partitions)
