@@ -105,6 +105,7 @@ class GroupCoordinator:
         )
 
     def close(self) -> None:
+        self.nacks.topic.close()
         self.notices.close()
         self.offsets.close()
         self.pool.close()

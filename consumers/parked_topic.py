@@ -6,7 +6,8 @@ The topic is written before the park commits in the service database (docs/consu
 no"): a park that did not commit leaves a record whose `tributary.parked.id` the database does not
 know, and the listing shows only parks the database committed. Local log: the writer owner `groups`,
 shared by every server process, each taking the owner's lock for one park (a bounded wait); Kafka: a
-transactional producer per process (`groups.<host>.<pid>`), so server processes never fence each other.
+transactional producer per process (`groups.<host>.<pid>`), kept between parks, so server processes
+never fence each other.
 
 A group may not park where another writer writes: a parked topic in capture's namespace (a source's
 `<source>.`, the event store's `events.`) or one another owner committed is refused at join
@@ -29,10 +30,18 @@ from typing import TYPE_CHECKING
 import orjson
 
 from tributary.consumers.errors import ParkedTopicTaken
-from tributary.log import Record, TopicConfig, TopicOwnedError, describe_owner, open_writer
+from tributary.log import (
+    LogError,
+    Record,
+    TopicConfig,
+    TopicOwnedError,
+    WriterFenced,
+    describe_owner,
+    open_writer,
+)
 
 if TYPE_CHECKING:
-    from tributary.log import KafkaOptions, LogReader
+    from tributary.log import CaptureWriter, KafkaOptions, LogReader
 
 __all__ = [
     "EVENTS",
@@ -168,13 +177,20 @@ def read_park(rec: Record) -> Park | None:
 
 class ParkedTopic:
     """Appends parks to their group's topic, one durable commit per call (thread-safe: this
-    process's parks take turns, as other processes' do through the owner's lock)."""
+    process's parks take turns, as other processes' do through the owner's lock).
+
+    The local log's writer is opened per park (the owner's lock is taken in turns by every server
+    process). Kafka's is kept: one transactional producer per process, initialised by the first
+    park (`init_transactions` costs round trips to the transaction coordinator), dropped after a
+    failed park, replaced at once when it was fenced, let go by `close`."""
 
     def __init__(self, root: Path, kafka: KafkaOptions | None) -> None:
         self.root = root
         self.kafka = kafka
         self.name = f"{OWNER}.{socket.gethostname()}.{os.getpid()}"  # the Kafka producer's own id
         self._turn = threading.Lock()
+        self._kept: CaptureWriter | None = None  # Kafka's producer, between parks
+        self.writers_opened = 0  # writers opened for parks: on Kafka, producers initialised
 
     def append(self, group: str, parks: Sequence[Park]) -> None:
         """Write `parks` to the group's parked topic, durable and visible on return; a LogError
@@ -184,22 +200,54 @@ class ParkedTopic:
             return
         topic = parked_topic(group)
         with self._turn:
-            log = open_writer(
-                root=self.root,
-                kafka=self.kafka,
-                sources=[self.name],
-                default_partitions=1,
-                owner=OWNER,
-                lock_timeout_s=LOCK_TIMEOUT_S,
-            )
             try:
-                src = log.source(self.name)
-                src.create_topic(topic, TopicConfig(partitions=1))
-                src.append(
-                    topic, 0, [(p.record.key, p.record.value, p.record.timestamp, headers_for(p)) for p in parks]
-                )
-                log.commit()
+                if self.kafka is None:
+                    log = self._open()
+                    try:
+                        self._write(log, topic, parks)
+                    finally:
+                        log.close()
+                    return
+                try:
+                    self._write(self._producer(), topic, parks)
+                except WriterFenced:  # a producer with this id took over: nothing of it was seen
+                    self._drop()
+                    self._write(self._producer(), topic, parks)
             except TopicOwnedError as exc:
                 raise _taken(group, topic, describe_owner(exc.holder)) from None
-            finally:
-                log.close()
+            except LogError:
+                self._drop()  # its transaction failed: the next park starts from a new producer
+                raise
+
+    def close(self) -> None:
+        """Let Kafka's producer go (at shutdown; a later park would start a new one)."""
+        with self._turn:
+            self._drop()
+
+    def _open(self) -> CaptureWriter:
+        log = open_writer(
+            root=self.root,
+            kafka=self.kafka,
+            sources=[self.name],
+            default_partitions=1,
+            owner=OWNER,
+            lock_timeout_s=LOCK_TIMEOUT_S,
+        )
+        self.writers_opened += 1
+        return log
+
+    def _producer(self) -> CaptureWriter:
+        if self._kept is None:
+            self._kept = self._open()
+        return self._kept
+
+    def _drop(self) -> None:
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            kept.close()  # drops what its failed commit still held
+
+    def _write(self, log: CaptureWriter, topic: str, parks: Sequence[Park]) -> None:
+        src = log.source(self.name)
+        src.create_topic(topic, TopicConfig(partitions=1))
+        src.append(topic, 0, [(p.record.key, p.record.value, p.record.timestamp, headers_for(p)) for p in parks])
+        log.commit()

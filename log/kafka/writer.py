@@ -32,7 +32,16 @@ from tributary.log.kafka.clients import admin_config, producer_config, transacti
 from tributary.log.kafka.codec import kafka_headers, kafka_key, one_line
 from tributary.log.kafka.options import OFFSETS_TOPIC, KafkaOptions
 from tributary.log.kafka.read import committed_reader, kafka_live_keys, watermarks
-from tributary.log.local import CleanerPolicy, LogError, Mark, RecordIn, TopicConfig, TopicNotFoundError, decode_line
+from tributary.log.local import (
+    CleanerPolicy,
+    LogError,
+    Mark,
+    RecordIn,
+    TopicConfig,
+    TopicNotFoundError,
+    WriterFenced,
+    decode_line,
+)
 
 __all__ = [
     "OFFSETS_TOPIC",
@@ -120,7 +129,7 @@ class _Retry:
             )
 
 
-class ProducerFenced(LogError):
+class ProducerFenced(WriterFenced):
     """Another capture process took over a source's transactional id: this one must stop."""
 
 

@@ -47,6 +47,7 @@ from tributary.log.local.errors import (
     MissingMetadataError,
     TopicNotFoundError,
     TopicOwnedError,
+    WriterFenced,
 )
 from tributary.log.local.group_commit import GroupCommitter
 from tributary.log.local.log import Log
@@ -107,6 +108,7 @@ __all__ = [
     "TopicOwnedError",
     "TopicSummary",
     "Verified",
+    "WriterFenced",
     "admin",
     "canonical_json",
     "copy_records",

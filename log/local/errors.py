@@ -10,6 +10,7 @@ __all__ = [
     "MissingMetadataError",
     "TopicNotFoundError",
     "TopicOwnedError",
+    "WriterFenced",
 ]
 
 
@@ -19,6 +20,11 @@ class LogError(Exception):
 
 class LogLockedError(LogError):
     """Another process holds the writer lock on this log root."""
+
+
+class WriterFenced(LogError):
+    """A newer writer with this writer's identity took over (Kafka: a producer with the same
+    transactional id): nothing of this writer's open commit is seen; a new writer may go on."""
 
 
 class MissingMetadataError(LogError):
