@@ -39,7 +39,7 @@ from tributary.log.local.manifest import (
     encode_manifest,
     read_manifest,
 )
-from tributary.log.local.owners import CLAIM, claim, claimed_by, describe, home, read_union
+from tributary.log.local.owners import CLAIM, LOCK, claim, claimed_by, describe, home, read_union
 from tributary.log.local.partition import PartitionWriter
 from tributary.log.local.partitioner import partition_for
 from tributary.log.local.reader import committed_segments, partition_dir, read_partition, read_partition_from_time
@@ -63,7 +63,6 @@ if TYPE_CHECKING:  # the module loads pyarrow: imported where used
 __all__ = ["Log"]
 
 _TOPIC = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,248}$")
-LOCK = ".lock"
 
 
 class Log:
