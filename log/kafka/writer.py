@@ -17,6 +17,7 @@ the caller's (Kafka's murmur2, as on the local log).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import enum
 import logging
@@ -25,8 +26,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # its documented home (re-exported)
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # their documented home (re-exported)
+    AdminClient,
+    NewTopic,
+    OffsetSpec,
+)
 
 from tributary.log.kafka.clients import admin_config, producer_config, transactional_config
 from tributary.log.kafka.codec import kafka_headers, kafka_key, one_line
@@ -56,6 +61,7 @@ __all__ = [
 
 _TIMEOUT_S = 30.0  # metadata, topic creation, reading the offsets topic back
 _ATTEMPT_S = 10.0  # one wait for a commit or an abort; retried until [log.kafka] commit_timeout_s
+_VISIBLE_S = 10.0  # how long `close` waits for the last commit's markers (see `_await_visible`)
 
 _Buffered = tuple[str, str, int, bytes | None, bytes | None, int, bytes | None]  # source first
 log = logging.getLogger(__name__)
@@ -168,6 +174,7 @@ class KafkaLog:
         self._known: dict[str, TopicConfig] = {}
         self._producers: dict[str, Producer] = {}
         self._views: dict[str, KafkaSourceLog] = {}
+        self._committed_to: set[tuple[str, int]] = set()  # data partitions a commit wrote (see close)
         try:
             self._client = Producer(producer_config(options))  # metadata only
             for name in sources:
@@ -343,8 +350,9 @@ class KafkaLog:
     def commit(self, *, positions: Mapping[str, str] | None = None, upto: Mark | None = None) -> None:
         """Produce the records appended up to `upto` (all if None) and `positions`: per source, its
         records and its positions in one transaction of its producer, committed in turn (the
-        daemon's group commit: one Kafka transaction per source per commit). Durable and visible
-        to read_committed consumers on return."""
+        daemon's group commit: one Kafka transaction per source per commit). Durable on return;
+        read_committed consumers see it once the brokers wrote its markers, moments later (`close`
+        waits for that)."""
         self._check()
         if upto is None:
             take = len(self._buffer)
@@ -395,6 +403,7 @@ class KafkaLog:
                     step = _Step.COMMIT
                 producer.commit_transaction(retry.attempt_s())
                 retry.recovered()
+                self._committed_to.update((topic, partition) for _, topic, partition, *_ in records)
                 return
             except KafkaException as exc:
                 step = self._next_step(source, producer, exc, retry, step)
@@ -457,7 +466,8 @@ class KafkaLog:
         return None
 
     def close(self) -> None:
-        """Drop what no commit covered (the sources send it again) and let the producers go."""
+        """Drop what no commit covered (the sources send it again) and let the producers go, once
+        read_committed readers see every commit made (`_await_visible`)."""
         if self._closed:
             return
         self._closed = True
@@ -467,6 +477,34 @@ class KafkaLog:
             # stopped capture (ProducerFenced, one line), and nothing it still holds was committed.
             with contextlib.suppress(KafkaException):
                 producer.flush(5)
+        self._await_visible(time.monotonic() + _VISIBLE_S)
+
+    def _await_visible(self, deadline: float) -> None:
+        """Wait until the last stable offset of every partition a commit wrote reaches its high
+        watermark as it is now. `commit_transaction` returns once the transaction is decided; the
+        brokers write its markers after, and until then a read_committed reader's end (what
+        `project run` plans to) stays before it: `capture --until-idle` and the runs after it
+        would miss the last commit. Bounded: past `deadline` (a broker gone) it is said, not waited."""
+        if not self._committed_to:
+            return
+        parts = [TopicPartition(t, p) for t, p in sorted(self._committed_to)]
+        admin = AdminClient(admin_config(self.opts))
+        try:
+            target = _end_offsets(admin, parts, IsolationLevel.READ_UNCOMMITTED, deadline)
+            while True:
+                stable = _end_offsets(admin, parts, IsolationLevel.READ_COMMITTED, deadline)
+                if all(stable[tp] >= end for tp, end in target.items()):
+                    return
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+        except (KafkaException, concurrent.futures.TimeoutError) as exc:
+            why = one_line(exc) if isinstance(exc, KafkaException) else "timed out"
+            log.warning("Kafka at %s: the last commit's visibility not checked: %s", self.opts.bootstrap_servers, why)
+            return
+        log.warning(
+            "Kafka at %s: the last commit is not visible to read_committed readers yet", self.opts.bootstrap_servers
+        )
 
 
 class KafkaSourceLog:
@@ -518,6 +556,16 @@ class KafkaSourceLog:
 
     def commit(self, *, positions: Mapping[str, str] | None = None, upto: Mark | None = None) -> None:
         self.kafka.commit(positions=positions, upto=upto)
+
+
+def _end_offsets(
+    admin: AdminClient, parts: list[TopicPartition], level: IsolationLevel, deadline: float
+) -> dict[tuple[str, int], int]:
+    """Each partition's end for a reader of `level` (the high watermark, or the last stable offset),
+    in one request per broker, answered by `deadline`."""
+    wait = max(0.1, deadline - time.monotonic())
+    asked = admin.list_offsets({tp: OffsetSpec.latest() for tp in parts}, isolation_level=level, request_timeout=wait)
+    return {(tp.topic, tp.partition): int(f.result(wait + 1).offset) for tp, f in asked.items()}
 
 
 def _describe(config: dict[str, str]) -> str:
