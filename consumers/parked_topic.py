@@ -213,6 +213,7 @@ class ParkedTopic:
                 except WriterFenced:  # a producer with this id took over: nothing of it was seen
                     self._drop()
                     self._write(self._producer(), topic, parks)
+                self._producer().await_visible()  # the brokers write its markers after the commit
             except TopicOwnedError as exc:
                 raise _taken(group, topic, describe_owner(exc.holder)) from None
             except LogError:

@@ -61,7 +61,7 @@ __all__ = [
 
 _TIMEOUT_S = 30.0  # metadata, topic creation, reading the offsets topic back
 _ATTEMPT_S = 10.0  # one wait for a commit or an abort; retried until [log.kafka] commit_timeout_s
-_VISIBLE_S = 10.0  # how long `close` waits for the last commit's markers (see `_await_visible`)
+_VISIBLE_S = 10.0  # how long `close` waits for the last commit's markers (see `await_visible`)
 
 _Buffered = tuple[str, str, int, bytes | None, bytes | None, int, bytes | None]  # source first
 log = logging.getLogger(__name__)
@@ -174,7 +174,8 @@ class KafkaLog:
         self._known: dict[str, TopicConfig] = {}
         self._producers: dict[str, Producer] = {}
         self._views: dict[str, KafkaSourceLog] = {}
-        self._committed_to: set[tuple[str, int]] = set()  # data partitions a commit wrote (see close)
+        self._committed_to: set[tuple[str, int]] = set()  # data partitions commits wrote (await_visible)
+        self._admin: AdminClient | None = None  # made by the first await_visible
         try:
             self._client = Producer(producer_config(options))  # metadata only
             for name in sources:
@@ -351,8 +352,8 @@ class KafkaLog:
         """Produce the records appended up to `upto` (all if None) and `positions`: per source, its
         records and its positions in one transaction of its producer, committed in turn (the
         daemon's group commit: one Kafka transaction per source per commit). Durable on return;
-        read_committed consumers see it once the brokers wrote its markers, moments later (`close`
-        waits for that)."""
+        read_committed consumers see it once the brokers wrote its markers, moments later
+        (`await_visible`, and `close`, wait for that)."""
         self._check()
         if upto is None:
             take = len(self._buffer)
@@ -467,7 +468,7 @@ class KafkaLog:
 
     def close(self) -> None:
         """Drop what no commit covered (the sources send it again) and let the producers go, once
-        read_committed readers see every commit made (`_await_visible`)."""
+        read_committed readers see every commit made (`await_visible`)."""
         if self._closed:
             return
         self._closed = True
@@ -477,23 +478,26 @@ class KafkaLog:
             # stopped capture (ProducerFenced, one line), and nothing it still holds was committed.
             with contextlib.suppress(KafkaException):
                 producer.flush(5)
-        self._await_visible(time.monotonic() + _VISIBLE_S)
+        self.await_visible()
 
-    def _await_visible(self, deadline: float) -> None:
-        """Wait until the last stable offset of every partition a commit wrote reaches its high
-        watermark as it is now. `commit_transaction` returns once the transaction is decided; the
-        brokers write its markers after, and until then a read_committed reader's end (what
-        `project run` plans to) stays before it: `capture --until-idle` and the runs after it
-        would miss the last commit. Bounded: past `deadline` (a broker gone) it is said, not waited."""
+    def await_visible(self, timeout_s: float = _VISIBLE_S) -> None:
+        """Return once read_committed readers see every commit made so far: the last stable offset
+        of each partition a commit wrote reaches its high watermark as it is now.
+        `commit_transaction` returns once the transaction is decided; the brokers write its markers
+        after, and until then a read_committed reader's end (what `project run` plans to) stays
+        before it. Bounded: past `timeout_s` (a broker gone) it is said, not waited."""
         if not self._committed_to:
             return
+        deadline = time.monotonic() + timeout_s
         parts = [TopicPartition(t, p) for t, p in sorted(self._committed_to)]
-        admin = AdminClient(admin_config(self.opts))
         try:
-            target = _end_offsets(admin, parts, IsolationLevel.READ_UNCOMMITTED, deadline)
+            if self._admin is None:
+                self._admin = AdminClient(admin_config(self.opts))
+            target = _end_offsets(self._admin, parts, IsolationLevel.READ_UNCOMMITTED, deadline)
             while True:
-                stable = _end_offsets(admin, parts, IsolationLevel.READ_COMMITTED, deadline)
+                stable = _end_offsets(self._admin, parts, IsolationLevel.READ_COMMITTED, deadline)
                 if all(stable[tp] >= end for tp, end in target.items()):
+                    self._committed_to.clear()
                     return
                 if time.monotonic() > deadline:
                     break

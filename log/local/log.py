@@ -734,6 +734,9 @@ class Log:
         """What a source appends through: the log itself (one manifest for all of this owner's sources)."""
         return self
 
+    def await_visible(self, timeout_s: float = 10.0) -> None:
+        """Nothing to wait for: readers see a commit when it returns (the manifest replaced)."""
+
     def background_cleaner(self, policy: CleanerPolicy, *, pid: int) -> Cleaner:
         """The cleaner capture runs between batches: compaction and retention of this log."""
         return Cleaner(self, policy, pid=pid)
