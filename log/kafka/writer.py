@@ -174,7 +174,7 @@ class KafkaLog:
         self._known: dict[str, TopicConfig] = {}
         self._producers: dict[str, Producer] = {}
         self._views: dict[str, KafkaSourceLog] = {}
-        self._committed_to: set[tuple[str, int]] = set()  # data partitions commits wrote (await_visible)
+        self._written: set[tuple[str, int]] = set()  # data partitions appended to (await_visible)
         self._admin: AdminClient | None = None  # made by the first await_visible
         try:
             self._client = Producer(producer_config(options))  # metadata only
@@ -338,6 +338,7 @@ class KafkaLog:
         self._check()
         first = self._first + len(self._buffer)
         self._buffer.extend((source, topic, partition, k, v, ts, h) for k, v, ts, h in records)
+        self._written.add((topic, partition))
         return first
 
     def mark(self) -> KafkaMark:
@@ -404,7 +405,6 @@ class KafkaLog:
                     step = _Step.COMMIT
                 producer.commit_transaction(retry.attempt_s())
                 retry.recovered()
-                self._committed_to.update((topic, partition) for _, topic, partition, *_ in records)
                 return
             except KafkaException as exc:
                 step = self._next_step(source, producer, exc, retry, step)
@@ -482,14 +482,15 @@ class KafkaLog:
 
     def await_visible(self, timeout_s: float = _VISIBLE_S) -> None:
         """Return once read_committed readers see every commit made so far: the last stable offset
-        of each partition a commit wrote reaches its high watermark as it is now.
+        of each partition appended to reaches its high watermark as it is now (what no commit
+        covered is not in Kafka: not waited for).
         `commit_transaction` returns once the transaction is decided; the brokers write its markers
         after, and until then a read_committed reader's end (what `project run` plans to) stays
         before it. Bounded: past `timeout_s` (a broker gone) it is said, not waited."""
-        if not self._committed_to:
+        if not self._written:
             return
         deadline = time.monotonic() + timeout_s
-        parts = [TopicPartition(t, p) for t, p in sorted(self._committed_to)]
+        parts = [TopicPartition(t, p) for t, p in sorted(self._written)]
         try:
             if self._admin is None:
                 self._admin = AdminClient(admin_config(self.opts))
@@ -497,7 +498,8 @@ class KafkaLog:
             while True:
                 stable = _end_offsets(self._admin, parts, IsolationLevel.READ_COMMITTED, deadline)
                 if all(stable[tp] >= end for tp, end in target.items()):
-                    self._committed_to.clear()
+                    if not self._buffer:  # else what is still to commit is looked at next time
+                        self._written.clear()
                     return
                 if time.monotonic() > deadline:
                     break
