@@ -26,6 +26,7 @@ from tributary.consumers.errors import (
     NotAssigned,
     NotFound,
     OffsetOutOfRange,
+    ParkedTopicTaken,
     UnknownMember,
 )
 from tributary.consumers.waiting import LogChanges
@@ -43,6 +44,7 @@ __all__ = [
     "NotAssigned",
     "NotFound",
     "OffsetOutOfRange",
+    "ParkedTopicTaken",
     "OffsetReset",
     "ResetTarget",
     "StreamCursor",

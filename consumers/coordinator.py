@@ -59,7 +59,8 @@ __all__ = [
 class GroupCoordinator:
     """Consumer groups over the service database `dsn` and the log at `log_root` — or, with `kafka`
     (`[log] backend = "kafka"`), over that Kafka cluster, committed offsets in Kafka's group offsets
-    (docs/kafka.md)."""
+    (docs/kafka.md). `capture_sources`: the configured sources' names, whose topics no group's
+    parked topic may take."""
 
     def __init__(
         self,
@@ -73,6 +74,7 @@ class GroupCoordinator:
         kafka: KafkaOptions | None = None,
         max_retries: int = 5,
         retry_backoff_ms: int = 1000,
+        capture_sources: Sequence[str] = (),
     ) -> None:
         self.session_timeout_ms = session_timeout_ms
         self.auto_offset_reset: OffsetReset = auto_offset_reset
@@ -90,7 +92,12 @@ class GroupCoordinator:
         self.poll_interval_s = poll_interval_s
         self.notices = RebalanceNotices(dsn)  # started by the first stream
         self.state = GroupState(self.pool, self.view, self.offsets, poll_interval_s)
-        self.members = Members(self.state, session_timeout_ms=session_timeout_ms, auto_offset_reset=auto_offset_reset)
+        self.members = Members(
+            self.state,
+            session_timeout_ms=session_timeout_ms,
+            auto_offset_reset=auto_offset_reset,
+            capture_sources=capture_sources,
+        )
         self.delivery = Delivery(self.state, self.notices)
         self.commits = Commits(self.state)
         self.nacks = Nacks(
@@ -98,6 +105,7 @@ class GroupCoordinator:
         )
 
     def close(self) -> None:
+        self.nacks.topic.close()
         self.notices.close()
         self.offsets.close()
         self.pool.close()

@@ -9,6 +9,7 @@ __all__ = [
     "NotAssigned",
     "NotFound",
     "OffsetOutOfRange",
+    "ParkedTopicTaken",
     "UnknownMember",
 ]
 
@@ -61,6 +62,13 @@ class GroupBusy(ConsumerError):
     """A reset of a group that still has live members (Kafka refuses it too)."""
 
     code = "group_not_empty"
+
+
+class ParkedTopicTaken(ConsumerError):
+    """The group's parked topic is a name another writer has or will have (capture's namespace, a
+    topic another owner wrote): the group needs another name."""
+
+    code = "parked_topic_taken"
 
 
 class NotFound(ConsumerError):

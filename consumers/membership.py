@@ -12,6 +12,7 @@ from tributary.consumers.datatypes import Heartbeat, Membership, OffsetReset
 from tributary.consumers.errors import ConsumerError, UnknownMember
 from tributary.consumers.filters import EventFilter
 from tributary.consumers.overview import ALIVE
+from tributary.consumers.parked_topic import check_name
 from tributary.consumers.rebalancing import (
     EXPIRE,
     assigned,
@@ -28,10 +29,19 @@ __all__ = ["Members"]
 
 class Members:
     """Membership of every group in `state`; members join with `session_timeout_ms` and
-    `auto_offset_reset` unless they name their own."""
+    `auto_offset_reset` unless they name their own. `capture_sources`: the configured sources,
+    whose topics' names no group's parked topic may take."""
 
-    def __init__(self, state: GroupState, *, session_timeout_ms: int, auto_offset_reset: OffsetReset) -> None:
+    def __init__(
+        self,
+        state: GroupState,
+        *,
+        session_timeout_ms: int,
+        auto_offset_reset: OffsetReset,
+        capture_sources: Sequence[str] = (),
+    ) -> None:
         self.state = state
+        self.capture_sources = tuple(capture_sources)
         self.session_timeout_ms = session_timeout_ms
         self.auto_offset_reset: OffsetReset = auto_offset_reset
 
@@ -61,6 +71,7 @@ class Members:
         kept = None if record_filter is None else Jsonb(record_filter.to_json())
         view = self.state.view
         view.refresh_if_older(self.state.poll_interval_s)
+        check_name(group, view, self.capture_sources)  # before the group exists: a refused one never does
         with self.state.tx() as cur:
             cur.execute("INSERT INTO consumers.groups (group_id) VALUES (%s) ON CONFLICT DO NOTHING", (group,))
             generation, layout = lock_group(cur, group)

@@ -134,7 +134,14 @@ class CaptureWriter(Protocol):
 
     def commit(self, *, positions: Mapping[str, str] | None = None, upto: Mark | None = None) -> None:
         """Make the records appended up to `upto` (all if None) durable and visible, together with
-        `positions`; an empty `Mark()` commits positions alone."""
+        `positions`; an empty `Mark()` commits positions alone. On Kafka, read_committed readers
+        see a commit moments after it returned (`await_visible`)."""
+        ...
+
+    def await_visible(self, timeout_s: float = 10.0) -> None:
+        """Return once readers see every commit made so far (the local log's on return; Kafka's
+        once the brokers wrote the transactions' markers), waiting at most `timeout_s`. `close`
+        does it too."""
         ...
 
     def background_cleaner(self, policy: CleanerPolicy, *, pid: int) -> BackgroundCleaner | None:
@@ -266,6 +273,12 @@ class LogReader(Protocol):
 
     def compacted(self, topic: str) -> bool:
         """Whether a read may find gaps in the topic's offsets (compaction, markers)."""
+        ...
+
+    def topic_owner(self, topic: str) -> str | None:
+        """The writer owner of a committed topic where topics have owners (the local log: "" is
+        capture, the default owner), so a writer can tell before writing that a name is taken;
+        None for a topic not committed yet, and on Kafka, whose topics have none."""
         ...
 
     def read(self, topic: str, partition: int, from_offset: int) -> Iterator[Record]:

@@ -54,6 +54,7 @@ def _coordinator(config: Path | None) -> Iterator[GroupCoordinator]:
         kafka=kafka_options(settings),
         max_retries=c.max_retries,
         retry_backoff_ms=c.retry_backoff_ms,
+        capture_sources=[s.name for s in settings.sources],
     ) as coordinator:
         yield coordinator
 

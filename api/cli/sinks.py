@@ -88,6 +88,7 @@ def run(
         poll_interval_ms=settings.consumers.poll_interval_ms,
         max_connections=2 + 2 * len(chosen),
         kafka=kafka_options(settings),
+        capture_sources=[s.name for s in settings.sources],
     )
     sinks: list[HttpSink] = []
     for sink in chosen:

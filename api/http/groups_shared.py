@@ -18,6 +18,7 @@ from tributary.consumers import (
     NotAssigned,
     NotFound,
     OffsetOutOfRange,
+    ParkedTopicTaken,
     UnknownMember,
 )
 from tributary.jsonvalue import JsonObject
@@ -79,9 +80,10 @@ def assignments_json(tps: list[tuple[str, int]]) -> list[dict[str, Any]]:
 
 
 def consumer_status(exc: ConsumerError) -> int:
-    """The one mapping of the consumers' errors to HTTP: 409 for membership and fencing, 410 past
-    retention, 404 for a topic or group that is not there, 422 for the rest."""
-    if isinstance(exc, UnknownMember | Fenced | NotAssigned | GroupBusy):
+    """The one mapping of the consumers' errors to HTTP: 409 for membership, fencing and a parked
+    topic another writer has, 410 past retention, 404 for a topic or group that is not there, 422
+    for the rest."""
+    if isinstance(exc, UnknownMember | Fenced | NotAssigned | GroupBusy | ParkedTopicTaken):
         return 409
     if isinstance(exc, OffsetOutOfRange):
         return 410

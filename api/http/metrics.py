@@ -306,16 +306,28 @@ class Metrics:
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
 
 
+_MAX_CHILDREN = 4096  # labelled series kept at hand per command metric (types × outcomes)
+
+
 class _KnownStreamTypes(Generic[M]):
     """A metric labelled by stream type first: a type the command handler does not know becomes
-    "other", so URLs cannot add series (the URL's type reaches the metric even when the answer is 404)."""
+    "other", so URLs cannot add series (the URL's type reaches the metric even when the answer is 404).
+    The labelled series are kept by their labels: prometheus' `labels()` checks and locks per call,
+    and every command would pay for it. Bounded: past `_MAX_CHILDREN` series, lookups are not kept."""
 
     def __init__(self, metric: M, metrics: Metrics) -> None:
         self.metric: M = metric
         self.metrics = metrics
+        self._children: dict[tuple[str, ...], M] = {}
 
     def labels(self, stream_type: str, *rest: str) -> M:
-        return self.metric.labels(stream_type if stream_type in self.metrics.stream_types else "other", *rest)
+        key = (stream_type if stream_type in self.metrics.stream_types else "other", *rest)
+        child = self._children.get(key)
+        if child is None:
+            child = self.metric.labels(*key)
+            if len(self._children) < _MAX_CHILDREN:
+                self._children[key] = child
+        return child
 
 
 class _RequestCounts(Collector):

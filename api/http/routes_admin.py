@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, Path
 from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel
 
+from tributary.api.http.answers import event_store_problem
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.definitions import (
     current_projections,
@@ -23,7 +24,6 @@ from tributary.api.http.definitions import (
     refresh_definitions,
 )
 from tributary.api.http.problems import Problem
-from tributary.api.http.routes_commands import _http_error
 from tributary.api.http.state import AppState, Handler, MetricsOf, RefreshedStatus, SettingsOf, status_of
 from tributary.api.settings.config import Settings
 from tributary.api.settings.log import log_admin
@@ -255,7 +255,7 @@ async def forget_subject(
     try:
         done = await asyncio.to_thread(forget, handler.store, subject_id)
     except EventStoreError as exc:  # the event store's one mapping: 422 invalid_value, 503 unavailable
-        raise _http_error(exc) from None
+        raise event_store_problem(exc) from None
     if done.streams:
         settings = await asyncio.to_thread(current_run_settings, state)
         defined = await asyncio.to_thread(lambda: current_projections(state, fresh=True))

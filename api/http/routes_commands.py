@@ -1,7 +1,7 @@
 """Commands and streams: `POST /commands/{stream_type}/{stream_id}`, `GET /streams/{id}[/state]`.
 
 The handler is synchronous psycopg (a pooled connection per call); it runs in a worker thread, so
-nothing blocks the event loop. Errors map to HTTP in one place (`_http_error`).
+nothing blocks the event loop. Errors map to HTTP in one place (`answers.event_store_problem`).
 
 A command is the API's hottest write: `COMMAND_ROUTE` serves it ahead of the app's routes as a plain
 Starlette route (`app.HOT_ROUTES`), reading, checking and validating the request itself in the order
@@ -26,32 +26,17 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from starlette.datastructures import State
 from starlette.exceptions import HTTPException
 
+from tributary.api.http.answers import event_store_problem, json_response
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.definitions import current_aggregates, due
 from tributary.api.http.domains import GENERIC_COMMAND_PATH
 from tributary.api.http.front import TemplateRoute
 from tributary.api.http.problems import ConflictBody, Problem
 from tributary.api.http.state import AppState, Handler, app_state, handler_of, metrics_of
-from tributary.eventstore.errors import (
-    CommandRejected,
-    ConcurrencyConflict,
-    EventStoreError,
-    HistoryHidden,
-    IdempotencyMismatch,
-    InvalidCommand,
-    InvalidValue,
-    MetadataConflict,
-    PartialDuplicateBatch,
-    StoreUnavailable,
-    StreamDeleted,
-    StreamNotFound,
-    UnknownCommand,
-    UnknownStreamType,
-)
+from tributary.eventstore.errors import EventStoreError, UnknownStreamType
 from tributary.eventstore.handler import CommandHandler
-from tributary.eventstore.model import dumps, event_json
+from tributary.eventstore.model import event_json
 from tributary.eventstore.values import MAX_HEADER_VALUE, MAX_HEADERS, MAX_ID_LENGTH
-from tributary.jsonvalue import JsonValue
 
 __all__ = ["COMMAND_ROUTE", "CommandReply", "CommandRequest", "EventOut", "StreamEvents", "StreamState", "router"]
 
@@ -162,53 +147,6 @@ def _no_modules(state: State, stream_type: str) -> Problem:
     )
 
 
-def _json(body: JsonValue, status: int = 200) -> Response:
-    """The body in the event store's JSON codec (decimals as exact strings), sent as it is encoded."""
-    return Response(dumps(body), status_code=status, media_type="application/json")
-
-
-def _http_error(exc: EventStoreError) -> Problem:
-    """The one mapping of the event store's errors to problems."""
-    if isinstance(exc, ConcurrencyConflict):
-        return Problem(
-            409,
-            "conflict",
-            str(exc),
-            stream=exc.stream_id,
-            expected=exc.expected,
-            actual=exc.actual,
-            attempts=exc.attempts,
-        )
-    if isinstance(exc, StoreUnavailable):
-        return Problem(503, "unavailable", str(exc))
-    if isinstance(exc, StreamDeleted):
-        return Problem(410, "stream_deleted", str(exc), stream=exc.stream_id)
-    if isinstance(exc, HistoryHidden):
-        return Problem(409, "history_hidden", str(exc), stream=exc.stream_id, missing_from=exc.missing_from)
-    if isinstance(exc, StreamNotFound):
-        return Problem(404, "unknown_stream", str(exc))
-    if isinstance(exc, MetadataConflict):
-        return Problem(
-            409, "metadata_conflict", str(exc), stream=exc.stream_id, expected=exc.expected, actual=exc.actual
-        )
-    if isinstance(exc, InvalidValue):
-        return Problem(422, "invalid_value", str(exc), field=exc.field)
-    if isinstance(exc, UnknownStreamType):
-        return Problem(404, "unknown_stream_type", str(exc))
-    if isinstance(exc, CommandRejected):
-        return Problem(422, "rejected", exc.reason, rule=exc.rule)
-    if isinstance(exc, InvalidCommand):
-        fields = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors]
-        return Problem(422, "invalid_command", str(exc), fields=fields)
-    if isinstance(exc, UnknownCommand):
-        return Problem(422, "unknown_command", str(exc))
-    if isinstance(exc, IdempotencyMismatch):
-        return Problem(422, "idempotency_mismatch", str(exc))
-    if isinstance(exc, PartialDuplicateBatch):
-        return Problem(422, "partial_duplicate_batch", str(exc))
-    return Problem(400, "bad_request", str(exc))
-
-
 @router.post(
     "/commands/{stream_type}/{stream_id}",
     dependencies=[Depends(require("write"))],
@@ -257,11 +195,11 @@ async def _send(request: Request, stream_type: str, stream_id: str, body: Comman
         outcome = type(exc).__name__
         if isinstance(exc, UnknownStreamType) and not handler.aggregates:
             raise _no_modules(state, stream_type) from None
-        raise _http_error(exc) from None
+        raise event_store_problem(exc) from None
     finally:
         metrics.command_seconds.labels(stream_type).observe(time.perf_counter() - started)
         metrics.commands.labels(stream_type, outcome).inc()
-    return _json(result.to_json())
+    return json_response(result.to_json())
 
 
 # -- the command route served ahead of FastAPI's (same answers) ---------------------------------------
@@ -367,10 +305,10 @@ async def read_stream(
             store.read_stream, stream_id, from_version=start, limit=limit, backwards=backwards
         )
     except EventStoreError as exc:
-        raise _http_error(exc) from None
+        raise event_store_problem(exc) from None
     if not events and (backwards or start == 1):
         raise Problem(404, "unknown_stream", f"no stream {stream_id!r}")
-    return _json({"stream_id": stream_id, "events": [event_json(e) for e in events]})
+    return json_response({"stream_id": stream_id, "events": [event_json(e) for e in events]})
 
 
 @router.get(
@@ -384,15 +322,15 @@ async def stream_state(stream_id: str, state: AppState, handler: Handler) -> Res
     try:
         first = await asyncio.to_thread(handler.store.read_stream, stream_id, limit=1)
     except EventStoreError as exc:
-        raise _http_error(exc) from None
+        raise event_store_problem(exc) from None
     if not first:
         raise Problem(404, "unknown_stream", f"no stream {stream_id!r}")
     stream_type = first[0].stream_type
     try:
         loaded = await asyncio.to_thread(handler.load, stream_type, stream_id)
     except EventStoreError as exc:
-        raise _http_error(exc) from None
-    return _json(
+        raise event_store_problem(exc) from None
+    return json_response(
         {
             "stream_id": stream_id,
             "stream_type": stream_type,

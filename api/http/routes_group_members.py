@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
-from tributary.api.http.auth import AUTH_RESPONSES
+from tributary.api.http.auth import AUTH_RESPONSES, error
 from tributary.api.http.fields import NO_NUL, no_bool, storable
 from tributary.api.http.groups_shared import (
     BODY_ERRORS,
@@ -104,7 +104,11 @@ class HeartbeatReply(BaseModel):
     "/groups/{group}/members",
     dependencies=READ,
     response_model=JoinReply,
-    responses={**AUTH_RESPONSES, **BODY_ERRORS},
+    responses={
+        **AUTH_RESPONSES,
+        **BODY_ERRORS,
+        409: error("parked_topic_taken: the group's parked topic `<group>.parked` is another writer's"),
+    },
 )
 async def join(group: GroupName, body: JoinRequest, coordinator: Coordinator) -> dict[str, Any]:
     """Join the group (or re-join with `member_id`): the answer names the member's partitions. Send a

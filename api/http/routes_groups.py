@@ -113,6 +113,7 @@ def start_consumers(settings: Settings, *, dsn: str) -> Consumers:
         kafka=kafka_options(settings),
         max_retries=c.max_retries,
         retry_backoff_ms=c.retry_backoff_ms,
+        capture_sources=[s.name for s in settings.sources],
     )
     changes = LogChanges(coordinator.view, interval_s=coordinator.poll_interval_s)
     _end_streams_on_exit_signals(changes)

@@ -12,9 +12,9 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from tributary.api.http.answers import event_store_problem, json_response
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.fields import no_bool
-from tributary.api.http.routes_commands import _http_error, _json
 from tributary.api.http.state import Handler
 from tributary.eventstore.errors import EventStoreError
 from tributary.eventstore.store import StreamMetadata
@@ -66,7 +66,7 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def _out(stream_id: str, meta: StreamMetadata) -> Response:
-    return _json({"stream_id": stream_id, **meta.to_json()})
+    return json_response({"stream_id": stream_id, **meta.to_json()})
 
 
 @router.get(
@@ -79,7 +79,7 @@ async def get_metadata(stream_id: str, handler: Handler) -> Response:
     try:
         meta = await asyncio.to_thread(handler.store.stream_metadata, stream_id)
     except EventStoreError as exc:
-        raise _http_error(exc) from None
+        raise event_store_problem(exc) from None
     return _out(stream_id, meta)
 
 
@@ -100,7 +100,7 @@ async def put_metadata(stream_id: str, body: MetadataIn, handler: Handler) -> Re
     try:
         written = await asyncio.to_thread(handler.store.set_stream_metadata, stream_id, meta, expected_version=expected)
     except EventStoreError as exc:
-        raise _http_error(exc) from None
+        raise event_store_problem(exc) from None
     return _out(stream_id, written)
 
 
@@ -123,5 +123,5 @@ async def delete_stream(
     try:
         end = await asyncio.to_thread(handler.store.delete_stream, stream_id, hard=hard)
     except EventStoreError as exc:
-        raise _http_error(exc) from None
-    return _json({"stream_id": stream_id, "hard": hard, "version": end})
+        raise event_store_problem(exc) from None
+    return json_response({"stream_id": stream_id, "hard": hard, "version": end})

@@ -11,11 +11,12 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
+from tributary.api.http.answers import event_store_problem, json_response
 from tributary.api.http.auth import AUTH_RESPONSES, error, require
 from tributary.api.http.fields import NO_NUL
 from tributary.api.http.head import HEAD_MARK
 from tributary.api.http.problems import Problem
-from tributary.api.http.routes_commands import EventOut, _http_error, _json
+from tributary.api.http.routes_commands import EventOut
 from tributary.api.http.state import Handler, SubscriptionsOf
 from tributary.api.http.subscriptions import AllFilter
 from tributary.eventstore.errors import EventStoreError, UnknownPosition
@@ -49,7 +50,7 @@ class AllEvents(BaseModel):
 def _position_error(exc: EventStoreError) -> Problem:
     if isinstance(exc, UnknownPosition):
         return Problem(404, "unknown_position", str(exc), position=exc.position)
-    return _http_error(exc)
+    return event_store_problem(exc)
 
 
 _READ_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -96,7 +97,7 @@ async def list_streams(
     try:
         found = await asyncio.to_thread(store.streams, type, after=after, limit=limit)
     except EventStoreError as exc:
-        raise _http_error(exc) from None
+        raise event_store_problem(exc) from None
     streams = [
         {
             "stream_id": s.stream_id,
@@ -105,7 +106,7 @@ async def list_streams(
         }
         for s in found
     ]
-    return _json(
+    return json_response(
         {"stream_type": type, "streams": streams, "next": streams[-1]["stream_id"] if len(streams) == limit else None}
     )
 
@@ -131,7 +132,7 @@ async def read_all(
         events = await subscriptions.read(after, limit, type, _only(stream, event_type))
     except EventStoreError as exc:
         raise _position_error(exc) from None
-    return _json({"events": [event_json(e) for e in events], "next": events[-1].position if events else after})
+    return json_response({"events": [event_json(e) for e in events], "next": events[-1].position if events else after})
 
 
 @router.get(

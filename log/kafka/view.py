@@ -167,6 +167,10 @@ class KafkaView:
         """Always True: transaction markers leave gaps in every topic's offsets."""
         return True
 
+    def topic_owner(self, topic: str) -> str | None:
+        """None: any transactional producer writes any Kafka topic, none owns one."""
+        return None
+
     def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int:
         """The first offset whose record timestamp is >= timestamp_ms (Kafka's time index), else the end."""
         with self._lock:

@@ -17,6 +17,7 @@ the caller's (Kafka's murmur2, as on the local log).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import enum
 import logging
@@ -25,14 +26,27 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # its documented home (re-exported)
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # their documented home (re-exported)
+    AdminClient,
+    NewTopic,
+    OffsetSpec,
+)
 
 from tributary.log.kafka.clients import admin_config, producer_config, transactional_config
 from tributary.log.kafka.codec import kafka_headers, kafka_key, one_line
 from tributary.log.kafka.options import OFFSETS_TOPIC, KafkaOptions
 from tributary.log.kafka.read import committed_reader, kafka_live_keys, watermarks
-from tributary.log.local import CleanerPolicy, LogError, Mark, RecordIn, TopicConfig, TopicNotFoundError, decode_line
+from tributary.log.local import (
+    CleanerPolicy,
+    LogError,
+    Mark,
+    RecordIn,
+    TopicConfig,
+    TopicNotFoundError,
+    WriterFenced,
+    decode_line,
+)
 
 __all__ = [
     "OFFSETS_TOPIC",
@@ -47,6 +61,7 @@ __all__ = [
 
 _TIMEOUT_S = 30.0  # metadata, topic creation, reading the offsets topic back
 _ATTEMPT_S = 10.0  # one wait for a commit or an abort; retried until [log.kafka] commit_timeout_s
+_VISIBLE_S = 10.0  # how long `close` waits for the last commit's markers (see `await_visible`)
 
 _Buffered = tuple[str, str, int, bytes | None, bytes | None, int, bytes | None]  # source first
 log = logging.getLogger(__name__)
@@ -120,7 +135,7 @@ class _Retry:
             )
 
 
-class ProducerFenced(LogError):
+class ProducerFenced(WriterFenced):
     """Another capture process took over a source's transactional id: this one must stop."""
 
 
@@ -159,6 +174,8 @@ class KafkaLog:
         self._known: dict[str, TopicConfig] = {}
         self._producers: dict[str, Producer] = {}
         self._views: dict[str, KafkaSourceLog] = {}
+        self._written: set[tuple[str, int]] = set()  # data partitions appended to (await_visible)
+        self._admin: AdminClient | None = None  # made by the first await_visible
         try:
             self._client = Producer(producer_config(options))  # metadata only
             for name in sources:
@@ -321,6 +338,7 @@ class KafkaLog:
         self._check()
         first = self._first + len(self._buffer)
         self._buffer.extend((source, topic, partition, k, v, ts, h) for k, v, ts, h in records)
+        self._written.add((topic, partition))
         return first
 
     def mark(self) -> KafkaMark:
@@ -334,8 +352,9 @@ class KafkaLog:
     def commit(self, *, positions: Mapping[str, str] | None = None, upto: Mark | None = None) -> None:
         """Produce the records appended up to `upto` (all if None) and `positions`: per source, its
         records and its positions in one transaction of its producer, committed in turn (the
-        daemon's group commit: one Kafka transaction per source per commit). Durable and visible
-        to read_committed consumers on return."""
+        daemon's group commit: one Kafka transaction per source per commit). Durable on return;
+        read_committed consumers see it once the brokers wrote its markers, moments later
+        (`await_visible`, and `close`, wait for that)."""
         self._check()
         if upto is None:
             take = len(self._buffer)
@@ -448,7 +467,8 @@ class KafkaLog:
         return None
 
     def close(self) -> None:
-        """Drop what no commit covered (the sources send it again) and let the producers go."""
+        """Drop what no commit covered (the sources send it again) and let the producers go, once
+        read_committed readers see every commit made (`await_visible`)."""
         if self._closed:
             return
         self._closed = True
@@ -458,6 +478,39 @@ class KafkaLog:
             # stopped capture (ProducerFenced, one line), and nothing it still holds was committed.
             with contextlib.suppress(KafkaException):
                 producer.flush(5)
+        self.await_visible()
+
+    def await_visible(self, timeout_s: float = _VISIBLE_S) -> None:
+        """Return once read_committed readers see every commit made so far: the last stable offset
+        of each partition appended to reaches its high watermark as it is now (what no commit
+        covered is not in Kafka: not waited for).
+        `commit_transaction` returns once the transaction is decided; the brokers write its markers
+        after, and until then a read_committed reader's end (what `project run` plans to) stays
+        before it. Bounded: past `timeout_s` (a broker gone) it is said, not waited."""
+        if not self._written:
+            return
+        deadline = time.monotonic() + timeout_s
+        parts = [TopicPartition(t, p) for t, p in sorted(self._written)]
+        try:
+            if self._admin is None:
+                self._admin = AdminClient(admin_config(self.opts))
+            target = _end_offsets(self._admin, parts, IsolationLevel.READ_UNCOMMITTED, deadline)
+            while True:
+                stable = _end_offsets(self._admin, parts, IsolationLevel.READ_COMMITTED, deadline)
+                if all(stable[tp] >= end for tp, end in target.items()):
+                    if not self._buffer:  # else what is still to commit is looked at next time
+                        self._written.clear()
+                    return
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+        except (KafkaException, concurrent.futures.TimeoutError) as exc:
+            why = one_line(exc) if isinstance(exc, KafkaException) else "timed out"
+            log.warning("Kafka at %s: the last commit's visibility not checked: %s", self.opts.bootstrap_servers, why)
+            return
+        log.warning(
+            "Kafka at %s: the last commit is not visible to read_committed readers yet", self.opts.bootstrap_servers
+        )
 
 
 class KafkaSourceLog:
@@ -509,6 +562,17 @@ class KafkaSourceLog:
 
     def commit(self, *, positions: Mapping[str, str] | None = None, upto: Mark | None = None) -> None:
         self.kafka.commit(positions=positions, upto=upto)
+
+
+def _end_offsets(
+    admin: AdminClient, parts: list[TopicPartition], level: IsolationLevel, deadline: float
+) -> dict[tuple[str, int], int]:
+    """Each partition's end for a reader of `level` (the high watermark, or the last stable offset),
+    in one request per broker, answered by `deadline`."""
+    wait = max(0.1, deadline - time.monotonic())
+    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]  # confluent-kafka leaves it unannotated
+    asked = admin.list_offsets(dict.fromkeys(parts, latest), isolation_level=level, request_timeout=wait)
+    return {(tp.topic, tp.partition): int(f.result(wait + 1).offset) for tp, f in asked.items()}
 
 
 def _describe(config: dict[str, str]) -> str:

@@ -46,9 +46,12 @@ from tributary.log.local.errors import (
     LogLockedError,
     MissingMetadataError,
     TopicNotFoundError,
+    TopicOwnedError,
+    WriterFenced,
 )
 from tributary.log.local.group_commit import GroupCommitter
 from tributary.log.local.log import Log
+from tributary.log.local.owners import describe as describe_owner
 from tributary.log.local.partitioner import canonical_json, hashes, murmur2, partition_for, split_partitions
 from tributary.log.local.splits import read_split
 from tributary.log.local.types import (
@@ -102,12 +105,15 @@ __all__ = [
     "TailCopy",
     "TopicConfig",
     "TopicNotFoundError",
+    "TopicOwnedError",
     "TopicSummary",
     "Verified",
+    "WriterFenced",
     "admin",
     "canonical_json",
     "copy_records",
     "decode_line",
+    "describe_owner",
     "encode_columns",
     "encode_plain",
     "hashes",

@@ -9,6 +9,8 @@ __all__ = [
     "LogLockedError",
     "MissingMetadataError",
     "TopicNotFoundError",
+    "TopicOwnedError",
+    "WriterFenced",
 ]
 
 
@@ -20,6 +22,11 @@ class LogLockedError(LogError):
     """Another process holds the writer lock on this log root."""
 
 
+class WriterFenced(LogError):
+    """A newer writer with this writer's identity took over (Kafka: a producer with the same
+    transactional id): nothing of this writer's open commit is seen; a new writer may go on."""
+
+
 class MissingMetadataError(LogError):
     """Segment files that the manifest does not list: not an empty log; `log verify --repair`
     rebuilds the manifest. Readers that treat a missing log as "nothing captured yet" must not
@@ -28,6 +35,15 @@ class MissingMetadataError(LogError):
 
 class TopicNotFoundError(LogError):
     """The topic is not in the manifest."""
+
+
+class TopicOwnedError(LogError):
+    """The topic is another owner's (owners.py): this writer may not create or write it."""
+
+    def __init__(self, message: str, *, topic: str, holder: str) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.holder = holder  # the owner's name, "" for the default owner (capture)
 
 
 class DiskFullError(LogError):

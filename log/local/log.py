@@ -28,6 +28,7 @@ from tributary.log.local.errors import (
     LogError,
     LogLockedError,
     TopicNotFoundError,
+    TopicOwnedError,
 )
 from tributary.log.local.keys import SCAN_BYTES
 from tributary.log.local.manifest import (
@@ -38,7 +39,7 @@ from tributary.log.local.manifest import (
     encode_manifest,
     read_manifest,
 )
-from tributary.log.local.owners import CLAIM, claim, claimed_by, describe, home, read_union
+from tributary.log.local.owners import CLAIM, LOCK, claim, claimed_by, describe, home, read_union
 from tributary.log.local.partition import PartitionWriter
 from tributary.log.local.partitioner import partition_for
 from tributary.log.local.reader import committed_segments, partition_dir, read_partition, read_partition_from_time
@@ -62,7 +63,6 @@ if TYPE_CHECKING:  # the module loads pyarrow: imported where used
 __all__ = ["Log"]
 
 _TOPIC = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,248}$")
-LOCK = ".lock"
 
 
 class Log:
@@ -337,10 +337,18 @@ class Log:
         if holder != self.owner:
             raise self._not_ours(name, holder)
 
-    def _not_ours(self, topic: str, holder: str) -> LogError:
-        return LogError(
-            f"topic {topic!r} in the log at {self.root} is written by {describe(holder)}, not by {describe(self.owner)}"
+    def _not_ours(self, topic: str, holder: str) -> TopicOwnedError:
+        return TopicOwnedError(
+            f"topic {topic!r} in the log at {self.root} is written by {describe(holder)}, not by {describe(self.owner)}",
+            topic=topic,
+            holder=holder,
         )
+
+    def owner_of(self, topic: str) -> str | None:
+        """The owner of a committed topic ("" for the default owner); None when no commit lists it."""
+        if topic not in self._committed.topics:
+            return None
+        return claimed_by(self.root, topic)
 
     def partition_for(self, topic: str, key: bytes | None) -> int:
         return partition_for(key, self._topic_any(topic).config.partitions)
@@ -725,6 +733,9 @@ class Log:
     def source(self, name: str) -> Log:
         """What a source appends through: the log itself (one manifest for all of this owner's sources)."""
         return self
+
+    def await_visible(self, timeout_s: float = 10.0) -> None:
+        """Nothing to wait for: readers see a commit when it returns (the manifest replaced)."""
 
     def background_cleaner(self, policy: CleanerPolicy, *, pid: int) -> Cleaner:
         """The cleaner capture runs between batches: compaction and retention of this log."""

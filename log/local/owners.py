@@ -7,23 +7,33 @@ never wait for each other. A topic's directory holds its claim file `.owner` (th
 empty for the default owner), made with link(2) when the topic is created: of two owners racing to
 create one name exactly one wins. A topic directory without a claim predates ownership and is the
 default owner's. Readers see the union of every owner's committed manifest.
+
+A named owner that crashed between its claim and the commit that lists the topic (create_topic
+commits it at once) leaves a claim nobody would honour: such a claim, whose owner holds no lock and
+whose manifest does not list the topic, is taken over by the next owner that creates the topic. The
+check and the take-over happen under the stale owner's own lock, so claimants take turns (exactly
+one wins) and that owner cannot start meanwhile.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from tributary.log.local import _fileio
 from tributary.log.local.errors import LogError
 from tributary.log.local.manifest import MANIFEST, Manifest, TopicState, decode_manifest, read_manifest
 
-__all__ = ["CLAIM", "OWNERS", "claim", "claimed_by", "describe", "home", "owner_names", "read_union"]
+__all__ = ["CLAIM", "LOCK", "OWNERS", "claim", "claimed_by", "describe", "home", "owner_names", "read_union"]
 
 OWNERS = ".owners"
 CLAIM = ".owner"
+LOCK = ".lock"  # in an owner's home: flock(2)ed by its writer while it is open
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
 
 
@@ -74,10 +84,44 @@ def claim(tdir: Path, owner: str, *, sync: bool = True) -> str:
     try:
         os.link(tmp, tdir / CLAIM)
     except FileExistsError:
-        pass
+        _take_over_stale(tdir, tmp, sync=sync)
     finally:
         tmp.unlink(missing_ok=True)
     return claimed_by(tdir.parent, tdir.name)
+
+
+def _take_over_stale(tdir: Path, tmp: Path, *, sync: bool) -> None:
+    """Replace the claim of `tdir` by `tmp` if it is stale: a named owner's that holds no lock and
+    never committed the topic. Checked and replaced under that owner's lock (see the module doc)."""
+    root, topic = tdir.parent, tdir.name
+    holder = claimed_by(root, topic)
+    if not holder or not _NAME.match(holder):
+        return  # capture's claims, and anything unreadable as an owner, stand
+    with _lock_of(home(root, holder)) as idle:
+        if not idle or claimed_by(root, topic) != holder:
+            return  # the owner runs, or another claimant took the topic over first
+        committed = read_manifest(home(root, holder))
+        if committed is not None and topic in committed.topics:
+            return
+        os.replace(tmp, tdir / CLAIM)
+        if sync:
+            _fileio.fsync_dir(tdir)
+
+
+@contextlib.contextmanager
+def _lock_of(owner_home: Path) -> Iterator[bool]:
+    """Hold an owner's lock for the block if no one does (True), else False at once."""
+    owner_home.mkdir(parents=True, exist_ok=True)
+    fd = os.open(owner_home / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # releases the flock
 
 
 # A named owner's manifest as last read, by path, with the identity of the file it came from: a

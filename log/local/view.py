@@ -96,6 +96,11 @@ class LogView:
         except (TopicNotFoundError, LogError):
             return False
 
+    def topic_owner(self, topic: str) -> str | None:
+        """The owner of a committed topic ("" for capture); None before any commit lists it."""
+        log = self._log
+        return None if log is None else log.owner_of(topic)
+
     def read(self, topic: str, partition: int, from_offset: int) -> Iterator[Record]:
         log = self._log
         if log is None:

@@ -5,9 +5,11 @@ read_committed consumers, and positions are read back by the next writer."""
 from __future__ import annotations
 
 import pytest
+from confluent_kafka import TopicPartition
 
 from tests.integration.kafka.helpers import read_committed
 from tests.kafka_fixtures import ON_BROKER, KafkaCluster
+from tributary.log.kafka.read import committed_reader, watermarks
 from tributary.log.kafka.writer import OFFSETS_TOPIC, KafkaLog, ProducerFenced, transactional_id
 from tributary.log.local import LogError, TopicConfig
 
@@ -132,3 +134,21 @@ def test_missing_topic_without_create_topics_is_one_clear_line(kafka_mock: Kafka
 def test_missing_offsets_topic_without_create_topics_is_one_clear_line(kafka_mock: KafkaCluster) -> None:
     with pytest.raises(LogError, match="offsets topic '__tributary_offsets' does not exist"):
         KafkaLog(kafka_mock.options("t4"))
+
+
+@ON_BROKER  # the brokers write a transaction's markers after commit_transaction returned
+def test_what_a_closed_writer_committed_is_visible_to_read_committed_readers_at_once(kafka: KafkaCluster) -> None:
+    """`capture --until-idle` then `project run`: the run's end offsets (the last stable offsets)
+    already cover the writer's last commit when its close returned."""
+    kafka.make_topics("v.public.t")
+    reader = committed_reader(kafka.options("t9"))
+    try:
+        for i in range(30):
+            log = KafkaLog(kafka.options("t9"), ["v"])
+            log.source("v").append("v.public.t", 0, [(b"k", str(i).encode(), i, None)])
+            log.commit(positions={"v": f"0/{i}"})
+            log.close()
+            # each transaction: its record and its commit marker
+            assert watermarks(reader, TopicPartition("v.public.t", 0))[1] == 2 * (i + 1), i
+    finally:
+        reader.close()

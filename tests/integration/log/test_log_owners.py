@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tributary.log import open_writer
-from tributary.log.local import Log, LogError, LogLockedError, MissingMetadataError, TopicConfig, admin
+from tributary.log.local import Log, LogError, LogLockedError, MissingMetadataError, TopicConfig, admin, owners
 
 pytestmark = pytest.mark.integration
 
@@ -132,6 +132,57 @@ def test_claim_race_has_one_winner(tmp_path: Path) -> None:
             won, lost = _race(logs, f"race{round_}")
             assert len(won) == 1, (won, lost)
             assert len(lost) == len(logs) - 1 and all("is written by" in m for m in lost)
+        with Log.open(root) as reader:
+            assert len(reader.topics()) == 25
+    finally:
+        for log in logs:
+            log.close()
+
+
+def _stale_claims(root: Path, owner: str, topics: list[str]) -> None:
+    """Claims of `owner` on `topics` as a writer leaves them that crashed between its claim and the
+    commit that lists the topic: claimed, never committed, the owner's lock free."""
+    with Log.open(root, writer=True, owner=owner):
+        for t in topics:
+            (root / t).mkdir()
+            assert owners.claim(root / t, owner) == owner
+
+
+def test_a_stale_claim_is_taken_over_and_a_live_or_committed_one_is_not(tmp_path: Path) -> None:
+    root = tmp_path / "log"
+    _stale_claims(root, "dead", ["orphan", "held"])
+    with Log.open(root, writer=True, owner="kept") as kept:
+        kept.create_topic("committed", TopicConfig(partitions=1))  # listed in its manifest: a real claim
+    with (
+        Log.open(root, writer=True, owner="dead"),
+        Log.open(root, writer=True, owner="groups") as groups,
+        pytest.raises(LogError, match="'held' .* is written by owner 'dead'"),
+    ):
+        groups.create_topic("held")  # its owner runs (holds its lock): the claim stands
+    with Log.open(root, writer=True, owner="groups") as groups:
+        groups.create_topic("orphan", TopicConfig(partitions=1))
+        groups.append("orphan", 0, [(None, b'{"n":1}', 1, None)])
+        groups.commit()
+        with pytest.raises(LogError, match="'committed' .* is written by owner 'kept'"):
+            groups.create_topic("committed")
+    assert owners.claimed_by(root, "orphan") == "groups"
+    with Log.open(root, writer=True, owner="dead") as dead, pytest.raises(LogError, match="owner 'groups'"):
+        dead.create_topic("orphan")  # back again: the topic is not its own any more
+    with Log.open(root) as reader:
+        assert [r.value for r in reader.read("orphan", 0)] == [b'{"n":1}']
+
+
+def test_a_stale_claim_race_has_one_winner(tmp_path: Path) -> None:
+    root = tmp_path / "log"
+    names = [f"race{round_}" for round_ in range(25)]
+    _stale_claims(root, "dead", names)
+    logs = [Log.open(root, writer=True, owner=o) for o in (None, "a", "b", "c")]
+    try:
+        for name in names:
+            won, lost = _race(logs, name)
+            assert len(won) == 1, (won, lost)
+            assert len(lost) == len(logs) - 1 and all("is written by" in m for m in lost)
+            assert owners.claimed_by(root, name) == (logs[won[0]].owner)
         with Log.open(root) as reader:
             assert len(reader.topics()) == 25
     finally:

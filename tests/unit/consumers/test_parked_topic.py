@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import orjson
 import pytest
 
-from tributary.consumers.parked_topic import Park, headers_for, parked_topic, read_park
+from tributary.consumers.parked_topic import Park, capture_namespace, headers_for, parked_topic, read_park
 from tributary.log import Record
 
 pytestmark = pytest.mark.unit
@@ -54,3 +54,21 @@ def test_a_park_reads_back_with_the_original_record(headers: bytes | None) -> No
 def test_a_record_tributary_did_not_park_is_skipped() -> None:
     assert read_park(Record("ledger.parked", 0, 0, 0, None, b"{}", b'{"x":"y"}')) is None
     assert read_park(Record("ledger.parked", 0, 0, 0, None, b"{}", None)) is None
+
+
+@pytest.mark.parametrize(
+    ("group", "sources", "taken"),
+    [
+        ("shop.public", ("shop",), True),  # shop.public.parked: the topic of table public.parked
+        ("shop", ("shop",), True),
+        ("events", (), True),  # events.parked: the event store's topic of stream type `parked`
+        ("events.audit", (), True),
+        ("shopkeepers", ("shop",), False),
+        ("shop_eu.x", ("shop",), False),
+        ("ledger", ("shop",), False),
+        ("shop.public", (), False),  # no source `shop` configured
+        ("shop.x:y", ("shop",), True),  # shop.x_y-<hash>.parked
+    ],
+)
+def test_capture_namespace(group: str, sources: tuple[str, ...], taken: bool) -> None:
+    assert (capture_namespace(parked_topic(group), sources) is not None) is taken
