@@ -17,6 +17,7 @@ import multiprocessing as mp
 import pstats
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -212,6 +213,7 @@ def main() -> None:
             stats.sort_stats("tottime").print_stats(args.top)
     finally:
         cluster.destroy()
+        shutil.rmtree(work, ignore_errors=True)  # the log, the config, the profile
 
 
 def _free_port() -> int:
