@@ -281,7 +281,7 @@ def phases() -> Iterator[dict[str, float]]:
         (runner_mod, "output_lines", "COPY text (Arrow)"),
         (runner_mod, "distinct_keys", "distinct keys check"),
         (Store, "replace_rows", "replace_rows (total)"),
-        (Store, "_copy_rows", "COPY into build table (PK index maintained)"),
+        (Store, "_copy_rows", "COPY into build table (a new build: its key added after)"),
         (Store, "set_status", "status updates"),
         (Store, "swap", "swap view"),
         (Store, "drop_build", "drop old build"),
