@@ -242,14 +242,19 @@ def duckdb_totals(dsn: str, files: list[str], repeat: int) -> list[float]:
                 cp.write(buf.getbuffer())
         took.append(time.perf_counter() - t0)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            differ = conn.execute(
-                "SELECT count(*) FROM ((TABLE views.account_totals EXCEPT TABLE bench_duckdb) "
-                "UNION ALL (TABLE bench_duckdb EXCEPT TABLE views.account_totals)) d"
-            ).fetchone()
+            differ = rows_differing(conn, "views.account_totals", "bench_duckdb")
             conn.execute("DROP TABLE bench_duckdb")
-        if differ is None or differ[0] != 0:
+        if differ != 0:
             raise SystemExit(f"duckdb's table differs from the rebuild's in {differ} rows")
     return took
+
+
+def rows_differing(conn: psycopg.Connection[Any], a: str, b: str) -> int:
+    """Rows in one table and not the other, both ways (0: the same rows)."""
+    row = conn.execute(
+        f"SELECT count(*) FROM ((TABLE {a} EXCEPT TABLE {b}) UNION ALL (TABLE {b} EXCEPT TABLE {a})) d"
+    ).fetchone()
+    return -1 if row is None else int(row[0])
 
 
 @contextmanager
@@ -473,10 +478,7 @@ def one_size(
     fold = rebuild("account_balances", s, spark=spark)
     df_json = rebuild("account_totals_json", s, spark=spark)
     with psycopg.connect(dsn) as conn:
-        differ = conn.execute(
-            "SELECT count(*) FROM ((TABLE views.account_totals EXCEPT TABLE views.account_totals_json) "
-            "UNION ALL (TABLE views.account_totals_json EXCEPT TABLE views.account_totals)) d"
-        ).fetchone()
+        differ = rows_differing(conn, "views.account_totals", "views.account_totals_json")
     write_events(log, n, incremental, keys, rng, None)
     log.close()
     inc = run("account_balances", s, spark=spark)
@@ -495,7 +497,7 @@ def one_size(
         "dataframe_rebuild_s": round(median(df_runs), 2),
         "dataframe_rebuild_runs_s": [round(x, 2) for x in df_runs],
         "dataframe_json_rebuild_s": round(df_json.seconds, 2),
-        "dataframe_tables_equal": differ is not None and differ[0] == 0,
+        "dataframe_tables_equal": differ == 0,
         "pg_group_by_s": round(median(pg_runs), 2),
         "pg_group_by_runs_s": [round(x, 2) for x in pg_runs],
         "py_fold_s": None if py_s is None else round(py_s, 2),
@@ -591,10 +593,7 @@ def dataframe_incremental(
         conn.execute("CREATE TABLE public.bench_incremental AS TABLE views.account_totals")
     fulls = [rebuild("account_totals", s, spark=spark) for _ in range(repeat)]
     with psycopg.connect(dsn, autocommit=True) as conn:
-        differ = conn.execute(
-            "SELECT count(*) FROM ((TABLE views.account_totals EXCEPT TABLE public.bench_incremental) "
-            "UNION ALL (TABLE public.bench_incremental EXCEPT TABLE views.account_totals)) d"
-        ).fetchone()
+        differ = rows_differing(conn, "views.account_totals", "public.bench_incremental")
         conn.execute("DROP TABLE public.bench_incremental")
     shutil.rmtree(root, ignore_errors=True)
     rebuild_s = median(r.seconds for r in fulls)
@@ -615,7 +614,7 @@ def dataframe_incremental(
         "incremental_over_rebuild": round(median(r.seconds for r in incs) / rebuild_s, 3),
         "incremental_spark_read_over_rebuild": round(median(r.seconds for r in spark_incs) / rebuild_s, 3),
         "phases_s": profiles,
-        "tables_equal": differ is not None and differ[0] == 0,
+        "tables_equal": differ == 0,
     }
 
 

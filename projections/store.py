@@ -690,21 +690,11 @@ class Store:
             None if p.emit is None else f"{b.table_name}__stage_emit",
             "pg_temp" if temp else META,
         )
-        target = sql.Identifier(self.schema, b.table_name)
         kind = sql.SQL("TEMP" if temp else "UNLOGGED")
-        rows_t, del_t, state_t = (sql.Identifier(staged.schema, n) for n in staged.names)
-        cols = sql.SQL(", ").join(map(sql.Identifier, p.table.names))
-        pkcols = sql.SQL(", ").join(map(sql.Identifier, p.table.primary_key))
         with self.conn.transaction():
-            for t in (rows_t, del_t, state_t):
-                self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(t))
-            self.conn.execute(
-                sql.SQL("CREATE {} TABLE {} AS SELECT {} FROM {} LIMIT 0").format(kind, rows_t, cols, target)
-            )
-            self.conn.execute(
-                sql.SQL("CREATE {} TABLE {} AS SELECT {} FROM {} LIMIT 0").format(kind, del_t, pkcols, target)
-            )
-            self.conn.execute(sql.SQL("CREATE {} TABLE {} (" + _STATE_COLUMNS + ")").format(kind, state_t))
+            for t in staged.names:
+                self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(staged.schema, t)))
+            self._create_staging(p, b, staged, sql.SQL("CREATE {} TABLE").format(kind), sql.SQL(""))
             if staged.emits is not None:
                 emit_t = sql.Identifier(staged.schema, staged.emits)
                 self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(emit_t))
@@ -722,17 +712,25 @@ class Store:
             schema="pg_temp",
             kept=True,
         )
-        rows_t, del_t, state_t = (sql.Identifier("pg_temp", n) for n in staged.names)
+        self._create_staging(
+            p, b, staged, sql.SQL("CREATE TEMP TABLE IF NOT EXISTS"), sql.SQL(" ON COMMIT DELETE ROWS")
+        )
+        return staged
+
+    def _create_staging(
+        self, p: Projection, b: BuildRow, staged: Staged, create: sql.Composable, on_commit: sql.Composable
+    ) -> None:
+        """The rows, deletes and states staging tables of `staged`, shaped like `b`'s table:
+        `create` is the statement's head (`CREATE UNLOGGED TABLE`, `CREATE TEMP TABLE IF NOT
+        EXISTS`), `on_commit` its ON COMMIT clause, if any."""
+        rows_t, del_t, state_t = (sql.Identifier(staged.schema, n) for n in staged.names)
         target = sql.Identifier(self.schema, b.table_name)
         cols = sql.SQL(", ").join(map(sql.Identifier, p.table.names))
         pkcols = sql.SQL(", ").join(map(sql.Identifier, p.table.primary_key))
-        make = "CREATE TEMP TABLE IF NOT EXISTS {} ON COMMIT DELETE ROWS AS SELECT {} FROM {} LIMIT 0"
-        self.conn.execute(sql.SQL(make).format(rows_t, cols, target))
-        self.conn.execute(sql.SQL(make).format(del_t, pkcols, target))
-        self.conn.execute(
-            sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (" + _STATE_COLUMNS + ") ON COMMIT DELETE ROWS").format(state_t)
-        )
-        return staged
+        like = sql.SQL("{} {}{} AS SELECT {} FROM {} LIMIT 0")
+        self.conn.execute(like.format(create, rows_t, on_commit, cols, target))
+        self.conn.execute(like.format(create, del_t, on_commit, pkcols, target))
+        self.conn.execute(sql.SQL("{} {} (" + _STATE_COLUMNS + "){}").format(create, state_t, on_commit))
 
     def staged_emits(self, staged: Staged) -> Iterator[tuple[str, str | None, int]]:
         """The pass's emitted records as (key, value, timestamp), in source order (topic,
